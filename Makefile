@@ -1,0 +1,90 @@
+# Loom: the commands a new user needs. `make test` and `make run` do all set-up themselves.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+FIXTURES ?= ../shared/fixtures
+RUN_FIXTURE ?= $(FIXTURES)/kimi_linear_s1
+JOBS ?= $(shell nproc)
+
+# Debian packages the build needs (see docs/dependencies.md for why each is here).
+DEB_PACKAGES := cmake ninja-build g++ pkg-config libabsl-dev nlohmann-json3-dev libopenblas-dev \
+  libgtest-dev libgmock-dev libbenchmark-dev
+# Extra packages for `make lint` and `make fuzz` (clang, its sanitizer runtime, the linters).
+DEV_PACKAGES := clang clang-format clang-tidy libclang-rt-14-dev
+
+.PHONY: help deps dev-deps configure build test run lint format asan fuzz cuda-build bench clean
+
+help:
+	@echo "make test   install missing packages, build, run every test (ctest)"
+	@echo "make run    install, build, run loom-conformance on $(RUN_FIXTURE)"
+	@echo "make build  install and build; binaries land in build/bin/"
+	@echo "make lint   clang-format check and clang-tidy"
+	@echo "make asan   build and test with address + undefined sanitizers (build-asan/)"
+	@echo "make fuzz   build the libFuzzer targets and run each for FUZZ_SECONDS (60)"
+	@echo "make bench  CPU kernel benchmarks (Google Benchmark)"
+	@echo "make cuda-build  compile the CUDA preset (needs nvcc; does not run GPU code)"
+
+# Installs only what is missing; silent when everything is present.
+define apt_install
+	@missing=""; for p in $(1); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+endef
+
+deps:
+	$(call apt_install,$(DEB_PACKAGES))
+
+dev-deps: deps
+	$(call apt_install,$(DEV_PACKAGES))
+
+configure: deps
+	@cmake --preset cpu -DLOOM_FIXTURES_DIR=$(abspath $(FIXTURES)) >/dev/null
+
+build: configure
+	@cmake --build build -j $(JOBS)
+
+test: build
+	ctest --test-dir build --output-on-failure -j $(JOBS)
+
+run: build
+	./build/bin/loom-conformance --fixture $(RUN_FIXTURE)
+
+bench: build
+	./build/bin/loom-bench-kernels --benchmark_counters_tabular=true
+
+LINT_SOURCES = $(shell git ls-files '*.cc' '*.h' '*.cu' '*.cuh')
+lint: dev-deps configure
+	clang-format --dry-run -Werror $(LINT_SOURCES)
+	clang-tidy -p build --quiet $(filter %.cc,$(LINT_SOURCES)) 2>/dev/null
+
+format: dev-deps
+	clang-format -i $(LINT_SOURCES)
+
+asan: deps
+	@cmake --preset asan -DLOOM_FIXTURES_DIR=$(abspath $(FIXTURES)) >/dev/null
+	cmake --build build-asan -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build-asan --output-on-failure -j $(JOBS)
+
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := safetensors_fuzz config_fuzz
+fuzz: dev-deps
+	@cmake --preset fuzz >/dev/null
+	cmake --build build-fuzz -j $(JOBS) --target $(FUZZ_TARGETS)
+	@for t in $(FUZZ_TARGETS); do \
+	  corpus=build-fuzz/corpus/$$t; mkdir -p $$corpus; \
+	  seeds=tests/fuzz/corpus/$${t%_fuzz}; [ -d $$seeds ] && cp -n $$seeds/* $$corpus/ 2>/dev/null; \
+	  echo "== $$t for $(FUZZ_SECONDS)s"; \
+	  ./build-fuzz/bin/$$t -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -print_final_stats=1 $$corpus 2>&1 | tail -n 12 || exit 1; \
+	done
+
+# Compiles (does not run) the CUDA preset: engine, kernels and tests, no server.
+cuda-build: deps
+	@command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || { echo "nvcc not found"; exit 1; }
+	@cmake --preset cuda -DLOOM_FIXTURES_DIR=$(abspath $(FIXTURES)) >/dev/null
+	cmake --build build-cuda -j $(JOBS)
+
+clean:
+	rm -rf build build-asan build-fuzz build-cuda

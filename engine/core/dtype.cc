@@ -1,0 +1,106 @@
+#include "engine/core/dtype.h"
+
+#include "absl/strings/str_cat.h"
+#include "engine/core/status.h"
+
+namespace loom {
+
+size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return 4;
+    case DType::kBF16: return 2;
+    case DType::kF16: return 2;
+    case DType::kI32: return 4;
+    case DType::kI64: return 8;
+    case DType::kU8: return 1;
+  }
+  return 0;
+}
+
+std::string_view dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return "f32";
+    case DType::kBF16: return "bf16";
+    case DType::kF16: return "f16";
+    case DType::kI32: return "i32";
+    case DType::kI64: return "i64";
+    case DType::kU8: return "u8";
+  }
+  return "?";
+}
+
+absl::StatusOr<DType> dtype_from_safetensors(std::string_view name) {
+  if (name == "F32") return DType::kF32;
+  if (name == "BF16") return DType::kBF16;
+  if (name == "F16") return DType::kF16;
+  if (name == "I32") return DType::kI32;
+  if (name == "I64") return DType::kI64;
+  if (name == "U8") return DType::kU8;
+  return absl::InvalidArgumentError(absl::StrCat("unsupported safetensors dtype '", absl_sv(name), "'"));
+}
+
+std::string_view dtype_to_safetensors(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return "F32";
+    case DType::kBF16: return "BF16";
+    case DType::kF16: return "F16";
+    case DType::kI32: return "I32";
+    case DType::kI64: return "I64";
+    case DType::kU8: return "U8";
+  }
+  return "?";
+}
+
+std::string_view device_name(Device device) { return device == Device::kCpu ? "cpu" : "cuda"; }
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      exp = 127 - 15 + 1;
+      while ((mant & 0x400u) == 0) {
+        mant <<= 1;
+        --exp;
+      }
+      mant &= 0x3ffu;
+      bits = sign | (exp << 23) | (mant << 13);
+    }
+  } else if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+uint16_t f32_to_f16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t abs = bits & 0x7fffffffu;
+  if (abs > 0x7f800000u) return sign | 0x7e00u;     // NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;    // overflow to inf (>= 65520 rounds to inf)
+  if (abs < 0x38800000u) {                          // subnormal or zero in f16
+    if (abs < 0x33000000u) return sign;             // rounds to zero
+    const uint32_t exp = abs >> 23;
+    const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+    const uint32_t s = 126 - exp;  // value = mant * 2^(exp-150) = r * 2^-24
+    uint32_t r = mant >> s;
+    const uint32_t rem = mant & ((1u << s) - 1);
+    const uint32_t mid = 1u << (s - 1);
+    if (rem > mid || (rem == mid && (r & 1u))) ++r;
+    return sign | static_cast<uint16_t>(r);
+  }
+  uint32_t r = abs - 0x38000000u;  // rebias exponent by (127 - 15) << 23
+  r += 0xfffu + ((r >> 13) & 1u);  // round to nearest even
+  return sign | static_cast<uint16_t>(r >> 13);
+}
+
+}  // namespace loom

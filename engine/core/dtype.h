@@ -1,0 +1,41 @@
+// Element types and devices a Tensor can hold, and conversions between the float formats.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace loom {
+
+enum class DType : uint8_t { kF32, kBF16, kF16, kI32, kI64, kU8 };
+enum class Device : uint8_t { kCpu, kCuda };
+
+size_t dtype_size(DType dtype);
+std::string_view dtype_name(DType dtype);
+// Parses safetensors dtype names ("F32", "BF16", "F16", "I32", "I64", "U8").
+absl::StatusOr<DType> dtype_from_safetensors(std::string_view name);
+std::string_view dtype_to_safetensors(DType dtype);
+std::string_view device_name(Device device);
+
+// bfloat16 is the upper half of an IEEE binary32; conversion to f32 is exact.
+inline float bf16_to_f32(uint16_t v) {
+  uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+// Round to nearest even; NaN stays NaN.
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+float f16_to_f32(uint16_t v);
+uint16_t f32_to_f16(float f);
+
+}  // namespace loom

@@ -1,0 +1,105 @@
+// FFN blocks: the dense SwiGLU MLP and the mixture of experts with shared experts.
+#include "absl/strings/str_cat.h"
+#include "engine/core/status.h"
+#include "engine/model/layers.h"
+#include "kernels/activation.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/moe.h"
+
+namespace loom {
+namespace {
+
+class DenseFfn final : public Ffn {
+ public:
+  absl::Status load(const ModelConfig& cfg, const WeightLoader& w, const std::string& prefix,
+                    int width) {
+    const int64_t d = cfg.hidden_size;
+    LOOM_ASSIGN_OR_RETURN(gate_, w.load(prefix + "gate_proj.weight", {width, d}));
+    LOOM_ASSIGN_OR_RETURN(up_, w.load(prefix + "up_proj.weight", {width, d}));
+    LOOM_ASSIGN_OR_RETURN(down_, w.load(prefix + "down_proj.weight", {d, width}));
+    width_ = width;
+    return absl::OkStatus();
+  }
+
+  void forward(const Tensor& x, const Tensor& out) const override {
+    const int64_t n = x.dim(0);
+    Tensor g = Tensor::empty({n, width_}), u = Tensor::empty({n, width_});
+    linear_forward(x, gate_, g);
+    linear_forward(x, up_, u);
+    silu_mul_forward(g, u, g);
+    linear_forward(g, down_, out);
+  }
+
+ private:
+  int64_t width_ = 0;
+  Tensor gate_, up_, down_;
+};
+
+class MoeFfn final : public Ffn {
+ public:
+  absl::Status load(const ModelConfig& cfg, const WeightLoader& w, int layer) {
+    const MoeConfig& m = cfg.moe;
+    const int64_t d = cfg.hidden_size, e = m.num_experts, i = m.intermediate_size;
+    const std::string p = absl::StrCat("layers.", layer, ".moe.");
+    LOOM_ASSIGN_OR_RETURN(router_, w.load(p + "router.weight", {e, d}));
+    if (m.has_score_bias) {
+      LOOM_ASSIGN_OR_RETURN(bias_, w.load(p + "router.bias", {e}));
+    }
+    LOOM_ASSIGN_OR_RETURN(w_gate_, w.load(p + "experts.gate", {e, i, d}));
+    LOOM_ASSIGN_OR_RETURN(w_up_, w.load(p + "experts.up", {e, i, d}));
+    LOOM_ASSIGN_OR_RETURN(w_down_, w.load(p + "experts.down", {e, d, i}));
+    if (m.num_shared_experts > 0) {
+      auto shared = std::make_unique<DenseFfn>();
+      LOOM_RETURN_IF_ERROR(shared->load(cfg, w, p + "shared.", m.shared_intermediate_size));
+      shared_ = std::move(shared);
+    }
+    if (m.shared_expert_gate)
+      return absl::UnimplementedError("gated shared experts are not supported by this build yet");
+    params_.score = m.score_sigmoid ? RouterScore::kSigmoid : RouterScore::kSoftmax;
+    params_.top_k = m.top_k;
+    params_.n_group = m.n_group;
+    params_.topk_group = m.topk_group;
+    params_.renormalize = m.renormalize;
+    params_.routed_scaling = m.routed_scaling;
+    return absl::OkStatus();
+  }
+
+  void forward(const Tensor& x, const Tensor& out) const override {
+    const int64_t n = x.dim(0), e = router_.dim(0);
+    Tensor logits = Tensor::empty({n, e});
+    linear_forward(x, router_, logits);
+    Tensor ids = Tensor::empty({n, params_.top_k}, DType::kI32);
+    Tensor weights = Tensor::empty({n, params_.top_k});
+    moe_route(logits, bias_, params_, ids, weights);
+    moe_experts_forward(x, ids, weights, w_gate_, w_up_, w_down_, out);
+    if (shared_) {
+      Tensor s = Tensor::empty(out.shape());
+      shared_->forward(x, s);
+      add_inplace(out, s);
+    }
+  }
+
+ private:
+  RouterParams params_;
+  Tensor router_, bias_, w_gate_, w_up_, w_down_;
+  std::unique_ptr<DenseFfn> shared_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Ffn>> make_dense_ffn(const ModelConfig& cfg, const WeightLoader& w,
+                                                    const std::string& prefix, int width) {
+  auto f = std::make_unique<DenseFfn>();
+  LOOM_RETURN_IF_ERROR(f->load(cfg, w, prefix, width));
+  return f;
+}
+
+absl::StatusOr<std::unique_ptr<Ffn>> make_moe_ffn(const ModelConfig& cfg, const WeightLoader& w,
+                                                  int layer) {
+  auto f = std::make_unique<MoeFfn>();
+  LOOM_RETURN_IF_ERROR(f->load(cfg, w, layer));
+  return f;
+}
+
+}  // namespace loom

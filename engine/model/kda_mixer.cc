@@ -1,0 +1,126 @@
+// Kimi Delta Attention mixer (MODELS.md, "KDA"): fused q|k|v projection, one short convolution
+// over q|k|v with SiLU, L2-normalised q and k, per-channel decay gate, delta-rule recurrence
+// (chunked for prefill, token by token for decode), gated per-head RMSNorm, output projection.
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "engine/core/status.h"
+#include "engine/model/layers.h"
+#include "kernels/activation.h"
+#include "kernels/conv.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/kda.h"
+#include "kernels/norm.h"
+
+namespace loom {
+namespace {
+
+// Below this many new tokens the recurrence beats the chunked form's fixed per-chunk work.
+constexpr int64_t kRecurrentMaxTokens = 8;
+// l2norm epsilon of the reference (fla l2norm_fwd, inside the square root).
+constexpr float kQkNormEps = 1e-6f;
+
+class KdaMixer final : public Mixer {
+ public:
+  KdaMixer(const ModelConfig& cfg) : cfg_(cfg.linear), eps_(cfg.rms_norm_eps) {}
+
+  absl::Status load(const ModelConfig& cfg, const WeightLoader& w, int layer) {
+    const int64_t d = cfg.hidden_size;
+    const int64_t hk = cfg_.num_heads, hv = cfg_.num_v_heads, dk = cfg_.head_dim,
+                  dv = cfg_.v_head_dim;
+    ck_ = hk * dk;
+    cv_ = hv * dv;
+    const std::string p = absl::StrCat("layers.", layer, ".kda.");
+    auto get = [&](const char* name, Shape s, Tensor* t) -> absl::Status {
+      LOOM_ASSIGN_OR_RETURN(*t, w.load(p + name, s));
+      return absl::OkStatus();
+    };
+    LOOM_RETURN_IF_ERROR(get("qkv_proj.weight", {2 * ck_ + cv_, d}, &qkv_proj_));
+    LOOM_RETURN_IF_ERROR(get("conv.weight", {2 * ck_ + cv_, cfg_.conv_kernel}, &conv_));
+    LOOM_RETURN_IF_ERROR(get("f_a.weight", {dk, d}, &f_a_));
+    LOOM_RETURN_IF_ERROR(get("f_b.weight", {hv * dk, dk}, &f_b_));
+    LOOM_RETURN_IF_ERROR(get("dt_bias", {hv * dk}, &dt_bias_));
+    LOOM_RETURN_IF_ERROR(get("A_log", {hv}, &a_log_));
+    LOOM_RETURN_IF_ERROR(get("b_proj.weight", {hv, d}, &b_proj_));
+    LOOM_RETURN_IF_ERROR(get("g_a.weight", {dv, d}, &g_a_));
+    LOOM_RETURN_IF_ERROR(get("g_b.weight", {cv_, dv}, &g_b_));
+    if (cfg_.output_gate_bias) LOOM_RETURN_IF_ERROR(get("g_b.bias", {cv_}, &g_b_bias_));
+    LOOM_RETURN_IF_ERROR(get("o_norm.weight", {dv}, &o_norm_));
+    LOOM_RETURN_IF_ERROR(get("o_proj.weight", {d, cv_}, &o_proj_));
+    return absl::OkStatus();
+  }
+
+  void forward(const Tensor& x, const BatchLayout& batch, int layer,
+               const Tensor& out) const override {
+    const int64_t n = x.dim(0);
+    const int64_t hk = cfg_.num_heads, hv = cfg_.num_v_heads, dk = cfg_.head_dim,
+                  dv = cfg_.v_head_dim;
+    const int64_t channels = 2 * ck_ + cv_;
+
+    Tensor qkv = Tensor::empty({n, channels});
+    linear_forward(x, qkv_proj_, qkv);
+    Tensor conv_out = Tensor::empty({n, channels});
+    for (size_t s = 0; s < batch.start.size(); ++s) {
+      const int64_t b = batch.start[s], e = b + batch.length[s];
+      causal_conv1d_forward(qkv.slice(0, b, e), conv_, batch.caches[s]->layer(layer).conv,
+                            /*apply_silu=*/true, conv_out.slice(0, b, e));
+    }
+    Tensor q = Tensor::empty({n, hk, dk}), k = Tensor::empty({n, hk, dk});
+    Tensor v = Tensor::empty({n, hv, dv});
+    copy_columns(conv_out, 0, q.reshape({n, ck_}));
+    copy_columns(conv_out, ck_, k.reshape({n, ck_}));
+    copy_columns(conv_out, 2 * ck_, v.reshape({n, cv_}));
+    l2norm_forward(q, kQkNormEps, 1.0f, q);
+    l2norm_forward(k, kQkNormEps, 1.0f, k);
+
+    Tensor fa = Tensor::empty({n, dk});
+    linear_forward(x, f_a_, fa);
+    Tensor f = Tensor::empty({n, hv * dk});
+    linear_forward(fa, f_b_, f);
+    Tensor g = Tensor::empty({n, hv, dk});
+    kda_gate_forward(f, a_log_, dt_bias_, cfg_.gate_lower_bound, g.reshape({n, hv * dk}));
+    Tensor beta = Tensor::empty({n, hv});
+    linear_forward(x, b_proj_, beta);
+    sigmoid_inplace(beta);
+
+    Tensor o = Tensor::empty({n, hv, dv});
+    const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
+    for (size_t s = 0; s < batch.start.size(); ++s) {
+      const int64_t b = batch.start[s], e = b + batch.length[s];
+      const Tensor& state = batch.caches[s]->layer(layer).recurrent;
+      auto run = batch.length[s] <= kRecurrentMaxTokens ? kda_recurrent_forward
+                                                         : kda_chunked_forward;
+      run(q.slice(0, b, e), k.slice(0, b, e), v.slice(0, b, e), g.slice(0, b, e),
+          beta.slice(0, b, e), scale, state, o.slice(0, b, e));
+    }
+
+    Tensor ga = Tensor::empty({n, dv});
+    linear_forward(x, g_a_, ga);
+    Tensor gate = Tensor::empty({n, cv_});
+    linear_forward(ga, g_b_, gate);
+    if (g_b_bias_.defined()) add_bias(gate, g_b_bias_);
+    Tensor o_rows = o.reshape({n * hv, dv});
+    rmsnorm_forward(o_rows, o_norm_, eps_, 0.0f, o_rows);
+    mul_sigmoid_inplace(o_rows, gate);
+    linear_forward(o.reshape({n, cv_}), o_proj_, out);
+  }
+
+ private:
+  LinearAttentionConfig cfg_;
+  float eps_;
+  int64_t ck_ = 0, cv_ = 0;
+  Tensor qkv_proj_, conv_, f_a_, f_b_, dt_bias_, a_log_, b_proj_, g_a_, g_b_, g_b_bias_, o_norm_,
+      o_proj_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Mixer>> make_kda_mixer(const ModelConfig& cfg,
+                                                      const WeightLoader& w, int layer) {
+  auto m = std::make_unique<KdaMixer>(cfg);
+  LOOM_RETURN_IF_ERROR(m->load(cfg, w, layer));
+  return m;
+}
+
+}  // namespace loom

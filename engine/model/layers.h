@@ -1,0 +1,50 @@
+// The building blocks of a decoder layer: token mixers (KDA, MLA, ...) and FFNs (dense, MoE).
+// Each is built from ModelConfig plus the checkpoint (through WeightLoader's canonical names) and
+// runs on a whole varlen batch: token-parallel work (projections, norms, FFNs) over all rows at
+// once, sequence-ordered work (convolution, recurrence, attention) per sequence with its cache.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/core/tensor.h"
+#include "engine/model/sequence_cache.h"
+#include "weights/model_config.h"
+#include "weights/weight_loader.h"
+
+namespace loom {
+
+// Where each sequence's rows sit in the flattened batch.
+struct BatchLayout {
+  std::vector<int64_t> start;             // first row of sequence i
+  std::vector<int64_t> length;            // its number of new tokens
+  std::vector<SequenceCache*> caches;     // its cache (positions before this call)
+  int64_t num_rows = 0;
+};
+
+class Mixer {
+ public:
+  virtual ~Mixer() = default;
+  // x: [N, D] normalised input; out: [N, D] (overwritten). `layer` indexes the caches.
+  virtual void forward(const Tensor& x, const BatchLayout& batch, int layer,
+                       const Tensor& out) const = 0;
+};
+
+class Ffn {
+ public:
+  virtual ~Ffn() = default;
+  // x: [N, D]; out: [N, D] (overwritten).
+  virtual void forward(const Tensor& x, const Tensor& out) const = 0;
+};
+
+absl::StatusOr<std::unique_ptr<Mixer>> make_kda_mixer(const ModelConfig& cfg,
+                                                      const WeightLoader& w, int layer);
+absl::StatusOr<std::unique_ptr<Mixer>> make_mla_mixer(const ModelConfig& cfg,
+                                                      const WeightLoader& w, int layer);
+absl::StatusOr<std::unique_ptr<Ffn>> make_dense_ffn(const ModelConfig& cfg, const WeightLoader& w,
+                                                    const std::string& prefix, int width);
+absl::StatusOr<std::unique_ptr<Ffn>> make_moe_ffn(const ModelConfig& cfg, const WeightLoader& w,
+                                                  int layer);
+
+}  // namespace loom

@@ -1,0 +1,117 @@
+// Multi-head latent attention mixer (MODELS.md, "MLA"). The cache keeps only the normalised latent
+// and the shared rope key; attention runs in the expanded form for long chunks and the absorbed
+// form for short ones (decode), picked by arithmetic cost.
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "engine/core/status.h"
+#include "engine/model/layers.h"
+#include "kernels/attention.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/norm.h"
+
+namespace loom {
+namespace {
+
+// Both HF references build q_a_layernorm / kv_a_layernorm with the RMSNorm default eps, not
+// config.rms_norm_eps.
+constexpr float kLatentNormEps = 1e-6f;
+
+class MlaMixer final : public Mixer {
+ public:
+  explicit MlaMixer(const ModelConfig& cfg) : cfg_(cfg.mla), rope_(cfg.rope) {}
+
+  absl::Status load(const ModelConfig& cfg, const WeightLoader& w, int layer) {
+    if (rope_.type != RopeConfig::Type::kNone)
+      return absl::UnimplementedError("MLA with RoPE is not supported by this build yet");
+    if (cfg_.output_gate)
+      return absl::UnimplementedError("gated MLA is not supported by this build yet");
+    const int64_t d = cfg.hidden_size, h = cfg_.num_heads;
+    const int64_t qk = cfg_.qk_nope_head_dim + cfg_.qk_rope_head_dim;
+    const std::string p = absl::StrCat("layers.", layer, ".mla.");
+    auto get = [&](const char* name, Shape s, Tensor* t) -> absl::Status {
+      LOOM_ASSIGN_OR_RETURN(*t, w.load(p + name, s));
+      return absl::OkStatus();
+    };
+    if (cfg_.q_lora_rank > 0) {
+      LOOM_RETURN_IF_ERROR(get("q_a_proj.weight", {cfg_.q_lora_rank, d}, &q_a_));
+      LOOM_RETURN_IF_ERROR(get("q_a_norm.weight", {cfg_.q_lora_rank}, &q_a_norm_));
+      LOOM_RETURN_IF_ERROR(get("q_b_proj.weight", {h * qk, cfg_.q_lora_rank}, &q_b_));
+    } else {
+      LOOM_RETURN_IF_ERROR(get("q_proj.weight", {h * qk, d}, &q_proj_));
+    }
+    LOOM_RETURN_IF_ERROR(
+        get("kv_a_proj.weight", {cfg_.kv_lora_rank + cfg_.qk_rope_head_dim, d}, &kv_a_));
+    LOOM_RETURN_IF_ERROR(get("kv_a_norm.weight", {cfg_.kv_lora_rank}, &kv_a_norm_));
+    LOOM_RETURN_IF_ERROR(get("kv_b_proj.weight",
+                             {h * (cfg_.qk_nope_head_dim + cfg_.v_head_dim), cfg_.kv_lora_rank},
+                             &kv_b_));
+    LOOM_RETURN_IF_ERROR(get("o_proj.weight", {d, h * cfg_.v_head_dim}, &o_proj_));
+    scale_ = 1.0f / std::sqrt(static_cast<float>(qk));
+    return absl::OkStatus();
+  }
+
+  void forward(const Tensor& x, const BatchLayout& batch, int layer,
+               const Tensor& out) const override {
+    const int64_t n = x.dim(0), h = cfg_.num_heads;
+    const int64_t dn = cfg_.qk_nope_head_dim, dr = cfg_.qk_rope_head_dim, dv = cfg_.v_head_dim;
+    const int64_t r = cfg_.kv_lora_rank;
+
+    Tensor q = Tensor::empty({n, h, dn + dr});
+    if (q_proj_.defined()) {
+      linear_forward(x, q_proj_, q.reshape({n, h * (dn + dr)}));
+    } else {
+      Tensor qa = Tensor::empty({n, cfg_.q_lora_rank});
+      linear_forward(x, q_a_, qa);
+      rmsnorm_forward(qa, q_a_norm_, kLatentNormEps, 0.0f, qa);
+      linear_forward(qa, q_b_, q.reshape({n, h * (dn + dr)}));
+    }
+    Tensor kv = Tensor::empty({n, r + dr});
+    linear_forward(x, kv_a_, kv);
+    Tensor latent = Tensor::empty({n, r});
+    copy_columns(kv, 0, latent);
+    rmsnorm_forward(latent, kv_a_norm_, kLatentNormEps, 0.0f, latent);
+    Tensor rope = Tensor::empty({n, dr});
+    copy_columns(kv, r, rope);
+
+    const MlaDims dims{h, dn, dr, dv, r};
+    Tensor o = Tensor::empty({n, h, dv});
+    for (size_t s = 0; s < batch.start.size(); ++s) {
+      const int64_t b = batch.start[s], t = batch.length[s];
+      SequenceCache& cache = *batch.caches[s];
+      const int64_t past = cache.num_tokens(), total = past + t;
+      LayerCache& lc = cache.layer(layer);
+      lc.latent.slice(0, past, total).copy_from(latent.slice(0, b, b + t));
+      lc.rope.slice(0, past, total).copy_from(rope.slice(0, b, b + t));
+      const Tensor c_all = lc.latent.slice(0, 0, total), kr_all = lc.rope.slice(0, 0, total);
+      // Multiply-adds: expanded builds K/V once (S*H*R*(dn+dv)) then attends (T*S*H*(dn+dr+dv));
+      // absorbed maps each query into latent space and back (T*H*R*(dn+dv)) and attends over the
+      // latent (T*S*H*(2R+dr)).
+      const double expanded = static_cast<double>(total) * h * r * (dn + dv) +
+                              static_cast<double>(t) * total * h * (dn + dr + dv);
+      const double absorbed = static_cast<double>(t) * h * r * (dn + dv) +
+                              static_cast<double>(t) * total * h * (2 * r + dr);
+      auto attend = absorbed <= expanded ? mla_attention_absorbed : mla_attention_expanded;
+      attend(q.slice(0, b, b + t), c_all, kr_all, kv_b_, dims, scale_, o.slice(0, b, b + t));
+    }
+    linear_forward(o.reshape({n, h * dv}), o_proj_, out);
+  }
+
+ private:
+  MlaConfig cfg_;
+  RopeConfig rope_;
+  float scale_ = 1.0f;
+  Tensor q_proj_, q_a_, q_a_norm_, q_b_, kv_a_, kv_a_norm_, kv_b_, o_proj_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Mixer>> make_mla_mixer(const ModelConfig& cfg,
+                                                      const WeightLoader& w, int layer) {
+  auto m = std::make_unique<MlaMixer>(cfg);
+  LOOM_RETURN_IF_ERROR(m->load(cfg, w, layer));
+  return m;
+}
+
+}  // namespace loom

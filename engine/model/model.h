@@ -1,0 +1,50 @@
+// Model: a hybrid decoder built from ModelConfig and a checkpoint, run on varlen batches.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/core/tensor.h"
+#include "engine/model/forward_batch.h"
+#include "engine/model/layers.h"
+#include "weights/model_config.h"
+
+namespace loom {
+
+class Model {
+ public:
+  // Loads DIR/config.json and the checkpoint in DIR (any supported family), converting weights
+  // to f32 for the CPU backend. Errors name the field or tensor at fault.
+  static absl::StatusOr<std::unique_ptr<Model>> load(const std::string& dir);
+  static absl::StatusOr<std::unique_ptr<Model>> load(const std::string& dir,
+                                                     const ModelConfig& cfg);
+
+  const ModelConfig& config() const { return cfg_; }
+  // A fresh cache for one sequence (position 0).
+  SequenceCache new_cache() const { return SequenceCache(cfg_); }
+
+  // Runs the batch, extending each sequence's cache by its new tokens. Returns logits [rows, V]
+  // for the rows each sequence asked for (LogitsMode), in sequence order. InvalidArgument for a
+  // malformed batch (token id out of range, lengths not matching token_ids, missing cache); the
+  // caches are untouched then.
+  // If `hidden` is not null it receives L+1 tensors [N, D]: the input of every layer and the final
+  // normalised output (for conformance diagnostics against the reference's hidden states).
+  absl::StatusOr<Tensor> forward(const ForwardBatch& batch,
+                                 std::vector<Tensor>* hidden = nullptr) const;
+
+ private:
+  explicit Model(ModelConfig cfg) : cfg_(std::move(cfg)) {}
+
+  struct Layer {
+    Tensor mixer_norm, ffn_norm;
+    std::unique_ptr<Mixer> mixer;
+    std::unique_ptr<Ffn> ffn;
+  };
+  ModelConfig cfg_;
+  Tensor embed_, final_norm_, lm_head_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace loom

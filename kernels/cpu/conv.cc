@@ -1,0 +1,119 @@
+#include "kernels/cpu/conv.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels/activation.h"
+
+namespace loom::cpu {
+namespace {
+
+// One output row: out[c] = act(sum_j wt[j][c] * rows[j][c]), j in order 0..W-1. Prefill, chunked
+// and single-step paths all go through this one function, so every split of a sequence produces
+// bit-identical outputs.
+inline void conv_row(const float* const* rows, const float* wt, int64_t W, int64_t C,
+                     bool apply_silu, float* out) {
+#pragma omp simd
+  for (int64_t c = 0; c < C; ++c) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < W; ++j) acc += wt[j * C + c] * rows[j][c];
+    out[c] = apply_silu ? siluf(acc) : acc;
+  }
+}
+
+// weight [C, W] -> [W, C] so the channel loop is contiguous.
+std::vector<float> transpose_weight(const Tensor& weight) {
+  const int64_t C = weight.dim(0), W = weight.dim(1);
+  const float* w = weight.data<float>();
+  std::vector<float> wt(static_cast<size_t>(W * C));
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t j = 0; j < W; ++j) wt[j * C + c] = w[c * W + j];
+  return wt;
+}
+
+}  // namespace
+
+void causal_conv1d_forward(const Tensor& x, const Tensor& weight, const Tensor& conv_state,
+                           bool apply_silu, const Tensor& out) {
+  LOOM_CHECK_F32(x);
+  LOOM_CHECK_F32(weight);
+  LOOM_CHECK_F32(conv_state);
+  LOOM_CHECK_F32(out);
+  LOOM_CHECK(x.ndim() == 2 && weight.ndim() == 2, "causal_conv1d_forward: x %s weight %s",
+             x.describe().c_str(), weight.describe().c_str());
+  const int64_t T = x.dim(0), C = x.dim(1), W = weight.dim(1);
+  LOOM_CHECK(W >= 1, "causal_conv1d_forward: width %lld", static_cast<long long>(W));
+  LOOM_CHECK_SHAPE(weight, C, W);
+  LOOM_CHECK_SHAPE(conv_state, W - 1, C);
+  LOOM_CHECK_SHAPE(out, T, C);
+  LOOM_CHECK(out.raw() != x.raw() || T * C == 0, "causal_conv1d_forward: out aliases x");
+  const std::vector<float> wt = transpose_weight(weight);
+  const float* xp = x.data<float>();
+  float* sp = conv_state.data<float>();
+  float* op = out.data<float>();
+  const int64_t P = W - 1;
+  // Row p of xpad = concat(conv_state, x).
+  auto xpad = [&](int64_t p) -> const float* { return p < P ? sp + p * C : xp + (p - P) * C; };
+#pragma omp parallel for schedule(static) if (T * C * W > 65536)
+  for (int64_t t = 0; t < T; ++t) {
+    const float* rows[64];
+    std::vector<const float*> many;
+    const float** r = rows;
+    if (W > 64) {
+      many.resize(static_cast<size_t>(W));
+      r = many.data();
+    }
+    for (int64_t j = 0; j < W; ++j) r[j] = xpad(t + j);
+    conv_row(r, wt.data(), W, C, apply_silu, op + t * C);
+  }
+  // New state: the last P rows of xpad (rows T .. T+P-1). When T < P part of it is the old state,
+  // which shifts down; copy forwards (source index >= destination index) so nothing is clobbered.
+  for (int64_t i = 0; i < P; ++i) {
+    const int64_t p = T + i;
+    const float* src = xpad(p);
+    if (src != sp + i * C) std::copy(src, src + C, sp + i * C);
+  }
+}
+
+void causal_conv1d_step(const Tensor& x, const Tensor& weight, const Tensor& conv_states,
+                        bool apply_silu, const Tensor& out) {
+  LOOM_CHECK_F32(x);
+  LOOM_CHECK_F32(weight);
+  LOOM_CHECK_F32(conv_states);
+  LOOM_CHECK_F32(out);
+  LOOM_CHECK(x.ndim() == 2 && weight.ndim() == 2, "causal_conv1d_step: x %s weight %s",
+             x.describe().c_str(), weight.describe().c_str());
+  const int64_t B = x.dim(0), C = x.dim(1), W = weight.dim(1);
+  LOOM_CHECK(W >= 1, "causal_conv1d_step: width %lld", static_cast<long long>(W));
+  LOOM_CHECK_SHAPE(weight, C, W);
+  LOOM_CHECK_SHAPE(conv_states, B, W - 1, C);
+  LOOM_CHECK_SHAPE(out, B, C);
+  LOOM_CHECK(out.raw() != x.raw() || B * C == 0, "causal_conv1d_step: out aliases x");
+  const std::vector<float> wt = transpose_weight(weight);
+  const int64_t P = W - 1;
+  const float* xp = x.data<float>();
+  float* sp = conv_states.data<float>();
+  float* op = out.data<float>();
+#pragma omp parallel for schedule(static) if (B * C * W > 65536)
+  for (int64_t b = 0; b < B; ++b) {
+    float* st = sp + b * P * C;
+    const float* xb = xp + b * C;
+    const float* rows[64];
+    std::vector<const float*> many;
+    const float** r = rows;
+    if (W > 64) {
+      many.resize(static_cast<size_t>(W));
+      r = many.data();
+    }
+    for (int64_t j = 0; j < P; ++j) r[j] = st + j * C;
+    r[P] = xb;
+    conv_row(r, wt.data(), W, C, apply_silu, op + b * C);
+    // Shift the window: drop the oldest row, append x.
+    if (P > 0) {
+      std::copy(st + C, st + P * C, st);
+      std::copy(xb, xb + C, st + (P - 1) * C);
+    }
+  }
+}
+
+}  // namespace loom::cpu

@@ -1,0 +1,13 @@
+// CPU implementations of kernels/conv.h (same contracts).
+#pragma once
+
+#include "engine/core/tensor.h"
+
+namespace loom::cpu {
+
+void causal_conv1d_forward(const Tensor& x, const Tensor& weight, const Tensor& conv_state,
+                           bool apply_silu, const Tensor& out);
+void causal_conv1d_step(const Tensor& x, const Tensor& weight, const Tensor& conv_states,
+                        bool apply_silu, const Tensor& out);
+
+}  // namespace loom::cpu

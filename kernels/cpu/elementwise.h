@@ -1,0 +1,18 @@
+// CPU implementations of kernels/elementwise.h (same contracts).
+#pragma once
+
+#include <vector>
+
+#include "engine/core/tensor.h"
+
+namespace loom::cpu {
+
+void add_inplace(const Tensor& dst, const Tensor& src);
+void add_bias(const Tensor& x, const Tensor& bias);
+void mul_sigmoid_inplace(const Tensor& x, const Tensor& gate);
+void sigmoid_inplace(const Tensor& x);
+void copy_columns(const Tensor& src, int64_t col_begin, const Tensor& dst);
+void scatter_columns(const Tensor& src, int64_t col_begin, const Tensor& dst);
+void gather_rows(const Tensor& src, const std::vector<int64_t>& rows, const Tensor& dst);
+
+}  // namespace loom::cpu

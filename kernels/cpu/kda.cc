@@ -1,0 +1,505 @@
+// KDA / Gated DeltaNet on the CPU: the token recurrence (reference and decode path), the chunked
+// WY/UT form (prefill path), and the decay gates.
+//
+// Chunked form, per value head and chunk of L <= 64 tokens with incoming state S0 [dk, dv].
+// Let gc_t = sum_{u <= t} g_u (per channel, inside the chunk) and G_{ts} = exp(gc_t - gc_s),
+// which is <= 1 for s <= t. Writing the state after token t as
+//   S_t = exp(gc_t) S0 + sum_{s <= t} (G_{ts} k_s) u_s^T
+// the recurrence gives the pseudo-values u through a unit lower-triangular system
+//   u_t + sum_{s < t} A_{ts} u_s = beta_t (v_t - S0^T (exp(gc_t) k_t)),
+//   A_{ts} = beta_t sum_c k_tc k_sc G_{ts,c},
+// and then
+//   o_t     = S0^T (exp(gc_t) q_t) + sum_{s <= t} P_{ts} u_s,   P_{ts} = sum_c q_tc k_sc G_{ts,c}
+//   S_L     = exp(gc_L) S0 + sum_s (G_{Ls} k_s) u_s^T.
+// Every exponent formed is a difference gc_t - gc_s with s <= t (so <= 0) or gc_t itself: nothing
+// can overflow, whatever the decay. A and P are built in 16-token sub-chunks: for sub-chunk i
+// starting at r0, the block against earlier tokens s < r0 factorises through the reference point
+// gc_{r0}: G_{ts} = exp(gc_t - gc_{r0}) * exp(gc_{r0} - gc_s), both factors <= 1, which turns it
+// into a small GEMM; the 16x16 diagonal blocks form their exponentials element by element.
+// Cumulative decays are summed in double and every exponent is rounded to f32 only after the
+// subtraction, so no cancellation error creeps in when gc has grown large within a chunk.
+#include "kernels/cpu/kda.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "kernels/activation.h"
+#include "kernels/kda.h"
+
+namespace loom::cpu {
+namespace {
+
+struct KdaDims {
+  int64_t T, Hk, Hv, dk, dv;
+  bool scalar_g;
+};
+
+KdaDims check_kda_args(const char* name, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& g, const Tensor& beta, const Tensor& state,
+                       const Tensor& out) {
+  LOOM_CHECK_F32(q);
+  LOOM_CHECK_F32(k);
+  LOOM_CHECK_F32(v);
+  LOOM_CHECK_F32(g);
+  LOOM_CHECK_F32(beta);
+  LOOM_CHECK_F32(state);
+  LOOM_CHECK_F32(out);
+  LOOM_CHECK(q.ndim() == 3 && v.ndim() == 3, "%s: q %s v %s", name, q.describe().c_str(),
+             v.describe().c_str());
+  KdaDims d{};
+  d.T = q.dim(0);
+  d.Hk = q.dim(1);
+  d.dk = q.dim(2);
+  d.Hv = v.dim(1);
+  d.dv = v.dim(2);
+  LOOM_CHECK(d.Hk > 0 && d.Hv % d.Hk == 0, "%s: Hv %lld is not a multiple of Hk %lld", name,
+             static_cast<long long>(d.Hv), static_cast<long long>(d.Hk));
+  LOOM_CHECK_SHAPE(k, d.T, d.Hk, d.dk);
+  LOOM_CHECK_SHAPE(v, d.T, d.Hv, d.dv);
+  LOOM_CHECK(g.ndim() == 3 && g.dim(0) == d.T && g.dim(1) == d.Hv &&
+                 (g.dim(2) == d.dk || g.dim(2) == 1),
+             "%s: g %s, expected [%lld, %lld, %lld or 1]", name, g.describe().c_str(),
+             static_cast<long long>(d.T), static_cast<long long>(d.Hv),
+             static_cast<long long>(d.dk));
+  d.scalar_g = g.dim(2) == 1 && d.dk != 1;
+  LOOM_CHECK_SHAPE(beta, d.T, d.Hv);
+  LOOM_CHECK_SHAPE(state, d.Hv, d.dk, d.dv);
+  LOOM_CHECK_SHAPE(out, d.T, d.Hv, d.dv);
+  return d;
+}
+
+// Eight-wide float vectors (GCC/Clang vector extensions: portable, lowered to AVX2 here).
+using v8 = float __attribute__((vector_size(32)));
+using v8i = int32_t __attribute__((vector_size(32)));
+using v4f = float __attribute__((vector_size(16)));
+using v4d = double __attribute__((vector_size(32)));
+inline v8 ld8(const float* p) {
+  v8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void st8(float* p, v8 v) { std::memcpy(p, &v, sizeof(v)); }
+inline v8 splat8(float x) { return v8{} + x; }
+inline float hsum8(v8 v) {
+  float s = 0.0f;
+  for (int i = 0; i < 8; ++i) s += v[i];
+  return s;
+}
+// (float)(a[i] - b[i]) for 8 doubles: the exponent differences, rounded after subtracting.
+inline v8 diff8(const double* a, const double* b) {
+  v4d a0, a1, b0, b1;
+  std::memcpy(&a0, a, sizeof(a0));
+  std::memcpy(&a1, a + 4, sizeof(a1));
+  std::memcpy(&b0, b, sizeof(b0));
+  std::memcpy(&b1, b + 4, sizeof(b1));
+  const v4f lo = __builtin_convertvector(a0 - b0, v4f);
+  const v4f hi = __builtin_convertvector(a1 - b1, v4f);
+  return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7);
+}
+inline v8 cvt8(const double* a) {
+  v4d a0, a1;
+  std::memcpy(&a0, a, sizeof(a0));
+  std::memcpy(&a1, a + 4, sizeof(a1));
+  return __builtin_shufflevector(__builtin_convertvector(a0, v4f), __builtin_convertvector(a1, v4f),
+                                 0, 1, 2, 3, 4, 5, 6, 7);
+}
+
+// exp on eight lanes, same algorithm as fexp below.
+inline v8 fexp8(v8 x) {
+  const v8 lo = splat8(-87.0f), hi = splat8(88.0f), magic = splat8(12582912.0f);
+  v8 xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
+  const v8 t = xc * 1.44269504088896341f + magic;
+  const v8 n = t - magic;
+  const v8i ni = std::bit_cast<v8i>(t) - 0x4B400000;
+  v8 r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  v8 p = splat8(1.9875691500E-4f);
+  p = p * r + 1.3981999507E-3f;
+  p = p * r + 8.3334519073E-3f;
+  p = p * r + 4.1665795894E-2f;
+  p = p * r + 1.6666665459E-1f;
+  p = p * r + 5.0000001201E-1f;
+  p = p * r * r + r + 1.0f;
+  const v8i si = (ni + 127) << 23;
+  const v8 s = std::bit_cast<v8>(si);
+  return x < lo ? v8{} : p * s;
+}
+
+// exp(x) for x in [-87.3, 88], ~1 ulp (Cephes expf polynomial), 0 below; written branch-free so
+// loops calling it vectorise.
+inline float fexp(float x) {
+  float xc = x < -87.0f ? -87.0f : x;
+  xc = xc > 88.0f ? 88.0f : xc;
+  const float t = xc * 1.44269504088896341f + 12582912.0f;  // round(x / ln 2) via 1.5 * 2^23
+  const float n = t - 12582912.0f;
+  const int32_t ni = std::bit_cast<int32_t>(t) - 0x4B400000;
+  float r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500E-4f;
+  p = p * r + 1.3981999507E-3f;
+  p = p * r + 8.3334519073E-3f;
+  p = p * r + 4.1665795894E-2f;
+  p = p * r + 1.6666665459E-1f;
+  p = p * r + 5.0000001201E-1f;
+  p = p * r * r + r + 1.0f;
+  const float s = std::bit_cast<float>((ni + 127) << 23);
+  const float keep = x < -87.0f ? 0.0f : 1.0f;
+  return p * s * keep;
+}
+
+// ---- A small register-blocked GEMM: C[m, n] += A[m, kd] @ B[kd, n], row-major, n % 8 == 0. ----
+
+template <int MR, int NV>
+inline void gemm_tile(int64_t kd, const float* a, int64_t lda, const float* b, int64_t ldb,
+                      float* c, int64_t ldc) {
+  v8 acc[MR][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) acc[r][j] = ld8(c + r * ldc + 8 * j);
+  for (int64_t p = 0; p < kd; ++p) {
+    v8 bv[NV];
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) bv[j] = ld8(b + p * ldb + 8 * j);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const float av = a[r * lda + p];
+#pragma GCC unroll 8
+      for (int j = 0; j < NV; ++j) acc[r][j] += av * bv[j];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) st8(c + r * ldc + 8 * j, acc[r][j]);
+}
+
+template <int MR>
+inline void gemm_rows(int64_t n, int64_t kd, const float* a, int64_t lda, const float* b,
+                      int64_t ldb, float* c, int64_t ldc) {
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) gemm_tile<MR, 2>(kd, a, lda, b + j, ldb, c + j, ldc);
+  for (; j < n; j += 8) gemm_tile<MR, 1>(kd, a, lda, b + j, ldb, c + j, ldc);
+}
+
+void gemm_acc(int64_t m, int64_t n, int64_t kd, const float* a, int64_t lda, const float* b,
+              int64_t ldb, float* c, int64_t ldc) {
+  if (kd <= 0) return;
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) gemm_rows<4>(n, kd, a + i * lda, lda, b, ldb, c + i * ldc, ldc);
+  switch (m - i) {
+    case 3: gemm_rows<3>(n, kd, a + i * lda, lda, b, ldb, c + i * ldc, ldc); break;
+    case 2: gemm_rows<2>(n, kd, a + i * lda, lda, b, ldb, c + i * ldc, ldc); break;
+    case 1: gemm_rows<1>(n, kd, a + i * lda, lda, b, ldb, c + i * ldc, ldc); break;
+    default: break;
+  }
+}
+
+inline int64_t round_up8(int64_t x) { return (x + 7) / 8 * 8; }
+
+// Per-thread buffers of the chunked form. Rows are padded to multiples of 8 with zeros, so every
+// GEMM sees n % 8 == 0 and padded channels contribute nothing.
+struct ChunkWork {
+  int64_t Kp, Vp;
+  static constexpr int64_t C = kKdaChunk;
+  std::vector<float> S, Q, K, Qe, Ken, KendT, U, O, A, P, Qn, Kn, KrT, row;
+  std::vector<double> gd;
+  ChunkWork(int64_t dk, int64_t dv) : Kp(round_up8(dk)), Vp(round_up8(dv)) {
+    S.assign(Kp * Vp, 0.0f);
+    for (auto* b : {&Q, &K, &Qe, &Ken}) b->assign(C * Kp, 0.0f);
+    KendT.assign(Kp * C, 0.0f);
+    KrT.assign(Kp * C, 0.0f);
+    U.assign(C * Vp, 0.0f);
+    O.assign(C * Vp, 0.0f);
+    A.assign(C * C, 0.0f);
+    P.assign(C * C, 0.0f);
+    Qn.assign(16 * Kp, 0.0f);
+    Kn.assign(16 * Kp, 0.0f);
+    row.assign(Kp, 0.0f);
+    gd.assign(C * Kp, 0.0);
+  }
+};
+
+// One head of the chunked form over all T tokens; S0 is in w.S (padded) and is updated there.
+void kda_chunked_head(const KdaDims& d, int64_t h, const float* qp, const float* kp,
+                      const float* vp, const float* gp, const float* bp, float scale, float* op,
+                      ChunkWork& w) {
+  constexpr int64_t C = ChunkWork::C;
+  constexpr int64_t kSub = 16;
+  const int64_t Kp = w.Kp, Vp = w.Vp, dk = d.dk, dv = d.dv;
+  const int64_t hk = h / (d.Hv / d.Hk);
+  const int64_t gw = d.scalar_g ? 1 : dk;
+  float* S = w.S.data();
+  float* Q = w.Q.data();
+  float* K = w.K.data();
+  float* Qe = w.Qe.data();
+  float* Ken = w.Ken.data();
+  float* KendT = w.KendT.data();
+  float* U = w.U.data();
+  float* O = w.O.data();
+  float* A = w.A.data();
+  float* P = w.P.data();
+  float* Qn = w.Qn.data();
+  float* Kn = w.Kn.data();
+  float* KrT = w.KrT.data();
+  float* row = w.row.data();
+  double* gd = w.gd.data();
+
+  for (int64_t t0 = 0; t0 < d.T; t0 += C) {
+    const int64_t L = std::min(C, d.T - t0);
+    // Load the chunk: q (scaled), k, v into padded rows; gc = cumsum(g) in double.
+    for (int64_t t = 0; t < L; ++t) {
+      const int64_t tt = t0 + t;
+      const float* qs = qp + (tt * d.Hk + hk) * dk;
+      const float* ks = kp + (tt * d.Hk + hk) * dk;
+      const float* vs = vp + (tt * d.Hv + h) * dv;
+      const float* gs = gp + (tt * d.Hv + h) * gw;
+      float* qr = Q + t * Kp;
+      float* kr = K + t * Kp;
+      float* ur = U + t * Vp;
+      double* gr = gd + t * Kp;
+      const double* gprev = t > 0 ? gd + (t - 1) * Kp : nullptr;
+      for (int64_t c = 0; c < dk; ++c) {
+        qr[c] = qs[c] * scale;
+        kr[c] = ks[c];
+        const double gv = d.scalar_g ? gs[0] : gs[c];
+        gr[c] = (gprev ? gprev[c] : 0.0) + gv;
+      }
+      for (int64_t c = 0; c < dv; ++c) ur[c] = vs[c];
+    }
+    // Decay from the chunk start: Qe = q * exp(gc), Ken = -k * exp(gc).
+    for (int64_t t = 0; t < L; ++t) {
+      const double* gr = gd + t * Kp;
+      for (int64_t c = 0; c < Kp; c += 8) {
+        const v8 e = fexp8(cvt8(gr + c));
+        st8(Qe + t * Kp + c, ld8(Q + t * Kp + c) * e);
+        st8(Ken + t * Kp + c, -ld8(K + t * Kp + c) * e);
+      }
+    }
+    // A (strictly lower, before the beta and sign) and P (lower with diagonal).
+    std::fill(A, A + C * C, 0.0f);
+    std::fill(P, P + C * C, 0.0f);
+    for (int64_t r0 = 0; r0 < L; r0 += kSub) {
+      const int64_t r1 = std::min(L, r0 + kSub);
+      const int64_t nr = r1 - r0;
+      if (r0 > 0) {
+        // Off-diagonal block against tokens s < r0 through the reference point gc_{r0}.
+        const double* gref = gd + r0 * Kp;
+        for (int64_t t = r0; t < r1; ++t) {
+          const double* gr = gd + t * Kp;
+          for (int64_t c = 0; c < Kp; c += 8) {
+            const v8 e = fexp8(diff8(gr + c, gref + c));
+            st8(Qn + (t - r0) * Kp + c, ld8(Q + t * Kp + c) * e);
+            st8(Kn + (t - r0) * Kp + c, ld8(K + t * Kp + c) * e);
+          }
+        }
+        for (int64_t s = 0; s < r0; ++s) {
+          const double* gr = gd + s * Kp;
+          for (int64_t c = 0; c < Kp; c += 8)
+            st8(row + c, ld8(K + s * Kp + c) * fexp8(diff8(gref + c, gr + c)));
+          for (int64_t c = 0; c < Kp; ++c) KrT[c * C + s] = row[c];
+        }
+        gemm_acc(nr, r0, Kp, Kn, Kp, KrT, C, A + r0 * C, C);
+        gemm_acc(nr, r0, Kp, Qn, Kp, KrT, C, P + r0 * C, C);
+      }
+      // Diagonal block: exponentials element by element.
+      for (int64_t t = r0; t < r1; ++t) {
+        const double* gt = gd + t * Kp;
+        const float* qt = Q + t * Kp;
+        const float* kt = K + t * Kp;
+        for (int64_t s = r0; s <= t; ++s) {
+          const double* gs = gd + s * Kp;
+          const float* ks = K + s * Kp;
+          v8 sa = v8{}, sp = v8{};
+          for (int64_t c = 0; c < Kp; c += 8) {
+            const v8 kse = ld8(ks + c) * fexp8(diff8(gt + c, gs + c));
+            sa += ld8(kt + c) * kse;
+            sp += ld8(qt + c) * kse;
+          }
+          if (s < t) A[t * C + s] = hsum8(sa);
+          P[t * C + s] = hsum8(sp);
+        }
+      }
+    }
+    // A <- -beta_t A; U <- beta_t (v_t - S0^T exp(gc_t) k_t).
+    gemm_acc(L, Vp, Kp, Ken, Kp, S, Vp, U, Vp);
+    for (int64_t t = 0; t < L; ++t) {
+      const float b = bp[(t0 + t) * d.Hv + h];
+      for (int64_t s = 0; s < t; ++s) A[t * C + s] *= -b;
+#pragma omp simd
+      for (int64_t c = 0; c < Vp; ++c) U[t * Vp + c] *= b;
+    }
+    // Forward substitution, blocked by sub-chunk: U_t += sum_{s<t} A_ts U_s.
+    for (int64_t r0 = 0; r0 < L; r0 += kSub) {
+      const int64_t r1 = std::min(L, r0 + kSub);
+      gemm_acc(r1 - r0, Vp, r0, A + r0 * C, C, U, Vp, U + r0 * Vp, Vp);
+      for (int64_t t = r0 + 1; t < r1; ++t) {
+        float* ut = U + t * Vp;
+        for (int64_t s = r0; s < t; ++s) {
+          const float a = A[t * C + s];
+          const float* us = U + s * Vp;
+#pragma omp simd
+          for (int64_t c = 0; c < Vp; ++c) ut[c] += a * us[c];
+        }
+      }
+    }
+    // O = Qe S0 + P U (P is lower triangular: rows of block [r0, r1) need columns < r1).
+    std::fill(O, O + L * Vp, 0.0f);
+    gemm_acc(L, Vp, Kp, Qe, Kp, S, Vp, O, Vp);
+    for (int64_t r0 = 0; r0 < L; r0 += kSub) {
+      const int64_t r1 = std::min(L, r0 + kSub);
+      gemm_acc(r1 - r0, Vp, r1, P + r0 * C, C, U, Vp, O + r0 * Vp, Vp);
+    }
+    for (int64_t t = 0; t < L; ++t)
+      std::memcpy(op + ((t0 + t) * d.Hv + h) * dv, O + t * Vp, dv * sizeof(float));
+    // S <- exp(gc_L) S0 + (exp(gc_L - gc_s) k_s)^T U.
+    const double* gl = gd + (L - 1) * Kp;
+    for (int64_t s = 0; s < L; ++s) {
+      const double* gr = gd + s * Kp;
+      for (int64_t c = 0; c < Kp; c += 8)
+        st8(row + c, ld8(K + s * Kp + c) * fexp8(diff8(gl + c, gr + c)));
+      for (int64_t c = 0; c < Kp; ++c) KendT[c * C + s] = row[c];
+    }
+    for (int64_t c = 0; c < Kp; ++c) {
+      const float e = fexp(static_cast<float>(gl[c]));
+      float* sr = S + c * Vp;
+#pragma omp simd
+      for (int64_t j = 0; j < Vp; ++j) sr[j] *= e;
+    }
+    gemm_acc(Kp, Vp, L, KendT, C, U, Vp, S, Vp);
+  }
+}
+
+}  // namespace
+
+void kda_recurrent_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                           const Tensor& beta, float scale, const Tensor& state,
+                           const Tensor& out) {
+  const KdaDims d = check_kda_args("kda_recurrent_forward", q, k, v, g, beta, state, out);
+  const float* qp = q.data<float>();
+  const float* kp = k.data<float>();
+  const float* vp = v.data<float>();
+  const float* gp = g.data<float>();
+  const float* bp = beta.data<float>();
+  float* sp = state.data<float>();
+  float* op = out.data<float>();
+  const int64_t dk = d.dk, dv = d.dv, gw = d.scalar_g ? 1 : dk;
+  const int64_t group = d.Hv / d.Hk;
+#pragma omp parallel if (d.Hv > 1 && d.T * d.dk * d.dv > 32768)
+  {
+    std::vector<float> kv(static_cast<size_t>(dv)), u(static_cast<size_t>(dv));
+#pragma omp for schedule(static)
+    for (int64_t h = 0; h < d.Hv; ++h) {
+      const int64_t hk = h / group;
+      float* S = sp + h * dk * dv;
+      for (int64_t t = 0; t < d.T; ++t) {
+        const float* qt = qp + (t * d.Hk + hk) * dk;
+        const float* kt = kp + (t * d.Hk + hk) * dk;
+        const float* vt = vp + (t * d.Hv + h) * dv;
+        const float* gt = gp + (t * d.Hv + h) * gw;
+        const float bt = bp[t * d.Hv + h];
+        float* ot = op + (t * d.Hv + h) * dv;
+        // Pass 1: decay the state and form S^T k.
+        std::fill(kv.begin(), kv.end(), 0.0f);
+        const float eg0 = std::exp(gt[0]);
+        for (int64_t i = 0; i < dk; ++i) {
+          const float e = d.scalar_g ? eg0 : std::exp(gt[i]);
+          const float ki = kt[i];
+          float* Si = S + i * dv;
+#pragma omp simd
+          for (int64_t j = 0; j < dv; ++j) {
+            const float s = Si[j] * e;
+            Si[j] = s;
+            kv[j] += ki * s;
+          }
+        }
+#pragma omp simd
+        for (int64_t j = 0; j < dv; ++j) {
+          u[j] = bt * (vt[j] - kv[j]);
+          ot[j] = 0.0f;
+        }
+        // Pass 2: rank-1 update and the output o = S^T (scale q).
+        for (int64_t i = 0; i < dk; ++i) {
+          const float ki = kt[i], qi = qt[i] * scale;
+          float* Si = S + i * dv;
+#pragma omp simd
+          for (int64_t j = 0; j < dv; ++j) {
+            const float s = Si[j] + ki * u[j];
+            Si[j] = s;
+            ot[j] += qi * s;
+          }
+        }
+      }
+    }
+  }
+}
+
+void kda_chunked_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                         const Tensor& beta, float scale, const Tensor& state, const Tensor& out) {
+  const KdaDims d = check_kda_args("kda_chunked_forward", q, k, v, g, beta, state, out);
+  if (d.T == 0) return;
+  const float* qp = q.data<float>();
+  const float* kp = k.data<float>();
+  const float* vp = v.data<float>();
+  const float* gp = g.data<float>();
+  const float* bp = beta.data<float>();
+  float* sp = state.data<float>();
+  float* op = out.data<float>();
+#pragma omp parallel if (d.Hv > 1 && d.T * d.dk * d.dv > 32768)
+  {
+    ChunkWork w(d.dk, d.dv);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t h = 0; h < d.Hv; ++h) {
+      float* Sh = sp + h * d.dk * d.dv;
+      std::fill(w.S.begin(), w.S.end(), 0.0f);
+      for (int64_t i = 0; i < d.dk; ++i)
+        std::memcpy(w.S.data() + i * w.Vp, Sh + i * d.dv, d.dv * sizeof(float));
+      kda_chunked_head(d, h, qp, kp, vp, gp, bp, scale, op, w);
+      for (int64_t i = 0; i < d.dk; ++i)
+        std::memcpy(Sh + i * d.dv, w.S.data() + i * w.Vp, d.dv * sizeof(float));
+    }
+  }
+}
+
+void kda_gate_forward(const Tensor& f, const Tensor& A_log, const Tensor& dt_bias,
+                      float lower_bound, const Tensor& g) {
+  LOOM_CHECK_F32(f);
+  LOOM_CHECK_F32(A_log);
+  LOOM_CHECK_F32(g);
+  LOOM_CHECK(f.ndim() == 2, "kda_gate_forward: f %s, expected [T, H * dk] or [T, H]",
+             f.describe().c_str());
+  LOOM_CHECK(g.shape() == f.shape(), "kda_gate_forward: f %s g %s", f.describe().c_str(),
+             g.describe().c_str());
+  LOOM_CHECK(lower_bound <= 0.0f, "kda_gate_forward: lower_bound %g > 0", lower_bound);
+  const int64_t T = f.dim(0), width = f.dim(1), H = A_log.numel();
+  LOOM_CHECK(H > 0 && width % H == 0, "kda_gate_forward: f %s with A_log %s",
+             f.describe().c_str(), A_log.describe().c_str());
+  const float* bias = nullptr;
+  if (dt_bias.defined()) {
+    LOOM_CHECK_F32(dt_bias);
+    LOOM_CHECK(dt_bias.numel() == width, "kda_gate_forward: dt_bias %s, f %s",
+               dt_bias.describe().c_str(), f.describe().c_str());
+    bias = dt_bias.data<float>();
+  }
+  const int64_t per_head = width / H;
+  std::vector<float> a(static_cast<size_t>(H));
+  for (int64_t h = 0; h < H; ++h) a[h] = std::exp(A_log.data<float>()[h]);
+  const float* fp = f.data<float>();
+  float* gp = g.data<float>();
+#pragma omp parallel for schedule(static) if (T * width > 65536)
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t c = 0; c < width; ++c) {
+      const float x = fp[t * width + c] + (bias ? bias[c] : 0.0f);
+      const float ah = a[c / per_head];
+      gp[t * width + c] =
+          lower_bound == 0.0f ? -ah * softplusf(x) : lower_bound * sigmoidf(ah * x);
+    }
+  }
+}
+
+}  // namespace loom::cpu

@@ -1,0 +1,27 @@
+// Small elementwise and data-movement operations the model needs between the big kernels.
+// Contiguous f32 unless noted.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/core/tensor.h"
+
+namespace loom {
+
+// dst += src (same shape).
+void add_inplace(const Tensor& dst, const Tensor& src);
+// x[r, :] += bias for every row r. x: [N, C]; bias: [C].
+void add_bias(const Tensor& x, const Tensor& bias);
+// x *= sigmoid(gate) (same shape).
+void mul_sigmoid_inplace(const Tensor& x, const Tensor& gate);
+// x = sigmoid(x).
+void sigmoid_inplace(const Tensor& x);
+// dst[r, :] = src[r, col_begin : col_begin + dst.dim(1)] for every row r. src: [N, C]; dst: [N, c].
+void copy_columns(const Tensor& src, int64_t col_begin, const Tensor& dst);
+// dst[r, col_begin : col_begin + src.dim(1)] = src[r, :]. The inverse of copy_columns.
+void scatter_columns(const Tensor& src, int64_t col_begin, const Tensor& dst);
+// dst[i, :] = src[rows[i], :]. src: [N, C]; dst: [rows.size(), C].
+void gather_rows(const Tensor& src, const std::vector<int64_t>& rows, const Tensor& dst);
+
+}  // namespace loom

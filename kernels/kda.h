@@ -1,0 +1,38 @@
+// Delta-rule linear attention with decay: KDA (per-channel decay) and Gated DeltaNet (scalar decay
+// per head), one sequence at a time.
+//
+// Shapes (one sequence of T tokens):
+//   q, k:  [T, Hk, dk]   already L2-normalised (see l2norm_forward); q is multiplied by `scale` here
+//   v:     [T, Hv, dv]   Hv is a multiple of Hk; value head h reads key head h / (Hv / Hk)
+//   g:     [T, Hv, dk]   per-channel log decay (KDA), or [T, Hv, 1] one per head (GDN); all <= 0
+//   beta:  [T, Hv]
+//   state: [Hv, dk, dv]  f32, updated in place (the documented state layout of every linear layer)
+//   out:   [T, Hv, dv]
+// The recurrence, per value head and token t:
+//   S = diag(exp(g_t)) S;  S += k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T (scale * q_t)
+#pragma once
+
+#include "engine/core/tensor.h"
+
+namespace loom {
+
+// The token-by-token recurrence: the reference, and the decode path (T small).
+void kda_recurrent_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                           const Tensor& beta, float scale, const Tensor& state,
+                           const Tensor& out);
+
+// Chunked (WY/UT) form, chunk of kKdaChunk tokens; equals kda_recurrent_forward to f32 rounding for
+// any T (not only multiples of the chunk) and any decay in the bounded or softplus range, because
+// every exponent it forms is a difference of cumulative decays that is <= 0.
+inline constexpr int kKdaChunk = 64;
+void kda_chunked_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                         const Tensor& beta, float scale, const Tensor& state, const Tensor& out);
+
+// Decay gates from the raw projection f ([T, H * dk] or [T, H] for GDN; dt_bias has f's width):
+//   lower_bound == 0 (softplus form):  g = -exp(A_log[h]) * softplus(f + dt_bias)
+//   lower_bound < 0  (bounded form):   g = lower_bound * sigmoid(exp(A_log[h]) * (f + dt_bias))
+// A_log: [H]; dt_bias: same width as f (or undefined for none); g: same shape as f.
+void kda_gate_forward(const Tensor& f, const Tensor& A_log, const Tensor& dt_bias,
+                      float lower_bound, const Tensor& g);
+
+}  // namespace loom

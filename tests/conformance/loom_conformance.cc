@@ -1,0 +1,301 @@
+// loom-conformance: checks Loom's forward pass against a fixture's golden outputs.
+//
+// For each prompt: full-prompt logits, logits with the prompt fed in two parts through the cache
+// (cut at chunk_cut_i), and a 20-token greedy continuation with the cache. Prints one JSON line per
+// prompt and a final summary line; exits 1 when a bound of fixtures/README.md is exceeded.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "engine/core/status.h"
+#include "engine/model/model.h"
+#include "nlohmann/json.hpp"
+#include "weights/safetensors.h"
+
+ABSL_FLAG(std::string, fixture, "", "fixture directory (config.json, model.safetensors, golden.*)");
+ABSL_FLAG(std::string, device, "cpu", "backend: cpu");
+ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32");
+ABSL_FLAG(bool, batch, false, "run all prompts together in one varlen batch");
+ABSL_FLAG(bool, hidden, false, "also report per-layer hidden-state differences (full prefill)");
+
+namespace loom {
+namespace {
+
+// Bounds of ../shared/fixtures/README.md for the CPU backend in f32.
+constexpr double kMaxAbsBound = 1e-3;
+constexpr double kRelL2Bound = 1e-4;
+
+struct Diff {
+  double max_abs = 0, sq_err = 0, sq_ref = 0;
+  void add(const float* a, const float* ref, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      const double e = static_cast<double>(a[i]) - ref[i];
+      max_abs = std::max(max_abs, std::abs(e));
+      if (!std::isfinite(a[i])) max_abs = INFINITY;
+      sq_err += e * e;
+      sq_ref += static_cast<double>(ref[i]) * ref[i];
+    }
+  }
+  double rel_l2() const { return sq_ref > 0 ? std::sqrt(sq_err / sq_ref) : std::sqrt(sq_err); }
+};
+
+int64_t argmax(const float* p, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (p[i] > p[best]) best = i;
+  return best;
+}
+
+struct Prompt {
+  std::vector<int32_t> ids;
+  int64_t cut = 0;
+  Tensor logits, chunked, greedy_logits, hidden;
+  std::vector<int64_t> greedy_tokens;
+};
+
+struct Result {
+  Diff full, chunked, greedy;
+  int greedy_match = 0;
+  std::vector<double> hidden_max_abs;
+};
+
+absl::StatusOr<std::vector<Prompt>> load_prompts(const std::string& dir) {
+  std::ifstream in(dir + "/golden.json");
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", dir, "/golden.json"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json meta = nlohmann::json::parse(ss.str(), nullptr, false);
+  if (meta.is_discarded() || !meta.contains("prompt_lengths"))
+    return absl::InvalidArgumentError("golden.json: missing prompt_lengths");
+  LOOM_ASSIGN_OR_RETURN(auto golden, SafetensorsFile::open(dir + "/golden.safetensors"));
+  std::vector<Prompt> prompts;
+  for (size_t i = 0; i < meta["prompt_lengths"].size(); ++i) {
+    Prompt p;
+    LOOM_ASSIGN_OR_RETURN(Tensor ids, golden->get(absl::StrCat("input_ids_", i)));
+    if (ids.dtype() != DType::kI64) return absl::InvalidArgumentError("input_ids must be i64");
+    for (int64_t t = 0; t < ids.numel(); ++t) p.ids.push_back(static_cast<int32_t>(ids.data<int64_t>()[t]));
+    p.cut = meta.value(absl::StrCat("chunk_cut_", i), static_cast<int64_t>(p.ids.size() / 2));
+    if (p.cut <= 0 || p.cut >= static_cast<int64_t>(p.ids.size()))
+      return absl::InvalidArgumentError(absl::StrCat("chunk_cut_", i, " out of range"));
+    LOOM_ASSIGN_OR_RETURN(Tensor l, golden->get(absl::StrCat("logits_", i)));
+    p.logits = l.to_f32();
+    LOOM_ASSIGN_OR_RETURN(Tensor c, golden->get(absl::StrCat("chunked_logits_", i)));
+    p.chunked = c.to_f32();
+    LOOM_ASSIGN_OR_RETURN(Tensor gl, golden->get(absl::StrCat("greedy_logits_", i)));
+    p.greedy_logits = gl.to_f32();
+    LOOM_ASSIGN_OR_RETURN(Tensor gt, golden->get(absl::StrCat("greedy_tokens_", i)));
+    if (gt.dtype() != DType::kI64) return absl::InvalidArgumentError("greedy_tokens must be i64");
+    for (int64_t t = 0; t < gt.numel(); ++t) p.greedy_tokens.push_back(gt.data<int64_t>()[t]);
+    if (golden->contains(absl::StrCat("hidden_states_", i))) {
+      LOOM_ASSIGN_OR_RETURN(Tensor hs, golden->get(absl::StrCat("hidden_states_", i)));
+      p.hidden = hs.to_f32();
+    }
+    prompts.push_back(std::move(p));
+  }
+  return prompts;
+}
+
+// Runs one step for the given sequences: seq i feeds tokens[i] with `mode` logits.
+absl::StatusOr<Tensor> step(const Model& model, std::vector<SequenceCache*> caches,
+                            const std::vector<std::vector<int32_t>>& tokens, LogitsMode mode,
+                            std::vector<Tensor>* hidden = nullptr) {
+  ForwardBatch b;
+  for (size_t i = 0; i < caches.size(); ++i) {
+    b.token_ids.insert(b.token_ids.end(), tokens[i].begin(), tokens[i].end());
+    b.seqs.push_back({static_cast<int64_t>(tokens[i].size()), caches[i], mode});
+  }
+  return model.forward(b, hidden);
+}
+
+// Evaluates the prompts in `group` together (one prompt when unbatched).
+absl::Status run_group(const Model& model, std::vector<Prompt>& prompts,
+                       const std::vector<size_t>& group, std::vector<Result>& results,
+                       bool want_hidden) {
+  const int64_t vocab = model.config().vocab_size;
+  // 1. Full prefill, all logits; its caches then continue into greedy decoding.
+  std::vector<SequenceCache> caches;
+  for (size_t k = 0; k < group.size(); ++k) caches.push_back(model.new_cache());
+  std::vector<SequenceCache*> ptrs;
+  std::vector<std::vector<int32_t>> toks;
+  for (size_t k = 0; k < group.size(); ++k) {
+    ptrs.push_back(&caches[k]);
+    toks.push_back(prompts[group[k]].ids);
+  }
+  std::vector<Tensor> hidden;
+  LOOM_ASSIGN_OR_RETURN(Tensor logits,
+                        step(model, ptrs, toks, LogitsMode::kAll, want_hidden ? &hidden : nullptr));
+  int64_t row = 0;
+  std::vector<int64_t> last_row;
+  for (size_t k = 0; k < group.size(); ++k) {
+    Prompt& p = prompts[group[k]];
+    const int64_t t = static_cast<int64_t>(p.ids.size());
+    results[group[k]].full.add(logits.data<float>() + row * vocab, p.logits.data<float>(), t * vocab);
+    if (want_hidden && p.hidden.defined()) {
+      const int64_t d = model.config().hidden_size;
+      for (size_t j = 0; j < hidden.size() && j < static_cast<size_t>(p.hidden.dim(0)); ++j) {
+        Diff hd;
+        hd.add(hidden[j].data<float>() + row * d, p.hidden.select(j).data<float>(), t * d);
+        results[group[k]].hidden_max_abs.push_back(hd.max_abs);
+      }
+    }
+    row += t;
+    last_row.push_back(row - 1);
+  }
+
+  // 2. Greedy continuation from the full-prefill caches.
+  std::vector<std::vector<float>> step_logits(group.size());
+  for (size_t k = 0; k < group.size(); ++k)
+    step_logits[k].assign(logits.data<float>() + last_row[k] * vocab,
+                          logits.data<float>() + (last_row[k] + 1) * vocab);
+  std::vector<bool> diverged(group.size(), false);
+  const size_t steps = prompts[group[0]].greedy_tokens.size();
+  for (size_t s = 0; s < steps; ++s) {
+    std::vector<std::vector<int32_t>> next(group.size());
+    for (size_t k = 0; k < group.size(); ++k) {
+      Prompt& p = prompts[group[k]];
+      Result& r = results[group[k]];
+      const int64_t tok = argmax(step_logits[k].data(), vocab);
+      if (!diverged[k]) r.greedy.add(step_logits[k].data(), p.greedy_logits.data<float>() + s * vocab, vocab);
+      if (tok == p.greedy_tokens[s] && !diverged[k]) {
+        ++r.greedy_match;
+      } else {
+        diverged[k] = true;
+      }
+      next[k] = {static_cast<int32_t>(tok)};
+    }
+    if (s + 1 == steps) break;
+    LOOM_ASSIGN_OR_RETURN(Tensor l, step(model, ptrs, next, LogitsMode::kLast));
+    for (size_t k = 0; k < group.size(); ++k)
+      step_logits[k].assign(l.data<float>() + k * vocab, l.data<float>() + (k + 1) * vocab);
+  }
+
+  // 3. Two-part prefill through fresh caches.
+  std::vector<SequenceCache> chunk_caches;
+  for (size_t k = 0; k < group.size(); ++k) chunk_caches.push_back(model.new_cache());
+  std::vector<SequenceCache*> cptrs;
+  std::vector<std::vector<int32_t>> first, second;
+  for (size_t k = 0; k < group.size(); ++k) {
+    const Prompt& p = prompts[group[k]];
+    cptrs.push_back(&chunk_caches[k]);
+    first.emplace_back(p.ids.begin(), p.ids.begin() + p.cut);
+    second.emplace_back(p.ids.begin() + p.cut, p.ids.end());
+  }
+  LOOM_ASSIGN_OR_RETURN(Tensor l1, step(model, cptrs, first, LogitsMode::kAll));
+  LOOM_ASSIGN_OR_RETURN(Tensor l2, step(model, cptrs, second, LogitsMode::kAll));
+  int64_t r1 = 0, r2 = 0;
+  for (size_t k = 0; k < group.size(); ++k) {
+    Prompt& p = prompts[group[k]];
+    const int64_t t1 = p.cut, t2 = static_cast<int64_t>(p.ids.size()) - p.cut;
+    results[group[k]].chunked.add(l1.data<float>() + r1 * vocab, p.chunked.data<float>(), t1 * vocab);
+    results[group[k]].chunked.add(l2.data<float>() + r2 * vocab,
+                                  p.chunked.data<float>() + t1 * vocab, t2 * vocab);
+    r1 += t1;
+    r2 += t2;
+  }
+  return absl::OkStatus();
+}
+
+int run() {
+  const std::string dir = absl::GetFlag(FLAGS_fixture);
+  if (dir.empty()) {
+    std::fprintf(stderr, "loom-conformance: --fixture DIR is required (see --help)\n");
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_device) != "cpu") {
+    std::fprintf(stderr, "loom-conformance: --device %s is not supported by this build (cpu only)\n",
+                 absl::GetFlag(FLAGS_device).c_str());
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_dtype) != "f32") {
+    std::fprintf(stderr, "loom-conformance: --dtype %s is not supported on the CPU (f32 only)\n",
+                 absl::GetFlag(FLAGS_dtype).c_str());
+    return 2;
+  }
+  const bool batched = absl::GetFlag(FLAGS_batch);
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::load(dir);
+  if (!model.ok()) {
+    std::fprintf(stderr, "loom-conformance: %s\n", std::string(model.status().message()).c_str());
+    return 2;
+  }
+  absl::StatusOr<std::vector<Prompt>> prompts = load_prompts(dir);
+  if (!prompts.ok()) {
+    std::fprintf(stderr, "loom-conformance: %s\n", std::string(prompts.status().message()).c_str());
+    return 2;
+  }
+  std::vector<Result> results(prompts->size());
+  std::vector<std::vector<size_t>> groups;
+  if (batched) {
+    groups.emplace_back();
+    for (size_t i = 0; i < prompts->size(); ++i) groups[0].push_back(i);
+  } else {
+    for (size_t i = 0; i < prompts->size(); ++i) groups.push_back({i});
+  }
+  for (const auto& g : groups) {
+    absl::Status st = run_group(**model, *prompts, g, results, absl::GetFlag(FLAGS_hidden));
+    if (!st.ok()) {
+      std::fprintf(stderr, "loom-conformance: %s\n", std::string(st.message()).c_str());
+      return 2;
+    }
+  }
+  bool ok = true;
+  double worst_abs = 0, worst_rel = 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    const Prompt& p = (*prompts)[i];
+    const bool pass = r.full.max_abs <= kMaxAbsBound && r.full.rel_l2() <= kRelL2Bound &&
+                      r.chunked.max_abs <= kMaxAbsBound &&
+                      r.greedy_match == static_cast<int>(p.greedy_tokens.size()) &&
+                      r.greedy.max_abs <= kMaxAbsBound;
+    ok &= pass;
+    worst_abs = std::max({worst_abs, r.full.max_abs, r.chunked.max_abs, r.greedy.max_abs});
+    worst_rel = std::max(worst_rel, r.full.rel_l2());
+    nlohmann::json line = {{"prompt", i},
+                           {"tokens", p.ids.size()},
+                           {"max_abs", r.full.max_abs},
+                           {"rel_l2", r.full.rel_l2()},
+                           {"chunked_max_abs", r.chunked.max_abs},
+                           {"greedy_match", r.greedy_match},
+                           {"greedy_steps", p.greedy_tokens.size()},
+                           {"greedy_logits_max_abs", r.greedy.max_abs},
+                           {"ok", pass}};
+    if (!r.hidden_max_abs.empty()) line["hidden_max_abs"] = r.hidden_max_abs;
+    std::cout << line.dump() << "\n";
+  }
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::string name = dir;
+  while (!name.empty() && name.back() == '/') name.pop_back();
+  name = name.substr(name.find_last_of('/') + 1);
+  nlohmann::json summary = {{"fixture", name},
+                            {"model_type", (*model)->config().model_type},
+                            {"batch", batched},
+                            {"prompts", results.size()},
+                            {"worst_max_abs", worst_abs},
+                            {"worst_rel_l2", worst_rel},
+                            {"bounds", {{"max_abs", kMaxAbsBound}, {"rel_l2", kRelL2Bound}}},
+                            {"seconds", secs},
+                            {"ok", ok}};
+  std::cout << summary.dump() << std::endl;
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace loom
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Checks Loom's forward pass against a fixture's golden outputs.\n"
+      "usage: loom-conformance --fixture DIR [--device cpu] [--dtype f32] [--batch] [--hidden]");
+  absl::ParseCommandLine(argc, argv);
+  return loom::run();
+}

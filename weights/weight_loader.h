@@ -1,0 +1,34 @@
+// WeightLoader: canonical tensor names -> host f32 tensors, through the family adapter.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "engine/core/tensor.h"
+#include "weights/model_config.h"
+#include "weights/safetensors.h"
+
+namespace loom {
+
+class WeightLoader {
+ public:
+  static absl::StatusOr<WeightLoader> open(const std::string& dir, const ModelConfig& cfg);
+
+  // The tensor for `canonical` as contiguous f32 of exactly `shape`. The checkpoint tensor may
+  // differ only by size-1 dimensions (conv weights [C, 1, W] load as [C, W]). bf16/f16 are
+  // converted; f32 single tensors are zero-copy views of the mapped file. Errors name the
+  // canonical and checkpoint tensors and both shapes.
+  absl::StatusOr<Tensor> load(std::string_view canonical, const Shape& shape) const;
+  // Whether the checkpoint holds (all parts of) `canonical`.
+  bool has(std::string_view canonical) const;
+
+ private:
+  WeightLoader(std::shared_ptr<const Checkpoint> ckpt, ModelConfig cfg)
+      : ckpt_(std::move(ckpt)), cfg_(std::move(cfg)) {}
+  std::shared_ptr<const Checkpoint> ckpt_;
+  ModelConfig cfg_;
+};
+
+}  // namespace loom
