@@ -20,6 +20,16 @@ void mul_sigmoid_inplace(const Tensor& x, const Tensor& gate) {
   cpu::mul_sigmoid_inplace(x, gate);
 }
 
+void mul_sigmoid_rows(const Tensor& x, const Tensor& gate) {
+  LOOM_CHECK(x.device() == Device::kCpu, "mul_sigmoid_rows: no CUDA kernel in this build yet");
+  cpu::mul_sigmoid_rows(x, gate);
+}
+
+void mul_silu_inplace(const Tensor& x, const Tensor& gate) {
+  LOOM_CHECK(x.device() == Device::kCpu, "mul_silu_inplace: no CUDA kernel in this build yet");
+  cpu::mul_silu_inplace(x, gate);
+}
+
 void sigmoid_inplace(const Tensor& x) {
   LOOM_CHECK(x.device() == Device::kCpu, "sigmoid_inplace: no CUDA kernel in this build yet");
   cpu::sigmoid_inplace(x);

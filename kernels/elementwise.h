@@ -15,6 +15,10 @@ void add_inplace(const Tensor& dst, const Tensor& src);
 void add_bias(const Tensor& x, const Tensor& bias);
 // x *= sigmoid(gate) (same shape).
 void mul_sigmoid_inplace(const Tensor& x, const Tensor& gate);
+// x[r, :] *= sigmoid(gate[r]). x: [N, C]; gate: [N] (or [N, 1]).
+void mul_sigmoid_rows(const Tensor& x, const Tensor& gate);
+// x *= silu(gate) (same numel).
+void mul_silu_inplace(const Tensor& x, const Tensor& gate);
 // x = sigmoid(x).
 void sigmoid_inplace(const Tensor& x);
 // dst[r, :] = src[r, col_begin : col_begin + dst.dim(1)] for every row r. src: [N, C]; dst: [N, c].

@@ -14,8 +14,11 @@ struct RouterParams {
   RouterScore score = RouterScore::kSigmoid;
   int top_k = 1;
   int n_group = 1;        // experts split into n_group equal groups (1 = no grouping)
-  int topk_group = 1;     // groups kept; a group's score is the sum of its top-2 biased scores
-  bool renormalize = true;        // w /= sum(w) + 1e-20 over the chosen experts
+  int topk_group = 1;     // groups kept; a group's score is the sum of its top-2 biased scores;
+                          // experts of dropped groups are masked with -inf before the top-k
+  bool renormalize = true;  // sigmoid: w /= sum(w) + 1e-20 over the chosen experts (HF
+                            // deepseek_v3 / kimi_linear); softmax: w /= sum(w), no epsilon
+                            // (HF Qwen2MoeTopKRouter, which qwen3_next reuses)
   float routed_scaling = 1.0f;    // applied after renormalisation
 };
 

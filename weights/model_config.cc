@@ -109,11 +109,22 @@ absl::StatusOr<ModelConfig> parse_model_config(std::string_view json_text) {
   absl::StatusOr<ModelConfig> cfg;
   if (type == "kimi_linear") {
     cfg = parse_kimi_linear_config(j);
+  } else if (type == "deepseek_v3") {
+    cfg = parse_deepseek_v3_config(j);
+  } else if (type == "qwen3_next") {
+    cfg = parse_qwen3_next_config(j);
+  } else if (type == "kda") {
+    cfg = parse_fla_kda_config(j);
+  } else if (type == "loom") {
+    cfg = parse_loom_config(j);
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config.json: unsupported model_type '", type, "' (supported: kimi_linear)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: unsupported model_type '", type,
+                     "' (supported: kimi_linear, deepseek_v3, qwen3_next, kda, loom)"));
   }
-  if (!cfg.ok()) return cfg.status();
+  if (!cfg.ok())
+    return absl::Status(cfg.status().code(),
+                        absl::StrCat("config.json (", type, "): ", cfg.status().message()));
   cfg->model_type = type;
   absl::Status st = cfg->validate();
   if (!st.ok())

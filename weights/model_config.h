@@ -21,6 +21,8 @@ struct LinearAttentionConfig {
   int head_dim = 0;        // d_k
   int v_head_dim = 0;      // d_v
   int conv_kernel = 4;     // short convolution width W
+  int gate_rank = 0;       // KDA: inner width of the low-rank f (decay) and g (output gate)
+                           // projections (kimi_linear: head_dim; fla: head_v_dim)
   float gate_lower_bound = 0.0f;  // 0: softplus gate; < 0: bounded gate lb * sigmoid(.)
   bool output_gate_bias = false;  // KDA's g_b projection has a bias (fla)
 };
@@ -35,7 +37,9 @@ struct RopeConfig {
   double factor = 1.0;
   double original_max_position = 0;
   double beta_fast = 32, beta_slow = 1;
-  double mscale = 1.0, mscale_all_dim = 0.0;
+  double mscale = 0.0, mscale_all_dim = 0.0;  // 0: unset
+  double attention_factor = -1.0;              // < 0: derived from factor and mscales
+  bool truncate = true;
 };
 
 struct MlaConfig {
@@ -93,6 +97,12 @@ struct ModelConfig {
   RopeConfig rope;
   MoeConfig moe;
   int attnres_block_size = 0;  // 0: plain residuals
+
+  // Quantile load balancing of the router bias (training only; MODELS.md "Mixture of Experts").
+  struct Balance {
+    bool enabled = false;
+    double q_low = 0.25, q_high = 0.75, eta = 1e-3;
+  } balance;
 
   // Checks internal consistency (sizes positive, per-layer lists of num_layers entries, ...).
   absl::Status validate() const;

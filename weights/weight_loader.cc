@@ -84,6 +84,26 @@ absl::StatusOr<Tensor> WeightLoader::load(std::string_view canonical, const Shap
       combined[0] += ps[0];
     }
   }
+  if (src.transform) {
+    // Transforms work on the combined tensor; combine first, then transform, then check.
+    Tensor whole = parts.size() == 1 ? parts[0].reshape(combined) : Tensor::empty(combined);
+    if (parts.size() > 1) {
+      char* dst = static_cast<char*>(whole.raw());
+      for (const Tensor& p : parts) {
+        std::memcpy(dst, p.raw(), p.nbytes());
+        dst += p.nbytes();
+      }
+    }
+    absl::StatusOr<Tensor> t = src.transform(whole);
+    if (!t.ok())
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", src.names[0], "' (for ",
+                                                     absl_sv(canonical), "): ", t.status().message()));
+    if (squeeze(t->shape()) != squeeze(shape) || t->numel() != shape.numel())
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", src.names[0], "' gives shape ", t->shape().to_string(), " for ",
+          absl_sv(canonical), "; expected ", shape.to_string()));
+    return t->reshape(shape);
+  }
   if (squeeze(combined) != squeeze(shape) || combined.numel() != shape.numel())
     return absl::InvalidArgumentError(absl::StrCat(
         "tensor '", src.names[0], (src.names.size() > 1 ? "' (and its siblings)" : "'"),

@@ -54,8 +54,9 @@ class MoeFfn final : public Ffn {
       LOOM_RETURN_IF_ERROR(shared->load(cfg, w, p + "shared.", m.shared_intermediate_size));
       shared_ = std::move(shared);
     }
-    if (m.shared_expert_gate)
-      return absl::UnimplementedError("gated shared experts are not supported by this build yet");
+    if (m.shared_expert_gate) {
+      LOOM_ASSIGN_OR_RETURN(shared_gate_, w.load(p + "shared_gate.weight", {1, d}));
+    }
     params_.score = m.score_sigmoid ? RouterScore::kSigmoid : RouterScore::kSoftmax;
     params_.top_k = m.top_k;
     params_.n_group = m.n_group;
@@ -76,13 +77,18 @@ class MoeFfn final : public Ffn {
     if (shared_) {
       Tensor s = Tensor::empty(out.shape());
       shared_->forward(x, s);
+      if (shared_gate_.defined()) {
+        Tensor g = Tensor::empty({n, 1});
+        linear_forward(x, shared_gate_, g);
+        mul_sigmoid_rows(s, g);
+      }
       add_inplace(out, s);
     }
   }
 
  private:
   RouterParams params_;
-  Tensor router_, bias_, w_gate_, w_up_, w_down_;
+  Tensor router_, bias_, w_gate_, w_up_, w_down_, shared_gate_;
   std::unique_ptr<DenseFfn> shared_;
 };
 

@@ -38,13 +38,14 @@ class KdaMixer final : public Mixer {
     };
     LOOM_RETURN_IF_ERROR(get("qkv_proj.weight", {2 * ck_ + cv_, d}, &qkv_proj_));
     LOOM_RETURN_IF_ERROR(get("conv.weight", {2 * ck_ + cv_, cfg_.conv_kernel}, &conv_));
-    LOOM_RETURN_IF_ERROR(get("f_a.weight", {dk, d}, &f_a_));
-    LOOM_RETURN_IF_ERROR(get("f_b.weight", {hv * dk, dk}, &f_b_));
+    rank_ = cfg_.gate_rank > 0 ? cfg_.gate_rank : dk;
+    LOOM_RETURN_IF_ERROR(get("f_a.weight", {rank_, d}, &f_a_));
+    LOOM_RETURN_IF_ERROR(get("f_b.weight", {hv * dk, rank_}, &f_b_));
     LOOM_RETURN_IF_ERROR(get("dt_bias", {hv * dk}, &dt_bias_));
     LOOM_RETURN_IF_ERROR(get("A_log", {hv}, &a_log_));
     LOOM_RETURN_IF_ERROR(get("b_proj.weight", {hv, d}, &b_proj_));
-    LOOM_RETURN_IF_ERROR(get("g_a.weight", {dv, d}, &g_a_));
-    LOOM_RETURN_IF_ERROR(get("g_b.weight", {cv_, dv}, &g_b_));
+    LOOM_RETURN_IF_ERROR(get("g_a.weight", {rank_, d}, &g_a_));
+    LOOM_RETURN_IF_ERROR(get("g_b.weight", {cv_, rank_}, &g_b_));
     if (cfg_.output_gate_bias) LOOM_RETURN_IF_ERROR(get("g_b.bias", {cv_}, &g_b_bias_));
     LOOM_RETURN_IF_ERROR(get("o_norm.weight", {dv}, &o_norm_));
     LOOM_RETURN_IF_ERROR(get("o_proj.weight", {d, cv_}, &o_proj_));
@@ -74,7 +75,7 @@ class KdaMixer final : public Mixer {
     l2norm_forward(q, kQkNormEps, 1.0f, q);
     l2norm_forward(k, kQkNormEps, 1.0f, k);
 
-    Tensor fa = Tensor::empty({n, dk});
+    Tensor fa = Tensor::empty({n, rank_});
     linear_forward(x, f_a_, fa);
     Tensor f = Tensor::empty({n, hv * dk});
     linear_forward(fa, f_b_, f);
@@ -95,7 +96,7 @@ class KdaMixer final : public Mixer {
           beta.slice(0, b, e), scale, state, o.slice(0, b, e));
     }
 
-    Tensor ga = Tensor::empty({n, dv});
+    Tensor ga = Tensor::empty({n, rank_});
     linear_forward(x, g_a_, ga);
     Tensor gate = Tensor::empty({n, cv_});
     linear_forward(ga, g_b_, gate);
@@ -109,7 +110,7 @@ class KdaMixer final : public Mixer {
  private:
   LinearAttentionConfig cfg_;
   float eps_;
-  int64_t ck_ = 0, cv_ = 0;
+  int64_t ck_ = 0, cv_ = 0, rank_ = 0;
   Tensor qkv_proj_, conv_, f_a_, f_b_, dt_bias_, a_log_, b_proj_, g_a_, g_b_, g_b_bias_, o_norm_,
       o_proj_;
 };

@@ -20,6 +20,7 @@ struct BatchLayout {
   std::vector<int64_t> start;             // first row of sequence i
   std::vector<int64_t> length;            // its number of new tokens
   std::vector<SequenceCache*> caches;     // its cache (positions before this call)
+  std::vector<int64_t> positions;         // absolute position of every row
   int64_t num_rows = 0;
 };
 
@@ -41,6 +42,10 @@ class Ffn {
 absl::StatusOr<std::unique_ptr<Mixer>> make_kda_mixer(const ModelConfig& cfg,
                                                       const WeightLoader& w, int layer);
 absl::StatusOr<std::unique_ptr<Mixer>> make_mla_mixer(const ModelConfig& cfg,
+                                                      const WeightLoader& w, int layer);
+absl::StatusOr<std::unique_ptr<Mixer>> make_gdn_mixer(const ModelConfig& cfg,
+                                                      const WeightLoader& w, int layer);
+absl::StatusOr<std::unique_ptr<Mixer>> make_gqa_mixer(const ModelConfig& cfg,
                                                       const WeightLoader& w, int layer);
 absl::StatusOr<std::unique_ptr<Ffn>> make_dense_ffn(const ModelConfig& cfg, const WeightLoader& w,
                                                     const std::string& prefix, int width);

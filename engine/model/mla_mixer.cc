@@ -1,11 +1,13 @@
 // Multi-head latent attention mixer (MODELS.md, "MLA"). The cache keeps only the normalised latent
 // and the shared rope key; attention runs in the expanded form for long chunks and the absorbed
-// form for short ones (decode), picked by arithmetic cost.
+// form for short ones (decode), picked by arithmetic cost. RoPE (DeepSeek: interleaved pairs, YaRN)
+// rotates the rope parts of queries and of the shared key before the key is cached.
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "engine/core/status.h"
 #include "engine/model/layers.h"
+#include "engine/model/rope_table.h"
 #include "kernels/attention.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
@@ -20,13 +22,15 @@ constexpr float kLatentNormEps = 1e-6f;
 
 class MlaMixer final : public Mixer {
  public:
-  explicit MlaMixer(const ModelConfig& cfg) : cfg_(cfg.mla), rope_(cfg.rope) {}
+  explicit MlaMixer(const ModelConfig& cfg) : cfg_(cfg.mla) {
+    if (cfg.rope.type != RopeConfig::Type::kNone && cfg.mla.qk_rope_head_dim > 0) {
+      rope_ = make_rope_table(cfg.rope, cfg.mla.qk_rope_head_dim);
+      use_rope_ = true;
+    }
+    scale_multiplier_ = yarn_softmax_scale_multiplier(cfg.rope);
+  }
 
   absl::Status load(const ModelConfig& cfg, const WeightLoader& w, int layer) {
-    if (rope_.type != RopeConfig::Type::kNone)
-      return absl::UnimplementedError("MLA with RoPE is not supported by this build yet");
-    if (cfg_.output_gate)
-      return absl::UnimplementedError("gated MLA is not supported by this build yet");
     const int64_t d = cfg.hidden_size, h = cfg_.num_heads;
     const int64_t qk = cfg_.qk_nope_head_dim + cfg_.qk_rope_head_dim;
     const std::string p = absl::StrCat("layers.", layer, ".mla.");
@@ -48,7 +52,9 @@ class MlaMixer final : public Mixer {
                              {h * (cfg_.qk_nope_head_dim + cfg_.v_head_dim), cfg_.kv_lora_rank},
                              &kv_b_));
     LOOM_RETURN_IF_ERROR(get("o_proj.weight", {d, h * cfg_.v_head_dim}, &o_proj_));
-    scale_ = 1.0f / std::sqrt(static_cast<float>(qk));
+    if (cfg_.output_gate)
+      LOOM_RETURN_IF_ERROR(get("gate_proj.weight", {h * cfg_.v_head_dim, d}, &gate_proj_));
+    scale_ = scale_multiplier_ / std::sqrt(static_cast<float>(qk));
     return absl::OkStatus();
   }
 
@@ -74,6 +80,10 @@ class MlaMixer final : public Mixer {
     rmsnorm_forward(latent, kv_a_norm_, kLatentNormEps, 0.0f, latent);
     Tensor rope = Tensor::empty({n, dr});
     copy_columns(kv, r, rope);
+    if (use_rope_) {
+      rope_forward(q, batch.positions, rope_, /*dim_offset=*/dn);
+      rope_forward(rope.reshape({n, 1, dr}), batch.positions, rope_, 0);
+    }
 
     const MlaDims dims{h, dn, dr, dv, r};
     Tensor o = Tensor::empty({n, h, dv});
@@ -95,14 +105,21 @@ class MlaMixer final : public Mixer {
       auto attend = absorbed <= expanded ? mla_attention_absorbed : mla_attention_expanded;
       attend(q.slice(0, b, b + t), c_all, kr_all, kv_b_, dims, scale_, o.slice(0, b, b + t));
     }
+    if (gate_proj_.defined()) {
+      Tensor gate = Tensor::empty({n, h * dv});
+      linear_forward(x, gate_proj_, gate);
+      mul_sigmoid_inplace(o, gate);
+    }
     linear_forward(o.reshape({n, h * dv}), o_proj_, out);
   }
 
  private:
   MlaConfig cfg_;
-  RopeConfig rope_;
+  bool use_rope_ = false;
+  RopeTable rope_;
+  float scale_multiplier_ = 1.0f;
   float scale_ = 1.0f;
-  Tensor q_proj_, q_a_, q_a_norm_, q_b_, kv_a_, kv_a_norm_, kv_b_, o_proj_;
+  Tensor q_proj_, q_a_, q_a_norm_, q_b_, kv_a_, kv_a_norm_, kv_b_, o_proj_, gate_proj_;
 };
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/core/status.h"
 #include "kernels/activation.h"
+#include "kernels/attnres.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
@@ -24,12 +25,22 @@ absl::StatusOr<std::unique_ptr<Model>> Model::load(const std::string& dir,
   LOOM_ASSIGN_OR_RETURN(m->embed_, w.load("embed.weight", {v, d}));
   LOOM_ASSIGN_OR_RETURN(m->final_norm_, w.load("final_norm.weight", {d}));
   LOOM_ASSIGN_OR_RETURN(m->lm_head_, w.load("lm_head.weight", {v, d}));
+  if (cfg.attnres_block_size > 0) {
+    LOOM_ASSIGN_OR_RETURN(m->final_res_proj_, w.load("final_res_proj.weight", {d}));
+    LOOM_ASSIGN_OR_RETURN(m->final_res_norm_, w.load("final_res_norm.weight", {d}));
+  }
   m->layers_.resize(cfg.num_layers);
   for (int l = 0; l < cfg.num_layers; ++l) {
     Layer& layer = m->layers_[l];
     const std::string p = absl::StrCat("layers.", l, ".");
     LOOM_ASSIGN_OR_RETURN(layer.mixer_norm, w.load(p + "mixer_norm.weight", {d}));
     LOOM_ASSIGN_OR_RETURN(layer.ffn_norm, w.load(p + "ffn_norm.weight", {d}));
+    if (cfg.attnres_block_size > 0) {
+      LOOM_ASSIGN_OR_RETURN(layer.mixer_res_proj, w.load(p + "mixer_res_proj.weight", {d}));
+      LOOM_ASSIGN_OR_RETURN(layer.mixer_res_norm, w.load(p + "mixer_res_norm.weight", {d}));
+      LOOM_ASSIGN_OR_RETURN(layer.ffn_res_proj, w.load(p + "ffn_res_proj.weight", {d}));
+      LOOM_ASSIGN_OR_RETURN(layer.ffn_res_norm, w.load(p + "ffn_res_norm.weight", {d}));
+    }
     switch (cfg.mixers[l]) {
       case MixerType::kKda: {
         LOOM_ASSIGN_OR_RETURN(layer.mixer, make_kda_mixer(cfg, w, l));
@@ -39,10 +50,14 @@ absl::StatusOr<std::unique_ptr<Model>> Model::load(const std::string& dir,
         LOOM_ASSIGN_OR_RETURN(layer.mixer, make_mla_mixer(cfg, w, l));
         break;
       }
-      default:
-        return absl::UnimplementedError(absl::StrCat(
-            "layer ", l, ": mixer '", absl_sv(mixer_type_name(cfg.mixers[l])),
-            "' is not supported by this build yet"));
+      case MixerType::kGdn: {
+        LOOM_ASSIGN_OR_RETURN(layer.mixer, make_gdn_mixer(cfg, w, l));
+        break;
+      }
+      case MixerType::kGqa: {
+        LOOM_ASSIGN_OR_RETURN(layer.mixer, make_gqa_mixer(cfg, w, l));
+        break;
+      }
     }
     if (cfg.ffns[l] == FfnType::kDense) {
       LOOM_ASSIGN_OR_RETURN(layer.ffn, make_dense_ffn(cfg, w, p + "mlp.", cfg.intermediate_size));
@@ -72,6 +87,7 @@ absl::StatusOr<Tensor> Model::forward(const ForwardBatch& batch,
     layout.start.push_back(rows);
     layout.length.push_back(in.num_tokens);
     layout.caches.push_back(in.cache);
+    for (int64_t i = 0; i < in.num_tokens; ++i) layout.positions.push_back(in.cache->num_tokens() + i);
     if (in.logits == LogitsMode::kAll) {
       for (int64_t i = 0; i < in.num_tokens; ++i) logit_rows.push_back(rows + i);
     } else if (in.logits == LogitsMode::kLast) {
@@ -95,8 +111,24 @@ absl::StatusOr<Tensor> Model::forward(const ForwardBatch& batch,
   for (size_t s = 0; s < layout.caches.size(); ++s) layout.caches[s]->reserve(layout.length[s]);
 
   Tensor ids = Tensor::wrap(const_cast<int32_t*>(batch.token_ids.data()), {rows}, DType::kI32);
-  Tensor h = Tensor::empty({rows, d});
-  embedding_forward(ids, embed_, h);
+  Tensor embedding = Tensor::empty({rows, d});
+  embedding_forward(ids, embed_, embedding);
+  // `normed`: the final normalised hidden state of every row.
+  Tensor normed = cfg_.attnres_block_size > 0 ? run_block_attnres(embedding, layout)
+                                              : run_plain_residual(embedding, layout, hidden);
+  for (size_t s = 0; s < layout.caches.size(); ++s) layout.caches[s]->advance(layout.length[s]);
+
+  const int64_t m = static_cast<int64_t>(logit_rows.size());
+  Tensor picked = Tensor::empty({m, d});
+  gather_rows(normed, logit_rows, picked);
+  Tensor logits = Tensor::empty({m, cfg_.vocab_size});
+  linear_forward(picked, lm_head_, logits);
+  return logits;
+}
+
+Tensor Model::run_plain_residual(Tensor h, const BatchLayout& layout,
+                                 std::vector<Tensor>* hidden) const {
+  const int64_t rows = h.dim(0), d = h.dim(1);
   Tensor xn = Tensor::empty({rows, d});
   Tensor delta = Tensor::empty({rows, d});
   if (hidden) hidden->clear();
@@ -110,20 +142,58 @@ absl::StatusOr<Tensor> Model::forward(const ForwardBatch& batch,
     layer.ffn->forward(xn, delta);
     add_inplace(h, delta);
   }
-  for (size_t s = 0; s < layout.caches.size(); ++s) layout.caches[s]->advance(layout.length[s]);
+  rmsnorm_forward(h, final_norm_, cfg_.rms_norm_eps, cfg_.norm_weight_offset, h);
+  if (hidden) hidden->push_back(h.clone());
+  return h;
+}
 
-  if (hidden) {
-    Tensor all = Tensor::empty({rows, d});
-    rmsnorm_forward(h, final_norm_, cfg_.rms_norm_eps, cfg_.norm_weight_offset, all);
-    hidden->push_back(all);
+// Sublayers are numbered attn = 2l, mlp = 2l + 1. `states` holds the completed block sums (the
+// embedding first), `partial` the running sum of the current block's sublayer outputs (undefined
+// right after a block boundary). Each sublayer's input is the softmax-over-depth aggregation of
+// states + [partial], normalised with the sublayer's own pre-norm weight.
+Tensor Model::run_block_attnres(const Tensor& embedding, const BatchLayout& layout) const {
+  const int64_t rows = embedding.dim(0), d = embedding.dim(1);
+  const int block = cfg_.attnres_block_size;
+  const float eps = cfg_.rms_norm_eps;
+  std::vector<Tensor> states = {embedding};
+  Tensor partial;
+  Tensor xn = Tensor::empty({rows, d});
+  Tensor delta = Tensor::empty({rows, d});
+  auto accumulate = [&]() {
+    if (partial.defined()) {
+      add_inplace(partial, delta);
+    } else {
+      partial = delta.clone();
+    }
+  };
+  auto aggregate_input = [&](int sublayer, const Tensor& query, const Tensor& key_norm,
+                             const Tensor& pre_norm) {
+    std::vector<Tensor> sources = states;
+    sources.push_back(partial);
+    if (sublayer % block == 0) {
+      states = sources;
+      partial = Tensor();
+    }
+    attnres_aggregate(sources, query, key_norm, pre_norm, eps, xn);
+  };
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    const Layer& layer = layers_[l];
+    if (l == 0) {
+      rmsnorm_forward(embedding, layer.mixer_norm, eps, cfg_.norm_weight_offset, xn);
+    } else {
+      aggregate_input(2 * l, layer.mixer_res_proj, layer.mixer_res_norm, layer.mixer_norm);
+    }
+    layer.mixer->forward(xn, layout, l, delta);
+    accumulate();
+    aggregate_input(2 * l + 1, layer.ffn_res_proj, layer.ffn_res_norm, layer.ffn_norm);
+    layer.ffn->forward(xn, delta);
+    accumulate();
   }
-  const int64_t m = static_cast<int64_t>(logit_rows.size());
-  Tensor picked = Tensor::empty({m, d});
-  gather_rows(h, logit_rows, picked);
-  rmsnorm_forward(picked, final_norm_, cfg_.rms_norm_eps, cfg_.norm_weight_offset, picked);
-  Tensor logits = Tensor::empty({m, cfg_.vocab_size});
-  linear_forward(picked, lm_head_, logits);
-  return logits;
+  std::vector<Tensor> sources = states;
+  sources.push_back(partial);
+  Tensor out = Tensor::empty({rows, d});
+  attnres_aggregate(sources, final_res_proj_, final_res_norm_, final_norm_, eps, out);
+  return out;
 }
 
 }  // namespace loom

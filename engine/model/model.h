@@ -37,13 +37,19 @@ class Model {
  private:
   explicit Model(ModelConfig cfg) : cfg_(std::move(cfg)) {}
 
+  // The two residual schemes: plain pre-norm residuals, or Block Attention Residuals.
+  Tensor run_plain_residual(Tensor h, const BatchLayout& layout, std::vector<Tensor>* hidden) const;
+  Tensor run_block_attnres(const Tensor& embedding, const BatchLayout& layout) const;
+
   struct Layer {
     Tensor mixer_norm, ffn_norm;
+    Tensor mixer_res_proj, mixer_res_norm, ffn_res_proj, ffn_res_norm;  // AttnRes only
     std::unique_ptr<Mixer> mixer;
     std::unique_ptr<Ffn> ffn;
   };
   ModelConfig cfg_;
   Tensor embed_, final_norm_, lm_head_;
+  Tensor final_res_proj_, final_res_norm_;  // AttnRes only
   std::vector<Layer> layers_;
 };
 

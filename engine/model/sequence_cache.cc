@@ -24,7 +24,9 @@ SequenceCache::SequenceCache(const ModelConfig& cfg) : mixers_(cfg.mixers) {
         lc.rope = Tensor::zeros({0, cfg.mla.qk_rope_head_dim});
         break;
       case MixerType::kGqa:
-        LOOM_CHECK(false, "GQA caches are not part of this build yet");
+        lc.key = Tensor::zeros({0, cfg.gqa.num_kv_heads, cfg.gqa.head_dim});
+        lc.value = Tensor::zeros({0, cfg.gqa.num_kv_heads, cfg.gqa.head_dim});
+        break;
     }
   }
 }
@@ -34,10 +36,13 @@ void SequenceCache::reserve(int64_t n) {
   if (need <= capacity_) return;
   const int64_t cap = std::max<int64_t>({need, 2 * capacity_, 64});
   for (size_t i = 0; i < layers_.size(); ++i) {
-    if (mixers_[i] != MixerType::kMla) continue;
+    if (mixers_[i] != MixerType::kMla && mixers_[i] != MixerType::kGqa) continue;
     LayerCache& lc = layers_[i];
-    for (Tensor* t : {&lc.latent, &lc.rope}) {
-      Tensor grown = Tensor::zeros({cap, t->dim(1)});
+    for (Tensor* t : {&lc.latent, &lc.rope, &lc.key, &lc.value}) {
+      if (!t->defined()) continue;
+      Shape shape = t->shape();
+      shape[0] = cap;
+      Tensor grown = Tensor::zeros(shape);
       if (num_tokens_ > 0) grown.slice(0, 0, num_tokens_).copy_from(t->slice(0, 0, num_tokens_));
       *t = grown;
     }
@@ -48,7 +53,7 @@ void SequenceCache::reserve(int64_t n) {
 size_t SequenceCache::nbytes() const {
   size_t n = 0;
   for (const LayerCache& lc : layers_)
-    for (const Tensor* t : {&lc.recurrent, &lc.conv, &lc.latent, &lc.rope})
+    for (const Tensor* t : {&lc.recurrent, &lc.conv, &lc.latent, &lc.rope, &lc.key, &lc.value})
       if (t->defined()) n += t->nbytes();
   return n;
 }

@@ -4,7 +4,8 @@
 //   KDA / GDN: recurrent state [Hv, dk, dv] f32 and convolution tail [W-1, conv_channels] f32
 //              (the last W-1 inputs of the short convolution, oldest first);
 //   MLA:       latent cache rows [capacity, kv_lora_rank] (normalised c) and rope-key rows
-//              [capacity, qk_rope_head_dim] (rotated when the model uses RoPE).
+//              [capacity, qk_rope_head_dim] (rotated when the model uses RoPE);
+//   GQA:       key rows [capacity, Hkv, d] (rotated) and value rows [capacity, Hkv, dv].
 // Rows [0, num_tokens()) are valid. This is the contiguous per-sequence layout; the serving engine's
 // paged pools (scheduler/) present the same per-layer views.
 #pragma once
@@ -22,6 +23,8 @@ struct LayerCache {
   Tensor conv;       // KDA/GDN
   Tensor latent;     // MLA: [capacity, R]
   Tensor rope;       // MLA: [capacity, dr]
+  Tensor key;        // GQA: [capacity, Hkv, d] (rotated)
+  Tensor value;      // GQA: [capacity, Hkv, dv]
 };
 
 class SequenceCache {

@@ -47,6 +47,33 @@ void mul_sigmoid_inplace(const Tensor& x, const Tensor& gate) {
   for (int64_t i = 0; i < n; ++i) p[i] *= 1.0f / (1.0f + std::exp(-g[i]));
 }
 
+void mul_sigmoid_rows(const Tensor& x, const Tensor& gate) {
+  LOOM_CHECK_F32(x);
+  LOOM_CHECK_F32(gate);
+  LOOM_CHECK(x.ndim() == 2 && gate.numel() == x.dim(0), "mul_sigmoid_rows %s by %s",
+             x.describe().c_str(), gate.describe().c_str());
+  const int64_t n = x.dim(0), c = x.dim(1);
+  float* p = x.data<float>();
+  const float* g = gate.data<float>();
+#pragma omp parallel for schedule(static) if (n * c > kParallelThreshold)
+  for (int64_t r = 0; r < n; ++r) {
+    const float s = 1.0f / (1.0f + std::exp(-g[r]));
+    for (int64_t i = 0; i < c; ++i) p[r * c + i] *= s;
+  }
+}
+
+void mul_silu_inplace(const Tensor& x, const Tensor& gate) {
+  LOOM_CHECK_F32(x);
+  LOOM_CHECK_F32(gate);
+  LOOM_CHECK(x.numel() == gate.numel(), "mul_silu_inplace %s by %s", x.describe().c_str(),
+             gate.describe().c_str());
+  float* p = x.data<float>();
+  const float* g = gate.data<float>();
+  const int64_t n = x.numel();
+#pragma omp parallel for simd schedule(static) if (n > kParallelThreshold)
+  for (int64_t i = 0; i < n; ++i) p[i] *= g[i] / (1.0f + std::exp(-g[i]));
+}
+
 void sigmoid_inplace(const Tensor& x) {
   LOOM_CHECK_F32(x);
   float* p = x.data<float>();

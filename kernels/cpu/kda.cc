@@ -60,11 +60,10 @@ KdaDims check_kda_args(const char* name, const Tensor& q, const Tensor& k, const
              static_cast<long long>(d.Hv), static_cast<long long>(d.Hk));
   LOOM_CHECK_SHAPE(k, d.T, d.Hk, d.dk);
   LOOM_CHECK_SHAPE(v, d.T, d.Hv, d.dv);
-  LOOM_CHECK(g.ndim() == 3 && g.dim(0) == d.T && g.dim(1) == d.Hv &&
-                 (g.dim(2) == d.dk || g.dim(2) == 1),
-             "%s: g %s, expected [%lld, %lld, %lld or 1]", name, g.describe().c_str(),
-             static_cast<long long>(d.T), static_cast<long long>(d.Hv),
-             static_cast<long long>(d.dk));
+  LOOM_CHECK(
+      g.ndim() == 3 && g.dim(0) == d.T && g.dim(1) == d.Hv && (g.dim(2) == d.dk || g.dim(2) == 1),
+      "%s: g %s, expected [%lld, %lld, %lld or 1]", name, g.describe().c_str(),
+      static_cast<long long>(d.T), static_cast<long long>(d.Hv), static_cast<long long>(d.dk));
   d.scalar_g = g.dim(2) == 1 && d.dk != 1;
   LOOM_CHECK_SHAPE(beta, d.T, d.Hv);
   LOOM_CHECK_SHAPE(state, d.Hv, d.dk, d.dv);
@@ -130,7 +129,7 @@ inline v8 fexp8(v8 x) {
   return x < lo ? v8{} : p * s;
 }
 
-// exp(x) for x in [-87.3, 88], ~1 ulp (Cephes expf polynomial), 0 below; written branch-free so
+// exp(x) for x in [-87, 88], ~1 ulp (Cephes expf polynomial), 0 below -87; written branch-free so
 // loops calling it vectorise.
 inline float fexp(float x) {
   float xc = x < -87.0f ? -87.0f : x;
@@ -155,8 +154,8 @@ inline float fexp(float x) {
 // ---- A small register-blocked GEMM: C[m, n] += A[m, kd] @ B[kd, n], row-major, n % 8 == 0. ----
 
 template <int MR, int NV>
-inline void gemm_tile(int64_t kd, const float* a, int64_t lda, const float* b, int64_t ldb,
-                      float* c, int64_t ldc) {
+inline void gemm_tile(int64_t kd, const float* a, int64_t lda, int64_t ak, const float* b,
+                      int64_t ldb, float* c, int64_t ldc) {
   v8 acc[MR][NV];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
@@ -165,10 +164,17 @@ inline void gemm_tile(int64_t kd, const float* a, int64_t lda, const float* b, i
   for (int64_t p = 0; p < kd; ++p) {
     v8 bv[NV];
 #pragma GCC unroll 8
-    for (int j = 0; j < NV; ++j) bv[j] = ld8(b + p * ldb + 8 * j);
+    for (int j = 0; j < NV; ++j) {
+      bv[j] = ld8(b + p * ldb + 8 * j);
+#if defined(__GNUC__) && defined(__AVX__)
+      // Keep the B row in a register: otherwise GCC folds it into every FMA as a memory operand
+      // and the kernel becomes load-bound (MR loads of B per k instead of one).
+      __asm__("" : "+x"(bv[j]));
+#endif
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
-      const float av = a[r * lda + p];
+      const float av = a[r * lda + p * ak];
 #pragma GCC unroll 8
       for (int j = 0; j < NV; ++j) acc[r][j] += av * bv[j];
     }
@@ -179,25 +185,38 @@ inline void gemm_tile(int64_t kd, const float* a, int64_t lda, const float* b, i
     for (int j = 0; j < NV; ++j) st8(c + r * ldc + 8 * j, acc[r][j]);
 }
 
-template <int MR>
-inline void gemm_rows(int64_t n, int64_t kd, const float* a, int64_t lda, const float* b,
-                      int64_t ldb, float* c, int64_t ldc) {
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16) gemm_tile<MR, 2>(kd, a, lda, b + j, ldb, c + j, ldc);
-  for (; j < n; j += 8) gemm_tile<MR, 1>(kd, a, lda, b + j, ldb, c + j, ldc);
+template <int NV>
+inline void gemm_cols(int64_t m, int64_t kd, const float* a, int64_t lda, int64_t ak,
+                      const float* b, int64_t ldb, float* c, int64_t ldc) {
+  constexpr int kMr = NV == 2 ? 6 : 8;  // 12 or 8 accumulators, 2 or 1 B registers, 1 broadcast
+  int64_t i = 0;
+  for (; i + kMr <= m; i += kMr)
+    gemm_tile<kMr, NV>(kd, a + i * lda, lda, ak, b, ldb, c + i * ldc, ldc);
+  for (; i + 4 <= m; i += 4) gemm_tile<4, NV>(kd, a + i * lda, lda, ak, b, ldb, c + i * ldc, ldc);
+  switch (m - i) {
+    case 3:
+      gemm_tile<3, NV>(kd, a + i * lda, lda, ak, b, ldb, c + i * ldc, ldc);
+      break;
+    case 2:
+      gemm_tile<2, NV>(kd, a + i * lda, lda, ak, b, ldb, c + i * ldc, ldc);
+      break;
+    case 1:
+      gemm_tile<1, NV>(kd, a + i * lda, lda, ak, b, ldb, c + i * ldc, ldc);
+      break;
+    default:
+      break;
+  }
 }
 
-void gemm_acc(int64_t m, int64_t n, int64_t kd, const float* a, int64_t lda, const float* b,
-              int64_t ldb, float* c, int64_t ldc) {
-  if (kd <= 0) return;
-  int64_t i = 0;
-  for (; i + 4 <= m; i += 4) gemm_rows<4>(n, kd, a + i * lda, lda, b, ldb, c + i * ldc, ldc);
-  switch (m - i) {
-    case 3: gemm_rows<3>(n, kd, a + i * lda, lda, b, ldb, c + i * ldc, ldc); break;
-    case 2: gemm_rows<2>(n, kd, a + i * lda, lda, b, ldb, c + i * ldc, ldc); break;
-    case 1: gemm_rows<1>(n, kd, a + i * lda, lda, b, ldb, c + i * ldc, ldc); break;
-    default: break;
-  }
+// Column panels outermost: one [kd, 16] panel of B (8 KiB at kd = 128) stays in L1 while every
+// row block of A streams past it.
+// A's element (i, p) is a[i * lda + p * ak] (ak = 1: row-major; lda = 1: a transposed view).
+void gemm_acc(int64_t m, int64_t n, int64_t kd, const float* a, int64_t lda, int64_t ak,
+              const float* b, int64_t ldb, float* c, int64_t ldc) {
+  if (kd <= 0 || m <= 0) return;
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) gemm_cols<2>(m, kd, a, lda, ak, b + j, ldb, c + j, ldc);
+  for (; j < n; j += 8) gemm_cols<1>(m, kd, a, lda, ak, b + j, ldb, c + j, ldc);
 }
 
 inline int64_t round_up8(int64_t x) { return (x + 7) / 8 * 8; }
@@ -205,25 +224,50 @@ inline int64_t round_up8(int64_t x) { return (x + 7) / 8 * 8; }
 // Per-thread buffers of the chunked form. Rows are padded to multiples of 8 with zeros, so every
 // GEMM sees n % 8 == 0 and padded channels contribute nothing.
 struct ChunkWork {
-  int64_t Kp, Vp;
   static constexpr int64_t C = kKdaChunk;
-  std::vector<float> S, Q, K, Qe, Ken, KendT, U, O, A, P, Qn, Kn, KrT, row;
-  std::vector<double> gd;
+  int64_t Kp, Vp;
+  std::vector<float> S;     // [Kp, Vp] the state
+  std::vector<float> Q, K;  // [C, Kp] scaled q, k
+  std::vector<float> KT;    // [Kp, C] k transposed
+  std::vector<float> QK;    // [2C, Kp] rows [0, L): q exp(gc); rows [L, 2L): -k exp(gc)
+  std::vector<float> OU;    // [2C, Vp] rows [0, L): outputs; rows [L, 2L): pseudo-values U
+  std::vector<float> A, P;  // [C, C]
+  std::vector<float> Qn, Kn, KrT, KendT;
+  std::vector<double> gd, gdT;  // cumulative decay [C, Kp] and transposed [Kp, C]
   ChunkWork(int64_t dk, int64_t dv) : Kp(round_up8(dk)), Vp(round_up8(dv)) {
     S.assign(Kp * Vp, 0.0f);
-    for (auto* b : {&Q, &K, &Qe, &Ken}) b->assign(C * Kp, 0.0f);
-    KendT.assign(Kp * C, 0.0f);
-    KrT.assign(Kp * C, 0.0f);
-    U.assign(C * Vp, 0.0f);
-    O.assign(C * Vp, 0.0f);
+    Q.assign(C * Kp, 0.0f);
+    K.assign(C * Kp, 0.0f);
+    KT.assign(Kp * C, 0.0f);
+    QK.assign(2 * C * Kp, 0.0f);
+    OU.assign(2 * C * Vp, 0.0f);
     A.assign(C * C, 0.0f);
     P.assign(C * C, 0.0f);
     Qn.assign(16 * Kp, 0.0f);
     Kn.assign(16 * Kp, 0.0f);
-    row.assign(Kp, 0.0f);
+    KrT.assign(Kp * C, 0.0f);
+    KendT.assign(Kp * C, 0.0f);
     gd.assign(C * Kp, 0.0);
+    gdT.assign(Kp * C, 0.0);
   }
 };
+
+// Largest decay span (in nats) across one 16-token sub-chunk for which the diagonal block may
+// also be factorised through the sub-chunk's reference point: the growing factor
+// exp(gc_{r0} - gc_s) then stays below e^80 ~ 5.5e34, far from f32 overflow (3.4e38), and the
+// shrinking one above e^-80, far from the f32 normal range's end (1.2e-38). Bounded gates
+// (g >= -5, 15 steps) always qualify; otherwise the block falls back to exponentials per element.
+constexpr double kMaxFactorSpan = 80.0;
+
+// (float)(a - b[i]) for 8 doubles b.
+inline v8 diff8s(double a, const double* b) {
+  v4d b0, b1;
+  std::memcpy(&b0, b, sizeof(b0));
+  std::memcpy(&b1, b + 4, sizeof(b1));
+  const v4d av = v4d{} + a;
+  return __builtin_shufflevector(__builtin_convertvector(av - b0, v4f),
+                                 __builtin_convertvector(av - b1, v4f), 0, 1, 2, 3, 4, 5, 6, 7);
+}
 
 // One head of the chunked form over all T tokens; S0 is in w.S (padded) and is updated there.
 void kda_chunked_head(const KdaDims& d, int64_t h, const float* qp, const float* kp,
@@ -237,21 +281,24 @@ void kda_chunked_head(const KdaDims& d, int64_t h, const float* qp, const float*
   float* S = w.S.data();
   float* Q = w.Q.data();
   float* K = w.K.data();
-  float* Qe = w.Qe.data();
-  float* Ken = w.Ken.data();
-  float* KendT = w.KendT.data();
-  float* U = w.U.data();
-  float* O = w.O.data();
+  float* KT = w.KT.data();
+  float* QK = w.QK.data();
   float* A = w.A.data();
   float* P = w.P.data();
   float* Qn = w.Qn.data();
   float* Kn = w.Kn.data();
   float* KrT = w.KrT.data();
-  float* row = w.row.data();
+  float* KendT = w.KendT.data();
   double* gd = w.gd.data();
+  double* gdT = w.gdT.data();
 
   for (int64_t t0 = 0; t0 < d.T; t0 += C) {
     const int64_t L = std::min(C, d.T - t0);
+    const int64_t Lp = round_up8(L);
+    float* O = w.OU.data();
+    float* U = O + L * Vp;
+    float* Qe = QK;
+    float* Ken = QK + L * Kp;
     // Load the chunk: q (scaled), k, v into padded rows; gc = cumsum(g) in double.
     for (int64_t t = 0; t < L; ++t) {
       const int64_t tt = t0 + t;
@@ -261,18 +308,32 @@ void kda_chunked_head(const KdaDims& d, int64_t h, const float* qp, const float*
       const float* gs = gp + (tt * d.Hv + h) * gw;
       float* qr = Q + t * Kp;
       float* kr = K + t * Kp;
-      float* ur = U + t * Vp;
       double* gr = gd + t * Kp;
-      const double* gprev = t > 0 ? gd + (t - 1) * Kp : nullptr;
       for (int64_t c = 0; c < dk; ++c) {
         qr[c] = qs[c] * scale;
         kr[c] = ks[c];
-        const double gv = d.scalar_g ? gs[0] : gs[c];
-        gr[c] = (gprev ? gprev[c] : 0.0) + gv;
       }
-      for (int64_t c = 0; c < dv; ++c) ur[c] = vs[c];
+      if (d.scalar_g) {
+        const double gv = gs[0];
+        for (int64_t c = 0; c < dk; ++c) gr[c] = gv;
+      } else {
+        for (int64_t c = 0; c < dk; ++c) gr[c] = gs[c];
+      }
+      if (t > 0) {
+        const double* gprev = gr - Kp;
+        for (int64_t c = 0; c < dk; ++c) gr[c] += gprev[c];
+      }
+      std::memcpy(U + t * Vp, vs, dv * sizeof(float));
+      if (dv < Vp) std::fill(U + t * Vp + dv, U + (t + 1) * Vp, 0.0f);
     }
-    // Decay from the chunk start: Qe = q * exp(gc), Ken = -k * exp(gc).
+    std::fill(O, O + L * Vp, 0.0f);
+    // Transposed copies of k and gc (columns L .. Lp of KT stay zero, those of gdT finite).
+    for (int64_t c = 0; c < dk; ++c)
+      for (int64_t t = 0; t < Lp; ++t) {
+        KT[c * C + t] = t < L ? K[t * Kp + c] : 0.0f;
+        gdT[c * C + t] = t < L ? gd[t * Kp + c] : 0.0;
+      }
+    // Decay from the chunk start: Qe = q exp(gc), Ken = -k exp(gc).
     for (int64_t t = 0; t < L; ++t) {
       const double* gr = gd + t * Kp;
       for (int64_t c = 0; c < Kp; c += 8) {
@@ -281,97 +342,101 @@ void kda_chunked_head(const KdaDims& d, int64_t h, const float* qp, const float*
         st8(Ken + t * Kp + c, -ld8(K + t * Kp + c) * e);
       }
     }
-    // A (strictly lower, before the beta and sign) and P (lower with diagonal).
+    // A (strictly lower, before beta and sign) and P (lower with diagonal), by 16-token blocks.
     std::fill(A, A + C * C, 0.0f);
     std::fill(P, P + C * C, 0.0f);
     for (int64_t r0 = 0; r0 < L; r0 += kSub) {
       const int64_t r1 = std::min(L, r0 + kSub);
       const int64_t nr = r1 - r0;
-      if (r0 > 0) {
-        // Off-diagonal block against tokens s < r0 through the reference point gc_{r0}.
-        const double* gref = gd + r0 * Kp;
-        for (int64_t t = r0; t < r1; ++t) {
-          const double* gr = gd + t * Kp;
-          for (int64_t c = 0; c < Kp; c += 8) {
-            const v8 e = fexp8(diff8(gr + c, gref + c));
-            st8(Qn + (t - r0) * Kp + c, ld8(Q + t * Kp + c) * e);
-            st8(Kn + (t - r0) * Kp + c, ld8(K + t * Kp + c) * e);
-          }
-        }
-        for (int64_t s = 0; s < r0; ++s) {
-          const double* gr = gd + s * Kp;
-          for (int64_t c = 0; c < Kp; c += 8)
-            st8(row + c, ld8(K + s * Kp + c) * fexp8(diff8(gref + c, gr + c)));
-          for (int64_t c = 0; c < Kp; ++c) KrT[c * C + s] = row[c];
-        }
-        gemm_acc(nr, r0, Kp, Kn, Kp, KrT, C, A + r0 * C, C);
-        gemm_acc(nr, r0, Kp, Qn, Kp, KrT, C, P + r0 * C, C);
-      }
-      // Diagonal block: exponentials element by element.
+      const double* gref = gd + r0 * Kp;
+      const double* glast = gd + (r1 - 1) * Kp;
+      bool factor_diag = true;
+      for (int64_t c = 0; c < dk; ++c) factor_diag &= gref[c] - glast[c] <= kMaxFactorSpan;
+      // Rows of this block decayed to the reference point gc_{r0} (factors <= 1).
       for (int64_t t = r0; t < r1; ++t) {
-        const double* gt = gd + t * Kp;
-        const float* qt = Q + t * Kp;
-        const float* kt = K + t * Kp;
-        for (int64_t s = r0; s <= t; ++s) {
-          const double* gs = gd + s * Kp;
-          const float* ks = K + s * Kp;
-          v8 sa = v8{}, sp = v8{};
-          for (int64_t c = 0; c < Kp; c += 8) {
-            const v8 kse = ld8(ks + c) * fexp8(diff8(gt + c, gs + c));
-            sa += ld8(kt + c) * kse;
-            sp += ld8(qt + c) * kse;
+        const double* gr = gd + t * Kp;
+        for (int64_t c = 0; c < Kp; c += 8) {
+          const v8 e = fexp8(diff8(gr + c, gref + c));
+          st8(Qn + (t - r0) * Kp + c, ld8(Q + t * Kp + c) * e);
+          st8(Kn + (t - r0) * Kp + c, ld8(K + t * Kp + c) * e);
+        }
+      }
+      // Keys from the reference point back to token s: exp(gc_{r0} - gc_s), <= 1 for s <= r0,
+      // and for r0 < s < r1 (diagonal block, only when factor_diag) at most e^kMaxFactorSpan.
+      const int64_t ns = factor_diag ? round_up8(r1) : r0;
+      for (int64_t c = 0; c < dk; ++c) {
+        const double gc = gref[c];
+        for (int64_t s = 0; s < ns; s += 8)
+          st8(KrT + c * C + s, ld8(KT + c * C + s) * fexp8(diff8s(gc, gdT + c * C + s)));
+      }
+      gemm_acc(nr, ns, Kp, Kn, Kp, 1, KrT, C, A + r0 * C, C);
+      gemm_acc(nr, ns, Kp, Qn, Kp, 1, KrT, C, P + r0 * C, C);
+      if (factor_diag) {
+        // Drop what the block product put on or above the diagonal (A) / above it (P).
+        for (int64_t t = r0; t < r1; ++t) {
+          std::fill(A + t * C + t, A + t * C + ns, 0.0f);
+          std::fill(P + t * C + t + 1, P + t * C + ns, 0.0f);
+        }
+      } else {
+        // Diagonal block with exponentials element by element.
+        for (int64_t t = r0; t < r1; ++t) {
+          const double* gt = gd + t * Kp;
+          const float* qt = Q + t * Kp;
+          const float* kt = K + t * Kp;
+          for (int64_t s = r0; s <= t; ++s) {
+            const double* gs = gd + s * Kp;
+            const float* ks = K + s * Kp;
+            v8 sa = v8{}, sp = v8{};
+            for (int64_t c = 0; c < Kp; c += 8) {
+              const v8 kse = ld8(ks + c) * fexp8(diff8(gt + c, gs + c));
+              sa += ld8(kt + c) * kse;
+              sp += ld8(qt + c) * kse;
+            }
+            if (s < t) A[t * C + s] = hsum8(sa);
+            P[t * C + s] = hsum8(sp);
           }
-          if (s < t) A[t * C + s] = hsum8(sa);
-          P[t * C + s] = hsum8(sp);
         }
       }
     }
-    // A <- -beta_t A; U <- beta_t (v_t - S0^T exp(gc_t) k_t).
-    gemm_acc(L, Vp, Kp, Ken, Kp, S, Vp, U, Vp);
+    // [O; U] = [Qe; Ken] S0 + [0; V]: outputs' state term and U = v - S0^T exp(gc) k, together.
+    gemm_acc(2 * L, Vp, Kp, QK, Kp, 1, S, Vp, O, Vp);
+    // A <- -beta_t A; U <- beta_t U.
     for (int64_t t = 0; t < L; ++t) {
       const float b = bp[(t0 + t) * d.Hv + h];
       for (int64_t s = 0; s < t; ++s) A[t * C + s] *= -b;
-#pragma omp simd
-      for (int64_t c = 0; c < Vp; ++c) U[t * Vp + c] *= b;
+      for (int64_t c = 0; c < Vp; c += 8) st8(U + t * Vp + c, ld8(U + t * Vp + c) * b);
     }
     // Forward substitution, blocked by sub-chunk: U_t += sum_{s<t} A_ts U_s.
     for (int64_t r0 = 0; r0 < L; r0 += kSub) {
       const int64_t r1 = std::min(L, r0 + kSub);
-      gemm_acc(r1 - r0, Vp, r0, A + r0 * C, C, U, Vp, U + r0 * Vp, Vp);
+      gemm_acc(r1 - r0, Vp, r0, A + r0 * C, C, 1, U, Vp, U + r0 * Vp, Vp);
       for (int64_t t = r0 + 1; t < r1; ++t) {
         float* ut = U + t * Vp;
         for (int64_t s = r0; s < t; ++s) {
-          const float a = A[t * C + s];
+          const v8 a = splat8(A[t * C + s]);
           const float* us = U + s * Vp;
-#pragma omp simd
-          for (int64_t c = 0; c < Vp; ++c) ut[c] += a * us[c];
+          for (int64_t c = 0; c < Vp; c += 8) st8(ut + c, ld8(ut + c) + a * ld8(us + c));
         }
       }
     }
-    // O = Qe S0 + P U (P is lower triangular: rows of block [r0, r1) need columns < r1).
-    std::fill(O, O + L * Vp, 0.0f);
-    gemm_acc(L, Vp, Kp, Qe, Kp, S, Vp, O, Vp);
+    // O += P U (P lower triangular: rows of block [r0, r1) need columns < r1).
     for (int64_t r0 = 0; r0 < L; r0 += kSub) {
       const int64_t r1 = std::min(L, r0 + kSub);
-      gemm_acc(r1 - r0, Vp, r1, P + r0 * C, C, U, Vp, O + r0 * Vp, Vp);
+      gemm_acc(r1 - r0, Vp, r1, P + r0 * C, C, 1, U, Vp, O + r0 * Vp, Vp);
     }
     for (int64_t t = 0; t < L; ++t)
       std::memcpy(op + ((t0 + t) * d.Hv + h) * dv, O + t * Vp, dv * sizeof(float));
     // S <- exp(gc_L) S0 + (exp(gc_L - gc_s) k_s)^T U.
     const double* gl = gd + (L - 1) * Kp;
-    for (int64_t s = 0; s < L; ++s) {
-      const double* gr = gd + s * Kp;
-      for (int64_t c = 0; c < Kp; c += 8)
-        st8(row + c, ld8(K + s * Kp + c) * fexp8(diff8(gl + c, gr + c)));
-      for (int64_t c = 0; c < Kp; ++c) KendT[c * C + s] = row[c];
-    }
-    for (int64_t c = 0; c < Kp; ++c) {
-      const float e = fexp(static_cast<float>(gl[c]));
+    for (int64_t c = 0; c < dk; ++c) {
+      const double gc = gl[c];
+      for (int64_t s = 0; s < Lp; s += 8)
+        st8(KendT + c * C + s, ld8(KT + c * C + s) * fexp8(diff8s(gc, gdT + c * C + s)));
+      const v8 e = splat8(fexp(static_cast<float>(gc)));
       float* sr = S + c * Vp;
-#pragma omp simd
-      for (int64_t j = 0; j < Vp; ++j) sr[j] *= e;
+      for (int64_t j = 0; j < Vp; j += 8) st8(sr + j, ld8(sr + j) * e);
     }
-    gemm_acc(Kp, Vp, L, KendT, C, U, Vp, S, Vp);
+    gemm_acc(dk, Vp, L, KendT, C, 1, U, Vp, S, Vp);
   }
 }
 
@@ -390,9 +455,10 @@ void kda_recurrent_forward(const Tensor& q, const Tensor& k, const Tensor& v, co
   float* op = out.data<float>();
   const int64_t dk = d.dk, dv = d.dv, gw = d.scalar_g ? 1 : dk;
   const int64_t group = d.Hv / d.Hk;
-#pragma omp parallel if (d.Hv > 1 && d.T * d.dk * d.dv > 32768)
+#pragma omp parallel if (d.Hv > 1 && d.Hv * d.T * d.dk * d.dv > 65536)
   {
     std::vector<float> kv(static_cast<size_t>(dv)), u(static_cast<size_t>(dv));
+    std::vector<float> decay(static_cast<size_t>(dk));
 #pragma omp for schedule(static)
     for (int64_t h = 0; h < d.Hv; ++h) {
       const int64_t hk = h / group;
@@ -406,9 +472,15 @@ void kda_recurrent_forward(const Tensor& q, const Tensor& k, const Tensor& v, co
         float* ot = op + (t * d.Hv + h) * dv;
         // Pass 1: decay the state and form S^T k.
         std::fill(kv.begin(), kv.end(), 0.0f);
-        const float eg0 = std::exp(gt[0]);
+        if (d.scalar_g) {
+          std::fill(decay.begin(), decay.end(), fexp(gt[0]));
+        } else {
+          int64_t i = 0;
+          for (; i + 8 <= dk; i += 8) st8(decay.data() + i, fexp8(ld8(gt + i)));
+          for (; i < dk; ++i) decay[i] = fexp(gt[i]);
+        }
         for (int64_t i = 0; i < dk; ++i) {
-          const float e = d.scalar_g ? eg0 : std::exp(gt[i]);
+          const float e = decay[i];
           const float ki = kt[i];
           float* Si = S + i * dv;
 #pragma omp simd
@@ -477,8 +549,8 @@ void kda_gate_forward(const Tensor& f, const Tensor& A_log, const Tensor& dt_bia
              g.describe().c_str());
   LOOM_CHECK(lower_bound <= 0.0f, "kda_gate_forward: lower_bound %g > 0", lower_bound);
   const int64_t T = f.dim(0), width = f.dim(1), H = A_log.numel();
-  LOOM_CHECK(H > 0 && width % H == 0, "kda_gate_forward: f %s with A_log %s",
-             f.describe().c_str(), A_log.describe().c_str());
+  LOOM_CHECK(H > 0 && width % H == 0, "kda_gate_forward: f %s with A_log %s", f.describe().c_str(),
+             A_log.describe().c_str());
   const float* bias = nullptr;
   if (dt_bias.defined()) {
     LOOM_CHECK_F32(dt_bias);
@@ -496,8 +568,7 @@ void kda_gate_forward(const Tensor& f, const Tensor& A_log, const Tensor& dt_bia
     for (int64_t c = 0; c < width; ++c) {
       const float x = fp[t * width + c] + (bias ? bias[c] : 0.0f);
       const float ah = a[c / per_head];
-      gp[t * width + c] =
-          lower_bound == 0.0f ? -ah * softplusf(x) : lower_bound * sigmoidf(ah * x);
+      gp[t * width + c] = lower_bound == 0.0f ? -ah * softplusf(x) : lower_bound * sigmoidf(ah * x);
     }
   }
 }

@@ -6,8 +6,7 @@
 namespace loom::cpu {
 
 void kda_recurrent_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                           const Tensor& beta, float scale, const Tensor& state,
-                           const Tensor& out);
+                           const Tensor& beta, float scale, const Tensor& state, const Tensor& out);
 void kda_chunked_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                          const Tensor& beta, float scale, const Tensor& state, const Tensor& out);
 void kda_gate_forward(const Tensor& f, const Tensor& A_log, const Tensor& dt_bias,

@@ -184,3 +184,35 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GqaTest,
 
 }  // namespace
 }  // namespace loom
+
+namespace loom {
+namespace {
+
+// Long enough that the kernels split the queries into several score chunks (the score buffer is
+// bounded at 8M floats): exercises the chunk offsets of the causal mask.
+TEST(AttentionChunks, GqaManyQueryChunks) {
+  std::mt19937 rng(555);
+  const int64_t t = 3000, s = 3100;  // T * S = 9.3M scores per head -> 2 chunks
+  Tensor q = random_tensor({t, 1, 8}, rng, -1, 1), k = random_tensor({s, 1, 8}, rng, -1, 1);
+  Tensor v = random_tensor({s, 1, 5}, rng, -1, 1), out = Tensor::empty({t, 1, 5});
+  gqa_attention_forward(q, k, v, 0.9f, out);
+  EXPECT_LT(max_abs_diff(out, naive_gqa(q, k, v, 0.9)), kTol);
+}
+
+TEST(AttentionChunks, MlaAbsorbedManyQueryChunks) {
+  std::mt19937 rng(556);
+  const MlaDims m{5, 8, 4, 8, 16};
+  const int64_t t = 1000, s = 2000;  // rows * S = 10M scores -> 2 chunks of queries
+  Tensor q = random_tensor({t, 5, 12}, rng, -1, 1), c = random_tensor({s, 16}, rng, -1, 1);
+  Tensor kr = random_tensor({s, 4}, rng, -1, 1),
+         kv_b = random_tensor({5 * 16, 16}, rng, -0.4f, 0.4f);
+  Tensor oa = Tensor::empty({t, 5, 8}), oe = Tensor::empty({t, 5, 8});
+  mla_attention_absorbed(q, c, kr, kv_b, m, 0.5f, oa);
+  mla_attention_expanded(q, c, kr, kv_b, m, 0.5f, oe);
+  const auto ref = naive_mla(q, c, kr, kv_b, m, 0.5);
+  EXPECT_LT(max_abs_diff(oa, ref), kTol);
+  EXPECT_LT(max_abs_diff(oe, ref), kTol);
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,12 +1,13 @@
 // Causal depthwise convolution: prefill against a naive loop, and every split of a sequence
 // (pieces, single tokens, batched decode steps) bit-identical to the full prefill.
+#include "kernels/conv.h"
+
 #include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/conv.h"
 
 namespace loom {
 namespace {
@@ -34,7 +35,8 @@ void naive(const Tensor& x, const Tensor& w, const Tensor& state, bool silu,
   for (int64_t t = 0; t < T; ++t)
     for (int64_t c = 0; c < C; ++c) {
       double acc = 0;
-      for (int64_t j = 0; j < W; ++j) acc += double(w.data<float>()[c * W + j]) * xpad[(t + j) * C + c];
+      for (int64_t j = 0; j < W; ++j)
+        acc += double(w.data<float>()[c * W + j]) * xpad[(t + j) * C + c];
       out[t * C + c] = silu ? acc / (1.0 + std::exp(-acc)) : acc;
     }
   new_state.assign(xpad.end() - P * C, xpad.end());
@@ -53,7 +55,8 @@ TEST(CausalConv1d, ForwardMatchesNaive) {
         Tensor out = Tensor::empty({T, C});
         causal_conv1d_forward(x, w, st, silu, out);
         double m = 0;
-        for (int64_t i = 0; i < T * C; ++i) m = std::max(m, std::abs(out.data<float>()[i] - ref[i]));
+        for (int64_t i = 0; i < T * C; ++i)
+          m = std::max(m, std::abs(out.data<float>()[i] - ref[i]));
         // At most W f32 products summed: a few ulp of values of size ~W.
         EXPECT_LT(m, 1e-5) << "W=" << W << " T=" << T << " silu=" << silu;
         EXPECT_TRUE(std::equal(ref_state.begin(), ref_state.end(), st.data<float>()))

@@ -4,10 +4,13 @@
 #include "absl/strings/str_cat.h"
 #include "engine/core/status.h"
 #include "weights/adapters/adapters.h"
+#include "weights/adapters/common.h"
 #include "weights/json_fields.h"
 
 namespace loom {
 
+using adapter::single;
+using adapter::split_layer;
 using json_fields::get_bool_or;
 using json_fields::get_int;
 using json_fields::get_int_list;
@@ -47,6 +50,7 @@ absl::StatusOr<ModelConfig> parse_kimi_linear_config(const nlohmann::json& j) {
   c.linear.num_v_heads = c.linear.num_heads;
   c.linear.v_head_dim = c.linear.head_dim;
   c.linear.gate_lower_bound = 0.0f;  // kimi_linear uses the softplus gate
+  c.linear.gate_rank = c.linear.head_dim;
 
   // Layer types: `layer_types` if present, else the 1-indexed kda_layers / full_attn_layers.
   LOOM_ASSIGN_OR_RETURN(std::vector<std::string> types, get_string_list(j, "layer_types"));
@@ -159,24 +163,6 @@ absl::StatusOr<ModelConfig> parse_kimi_linear_config(const nlohmann::json& j) {
   return c;
 }
 
-namespace {
-
-// Splits "layers.<i>.<rest>" into (i, rest); false for global names.
-bool split_layer(std::string_view canonical, int* layer, std::string_view* rest) {
-  constexpr std::string_view kPrefix = "layers.";
-  if (canonical.substr(0, kPrefix.size()) != kPrefix) return false;
-  std::string_view tail = canonical.substr(kPrefix.size());
-  const size_t dot = tail.find('.');
-  if (dot == std::string_view::npos) return false;
-  if (!absl::SimpleAtoi(absl_sv(tail.substr(0, dot)), layer)) return false;
-  *rest = tail.substr(dot + 1);
-  return true;
-}
-
-TensorSource single(std::string name) { return {TensorSource::Combine::kSingle, {std::move(name)}}; }
-
-}  // namespace
-
 absl::StatusOr<TensorSource> kimi_linear_tensor_source(const ModelConfig& cfg,
                                                        std::string_view canonical) {
   if (canonical == "embed.weight") return single("model.embed_tokens.weight");
@@ -240,12 +226,6 @@ absl::StatusOr<TensorSource> kimi_linear_tensor_source(const ModelConfig& cfg,
     return src;
   }
   return absl::NotFoundError(absl::StrCat("kimi_linear has no tensor for '", absl_sv(canonical), "'"));
-}
-
-absl::StatusOr<TensorSource> tensor_source(const ModelConfig& cfg, std::string_view canonical) {
-  if (cfg.model_type == "kimi_linear") return kimi_linear_tensor_source(cfg, canonical);
-  return absl::InvalidArgumentError(
-      absl::StrCat("no tensor adapter for model_type '", cfg.model_type, "'"));
 }
 
 }  // namespace loom

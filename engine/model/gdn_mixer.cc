@@ -1,0 +1,106 @@
+// Gated DeltaNet mixer (MODELS.md, "Gated DeltaNet"; qwen3_next). Canonical layout (the adapter
+// regroups qwen3_next's per-key-head interleaving): qkvz_proj rows are [q (Hk*dk) | k (Hk*dk) |
+// v (Hv*dv) | z (Hv*dv)], ba_proj rows [b (Hv) | a (Hv)]. One short convolution over q|k|v, scalar
+// decay per value head, value head h reads key head h / (Hv / Hk), SiLU-gated RMSNorm output.
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "engine/core/status.h"
+#include "engine/model/layers.h"
+#include "kernels/conv.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/kda.h"
+#include "kernels/norm.h"
+
+namespace loom {
+namespace {
+
+constexpr int64_t kRecurrentMaxTokens = 8;  // see kda_mixer.cc
+constexpr float kQkNormEps = 1e-6f;
+
+class GdnMixer final : public Mixer {
+ public:
+  explicit GdnMixer(const ModelConfig& cfg) : cfg_(cfg.linear), eps_(cfg.rms_norm_eps) {}
+
+  absl::Status load(const ModelConfig& cfg, const WeightLoader& w, int layer) {
+    const int64_t d = cfg.hidden_size, hv = cfg_.num_v_heads;
+    ck_ = static_cast<int64_t>(cfg_.num_heads) * cfg_.head_dim;
+    cv_ = hv * cfg_.v_head_dim;
+    const std::string p = absl::StrCat("layers.", layer, ".gdn.");
+    LOOM_ASSIGN_OR_RETURN(qkvz_proj_, w.load(p + "qkvz_proj.weight", {2 * ck_ + 2 * cv_, d}));
+    LOOM_ASSIGN_OR_RETURN(ba_proj_, w.load(p + "ba_proj.weight", {2 * hv, d}));
+    LOOM_ASSIGN_OR_RETURN(conv_, w.load(p + "conv.weight", {2 * ck_ + cv_, cfg_.conv_kernel}));
+    LOOM_ASSIGN_OR_RETURN(a_log_, w.load(p + "A_log", {hv}));
+    LOOM_ASSIGN_OR_RETURN(dt_bias_, w.load(p + "dt_bias", {hv}));
+    LOOM_ASSIGN_OR_RETURN(norm_, w.load(p + "norm.weight", {cfg_.v_head_dim}));
+    LOOM_ASSIGN_OR_RETURN(o_proj_, w.load(p + "o_proj.weight", {d, cv_}));
+    return absl::OkStatus();
+  }
+
+  void forward(const Tensor& x, const BatchLayout& batch, int layer,
+               const Tensor& out) const override {
+    const int64_t n = x.dim(0);
+    const int64_t hk = cfg_.num_heads, hv = cfg_.num_v_heads, dk = cfg_.head_dim,
+                  dv = cfg_.v_head_dim;
+    const int64_t channels = 2 * ck_ + cv_;
+    Tensor qkvz = Tensor::empty({n, channels + cv_});
+    linear_forward(x, qkvz_proj_, qkvz);
+    Tensor qkv = Tensor::empty({n, channels}), z = Tensor::empty({n, cv_});
+    copy_columns(qkvz, 0, qkv);
+    copy_columns(qkvz, channels, z);
+    Tensor conv_out = Tensor::empty({n, channels});
+    for (size_t s = 0; s < batch.start.size(); ++s) {
+      const int64_t b = batch.start[s], e = b + batch.length[s];
+      causal_conv1d_forward(qkv.slice(0, b, e), conv_, batch.caches[s]->layer(layer).conv,
+                            /*apply_silu=*/true, conv_out.slice(0, b, e));
+    }
+    Tensor q = Tensor::empty({n, hk, dk}), k = Tensor::empty({n, hk, dk});
+    Tensor v = Tensor::empty({n, hv, dv});
+    copy_columns(conv_out, 0, q.reshape({n, ck_}));
+    copy_columns(conv_out, ck_, k.reshape({n, ck_}));
+    copy_columns(conv_out, 2 * ck_, v.reshape({n, cv_}));
+    l2norm_forward(q, kQkNormEps, 1.0f, q);
+    l2norm_forward(k, kQkNormEps, 1.0f, k);
+
+    Tensor ba = Tensor::empty({n, 2 * hv});
+    linear_forward(x, ba_proj_, ba);
+    Tensor beta = Tensor::empty({n, hv}), a = Tensor::empty({n, hv});
+    copy_columns(ba, 0, beta);
+    copy_columns(ba, hv, a);
+    sigmoid_inplace(beta);
+    Tensor g = Tensor::empty({n, hv, 1});
+    kda_gate_forward(a, a_log_, dt_bias_, /*lower_bound=*/0.0f, g.reshape({n, hv}));
+
+    Tensor o = Tensor::empty({n, hv, dv});
+    const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
+    for (size_t s = 0; s < batch.start.size(); ++s) {
+      const int64_t b = batch.start[s], e = b + batch.length[s];
+      auto run = batch.length[s] <= kRecurrentMaxTokens ? kda_recurrent_forward
+                                                         : kda_chunked_forward;
+      run(q.slice(0, b, e), k.slice(0, b, e), v.slice(0, b, e), g.slice(0, b, e),
+          beta.slice(0, b, e), scale, batch.caches[s]->layer(layer).recurrent, o.slice(0, b, e));
+    }
+    Tensor o_rows = o.reshape({n * hv, dv});
+    rmsnorm_forward(o_rows, norm_, eps_, 0.0f, o_rows);
+    mul_silu_inplace(o_rows, z);
+    linear_forward(o.reshape({n, cv_}), o_proj_, out);
+  }
+
+ private:
+  LinearAttentionConfig cfg_;
+  float eps_;
+  int64_t ck_ = 0, cv_ = 0;
+  Tensor qkvz_proj_, ba_proj_, conv_, a_log_, dt_bias_, norm_, o_proj_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Mixer>> make_gdn_mixer(const ModelConfig& cfg,
+                                                      const WeightLoader& w, int layer) {
+  auto m = std::make_unique<GdnMixer>(cfg);
+  LOOM_RETURN_IF_ERROR(m->load(cfg, w, layer));
+  return m;
+}
+
+}  // namespace loom

@@ -1,0 +1,100 @@
+// Grouped-query attention mixer (MODELS.md, "Full attention"): qwen3_next's gated attention
+// (per-head zero-centred q/k RMSNorm, partial rotate_half RoPE, sigmoid output gate) and the fla
+// kda family's plain GQA with full-dim RoPE. The cache keeps rotated keys and values per position.
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "engine/core/status.h"
+#include "engine/model/layers.h"
+#include "engine/model/rope_table.h"
+#include "kernels/attention.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/norm.h"
+
+namespace loom {
+namespace {
+
+class GqaMixer final : public Mixer {
+ public:
+  explicit GqaMixer(const ModelConfig& cfg)
+      : cfg_(cfg.gqa), eps_(cfg.rms_norm_eps), norm_offset_(cfg.norm_weight_offset) {
+    if (cfg.rope.type != RopeConfig::Type::kNone) {
+      rope_ = make_rope_table(cfg.rope, cfg.gqa.head_dim);
+      use_rope_ = true;
+    }
+  }
+
+  absl::Status load(const ModelConfig& cfg, const WeightLoader& w, int layer) {
+    const int64_t d = cfg.hidden_size, h = cfg_.num_heads, kvh = cfg_.num_kv_heads,
+                  hd = cfg_.head_dim;
+    const std::string p = absl::StrCat("layers.", layer, ".gqa.");
+    LOOM_ASSIGN_OR_RETURN(q_proj_, w.load(p + "q_proj.weight", {h * hd, d}));
+    LOOM_ASSIGN_OR_RETURN(k_proj_, w.load(p + "k_proj.weight", {kvh * hd, d}));
+    LOOM_ASSIGN_OR_RETURN(v_proj_, w.load(p + "v_proj.weight", {kvh * hd, d}));
+    LOOM_ASSIGN_OR_RETURN(o_proj_, w.load(p + "o_proj.weight", {d, h * hd}));
+    if (cfg_.output_gate) {
+      LOOM_ASSIGN_OR_RETURN(gate_proj_, w.load(p + "gate_proj.weight", {h * hd, d}));
+    }
+    if (cfg_.qk_norm) {
+      LOOM_ASSIGN_OR_RETURN(q_norm_, w.load(p + "q_norm.weight", {hd}));
+      LOOM_ASSIGN_OR_RETURN(k_norm_, w.load(p + "k_norm.weight", {hd}));
+    }
+    return absl::OkStatus();
+  }
+
+  void forward(const Tensor& x, const BatchLayout& batch, int layer,
+               const Tensor& out) const override {
+    const int64_t n = x.dim(0), h = cfg_.num_heads, kvh = cfg_.num_kv_heads, hd = cfg_.head_dim;
+    Tensor q = Tensor::empty({n, h, hd}), k = Tensor::empty({n, kvh, hd}),
+           v = Tensor::empty({n, kvh, hd});
+    linear_forward(x, q_proj_, q.reshape({n, h * hd}));
+    linear_forward(x, k_proj_, k.reshape({n, kvh * hd}));
+    linear_forward(x, v_proj_, v.reshape({n, kvh * hd}));
+    if (q_norm_.defined()) {
+      rmsnorm_forward(q.reshape({n * h, hd}), q_norm_, eps_, norm_offset_, q.reshape({n * h, hd}));
+      rmsnorm_forward(k.reshape({n * kvh, hd}), k_norm_, eps_, norm_offset_,
+                      k.reshape({n * kvh, hd}));
+    }
+    if (use_rope_) {
+      rope_forward(q, batch.positions, rope_, 0);
+      rope_forward(k, batch.positions, rope_, 0);
+    }
+    Tensor o = Tensor::empty({n, h, hd});
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    for (size_t s = 0; s < batch.start.size(); ++s) {
+      const int64_t b = batch.start[s], t = batch.length[s];
+      SequenceCache& cache = *batch.caches[s];
+      const int64_t past = cache.num_tokens(), total = past + t;
+      LayerCache& lc = cache.layer(layer);
+      lc.key.slice(0, past, total).copy_from(k.slice(0, b, b + t));
+      lc.value.slice(0, past, total).copy_from(v.slice(0, b, b + t));
+      gqa_attention_forward(q.slice(0, b, b + t), lc.key.slice(0, 0, total),
+                            lc.value.slice(0, 0, total), scale, o.slice(0, b, b + t));
+    }
+    if (gate_proj_.defined()) {
+      Tensor gate = Tensor::empty({n, h * hd});
+      linear_forward(x, gate_proj_, gate);
+      mul_sigmoid_inplace(o, gate);
+    }
+    linear_forward(o.reshape({n, h * hd}), o_proj_, out);
+  }
+
+ private:
+  GqaConfig cfg_;
+  float eps_, norm_offset_;
+  bool use_rope_ = false;
+  RopeTable rope_;
+  Tensor q_proj_, k_proj_, v_proj_, o_proj_, gate_proj_, q_norm_, k_norm_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Mixer>> make_gqa_mixer(const ModelConfig& cfg,
+                                                      const WeightLoader& w, int layer) {
+  auto m = std::make_unique<GqaMixer>(cfg);
+  LOOM_RETURN_IF_ERROR(m->load(cfg, w, layer));
+  return m;
+}
+
+}  // namespace loom

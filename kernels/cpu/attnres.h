@@ -1,0 +1,14 @@
+// CPU implementation of kernels/attnres.h.
+#pragma once
+
+#include <vector>
+
+#include "engine/core/tensor.h"
+
+namespace loom::cpu {
+
+void attnres_aggregate(const std::vector<Tensor>& sources, const Tensor& query,
+                       const Tensor& key_norm, const Tensor& out_norm, float eps,
+                       const Tensor& out);
+
+}  // namespace loom::cpu

@@ -1,0 +1,70 @@
+// Frequency tables (host) and device dispatch for kernels/rope.h.
+#include "kernels/rope.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/rope.h"
+
+namespace loom {
+
+RopeTable rope_table_default(double theta, int rotary_dim, RopeStyle style) {
+  RopeTable t;
+  t.rotary_dim = rotary_dim;
+  t.style = style;
+  for (int i = 0; i < rotary_dim / 2; ++i) {
+    // torch: 1.0 / (base ** (arange(0, dim, 2, dtype=float32) / dim)), all in f32.
+    const float expo = static_cast<float>(2 * i) / static_cast<float>(rotary_dim);
+    t.inv_freq.push_back(1.0f / std::pow(static_cast<float>(theta), expo));
+  }
+  return t;
+}
+
+RopeTable rope_table_yarn(double theta, int rotary_dim, RopeStyle style, double factor,
+                          double original_max_position, double beta_fast, double beta_slow,
+                          double mscale, double mscale_all_dim, double attention_factor,
+                          bool truncate) {
+  RopeTable t;
+  t.rotary_dim = rotary_dim;
+  t.style = style;
+  auto get_mscale = [](double scale, double m) {
+    return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+  };
+  if (attention_factor < 0) {
+    attention_factor = (mscale != 0 && mscale_all_dim != 0)
+                           ? get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
+                           : get_mscale(factor, 1.0);
+  }
+  t.attention_factor = static_cast<float>(attention_factor);
+  const double dim = rotary_dim;
+  auto correction_dim = [&](double rotations) {
+    return (dim * std::log(original_max_position / (rotations * 2 * M_PI))) / (2 * std::log(theta));
+  };
+  double low = correction_dim(beta_fast), high = correction_dim(beta_slow);
+  if (truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, dim - 1);
+  if (low == high) high += 0.001;  // the reference's guard against a zero-width ramp
+  for (int i = 0; i < rotary_dim / 2; ++i) {
+    const float expo = static_cast<float>(2 * i) / static_cast<float>(rotary_dim);
+    const float pos_freq = std::pow(static_cast<float>(theta), expo);
+    const float extrapolation = 1.0f / pos_freq;
+    const float interpolation = 1.0f / (static_cast<float>(factor) * pos_freq);
+    const float ramp = std::clamp(static_cast<float>((i - low) / (high - low)), 0.0f, 1.0f);
+    const float extrapolation_factor = 1.0f - ramp;
+    t.inv_freq.push_back(interpolation * (1.0f - extrapolation_factor) +
+                         extrapolation * extrapolation_factor);
+  }
+  return t;
+}
+
+void rope_forward(const Tensor& x, const std::vector<int64_t>& positions, const RopeTable& table,
+                  int64_t dim_offset) {
+  LOOM_CHECK(x.device() == Device::kCpu, "rope_forward: no CUDA kernel in this build yet");
+  cpu::rope_forward(x, positions, table, dim_offset);
+}
+
+}  // namespace loom

@@ -1,0 +1,43 @@
+// Rotary position embeddings: the frequency table (default and YaRN) and its application.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/core/tensor.h"
+
+namespace loom {
+
+enum class RopeStyle : uint8_t {
+  // Pairs (i, i + rd/2) of the first rd dims, as HF's rotate_half (Llama, Qwen, fla).
+  kHalf,
+  // Pairs (2i, 2i+1), output de-interleaved: [x0', x2', ..., x1', x3', ...] over the first rd dims
+  // (HF apply_rotary_pos_emb_interleave, DeepSeek). Dot products are unchanged by the permutation
+  // as long as queries and keys use the same style.
+  kInterleaved,
+};
+
+// Inverse frequencies (rd/2 entries) and the cos/sin scale ("attention factor"), computed in f32
+// exactly as transformers' rope init functions do.
+struct RopeTable {
+  std::vector<float> inv_freq;
+  float attention_factor = 1.0f;
+  int rotary_dim = 0;
+  RopeStyle style = RopeStyle::kHalf;
+};
+
+// Default RoPE: inv_freq[i] = 1 / theta^(2i / rd).
+RopeTable rope_table_default(double theta, int rotary_dim, RopeStyle style);
+// YaRN (transformers _compute_yarn_parameters). attention_factor < 0 means "derive it from factor,
+// mscale and mscale_all_dim" as transformers does when the config does not set it.
+RopeTable rope_table_yarn(double theta, int rotary_dim, RopeStyle style, double factor,
+                          double original_max_position, double beta_fast, double beta_slow,
+                          double mscale, double mscale_all_dim, double attention_factor,
+                          bool truncate);
+
+// Rotates dims [dim_offset, dim_offset + rotary_dim) of every head in place. x: [T, H, d] f32
+// contiguous; positions: T absolute positions.
+void rope_forward(const Tensor& x, const std::vector<int64_t>& positions, const RopeTable& table,
+                  int64_t dim_offset);
+
+}  // namespace loom

@@ -1,0 +1,159 @@
+#include "weights/adapters/common.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "engine/core/status.h"
+#include "weights/json_fields.h"
+
+namespace loom::adapter {
+
+bool split_layer(std::string_view canonical, int* layer, std::string_view* rest) {
+  constexpr std::string_view kPrefix = "layers.";
+  if (canonical.substr(0, kPrefix.size()) != kPrefix) return false;
+  std::string_view tail = canonical.substr(kPrefix.size());
+  const size_t dot = tail.find('.');
+  if (dot == std::string_view::npos) return false;
+  if (!absl::SimpleAtoi(absl_sv(tail.substr(0, dot)), layer) || *layer < 0) return false;
+  *rest = tail.substr(dot + 1);
+  return true;
+}
+
+TensorSource single(std::string name) {
+  TensorSource s;
+  s.names.push_back(std::move(name));
+  return s;
+}
+
+TensorSource concat(std::vector<std::string> names) {
+  TensorSource s;
+  s.combine = TensorSource::Combine::kConcat;
+  s.names = std::move(names);
+  return s;
+}
+
+TensorSource stacked_experts(const std::string& prefix, int num_experts, std::string_view suffix) {
+  TensorSource s;
+  s.combine = TensorSource::Combine::kStack;
+  for (int e = 0; e < num_experts; ++e) s.names.push_back(absl::StrCat(prefix, e, absl_sv(suffix)));
+  return s;
+}
+
+bool lookup(std::string_view rest,
+            const std::vector<std::pair<std::string_view, std::string_view>>& table,
+            const std::string& checkpoint_prefix, TensorSource* out) {
+  for (const auto& [canon, ckpt] : table) {
+    if (rest == canon) {
+      *out = single(absl::StrCat(checkpoint_prefix, absl_sv(ckpt)));
+      return true;
+    }
+  }
+  return false;
+}
+
+absl::Status not_found(std::string_view family, std::string_view canonical) {
+  return absl::NotFoundError(
+      absl::StrCat(absl_sv(family), " has no tensor for '", absl_sv(canonical), "'"));
+}
+
+std::function<absl::StatusOr<Tensor>(const Tensor&)> gather_rows_transform(RowRanges ranges) {
+  return [ranges = std::move(ranges)](const Tensor& t) -> absl::StatusOr<Tensor> {
+    if (t.ndim() < 1 || t.dtype() != DType::kF32 || !t.is_contiguous())
+      return absl::InvalidArgumentError("row regrouping needs a contiguous f32 tensor");
+    int64_t rows = 0;
+    for (const auto& [b, e] : ranges) {
+      if (b < 0 || e < b || e > t.dim(0))
+        return absl::InvalidArgumentError(absl::StrCat("row range [", b, ", ", e,
+                                                       ") outside a tensor of ", t.dim(0), " rows"));
+      rows += e - b;
+    }
+    Shape shape = t.shape();
+    shape[0] = rows;
+    Tensor out = Tensor::empty(shape, DType::kF32);
+    int64_t dst = 0;
+    for (const auto& [b, e] : ranges) {
+      out.slice(0, dst, dst + (e - b)).copy_from(t.slice(0, b, e));
+      dst += e - b;
+    }
+    return out;
+  };
+}
+
+absl::StatusOr<RopeConfig> parse_rope(const nlohmann::json& j, double default_theta,
+                                      double default_partial) {
+  using json_fields::get_bool_or;
+  using json_fields::get_number_or;
+  RopeConfig r;
+  const nlohmann::json empty = nlohmann::json::object();
+  const nlohmann::json* params = &empty;
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_object())
+      return absl::InvalidArgumentError(absl::StrCat("field '", key, "' must be an object"));
+    params = &*it;
+    break;
+  }
+  LOOM_ASSIGN_OR_RETURN(double top_theta, get_number_or(j, "rope_theta", default_theta));
+  LOOM_ASSIGN_OR_RETURN(r.theta, get_number_or(*params, "rope_theta", top_theta));
+  LOOM_ASSIGN_OR_RETURN(double top_partial,
+                        get_number_or(j, "partial_rotary_factor", default_partial));
+  LOOM_ASSIGN_OR_RETURN(r.partial_rotary_factor,
+                        get_number_or(*params, "partial_rotary_factor", top_partial));
+  std::string type = "default";
+  for (const char* key : {"rope_type", "type"}) {
+    auto it = params->find(key);
+    if (it != params->end() && it->is_string()) {
+      type = it->get<std::string>();
+      break;
+    }
+  }
+  if (!(r.theta > 1.0))
+    return absl::InvalidArgumentError(absl::StrCat("rope_theta must be > 1, got ", r.theta));
+  if (!(r.partial_rotary_factor > 0.0 && r.partial_rotary_factor <= 1.0))
+    return absl::InvalidArgumentError(
+        absl::StrCat("partial_rotary_factor must be in (0, 1], got ", r.partial_rotary_factor));
+  if (type == "default") {
+    r.type = RopeConfig::Type::kDefault;
+  } else if (type == "yarn") {
+    r.type = RopeConfig::Type::kYarn;
+    LOOM_ASSIGN_OR_RETURN(r.factor, json_fields::get_number(*params, "factor"));
+    LOOM_ASSIGN_OR_RETURN(double max_pos, get_number_or(j, "max_position_embeddings", 0));
+    LOOM_ASSIGN_OR_RETURN(r.original_max_position,
+                          get_number_or(*params, "original_max_position_embeddings", max_pos));
+    LOOM_ASSIGN_OR_RETURN(r.beta_fast, get_number_or(*params, "beta_fast", 32));
+    LOOM_ASSIGN_OR_RETURN(r.beta_slow, get_number_or(*params, "beta_slow", 1));
+    LOOM_ASSIGN_OR_RETURN(r.mscale, get_number_or(*params, "mscale", 0));
+    LOOM_ASSIGN_OR_RETURN(r.mscale_all_dim, get_number_or(*params, "mscale_all_dim", 0));
+    LOOM_ASSIGN_OR_RETURN(r.attention_factor, get_number_or(*params, "attention_factor", -1));
+    LOOM_ASSIGN_OR_RETURN(r.truncate, get_bool_or(*params, "truncate", true));
+    if (!(r.factor >= 1.0))
+      return absl::InvalidArgumentError(absl::StrCat("rope factor must be >= 1, got ", r.factor));
+    if (!(r.original_max_position > 0))
+      return absl::InvalidArgumentError("yarn needs original_max_position_embeddings > 0");
+    if (!(r.beta_fast > 0 && r.beta_slow > 0))
+      return absl::InvalidArgumentError("yarn beta_fast and beta_slow must be > 0");
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rope type '", type, "' is not supported (default, yarn)"));
+  }
+  return r;
+}
+
+absl::Status reject_true(const nlohmann::json& j, const char* key, std::string_view family) {
+  auto it = j.find(key);
+  if (it != j.end() && it->is_boolean() && it->get<bool>())
+    return absl::InvalidArgumentError(
+        absl::StrCat(key, " = true is not supported for ", absl_sv(family)));
+  return absl::OkStatus();
+}
+
+absl::Status require_silu(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_string() || (it->get<std::string>() != "silu" && it->get<std::string>() != "swish"))
+    return absl::InvalidArgumentError(
+        absl::StrCat("field '", key, "' = ", it->dump(), " is not supported (silu only)"));
+  return absl::OkStatus();
+}
+
+}  // namespace loom::adapter
