@@ -1,6 +1,7 @@
 #include "weights/weight_loader.h"
 
 #include <cstring>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "engine/core/status.h"
@@ -37,6 +38,7 @@ absl::StatusOr<WeightLoader> WeightLoader::open(const std::string& dir, const Mo
 }
 
 bool WeightLoader::has(std::string_view canonical) const {
+  if (!ckpt_) return true;
   absl::StatusOr<TensorSource> src = tensor_source(cfg_, canonical);
   if (!src.ok()) return false;
   for (const std::string& n : src->names)
@@ -44,7 +46,59 @@ bool WeightLoader::has(std::string_view canonical) const {
   return !src->names.empty();
 }
 
+WeightLoader WeightLoader::synthetic(const ModelConfig& cfg, uint64_t seed) {
+  WeightLoader w(nullptr, cfg);
+  w.seed_ = seed;
+  return w;
+}
+
 absl::StatusOr<Tensor> WeightLoader::load(std::string_view canonical, const Shape& shape) const {
+  absl::StatusOr<Tensor> t = ckpt_ ? load_from_checkpoint(canonical, shape) : invent(canonical, shape);
+  if (t.ok() && record_ != nullptr) record_->emplace_back(std::string(canonical), *t);
+  return t;
+}
+
+// Values in the ranges a trained model has, so an untrained model still runs stably: norms near 1
+// (or 0 with zero-centred weights), decay parameters in their usual init ranges, projections
+// N(0, 0.02)-like.
+Tensor WeightLoader::invent(std::string_view canonical, const Shape& shape) const {
+  Tensor t = Tensor::empty(shape);
+  uint64_t h = seed_ ^ 0x9e3779b97f4a7c15ull;
+  for (char c : canonical) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  std::mt19937_64 rng(h);
+  const auto ends_with = [&](std::string_view suffix) {
+    return canonical.size() >= suffix.size() &&
+           canonical.substr(canonical.size() - suffix.size()) == suffix;
+  };
+  float* p = t.data<float>();
+  const int64_t n = t.numel();
+  if (ends_with("norm.weight")) {
+    std::normal_distribution<float> d(0.0f, 0.02f);
+    // Only the decoder's own norms (and GQA's q/k norms) store zero-centred weights when
+    // norm_weight_offset is 1; every other norm applies its weight directly.
+    const bool offset_norm = ends_with("mixer_norm.weight") || ends_with("ffn_norm.weight") ||
+                             canonical == "final_norm.weight" || ends_with("gqa.q_norm.weight") ||
+                             ends_with("gqa.k_norm.weight");
+    const float base = offset_norm ? 1.0f - cfg_.norm_weight_offset : 1.0f;
+    for (int64_t i = 0; i < n; ++i) p[i] = base + d(rng);
+  } else if (ends_with("A_log")) {
+    std::uniform_real_distribution<float> d(0.0f, 2.7f);  // exp(A_log) in [1, 15]
+    for (int64_t i = 0; i < n; ++i) p[i] = d(rng);
+  } else if (ends_with("dt_bias") || ends_with("router.bias") || ends_with(".bias")) {
+    std::normal_distribution<float> d(0.0f, 0.1f);
+    for (int64_t i = 0; i < n; ++i) p[i] = d(rng);
+  } else if (ends_with("conv.weight")) {
+    std::normal_distribution<float> d(0.0f, 0.3f);
+    for (int64_t i = 0; i < n; ++i) p[i] = d(rng);
+  } else {
+    std::normal_distribution<float> d(0.0f, 0.05f);
+    for (int64_t i = 0; i < n; ++i) p[i] = d(rng);
+  }
+  return t;
+}
+
+absl::StatusOr<Tensor> WeightLoader::load_from_checkpoint(std::string_view canonical,
+                                                          const Shape& shape) const {
   LOOM_ASSIGN_OR_RETURN(TensorSource src, tensor_source(cfg_, canonical));
   std::vector<Tensor> parts;
   for (const std::string& n : src.names) {

@@ -18,8 +18,12 @@ absl::StatusOr<std::unique_ptr<Model>> Model::load(const std::string& dir) {
 
 absl::StatusOr<std::unique_ptr<Model>> Model::load(const std::string& dir,
                                                    const ModelConfig& cfg) {
-  LOOM_RETURN_IF_ERROR(cfg.validate());
   LOOM_ASSIGN_OR_RETURN(WeightLoader w, WeightLoader::open(dir, cfg));
+  return load(cfg, w);
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::load(const ModelConfig& cfg, const WeightLoader& w) {
+  LOOM_RETURN_IF_ERROR(cfg.validate());
   std::unique_ptr<Model> m(new Model(cfg));
   const int64_t d = cfg.hidden_size, v = cfg.vocab_size;
   LOOM_ASSIGN_OR_RETURN(m->embed_, w.load("embed.weight", {v, d}));

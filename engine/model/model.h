@@ -10,6 +10,7 @@
 #include "engine/model/forward_batch.h"
 #include "engine/model/layers.h"
 #include "weights/model_config.h"
+#include "weights/weight_loader.h"
 
 namespace loom {
 
@@ -20,6 +21,9 @@ class Model {
   static absl::StatusOr<std::unique_ptr<Model>> load(const std::string& dir);
   static absl::StatusOr<std::unique_ptr<Model>> load(const std::string& dir,
                                                      const ModelConfig& cfg);
+  // Builds the model from any weight source (a checkpoint, or WeightLoader::synthetic).
+  static absl::StatusOr<std::unique_ptr<Model>> load(const ModelConfig& cfg,
+                                                     const WeightLoader& weights);
 
   const ModelConfig& config() const { return cfg_; }
   // A fresh cache for one sequence (position 0).

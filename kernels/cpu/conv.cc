@@ -11,14 +11,17 @@ namespace {
 // One output row: out[c] = act(sum_j wt[j][c] * rows[j][c]), j in order 0..W-1. Prefill, chunked
 // and single-step paths all go through this one function, so every split of a sequence produces
 // bit-identical outputs.
-inline void conv_row(const float* const* rows, const float* wt, int64_t W, int64_t C,
-                     bool apply_silu, float* out) {
-#pragma omp simd
-  for (int64_t c = 0; c < C; ++c) {
-    float acc = 0.0f;
-    for (int64_t j = 0; j < W; ++j) acc += wt[j * C + c] * rows[j][c];
-    out[c] = apply_silu ? siluf(acc) : acc;
+// Channels [c0, c1) only (rows, wt and out are indexed by absolute channel; wt has row stride C).
+inline void conv_row(const float* const* rows, const float* wt, int64_t W, int64_t C, int64_t c0,
+                     int64_t c1, bool apply_silu, float* out) {
+  for (int64_t c = c0; c < c1; ++c) out[c] = 0.0f;
+  for (int64_t j = 0; j < W; ++j) {
+    const float* wj = wt + j * C;
+    const float* xj = rows[j];
+    for (int64_t c = c0; c < c1; ++c) out[c] += wj[c] * xj[c];
   }
+  if (apply_silu)
+    for (int64_t c = c0; c < c1; ++c) out[c] = siluf(out[c]);
 }
 
 // weight [C, W] -> [W, C] so the channel loop is contiguous.
@@ -30,6 +33,10 @@ std::vector<float> transpose_weight(const Tensor& weight) {
     for (int64_t j = 0; j < W; ++j) wt[j * C + c] = w[c * W + j];
   return wt;
 }
+
+// Work is split into (row, channel block) items so that short inputs with many channels (decode,
+// small chunks) still spread over the threads.
+constexpr int64_t kChannelBlock = 512;
 
 }  // namespace
 
@@ -54,8 +61,11 @@ void causal_conv1d_forward(const Tensor& x, const Tensor& weight, const Tensor& 
   const int64_t P = W - 1;
   // Row p of xpad = concat(conv_state, x).
   auto xpad = [&](int64_t p) -> const float* { return p < P ? sp + p * C : xp + (p - P) * C; };
+  const int64_t nblk = (C + kChannelBlock - 1) / kChannelBlock;
 #pragma omp parallel for schedule(static) if (T * C * W > 65536)
-  for (int64_t t = 0; t < T; ++t) {
+  for (int64_t item = 0; item < T * nblk; ++item) {
+    const int64_t t = item / nblk, c0 = (item % nblk) * kChannelBlock;
+    const int64_t c1 = std::min(C, c0 + kChannelBlock);
     const float* rows[64];
     std::vector<const float*> many;
     const float** r = rows;
@@ -64,7 +74,7 @@ void causal_conv1d_forward(const Tensor& x, const Tensor& weight, const Tensor& 
       r = many.data();
     }
     for (int64_t j = 0; j < W; ++j) r[j] = xpad(t + j);
-    conv_row(r, wt.data(), W, C, apply_silu, op + t * C);
+    conv_row(r, wt.data(), W, C, c0, c1, apply_silu, op + t * C);
   }
   // New state: the last P rows of xpad (rows T .. T+P-1). When T < P part of it is the old state,
   // which shifts down; copy forwards (source index >= destination index) so nothing is clobbered.
@@ -94,8 +104,11 @@ void causal_conv1d_step(const Tensor& x, const Tensor& weight, const Tensor& con
   const float* xp = x.data<float>();
   float* sp = conv_states.data<float>();
   float* op = out.data<float>();
+  const int64_t nblk = (C + kChannelBlock - 1) / kChannelBlock;
 #pragma omp parallel for schedule(static) if (B * C * W > 65536)
-  for (int64_t b = 0; b < B; ++b) {
+  for (int64_t item = 0; item < B * nblk; ++item) {
+    const int64_t b = item / nblk, c0 = (item % nblk) * kChannelBlock;
+    const int64_t c1 = std::min(C, c0 + kChannelBlock);
     float* st = sp + b * P * C;
     const float* xb = xp + b * C;
     const float* rows[64];
@@ -107,12 +120,11 @@ void causal_conv1d_step(const Tensor& x, const Tensor& weight, const Tensor& con
     }
     for (int64_t j = 0; j < P; ++j) r[j] = st + j * C;
     r[P] = xb;
-    conv_row(r, wt.data(), W, C, apply_silu, op + b * C);
-    // Shift the window: drop the oldest row, append x.
-    if (P > 0) {
-      std::copy(st + C, st + P * C, st);
-      std::copy(xb, xb + C, st + (P - 1) * C);
-    }
+    conv_row(r, wt.data(), W, C, c0, c1, apply_silu, op + b * C);
+    // Shift this block's window: drop the oldest row, append x.
+    for (int64_t j = 0; j + 1 < P; ++j)
+      std::copy(st + (j + 1) * C + c0, st + (j + 1) * C + c1, st + j * C + c0);
+    if (P > 0) std::copy(xb + c0, xb + c1, st + (P - 1) * C + c0);
   }
 }
 

@@ -11,14 +11,26 @@
 // and then
 //   o_t     = S0^T (exp(gc_t) q_t) + sum_{s <= t} P_{ts} u_s,   P_{ts} = sum_c q_tc k_sc G_{ts,c}
 //   S_L     = exp(gc_L) S0 + sum_s (G_{Ls} k_s) u_s^T.
-// Every exponent formed is a difference gc_t - gc_s with s <= t (so <= 0) or gc_t itself: nothing
-// can overflow, whatever the decay. A and P are built in 16-token sub-chunks: for sub-chunk i
-// starting at r0, the block against earlier tokens s < r0 factorises through the reference point
-// gc_{r0}: G_{ts} = exp(gc_t - gc_{r0}) * exp(gc_{r0} - gc_s), both factors <= 1, which turns it
-// into a small GEMM; the 16x16 diagonal blocks form their exponentials element by element.
+// Nothing of the form exp(-gc) over a whole chunk is ever formed. A and P are built in 16-token
+// sub-chunks: for sub-chunk i starting at r0, the block against earlier tokens s < r0 factorises
+// through the reference point gc_{r0}: G_{ts} = exp(gc_t - gc_{r0}) * exp(gc_{r0} - gc_s), both
+// factors <= 1, which turns it into a small GEMM. The 16x16 diagonal block uses the same
+// factorisation (there exp(gc_{r0} - gc_s) >= 1) only when the decay across the sub-chunk is at
+// most kMaxFactorSpan = 80 nats in every channel, which bounds every factor by e^80 (always true
+// for bounded gates, g >= -5); otherwise it forms exp(gc_t - gc_s) <= 1 element by element. The
+// remaining exponents are gc_t, gc_L - gc_s and gc_t - gc_{r0}, all <= 0.
 // Cumulative decays are summed in double and every exponent is rounded to f32 only after the
 // subtraction, so no cancellation error creeps in when gc has grown large within a chunk.
+// The GEMMs are a small register-blocked kernel on GCC/Clang vector types (AVX2 here): per chunk
+// [Qe; -Ke] S0, the sub-chunk blocks of A and P, the blocked forward substitution, P U and the
+// state update (K exp(gc_L - gc))^T U.
 #include "kernels/cpu/kda.h"
+
+// The 8-wide vector helpers below are internal (inlined); without AVX GCC warns that their ABI
+// would differ, which is irrelevant here.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
 
 #include <algorithm>
 #include <bit>

@@ -22,6 +22,9 @@
 #include "weights/safetensors.h"
 
 ABSL_FLAG(std::string, fixture, "", "fixture directory (config.json, model.safetensors, golden.*)");
+ABSL_FLAG(std::string, golden, "",
+          "directory holding golden.json and golden.safetensors (default: the fixture itself; "
+          "set it to check a converted checkpoint against the original's goldens)");
 ABSL_FLAG(std::string, device, "cpu", "backend: cpu");
 ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32");
 ABSL_FLAG(bool, batch, false, "run all prompts together in one varlen batch");
@@ -227,7 +230,9 @@ int run() {
     std::fprintf(stderr, "loom-conformance: %s\n", std::string(model.status().message()).c_str());
     return 2;
   }
-  absl::StatusOr<std::vector<Prompt>> prompts = load_prompts(dir);
+  const std::string golden_dir =
+      absl::GetFlag(FLAGS_golden).empty() ? dir : absl::GetFlag(FLAGS_golden);
+  absl::StatusOr<std::vector<Prompt>> prompts = load_prompts(golden_dir);
   if (!prompts.ok()) {
     std::fprintf(stderr, "loom-conformance: %s\n", std::string(prompts.status().message()).c_str());
     return 2;
@@ -295,7 +300,8 @@ int run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Checks Loom's forward pass against a fixture's golden outputs.\n"
-      "usage: loom-conformance --fixture DIR [--device cpu] [--dtype f32] [--batch] [--hidden]");
+      "usage: loom-conformance --fixture DIR [--golden DIR] [--device cpu] [--dtype f32] [--batch] "
+      "[--hidden]");
   absl::ParseCommandLine(argc, argv);
   return loom::run();
 }

@@ -68,7 +68,7 @@ TEST(CausalConv1d, ForwardMatchesNaive) {
 
 TEST(CausalConv1d, LargeParallelForwardMatchesNaive) {
   std::mt19937 rng(2);
-  const int64_t T = 3001, C = 300, W = 4;
+  const int64_t T = 3001, C = 1100, W = 4;
   Tensor x = randn({T, C}, rng), w = randn({C, W}, rng), st = randn({W - 1, C}, rng);
   std::vector<double> ref;
   std::vector<float> ref_state;
@@ -101,9 +101,8 @@ TEST(CausalConv1d, SplitsEqualFullPrefillExactly) {
   }
 }
 
-TEST(CausalConv1d, BatchedStepsEqualPrefillExactly) {
-  std::mt19937 rng(4);
-  const int64_t B = 3, T = 50, C = 33, W = 4;
+void batched_steps_check(int64_t B, int64_t T, int64_t C, int64_t W, uint32_t seed) {
+  std::mt19937 rng(seed);
   Tensor w = randn({C, W}, rng);
   std::vector<Tensor> xs, outs, states0;
   Tensor states = Tensor::empty({B, W - 1, C});
@@ -129,6 +128,13 @@ TEST(CausalConv1d, BatchedStepsEqualPrefillExactly) {
     }
     for (int64_t b = 0; b < B; ++b) EXPECT_TRUE(bit_equal(st.select(b), full_state[b])) << b;
   }
+}
+
+TEST(CausalConv1d, BatchedStepsEqualPrefillExactly) {
+  batched_steps_check(3, 50, 33, 4, 4);
+  // Many channels: the step and the prefill split the channels into parallel blocks.
+  batched_steps_check(3, 20, 3 * 1024 + 5, 4, 5);
+  batched_steps_check(3, 7, 19, 2, 6);
 }
 
 }  // namespace
