@@ -7,7 +7,7 @@
 //   g:     [T, Hv, dk]   per-channel log decay (KDA), or [T, Hv, 1] one per head (GDN); all <= 0
 //   beta:  [T, Hv]
 //   state: [Hv, dk, dv]  f32, updated in place (the documented state layout of every linear layer)
-//   out:   [T, Hv, dv]
+//   out:   [T, Hv, dv]   must not alias any input
 // The recurrence, per value head and token t:
 //   S = diag(exp(g_t)) S;  S += k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T (scale * q_t)
 #pragma once
@@ -21,9 +21,12 @@ void kda_recurrent_forward(const Tensor& q, const Tensor& k, const Tensor& v, co
                            const Tensor& beta, float scale, const Tensor& state,
                            const Tensor& out);
 
-// Chunked (WY/UT) form, chunk of kKdaChunk tokens; equals kda_recurrent_forward to f32 rounding for
-// any T (not only multiples of the chunk) and any decay in the bounded or softplus range, because
-// every exponent it forms is a difference of cumulative decays that is <= 0.
+// Chunked (WY/UT) form, chunk of kKdaChunk tokens in 16-token sub-chunks; equals
+// kda_recurrent_forward to f32 rounding for any T (not only multiples of the chunk) and any decay
+// in the bounded or softplus range. It never forms exp(-cumsum g) over a chunk: cross-sub-chunk
+// factors are exponent differences <= 0, and the diagonal 16x16 blocks factor through a local
+// reference point only when every channel decays by at most 80 nats across the sub-chunk (so no
+// factor exceeds e^80), falling back to element-wise exp(gc_t - gc_s) <= 1 otherwise.
 inline constexpr int kKdaChunk = 64;
 void kda_chunked_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                          const Tensor& beta, float scale, const Tensor& state, const Tensor& out);
@@ -31,7 +34,8 @@ void kda_chunked_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
 // Decay gates from the raw projection f ([T, H * dk] or [T, H] for GDN; dt_bias has f's width):
 //   lower_bound == 0 (softplus form):  g = -exp(A_log[h]) * softplus(f + dt_bias)
 //   lower_bound < 0  (bounded form):   g = lower_bound * sigmoid(exp(A_log[h]) * (f + dt_bias))
-// A_log: [H]; dt_bias: same width as f (or undefined for none); g: same shape as f.
+// A_log: [H]; dt_bias: same width as f (or undefined for none); g: same shape as f (2-D; the
+// recurrence takes the GDN form as [T, H, 1], a reshape of this output).
 void kda_gate_forward(const Tensor& f, const Tensor& A_log, const Tensor& dt_bias,
                       float lower_bound, const Tensor& g);
 
