@@ -69,15 +69,19 @@ asan: deps
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build-asan --output-on-failure -j $(JOBS)
 
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := safetensors_fuzz config_fuzz
+FUZZ_TARGETS ?= safetensors_fuzz config_fuzz
+# Each target <name>_fuzz runs on a copy of tests/fuzz/corpus/<name>/ with
+# tests/fuzz/corpus/<name>.dict when present; any crash or sanitizer report fails the target.
 fuzz: dev-deps
 	@cmake --preset fuzz >/dev/null
 	cmake --build build-fuzz -j $(JOBS) --target $(FUZZ_TARGETS)
-	@for t in $(FUZZ_TARGETS); do \
-	  corpus=build-fuzz/corpus/$$t; mkdir -p $$corpus; \
-	  seeds=tests/fuzz/corpus/$${t%_fuzz}; [ -d $$seeds ] && cp -n $$seeds/* $$corpus/ 2>/dev/null; \
+	@set -o pipefail; for t in $(FUZZ_TARGETS); do \
+	  name=$${t%_fuzz}; corpus=build-fuzz/corpus/$$name; mkdir -p $$corpus; \
+	  if [ -d tests/fuzz/corpus/$$name ]; then cp -n tests/fuzz/corpus/$$name/* $$corpus/ 2>/dev/null || true; fi; \
+	  dict=""; [ -f tests/fuzz/corpus/$$name.dict ] && dict="-dict=tests/fuzz/corpus/$$name.dict"; \
 	  echo "== $$t for $(FUZZ_SECONDS)s"; \
-	  ./build-fuzz/bin/$$t -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -print_final_stats=1 $$corpus 2>&1 | tail -n 12 || exit 1; \
+	  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ./build-fuzz/bin/$$t -max_total_time=$(FUZZ_SECONDS) \
+	    -max_len=4096 $$dict -artifact_prefix=build-fuzz/ -print_final_stats=1 $$corpus 2>&1 | tail -n 15 || exit 1; \
 	done
 
 # Compiles (does not run) the CUDA preset: engine, kernels and tests, no server.
