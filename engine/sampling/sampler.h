@@ -1,0 +1,44 @@
+// Sampler: one request's logits -> one token, with penalties, filters, a per-request random stream
+// and logprobs. Pure host code over f32 logits; the engine calls it per sequence per step.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "engine/sampling/sampling_params.h"
+
+namespace loom {
+
+struct SampledToken {
+  int32_t token = -1;
+  float logprob = 0.0f;                              // log-softmax of the raw logits at `token`
+  std::vector<std::pair<int32_t, float>> top_logprobs;  // raw top-k, descending
+};
+
+// Per-request sampling state: the random stream and output-token counts for penalties. Owned by the
+// engine loop thread with its request; not thread-safe.
+class SamplerState {
+ public:
+  // `seed` seeds the stream (the engine draws one when the request has none). `prompt` feeds the
+  // repetition penalty.
+  SamplerState(uint64_t seed, std::span<const int32_t> prompt);
+
+  // Samples from `logits` (vocab entries, modified in place as scratch). `eos_ids` are masked
+  // while fewer than min_tokens tokens were generated. Records the chosen token as output.
+  SampledToken sample(std::span<float> logits, const SamplingParams& params,
+                      std::span<const int32_t> eos_ids);
+
+  int num_generated() const { return num_generated_; }
+
+ private:
+  std::mt19937_64 rng_;
+  absl::flat_hash_map<int32_t, int32_t> output_counts_;
+  absl::flat_hash_map<int32_t, bool> prompt_tokens_;
+  int num_generated_ = 0;
+};
+
+}  // namespace loom

@@ -1,0 +1,197 @@
+// Sampler: each filter and penalty against a direct computation, the random stream's
+// reproducibility, and the empirical distribution against softmax(logits / T).
+#include <cmath>
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "engine/sampling/sampler.h"
+#include "gtest/gtest.h"
+
+namespace loom {
+namespace {
+
+std::vector<double> softmax(const std::vector<float>& l, double t) {
+  double mx = *std::max_element(l.begin(), l.end()), z = 0;
+  std::vector<double> p(l.size());
+  for (size_t i = 0; i < l.size(); ++i) z += p[i] = std::exp((l[i] - mx) / t);
+  for (double& q : p) q /= z;
+  return p;
+}
+
+std::vector<float> random_logits(int v, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 2.0f);
+  std::vector<float> l(v);
+  for (float& x : l) x = d(rng);
+  return l;
+}
+
+// Counts of `draws` samples with fresh logits copies each time.
+std::map<int32_t, int> histogram(const std::vector<float>& logits, const SamplingParams& p,
+                                 int draws, uint64_t seed) {
+  SamplerState s(seed, {});
+  std::map<int32_t, int> h;
+  SamplingParams q = p;
+  q.presence_penalty = q.frequency_penalty = 0;
+  for (int i = 0; i < draws; ++i) {
+    std::vector<float> l = logits;
+    SamplerState fresh(seed + i, {});
+    ++h[fresh.sample(l, q, {}).token];
+  }
+  return h;
+}
+
+TEST(Sampler, GreedyIsArgmaxLowestIdOnTies) {
+  SamplerState s(1, {});
+  SamplingParams p;
+  p.temperature = 0;
+  std::vector<float> l = {0.5f, 3.0f, -1.0f, 3.0f};
+  EXPECT_EQ(s.sample(l, p, {}).token, 1);
+}
+
+TEST(Sampler, TemperatureMatchesSoftmax) {
+  const std::vector<float> logits = random_logits(7, 3);
+  SamplingParams p;
+  p.temperature = 0.7f;
+  const int draws = 60000;
+  auto h = histogram(logits, p, draws, 11);
+  const std::vector<double> expect = softmax(logits, 0.7);
+  for (int t = 0; t < 7; ++t) {
+    const double mean = expect[t] * draws, sd = std::sqrt(draws * expect[t] * (1 - expect[t]));
+    EXPECT_NEAR(h[t], mean, 5 * sd + 1) << "token " << t;
+  }
+}
+
+TEST(Sampler, TopKTopPMinPKeepOnlyTheirSets) {
+  const std::vector<float> logits = random_logits(50, 5);
+  const std::vector<double> prob = softmax(logits, 1.0);
+  std::vector<int> order(50);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+  {
+    SamplingParams p;
+    p.top_k = 5;
+    for (const auto& [t, c] : histogram(logits, p, 3000, 1))
+      EXPECT_LT(std::find(order.begin(), order.end(), t) - order.begin(), 5) << t;
+  }
+  {
+    SamplingParams p;
+    p.top_p = 0.6f;
+    int nucleus = 0;
+    for (double cum = 0; cum < 0.6; ++nucleus) cum += prob[order[nucleus]];
+    for (const auto& [t, c] : histogram(logits, p, 3000, 2))
+      EXPECT_LT(std::find(order.begin(), order.end(), t) - order.begin(), nucleus) << t;
+  }
+  {
+    SamplingParams p;
+    p.min_p = 0.3f;
+    for (const auto& [t, c] : histogram(logits, p, 3000, 3))
+      EXPECT_GE(prob[t], 0.3 * prob[order[0]] * (1 - 1e-6)) << t;
+  }
+}
+
+TEST(Sampler, PenaltiesShiftTheArgmax) {
+  SamplingParams p;
+  p.temperature = 0;
+  // Repetition penalty 2 halves the prompt token's positive logit: 3 -> 1.5 < 2.
+  {
+    std::vector<int32_t> prompt = {0};
+    SamplerState s(1, prompt);
+    p.repetition_penalty = 2.0f;
+    std::vector<float> l = {3.0f, 2.0f, -5.0f};
+    EXPECT_EQ(s.sample(l, p, {}).token, 1);
+    EXPECT_FLOAT_EQ(l[0], 1.5f);
+  }
+  // Frequency penalty grows with each repeat of the output token.
+  {
+    SamplerState s(1, {});
+    p.repetition_penalty = 1.0f;
+    p.frequency_penalty = 0.4f;
+    std::vector<int32_t> got;
+    for (int i = 0; i < 4; ++i) {
+      std::vector<float> l = {1.0f, 0.5f};
+      got.push_back(s.sample(l, p, {}).token);
+    }
+    // token 0 wins until 1.0 - 0.4 * count < 0.5, i.e. after two picks; then they alternate.
+    EXPECT_EQ(got, (std::vector<int32_t>{0, 0, 1, 0}));
+  }
+}
+
+TEST(Sampler, MinTokensMasksEos) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.min_tokens = 2;
+  SamplerState s(1, {});
+  const int32_t eos[] = {2};
+  std::vector<float> l = {0.0f, 1.0f, 9.0f};
+  EXPECT_EQ(s.sample(l, p, eos).token, 1);
+  l = {0.0f, 1.0f, 9.0f};
+  EXPECT_EQ(s.sample(l, p, eos).token, 1);
+  l = {0.0f, 1.0f, 9.0f};
+  EXPECT_EQ(s.sample(l, p, eos).token, 2);
+}
+
+TEST(Sampler, SameSeedSameStream) {
+  const std::vector<float> logits = random_logits(100, 9);
+  SamplingParams p;
+  p.temperature = 1.3f;
+  p.top_p = 0.9f;
+  SamplerState a(42, {}), b(42, {}), c(43, {});
+  std::vector<int32_t> ta, tb, tc;
+  for (int i = 0; i < 50; ++i) {
+    std::vector<float> l1 = logits, l2 = logits, l3 = logits;
+    ta.push_back(a.sample(l1, p, {}).token);
+    tb.push_back(b.sample(l2, p, {}).token);
+    tc.push_back(c.sample(l3, p, {}).token);
+  }
+  EXPECT_EQ(ta, tb);
+  EXPECT_NE(ta, tc);
+}
+
+TEST(Sampler, LogprobsAreRawLogSoftmax) {
+  const std::vector<float> logits = random_logits(30, 4);
+  SamplingParams p;
+  p.temperature = 0.5f;
+  p.logprobs = 3;
+  p.repetition_penalty = 1.5f;  // logprobs ignore processing
+  std::vector<int32_t> prompt = {1, 2};
+  SamplerState s(7, prompt);
+  std::vector<float> l = logits;
+  SampledToken t = s.sample(l, p, {});
+  const std::vector<double> prob = softmax(logits, 1.0);
+  EXPECT_NEAR(t.logprob, std::log(prob[t.token]), 1e-5);
+  ASSERT_EQ(t.top_logprobs.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_NEAR(t.top_logprobs[i].second, std::log(prob[t.top_logprobs[i].first]), 1e-5);
+    if (i) EXPECT_GE(t.top_logprobs[i - 1].second, t.top_logprobs[i].second);
+  }
+  EXPECT_EQ(t.top_logprobs[0].first,
+            std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+TEST(SamplingParams, Validate) {
+  SamplingParams ok;
+  EXPECT_TRUE(ok.validate(100).ok());
+  auto bad = [](auto edit) {
+    SamplingParams p;
+    edit(p);
+    return !p.validate(100).ok();
+  };
+  EXPECT_TRUE(bad([](auto& p) { p.temperature = -1; }));
+  EXPECT_TRUE(bad([](auto& p) { p.top_p = 0; }));
+  EXPECT_TRUE(bad([](auto& p) { p.top_k = -2; }));
+  EXPECT_TRUE(bad([](auto& p) { p.max_tokens = 0; }));
+  EXPECT_TRUE(bad([](auto& p) { p.min_tokens = 50; }));
+  EXPECT_TRUE(bad([](auto& p) { p.logprobs = 21; }));
+  EXPECT_TRUE(bad([](auto& p) { p.n = 0; }));
+  EXPECT_TRUE(bad([](auto& p) { p.stop_token_ids = {100}; }));
+  EXPECT_TRUE(bad([](auto& p) { p.stop = {""}; }));
+  EXPECT_TRUE(bad([](auto& p) { p.presence_penalty = 3; }));
+  EXPECT_TRUE(bad([](auto& p) { p.temperature = NAN; }));
+}
+
+}  // namespace
+}  // namespace loom
