@@ -5,7 +5,28 @@
 
 namespace loom {
 
-void mla_attention_expanded(const Tensor& q, const Tensor& cache_latent, const Tensor& cache_rope,
+CacheView CacheView::contiguous(const Tensor& rows) {
+  static const int32_t kFirstPage = 0;
+  CacheView v;
+  Shape s;
+  s.push_back(1);
+  s.push_back(rows.dim(0));
+  for (int d = 1; d < rows.ndim(); ++d) s.push_back(rows.dim(d));
+  // A zero-row cache still needs a non-empty page dimension for the row arithmetic.
+  if (rows.dim(0) == 0) s[1] = 1;
+  v.pool = rows.dim(0) == 0 ? Tensor::zeros(s) : rows.reshape(s);
+  v.pages = &kFirstPage;
+  v.length = rows.dim(0);
+  return v;
+}
+
+void cache_write_rows(const CacheView& view, int64_t start, const Tensor& rows) {
+  if (view.pool.device() == Device::kCpu) return cpu::cache_write_rows(view, start, rows);
+  LOOM_CHECK(false, "cache_write_rows: no CUDA kernel in this build yet");
+}
+
+void mla_attention_expanded(const Tensor& q, const CacheView& cache_latent,
+                            const CacheView& cache_rope,
                             const Tensor& kv_b, const MlaDims& dims, float scale,
                             const Tensor& out) {
   if (q.device() == Device::kCpu) {
@@ -15,7 +36,8 @@ void mla_attention_expanded(const Tensor& q, const Tensor& cache_latent, const T
              q.describe().c_str());
 }
 
-void mla_attention_absorbed(const Tensor& q, const Tensor& cache_latent, const Tensor& cache_rope,
+void mla_attention_absorbed(const Tensor& q, const CacheView& cache_latent,
+                            const CacheView& cache_rope,
                             const Tensor& kv_b, const MlaDims& dims, float scale,
                             const Tensor& out) {
   if (q.device() == Device::kCpu) {
@@ -25,7 +47,7 @@ void mla_attention_absorbed(const Tensor& q, const Tensor& cache_latent, const T
              q.describe().c_str());
 }
 
-void gqa_attention_forward(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+void gqa_attention_forward(const Tensor& q, const CacheView& k_cache, const CacheView& v_cache,
                            float scale, const Tensor& out) {
   if (q.device() == Device::kCpu)
     return cpu::gqa_attention_forward(q, k_cache, v_cache, scale, out);

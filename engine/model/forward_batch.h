@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/model/cache_store.h"
 #include "engine/model/sequence_cache.h"
 
 namespace loom {
@@ -14,15 +15,26 @@ enum class LogitsMode : uint8_t {
   kAll,   // every new token (conformance, prompt logprobs)
 };
 
+// One sequence of the batch. Its cache is either a private SequenceCache (tools, tests) or a
+// state slot and page table in the batch's CacheStore (the serving engine).
 struct SequenceInput {
-  int64_t num_tokens = 0;          // new tokens, consecutive in ForwardBatch::token_ids
-  SequenceCache* cache = nullptr;  // holds the sequence's earlier positions; extended in place
+  int64_t num_tokens = 0;  // new tokens, consecutive in ForwardBatch::token_ids
   LogitsMode logits = LogitsMode::kLast;
+
+  SequenceCache* cache = nullptr;  // private cache: holds the earlier positions; extended in place
+
+  // Store-backed: positions [0, start) are already in the store; this call writes
+  // [start, start + num_tokens) into the pages of `pages` (which must cover them) and advances
+  // the state in `slot`. The caller resets or restores the slot beforehand as needed.
+  int64_t start = 0;
+  int32_t slot = -1;           // linear-attention state slot (models with KDA/GDN layers)
+  std::vector<int32_t> pages;  // page table (models with attention layers)
 };
 
 struct ForwardBatch {
   std::vector<int32_t> token_ids;   // sum of seqs[i].num_tokens entries
   std::vector<SequenceInput> seqs;  // in token order
+  CacheStore* store = nullptr;      // for store-backed sequences
 };
 
 }  // namespace loom

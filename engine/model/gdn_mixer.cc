@@ -52,7 +52,7 @@ class GdnMixer final : public Mixer {
     Tensor conv_out = Tensor::empty({n, channels});
     for (size_t s = 0; s < batch.start.size(); ++s) {
       const int64_t b = batch.start[s], e = b + batch.length[s];
-      causal_conv1d_forward(qkv.slice(0, b, e), conv_, batch.caches[s]->layer(layer).conv,
+      causal_conv1d_forward(qkv.slice(0, b, e), conv_, batch.conv(s, layer),
                             /*apply_silu=*/true, conv_out.slice(0, b, e));
     }
     Tensor q = Tensor::empty({n, hk, dk}), k = Tensor::empty({n, hk, dk});
@@ -79,7 +79,7 @@ class GdnMixer final : public Mixer {
       auto run = batch.length[s] <= kRecurrentMaxTokens ? kda_recurrent_forward
                                                          : kda_chunked_forward;
       run(q.slice(0, b, e), k.slice(0, b, e), v.slice(0, b, e), g.slice(0, b, e),
-          beta.slice(0, b, e), scale, batch.caches[s]->layer(layer).recurrent, o.slice(0, b, e));
+          beta.slice(0, b, e), scale, batch.recurrent(s, layer), o.slice(0, b, e));
     }
     Tensor o_rows = o.reshape({n * hv, dv});
     rmsnorm_forward(o_rows, norm_, eps_, 0.0f, o_rows);

@@ -64,13 +64,10 @@ class GqaMixer final : public Mixer {
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     for (size_t s = 0; s < batch.start.size(); ++s) {
       const int64_t b = batch.start[s], t = batch.length[s];
-      SequenceCache& cache = *batch.caches[s];
-      const int64_t past = cache.num_tokens(), total = past + t;
-      LayerCache& lc = cache.layer(layer);
-      lc.key.slice(0, past, total).copy_from(k.slice(0, b, b + t));
-      lc.value.slice(0, past, total).copy_from(v.slice(0, b, b + t));
-      gqa_attention_forward(q.slice(0, b, b + t), lc.key.slice(0, 0, total),
-                            lc.value.slice(0, 0, total), scale, o.slice(0, b, b + t));
+      const CacheView keys = batch.attention(s, layer, 0), values = batch.attention(s, layer, 1);
+      cache_write_rows(keys, batch.past[s], k.slice(0, b, b + t));
+      cache_write_rows(values, batch.past[s], v.slice(0, b, b + t));
+      gqa_attention_forward(q.slice(0, b, b + t), keys, values, scale, o.slice(0, b, b + t));
     }
     if (gate_proj_.defined()) {
       Tensor gate = Tensor::empty({n, h * hd});

@@ -64,7 +64,7 @@ class KdaMixer final : public Mixer {
     Tensor conv_out = Tensor::empty({n, channels});
     for (size_t s = 0; s < batch.start.size(); ++s) {
       const int64_t b = batch.start[s], e = b + batch.length[s];
-      causal_conv1d_forward(qkv.slice(0, b, e), conv_, batch.caches[s]->layer(layer).conv,
+      causal_conv1d_forward(qkv.slice(0, b, e), conv_, batch.conv(s, layer),
                             /*apply_silu=*/true, conv_out.slice(0, b, e));
     }
     Tensor q = Tensor::empty({n, hk, dk}), k = Tensor::empty({n, hk, dk});
@@ -89,7 +89,7 @@ class KdaMixer final : public Mixer {
     const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
     for (size_t s = 0; s < batch.start.size(); ++s) {
       const int64_t b = batch.start[s], e = b + batch.length[s];
-      const Tensor& state = batch.caches[s]->layer(layer).recurrent;
+      const Tensor& state = batch.recurrent(s, layer);
       auto run = batch.length[s] <= kRecurrentMaxTokens ? kda_recurrent_forward
                                                          : kda_chunked_forward;
       run(q.slice(0, b, e), k.slice(0, b, e), v.slice(0, b, e), g.slice(0, b, e),

@@ -9,19 +9,34 @@
 
 #include "absl/status/statusor.h"
 #include "engine/core/tensor.h"
+#include "engine/model/cache_store.h"
 #include "engine/model/sequence_cache.h"
+#include "kernels/attention.h"
 #include "weights/model_config.h"
 #include "weights/weight_loader.h"
 
 namespace loom {
 
-// Where each sequence's rows sit in the flattened batch.
+// Where each sequence's rows sit in the flattened batch, and where its caches live.
 struct BatchLayout {
-  std::vector<int64_t> start;             // first row of sequence i
-  std::vector<int64_t> length;            // its number of new tokens
-  std::vector<SequenceCache*> caches;     // its cache (positions before this call)
-  std::vector<int64_t> positions;         // absolute position of every row
+  std::vector<int64_t> start;     // first row of sequence i
+  std::vector<int64_t> length;    // its number of new tokens
+  std::vector<int64_t> past;      // positions it already had cached
+  std::vector<int64_t> positions; // absolute position of every row
   int64_t num_rows = 0;
+
+  // Sequence i's cache: a private SequenceCache, or a slot and page table in `store`.
+  std::vector<SequenceCache*> caches;
+  std::vector<int32_t> slots;
+  std::vector<const std::vector<int32_t>*> pages;
+  CacheStore* store = nullptr;
+
+  // Layer `layer`'s attention cache of sequence i, visible positions [0, past + length).
+  // which: MLA 0 latent / 1 rope; GQA 0 key / 1 value.
+  CacheView attention(size_t i, int layer, int which) const;
+  // Layer `layer`'s linear-attention state of sequence i.
+  Tensor recurrent(size_t i, int layer) const;
+  Tensor conv(size_t i, int layer) const;
 };
 
 class Mixer {

@@ -89,12 +89,10 @@ class MlaMixer final : public Mixer {
     Tensor o = Tensor::empty({n, h, dv});
     for (size_t s = 0; s < batch.start.size(); ++s) {
       const int64_t b = batch.start[s], t = batch.length[s];
-      SequenceCache& cache = *batch.caches[s];
-      const int64_t past = cache.num_tokens(), total = past + t;
-      LayerCache& lc = cache.layer(layer);
-      lc.latent.slice(0, past, total).copy_from(latent.slice(0, b, b + t));
-      lc.rope.slice(0, past, total).copy_from(rope.slice(0, b, b + t));
-      const Tensor c_all = lc.latent.slice(0, 0, total), kr_all = lc.rope.slice(0, 0, total);
+      const int64_t total = batch.past[s] + t;
+      const CacheView c_all = batch.attention(s, layer, 0), kr_all = batch.attention(s, layer, 1);
+      cache_write_rows(c_all, batch.past[s], latent.slice(0, b, b + t));
+      if (dr > 0) cache_write_rows(kr_all, batch.past[s], rope.slice(0, b, b + t));
       // Multiply-adds: expanded builds K/V once (S*H*R*(dn+dv)) then attends (T*S*H*(dn+dr+dv));
       // absorbed maps each query into latent space and back (T*H*R*(dn+dv)) and attends over the
       // latent (T*S*H*(2R+dr)).

@@ -1,5 +1,6 @@
 #include "engine/model/model.h"
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "engine/core/status.h"
 #include "kernels/activation.h"
@@ -72,31 +73,68 @@ absl::StatusOr<std::unique_ptr<Model>> Model::load(const ModelConfig& cfg, const
   return m;
 }
 
-absl::StatusOr<Tensor> Model::forward(const ForwardBatch& batch,
-                                      std::vector<Tensor>* hidden) const {
-  // Validate everything before touching any cache, so a bad batch changes nothing.
+absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch) const {
   BatchLayout layout;
+  layout.store = batch.store;
+  bool needs_slots = false, needs_pages = false;
+  for (MixerType m : cfg_.mixers) {
+    needs_slots |= m == MixerType::kKda || m == MixerType::kGdn;
+    needs_pages |= m == MixerType::kMla || m == MixerType::kGqa;
+  }
   int64_t rows = 0;
-  std::vector<int64_t> logit_rows;
+  // Pages written this call (by any sequence) and slots used: no two sequences may share one.
+  absl::flat_hash_set<int32_t> written_pages, used_slots;
   for (size_t s = 0; s < batch.seqs.size(); ++s) {
     const SequenceInput& in = batch.seqs[s];
-    if (in.cache == nullptr)
-      return absl::InvalidArgumentError(absl::StrCat("sequence ", s, " has no cache"));
     if (in.num_tokens <= 0)
       return absl::InvalidArgumentError(absl::StrCat("sequence ", s, " has no new tokens"));
-    for (size_t t = 0; t < s; ++t)
-      if (batch.seqs[t].cache == in.cache)
+    int64_t past = 0;
+    if (in.cache != nullptr) {
+      for (size_t t = 0; t < s; ++t)
+        if (batch.seqs[t].cache == in.cache)
+          return absl::InvalidArgumentError(
+              absl::StrCat("sequences ", t, " and ", s, " share one cache"));
+      past = in.cache->num_tokens();
+    } else {
+      if (batch.store == nullptr)
         return absl::InvalidArgumentError(
-            absl::StrCat("sequences ", t, " and ", s, " share one cache"));
+            absl::StrCat("sequence ", s, " has neither a cache nor a cache store"));
+      if (in.start < 0)
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", s, " starts at ", in.start));
+      past = in.start;
+      if (needs_slots) {
+        if (in.slot < 0 || in.slot >= batch.store->num_slots())
+          return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": state slot ", in.slot,
+                                                         " outside [0, ", batch.store->num_slots(), ")"));
+        if (!used_slots.insert(in.slot).second)
+          return absl::InvalidArgumentError(
+              absl::StrCat("state slot ", in.slot, " is used by two sequences"));
+      }
+      if (needs_pages) {
+        const int64_t ps = batch.store->page_size();
+        const int64_t need = (past + in.num_tokens + ps - 1) / ps;
+        if (static_cast<int64_t>(in.pages.size()) < need)
+          return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": ", in.pages.size(),
+                                                         " pages cannot hold ", past + in.num_tokens,
+                                                         " positions"));
+        for (int64_t p = 0; p < need; ++p) {
+          const int32_t id = in.pages[p];
+          if (id < 0 || id >= batch.store->num_pages())
+            return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": page ", id,
+                                                           " outside [0, ", batch.store->num_pages(), ")"));
+          if (p >= past / ps && !written_pages.insert(id).second)
+            return absl::InvalidArgumentError(
+                absl::StrCat("page ", id, " is written by two sequences in one batch"));
+        }
+      }
+    }
     layout.start.push_back(rows);
     layout.length.push_back(in.num_tokens);
+    layout.past.push_back(past);
     layout.caches.push_back(in.cache);
-    for (int64_t i = 0; i < in.num_tokens; ++i) layout.positions.push_back(in.cache->num_tokens() + i);
-    if (in.logits == LogitsMode::kAll) {
-      for (int64_t i = 0; i < in.num_tokens; ++i) logit_rows.push_back(rows + i);
-    } else if (in.logits == LogitsMode::kLast) {
-      logit_rows.push_back(rows + in.num_tokens - 1);
-    }
+    layout.slots.push_back(in.slot);
+    layout.pages.push_back(&in.pages);
+    for (int64_t i = 0; i < in.num_tokens; ++i) layout.positions.push_back(past + i);
     rows += in.num_tokens;
   }
   if (rows != static_cast<int64_t>(batch.token_ids.size()))
@@ -109,10 +147,28 @@ absl::StatusOr<Tensor> Model::forward(const ForwardBatch& batch,
                                                      " is outside [0, ", cfg_.vocab_size, ")"));
   }
   layout.num_rows = rows;
+  return layout;
+}
+
+absl::StatusOr<Tensor> Model::forward(const ForwardBatch& batch,
+                                      std::vector<Tensor>* hidden) const {
+  // Validate everything before touching any cache, so a bad batch changes nothing.
+  LOOM_ASSIGN_OR_RETURN(BatchLayout layout, make_layout(batch));
+  std::vector<int64_t> logit_rows;
+  for (size_t s = 0; s < batch.seqs.size(); ++s) {
+    const SequenceInput& in = batch.seqs[s];
+    if (in.logits == LogitsMode::kAll) {
+      for (int64_t i = 0; i < in.num_tokens; ++i) logit_rows.push_back(layout.start[s] + i);
+    } else if (in.logits == LogitsMode::kLast) {
+      logit_rows.push_back(layout.start[s] + in.num_tokens - 1);
+    }
+  }
+  const int64_t rows = layout.num_rows;
   if (rows == 0) return Tensor::empty({0, cfg_.vocab_size});
 
   const int64_t d = cfg_.hidden_size;
-  for (size_t s = 0; s < layout.caches.size(); ++s) layout.caches[s]->reserve(layout.length[s]);
+  for (size_t s = 0; s < layout.caches.size(); ++s)
+    if (layout.caches[s] != nullptr) layout.caches[s]->reserve(layout.length[s]);
 
   Tensor ids = Tensor::wrap(const_cast<int32_t*>(batch.token_ids.data()), {rows}, DType::kI32);
   Tensor embedding = Tensor::empty({rows, d});
@@ -120,7 +176,8 @@ absl::StatusOr<Tensor> Model::forward(const ForwardBatch& batch,
   // `normed`: the final normalised hidden state of every row.
   Tensor normed = cfg_.attnres_block_size > 0 ? run_block_attnres(embedding, layout)
                                               : run_plain_residual(embedding, layout, hidden);
-  for (size_t s = 0; s < layout.caches.size(); ++s) layout.caches[s]->advance(layout.length[s]);
+  for (size_t s = 0; s < layout.caches.size(); ++s)
+    if (layout.caches[s] != nullptr) layout.caches[s]->advance(layout.length[s]);
 
   const int64_t m = static_cast<int64_t>(logit_rows.size());
   Tensor picked = Tensor::empty({m, d});

@@ -26,13 +26,14 @@ class Model {
                                                      const WeightLoader& weights);
 
   const ModelConfig& config() const { return cfg_; }
-  // A fresh cache for one sequence (position 0).
+  // A fresh private cache for one sequence (position 0).
   SequenceCache new_cache() const { return SequenceCache(cfg_); }
 
   // Runs the batch, extending each sequence's cache by its new tokens. Returns logits [rows, V]
   // for the rows each sequence asked for (LogitsMode), in sequence order. InvalidArgument for a
-  // malformed batch (token id out of range, lengths not matching token_ids, missing cache); the
-  // caches are untouched then.
+  // malformed batch (token id out of range, lengths not matching token_ids, no cache, a slot or
+  // page out of range, a slot used twice, a page written by two sequences); the caches are
+  // untouched then.
   // If `hidden` is not null it receives L+1 tensors [N, D]: the input of every layer and the final
   // normalised output (for conformance diagnostics against the reference's hidden states).
   absl::StatusOr<Tensor> forward(const ForwardBatch& batch,
@@ -41,6 +42,7 @@ class Model {
  private:
   explicit Model(ModelConfig cfg) : cfg_(std::move(cfg)) {}
 
+  absl::StatusOr<BatchLayout> make_layout(const ForwardBatch& batch) const;
   // The two residual schemes: plain pre-norm residuals, or Block Attention Residuals.
   Tensor run_plain_residual(Tensor h, const BatchLayout& layout, std::vector<Tensor>* hidden) const;
   Tensor run_block_attnres(const Tensor& embedding, const BatchLayout& layout) const;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -40,21 +41,64 @@ void causal_softmax_rows(float* p, int64_t rows, int64_t ld, int64_t first_len,
   }
 }
 
+// Rows of keys or values: dense (row j at dense + j * ld) or a paged cache view (row j at
+// view->row(j) + col). blocks() yields maximal runs [j0, j1) that are contiguous in memory, so
+// every product below is one GEMM per page (one GEMM in all for a dense or contiguous cache).
+struct Rows {
+  const float* dense = nullptr;
+  int64_t ld = 0;
+  const CacheView* view = nullptr;
+  int64_t col = 0;
+
+  static Rows of_dense(const float* p, int64_t ld) { return Rows{p, ld, nullptr, 0}; }
+  static Rows of_view(const CacheView& v, int64_t col) { return Rows{nullptr, 0, &v, col}; }
+  int64_t stride() const { return view ? view->row_elems() : ld; }
+  template <typename F>
+  void blocks(int64_t len, F&& f) const {
+    if (view == nullptr) {
+      if (len > 0) f(int64_t{0}, len, dense);
+      return;
+    }
+    const int64_t ps = view->page_size();
+    for (int64_t j0 = 0; j0 < len;) {
+      const int64_t j1 = std::min(len, (j0 / ps + 1) * ps);
+      f(j0, j1, view->row(j0) + col);
+      j0 = j1;
+    }
+  }
+};
+
+// p[:, 0:len] (row stride len) = alpha * a @ k[0:len]^T + beta * p. a: [m, dk] with stride lda.
+void scores(int64_t m, int64_t len, int64_t dk, float alpha, const float* a, int64_t lda,
+            const Rows& k, float beta, float* p) {
+  k.blocks(len, [&](int64_t j0, int64_t j1, const float* kp) {
+    sgemm(false, true, m, j1 - j0, dk, alpha, a, lda, kp, k.stride(), beta, p + j0, len);
+  });
+}
+
+// o = p[:, 0:len] @ v[0:len] (o overwritten). p: [m, len]; o: [m, dv] with stride ldo.
+void weighted_sum(int64_t m, int64_t len, int64_t dv, const float* p, const Rows& v, float* o,
+                  int64_t ldo) {
+  bool first = true;
+  v.blocks(len, [&](int64_t j0, int64_t j1, const float* vp) {
+    sgemm(false, false, m, dv, j1 - j0, 1.0f, p + j0, len, vp, v.stride(), first ? 0.0f : 1.0f,
+          o, ldo);
+    first = false;
+  });
+}
+
 // One head of causal attention through GEMMs: score = scale * (q1 . k1 + q2 . k2) (the second
 // part optional: dk2 = 0), out = softmax(score) @ v. Query i of T sits at position S - T + i.
 struct HeadArgs {
   const float* q1;
   int64_t ldq1;
-  const float* k1;
-  int64_t ldk1;
+  Rows k1;
   int64_t dk1;
   const float* q2;
   int64_t ldq2;
-  const float* k2;
-  int64_t ldk2;
+  Rows k2;
   int64_t dk2;
-  const float* v;
-  int64_t ldv;
+  Rows v;
   int64_t dv;
   float* o;
   int64_t ldo;
@@ -69,14 +113,10 @@ void attend_head(const HeadArgs& a, int64_t t_total, int64_t s, float scale,
     const int64_t tc = std::min(tc_max, t_total - t0);
     const int64_t first_len = s - t_total + t0 + 1;  // keys visible to the chunk's first query
     const int64_t len = first_len + tc - 1;          // ... and to its last one
-    sgemm(false, true, tc, len, a.dk1, scale, a.q1 + t0 * a.ldq1, a.ldq1, a.k1, a.ldk1, 0.0f, p,
-          len);
-    if (a.dk2 > 0) {
-      sgemm(false, true, tc, len, a.dk2, scale, a.q2 + t0 * a.ldq2, a.ldq2, a.k2, a.ldk2, 1.0f, p,
-            len);
-    }
+    scores(tc, len, a.dk1, scale, a.q1 + t0 * a.ldq1, a.ldq1, a.k1, 0.0f, p);
+    if (a.dk2 > 0) scores(tc, len, a.dk2, scale, a.q2 + t0 * a.ldq2, a.ldq2, a.k2, 1.0f, p);
     causal_softmax_rows(p, tc, len, first_len, 1);
-    sgemm(false, false, tc, a.dv, len, 1.0f, p, len, a.v, a.ldv, 0.0f, a.o + t0 * a.ldo, a.ldo);
+    weighted_sum(tc, len, a.dv, p, a.v, a.o + t0 * a.ldo, a.ldo);
   }
 }
 
@@ -84,16 +124,27 @@ struct MlaShapes {
   int64_t t, s, h, dn, dr, dv, r;
 };
 
-MlaShapes check_mla(const char* fn, const Tensor& q, const Tensor& cache_latent,
-                    const Tensor& cache_rope, const Tensor& kv_b, const MlaDims& dims,
+void check_view(const char* fn, const char* what, const CacheView& v, int64_t row_elems) {
+  LOOM_CHECK_F32(v.pool);
+  LOOM_CHECK(v.pool.ndim() >= 2 && v.pages != nullptr && v.length >= 0 &&
+                 v.row_elems() == row_elems,
+             "%s: %s view of %s (length %lld) needs rows of %lld values", fn, what,
+             v.pool.describe().c_str(), static_cast<long long>(v.length),
+             static_cast<long long>(row_elems));
+  const int64_t used_pages = (v.length + v.page_size() - 1) / v.page_size();
+  for (int64_t i = 0; i < used_pages; ++i)
+    LOOM_CHECK(v.pages[i] >= 0 && v.pages[i] < v.pool.dim(0), "%s: %s page %d outside [0, %lld)",
+               fn, what, v.pages[i], static_cast<long long>(v.pool.dim(0)));
+}
+
+MlaShapes check_mla(const char* fn, const Tensor& q, const CacheView& cache_latent,
+                    const CacheView& cache_rope, const Tensor& kv_b, const MlaDims& dims,
                     const Tensor& out) {
   LOOM_CHECK_F32(q);
-  LOOM_CHECK_F32(cache_latent);
-  LOOM_CHECK_F32(cache_rope);
   LOOM_CHECK_F32(kv_b);
   LOOM_CHECK_F32(out);
   MlaShapes m{q.ndim() == 3 ? q.dim(0) : -1,
-              cache_latent.ndim() == 2 ? cache_latent.dim(0) : -1,
+              cache_latent.length,
               dims.heads,
               dims.nope_dim,
               dims.rope_dim,
@@ -101,11 +152,13 @@ MlaShapes check_mla(const char* fn, const Tensor& q, const Tensor& cache_latent,
               dims.latent_dim};
   LOOM_CHECK(m.h > 0 && m.dn > 0 && m.dr >= 0 && m.dv > 0 && m.r > 0,
              "%s: bad dims H=%d dn=%d dr=%d dv=%d R=%d", fn, m.h, m.dn, m.dr, m.dv, m.r);
-  LOOM_CHECK(m.t >= 0 && m.s >= m.t, "%s: q %s cache_latent %s (need S >= T)", fn,
-             q.describe().c_str(), cache_latent.describe().c_str());
+  LOOM_CHECK(m.t >= 0 && m.s >= m.t && cache_rope.length == m.s,
+             "%s: q %s, latent length %lld, rope length %lld (need S >= T)", fn,
+             q.describe().c_str(), static_cast<long long>(m.s),
+             static_cast<long long>(cache_rope.length));
+  check_view(fn, "latent", cache_latent, m.r);
+  if (m.dr > 0) check_view(fn, "rope", cache_rope, m.dr);
   LOOM_CHECK_SHAPE(q, m.t, m.h, m.dn + m.dr);
-  LOOM_CHECK_SHAPE(cache_latent, m.s, m.r);
-  LOOM_CHECK_SHAPE(cache_rope, m.s, m.dr);
   LOOM_CHECK_SHAPE(kv_b, m.h * (m.dn + m.dv), m.r);
   LOOM_CHECK_SHAPE(out, m.t, m.h, m.dv);
   return m;
@@ -113,36 +166,51 @@ MlaShapes check_mla(const char* fn, const Tensor& q, const Tensor& cache_latent,
 
 }  // namespace
 
-void mla_attention_expanded(const Tensor& q, const Tensor& cache_latent, const Tensor& cache_rope,
-                            const Tensor& kv_b, const MlaDims& dims, float scale,
-                            const Tensor& out) {
+void cache_write_rows(const CacheView& view, int64_t start, const Tensor& rows) {
+  LOOM_CHECK_F32(rows);
+  const int64_t n = rows.ndim() >= 1 ? rows.dim(0) : 0;
+  const int64_t w = view.row_elems();
+  LOOM_CHECK(n == 0 || rows.numel() / n == w, "cache_write_rows: rows %s into rows of %lld",
+             rows.describe().c_str(), static_cast<long long>(w));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t j = start + i;
+    LOOM_CHECK(view.pages[j / view.page_size()] >= 0 &&
+                   view.pages[j / view.page_size()] < view.pool.dim(0),
+               "cache_write_rows: position %lld maps to page %d of %lld", static_cast<long long>(j),
+               view.pages[j / view.page_size()], static_cast<long long>(view.pool.dim(0)));
+    std::memcpy(view.row(j), rows.data<float>() + i * w, w * sizeof(float));
+  }
+}
+
+void mla_attention_expanded(const Tensor& q, const CacheView& cache_latent,
+                            const CacheView& cache_rope, const Tensor& kv_b, const MlaDims& dims,
+                            float scale, const Tensor& out) {
   const MlaShapes m =
       check_mla("mla_attention_expanded", q, cache_latent, cache_rope, kv_b, dims, out);
   if (m.t == 0) return;
   const float* qp = q.data<float>();
-  const float* c = cache_latent.data<float>();
-  const float* kr = cache_rope.data<float>();
   const float* wb = kv_b.data<float>();
   float* op = out.data<float>();
   const int64_t dkv = m.dn + m.dv;
-  // Expanded per head ([S, dn + dv] = c @ kv_b_h^T), so the buffer is S * (dn + dv), not
-  // S * H * (dn + dv); the FLOPs are the same as one [S, R] x [R, H * (dn + dv)] product.
+  const Rows latent = Rows::of_view(cache_latent, 0);
+  // Expanded per head ([S, dn + dv] = c @ kv_b_h^T, one GEMM per page), so the buffer is
+  // S * (dn + dv), not S * H * (dn + dv); the FLOPs are those of one [S, R] x [R, H * (dn + dv)].
   std::vector<float> kv(static_cast<size_t>(m.s * dkv));
   std::vector<float> scratch;
   for (int64_t h = 0; h < m.h; ++h) {
-    sgemm(false, true, m.s, dkv, m.r, 1.0f, c, m.r, wb + h * dkv * m.r, m.r, 0.0f, kv.data(), dkv);
+    latent.blocks(m.s, [&](int64_t j0, int64_t j1, const float* c) {
+      sgemm(false, true, j1 - j0, dkv, m.r, 1.0f, c, latent.stride(), wb + h * dkv * m.r, m.r,
+            0.0f, kv.data() + j0 * dkv, dkv);
+    });
     HeadArgs a{qp + h * (m.dn + m.dr),
                m.h * (m.dn + m.dr),
-               kv.data(),
-               dkv,
+               Rows::of_dense(kv.data(), dkv),
                m.dn,
                qp + h * (m.dn + m.dr) + m.dn,
                m.h * (m.dn + m.dr),
-               kr,
+               m.dr > 0 ? Rows::of_view(cache_rope, 0) : Rows{},
                m.dr,
-               m.dr,
-               kv.data() + m.dn,
-               dkv,
+               Rows::of_dense(kv.data() + m.dn, dkv),
                m.dv,
                op + h * m.dv,
                m.h * m.dv};
@@ -150,22 +218,21 @@ void mla_attention_expanded(const Tensor& q, const Tensor& cache_latent, const T
   }
 }
 
-void mla_attention_absorbed(const Tensor& q, const Tensor& cache_latent, const Tensor& cache_rope,
-                            const Tensor& kv_b, const MlaDims& dims, float scale,
-                            const Tensor& out) {
+void mla_attention_absorbed(const Tensor& q, const CacheView& cache_latent,
+                            const CacheView& cache_rope, const Tensor& kv_b, const MlaDims& dims,
+                            float scale, const Tensor& out) {
   const MlaShapes m =
       check_mla("mla_attention_absorbed", q, cache_latent, cache_rope, kv_b, dims, out);
   if (m.t == 0) return;
   const float* qp = q.data<float>();
-  const float* c = cache_latent.data<float>();
-  const float* kr = cache_rope.data<float>();
   const float* wb = kv_b.data<float>();
   float* op = out.data<float>();
   const int64_t dkv = m.dn + m.dv;
   const int64_t dq = m.dn + m.dr;
+  const Rows latent = Rows::of_view(cache_latent, 0);
   // Rows are (t, h) pairs, row t * H + h: every head of every query scores against the same
-  // latent cache, so one GEMM covers them all and the cache is read twice per chunk (scores and
-  // p @ c), not twice per head.
+  // latent cache, so one GEMM per page covers them all and the cache is read twice per chunk
+  // (scores and p @ c), not twice per head.
   const int64_t tc_max =
       std::clamp<int64_t>(kScoreBudget / std::max<int64_t>(m.s * m.h, 1), 1, m.t);
   std::vector<float> qabs(static_cast<size_t>(tc_max * m.h * m.r));
@@ -182,12 +249,11 @@ void mla_attention_absorbed(const Tensor& q, const Tensor& cache_latent, const T
       sgemm(false, false, tc, m.r, m.dn, 1.0f, q0 + h * dq, m.h * dq, wb + h * dkv * m.r, m.r, 0.0f,
             qabs.data() + h * m.r, m.h * m.r);
     }
-    sgemm(false, true, rows, len, m.r, scale, qabs.data(), m.r, c, m.r, 0.0f, p.data(), len);
-    if (m.dr > 0) {
-      sgemm(false, true, rows, len, m.dr, scale, q0 + m.dn, dq, kr, m.dr, 1.0f, p.data(), len);
-    }
+    scores(rows, len, m.r, scale, qabs.data(), m.r, latent, 0.0f, p.data());
+    if (m.dr > 0)
+      scores(rows, len, m.dr, scale, q0 + m.dn, dq, Rows::of_view(cache_rope, 0), 1.0f, p.data());
     causal_softmax_rows(p.data(), rows, len, first_len, m.h);
-    sgemm(false, false, rows, m.r, len, 1.0f, p.data(), len, c, m.r, 0.0f, olat.data(), m.r);
+    weighted_sum(rows, len, m.r, p.data(), latent, olat.data(), m.r);
     // out[t, h, :] = o_lat[t, h, :] @ W_UV_h^T, W_UV_h = kv_b rows [h*dkv + dn, (h+1)*dkv).
     for (int64_t h = 0; h < m.h; ++h) {
       sgemm(false, true, tc, m.dv, m.r, 1.0f, olat.data() + h * m.r, m.h * m.r,
@@ -196,34 +262,33 @@ void mla_attention_absorbed(const Tensor& q, const Tensor& cache_latent, const T
   }
 }
 
-void gqa_attention_forward(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+void gqa_attention_forward(const Tensor& q, const CacheView& k_cache, const CacheView& v_cache,
                            float scale, const Tensor& out) {
   LOOM_CHECK_F32(q);
-  LOOM_CHECK_F32(k_cache);
-  LOOM_CHECK_F32(v_cache);
   LOOM_CHECK_F32(out);
-  LOOM_CHECK(q.ndim() == 3 && k_cache.ndim() == 3 && v_cache.ndim() == 3,
-             "gqa_attention_forward: q %s k %s v %s", q.describe().c_str(),
-             k_cache.describe().c_str(), v_cache.describe().c_str());
+  LOOM_CHECK(q.ndim() == 3 && k_cache.pool.ndim() == 4 && v_cache.pool.ndim() == 4,
+             "gqa_attention_forward: q %s k pool %s v pool %s", q.describe().c_str(),
+             k_cache.pool.describe().c_str(), v_cache.pool.describe().c_str());
   const int64_t t = q.dim(0), hq = q.dim(1), d = q.dim(2);
-  const int64_t s = k_cache.dim(0), hkv = k_cache.dim(1), dv = v_cache.dim(2);
-  LOOM_CHECK(hkv > 0 && hq % hkv == 0 && s >= t && d > 0 && dv > 0,
-             "gqa_attention_forward: q %s k %s v %s (need Hq %% Hkv == 0, S >= T)",
-             q.describe().c_str(), k_cache.describe().c_str(), v_cache.describe().c_str());
-  LOOM_CHECK_SHAPE(k_cache, s, hkv, d);
-  LOOM_CHECK_SHAPE(v_cache, s, hkv, dv);
+  const int64_t s = k_cache.length, hkv = k_cache.pool.dim(2), dv = v_cache.pool.dim(3);
+  LOOM_CHECK(hkv > 0 && hq % hkv == 0 && s >= t && v_cache.length == s && d > 0 && dv > 0 &&
+                 v_cache.pool.dim(2) == hkv && k_cache.pool.dim(3) == d,
+             "gqa_attention_forward: q %s k pool %s v pool %s, S = %lld (need Hq %% Hkv == 0, "
+             "S >= T)",
+             q.describe().c_str(), k_cache.pool.describe().c_str(),
+             v_cache.pool.describe().c_str(), static_cast<long long>(s));
+  check_view("gqa_attention_forward", "key", k_cache, hkv * d);
+  check_view("gqa_attention_forward", "value", v_cache, hkv * dv);
   LOOM_CHECK_SHAPE(out, t, hq, dv);
   if (t == 0) return;
   const int64_t rep = hq / hkv;
   const float* qp = q.data<float>();
-  const float* kp = k_cache.data<float>();
-  const float* vp = v_cache.data<float>();
   float* op = out.data<float>();
   std::vector<float> scratch;
   for (int64_t h = 0; h < hq; ++h) {
     const int64_t g = h / rep;
-    HeadArgs a{qp + h * d, hq * d, kp + g * d,  hkv * d,  d,  nullptr,     0,      nullptr,
-               0,          0,      vp + g * dv, hkv * dv, dv, op + h * dv, hq * dv};
+    HeadArgs a{qp + h * d, hq * d, Rows::of_view(k_cache, g * d), d, nullptr, 0, Rows{}, 0,
+               Rows::of_view(v_cache, g * dv), dv, op + h * dv, hq * dv};
     attend_head(a, t, s, scale, scratch);
   }
 }

@@ -6,13 +6,17 @@
 
 namespace loom::cpu {
 
-void mla_attention_expanded(const Tensor& q, const Tensor& cache_latent, const Tensor& cache_rope,
+void cache_write_rows(const CacheView& view, int64_t start, const Tensor& rows);
+
+void mla_attention_expanded(const Tensor& q, const CacheView& cache_latent,
+                            const CacheView& cache_rope,
                             const Tensor& kv_b, const MlaDims& dims, float scale,
                             const Tensor& out);
-void mla_attention_absorbed(const Tensor& q, const Tensor& cache_latent, const Tensor& cache_rope,
+void mla_attention_absorbed(const Tensor& q, const CacheView& cache_latent,
+                            const CacheView& cache_rope,
                             const Tensor& kv_b, const MlaDims& dims, float scale,
                             const Tensor& out);
-void gqa_attention_forward(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+void gqa_attention_forward(const Tensor& q, const CacheView& k_cache, const CacheView& v_cache,
                            float scale, const Tensor& out);
 
 }  // namespace loom::cpu

@@ -114,7 +114,7 @@ absl::StatusOr<Tensor> step(const Model& model, std::vector<SequenceCache*> cach
   ForwardBatch b;
   for (size_t i = 0; i < caches.size(); ++i) {
     b.token_ids.insert(b.token_ids.end(), tokens[i].begin(), tokens[i].end());
-    b.seqs.push_back({static_cast<int64_t>(tokens[i].size()), caches[i], mode});
+    b.seqs.push_back({.num_tokens = static_cast<int64_t>(tokens[i].size()), .logits = mode, .cache = caches[i]});
   }
   return model.forward(b, hidden);
 }

@@ -27,7 +27,7 @@ std::vector<float> run(const Model& m, int len, int decode, uint32_t seed) {
   SequenceCache cache = m.new_cache();
   ForwardBatch b;
   for (int i = 0; i < len; ++i) b.token_ids.push_back(tok(rng));
-  b.seqs.push_back({len, &cache, LogitsMode::kAll});
+  b.seqs.push_back({.num_tokens = len, .logits = LogitsMode::kAll, .cache = &cache});
   std::vector<float> out;
   for (int step = 0; step <= decode; ++step) {
     absl::StatusOr<Tensor> l = m.forward(b);
