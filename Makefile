@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc)
 
 # Debian packages the build needs (see docs/dependencies.md for why each is here).
 DEB_PACKAGES := cmake ninja-build g++ pkg-config libabsl-dev nlohmann-json3-dev libopenblas-dev \
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libpcre2-dev libutf8proc-dev libgtest-dev libgmock-dev libbenchmark-dev
 # Extra packages for `make lint` and `make fuzz` (clang, its sanitizer runtime, the linters).
 DEV_PACKAGES := clang clang-format clang-tidy libclang-rt-14-dev
 
@@ -69,7 +69,7 @@ asan: deps
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build-asan --output-on-failure -j $(JOBS)
 
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= safetensors_fuzz config_fuzz
+FUZZ_TARGETS ?= safetensors_fuzz config_fuzz tokenizer_fuzz tool_call_fuzz
 # Each target <name>_fuzz runs on a copy of tests/fuzz/corpus/<name>/ with
 # tests/fuzz/corpus/<name>.dict when present; any crash or sanitizer report fails the target.
 fuzz: dev-deps

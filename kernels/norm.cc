@@ -10,6 +10,9 @@ namespace loom {
 
 void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, float weight_offset,
                      const Tensor& out) {
+#ifdef LOOM_WITH_CUDA
+  LOOM_CHECK_SAME_DEVICE("rmsnorm_forward", x, w, out);
+#endif
   if (x.device() == Device::kCpu) return cpu::rmsnorm_forward(x, w, eps, weight_offset, out);
 #ifdef LOOM_WITH_CUDA
   return cuda::rmsnorm_forward(x, w, eps, weight_offset, out);
@@ -19,6 +22,9 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, float weight_o
 }
 
 void l2norm_forward(const Tensor& x, float eps, float scale, const Tensor& out) {
+#ifdef LOOM_WITH_CUDA
+  LOOM_CHECK_SAME_DEVICE("l2norm_forward", x, out);
+#endif
   if (x.device() == Device::kCpu) return cpu::l2norm_forward(x, eps, scale, out);
 #ifdef LOOM_WITH_CUDA
   return cuda::l2norm_forward(x, eps, scale, out);

@@ -5,6 +5,9 @@
 #include <cmath>
 
 #include "kernels/cpu/rope.h"
+#ifdef LOOM_WITH_CUDA
+#include "kernels/cuda/rope.h"
+#endif
 
 namespace loom {
 
@@ -63,8 +66,12 @@ RopeTable rope_table_yarn(double theta, int rotary_dim, RopeStyle style, double 
 
 void rope_forward(const Tensor& x, const std::vector<int64_t>& positions, const RopeTable& table,
                   int64_t dim_offset) {
-  LOOM_CHECK(x.device() == Device::kCpu, "rope_forward: no CUDA kernel in this build yet");
-  cpu::rope_forward(x, positions, table, dim_offset);
+  if (x.device() == Device::kCpu) return cpu::rope_forward(x, positions, table, dim_offset);
+#ifdef LOOM_WITH_CUDA
+  return cuda::rope_forward(x, positions, table, dim_offset);
+#else
+  LOOM_CHECK(false, "rope_forward: %s tensor in a build without CUDA", x.describe().c_str());
+#endif
 }
 
 }  // namespace loom

@@ -46,8 +46,7 @@ class Tokenizer {
   // concatenated and invalid UTF-8 becomes U+FFFD (one per maximal invalid subsequence).
   // With `skip_special`, special added tokens are left out. Returns InvalidArgument for an id
   // outside the vocabulary.
-  absl::StatusOr<std::string> decode(std::span<const int32_t> ids,
-                                     bool skip_special = false) const;
+  absl::StatusOr<std::string> decode(std::span<const int32_t> ids, bool skip_special = false) const;
 
   // One past the largest id (vocabulary and added tokens).
   int32_t vocab_size() const;
@@ -58,7 +57,7 @@ class Tokenizer {
   // The raw bytes `id` decodes to (before UTF-8 repair); nullopt for an unknown id.
   std::optional<std::string_view> token_bytes(int32_t id) const;
 
-  struct Impl;
+  struct Impl;  // defined in tokenizer_impl.h; public only so the loader's helpers can fill it
 
  private:
   explicit Tokenizer(std::unique_ptr<Impl> impl);

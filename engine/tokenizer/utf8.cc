@@ -136,18 +136,23 @@ bool is_white_space(int32_t cp) {
   }
 }
 
-bool is_alphanumeric(int32_t cp) {
+bool is_word_char(int32_t cp) {
   if (cp < 0) return false;
-  if (cp < 0x80) return (cp >= '0' && cp <= '9') || ((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z');
+  if (cp < 0x80)
+    return (cp >= '0' && cp <= '9') || ((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z') || cp == '_';
+  if (cp == 0x200C || cp == 0x200D) return true;
   switch (utf8proc_category(cp)) {
     case UTF8PROC_CATEGORY_LU:
     case UTF8PROC_CATEGORY_LL:
     case UTF8PROC_CATEGORY_LT:
     case UTF8PROC_CATEGORY_LM:
     case UTF8PROC_CATEGORY_LO:
+    case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_MC:
+    case UTF8PROC_CATEGORY_ME:
     case UTF8PROC_CATEGORY_ND:
     case UTF8PROC_CATEGORY_NL:
-    case UTF8PROC_CATEGORY_NO:
+    case UTF8PROC_CATEGORY_PC:
       return true;
     default:
       return false;

@@ -30,8 +30,10 @@ size_t utf8_prev_start(std::string_view s, size_t end);
 // Unicode White_Space (Rust's char::is_whitespace).
 bool is_white_space(int32_t cp);
 
-// Rust's char::is_alphanumeric, approximated by the general categories L* and N*.
-bool is_alphanumeric(int32_t cp);
+// Rust regex's Unicode \w (what HuggingFace's single_word test uses): letters, marks, decimal and
+// letter numbers, connector punctuation (incl. '_'), ZWNJ and ZWJ. Alphabetic is approximated by
+// the L* categories plus Nl.
+bool is_word_char(int32_t cp);
 
 void append_utf8(int32_t cp, std::string* out);
 

@@ -166,7 +166,9 @@ TEST(Sampler, LogprobsAreRawLogSoftmax) {
   ASSERT_EQ(t.top_logprobs.size(), 3u);
   for (int i = 0; i < 3; ++i) {
     EXPECT_NEAR(t.top_logprobs[i].second, std::log(prob[t.top_logprobs[i].first]), 1e-5);
-    if (i) EXPECT_GE(t.top_logprobs[i - 1].second, t.top_logprobs[i].second);
+    if (i) {
+      EXPECT_GE(t.top_logprobs[i - 1].second, t.top_logprobs[i].second);
+    }
   }
   EXPECT_EQ(t.top_logprobs[0].first,
             std::max_element(logits.begin(), logits.end()) - logits.begin());

@@ -1,0 +1,69 @@
+// Chat templates written as code: renders an OpenAI-style conversation (messages + tool
+// definitions) into the prompt text a model family was trained on, with special-token strings
+// spelled out (e.g. "<|im_start|>"); the tokenizer encodes it later with special tokens allowed.
+// Formats and the upstream templates they reproduce are described in docs/chat.md.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace loom {
+
+enum class ChatFormat {
+  kKimi,      // Kimi-K2 / Kimi-Linear: <|im_user|>user<|im_middle|>...<|im_end|>
+  kDeepSeek,  // DeepSeek-V3: <｜begin▁of▁sentence｜>...<｜User｜>...<｜Assistant｜>
+  kQwen,      // Qwen3 / Qwen3-Next: <|im_start|>role\n...<|im_end|>\n
+  kNative,    // Loom's own format (docs/chat.md)
+};
+
+// "kimi", "deepseek", "qwen" or "native".
+std::string_view chat_format_name(ChatFormat format);
+
+// Maps config.json's model_type to its chat format: kimi_linear/kimi_k2 -> kimi,
+// deepseek_v3 -> deepseek, qwen3_next/qwen3/qwen3_moe -> qwen, kda/loom and anything else ->
+// native.
+ChatFormat chat_format_for_model_type(std::string_view model_type);
+
+// One tool call of an assistant message (OpenAI `tool_calls[i]`).
+struct ToolCall {
+  std::string id;              // e.g. "call_0" or Kimi's "functions.get_weather:0"
+  std::string name;            // function name
+  std::string arguments_json;  // the arguments object as JSON text, rendered verbatim
+};
+
+// One message of an OpenAI chat request.
+struct ChatMessage {
+  std::string role;  // "system", "user", "assistant" or "tool"
+  std::string content;
+  std::vector<ToolCall> tool_calls;  // assistant only
+  std::string tool_call_id;          // tool only: the call this message answers
+  std::string name;                  // optional; Kimi puts it in the turn header
+};
+
+// One entry of OpenAI `tools` ({"type": "function", "function": {...}}).
+struct ToolDefinition {
+  std::string name;
+  std::string description;      // may be empty (then omitted)
+  std::string parameters_json;  // JSON Schema object as JSON text; may be empty (then omitted)
+};
+
+struct RenderOptions {
+  // Append the header of a new assistant turn so the model generates the reply.
+  bool add_generation_prompt = true;
+};
+
+// Parses an OpenAI `tools` array. InvalidArgument naming the entry when it is not an array of
+// {"type": "function", "function": {"name": ..., ...}} objects.
+absl::StatusOr<std::vector<ToolDefinition>> parse_openai_tools(std::string_view tools_json);
+
+// Renders the conversation. InvalidArgument (naming the message or tool) on an unknown role, a
+// tool definition without a name or with malformed parameters JSON, or a tool call whose
+// arguments are not valid JSON. Thread-safe (pure function).
+absl::StatusOr<std::string> render_chat(ChatFormat format, const std::vector<ChatMessage>& messages,
+                                        const std::vector<ToolDefinition>& tools,
+                                        const RenderOptions& options);
+
+}  // namespace loom

@@ -1,0 +1,100 @@
+// Engine: a model served to many concurrent requests. One loop thread admits requests, asks the
+// scheduler for a batch plan, runs one model step, samples, streams outputs and finishes
+// requests. submit() and cancel() may be called from any thread; outputs are pulled from each
+// request's RequestStream, so no user code ever runs on the loop thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/model/model.h"
+#include "engine/request.h"
+#include "engine/request_stream.h"
+#include "engine/tokenizer/tokenizer.h"
+
+namespace loom {
+
+struct EngineOptions {
+  int64_t cache_budget_bytes = int64_t{1} << 30;  // KV pages + linear-state slots
+  int32_t max_num_batched_tokens = 2048;          // tokens per step over all sequences
+  int32_t max_num_seqs = 64;                      // sequences per step (and live state slots)
+  int32_t page_size = 64;                         // tokens per KV page / prefix-cache block
+  bool enable_prefix_cache = true;
+  int32_t checkpoint_interval = 8;  // linear-state checkpoints every N blocks (prefix cache)
+  int32_t max_model_len = 0;        // prompt + max_tokens limit; 0: the model's
+                                    // max_position_embeddings (or unlimited when it has none)
+  uint64_t seed = 0;                // seeds requests that bring none (0: random)
+};
+
+struct EngineStats {
+  int32_t waiting = 0, running = 0;
+  int32_t pages_total = 0, pages_free = 0;
+  int32_t slots_total = 0, slots_free = 0;
+  int64_t steps = 0, prompt_tokens = 0, generated_tokens = 0, preemptions = 0;
+  int64_t prefix_hit_tokens = 0, prefix_query_tokens = 0;
+  int64_t finished_stop = 0, finished_length = 0, finished_cancelled = 0, finished_error = 0;
+};
+
+class Engine {
+ public:
+  // Takes the model; `tokenizer` (may be null) turns tokens into text deltas and enables stop
+  // strings. Sizes the cache pools from the budget; fails when the budget cannot hold one
+  // request. Starts the loop thread.
+  static absl::StatusOr<std::unique_ptr<Engine>> create(std::unique_ptr<Model> model,
+                                                        std::shared_ptr<const Tokenizer> tokenizer,
+                                                        const EngineOptions& options);
+  ~Engine();  // shutdown()
+
+  // Queues a request and returns its stream. InvalidArgument (nothing queued) for an empty or
+  // out-of-vocabulary prompt, invalid sampling parameters, stop strings without a tokenizer, or a
+  // prompt + max_tokens over max_model_len; FailedPrecondition after shutdown. Thread-safe.
+  absl::StatusOr<std::shared_ptr<RequestStream>> submit(Request request);
+  // Cancels a live request (its choices end with kCancelled; pages and slot are freed at the next
+  // step). Unknown or finished ids are ignored. Thread-safe.
+  void cancel(uint64_t request_id);
+  // Stops admitting, cancels everything still live, joins the loop thread. Idempotent.
+  void shutdown();
+  // Waits until no request is live (for drains and tests).
+  void wait_idle();
+
+  EngineStats stats() const;
+  const ModelConfig& config() const;
+  const Tokenizer* tokenizer() const { return tokenizer_.get(); }
+  int32_t max_model_len() const { return max_model_len_; }
+
+ private:
+  Engine() = default;
+  struct Loop;  // everything the loop thread owns (scheduler, runner, live requests)
+
+  void run_loop();
+
+  // Constant after create().
+  std::unique_ptr<Model> model_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  EngineOptions options_;
+  int32_t max_model_len_ = 0;
+  std::unique_ptr<Loop> loop_;  // touched only by the loop thread after create()
+  std::thread thread_;
+
+  // The inbox: filled by any thread, drained by the loop.
+  mutable absl::Mutex mu_;
+  struct Pending {
+    uint64_t id;
+    Request request;
+    std::shared_ptr<RequestStream> stream;
+  };
+  std::vector<Pending> inbox_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> cancels_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t live_ ABSL_GUARDED_BY(mu_) = 0;  // submitted and not yet closed
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  EngineStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace loom

@@ -1,0 +1,35 @@
+#include "engine/model_runner.h"
+
+#include "engine/core/status.h"
+
+namespace loom {
+
+absl::StatusOr<Tensor> ModelRunner::run(const BatchPlan& plan) {
+  ForwardBatch batch;
+  batch.store = &store_;
+  for (const SeqPlan& s : plan.seqs) {
+    if (store_.has_linear()) {
+      if (s.restore_from_slot >= 0) {
+        store_.copy_slot(s.restore_from_slot, s.state_slot);
+      } else if (s.fresh_state) {
+        store_.reset_slot(s.state_slot);
+      }
+    }
+    batch.token_ids.insert(batch.token_ids.end(), s.tokens.begin(), s.tokens.end());
+    SequenceInput in;
+    in.num_tokens = static_cast<int64_t>(s.tokens.size());
+    in.logits = s.sample ? LogitsMode::kLast : LogitsMode::kNone;
+    in.start = s.start_pos;
+    in.slot = s.state_slot;
+    in.pages = s.page_table;
+    batch.seqs.push_back(std::move(in));
+  }
+  LOOM_ASSIGN_OR_RETURN(Tensor logits, model_.forward(batch));
+  if (store_.has_linear()) {
+    for (const SeqPlan& s : plan.seqs)
+      if (s.save_to_slot >= 0) store_.copy_slot(s.state_slot, s.save_to_slot);
+  }
+  return logits;
+}
+
+}  // namespace loom

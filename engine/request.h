@@ -1,0 +1,42 @@
+// Request and output types of the Engine API. Plain values; no threading here.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/sampling/sampling_params.h"
+#include "scheduler/batch_plan.h"
+
+namespace loom {
+
+struct Request {
+  std::vector<int32_t> prompt;  // token ids, non-empty, each in [0, vocab)
+  SamplingParams params;
+  int32_t priority = 0;         // higher first; FCFS within a priority
+  std::string tag;              // free text for logs (e.g. the HTTP request id)
+};
+
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;  // descending
+};
+
+// One event of a request's output stream. Events of different choices (n > 1) interleave; each
+// choice ends with exactly one event whose `finish` is set.
+struct RequestOutput {
+  int32_t index = 0;               // choice index in [0, n)
+  std::vector<int32_t> token_ids;  // tokens sampled since the choice's previous event
+  std::string text;                // their text: whole UTF-8 characters, stop strings withheld
+  std::vector<TokenLogprob> logprobs;  // one per token when logprobs >= 0
+  std::optional<FinishReason> finish;  // stop, length, cancelled or error: the choice's last event
+  std::string error;                   // when finish == kError
+  // Usage, on the final event of each choice.
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+};
+
+}  // namespace loom

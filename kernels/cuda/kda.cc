@@ -1,0 +1,75 @@
+// Host side of the CUDA KDA kernels (checks as in kernels/cpu/kda.cc).
+#include "kernels/cuda/kda.h"
+
+#include "kernels/cuda/device.h"
+
+namespace loom::cuda {
+
+void kda_recurrent_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                           const Tensor& beta, float scale, const Tensor& state,
+                           const Tensor& out) {
+  const char* fn = "kda_recurrent_forward";
+  LOOM_CHECK_CUDA_ARG(fn, q);
+  LOOM_CHECK_CUDA_ARG(fn, k);
+  LOOM_CHECK_CUDA_ARG(fn, v);
+  LOOM_CHECK_CUDA_ARG(fn, g);
+  LOOM_CHECK_CUDA_ARG(fn, beta);
+  LOOM_CHECK_CUDA_ARG(fn, state);
+  LOOM_CHECK_CUDA_ARG(fn, out);
+  LOOM_CHECK_F32(q);
+  LOOM_CHECK_F32(k);
+  LOOM_CHECK_F32(v);
+  LOOM_CHECK_F32(g);
+  LOOM_CHECK_F32(beta);
+  LOOM_CHECK_F32(state);
+  LOOM_CHECK_F32(out);
+  LOOM_CHECK(q.ndim() == 3 && v.ndim() == 3, "%s: q %s v %s", fn, q.describe().c_str(),
+             v.describe().c_str());
+  const int64_t T = q.dim(0), Hk = q.dim(1), dk = q.dim(2), Hv = v.dim(1), dv = v.dim(2);
+  LOOM_CHECK(Hk > 0 && Hv % Hk == 0, "%s: Hv %lld is not a multiple of Hk %lld", fn,
+             static_cast<long long>(Hv), static_cast<long long>(Hk));
+  LOOM_CHECK_SHAPE(k, T, Hk, dk);
+  LOOM_CHECK_SHAPE(v, T, Hv, dv);
+  LOOM_CHECK(g.ndim() == 3 && g.dim(0) == T && g.dim(1) == Hv && (g.dim(2) == dk || g.dim(2) == 1),
+             "%s: g %s, expected [%lld, %lld, %lld or 1]", fn, g.describe().c_str(),
+             static_cast<long long>(T), static_cast<long long>(Hv), static_cast<long long>(dk));
+  LOOM_CHECK_SHAPE(beta, T, Hv);
+  LOOM_CHECK_SHAPE(state, Hv, dk, dv);
+  LOOM_CHECK_SHAPE(out, T, Hv, dv);
+  LOOM_CHECK(dk <= 256, "%s: dk %lld > 256 is not supported by the CUDA kernel", fn,
+             static_cast<long long>(dk));
+  const bool scalar_g = g.dim(2) == 1 && dk != 1;
+  launch::kda_recurrent(q.data<float>(), k.data<float>(), v.data<float>(), g.data<float>(),
+                        beta.data<float>(), scale, state.data<float>(), out.data<float>(), T, Hk,
+                        Hv, dk, dv, scalar_g);
+}
+
+void kda_gate_forward(const Tensor& f, const Tensor& A_log, const Tensor& dt_bias,
+                      float lower_bound, const Tensor& g) {
+  LOOM_CHECK_CUDA_ARG("kda_gate_forward", f);
+  LOOM_CHECK_CUDA_ARG("kda_gate_forward", A_log);
+  LOOM_CHECK_CUDA_ARG("kda_gate_forward", g);
+  LOOM_CHECK_F32(f);
+  LOOM_CHECK_F32(A_log);
+  LOOM_CHECK_F32(g);
+  LOOM_CHECK(f.ndim() == 2, "kda_gate_forward: f %s, expected [T, H * dk] or [T, H]",
+             f.describe().c_str());
+  LOOM_CHECK(g.shape() == f.shape(), "kda_gate_forward: f %s g %s", f.describe().c_str(),
+             g.describe().c_str());
+  LOOM_CHECK(lower_bound <= 0.0f, "kda_gate_forward: lower_bound %g > 0", lower_bound);
+  const int64_t T = f.dim(0), width = f.dim(1), H = A_log.numel();
+  LOOM_CHECK(H > 0 && width % H == 0, "kda_gate_forward: f %s with A_log %s", f.describe().c_str(),
+             A_log.describe().c_str());
+  const float* bias = nullptr;
+  if (dt_bias.defined()) {
+    LOOM_CHECK_CUDA_ARG("kda_gate_forward", dt_bias);
+    LOOM_CHECK_F32(dt_bias);
+    LOOM_CHECK(dt_bias.numel() == width, "kda_gate_forward: dt_bias %s, f %s",
+               dt_bias.describe().c_str(), f.describe().c_str());
+    bias = dt_bias.data<float>();
+  }
+  launch::kda_gate(f.data<float>(), A_log.data<float>(), bias, lower_bound, g.data<float>(), T,
+                   width, H);
+}
+
+}  // namespace loom::cuda

@@ -1,0 +1,459 @@
+// CUDA kernels against their CPU twins. Every test draws fresh random inputs (the seed is printed;
+// set LOOM_GPU_TEST_SEED to replay one), uses sizes that are not multiples of 32 or 128, poisons
+// GPU outputs with NaN before the kernel runs (so unwritten elements fail), and calls the public
+// dispatch functions (kernels/*.h) with host tensors (CPU twin) and device tensors (CUDA).
+//
+// Each check prints a line "GPUCHECK <name> <max error> <tolerance> <PASS|FAIL>" that
+// tests/gpu/run.sh turns into the results table. Unless a test says otherwise the error is the
+// scaled error max_i |gpu_i - cpu_i| / max(1, max_i |cpu_i|); eps below is FLT_EPSILON (2^-23).
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/activation.h"
+#include "kernels/conv.h"
+#include "kernels/cuda/device.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/kda.h"
+#include "kernels/norm.h"
+#include "kernels/rope.h"
+
+namespace loom {
+namespace {
+
+constexpr double kEps = FLT_EPSILON;
+
+uint64_t test_seed() {
+  static const uint64_t seed = [] {
+    const char* env = std::getenv("LOOM_GPU_TEST_SEED");
+    const uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
+    std::printf("LOOM_GPU_TEST_SEED=%llu\n", static_cast<unsigned long long>(s));
+    return s;
+  }();
+  return seed;
+}
+
+std::mt19937_64& rng() {
+  static std::mt19937_64 r(test_seed());
+  return r;
+}
+
+Tensor randn(Shape shape, float scale = 1.0f, float mean = 0.0f) {
+  Tensor t = Tensor::empty(shape);
+  std::normal_distribution<float> nd(mean, scale);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = nd(rng());
+  return t;
+}
+
+Tensor uniform(Shape shape, float lo, float hi) {
+  Tensor t = Tensor::empty(shape);
+  std::uniform_real_distribution<float> ud(lo, hi);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = ud(rng());
+  return t;
+}
+
+Tensor dev(const Tensor& h) { return cuda::to_device(h); }
+Tensor host(const Tensor& d) { return cuda::to_host(d); }
+// A device tensor full of NaN: any element the kernel fails to write fails the comparison.
+Tensor poisoned(Shape shape) { return dev(Tensor::full(shape, std::nanf(""))); }
+
+// max |got - ref| / max(1, max |ref|); infinite if anything is NaN or shapes differ.
+double scaled_err(const Tensor& got_dev_or_host, const Tensor& ref) {
+  const Tensor got =
+      got_dev_or_host.device() == Device::kCuda ? host(got_dev_or_host) : got_dev_or_host;
+  if (got.shape() != ref.shape()) return INFINITY;
+  double maxref = 1.0, maxdiff = 0.0;
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    const double g = got.data<float>()[i], r = ref.data<float>()[i];
+    if (!std::isfinite(g) || !std::isfinite(r)) return INFINITY;
+    maxref = std::max(maxref, std::fabs(r));
+    maxdiff = std::max(maxdiff, std::fabs(g - r));
+  }
+  return maxdiff / maxref;
+}
+
+void report(const std::string& name, double err, double tol) {
+  const bool pass = err <= tol;  // false for NaN
+  std::printf("GPUCHECK %s %.3e %.3e %s\n", name.c_str(), err, tol, pass ? "PASS" : "FAIL");
+  std::fflush(stdout);
+  EXPECT_LE(err, tol) << name;
+}
+
+class CudaKernels : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    cuda::init();
+    (void)test_seed();
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Norms. The row's sum of squares is accumulated in a different order (block tree vs SIMD
+// lanes): its relative error is at most D eps, the scale 1/sqrt(.) inherits half of it, plus a
+// few roundings. So |err| <= (D/2 + 4) eps * |ref| element-wise; we use (D + 8) eps on the scaled
+// error, a 2x margin.
+TEST_F(CudaKernels, RmsNorm) {
+  for (int64_t D : {129, 4096}) {
+    for (float offset : {0.0f, 1.0f}) {
+      const int64_t N = 37;
+      Tensor x = randn({N, D}, 2.0f), w = randn({D}, 0.5f);
+      Tensor ref = Tensor::empty({N, D});
+      rmsnorm_forward(x, w, 1e-6f, offset, ref);
+      Tensor xd = dev(x), wd = dev(w), od = poisoned({N, D});
+      rmsnorm_forward(xd, wd, 1e-6f, offset, od);
+      const double tol = (D + 8) * kEps;
+      report("rmsnorm_D" + std::to_string(D) + "_off" + std::to_string(int(offset)),
+             scaled_err(od, ref), tol);
+      rmsnorm_forward(xd, wd, 1e-6f, offset, xd);  // out aliases x
+      report("rmsnorm_alias_D" + std::to_string(D), scaled_err(xd, ref), tol);
+    }
+  }
+}
+
+TEST_F(CudaKernels, L2Norm) {
+  for (int64_t d : {129, 128}) {
+    Tensor x = randn({61, 3, d}, 1.5f);
+    Tensor ref = Tensor::empty(x.shape());
+    l2norm_forward(x, 1e-6f, 0.7f, ref);
+    Tensor xd = dev(x), od = poisoned(x.shape());
+    l2norm_forward(xd, 1e-6f, 0.7f, od);
+    report("l2norm_d" + std::to_string(d), scaled_err(od, ref), (d + 8) * kEps);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise. Additions and copies are exact (tolerance 0). sigmoid/silu use expf, within 2 ulp
+// on the GPU and 1 ulp in glibc; with the divide and multiply that is < 8 eps relative.
+TEST_F(CudaKernels, Elementwise) {
+  const int64_t N = 37, C = 129;
+  const Tensor a = randn({N, C}, 3.0f), b = randn({N, C}, 3.0f);
+  const Tensor bias = randn({C}), grow = randn({N}, 2.0f);
+  auto run = [&](const std::string& name, double tol, auto&& op_cpu, auto&& op_gpu) {
+    Tensor x = a.clone();
+    op_cpu(x);
+    Tensor xd = dev(a);
+    op_gpu(xd);
+    report(name, scaled_err(xd, x), tol);
+  };
+  const Tensor bd = dev(b), biasd = dev(bias), growd = dev(grow);
+  run(
+      "add_inplace", 0.0, [&](const Tensor& x) { add_inplace(x, b); },
+      [&](const Tensor& x) { add_inplace(x, bd); });
+  run(
+      "add_bias", 0.0, [&](const Tensor& x) { add_bias(x, bias); },
+      [&](const Tensor& x) { add_bias(x, biasd); });
+  run(
+      "mul_sigmoid_inplace", 8 * kEps, [&](const Tensor& x) { mul_sigmoid_inplace(x, b); },
+      [&](const Tensor& x) { mul_sigmoid_inplace(x, bd); });
+  run(
+      "mul_sigmoid_rows", 8 * kEps, [&](const Tensor& x) { mul_sigmoid_rows(x, grow); },
+      [&](const Tensor& x) { mul_sigmoid_rows(x, growd); });
+  run(
+      "mul_silu_inplace", 8 * kEps, [&](const Tensor& x) { mul_silu_inplace(x, b); },
+      [&](const Tensor& x) { mul_silu_inplace(x, bd); });
+  run(
+      "sigmoid_inplace", 8 * kEps, [&](const Tensor& x) { sigmoid_inplace(x); },
+      [&](const Tensor& x) { sigmoid_inplace(x); });
+
+  // Column copies and row gathers: exact.
+  const int64_t c0 = 17, cw = 45;
+  Tensor ref = Tensor::empty({N, cw});
+  copy_columns(a, c0, ref);
+  Tensor cd = poisoned({N, cw});
+  copy_columns(dev(a), c0, cd);
+  report("copy_columns", scaled_err(cd, ref), 0.0);
+
+  const Tensor small = randn({N, cw});
+  Tensor sref = a.clone();
+  scatter_columns(small, c0, sref);
+  Tensor sd = dev(a);
+  scatter_columns(dev(small), c0, sd);
+  report("scatter_columns", scaled_err(sd, sref), 0.0);
+
+  std::vector<int64_t> rows;
+  std::uniform_int_distribution<int64_t> pick(0, N - 1);
+  for (int i = 0; i < 53; ++i) rows.push_back(pick(rng()));
+  Tensor gref = Tensor::empty({53, C});
+  gather_rows(a, rows, gref);
+  Tensor gd = poisoned({53, C});
+  gather_rows(dev(a), rows, gd);
+  report("gather_rows", scaled_err(gd, gref), 0.0);
+}
+
+TEST_F(CudaKernels, SiluMul) {
+  const Tensor g = randn({61, 129}, 3.0f), u = randn({61, 129});
+  Tensor ref = Tensor::empty(g.shape());
+  silu_mul_forward(g, u, ref);
+  Tensor gd = dev(g), ud = dev(u), od = poisoned(g.shape());
+  silu_mul_forward(gd, ud, od);
+  report("silu_mul", scaled_err(od, ref), 8 * kEps);
+  silu_mul_forward(gd, ud, gd);  // out aliases gate
+  report("silu_mul_alias", scaled_err(gd, ref), 8 * kEps);
+}
+
+// Embedding: a copy, exact. Ids on the host and on the device, i32 and i64.
+TEST_F(CudaKernels, Embedding) {
+  const int64_t V = 1000, D = 129, T = 61;
+  const Tensor table = randn({V, D});
+  const Tensor table_d = dev(table);
+  std::uniform_int_distribution<int64_t> pick(0, V - 1);
+  for (DType dt : {DType::kI32, DType::kI64}) {
+    Tensor ids = Tensor::empty({T}, dt);
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t id = i == 0 ? V - 1 : pick(rng());
+      if (dt == DType::kI32) {
+        ids.data<int32_t>()[i] = static_cast<int32_t>(id);
+      } else {
+        ids.data<int64_t>()[i] = id;
+      }
+    }
+    Tensor ref = Tensor::empty({T, D});
+    embedding_forward(ids, table, ref);
+    const std::string n = dt == DType::kI32 ? "i32" : "i64";
+    Tensor od = poisoned({T, D});
+    embedding_forward(dev(ids), table_d, od);
+    report("embedding_" + n + "_device_ids", scaled_err(od, ref), 0.0);
+    Tensor oh = poisoned({T, D});
+    embedding_forward(ids, table_d, oh);
+    report("embedding_" + n + "_host_ids", scaled_err(oh, ref), 0.0);
+  }
+}
+
+// Bad ids and device mismatches abort with a clear message. Death tests re-execute the binary
+// ("threadsafe" style) because a forked child cannot use the parent's CUDA context.
+TEST_F(CudaKernels, ChecksAbort) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        cuda::init();
+        Tensor ids = Tensor::empty({3}, DType::kI64);
+        ids.data<int64_t>()[0] = 1;
+        ids.data<int64_t>()[1] = 7;
+        ids.data<int64_t>()[2] = 2;
+        embedding_forward(cuda::to_device(ids), cuda::to_device(Tensor::full({5, 4}, 1.0f)),
+                          cuda::to_device(Tensor::full({3, 4}, 0.0f)));
+      },
+      "ids\\[1\\] = 7 outside");
+  EXPECT_DEATH(
+      {
+        cuda::init();
+        Tensor x = cuda::to_device(Tensor::full({2, 4}, 1.0f));
+        rmsnorm_forward(x, Tensor::full({4}, 1.0f), 1e-6f, 0.0f, x);
+      },
+      "same device");
+  report("checks_abort", HasFailure() ? 1.0 : 0.0, 0.0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMM. Error per element relative to its condition: |gpu - cpu| / (|alpha| (|A||B|)_ij +
+// |beta| |C_ij|). Each side of an f32 dot product of length K is within gamma_K ~ K u (u = eps/2)
+// of the exact value in those units, so the two differ by at most ~K eps; tolerance (K + 2) eps.
+void check_matmul(const std::string& name, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
+                  float alpha, float beta, bool linear) {
+  const Tensor a = ta ? randn({K, M}) : randn({M, K});
+  const Tensor b = tb ? randn({N, K}) : randn({K, N});
+  const Tensor c0 = randn({M, N});
+  Tensor ref = c0.clone();
+  Tensor absa = a.clone(), absb = b.clone(), cond = Tensor::empty({M, N});
+  for (int64_t i = 0; i < absa.numel(); ++i) absa.data<float>()[i] = std::fabs(a.data<float>()[i]);
+  for (int64_t i = 0; i < absb.numel(); ++i) absb.data<float>()[i] = std::fabs(b.data<float>()[i]);
+  matmul(absa, ta, absb, tb, cond, std::fabs(alpha), 0.0f);
+  Tensor od = beta == 0.0f ? poisoned({M, N}) : dev(c0);
+  if (linear) {
+    linear_forward(a, b, ref, beta);
+    linear_forward(dev(a), dev(b), od, beta);
+  } else {
+    matmul(a, ta, b, tb, ref, alpha, beta);
+    matmul(dev(a), ta, dev(b), tb, od, alpha, beta);
+  }
+  const Tensor got = host(od);
+  double err = 0.0;
+  for (int64_t i = 0; i < M * N; ++i) {
+    const double g = got.data<float>()[i], r = ref.data<float>()[i];
+    const double denom = cond.data<float>()[i] + std::fabs(beta * c0.data<float>()[i]) + 1e-30;
+    err = std::isfinite(g) ? std::max(err, std::fabs(g - r) / denom) : INFINITY;
+  }
+  report(name, err, (K + 2) * kEps);
+}
+
+TEST_F(CudaKernels, Gemm) {
+  check_matmul("linear_M37_K129_N61", 37, 61, 129, false, true, 1.0f, 0.0f, true);
+  check_matmul("linear_beta1", 37, 61, 129, false, true, 1.0f, 1.0f, true);
+  // M = 1: Loom's GEMV kernel (scalar loads for K = 257, float4 loads for K = 1024) and, for
+  // the other layouts, cublasSgemv.
+  check_matmul("linear_M1_decode_K257", 1, 300, 257, false, true, 1.0f, 0.0f, true);
+  check_matmul("linear_M1_decode_K1024", 1, 301, 1024, false, true, 1.0f, 0.0f, true);
+  check_matmul("linear_M1_decode_beta1", 1, 77, 1024, false, true, 1.0f, 1.0f, true);
+  check_matmul("matmul_M1_TT", 1, 77, 300, true, true, 0.75f, 0.5f, false);
+  check_matmul("matmul_M1_NN", 1, 77, 300, false, false, 0.75f, 0.0f, false);
+  check_matmul("matmul_M1_TN", 1, 77, 300, true, false, 0.75f, 0.5f, false);
+  for (int t = 0; t < 4; ++t) {
+    const bool ta = t & 1, tb = t & 2;
+    check_matmul(std::string("matmul_") + (ta ? "T" : "N") + (tb ? "T" : "N"), 37, 61, 129, ta, tb,
+                 0.75f, 0.5f, false);
+  }
+  check_matmul("matmul_K1000", 53, 71, 1000, false, false, 1.0f, 0.0f, false);
+  // K = 0: out = beta * out exactly (and beta = 0 writes zeros over the NaN poison).
+  for (float beta : {0.0f, 0.5f}) {
+    const Tensor c0 = randn({5, 7});
+    Tensor ref = c0.clone();
+    matmul(Tensor::empty({5, 0}), false, Tensor::empty({0, 7}), false, ref, 1.0f, beta);
+    Tensor od = beta == 0.0f ? poisoned({5, 7}) : dev(c0);
+    Tensor a0 = Tensor::empty({5, 0}, DType::kF32, Device::kCuda);
+    Tensor b0 = Tensor::empty({0, 7}, DType::kF32, Device::kCuda);
+    matmul(a0, false, b0, false, od, 1.0f, beta);
+    report(beta == 0.0f ? "matmul_K0_beta0" : "matmul_K0_beta05", scaled_err(od, ref), 0.0);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Causal conv1d. W taps summed in the same order; the GPU may contract to FMA where the CPU (ISO
+// C++ mode, no contraction) rounds twice, and expf differs by <= 2 ulp: per output the error is
+// at most ~(W + 4) eps * sum_j |w_j x_j|, which for these inputs stays below ~3 max |out|; so
+// 3 (W + 4) eps on the scaled error. The state update is a copy (exact).
+TEST_F(CudaKernels, CausalConv1d) {
+  const int64_t C = 129, W = 4, P = W - 1;
+  const double tol = 3 * (W + 4) * kEps;
+  for (bool silu : {false, true}) {
+    const std::string tag = silu ? "_silu" : "";
+    for (int64_t T : {61, 2}) {
+      const Tensor x = randn({T, C}), w = randn({C, W}, 0.5f), st0 = randn({P, C});
+      Tensor st = st0.clone(), ref = Tensor::empty({T, C});
+      causal_conv1d_forward(x, w, st, silu, ref);
+      Tensor xd = dev(x), wd = dev(w), std_ = dev(st0), od = poisoned({T, C});
+      causal_conv1d_forward(xd, wd, std_, silu, od);
+      report("conv1d_fwd_T" + std::to_string(T) + tag, scaled_err(od, ref), tol);
+      report("conv1d_fwd_state_T" + std::to_string(T) + tag, scaled_err(std_, st), 0.0);
+    }
+    // Prefill in pieces on the GPU (17 tokens, 1 token, the rest) equals the CPU's single pass.
+    const int64_t T = 61;
+    const Tensor x = randn({T, C}), w = randn({C, W}, 0.5f), st0 = randn({P, C});
+    Tensor st = st0.clone(), ref = Tensor::empty({T, C});
+    causal_conv1d_forward(x, w, st, silu, ref);
+    Tensor wd = dev(w), std_ = dev(st0), od = poisoned({T, C});
+    int64_t t0 = 0;
+    for (int64_t len : {17, 1, 43}) {
+      Tensor part = Tensor::empty({len, C});
+      part.copy_from(x.slice(0, t0, t0 + len));
+      causal_conv1d_forward(dev(part), wd, std_, silu, od.slice(0, t0, t0 + len));
+      t0 += len;
+    }
+    report("conv1d_fwd_split" + tag, scaled_err(od, ref), tol);
+    report("conv1d_fwd_split_state" + tag, scaled_err(std_, st), 0.0);
+
+    // Decode step, B sequences each with its own state.
+    const int64_t B = 5;
+    const Tensor xb = randn({B, C}), sb0 = randn({B, P, C});
+    Tensor sb = sb0.clone(), rb = Tensor::empty({B, C});
+    causal_conv1d_step(xb, w, sb, silu, rb);
+    Tensor sbd = dev(sb0), obd = poisoned({B, C});
+    causal_conv1d_step(dev(xb), wd, sbd, silu, obd);
+    report("conv1d_step" + tag, scaled_err(obd, rb), tol);
+    report("conv1d_step_state" + tag, scaled_err(sbd, sb), 0.0);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// KDA. Gate: expf, log1pf and the sigmoid each within a few ulp: 16 eps on the scaled error.
+TEST_F(CudaKernels, KdaGate) {
+  const int64_t T = 61, H = 3, dk = 43;
+  const Tensor A_log = uniform({H}, -1.0f, 1.5f);
+  for (int64_t width : {H * dk, H}) {
+    const Tensor f = randn({T, width}, 4.0f), bias = randn({width});
+    for (float lb : {0.0f, -5.0f}) {
+      for (bool with_bias : {true, false}) {
+        Tensor ref = Tensor::empty(f.shape());
+        const Tensor none;
+        kda_gate_forward(f, A_log, with_bias ? bias : none, lb, ref);
+        Tensor gd = poisoned(f.shape());
+        kda_gate_forward(dev(f), dev(A_log), with_bias ? dev(bias) : none, lb, gd);
+        report(std::string("kda_gate_") + (lb == 0.0f ? "softplus" : "bounded") +
+                   (width == H ? "_scalar" : "") + (with_bias ? "_bias" : ""),
+               scaled_err(gd, ref), 16 * kEps);
+      }
+    }
+  }
+}
+
+// Recurrent KDA over many tokens. With |k| = 1, beta in (0, 1) and decay factors <= 1, each
+// token's map S -> diag(e^g) (I - beta k k^T)-style update is non-expansive, so rounding errors
+// add up instead of compounding: per token the two length-dk dot products differ by ~sqrt(dk) eps
+// |S| (different summation order), and over T tokens by ~sqrt(T) of that in a random walk. For
+// T = 500, dk <= 256: sqrt(500) * 16 * eps ~ 4e-5 of max |S|; outputs are q.S with |q| = scale-ish.
+// Tolerance 2e-4 on the scaled error (about 5x margin) for outputs and final state.
+struct KdaCase {
+  int64_t T, Hk, Hv, dk, dv;
+  bool scalar_g, softplus;
+};
+
+void check_kda(const KdaCase& c) {
+  const int64_t gw = c.scalar_g ? 1 : c.dk;
+  Tensor q = randn({c.T, c.Hk, c.dk}), k = randn({c.T, c.Hk, c.dk});
+  l2norm_forward(q, 1e-6f, 1.0f, q);
+  l2norm_forward(k, 1e-6f, 1.0f, k);
+  const Tensor v = randn({c.T, c.Hv, c.dv});
+  const Tensor f = randn({c.T, c.Hv * gw}, 2.0f);
+  const Tensor A_log = uniform({c.Hv}, -2.0f, 0.5f);
+  Tensor g2 = Tensor::empty(f.shape());
+  kda_gate_forward(f, A_log, Tensor(), c.softplus ? 0.0f : -5.0f, g2);
+  const Tensor g = g2.reshape({c.T, c.Hv, gw});
+  Tensor beta = randn({c.T, c.Hv});
+  sigmoid_inplace(beta);
+  const Tensor s0 = randn({c.Hv, c.dk, c.dv}, 0.1f);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.dk));
+
+  Tensor s_ref = s0.clone(), o_ref = Tensor::empty({c.T, c.Hv, c.dv});
+  kda_recurrent_forward(q, k, v, g, beta, scale, s_ref, o_ref);
+
+  Tensor sd = dev(s0), od = poisoned({c.T, c.Hv, c.dv});
+  kda_recurrent_forward(dev(q), dev(k), dev(v), dev(g), dev(beta), scale, sd, od);
+  const std::string name = "kda_recurrent_T" + std::to_string(c.T) + "_Hv" + std::to_string(c.Hv) +
+                           "_dk" + std::to_string(c.dk) + "_dv" + std::to_string(c.dv) +
+                           (c.scalar_g ? "_scalarg" : "") + (c.softplus ? "_softplus" : "_bounded");
+  report(name, scaled_err(od, o_ref), 2e-4);
+  report(name + "_state", scaled_err(sd, s_ref), 2e-4);
+}
+
+TEST_F(CudaKernels, KdaRecurrent) {
+  check_kda({500, 2, 4, 64, 72, false, false});
+  check_kda({500, 1, 3, 128, 100, false, true});
+  check_kda({500, 2, 6, 96, 129, true, true});  // GDN: g [T, Hv, 1], Hv = 3 Hk
+  check_kda({61, 2, 2, 256, 256, false, true});
+  check_kda({61, 1, 2, 37, 33, false, false});
+  check_kda({1, 4, 8, 128, 128, false, false});  // one decode step
+}
+
+// ---------------------------------------------------------------------------------------------
+// RoPE: the angle inv_freq * pos is the same f32 product on both sides; cosf/sinf (<= 2 ulp on
+// the GPU, ~1 in glibc) and the rotation's two products and a sum: <= 8 eps |x| scaled.
+TEST_F(CudaKernels, Rope) {
+  const int64_t T = 61, H = 3, d = 133, off = 5;
+  std::vector<int64_t> pos;
+  std::uniform_int_distribution<int64_t> pick(0, 100000);
+  for (int64_t t = 0; t < T; ++t) pos.push_back(pick(rng()));
+  for (RopeStyle style : {RopeStyle::kHalf, RopeStyle::kInterleaved}) {
+    for (bool yarn : {false, true}) {
+      const RopeTable table =
+          yarn ? rope_table_yarn(10000.0, 64, style, 40.0, 4096, 32, 1, 1.0, 1.0, -1.0, true)
+               : rope_table_default(1e6, 126, style);
+      const Tensor x = randn({T, H, d});
+      Tensor ref = x.clone();
+      rope_forward(ref, pos, table, yarn ? off : 0);
+      Tensor xd = dev(x);
+      rope_forward(xd, pos, table, yarn ? off : 0);
+      report(std::string("rope_") + (style == RopeStyle::kHalf ? "half" : "interleaved") +
+                 (yarn ? "_yarn" : ""),
+             scaled_err(xd, ref), 8 * kEps);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace loom

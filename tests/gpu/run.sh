@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Builds the `cuda` preset (build-cuda/), runs the GPU kernel tests and the CUDA benchmark, and
+# prints a results table. Meant for a machine with an NVIDIA GPU, nvcc, CMake and ninja; needs no
+# ../shared fixtures. Where Abseil, nlohmann-json, GoogleTest, OpenBLAS, pkg-config, PCRE2 or
+# utf8proc development files are missing (the lent H200 machines), it uses the Debian bookworm
+# packages unpacked from .device-deps/deps.tar.xz when that file exists (git-ignored through
+# .git/info/exclude; see bench/results/gpu-h200.md for how it is made).
+#
+#   bash tests/gpu/run.sh            # build only the GPU test and benchmark targets (and deps)
+#   LOOM_GPU_BUILD_ALL=1 bash ...    # build everything in the preset
+#   LOOM_GPU_SANITIZE=1 bash ...     # also run the tests (not the death tests) under memcheck
+# Logs go to $OUT (if set) or build-cuda/gpu-logs.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+jobs=$(nproc)
+extra=()
+
+if [ -f .device-deps/deps.tar.xz ]; then
+  dd=/tmp/loom-device-deps
+  if [ ! -d "$dd/usr" ]; then
+    mkdir -p "$dd" && tar -C "$dd" -xJf .device-deps/deps.tar.xz || exit 1
+  fi
+  lib=$dd/usr/lib/x86_64-linux-gnu
+  export CMAKE_PREFIX_PATH=$dd/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+  export LD_LIBRARY_PATH=$lib:$lib/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  command -v pkg-config >/dev/null || export PATH=$dd/usr/bin:$PATH
+  export PKG_CONFIG_LIBDIR=$lib/pkgconfig:$dd/usr/share/pkgconfig
+  export PKG_CONFIG_SYSROOT_DIR=$dd
+  export CMAKE_POLICY_VERSION_MINIMUM=3.5
+  extra+=(-DLOOM_OPENBLAS_LIB="$lib/openblas-pthread/libopenblas.so"
+          -DLOOM_CBLAS_INCLUDE="$dd/usr/include/x86_64-linux-gnu/openblas-pthread")
+  echo "run.sh: using carried packages from .device-deps ($dd)"
+fi
+
+logs=${OUT:-$root/build-cuda/gpu-logs}
+mkdir -p "$logs"
+echo "== $(date -u +%FT%TZ)  commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' + uncommitted')"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | head -3
+nvcc --version 2>/dev/null | tail -1 || /usr/local/cuda/bin/nvcc --version | tail -1
+cmake --version | head -1
+
+t0=$(date +%s)
+# LOOM_BENCH=OFF: the CPU Google Benchmark binary is not needed here (the CUDA benchmark below
+# uses CUDA events and no Google Benchmark).
+if ! cmake --preset cuda -DLOOM_BENCH=OFF "${extra[@]}" >"$logs/configure.log" 2>&1; then
+  tail -40 "$logs/configure.log"; echo "run.sh: configure FAILED"; exit 1
+fi
+targets=(--target cuda_kernels_test kernels_cuda_bench)
+[ "${LOOM_GPU_BUILD_ALL:-0}" = 1 ] && targets=()
+if ! cmake --build build-cuda -j "$jobs" "${targets[@]}" >"$logs/build.log" 2>&1; then
+  grep -E "error|Error" "$logs/build.log" | head -40; echo "run.sh: build FAILED"; exit 1
+fi
+grep -iE "warning" "$logs/build.log" | head -20
+echo "run.sh: configure + build $(( $(date +%s) - t0 )) s"
+
+t1=$(date +%s)
+build-cuda/tests/cuda_kernels_test --gtest_color=no >"$logs/test.log" 2>&1
+test_rc=$?
+echo "run.sh: tests exit $test_rc in $(( $(date +%s) - t1 )) s"
+grep -E "^\[  FAILED|LOOM_CHECK|CUDA call|Failure" "$logs/test.log" | head -20
+
+t2=$(date +%s)
+build-cuda/bin/kernels_cuda_bench >"$logs/bench.log" 2>&1
+bench_rc=$?
+echo "run.sh: benchmark exit $bench_rc in $(( $(date +%s) - t2 )) s"
+
+if [ "${LOOM_GPU_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
+  compute-sanitizer --tool memcheck --error-exitcode 9 build-cuda/tests/cuda_kernels_test \
+    --gtest_filter='-*ChecksAbort*' \
+    >"$logs/sanitize.log" 2>&1
+  echo "run.sh: compute-sanitizer memcheck exit $? ($(grep -c 'ERROR SUMMARY: 0' "$logs/sanitize.log") clean summaries)"
+  tail -3 "$logs/sanitize.log"
+fi
+
+echo
+echo "== CUDA kernels vs CPU twins (scaled max error unless noted in tests/gpu/cuda_kernels_test.cc)"
+printf '| %-46s | %10s | %10s | %-4s |\n' kernel "max error" tolerance pass
+printf '|%s|%s|%s|%s|\n' "$(printf -- '-%.0s' {1..48})" "------------" "------------" "------"
+grep '^GPUCHECK' "$logs/test.log" | awk '{printf "| %-46s | %10s | %10s | %-4s |\n", $2, $3, $4, $5}'
+echo "checks: $(grep -c '^GPUCHECK.*PASS' "$logs/test.log") pass, $(grep -c '^GPUCHECK.*FAIL' "$logs/test.log") fail; gtest: $(grep -E '^\[  (PASSED|FAILED)' "$logs/test.log" | tr '\n' ' ')"
+echo
+echo "== Benchmarks ($(grep '^device:' "$logs/bench.log"))"
+printf '| %-48s | %12s | %16s | %8s | %9s |\n' benchmark achieved roofline fraction "median ms"
+printf '|%s|%s|%s|%s|%s|\n' "$(printf -- '-%.0s' {1..50})" "--------------" "------------------" "----------" "-----------"
+grep '^GPUBENCH' "$logs/bench.log" | awk '{printf "| %-48s | %7s %-4s | %9s %-6s | %7.1f%% | %9s |\n", $2, $3, ($4=="TFLOP/s"?"TF/s":$4), $5, ($4=="TFLOP/s"?"TF/s":$4), 100*$6, $7}'
+[ $bench_rc = 0 ] || tail -5 "$logs/bench.log"
+[ $test_rc = 0 ] && [ $bench_rc = 0 ]
