@@ -50,6 +50,7 @@ struct BatchPlan {
   std::vector<uint64_t> preempted;
 };
 
+// Why a request ended. kError: the engine failed it (a bad step, rejected input).
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
 
 // The engine's report of one scheduled sequence.

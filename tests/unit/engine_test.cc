@@ -229,6 +229,56 @@ TEST(Engine, CancellationReturnsEverything) {
   EXPECT_EQ(after.running + after.waiting, 0);
 }
 
+// With a tokenizer: text deltas concatenate to the detokenized tokens, and a stop string cuts the
+// text exactly before itself without ever streaming a prefix of it.
+TEST(Engine, TextAndStopStrings) {
+  auto model = Model::load(kFixtures + "/kimi_linear_s1");  // vocab 500 >= 260 byte-level ids
+  ASSERT_TRUE(model.ok());
+  std::shared_ptr<const Tokenizer> tok = Tokenizer::byte_level();
+  auto engine = Engine::create(std::move(*model), tok, {});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  Request r;
+  r.prompt = tok->encode("Loom serves hybrid models.");
+  r.params = greedy(60);
+  r.params.logprobs = 2;
+  std::string text;
+  std::vector<int32_t> ids;
+  int logprob_events = 0;
+  auto s = *(*engine)->submit(r);
+  while (auto ev = s->next()) {
+    text += ev->text;
+    ids.insert(ids.end(), ev->token_ids.begin(), ev->token_ids.end());
+    for (const TokenLogprob& lp : ev->logprobs) {
+      ++logprob_events;
+      EXPECT_LE(lp.logprob, 0.0f);
+      ASSERT_EQ(lp.top.size(), 2u);
+      EXPECT_EQ(lp.top[0].first, lp.token) << "greedy picks the top logprob";
+    }
+  }
+  EXPECT_EQ(logprob_events, 60);
+  // Ids above 259 decode to nothing useful for a byte tokenizer: keep those that are bytes.
+  std::vector<int32_t> bytes;
+  for (int32_t id : ids)
+    if (id < 260) bytes.push_back(id);
+  EXPECT_EQ(text, *tok->decode(bytes));
+  ASSERT_GE(text.size(), 6u) << "the untrained model produced too little text to test stops";
+  // A stop string taken from the middle of the output.
+  const std::string stop = text.substr(text.size() / 2, 3);
+  const std::string expect = text.substr(0, text.find(stop));
+  r.params.stop = {stop};
+  r.params.logprobs = -1;
+  std::string stopped;
+  std::optional<FinishReason> reason;
+  auto s2 = *(*engine)->submit(r);
+  while (auto ev = s2->next()) {
+    stopped += ev->text;
+    EXPECT_EQ(stopped, expect.substr(0, stopped.size())) << "streamed text past the stop point";
+    if (ev->finish) reason = ev->finish;
+  }
+  EXPECT_EQ(stopped, expect);
+  EXPECT_EQ(reason, FinishReason::kStop);
+}
+
 TEST(Engine, RejectsBadRequests) {
   auto e = make_engine("kimi_linear_s1", {});
   Request r;
