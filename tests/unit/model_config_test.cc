@@ -116,3 +116,62 @@ TEST(ModelConfig, RejectsMalformed) {
 
 }  // namespace
 }  // namespace loom
+
+namespace loom {
+namespace {
+
+// Every family's fixture config parses; family-specific bad values are rejected by name.
+TEST(ModelConfig, OtherFamilies) {
+  struct Case {
+    const char* fixture;
+    std::function<void(nlohmann::json&)> edit;
+    const char* expect;
+  };
+  const std::vector<Case> cases = {
+      {"deepseek_v3_s1", [](auto& j) { j["rope_parameters"]["rope_type"] = "dynamic"; }, "dynamic"},
+      {"deepseek_v3_s1", [](auto& j) { j["scoring_func"] = "softmax"; }, "scoring_func"},
+      {"deepseek_v3_s1", [](auto& j) { j["rope_parameters"].erase("factor"); }, "factor"},
+      {"deepseek_v3_s1", [](auto& j) { j["n_group"] = 3; }, "n_group"},
+      {"qwen3_next_s0", [](auto& j) { j["layer_types"][2] = "sliding_attention"; }, "layer_types[2]"},
+      {"qwen3_next_s0", [](auto& j) { j["linear_num_value_heads"] = 3; }, "multiple"},
+      {"qwen3_next_s0", [](auto& j) { j["mlp_only_layers"] = {9}; }, "mlp_only_layers"},
+      {"qwen3_next_s0", [](auto& j) { j["partial_rotary_factor"] = 1.5;
+                                      j["rope_parameters"].erase("partial_rotary_factor"); },
+       "partial_rotary_factor"},
+      {"fla_kda_s0", [](auto& j) { j["attn"]["layers"] = {7}; }, "attn.layers"},
+      {"fla_kda_s0", [](auto& j) { j["lower_bound"] = 2.0; }, "lower_bound"},
+      {"fla_kda_s0", [](auto& j) { j["allow_neg_eigval"] = true; }, "allow_neg_eigval"},
+      {"fla_kda_s0", [](auto& j) { j["attn"]["window_size"] = 128; }, "window_size"},
+      {"fla_kda_s0", [](auto& j) { j["attnres_block_size"] = -1; }, "attnres_block_size"},
+  };
+  for (const char* f : {"deepseek_v3_s1", "qwen3_next_s0", "fla_kda_s0"}) {
+    absl::StatusOr<ModelConfig> c = parse_model_config(fixture_config(f));
+    EXPECT_TRUE(c.ok()) << f << ": " << c.status();
+  }
+  for (const Case& bc : cases) {
+    nlohmann::json j = nlohmann::json::parse(fixture_config(bc.fixture));
+    bc.edit(j);
+    absl::StatusOr<ModelConfig> c = parse_model_config(j.dump());
+    ASSERT_FALSE(c.ok()) << bc.fixture << " " << bc.expect;
+    EXPECT_NE(std::string(c.status().message()).find(bc.expect), std::string::npos)
+        << bc.fixture << ": " << c.status();
+  }
+  // Derived values the adapters must get right.
+  ModelConfig q = *parse_model_config(fixture_config("qwen3_next_s0"));
+  EXPECT_EQ(q.norm_weight_offset, 1.0f);
+  EXPECT_EQ(q.mixers[3], MixerType::kGqa);
+  EXPECT_EQ(q.linear.num_v_heads, 4);
+  EXPECT_TRUE(q.moe.shared_expert_gate);
+  ModelConfig d = *parse_model_config(fixture_config("deepseek_v3_s1"));
+  EXPECT_EQ(d.rope.type, RopeConfig::Type::kYarn);
+  EXPECT_TRUE(d.rope.interleaved);
+  EXPECT_EQ(d.ffns[0], FfnType::kDense);
+  ModelConfig k = *parse_model_config(fixture_config("fla_kda_s0"));
+  EXPECT_EQ(k.linear.gate_lower_bound, -5.0f);
+  EXPECT_EQ(k.attnres_block_size, 4);
+  EXPECT_EQ(k.mixers[3], MixerType::kGqa);
+  EXPECT_EQ(k.gqa.head_dim, 32);
+}
+
+}  // namespace
+}  // namespace loom

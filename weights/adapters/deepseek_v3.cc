@@ -68,6 +68,9 @@ absl::StatusOr<ModelConfig> parse_deepseek_v3_config(const nlohmann::json& j) {
   c.moe.routed_scaling = static_cast<float>(scaling);
   c.moe.score_sigmoid = true;
   c.moe.has_score_bias = true;
+  if (auto it = j.find("scoring_func"); it != j.end() && it->is_string() && *it != "sigmoid")
+    return absl::InvalidArgumentError(
+        absl::StrCat("scoring_func ", it->dump(), " is not supported (sigmoid only)"));
   if (auto it = j.find("topk_method"); it != j.end() && it->is_string() && *it != "noaux_tc")
     return absl::InvalidArgumentError(
         absl::StrCat("topk_method ", it->dump(), " is not supported (noaux_tc only)"));

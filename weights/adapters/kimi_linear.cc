@@ -157,6 +157,10 @@ absl::StatusOr<ModelConfig> parse_kimi_linear_config(const nlohmann::json& j) {
   c.moe.routed_scaling = static_cast<float>(scaling);
   c.moe.score_sigmoid = true;
   c.moe.has_score_bias = true;
+  if (auto it = j.find("moe_router_activation_func");
+      it != j.end() && it->is_string() && *it != "sigmoid")
+    return absl::InvalidArgumentError(absl::StrCat("moe_router_activation_func ", it->dump(),
+                                                   " is not supported (sigmoid only)"));
   LOOM_ASSIGN_OR_RETURN(std::string act, json_fields::get_string(j, "hidden_act"));
   if (act != "silu")
     return absl::InvalidArgumentError(absl::StrCat("hidden_act '", act, "' unsupported (silu only)"));
