@@ -12,7 +12,7 @@ DEB_PACKAGES := cmake ninja-build g++ pkg-config libabsl-dev nlohmann-json3-dev 
 # Extra packages for `make lint` and `make fuzz` (clang, its sanitizer runtime, the linters).
 DEV_PACKAGES := clang clang-format clang-tidy libclang-rt-14-dev
 
-.PHONY: help deps dev-deps configure build test run lint format asan fuzz cuda-build bench clean
+.PHONY: help deps dev-deps configure build test run lint format asan fuzz cuda-build bench clean default-model
 
 help:
 	@echo "make test   install missing packages, build, run every test (ctest)"
@@ -51,6 +51,12 @@ test: build
 
 run: build
 	./build/bin/loom-conformance --fixture $(RUN_FIXTURE)
+
+# The bundled default model: deterministic untrained weights for weights/default/config.json.
+build/default-model/model.safetensors: build weights/default/config.json
+	./build/bin/loom-init-model --config weights/default/config.json --seed 1 --out build/default-model
+
+default-model: build/default-model/model.safetensors
 
 bench: build
 	./build/bin/loom-bench-kernels --benchmark_counters_tabular=true
