@@ -66,7 +66,8 @@ int run() {
     while (s->next()) {
     }
   }
-  std::printf("| concurrency | requests | output tokens | seconds | output tok/s | per-request tok/s |\n");
+  std::printf(
+      "| concurrency | requests | output tokens | seconds | output tok/s | per-request tok/s |\n");
   std::printf("|---|---|---|---|---|---|\n");
   for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_concurrency), ',')) {
     const int conc = std::stoi(std::string(c));

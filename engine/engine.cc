@@ -64,11 +64,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> mo
   e->options_ = options;
   e->tokenizer_ = std::move(tokenizer);
   const ModelConfig& cfg = model->config();
-  e->max_model_len_ = options.max_model_len > 0 ? options.max_model_len
+  e->max_model_len_ = options.max_model_len > 0         ? options.max_model_len
                       : cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings
                                                         : (1 << 30);
   if (e->tokenizer_ && e->tokenizer_->vocab_size() > cfg.vocab_size)
-    return absl::InvalidArgumentError(absl::StrCat("the tokenizer has ", e->tokenizer_->vocab_size(),
+    return absl::InvalidArgumentError(absl::StrCat("the tokenizer has ",
+                                                   e->tokenizer_->vocab_size(),
                                                    " tokens but the model only ", cfg.vocab_size));
 
   // Size the pools: per-token KV bytes of each attention layer, state bytes per slot.
@@ -179,7 +180,7 @@ void Engine::run_loop() {
   int64_t steps = 0, prompt_tokens = 0, generated = 0, preemptions = 0, hit_tokens = 0,
           query_tokens = 0;
   int64_t finished[8] = {};  // by FinishReason
-  int64_t closed = 0;         // streams closed since the last stats update
+  int64_t closed = 0;        // streams closed since the last stats update
   auto publish_stats = [&] {
     absl::MutexLock lock(&mu_);
     stats_.waiting = sched.num_waiting();

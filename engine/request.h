@@ -15,8 +15,8 @@ namespace loom {
 struct Request {
   std::vector<int32_t> prompt;  // token ids, non-empty, each in [0, vocab)
   SamplingParams params;
-  int32_t priority = 0;         // higher first; FCFS within a priority
-  std::string tag;              // free text for logs (e.g. the HTTP request id)
+  int32_t priority = 0;  // higher first; FCFS within a priority
+  std::string tag;       // free text for logs (e.g. the HTTP request id)
 };
 
 struct TokenLogprob {
@@ -28,9 +28,9 @@ struct TokenLogprob {
 // One event of a request's output stream. Events of different choices (n > 1) interleave; each
 // choice ends with exactly one event whose `finish` is set.
 struct RequestOutput {
-  int32_t index = 0;               // choice index in [0, n)
-  std::vector<int32_t> token_ids;  // tokens sampled since the choice's previous event
-  std::string text;                // their text: whole UTF-8 characters, stop strings withheld
+  int32_t index = 0;                   // choice index in [0, n)
+  std::vector<int32_t> token_ids;      // tokens sampled since the choice's previous event
+  std::string text;                    // their text: whole UTF-8 characters, stop strings withheld
   std::vector<TokenLogprob> logprobs;  // one per token when logprobs >= 0
   std::optional<FinishReason> finish;  // stop, length, cancelled or error: the choice's last event
   std::string error;                   // when finish == kError

@@ -26,9 +26,8 @@ void cache_write_rows(const CacheView& view, int64_t start, const Tensor& rows) 
 }
 
 void mla_attention_expanded(const Tensor& q, const CacheView& cache_latent,
-                            const CacheView& cache_rope,
-                            const Tensor& kv_b, const MlaDims& dims, float scale,
-                            const Tensor& out) {
+                            const CacheView& cache_rope, const Tensor& kv_b, const MlaDims& dims,
+                            float scale, const Tensor& out) {
   if (q.device() == Device::kCpu) {
     return cpu::mla_attention_expanded(q, cache_latent, cache_rope, kv_b, dims, scale, out);
   }
@@ -37,9 +36,8 @@ void mla_attention_expanded(const Tensor& q, const CacheView& cache_latent,
 }
 
 void mla_attention_absorbed(const Tensor& q, const CacheView& cache_latent,
-                            const CacheView& cache_rope,
-                            const Tensor& kv_b, const MlaDims& dims, float scale,
-                            const Tensor& out) {
+                            const CacheView& cache_rope, const Tensor& kv_b, const MlaDims& dims,
+                            float scale, const Tensor& out) {
   if (q.device() == Device::kCpu) {
     return cpu::mla_attention_absorbed(q, cache_latent, cache_rope, kv_b, dims, scale, out);
   }

@@ -2,12 +2,11 @@
 // per head), one sequence at a time.
 //
 // Shapes (one sequence of T tokens):
-//   q, k:  [T, Hk, dk]   already L2-normalised (see l2norm_forward); q is multiplied by `scale` here
-//   v:     [T, Hv, dv]   Hv is a multiple of Hk; value head h reads key head h / (Hv / Hk)
-//   g:     [T, Hv, dk]   per-channel log decay (KDA), or [T, Hv, 1] one per head (GDN); all <= 0
-//   beta:  [T, Hv]
-//   state: [Hv, dk, dv]  f32, updated in place (the documented state layout of every linear layer)
-//   out:   [T, Hv, dv]   must not alias any input
+//   q, k:  [T, Hk, dk]   already L2-normalised (see l2norm_forward); q is multiplied by `scale`
+//   here v:     [T, Hv, dv]   Hv is a multiple of Hk; value head h reads key head h / (Hv / Hk) g:
+//   [T, Hv, dk]   per-channel log decay (KDA), or [T, Hv, 1] one per head (GDN); all <= 0 beta: [T,
+//   Hv] state: [Hv, dk, dv]  f32, updated in place (the documented state layout of every linear
+//   layer) out:   [T, Hv, dv]   must not alias any input
 // The recurrence, per value head and token t:
 //   S = diag(exp(g_t)) S;  S += k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T (scale * q_t)
 #pragma once
@@ -18,8 +17,7 @@ namespace loom {
 
 // The token-by-token recurrence: the reference, and the decode path (T small).
 void kda_recurrent_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                           const Tensor& beta, float scale, const Tensor& state,
-                           const Tensor& out);
+                           const Tensor& beta, float scale, const Tensor& state, const Tensor& out);
 
 // Chunked (WY/UT) form, chunk of kKdaChunk tokens in 16-token sub-chunks; equals
 // kda_recurrent_forward to f32 rounding for any T (not only multiples of the chunk) and any decay

@@ -13,13 +13,13 @@ enum class RouterScore : uint8_t {
 struct RouterParams {
   RouterScore score = RouterScore::kSigmoid;
   int top_k = 1;
-  int n_group = 1;        // experts split into n_group equal groups (1 = no grouping)
-  int topk_group = 1;     // groups kept; a group's score is the sum of its top-2 biased scores;
-                          // experts of dropped groups are masked with -inf before the top-k
+  int n_group = 1;          // experts split into n_group equal groups (1 = no grouping)
+  int topk_group = 1;       // groups kept; a group's score is the sum of its top-2 biased scores;
+                            // experts of dropped groups are masked with -inf before the top-k
   bool renormalize = true;  // sigmoid: w /= sum(w) + 1e-20 over the chosen experts (HF
                             // deepseek_v3 / kimi_linear); softmax: w /= sum(w), no epsilon
                             // (HF Qwen2MoeTopKRouter, which qwen3_next reuses)
-  float routed_scaling = 1.0f;    // applied after renormalisation
+  float routed_scaling = 1.0f;  // applied after renormalisation
 };
 
 // logits: [T, E] f32; bias: [E] f32 or undefined (selection only, never in the weights);

@@ -97,8 +97,7 @@ absl::StatusOr<std::vector<int>> get_int_list(const nlohmann::json& j, const cha
   return out;
 }
 
-absl::StatusOr<std::vector<std::string>> get_string_list(const nlohmann::json& j,
-                                                         const char* key) {
+absl::StatusOr<std::vector<std::string>> get_string_list(const nlohmann::json& j, const char* key) {
   std::vector<std::string> out;
   const nlohmann::json* v = find(j, key);
   if (!v) return out;

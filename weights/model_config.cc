@@ -12,10 +12,14 @@ namespace loom {
 
 std::string_view mixer_type_name(MixerType t) {
   switch (t) {
-    case MixerType::kKda: return "kda";
-    case MixerType::kGdn: return "gdn";
-    case MixerType::kMla: return "mla";
-    case MixerType::kGqa: return "gqa";
+    case MixerType::kKda:
+      return "kda";
+    case MixerType::kGdn:
+      return "gdn";
+    case MixerType::kMla:
+      return "mla";
+    case MixerType::kGqa:
+      return "gqa";
   }
   return "?";
 }
@@ -53,10 +57,11 @@ absl::Status ModelConfig::validate() const {
     LOOM_RETURN_IF_ERROR(positive(linear.v_head_dim, "linear attention v_head_dim"));
     LOOM_RETURN_IF_ERROR(positive(linear.num_v_heads, "linear attention num_v_heads"));
     if (linear.num_v_heads % linear.num_heads != 0)
-      return absl::InvalidArgumentError("linear attention value heads must be a multiple of key heads");
-    if (linear.conv_kernel < 1 || linear.conv_kernel > 16)
       return absl::InvalidArgumentError(
-          absl::StrCat("short convolution kernel size must be in [1, 16], got ", linear.conv_kernel));
+          "linear attention value heads must be a multiple of key heads");
+    if (linear.conv_kernel < 1 || linear.conv_kernel > 16)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "short convolution kernel size must be in [1, 16], got ", linear.conv_kernel));
     if (linear.gate_lower_bound > 0.0f)
       return absl::InvalidArgumentError("gate lower bound must be <= 0");
   }
@@ -73,19 +78,20 @@ absl::Status ModelConfig::validate() const {
     LOOM_RETURN_IF_ERROR(positive(moe.top_k, "num_experts_per_tok"));
     LOOM_RETURN_IF_ERROR(positive(moe.intermediate_size, "moe_intermediate_size"));
     if (moe.top_k > moe.num_experts)
-      return absl::InvalidArgumentError(absl::StrCat("num_experts_per_tok (", moe.top_k,
-                                                     ") exceeds num_experts (", moe.num_experts, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "num_experts_per_tok (", moe.top_k, ") exceeds num_experts (", moe.num_experts, ")"));
     LOOM_RETURN_IF_ERROR(positive(moe.n_group, "n_group"));
     if (moe.num_experts % moe.n_group != 0)
-      return absl::InvalidArgumentError(absl::StrCat("num_experts (", moe.num_experts,
-                                                     ") is not a multiple of n_group (", moe.n_group, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "num_experts (", moe.num_experts, ") is not a multiple of n_group (", moe.n_group, ")"));
     if (moe.topk_group < 1 || moe.topk_group > moe.n_group)
-      return absl::InvalidArgumentError(
-          absl::StrCat("topk_group must be in [1, n_group = ", moe.n_group, "], got ", moe.topk_group));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "topk_group must be in [1, n_group = ", moe.n_group, "], got ", moe.topk_group));
     if (moe.n_group > 1 && moe.num_experts / moe.n_group < 2)
       return absl::InvalidArgumentError("grouped routing needs at least 2 experts per group");
     if (moe.top_k > (moe.num_experts / moe.n_group) * moe.topk_group)
-      return absl::InvalidArgumentError("num_experts_per_tok exceeds the experts in the kept groups");
+      return absl::InvalidArgumentError(
+          "num_experts_per_tok exceeds the experts in the kept groups");
     if (moe.num_shared_experts > 0)
       LOOM_RETURN_IF_ERROR(positive(moe.shared_intermediate_size, "shared expert width"));
   }
@@ -97,8 +103,8 @@ absl::StatusOr<ModelConfig> parse_model_config(std::string_view json_text) {
   // A config.json is a few KB; a huge one is an attack or a mistake, not a model.
   constexpr size_t kMaxConfigBytes = 4u << 20;
   if (json_text.size() > kMaxConfigBytes)
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.json is ", json_text.size(), " bytes; the limit is ", kMaxConfigBytes));
+    return absl::InvalidArgumentError(absl::StrCat("config.json is ", json_text.size(),
+                                                   " bytes; the limit is ", kMaxConfigBytes));
   nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError("config.json is not valid JSON");
   if (!j.is_object()) return absl::InvalidArgumentError("config.json must hold a JSON object");
@@ -139,7 +145,8 @@ absl::StatusOr<ModelConfig> load_model_config(const std::string& dir) {
   std::ostringstream ss;
   ss << in.rdbuf();
   absl::StatusOr<ModelConfig> cfg = parse_model_config(ss.str());
-  if (!cfg.ok()) return absl::Status(cfg.status().code(), absl::StrCat(path, ": ", cfg.status().message()));
+  if (!cfg.ok())
+    return absl::Status(cfg.status().code(), absl::StrCat(path, ": ", cfg.status().message()));
   return cfg;
 }
 

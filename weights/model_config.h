@@ -16,13 +16,13 @@ std::string_view mixer_type_name(MixerType t);
 
 // Kimi Delta Attention and Gated DeltaNet layers.
 struct LinearAttentionConfig {
-  int num_heads = 0;       // key heads (KDA: the only head count)
-  int num_v_heads = 0;     // value heads (GDN may have more value than key heads; KDA: = num_heads)
-  int head_dim = 0;        // d_k
-  int v_head_dim = 0;      // d_v
-  int conv_kernel = 4;     // short convolution width W
-  int gate_rank = 0;       // KDA: inner width of the low-rank f (decay) and g (output gate)
-                           // projections (kimi_linear: head_dim; fla: head_v_dim)
+  int num_heads = 0;    // key heads (KDA: the only head count)
+  int num_v_heads = 0;  // value heads (GDN may have more value than key heads; KDA: = num_heads)
+  int head_dim = 0;     // d_k
+  int v_head_dim = 0;   // d_v
+  int conv_kernel = 4;  // short convolution width W
+  int gate_rank = 0;    // KDA: inner width of the low-rank f (decay) and g (output gate)
+                        // projections (kimi_linear: head_dim; fla: head_v_dim)
   float gate_lower_bound = 0.0f;  // 0: softplus gate; < 0: bounded gate lb * sigmoid(.)
   bool output_gate_bias = false;  // KDA's g_b projection has a bias (fla)
 };
@@ -31,14 +31,14 @@ struct RopeConfig {
   enum class Type : uint8_t { kNone, kDefault, kYarn };
   Type type = Type::kNone;
   double theta = 10000.0;
-  bool interleaved = false;        // pairs (2i, 2i+1) (deepseek) vs halves (rotate_half)
+  bool interleaved = false;  // pairs (2i, 2i+1) (deepseek) vs halves (rotate_half)
   double partial_rotary_factor = 1.0;
   // YaRN
   double factor = 1.0;
   double original_max_position = 0;
   double beta_fast = 32, beta_slow = 1;
   double mscale = 0.0, mscale_all_dim = 0.0;  // 0: unset
-  double attention_factor = -1.0;              // < 0: derived from factor and mscales
+  double attention_factor = -1.0;             // < 0: derived from factor and mscales
   bool truncate = true;
 };
 

@@ -20,9 +20,11 @@ Shape squeeze(const Shape& s) {
 // Converts a host tensor of any float dtype to a contiguous f32 tensor (zero-copy for f32).
 absl::StatusOr<Tensor> as_f32(const Tensor& t, std::string_view name) {
   switch (t.dtype()) {
-    case DType::kF32: return t.is_contiguous() ? t : t.clone();
+    case DType::kF32:
+      return t.is_contiguous() ? t : t.clone();
     case DType::kBF16:
-    case DType::kF16: return t.to_f32();
+    case DType::kF16:
+      return t.to_f32();
     default:
       return absl::InvalidArgumentError(absl::StrCat("tensor '", absl_sv(name), "' has dtype ",
                                                      absl_sv(dtype_name(t.dtype())),
@@ -53,7 +55,8 @@ WeightLoader WeightLoader::synthetic(const ModelConfig& cfg, uint64_t seed) {
 }
 
 absl::StatusOr<Tensor> WeightLoader::load(std::string_view canonical, const Shape& shape) const {
-  absl::StatusOr<Tensor> t = ckpt_ ? load_from_checkpoint(canonical, shape) : invent(canonical, shape);
+  absl::StatusOr<Tensor> t =
+      ckpt_ ? load_from_checkpoint(canonical, shape) : invent(canonical, shape);
   if (t.ok() && record_ != nullptr) record_->emplace_back(std::string(canonical), *t);
   return t;
 }
@@ -103,8 +106,8 @@ absl::StatusOr<Tensor> WeightLoader::load_from_checkpoint(std::string_view canon
   std::vector<Tensor> parts;
   for (const std::string& n : src.names) {
     if (!ckpt_->contains(n))
-      return absl::NotFoundError(absl::StrCat("checkpoint is missing tensor '", n, "' (for ",
-                                              absl_sv(canonical), ")"));
+      return absl::NotFoundError(
+          absl::StrCat("checkpoint is missing tensor '", n, "' (for ", absl_sv(canonical), ")"));
     LOOM_ASSIGN_OR_RETURN(Tensor t, ckpt_->get(n));
     LOOM_ASSIGN_OR_RETURN(Tensor f, as_f32(t, n));
     parts.push_back(std::move(f));
@@ -116,9 +119,10 @@ absl::StatusOr<Tensor> WeightLoader::load_from_checkpoint(std::string_view canon
   Shape combined = parts[0].shape();
   for (size_t i = 1; i < parts.size(); ++i) {
     if (parts[i].shape() != parts[0].shape() && src.combine == TensorSource::Combine::kStack)
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", src.names[i], "' has shape ", parts[i].shape().to_string(), "; expected ",
-          parts[0].shape().to_string(), " like '", src.names[0], "' (for ", absl_sv(canonical), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", src.names[i], "' has shape ", parts[i].shape().to_string(),
+                       "; expected ", parts[0].shape().to_string(), " like '", src.names[0],
+                       "' (for ", absl_sv(canonical), ")"));
   }
   if (src.combine == TensorSource::Combine::kStack) {
     Shape s;
@@ -131,10 +135,10 @@ absl::StatusOr<Tensor> WeightLoader::load_from_checkpoint(std::string_view canon
       bool same_tail = ps.ndim() == combined.ndim() && ps.ndim() >= 1;
       for (int d = 1; same_tail && d < ps.ndim(); ++d) same_tail = ps[d] == combined[d];
       if (!same_tail)
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tensor '", src.names[i], "' has shape ", ps.to_string(),
-            ", which cannot be concatenated with '", src.names[0], "' ", parts[0].shape().to_string(),
-            " (for ", absl_sv(canonical), ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor '", src.names[i], "' has shape ", ps.to_string(),
+                         ", which cannot be concatenated with '", src.names[0], "' ",
+                         parts[0].shape().to_string(), " (for ", absl_sv(canonical), ")"));
       combined[0] += ps[0];
     }
   }
@@ -150,12 +154,12 @@ absl::StatusOr<Tensor> WeightLoader::load_from_checkpoint(std::string_view canon
     }
     absl::StatusOr<Tensor> t = src.transform(whole);
     if (!t.ok())
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", src.names[0], "' (for ",
-                                                     absl_sv(canonical), "): ", t.status().message()));
-    if (squeeze(t->shape()) != squeeze(shape) || t->numel() != shape.numel())
       return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", src.names[0], "' gives shape ", t->shape().to_string(), " for ",
-          absl_sv(canonical), "; expected ", shape.to_string()));
+          "tensor '", src.names[0], "' (for ", absl_sv(canonical), "): ", t.status().message()));
+    if (squeeze(t->shape()) != squeeze(shape) || t->numel() != shape.numel())
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", src.names[0], "' gives shape ", t->shape().to_string(), " for ",
+                       absl_sv(canonical), "; expected ", shape.to_string()));
     return t->reshape(shape);
   }
   if (squeeze(combined) != squeeze(shape) || combined.numel() != shape.numel())

@@ -46,11 +46,11 @@ namespace loom::internal {
 }  // namespace loom::internal
 
 // Invariant check, always on (release builds too): these guard memory safety in kernels.
-#define LOOM_CHECK(cond, ...)                                                             \
-  do {                                                                                    \
-    if (!(cond)) [[unlikely]]                                                             \
-      ::loom::internal::check_failed(__FILE__, __LINE__, #cond,                           \
-                                     ::absl::StrFormat("" __VA_ARGS__));                  \
+#define LOOM_CHECK(cond, ...)                                            \
+  do {                                                                   \
+    if (!(cond)) [[unlikely]]                                            \
+      ::loom::internal::check_failed(__FILE__, __LINE__, #cond,          \
+                                     ::absl::StrFormat("" __VA_ARGS__)); \
   } while (0)
 
 #define LOOM_CHECK_EQ(a, b) \

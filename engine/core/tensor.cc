@@ -193,8 +193,8 @@ Tensor Tensor::to_f32() const {
 }
 
 void Tensor::fill(float value) const {
-  LOOM_CHECK(dtype_ == DType::kF32 && device_ == Device::kCpu && is_contiguous(),
-             "fill of %s", describe().c_str());
+  LOOM_CHECK(dtype_ == DType::kF32 && device_ == Device::kCpu && is_contiguous(), "fill of %s",
+             describe().c_str());
   float* p = data<float>();
   for (int64_t i = 0, n = numel(); i < n; ++i) p[i] = value;
 }

@@ -108,13 +108,13 @@ class Tensor {
   void set_contiguous_strides();
 };
 
-// Checks used at kernel entry; abort with the tensor's description (a programming error, not input).
-#define LOOM_CHECK_SHAPE(t, ...)                                                            \
-  LOOM_CHECK((t).shape() == ::loom::Shape({__VA_ARGS__}), "%s: expected shape %s, got %s", \
-             #t, ::loom::Shape({__VA_ARGS__}).to_string().c_str(),                         \
-             (t).shape().to_string().c_str())
-#define LOOM_CHECK_F32(t)                                                                 \
-  LOOM_CHECK((t).dtype() == ::loom::DType::kF32 && (t).is_contiguous(),                   \
+// Checks used at kernel entry; abort with the tensor's description (a programming error, not
+// input).
+#define LOOM_CHECK_SHAPE(t, ...)                                                               \
+  LOOM_CHECK((t).shape() == ::loom::Shape({__VA_ARGS__}), "%s: expected shape %s, got %s", #t, \
+             ::loom::Shape({__VA_ARGS__}).to_string().c_str(), (t).shape().to_string().c_str())
+#define LOOM_CHECK_F32(t)                                               \
+  LOOM_CHECK((t).dtype() == ::loom::DType::kF32 && (t).is_contiguous(), \
              "%s: expected contiguous f32, got %s", #t, (t).describe().c_str())
 
 }  // namespace loom

@@ -18,7 +18,8 @@ CacheView BatchLayout::attention(size_t i, int layer, int which) const {
 }
 
 Tensor BatchLayout::recurrent(size_t i, int layer) const {
-  return caches[i] != nullptr ? caches[i]->layer(layer).recurrent : store->recurrent(layer, slots[i]);
+  return caches[i] != nullptr ? caches[i]->layer(layer).recurrent
+                              : store->recurrent(layer, slots[i]);
 }
 
 Tensor BatchLayout::conv(size_t i, int layer) const {

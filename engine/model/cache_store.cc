@@ -19,7 +19,8 @@ size_t CacheStore::page_bytes(const ModelConfig& cfg, int64_t page_size) {
   size_t floats = 0;
   for (MixerType m : cfg.mixers) {
     if (m == MixerType::kMla) floats += cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim;
-    if (m == MixerType::kGqa) floats += 2 * static_cast<size_t>(cfg.gqa.num_kv_heads) * cfg.gqa.head_dim;
+    if (m == MixerType::kGqa)
+      floats += 2 * static_cast<size_t>(cfg.gqa.num_kv_heads) * cfg.gqa.head_dim;
   }
   return floats * sizeof(float) * static_cast<size_t>(page_size);
 }

@@ -76,8 +76,8 @@ class GdnMixer final : public Mixer {
     const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
     for (size_t s = 0; s < batch.start.size(); ++s) {
       const int64_t b = batch.start[s], e = b + batch.length[s];
-      auto run = batch.length[s] <= kRecurrentMaxTokens ? kda_recurrent_forward
-                                                         : kda_chunked_forward;
+      auto run =
+          batch.length[s] <= kRecurrentMaxTokens ? kda_recurrent_forward : kda_chunked_forward;
       run(q.slice(0, b, e), k.slice(0, b, e), v.slice(0, b, e), g.slice(0, b, e),
           beta.slice(0, b, e), scale, batch.recurrent(s, layer), o.slice(0, b, e));
     }
@@ -96,8 +96,8 @@ class GdnMixer final : public Mixer {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Mixer>> make_gdn_mixer(const ModelConfig& cfg,
-                                                      const WeightLoader& w, int layer) {
+absl::StatusOr<std::unique_ptr<Mixer>> make_gdn_mixer(const ModelConfig& cfg, const WeightLoader& w,
+                                                      int layer) {
   auto m = std::make_unique<GdnMixer>(cfg);
   LOOM_RETURN_IF_ERROR(m->load(cfg, w, layer));
   return m;

@@ -87,8 +87,8 @@ class GqaMixer final : public Mixer {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Mixer>> make_gqa_mixer(const ModelConfig& cfg,
-                                                      const WeightLoader& w, int layer) {
+absl::StatusOr<std::unique_ptr<Mixer>> make_gqa_mixer(const ModelConfig& cfg, const WeightLoader& w,
+                                                      int layer) {
   auto m = std::make_unique<GqaMixer>(cfg);
   LOOM_RETURN_IF_ERROR(m->load(cfg, w, layer));
   return m;

@@ -90,8 +90,8 @@ class KdaMixer final : public Mixer {
     for (size_t s = 0; s < batch.start.size(); ++s) {
       const int64_t b = batch.start[s], e = b + batch.length[s];
       const Tensor& state = batch.recurrent(s, layer);
-      auto run = batch.length[s] <= kRecurrentMaxTokens ? kda_recurrent_forward
-                                                         : kda_chunked_forward;
+      auto run =
+          batch.length[s] <= kRecurrentMaxTokens ? kda_recurrent_forward : kda_chunked_forward;
       run(q.slice(0, b, e), k.slice(0, b, e), v.slice(0, b, e), g.slice(0, b, e),
           beta.slice(0, b, e), scale, state, o.slice(0, b, e));
     }
@@ -117,8 +117,8 @@ class KdaMixer final : public Mixer {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Mixer>> make_kda_mixer(const ModelConfig& cfg,
-                                                      const WeightLoader& w, int layer) {
+absl::StatusOr<std::unique_ptr<Mixer>> make_kda_mixer(const ModelConfig& cfg, const WeightLoader& w,
+                                                      int layer) {
   auto m = std::make_unique<KdaMixer>(cfg);
   LOOM_RETURN_IF_ERROR(m->load(cfg, w, layer));
   return m;

@@ -19,10 +19,10 @@ namespace loom {
 
 // Where each sequence's rows sit in the flattened batch, and where its caches live.
 struct BatchLayout {
-  std::vector<int64_t> start;     // first row of sequence i
-  std::vector<int64_t> length;    // its number of new tokens
-  std::vector<int64_t> past;      // positions it already had cached
-  std::vector<int64_t> positions; // absolute position of every row
+  std::vector<int64_t> start;      // first row of sequence i
+  std::vector<int64_t> length;     // its number of new tokens
+  std::vector<int64_t> past;       // positions it already had cached
+  std::vector<int64_t> positions;  // absolute position of every row
   int64_t num_rows = 0;
 
   // Sequence i's cache: a private SequenceCache, or a slot and page table in `store`.
@@ -54,14 +54,14 @@ class Ffn {
   virtual void forward(const Tensor& x, const Tensor& out) const = 0;
 };
 
-absl::StatusOr<std::unique_ptr<Mixer>> make_kda_mixer(const ModelConfig& cfg,
-                                                      const WeightLoader& w, int layer);
-absl::StatusOr<std::unique_ptr<Mixer>> make_mla_mixer(const ModelConfig& cfg,
-                                                      const WeightLoader& w, int layer);
-absl::StatusOr<std::unique_ptr<Mixer>> make_gdn_mixer(const ModelConfig& cfg,
-                                                      const WeightLoader& w, int layer);
-absl::StatusOr<std::unique_ptr<Mixer>> make_gqa_mixer(const ModelConfig& cfg,
-                                                      const WeightLoader& w, int layer);
+absl::StatusOr<std::unique_ptr<Mixer>> make_kda_mixer(const ModelConfig& cfg, const WeightLoader& w,
+                                                      int layer);
+absl::StatusOr<std::unique_ptr<Mixer>> make_mla_mixer(const ModelConfig& cfg, const WeightLoader& w,
+                                                      int layer);
+absl::StatusOr<std::unique_ptr<Mixer>> make_gdn_mixer(const ModelConfig& cfg, const WeightLoader& w,
+                                                      int layer);
+absl::StatusOr<std::unique_ptr<Mixer>> make_gqa_mixer(const ModelConfig& cfg, const WeightLoader& w,
+                                                      int layer);
 absl::StatusOr<std::unique_ptr<Ffn>> make_dense_ffn(const ModelConfig& cfg, const WeightLoader& w,
                                                     const std::string& prefix, int width);
 absl::StatusOr<std::unique_ptr<Ffn>> make_moe_ffn(const ModelConfig& cfg, const WeightLoader& w,

@@ -122,8 +122,8 @@ class MlaMixer final : public Mixer {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Mixer>> make_mla_mixer(const ModelConfig& cfg,
-                                                      const WeightLoader& w, int layer) {
+absl::StatusOr<std::unique_ptr<Mixer>> make_mla_mixer(const ModelConfig& cfg, const WeightLoader& w,
+                                                      int layer) {
   auto m = std::make_unique<MlaMixer>(cfg);
   LOOM_RETURN_IF_ERROR(m->load(cfg, w, layer));
   return m;

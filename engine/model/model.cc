@@ -17,8 +17,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::load(const std::string& dir) {
   return load(dir, cfg);
 }
 
-absl::StatusOr<std::unique_ptr<Model>> Model::load(const std::string& dir,
-                                                   const ModelConfig& cfg) {
+absl::StatusOr<std::unique_ptr<Model>> Model::load(const std::string& dir, const ModelConfig& cfg) {
   LOOM_ASSIGN_OR_RETURN(WeightLoader w, WeightLoader::open(dir, cfg));
   return load(cfg, w);
 }
@@ -105,7 +104,8 @@ absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch) const 
       if (needs_slots) {
         if (in.slot < 0 || in.slot >= batch.store->num_slots())
           return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": state slot ", in.slot,
-                                                         " outside [0, ", batch.store->num_slots(), ")"));
+                                                         " outside [0, ", batch.store->num_slots(),
+                                                         ")"));
         if (!used_slots.insert(in.slot).second)
           return absl::InvalidArgumentError(
               absl::StrCat("state slot ", in.slot, " is used by two sequences"));
@@ -115,13 +115,13 @@ absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch) const 
         const int64_t need = (past + in.num_tokens + ps - 1) / ps;
         if (static_cast<int64_t>(in.pages.size()) < need)
           return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": ", in.pages.size(),
-                                                         " pages cannot hold ", past + in.num_tokens,
-                                                         " positions"));
+                                                         " pages cannot hold ",
+                                                         past + in.num_tokens, " positions"));
         for (int64_t p = 0; p < need; ++p) {
           const int32_t id = in.pages[p];
           if (id < 0 || id >= batch.store->num_pages())
-            return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": page ", id,
-                                                           " outside [0, ", batch.store->num_pages(), ")"));
+            return absl::InvalidArgumentError(absl::StrCat(
+                "sequence ", s, ": page ", id, " outside [0, ", batch.store->num_pages(), ")"));
           if (p >= past / ps && !written_pages.insert(id).second)
             return absl::InvalidArgumentError(
                 absl::StrCat("page ", id, " is written by two sequences in one batch"));

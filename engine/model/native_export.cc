@@ -62,7 +62,8 @@ absl::Status convert_to_native(const std::string& from, const std::string& to,
     std::error_code ec;
     std::filesystem::copy_file(src, std::filesystem::path(to) / name,
                                std::filesystem::copy_options::overwrite_existing, ec);
-    if (ec) return absl::InternalError(absl::StrCat("cannot copy ", src.string(), ": ", ec.message()));
+    if (ec)
+      return absl::InternalError(absl::StrCat("cannot copy ", src.string(), ": ", ec.message()));
   }
   return absl::OkStatus();
 }

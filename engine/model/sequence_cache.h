@@ -6,8 +6,8 @@
 //   MLA:       latent cache rows [capacity, kv_lora_rank] (normalised c) and rope-key rows
 //              [capacity, qk_rope_head_dim] (rotated when the model uses RoPE);
 //   GQA:       key rows [capacity, Hkv, d] (rotated) and value rows [capacity, Hkv, dv].
-// Rows [0, num_tokens()) are valid. This is the contiguous per-sequence layout; the serving engine's
-// paged pools (scheduler/) present the same per-layer views.
+// Rows [0, num_tokens()) are valid. This is the contiguous per-sequence layout; the serving
+// engine's paged pools (scheduler/) present the same per-layer views.
 #pragma once
 
 #include <cstdint>

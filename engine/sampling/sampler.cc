@@ -13,7 +13,8 @@ absl::Status SamplingParams::validate(int vocab_size) const {
   auto bad = [](const char* field, auto v, const char* expected) {
     return absl::InvalidArgumentError(absl::StrCat(field, " = ", v, ": expected ", expected));
   };
-  if (!(temperature >= 0.0f) || temperature > 100.0f) return bad("temperature", temperature, "[0, 100]");
+  if (!(temperature >= 0.0f) || temperature > 100.0f)
+    return bad("temperature", temperature, "[0, 100]");
   if (top_k < 0) return bad("top_k", top_k, ">= 0 (0 disables it)");
   if (!(top_p > 0.0f && top_p <= 1.0f)) return bad("top_p", top_p, "(0, 1]");
   if (!(min_p >= 0.0f && min_p <= 1.0f)) return bad("min_p", min_p, "[0, 1]");
@@ -36,7 +37,8 @@ absl::Status SamplingParams::validate(int vocab_size) const {
     return bad("stop", stop.size(), absl::StrCat("at most ", kMaxStopStrings, " strings").c_str());
   for (const std::string& s : stop)
     if (s.empty() || s.size() > static_cast<size_t>(kMaxStopStringBytes))
-      return bad("stop", s.size(), absl::StrCat("strings of 1 to ", kMaxStopStringBytes, " bytes").c_str());
+      return bad("stop", s.size(),
+                 absl::StrCat("strings of 1 to ", kMaxStopStringBytes, " bytes").c_str());
   return absl::OkStatus();
 }
 
@@ -96,7 +98,8 @@ SampledToken SamplerState::sample(std::span<float> logits, const SamplingParams&
   }
 
   if (p.temperature == 0.0f) {
-    out.token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    out.token =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   } else {
     // Candidates sorted by logit (descending, ties by id), then filtered.
     std::vector<int32_t> idx(vocab);

@@ -15,7 +15,7 @@ namespace loom {
 
 struct SampledToken {
   int32_t token = -1;
-  float logprob = 0.0f;                              // log-softmax of the raw logits at `token`
+  float logprob = 0.0f;                                 // log-softmax of the raw logits at `token`
   std::vector<std::pair<int32_t, float>> top_logprobs;  // raw top-k, descending
 };
 

@@ -12,14 +12,14 @@ namespace loom {
 
 struct SamplingParams {
   // Distribution shaping, applied in this order: penalties, temperature, top-k, top-p, min-p.
-  float temperature = 1.0f;        // 0: greedy (argmax; ties go to the lower token id)
-  int top_k = 0;                   // 0: off
-  float top_p = 1.0f;              // nucleus; 1: off
-  float min_p = 0.0f;              // keep tokens with p >= min_p * p_max; 0: off
-  float repetition_penalty = 1.0f; // over prompt and output tokens (divide positive logits)
-  float presence_penalty = 0.0f;   // over output tokens: -= presence * [count > 0]
-  float frequency_penalty = 0.0f;  // over output tokens: -= frequency * count
-  std::optional<uint64_t> seed;    // same seed, same logits -> same tokens, whatever the batch
+  float temperature = 1.0f;         // 0: greedy (argmax; ties go to the lower token id)
+  int top_k = 0;                    // 0: off
+  float top_p = 1.0f;               // nucleus; 1: off
+  float min_p = 0.0f;               // keep tokens with p >= min_p * p_max; 0: off
+  float repetition_penalty = 1.0f;  // over prompt and output tokens (divide positive logits)
+  float presence_penalty = 0.0f;    // over output tokens: -= presence * [count > 0]
+  float frequency_penalty = 0.0f;   // over output tokens: -= frequency * count
+  std::optional<uint64_t> seed;     // same seed, same logits -> same tokens, whatever the batch
 
   // Stopping.
   int max_tokens = 16;                  // generated tokens, at least 1

@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
          << "): this model is untrained.\n";
   int64_t params = 0;
   for (const auto& [name, t] : record) params += t.numel();
-  std::printf("wrote %s: %lld parameters, untrained\n", out.c_str(), static_cast<long long>(params));
+  std::printf("wrote %s: %lld parameters, untrained\n", out.c_str(),
+              static_cast<long long>(params));
   return 0;
 }

@@ -81,8 +81,8 @@ void weighted_sum(int64_t m, int64_t len, int64_t dv, const float* p, const Rows
                   int64_t ldo) {
   bool first = true;
   v.blocks(len, [&](int64_t j0, int64_t j1, const float* vp) {
-    sgemm(false, false, m, dv, j1 - j0, 1.0f, p + j0, len, vp, v.stride(), first ? 0.0f : 1.0f,
-          o, ldo);
+    sgemm(false, false, m, dv, j1 - j0, 1.0f, p + j0, len, vp, v.stride(), first ? 0.0f : 1.0f, o,
+          ldo);
     first = false;
   });
 }
@@ -126,11 +126,11 @@ struct MlaShapes {
 
 void check_view(const char* fn, const char* what, const CacheView& v, int64_t row_elems) {
   LOOM_CHECK_F32(v.pool);
-  LOOM_CHECK(v.pool.ndim() >= 2 && v.pages != nullptr && v.length >= 0 &&
-                 v.row_elems() == row_elems,
-             "%s: %s view of %s (length %lld) needs rows of %lld values", fn, what,
-             v.pool.describe().c_str(), static_cast<long long>(v.length),
-             static_cast<long long>(row_elems));
+  LOOM_CHECK(
+      v.pool.ndim() >= 2 && v.pages != nullptr && v.length >= 0 && v.row_elems() == row_elems,
+      "%s: %s view of %s (length %lld) needs rows of %lld values", fn, what,
+      v.pool.describe().c_str(), static_cast<long long>(v.length),
+      static_cast<long long>(row_elems));
   const int64_t used_pages = (v.length + v.page_size() - 1) / v.page_size();
   for (int64_t i = 0; i < used_pages; ++i)
     LOOM_CHECK(v.pages[i] >= 0 && v.pages[i] < v.pool.dim(0), "%s: %s page %d outside [0, %lld)",
@@ -199,8 +199,8 @@ void mla_attention_expanded(const Tensor& q, const CacheView& cache_latent,
   std::vector<float> scratch;
   for (int64_t h = 0; h < m.h; ++h) {
     latent.blocks(m.s, [&](int64_t j0, int64_t j1, const float* c) {
-      sgemm(false, true, j1 - j0, dkv, m.r, 1.0f, c, latent.stride(), wb + h * dkv * m.r, m.r,
-            0.0f, kv.data() + j0 * dkv, dkv);
+      sgemm(false, true, j1 - j0, dkv, m.r, 1.0f, c, latent.stride(), wb + h * dkv * m.r, m.r, 0.0f,
+            kv.data() + j0 * dkv, dkv);
     });
     HeadArgs a{qp + h * (m.dn + m.dr),
                m.h * (m.dn + m.dr),
@@ -275,8 +275,8 @@ void gqa_attention_forward(const Tensor& q, const CacheView& k_cache, const Cach
                  v_cache.pool.dim(2) == hkv && k_cache.pool.dim(3) == d,
              "gqa_attention_forward: q %s k pool %s v pool %s, S = %lld (need Hq %% Hkv == 0, "
              "S >= T)",
-             q.describe().c_str(), k_cache.pool.describe().c_str(),
-             v_cache.pool.describe().c_str(), static_cast<long long>(s));
+             q.describe().c_str(), k_cache.pool.describe().c_str(), v_cache.pool.describe().c_str(),
+             static_cast<long long>(s));
   check_view("gqa_attention_forward", "key", k_cache, hkv * d);
   check_view("gqa_attention_forward", "value", v_cache, hkv * dv);
   LOOM_CHECK_SHAPE(out, t, hq, dv);
@@ -287,8 +287,8 @@ void gqa_attention_forward(const Tensor& q, const CacheView& k_cache, const Cach
   std::vector<float> scratch;
   for (int64_t h = 0; h < hq; ++h) {
     const int64_t g = h / rep;
-    HeadArgs a{qp + h * d, hq * d, Rows::of_view(k_cache, g * d), d, nullptr, 0, Rows{}, 0,
-               Rows::of_view(v_cache, g * dv), dv, op + h * dv, hq * dv};
+    HeadArgs a{qp + h * d, hq * d, Rows::of_view(k_cache, g * d),  d,  nullptr,     0,
+               Rows{},     0,      Rows::of_view(v_cache, g * dv), dv, op + h * dv, hq * dv};
     attend_head(a, t, s, scale, scratch);
   }
 }

@@ -25,7 +25,7 @@ void attnres_aggregate(const std::vector<Tensor>& sources, const Tensor& query,
   const float* w = query.data<float>();
   const float* r = key_norm.data<float>();
   const float* o = out_norm.data<float>();
-#pragma omp parallel for schedule(static) if (n * d * static_cast<int64_t>(m) > 32768)
+#pragma omp parallel for schedule(static) if (n * d * static_cast <int64_t>(m) > 32768)
   for (int64_t t = 0; t < n; ++t) {
     std::vector<float> logit(m);
     for (size_t i = 0; i < m; ++i) {

@@ -9,7 +9,8 @@ void rope_forward(const Tensor& x, const std::vector<int64_t>& positions, const 
                   int64_t dim_offset) {
   LOOM_CHECK_F32(x);
   LOOM_CHECK(x.ndim() == 3 && x.dim(0) == static_cast<int64_t>(positions.size()) &&
-                 dim_offset >= 0 && dim_offset + table.rotary_dim <= x.dim(2) && table.rotary_dim % 2 == 0 &&
+                 dim_offset >= 0 && dim_offset + table.rotary_dim <= x.dim(2) &&
+                 table.rotary_dim % 2 == 0 &&
                  static_cast<int>(table.inv_freq.size()) * 2 == table.rotary_dim,
              "rope_forward: x %s, %zu positions, rotary_dim %d", x.describe().c_str(),
              positions.size(), table.rotary_dim);

@@ -85,7 +85,8 @@ absl::StatusOr<std::vector<Prompt>> load_prompts(const std::string& dir) {
     Prompt p;
     LOOM_ASSIGN_OR_RETURN(Tensor ids, golden->get(absl::StrCat("input_ids_", i)));
     if (ids.dtype() != DType::kI64) return absl::InvalidArgumentError("input_ids must be i64");
-    for (int64_t t = 0; t < ids.numel(); ++t) p.ids.push_back(static_cast<int32_t>(ids.data<int64_t>()[t]));
+    for (int64_t t = 0; t < ids.numel(); ++t)
+      p.ids.push_back(static_cast<int32_t>(ids.data<int64_t>()[t]));
     p.cut = meta.value(absl::StrCat("chunk_cut_", i), static_cast<int64_t>(p.ids.size() / 2));
     if (p.cut <= 0 || p.cut >= static_cast<int64_t>(p.ids.size()))
       return absl::InvalidArgumentError(absl::StrCat("chunk_cut_", i, " out of range"));
@@ -114,7 +115,8 @@ absl::StatusOr<Tensor> step(const Model& model, std::vector<SequenceCache*> cach
   ForwardBatch b;
   for (size_t i = 0; i < caches.size(); ++i) {
     b.token_ids.insert(b.token_ids.end(), tokens[i].begin(), tokens[i].end());
-    b.seqs.push_back({.num_tokens = static_cast<int64_t>(tokens[i].size()), .logits = mode, .cache = caches[i]});
+    b.seqs.push_back(
+        {.num_tokens = static_cast<int64_t>(tokens[i].size()), .logits = mode, .cache = caches[i]});
   }
   return model.forward(b, hidden);
 }
@@ -141,7 +143,8 @@ absl::Status run_group(const Model& model, std::vector<Prompt>& prompts,
   for (size_t k = 0; k < group.size(); ++k) {
     Prompt& p = prompts[group[k]];
     const int64_t t = static_cast<int64_t>(p.ids.size());
-    results[group[k]].full.add(logits.data<float>() + row * vocab, p.logits.data<float>(), t * vocab);
+    results[group[k]].full.add(logits.data<float>() + row * vocab, p.logits.data<float>(),
+                               t * vocab);
     if (want_hidden && p.hidden.defined()) {
       const int64_t d = model.config().hidden_size;
       for (size_t j = 0; j < hidden.size() && j < static_cast<size_t>(p.hidden.dim(0)); ++j) {
@@ -167,7 +170,8 @@ absl::Status run_group(const Model& model, std::vector<Prompt>& prompts,
       Prompt& p = prompts[group[k]];
       Result& r = results[group[k]];
       const int64_t tok = argmax(step_logits[k].data(), vocab);
-      if (!diverged[k]) r.greedy.add(step_logits[k].data(), p.greedy_logits.data<float>() + s * vocab, vocab);
+      if (!diverged[k])
+        r.greedy.add(step_logits[k].data(), p.greedy_logits.data<float>() + s * vocab, vocab);
       if (tok == p.greedy_tokens[s] && !diverged[k]) {
         ++r.greedy_match;
       } else {
@@ -198,7 +202,8 @@ absl::Status run_group(const Model& model, std::vector<Prompt>& prompts,
   for (size_t k = 0; k < group.size(); ++k) {
     Prompt& p = prompts[group[k]];
     const int64_t t1 = p.cut, t2 = static_cast<int64_t>(p.ids.size()) - p.cut;
-    results[group[k]].chunked.add(l1.data<float>() + r1 * vocab, p.chunked.data<float>(), t1 * vocab);
+    results[group[k]].chunked.add(l1.data<float>() + r1 * vocab, p.chunked.data<float>(),
+                                  t1 * vocab);
     results[group[k]].chunked.add(l2.data<float>() + r2 * vocab,
                                   p.chunked.data<float>() + t1 * vocab, t2 * vocab);
     r1 += t1;
@@ -214,7 +219,8 @@ int run() {
     return 2;
   }
   if (absl::GetFlag(FLAGS_device) != "cpu") {
-    std::fprintf(stderr, "loom-conformance: --device %s is not supported by this build (cpu only)\n",
+    std::fprintf(stderr,
+                 "loom-conformance: --device %s is not supported by this build (cpu only)\n",
                  absl::GetFlag(FLAGS_device).c_str());
     return 2;
   }
@@ -276,8 +282,7 @@ int run() {
     if (!r.hidden_max_abs.empty()) line["hidden_max_abs"] = r.hidden_max_abs;
     std::cout << line.dump() << "\n";
   }
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::string name = dir;
   while (!name.empty() && name.back() == '/') name.pop_back();
   name = name.substr(name.find_last_of('/') + 1);

@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <numeric>
+#include <random>
 #include <vector>
 
 namespace loom {
@@ -99,8 +99,10 @@ TEST_P(MlaTest, ExpandedAbsorbedNaiveAgree) {
       random_tensor({m.heads * (m.nope_dim + m.v_dim), m.latent_dim}, rng, -wscale, wscale);
   const float scale = 1.0f / std::sqrt(float(m.nope_dim + m.rope_dim)) * 2.0f;
   Tensor oe = Tensor::empty({p.t, m.heads, m.v_dim}), oa = Tensor::empty({p.t, m.heads, m.v_dim});
-  mla_attention_expanded(q, CacheView::contiguous(c), CacheView::contiguous(kr), kv_b, m, scale, oe);
-  mla_attention_absorbed(q, CacheView::contiguous(c), CacheView::contiguous(kr), kv_b, m, scale, oa);
+  mla_attention_expanded(q, CacheView::contiguous(c), CacheView::contiguous(kr), kv_b, m, scale,
+                         oe);
+  mla_attention_absorbed(q, CacheView::contiguous(c), CacheView::contiguous(kr), kv_b, m, scale,
+                         oa);
   const auto ref = naive_mla(q, c, kr, kv_b, m, scale);
   const double e_exp = max_abs_diff(oe, ref), e_abs = max_abs_diff(oa, ref),
                e_ea = max_abs_diff(oe, oa);
@@ -124,8 +126,10 @@ TEST(Mla, NoRopePart) {  // kimi_linear style dr may still exist; check dr = 0 i
   Tensor kr = Tensor::empty({30, 0});
   Tensor kv_b = random_tensor({3 * 28, 40}, rng, -0.3f, 0.3f);
   Tensor oe = Tensor::empty({9, 3, 12}), oa = Tensor::empty({9, 3, 12});
-  mla_attention_expanded(q, CacheView::contiguous(c), CacheView::contiguous(kr), kv_b, m, 0.25f, oe);
-  mla_attention_absorbed(q, CacheView::contiguous(c), CacheView::contiguous(kr), kv_b, m, 0.25f, oa);
+  mla_attention_expanded(q, CacheView::contiguous(c), CacheView::contiguous(kr), kv_b, m, 0.25f,
+                         oe);
+  mla_attention_absorbed(q, CacheView::contiguous(c), CacheView::contiguous(kr), kv_b, m, 0.25f,
+                         oa);
   const auto ref = naive_mla(q, c, kr, kv_b, m, 0.25);
   EXPECT_LT(max_abs_diff(oe, ref), kTol);
   EXPECT_LT(max_abs_diff(oa, ref), kTol);
@@ -248,9 +252,11 @@ TEST(PagedAttention, MlaAndGqaMatchContiguous) {
   for (int64_t page : {16, 64}) {
     for (auto [t, s] : {std::pair<int64_t, int64_t>{1, 150}, {29, 150}, {50, 50}, {1, 1}}) {
       Tensor q = random_tensor({t, 4, 18}, rng, -1, 1), c = random_tensor({s, 20}, rng, -1, 1);
-      Tensor kr = random_tensor({s, 6}, rng, -1, 1), kv_b = random_tensor({4 * 22, 20}, rng, -0.4f, 0.4f);
+      Tensor kr = random_tensor({s, 6}, rng, -1, 1),
+             kv_b = random_tensor({4 * 22, 20}, rng, -0.4f, 0.4f);
       std::vector<int32_t> pc, pr;
-      CacheView vc = scatter_to_pages(c, page, 20, rng, pc), vr = scatter_to_pages(kr, page, 20, rng, pr);
+      CacheView vc = scatter_to_pages(c, page, 20, rng, pc),
+                vr = scatter_to_pages(kr, page, 20, rng, pr);
       const auto ref = naive_mla(q, c, kr, kv_b, m, 0.5);
       Tensor oa = Tensor::empty({t, 4, 10}), oe = Tensor::empty({t, 4, 10});
       mla_attention_absorbed(q, vc, vr, kv_b, m, 0.5f, oa);
@@ -261,7 +267,8 @@ TEST(PagedAttention, MlaAndGqaMatchContiguous) {
       Tensor qg = random_tensor({t, 6, 9}, rng, -1, 1), k = random_tensor({s, 2, 9}, rng, -1, 1);
       Tensor v = random_tensor({s, 2, 7}, rng, -1, 1), og = Tensor::empty({t, 6, 7});
       std::vector<int32_t> pk, pv;
-      CacheView vk = scatter_to_pages(k, page, 20, rng, pk), vv = scatter_to_pages(v, page, 20, rng, pv);
+      CacheView vk = scatter_to_pages(k, page, 20, rng, pk),
+                vv = scatter_to_pages(v, page, 20, rng, pv);
       gqa_attention_forward(qg, vk, vv, 0.7f, og);
       EXPECT_LT(max_abs_diff(og, naive_gqa(qg, k, v, 0.7)), kTol) << "page " << page;
     }

@@ -55,7 +55,8 @@ void check_model(const Model& m, uint32_t seed) {
     prompts.push_back(random_tokens(lens[i] + 5, vocab, rng));
     caches.push_back(m.new_cache());
     inputs[i].slot = i + 1;
-    for (int p = 0; p < (lens[i] + 5 + 15) / 16; ++p) inputs[i].pages.push_back(page_ids[next_page++]);
+    for (int p = 0; p < (lens[i] + 5 + 15) / 16; ++p)
+      inputs[i].pages.push_back(page_ids[next_page++]);
   }
   std::vector<int> done(3, 0);
   for (size_t step = 0; step < 12; ++step) {

@@ -32,7 +32,9 @@ TEST(DefaultModel, DeterministicAndServable) {
     SequenceCache c = m->new_cache();
     ForwardBatch batch;
     batch.token_ids = prompt;
-    batch.seqs.push_back({.num_tokens = static_cast<int64_t>(prompt.size()), .logits = LogitsMode::kAll, .cache = &c});
+    batch.seqs.push_back({.num_tokens = static_cast<int64_t>(prompt.size()),
+                          .logits = LogitsMode::kAll,
+                          .cache = &c});
     absl::StatusOr<Tensor> l = m->forward(batch);
     ASSERT_TRUE(l.ok()) << l.status();
     logits.push_back(*l);

@@ -1,13 +1,14 @@
 // The serving engine end to end on fixture models: greedy outputs equal the reference's and do not
 // depend on what else is in the batch, the token budget, preemption or prefix-cache hits; seeded
 // sampling is reproducible across batch compositions; every page and slot comes back.
+#include "engine/engine.h"
+
 #include <algorithm>
 #include <map>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "engine/engine.h"
 #include "gtest/gtest.h"
 #include "weights/safetensors.h"
 
@@ -133,13 +134,16 @@ TEST(Engine, PreemptionKeepsOutputs) {
   EngineOptions tight;
   tight.enable_prefix_cache = false;
   tight.max_num_seqs = 8;
-  const size_t page = CacheStore::page_bytes((*Model::load(kFixtures + "/kimi_linear_s1"))->config(), 64);
-  const size_t slot = CacheStore::slot_bytes((*Model::load(kFixtures + "/kimi_linear_s1"))->config());
+  const size_t page =
+      CacheStore::page_bytes((*Model::load(kFixtures + "/kimi_linear_s1"))->config(), 64);
+  const size_t slot =
+      CacheStore::slot_bytes((*Model::load(kFixtures + "/kimi_linear_s1"))->config());
   tight.cache_budget_bytes = static_cast<int64_t>(9 * slot + 14 * page);
   auto e = make_engine("kimi_linear_s1", tight);
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (const Request& r : reqs) streams.push_back(*e->submit(r));
-  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(collect(*streams[i]).tokens[0], expect[i]) << i;
+  for (size_t i = 0; i < reqs.size(); ++i)
+    EXPECT_EQ(collect(*streams[i]).tokens[0], expect[i]) << i;
   e->wait_idle();
   EXPECT_GT(e->stats().preemptions, 0);
   EXPECT_EQ(e->stats().pages_free, e->stats().pages_total);
@@ -168,7 +172,8 @@ TEST(Engine, PrefixHitSameAsMiss) {
   EngineOptions on;
   on.checkpoint_interval = 1;
   auto e = make_engine("kimi_linear_s1", on);
-  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(collect(**e->submit(reqs[i])).tokens[0], expect[i]);
+  for (size_t i = 0; i < reqs.size(); ++i)
+    EXPECT_EQ(collect(**e->submit(reqs[i])).tokens[0], expect[i]);
   e->wait_idle();
   EXPECT_GE(e->stats().prefix_hit_tokens, 3 * 256) << "later requests must reuse the shared prefix";
 }
@@ -219,8 +224,10 @@ TEST(Engine, CancellationReturnsEverything) {
   for (int i = 0; i < 16; i += 2) e->cancel(streams[i]->id());
   for (int i = 0; i < 16; ++i) {
     Collected c = collect(*streams[i]);
-    if (i % 2 == 1) EXPECT_EQ(c.finish[0], FinishReason::kLength);
-    else EXPECT_TRUE(c.finish[0] == FinishReason::kCancelled || c.finish[0] == FinishReason::kLength);
+    if (i % 2 == 1)
+      EXPECT_EQ(c.finish[0], FinishReason::kLength);
+    else
+      EXPECT_TRUE(c.finish[0] == FinishReason::kCancelled || c.finish[0] == FinishReason::kLength);
   }
   e->wait_idle();
   const EngineStats after = e->stats();

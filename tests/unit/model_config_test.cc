@@ -1,5 +1,7 @@
 // config.json parsing: the kimi_linear fixtures, and malformed configs rejected with messages that
 // name the field at fault.
+#include "weights/model_config.h"
+
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -7,7 +9,6 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "weights/model_config.h"
 
 namespace loom {
 namespace {
@@ -86,8 +87,7 @@ TEST(ModelConfig, RejectsMalformed) {
          j["linear_attn_config"]["kda_layers"] = {1, 2, 3, 4};
        },
        "1-indexed"},
-      {"layer_types contradicts lists",
-       [](auto& j) { j["layer_types"][0] = "full_attention"; },
+      {"layer_types contradicts lists", [](auto& j) { j["layer_types"][0] = "full_attention"; },
        "contradicts"},
       {"bad layer type", [](auto& j) { j["layer_types"][1] = "mamba"; }, "layer_types[1]"},
       {"short mlp list", [](auto& j) { j["mlp_layer_types"] = {"dense"}; }, "mlp_layer_types"},
@@ -132,11 +132,15 @@ TEST(ModelConfig, OtherFamilies) {
       {"deepseek_v3_s1", [](auto& j) { j["scoring_func"] = "softmax"; }, "scoring_func"},
       {"deepseek_v3_s1", [](auto& j) { j["rope_parameters"].erase("factor"); }, "factor"},
       {"deepseek_v3_s1", [](auto& j) { j["n_group"] = 3; }, "n_group"},
-      {"qwen3_next_s0", [](auto& j) { j["layer_types"][2] = "sliding_attention"; }, "layer_types[2]"},
+      {"qwen3_next_s0", [](auto& j) { j["layer_types"][2] = "sliding_attention"; },
+       "layer_types[2]"},
       {"qwen3_next_s0", [](auto& j) { j["linear_num_value_heads"] = 3; }, "multiple"},
       {"qwen3_next_s0", [](auto& j) { j["mlp_only_layers"] = {9}; }, "mlp_only_layers"},
-      {"qwen3_next_s0", [](auto& j) { j["partial_rotary_factor"] = 1.5;
-                                      j["rope_parameters"].erase("partial_rotary_factor"); },
+      {"qwen3_next_s0",
+       [](auto& j) {
+         j["partial_rotary_factor"] = 1.5;
+         j["rope_parameters"].erase("partial_rotary_factor");
+       },
        "partial_rotary_factor"},
       {"fla_kda_s0", [](auto& j) { j["attn"]["layers"] = {7}; }, "attn.layers"},
       {"fla_kda_s0", [](auto& j) { j["lower_bound"] = 2.0; }, "lower_bound"},

@@ -1,13 +1,14 @@
 // Sampler: each filter and penalty against a direct computation, the random stream's
 // reproducibility, and the empirical distribution against softmax(logits / T).
-#include <cmath>
+#include "engine/sampling/sampler.h"
+
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <numeric>
 #include <random>
 #include <vector>
 
-#include "engine/sampling/sampler.h"
 #include "gtest/gtest.h"
 
 namespace loom {

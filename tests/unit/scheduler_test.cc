@@ -292,7 +292,7 @@ TEST(Scheduler, BlockedAdmissionKeepsTheCache) {
   ASSERT_EQ(d.sched().prefix_cache()->num_entries(), 4);
   ASSERT_TRUE(d.add(2, random_tokens(rng, 150), 20).ok());  // holds 3 pages throughout
   ASSERT_EQ(d.step(), "");
-  ASSERT_EQ(d.sched().prefix_cache()->num_entries(), 6);  // + its 2 full blocks, shared
+  ASSERT_EQ(d.sched().prefix_cache()->num_entries(), 6);   // + its 2 full blocks, shared
   ASSERT_TRUE(d.add(3, random_tokens(rng, 380), 1).ok());  // needs 6: 1 free + 4 evictable
   for (int i = 0; i < 5; ++i) {
     ASSERT_EQ(d.step(), "");

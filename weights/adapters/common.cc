@@ -62,8 +62,8 @@ std::function<absl::StatusOr<Tensor>(const Tensor&)> gather_rows_transform(RowRa
     int64_t rows = 0;
     for (const auto& [b, e] : ranges) {
       if (b < 0 || e < b || e > t.dim(0))
-        return absl::InvalidArgumentError(absl::StrCat("row range [", b, ", ", e,
-                                                       ") outside a tensor of ", t.dim(0), " rows"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("row range [", b, ", ", e, ") outside a tensor of ", t.dim(0), " rows"));
       rows += e - b;
     }
     Shape shape = t.shape();

@@ -21,7 +21,8 @@ TensorSource concat(std::vector<std::string> names);
 // Per-expert tensors `<prefix><e><suffix>` for e in [0, num_experts), stacked.
 TensorSource stacked_experts(const std::string& prefix, int num_experts, std::string_view suffix);
 // Looks `rest` up in a table of (canonical suffix, checkpoint suffix) pairs.
-bool lookup(std::string_view rest, const std::vector<std::pair<std::string_view, std::string_view>>& table,
+bool lookup(std::string_view rest,
+            const std::vector<std::pair<std::string_view, std::string_view>>& table,
             const std::string& checkpoint_prefix, TensorSource* out);
 absl::Status not_found(std::string_view family, std::string_view canonical);
 

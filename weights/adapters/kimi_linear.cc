@@ -37,8 +37,7 @@ absl::StatusOr<ModelConfig> parse_kimi_linear_config(const nlohmann::json& j) {
   // Linear attention: the checkpoint's linear_attn_config sub-dict wins over flat fields.
   const nlohmann::json empty = nlohmann::json::object();
   const auto lac_it = j.find("linear_attn_config");
-  const nlohmann::json& lac =
-      (lac_it != j.end() && lac_it->is_object()) ? *lac_it : empty;
+  const nlohmann::json& lac = (lac_it != j.end() && lac_it->is_object()) ? *lac_it : empty;
   if (lac_it != j.end() && !lac_it->is_object() && !lac_it->is_null())
     return absl::InvalidArgumentError("field 'linear_attn_config' must be an object");
   LOOM_ASSIGN_OR_RETURN(int flat_heads, get_int_or(j, "linear_num_heads", 32));
@@ -63,9 +62,9 @@ absl::StatusOr<ModelConfig> parse_kimi_linear_config(const nlohmann::json& j) {
                                     std::tuple{&full_layers, 1, "full_attn_layers"}}) {
       for (int l : *list) {
         if (l < 1 || l > c.num_layers)
-          return absl::InvalidArgumentError(absl::StrCat(
-              "linear_attn_config.", name, ": layer ", l, " outside [1, ", c.num_layers,
-              "] (these lists are 1-indexed)"));
+          return absl::InvalidArgumentError(absl::StrCat("linear_attn_config.", name, ": layer ", l,
+                                                         " outside [1, ", c.num_layers,
+                                                         "] (these lists are 1-indexed)"));
         if (from_lists[l - 1] != -1)
           return absl::InvalidArgumentError(absl::StrCat(
               "linear_attn_config: layer ", l, " is listed twice (kda_layers / full_attn_layers)"));
@@ -88,8 +87,9 @@ absl::StatusOr<ModelConfig> parse_kimi_linear_config(const nlohmann::json& j) {
       } else if (types[i] == "full_attention") {
         kind = 1;
       } else {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "layer_types[", i, "] = '", types[i], "'; expected linear_attention or full_attention"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("layer_types[", i, "] = '", types[i],
+                         "'; expected linear_attention or full_attention"));
       }
       if (have_lists && from_lists[i] != kind)
         return absl::InvalidArgumentError(absl::StrCat(
@@ -108,17 +108,16 @@ absl::StatusOr<ModelConfig> parse_kimi_linear_config(const nlohmann::json& j) {
   LOOM_ASSIGN_OR_RETURN(std::vector<std::string> mlp_types, get_string_list(j, "mlp_layer_types"));
   if (!mlp_types.empty()) {
     if (static_cast<int>(mlp_types.size()) != c.num_layers)
-      return absl::InvalidArgumentError(absl::StrCat("field 'mlp_layer_types' has ",
-                                                     mlp_types.size(), " entries; expected ",
-                                                     c.num_layers));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "field 'mlp_layer_types' has ", mlp_types.size(), " entries; expected ", c.num_layers));
     for (int i = 0; i < c.num_layers; ++i) {
       if (mlp_types[i] == "dense") {
         c.ffns.push_back(FfnType::kDense);
       } else if (mlp_types[i] == "sparse") {
         c.ffns.push_back(FfnType::kMoe);
       } else {
-        return absl::InvalidArgumentError(absl::StrCat("mlp_layer_types[", i, "] = '",
-                                                       mlp_types[i], "'; expected dense or sparse"));
+        return absl::InvalidArgumentError(absl::StrCat("mlp_layer_types[", i, "] = '", mlp_types[i],
+                                                       "'; expected dense or sparse"));
       }
     }
   } else {
@@ -131,9 +130,9 @@ absl::StatusOr<ModelConfig> parse_kimi_linear_config(const nlohmann::json& j) {
   LOOM_ASSIGN_OR_RETURN(c.mla.num_heads, get_int(j, "num_attention_heads"));
   LOOM_ASSIGN_OR_RETURN(int kv_heads, get_int_or(j, "num_key_value_heads", c.mla.num_heads));
   if (kv_heads != c.mla.num_heads)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_key_value_heads (", kv_heads, ") must equal num_attention_heads (", c.mla.num_heads,
-        ") for MLA"));
+    return absl::InvalidArgumentError(absl::StrCat("num_key_value_heads (", kv_heads,
+                                                   ") must equal num_attention_heads (",
+                                                   c.mla.num_heads, ") for MLA"));
   LOOM_ASSIGN_OR_RETURN(c.mla.q_lora_rank, get_int_or(j, "q_lora_rank", 0));
   LOOM_ASSIGN_OR_RETURN(c.mla.kv_lora_rank, get_int(j, "kv_lora_rank"));
   LOOM_ASSIGN_OR_RETURN(c.mla.qk_nope_head_dim, get_int(j, "qk_nope_head_dim"));
@@ -163,7 +162,8 @@ absl::StatusOr<ModelConfig> parse_kimi_linear_config(const nlohmann::json& j) {
                                                    " is not supported (sigmoid only)"));
   LOOM_ASSIGN_OR_RETURN(std::string act, json_fields::get_string(j, "hidden_act"));
   if (act != "silu")
-    return absl::InvalidArgumentError(absl::StrCat("hidden_act '", act, "' unsupported (silu only)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("hidden_act '", act, "' unsupported (silu only)"));
   return c;
 }
 
@@ -176,7 +176,8 @@ absl::StatusOr<TensorSource> kimi_linear_tensor_source(const ModelConfig& cfg,
   int l = 0;
   std::string_view rest;
   if (!split_layer(canonical, &l, &rest))
-    return absl::NotFoundError(absl::StrCat("kimi_linear has no tensor for '", absl_sv(canonical), "'"));
+    return absl::NotFoundError(
+        absl::StrCat("kimi_linear has no tensor for '", absl_sv(canonical), "'"));
   const std::string p = absl::StrCat("model.layers.", l, ".");
   const std::string attn = p + "self_attn.";
   const std::string moe = p + "block_sparse_moe.";
@@ -187,9 +188,9 @@ absl::StatusOr<TensorSource> kimi_linear_tensor_source(const ModelConfig& cfg,
     return TensorSource{TensorSource::Combine::kConcat,
                         {attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight"}};
   if (rest == "kda.conv.weight")
-    return TensorSource{TensorSource::Combine::kConcat,
-                        {attn + "q_conv1d.weight", attn + "k_conv1d.weight",
-                         attn + "v_conv1d.weight"}};
+    return TensorSource{
+        TensorSource::Combine::kConcat,
+        {attn + "q_conv1d.weight", attn + "k_conv1d.weight", attn + "v_conv1d.weight"}};
   static const std::pair<std::string_view, std::string_view> kDirect[] = {
       {"kda.f_a.weight", "self_attn.f_a_proj.weight"},
       {"kda.f_b.weight", "self_attn.f_b_proj.weight"},
@@ -229,7 +230,8 @@ absl::StatusOr<TensorSource> kimi_linear_tensor_source(const ModelConfig& cfg,
       src.names.push_back(absl::StrCat(moe, "experts.", e, ".", absl_sv(w), ".weight"));
     return src;
   }
-  return absl::NotFoundError(absl::StrCat("kimi_linear has no tensor for '", absl_sv(canonical), "'"));
+  return absl::NotFoundError(
+      absl::StrCat("kimi_linear has no tensor for '", absl_sv(canonical), "'"));
 }
 
 }  // namespace loom

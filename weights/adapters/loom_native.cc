@@ -249,7 +249,8 @@ nlohmann::json native_config_json(const ModelConfig& c) {
               {"renormalize", c.moe.renormalize},
               {"routed_scaling", c.moe.routed_scaling}};
   if (c.balance.enabled)
-    j["balance"] = {{"q_low", c.balance.q_low}, {"q_high", c.balance.q_high}, {"eta", c.balance.eta}};
+    j["balance"] = {
+        {"q_low", c.balance.q_low}, {"q_high", c.balance.q_high}, {"eta", c.balance.eta}};
   return j;
 }
 

@@ -86,7 +86,8 @@ absl::StatusOr<ModelConfig> parse_qwen3_next_config(const nlohmann::json& j) {
   LOOM_ASSIGN_OR_RETURN(c.moe.renormalize, get_bool_or(j, "norm_topk_prob", true));
   LOOM_ASSIGN_OR_RETURN(std::vector<int> mlp_only, get_int_list(j, "mlp_only_layers"));
   LOOM_ASSIGN_OR_RETURN(int sparse_step, get_int_or(j, "decoder_sparse_step", 1));
-  if (sparse_step <= 0) return absl::InvalidArgumentError("field 'decoder_sparse_step' must be > 0");
+  if (sparse_step <= 0)
+    return absl::InvalidArgumentError("field 'decoder_sparse_step' must be > 0");
   for (int l : mlp_only)
     if (l < 0 || l >= c.num_layers)
       return absl::InvalidArgumentError(
@@ -110,7 +111,8 @@ absl::StatusOr<TensorSource> qwen3_next_tensor_source(const ModelConfig& cfg,
     return single(cfg.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
   int l = 0;
   std::string_view rest;
-  if (!adapter::split_layer(canonical, &l, &rest)) return adapter::not_found("qwen3_next", canonical);
+  if (!adapter::split_layer(canonical, &l, &rest))
+    return adapter::not_found("qwen3_next", canonical);
   const std::string p = absl::StrCat("model.layers.", l, ".");
   static const std::vector<std::pair<std::string_view, std::string_view>> kTable = {
       {"mixer_norm.weight", "input_layernorm.weight"},
@@ -157,7 +159,8 @@ absl::StatusOr<TensorSource> qwen3_next_tensor_source(const ModelConfig& cfg,
     // Checkpoint rows: per key head g, [b (r) | a (r)].
     RowRanges ranges;
     for (int part = 0; part < 2; ++part)
-      for (int64_t g = 0; g < hk; ++g) ranges.emplace_back(g * 2 * r + part * r, g * 2 * r + (part + 1) * r);
+      for (int64_t g = 0; g < hk; ++g)
+        ranges.emplace_back(g * 2 * r + part * r, g * 2 * r + (part + 1) * r);
     src = single(p + "linear_attn.in_proj_ba.weight");
     src.transform = adapter::gather_rows_transform(std::move(ranges));
     return src;
