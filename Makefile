@@ -8,7 +8,9 @@ JOBS ?= $(shell nproc)
 
 # Debian packages the build needs (see docs/dependencies.md for why each is here).
 DEB_PACKAGES := cmake ninja-build g++ pkg-config libabsl-dev nlohmann-json3-dev libopenblas-dev \
-  libpcre2-dev libutf8proc-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libpcre2-dev libutf8proc-dev libgtest-dev libgmock-dev libbenchmark-dev \
+  libboost-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc \
+  python3-grpcio python3-protobuf curl nodejs npm
 # Extra packages for `make lint` and `make fuzz` (clang, its sanitizer runtime, the linters).
 DEV_PACKAGES := clang clang-format clang-tidy libclang-rt-14-dev
 

@@ -113,6 +113,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> mo
     const Scheduler& sched = *e->loop_->scheduler;
     e->stats_.pages_total = e->stats_.pages_free = sched.kv_pool().free_count();
     e->stats_.slots_total = e->stats_.slots_free = sched.slot_pool().free_count();
+    e->kv_pages_ = e->loop_->store->has_attention() ? sched.kv_pool().capacity() : 0;
   }
   e->thread_ = std::thread([p = e.get()] { p->run_loop(); });
   return e;
@@ -138,6 +139,11 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Engine::submit(Request request) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the prompt (", request.prompt.size(), " tokens) plus max_tokens (",
         request.params.max_tokens, ") exceeds the context limit of ", max_model_len_, " tokens"));
+  if (kv_pages_ > 0 && (need - 1 + options_.page_size - 1) / options_.page_size > kv_pages_)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the prompt (", request.prompt.size(), " tokens) plus max_tokens (",
+        request.params.max_tokens, ") needs more KV cache than this server has (", kv_pages_,
+        " pages of ", options_.page_size, " tokens)"));
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::FailedPreconditionError("the engine is shutting down");
   const uint64_t id = next_id_++;

@@ -1,0 +1,238 @@
+"""Python client of loom-server's gRPC API (proto/loom/v1/loom.proto).
+
+Needs grpcio and protobuf (Debian: python3-grpcio python3-protobuf) and the message modules that
+the build generates with protoc into build/python (target loom_python_client, which also copies
+this file there):
+
+    PYTHONPATH=build/python python3 -m loom_client --target 127.0.0.1:50051 generate "Hello"
+
+The gRPC method glue is written here with grpcio's generic channel.unary_unary / unary_stream, so
+no grpcio-tools (and no *_pb2_grpc.py) is needed.
+"""
+
+import argparse
+import sys
+
+import grpc
+
+try:
+    from loom.v1 import loom_pb2
+    import health_pb2
+    import reflection_pb2
+except ImportError as e:  # pragma: no cover - a setup error, explained
+    raise ImportError(
+        "loom_client needs the generated protobuf modules: build the CMake target "
+        "loom_python_client and put <build>/python on PYTHONPATH (%s)" % e) from e
+
+_SERVICE = "/loom.v1.Loom/"
+_FINISH = {
+    loom_pb2.FINISH_REASON_UNSPECIFIED: None,
+    loom_pb2.FINISH_REASON_STOP: "stop",
+    loom_pb2.FINISH_REASON_LENGTH: "length",
+    loom_pb2.FINISH_REASON_CANCELLED: "cancelled",
+    loom_pb2.FINISH_REASON_ERROR: "error",
+}
+_SAMPLING_FIELDS = [f.name for f in loom_pb2.SamplingParams.DESCRIPTOR.fields]
+
+
+def finish_reason_name(value):
+    """FinishReason enum value -> "stop", "length", "cancelled", "error" or None."""
+    return _FINISH.get(value)
+
+
+class LoomClient:
+    """A connection to one loom-server. Thread-safe (grpc channels are). Errors are raised as
+    grpc.RpcError (e.code() is grpc.StatusCode.INVALID_ARGUMENT for a bad request)."""
+
+    def __init__(self, target, timeout=None, channel=None):
+        """target: "host:port". timeout: default deadline in seconds for every call (None: none)."""
+        self.channel = channel or grpc.insecure_channel(target)
+        self.timeout = timeout
+        ser = lambda m: m.SerializeToString()  # noqa: E731
+        self._generate = self.channel.unary_stream(
+            _SERVICE + "Generate", request_serializer=ser,
+            response_deserializer=loom_pb2.GenerateResponse.FromString)
+        self._tokenize = self.channel.unary_unary(
+            _SERVICE + "Tokenize", request_serializer=ser,
+            response_deserializer=loom_pb2.TokenizeResponse.FromString)
+        self._detokenize = self.channel.unary_unary(
+            _SERVICE + "Detokenize", request_serializer=ser,
+            response_deserializer=loom_pb2.DetokenizeResponse.FromString)
+        self._model_info = self.channel.unary_unary(
+            _SERVICE + "GetModelInfo", request_serializer=ser,
+            response_deserializer=loom_pb2.GetModelInfoResponse.FromString)
+        self._stats = self.channel.unary_unary(
+            _SERVICE + "GetStats", request_serializer=ser,
+            response_deserializer=loom_pb2.GetStatsResponse.FromString)
+        self._health = self.channel.unary_unary(
+            "/grpc.health.v1.Health/Check", request_serializer=ser,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString)
+        self._reflection = self.channel.stream_stream(
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+            request_serializer=ser,
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString)
+
+    def close(self):
+        self.channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _t(self, timeout):
+        return self.timeout if timeout is None else timeout
+
+    @staticmethod
+    def make_request(prompt, priority=0, request_id="", parse_special_tokens=False, **sampling):
+        """A GenerateRequest: `prompt` is a str (tokenized by the server) or a list of token ids;
+        `sampling` takes the fields of loom.v1.SamplingParams (temperature, top_k, top_p, min_p,
+        repetition_penalty, presence_penalty, frequency_penalty, seed, max_tokens, min_tokens,
+        ignore_eos, stop_token_ids, stop, logprobs, n)."""
+        unknown = set(sampling) - set(_SAMPLING_FIELDS)
+        if unknown:
+            raise TypeError("unknown sampling fields: %s" % ", ".join(sorted(unknown)))
+        req = loom_pb2.GenerateRequest(priority=priority, request_id=request_id,
+                                       parse_special_tokens=parse_special_tokens)
+        if isinstance(prompt, str):
+            req.text = prompt
+        else:
+            req.token_ids.ids.extend(int(t) for t in prompt)
+        for k, v in sampling.items():
+            if v is None:
+                continue
+            if isinstance(v, (list, tuple)):
+                getattr(req.sampling, k).extend(v)
+            else:
+                setattr(req.sampling, k, v)
+        return req
+
+    def generate(self, prompt, timeout=None, **kwargs):
+        """Streams GenerateResponse messages (fields: index, token_ids, text, logprobs,
+        finish_reason, error, usage). The returned iterator is also a grpc.Call: call its
+        .cancel() to stop the request (the server cancels it in the engine)."""
+        return self._generate(self.make_request(prompt, **kwargs), timeout=self._t(timeout))
+
+    def generate_text(self, prompt, timeout=None, **kwargs):
+        """Runs a request to the end. Returns one dict per choice: text, token_ids, logprobs
+        (list of TokenLogprob), finish_reason, prompt_tokens, completion_tokens."""
+        choices = {}
+        for msg in self.generate(prompt, timeout=timeout, **kwargs):
+            c = choices.setdefault(msg.index, {"text": "", "token_ids": [], "logprobs": [],
+                                               "finish_reason": None, "prompt_tokens": 0,
+                                               "completion_tokens": 0})
+            c["text"] += msg.text
+            c["token_ids"].extend(msg.token_ids)
+            c["logprobs"].extend(msg.logprobs)
+            if msg.finish_reason != loom_pb2.FINISH_REASON_UNSPECIFIED:
+                c["finish_reason"] = finish_reason_name(msg.finish_reason)
+                c["prompt_tokens"] = msg.usage.prompt_tokens
+                c["completion_tokens"] = msg.usage.completion_tokens
+                if msg.error:
+                    c["error"] = msg.error
+        return [choices[i] for i in sorted(choices)]
+
+    def tokenize(self, text, parse_special_tokens=False, timeout=None):
+        """Text -> list of token ids."""
+        req = loom_pb2.TokenizeRequest(text=text, parse_special_tokens=parse_special_tokens)
+        return list(self._tokenize(req, timeout=self._t(timeout)).token_ids)
+
+    def detokenize(self, token_ids, skip_special_tokens=False, timeout=None):
+        """List of token ids -> text."""
+        req = loom_pb2.DetokenizeRequest(token_ids=token_ids,
+                                         skip_special_tokens=skip_special_tokens)
+        return self._detokenize(req, timeout=self._t(timeout)).text
+
+    def model_info(self, timeout=None):
+        """A GetModelInfoResponse (model_name, model_type, vocab_size, max_model_len, ...)."""
+        return self._model_info(loom_pb2.GetModelInfoRequest(), timeout=self._t(timeout))
+
+    def stats(self, timeout=None):
+        """A GetStatsResponse: the engine's counters (pages_free, slots_free, running, ...)."""
+        return self._stats(loom_pb2.GetStatsRequest(), timeout=self._t(timeout))
+
+    def health(self, service="", timeout=None):
+        """grpc.health.v1 Check: "SERVING", "NOT_SERVING", "UNKNOWN" or "SERVICE_UNKNOWN"."""
+        resp = self._health(health_pb2.HealthCheckRequest(service=service),
+                            timeout=self._t(timeout))
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+    def list_services(self, timeout=None):
+        """Server reflection: the fully qualified names of the services served."""
+        resp = self._reflect(reflection_pb2.ServerReflectionRequest(list_services=""), timeout)
+        return [s.name for s in resp.list_services_response.service]
+
+    def file_containing_symbol(self, symbol, timeout=None):
+        """Server reflection: serialized FileDescriptorProtos defining `symbol` (and its deps)."""
+        resp = self._reflect(
+            reflection_pb2.ServerReflectionRequest(file_containing_symbol=symbol), timeout)
+        if resp.HasField("error_response"):
+            raise LookupError(resp.error_response.error_message)
+        return list(resp.file_descriptor_response.file_descriptor_proto)
+
+    def _reflect(self, request, timeout):
+        return next(iter(self._reflection(iter([request]), timeout=self._t(timeout))))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="loom_client", description="loom-server gRPC client")
+    ap.add_argument("--target", default="127.0.0.1:50051", help="host:port of loom-server")
+    ap.add_argument("--timeout", type=float, default=None, help="deadline per call, seconds")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("generate", help="stream a completion")
+    g.add_argument("prompt", help="prompt text (or comma-separated ids with --ids)")
+    g.add_argument("--ids", action="store_true", help="the prompt is token ids: 1,2,3")
+    g.add_argument("--max-tokens", type=int, default=None)
+    g.add_argument("--temperature", type=float, default=None)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[])
+    g.add_argument("--n", type=int, default=None)
+    g.add_argument("--show-ids", action="store_true", help="print token ids, not text")
+    t = sub.add_parser("tokenize", help="text -> token ids")
+    t.add_argument("text")
+    d = sub.add_parser("detokenize", help="token ids -> text")
+    d.add_argument("ids", help="comma-separated token ids")
+    sub.add_parser("info", help="model info")
+    sub.add_parser("stats", help="engine counters")
+    sub.add_parser("health", help="grpc.health.v1 status")
+    sub.add_parser("services", help="services listed by server reflection")
+    a = ap.parse_args(argv)
+
+    with LoomClient(a.target, timeout=a.timeout) as c:
+        try:
+            if a.cmd == "generate":
+                prompt = [int(x) for x in a.prompt.split(",")] if a.ids else a.prompt
+                stream = c.generate(prompt, max_tokens=a.max_tokens, temperature=a.temperature,
+                                    top_p=a.top_p, top_k=a.top_k, seed=a.seed, stop=a.stop,
+                                    n=a.n)
+                for msg in stream:
+                    out = " ".join(map(str, msg.token_ids)) + " " if a.show_ids else msg.text
+                    sys.stdout.write(out)
+                    sys.stdout.flush()
+                    if msg.finish_reason:
+                        sys.stdout.write("\n[choice %d: %s, %d prompt + %d completion tokens]\n" % (
+                            msg.index, finish_reason_name(msg.finish_reason),
+                            msg.usage.prompt_tokens, msg.usage.completion_tokens))
+            elif a.cmd == "tokenize":
+                print(",".join(map(str, c.tokenize(a.text))))
+            elif a.cmd == "detokenize":
+                print(c.detokenize([int(x) for x in a.ids.split(",")]))
+            elif a.cmd == "info":
+                print(c.model_info(), end="")
+            elif a.cmd == "stats":
+                print(c.stats(), end="")
+            elif a.cmd == "health":
+                print(c.health())
+            elif a.cmd == "services":
+                print("\n".join(c.list_services()))
+        except grpc.RpcError as e:
+            print("error: %s: %s" % (e.code().name, e.details()), file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

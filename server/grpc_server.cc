@@ -1,0 +1,410 @@
+// The gRPC frontend on gRPC's callback API.
+//
+// Threads. gRPC's own callback executor runs the handlers (unary calls finish inline; Generate
+// only validates and submits) and the reactions (OnWriteDone, OnCancel, OnDone). One pump thread
+// of ours moves engine events to the client: RequestStream has no readiness notification, so the
+// pump scans the live streams that have no write in flight, pops what is ready without blocking,
+// and starts their writes; when nothing was ready it waits on a condition variable for at most
+// kPumpPoll (new stream, write done, cancel) and scans again. So an idle or slow stream holds no
+// thread, a token reaches the wire within kPumpPoll of being sampled, and an idle server's pump
+// sleeps without a deadline.
+//
+// Lifetime. Each Generate call is a GenerateReactor owned by gRPC (deleted in OnDone). Only the
+// pump calls StartWrite and Finish, and it unregisters a reactor (under mu_) before Finish, so no
+// other thread touches a reactor that gRPC may delete. OnCancel (client cancel, deadline, lost
+// connection) cancels the request in the engine at once; its pages and slot are freed at the
+// engine's next step, whether or not we drain the stream.
+#include "server/grpc_server.h"
+
+#include <chrono>
+#include <list>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "engine/core/status.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "loom/v1/loom.grpc.pb.h"
+#include "server/grpc_convert.h"
+#include "server/metrics.h"
+
+namespace loom {
+namespace {
+
+// How long the pump sleeps when no stream had an event: bounds the latency it adds per message.
+constexpr absl::Duration kPumpPoll = absl::Microseconds(500);
+// How long shutdown() waits for cancelled streams to say goodbye before stopping the server.
+constexpr absl::Duration kDrainGrace = absl::Seconds(5);
+
+double seconds_since(absl::Time t) { return absl::ToDoubleSeconds(absl::Now() - t); }
+
+}  // namespace
+
+class GenerateReactor;
+
+struct GrpcServer::Impl final : public v1::Loom::CallbackService {
+  Impl(Engine& e, std::shared_ptr<const Tokenizer> tok, std::string name, Metrics* m)
+      : engine(e), tokenizer(std::move(tok)), model_name(std::move(name)), metrics(m) {}
+
+  // v1::Loom::CallbackService.
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx,
+                                     const v1::TokenizeRequest* request,
+                                     v1::TokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* ctx,
+                                       const v1::DetokenizeRequest* request,
+                                       v1::DetokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx,
+                                         const v1::GetModelInfoRequest* request,
+                                         v1::GetModelInfoResponse* response) override;
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx,
+                                     const v1::GetStatsRequest* request,
+                                     v1::GetStatsResponse* response) override;
+
+  void pump_loop();
+  void wake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { wakeup = true; }
+
+  // Constant after start().
+  Engine& engine;
+  const std::shared_ptr<const Tokenizer> tokenizer;
+  const std::string model_name;
+  Metrics* const metrics;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  std::thread pump;
+
+  absl::Mutex mu;
+  std::list<GenerateReactor*> live ABSL_GUARDED_BY(mu);  // registered, not yet finished
+  bool draining ABSL_GUARDED_BY(mu) = false;
+  bool stop_pump ABSL_GUARDED_BY(mu) = false;
+  bool wakeup ABSL_GUARDED_BY(mu) = false;
+  absl::Mutex shutdown_mu;  // serializes shutdown()
+  bool shut_down ABSL_GUARDED_BY(shutdown_mu) = false;
+};
+
+// One Generate call. Fields marked (mu) are guarded by Impl::mu; (pump) are touched only by the
+// pump thread once the reactor is registered.
+class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  GenerateReactor(GrpcServer::Impl& s, std::shared_ptr<RequestStream> stream, absl::Time received)
+      : s_(s), stream_(std::move(stream)), received_(received), last_token_(received) {}
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&s_.mu);
+    write_in_flight_ = false;
+    if (!ok && !cancelled_) cancel_locked();  // the client is gone
+    s_.wake();
+  }
+  void OnCancel() override {
+    absl::MutexLock lock(&s_.mu);
+    if (!cancelled_) cancel_locked();
+    s_.wake();
+  }
+  void OnDone() override { delete this; }
+
+  // Pump side, under s_.mu: what to do next for this call. kWrite: resp_ holds the next message
+  // (start_write()); kFinish: finish_status_ is set (finish()). The pump makes those gRPC calls
+  // after releasing s_.mu.
+  enum class Action { kNone, kWrite, kFinish };
+  Action poll_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu) {
+    if (write_in_flight_) return Action::kNone;
+    if (cancelled_) {
+      finish_status_ = cancel_status_;
+      return Action::kFinish;
+    }
+    std::optional<RequestOutput> ev = stream_->next(absl::ZeroDuration());
+    if (!ev) {
+      if (!stream_->closed()) return Action::kNone;
+      finish_status_ =
+          error_.empty() ? grpc::Status::OK : grpc::Status(grpc::StatusCode::INTERNAL, error_);
+      return Action::kFinish;
+    }
+    observe(*ev);
+    response_from_output(*ev, &resp_);
+    write_in_flight_ = true;
+    return Action::kWrite;
+  }
+  void start_write() { StartWrite(&resp_); }
+  void finish() { Finish(finish_status_); }  // may delete this
+
+  // The server drains: ends the call with UNAVAILABLE and cancels the request (under mu).
+  void drain_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu) {
+    if (cancelled_) return;
+    cancel_locked();
+    cancel_status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
+  }
+
+ private:
+  void cancel_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu) {
+    cancelled_ = true;
+    s_.engine.cancel(stream_->id());
+    if (s_.metrics && !reported_) {
+      reported_ = true;
+      s_.metrics->on_request_finished("cancelled", prompt_tokens_, completion_tokens_);
+      s_.metrics->observe_e2e(seconds_since(received_));
+    }
+  }
+  // Metrics of one event (pump, under mu).
+  void observe(const RequestOutput& ev) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu) {
+    completion_tokens_ += static_cast<int>(ev.token_ids.size());
+    if (ev.finish && *ev.finish == FinishReason::kError && error_.empty())
+      error_ = ev.error.empty() ? "the engine failed the request" : ev.error;
+    if (ev.finish) {
+      prompt_tokens_ = ev.prompt_tokens;
+      last_reason_ = *ev.finish;
+    }
+    if (!s_.metrics) return;
+    if (!ev.token_ids.empty()) {
+      const absl::Time now = absl::Now();
+      if (!first_token_seen_) {
+        first_token_seen_ = true;
+        s_.metrics->observe_ttft(absl::ToDoubleSeconds(now - received_));
+      } else {
+        const double gap = absl::ToDoubleSeconds(now - last_token_) / ev.token_ids.size();
+        for (size_t i = 0; i < ev.token_ids.size(); ++i) s_.metrics->observe_itl(gap);
+      }
+      last_token_ = now;
+    }
+  }
+
+ public:
+  // Reports the request to metrics once, at the end (pump, under mu).
+  void report_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu) {
+    if (!s_.metrics || reported_) return;
+    reported_ = true;
+    s_.metrics->on_request_finished(finish_reason_name(last_reason_), prompt_tokens_,
+                                    completion_tokens_);
+    s_.metrics->observe_e2e(seconds_since(received_));
+  }
+
+ private:
+  GrpcServer::Impl& s_;
+  const std::shared_ptr<RequestStream> stream_;
+  const absl::Time received_;
+  v1::GenerateResponse resp_;     // (pump) the message being written
+  grpc::Status finish_status_;    // (pump)
+  bool write_in_flight_ = false;  // (mu)
+  bool cancelled_ = false;        // (mu)
+  grpc::Status cancel_status_{grpc::StatusCode::CANCELLED, "cancelled"};  // (mu)
+  bool reported_ = false;                                                 // (mu)
+  std::string error_;                               // (mu) the first choice error
+  bool first_token_seen_ = false;                   // (mu)
+  absl::Time last_token_;                           // (mu)
+  int prompt_tokens_ = 0, completion_tokens_ = 0;   // (mu)
+  FinishReason last_reason_ = FinishReason::kNone;  // (mu)
+};
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* GrpcServer::Impl::Generate(
+    grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request) {
+  const absl::Time received = absl::Now();
+  auto reject = [&](const grpc::Status& status) {
+    struct Rejected final : grpc::ServerWriteReactor<v1::GenerateResponse> {
+      explicit Rejected(const grpc::Status& st) { Finish(st); }
+      void OnDone() override { delete this; }
+    };
+    if (metrics)
+      metrics->on_request_rejected(status.error_code() == grpc::StatusCode::UNAVAILABLE ? "503"
+                                                                                        : "400");
+    return new Rejected(status);
+  };
+  {
+    absl::MutexLock lock(&mu);
+    if (draining)
+      return reject(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down"));
+  }
+  absl::StatusOr<Request> r = request_from_proto(
+      *request, tokenizer.get(), engine.config().vocab_size, engine.max_model_len());
+  if (!r.ok()) return reject(to_grpc_status(r.status()));
+  if (r->tag.empty()) r->tag = absl::StrCat("grpc:", ctx->peer());
+  absl::StatusOr<std::shared_ptr<RequestStream>> stream = engine.submit(*std::move(r));
+  if (!stream.ok()) {
+    if (absl::IsFailedPrecondition(stream.status()))  // the engine was shut down
+      return reject(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the engine is shutting down"));
+    return reject(to_grpc_status(stream.status()));
+  }
+  auto* reactor = new GenerateReactor(*this, *std::move(stream), received);
+  absl::MutexLock lock(&mu);
+  live.push_back(reactor);
+  wake();
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GrpcServer::Impl::Tokenize(grpc::CallbackServerContext* ctx,
+                                                     const v1::TokenizeRequest* request,
+                                                     v1::TokenizeResponse* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (!tokenizer) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                 "this model is served without a tokenizer"));
+    return reactor;
+  }
+  std::vector<int32_t> ids = tokenizer->encode(request->text(), request->parse_special_tokens());
+  response->mutable_token_ids()->Add(ids.begin(), ids.end());
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GrpcServer::Impl::Detokenize(grpc::CallbackServerContext* ctx,
+                                                       const v1::DetokenizeRequest* request,
+                                                       v1::DetokenizeResponse* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (!tokenizer) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                 "this model is served without a tokenizer"));
+    return reactor;
+  }
+  std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
+  absl::StatusOr<std::string> text = tokenizer->decode(ids, request->skip_special_tokens());
+  if (!text.ok()) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 absl::StrCat("token_ids: ", text.status().message())));
+    return reactor;
+  }
+  response->set_text(*std::move(text));
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GrpcServer::Impl::GetModelInfo(grpc::CallbackServerContext* ctx,
+                                                         const v1::GetModelInfoRequest* request,
+                                                         v1::GetModelInfoResponse* response) {
+  const ModelConfig& c = engine.config();
+  response->set_model_name(model_name);
+  response->set_model_type(c.model_type);
+  response->set_vocab_size(c.vocab_size);
+  response->set_tokenizer_vocab_size(tokenizer ? tokenizer->vocab_size() : 0);
+  response->set_max_model_len(engine.max_model_len());
+  response->set_eos_token_id(c.eos_token_id);
+  response->set_bos_token_id(c.bos_token_id);
+  response->set_max_logprobs(kMaxLogprobs);
+  response->set_max_n(kMaxN);
+  response->set_max_stop_strings(kMaxStopStrings);
+  response->set_max_stop_string_bytes(kMaxStopStringBytes);
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GrpcServer::Impl::GetStats(grpc::CallbackServerContext* ctx,
+                                                     const v1::GetStatsRequest* request,
+                                                     v1::GetStatsResponse* response) {
+  const EngineStats st = engine.stats();
+  response->set_waiting(st.waiting);
+  response->set_running(st.running);
+  response->set_pages_total(st.pages_total);
+  response->set_pages_free(st.pages_free);
+  response->set_slots_total(st.slots_total);
+  response->set_slots_free(st.slots_free);
+  response->set_steps(st.steps);
+  response->set_prompt_tokens(st.prompt_tokens);
+  response->set_generated_tokens(st.generated_tokens);
+  response->set_preemptions(st.preemptions);
+  response->set_prefix_hit_tokens(st.prefix_hit_tokens);
+  response->set_prefix_query_tokens(st.prefix_query_tokens);
+  response->set_finished_stop(st.finished_stop);
+  response->set_finished_length(st.finished_length);
+  response->set_finished_cancelled(st.finished_cancelled);
+  response->set_finished_error(st.finished_error);
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+void GrpcServer::Impl::pump_loop() {
+  std::vector<std::pair<GenerateReactor*, GenerateReactor::Action>> actions;
+  absl::MutexLock lock(&mu);
+  while (true) {
+    if (stop_pump && live.empty()) return;
+    actions.clear();
+    for (auto it = live.begin(); it != live.end();) {
+      GenerateReactor* r = *it;
+      GenerateReactor::Action a = r->poll_locked();
+      if (a == GenerateReactor::Action::kFinish) {
+        r->report_locked();
+        it = live.erase(it);  // unregistered before Finish: gRPC may delete it from then on
+      } else {
+        ++it;
+      }
+      if (a != GenerateReactor::Action::kNone) actions.emplace_back(r, a);
+    }
+    if (!actions.empty()) {
+      mu.Unlock();  // gRPC calls without our lock: Finish may run OnDone inline
+      for (auto& [r, a] : actions) {
+        if (a == GenerateReactor::Action::kWrite)
+          r->start_write();
+        else
+          r->finish();
+      }
+      mu.Lock();
+      continue;
+    }
+    wakeup = false;
+    auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return wakeup || stop_pump; };
+    if (live.empty())
+      mu.Await(absl::Condition(&woken));
+    else
+      mu.AwaitWithTimeout(absl::Condition(&woken), kPumpPoll);
+  }
+}
+
+GrpcServer::GrpcServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+GrpcServer::~GrpcServer() { shutdown(); }
+
+absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::start(
+    Engine& engine, std::shared_ptr<const Tokenizer> tokenizer, std::string model_name,
+    Metrics* metrics, const GrpcServerOptions& options) {
+  auto impl = std::make_unique<Impl>(engine, std::move(tokenizer), std::move(model_name), metrics);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const std::string host = options.host.find(':') != std::string::npos && options.host[0] != '['
+                               ? absl::StrCat("[", options.host, "]")
+                               : options.host;
+  builder.AddListeningPort(absl::StrCat(host, ":", options.port), grpc::InsecureServerCredentials(),
+                           &impl->port);
+  builder.RegisterService(impl.get());
+  impl->server = builder.BuildAndStart();
+  if (!impl->server || impl->port == 0)
+    return absl::UnavailableError(absl::StrCat("gRPC: cannot listen on ", host, ":", options.port));
+  // Health: the server as a whole ("") and the service by name, both SERVING until shutdown().
+  impl->server->GetHealthCheckService()->SetServingStatus(true);
+  impl->server->GetHealthCheckService()->SetServingStatus(v1::Loom::service_full_name(), true);
+  impl->pump = std::thread([p = impl.get()] { p->pump_loop(); });
+  return std::unique_ptr<GrpcServer>(new GrpcServer(std::move(impl)));
+}
+
+void GrpcServer::shutdown() {
+  Impl& s = *impl_;
+  absl::MutexLock shutdown_lock(&s.shutdown_mu);
+  if (s.shut_down) return;
+  s.shut_down = true;
+  s.server->GetHealthCheckService()->SetServingStatus(false);
+  {
+    // Refuse new calls; give live streams kDrainGrace to finish, then end them with UNAVAILABLE
+    // (cancelling them in the engine).
+    absl::MutexLock lock(&s.mu);
+    s.draining = true;
+    auto idle = [&s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) { return s.live.empty(); };
+    s.mu.AwaitWithTimeout(absl::Condition(&idle), kDrainGrace);
+    for (GenerateReactor* r : s.live) r->drain_locked();
+    s.stop_pump = true;
+    s.wake();
+  }
+  // Stops listening; calls still open after the deadline (a client that stopped reading) are
+  // cancelled by gRPC, which reaches the pump through OnCancel / OnWriteDone(false).
+  s.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  s.pump.join();
+  s.server->Wait();
+}
+
+int GrpcServer::port() const { return impl_->port; }
+
+}  // namespace loom

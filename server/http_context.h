@@ -1,0 +1,33 @@
+// HttpContext: what every HTTP session and route handler shares. Constant after HttpServer::start
+// except the atomics.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/chat/chat_template.h"
+#include "engine/engine.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "server/http_stream_pump.h"
+#include "server/metrics.h"
+#include "server/server_options.h"
+
+namespace loom {
+
+struct HttpContext {
+  Engine* engine = nullptr;
+  std::shared_ptr<const Tokenizer> tokenizer;
+  ChatFormat format = ChatFormat::kNative;
+  Metrics* metrics = nullptr;
+  HttpOptions options;
+  StreamPump* pump = nullptr;
+  int64_t started_unix = 0;
+
+  std::atomic<bool> draining{false};      // new requests get 503
+  std::atomic<int64_t> in_flight{0};      // generations between submit and their last byte
+  std::atomic<uint64_t> next_request{1};  // for response ids
+};
+
+}  // namespace loom

@@ -1,0 +1,44 @@
+// HttpServer: the OpenAI-compatible HTTP frontend (Boost.Beast). Threading: `io_threads` threads
+// run one io_context; every connection is a session on its own strand, so thousands of idle or
+// streaming connections cost a socket and a few buffers each, not a thread. Engine outputs reach
+// sessions through a StreamPump (http_stream_pump.h): `pump_threads` threads poll the request
+// streams and post events to the sessions' strands. No server code runs on the engine's loop
+// thread. Routes and formats: docs/api.md; flags and drain: docs/operations.md.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "engine/chat/chat_template.h"
+#include "engine/engine.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "server/metrics.h"
+#include "server/server_options.h"
+
+namespace loom {
+
+class HttpServer {
+ public:
+  // Binds options.host:options.port (0: any free port) and starts serving. `engine` and
+  // `metrics` must outlive the server. Unavailable when the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<HttpServer>> start(
+      Engine& engine, std::shared_ptr<const Tokenizer> tokenizer, ChatFormat format,
+      Metrics* metrics, const HttpOptions& options);
+  ~HttpServer();  // stop()
+
+  int port() const;
+  // Stops accepting connections; requests arriving on open connections get 503. Thread-safe.
+  void begin_drain();
+  // Generations submitted and not yet fully written (or abandoned by their client).
+  int64_t in_flight() const;
+  // Stops the pump and the I/O threads and closes every connection. Idempotent.
+  void stop();
+
+ private:
+  struct Impl;
+  explicit HttpServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace loom

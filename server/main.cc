@@ -1,0 +1,142 @@
+// loom-server: loads a model, starts the engine, the HTTP/OpenAI frontend and (when built with
+// gRPC and --grpc_port >= 0) the gRPC frontend; SIGTERM/SIGINT drain and exit 0. Flags:
+// server_options.cc; operations: docs/operations.md.
+#include <sys/resource.h>
+
+#include <csignal>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "engine/chat/chat_template.h"
+#include "engine/engine.h"
+#include "engine/model/model.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "server/http_server.h"
+#include "server/metrics.h"
+#include "server/server_options.h"
+#ifdef LOOM_WITH_GRPC
+#include "server/grpc_server.h"
+#endif
+
+namespace {
+
+int fail(std::string_view what, const absl::Status& status) {
+  std::fprintf(stderr, "loom-server: %.*s: %s\n", static_cast<int>(what.size()), what.data(),
+               std::string(status.message()).c_str());
+  return 1;
+}
+
+// Thousands of connections need thousands of descriptors: lift the soft limit to the hard one.
+void raise_fd_limit() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &lim);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "loom-server --model DIR [--host 127.0.0.1] [--port 8000] [--grpc_port -1] ...\n"
+      "Serves an OpenAI-compatible HTTP API (and optionally gRPC). See docs/operations.md.");
+  absl::ParseCommandLine(argc, argv);
+  auto options = loom::server_options_from_flags();
+  if (!options.ok()) return fail("bad flags", options.status());
+  raise_fd_limit();
+
+  // Signals are taken by sigwait() in this thread only: block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  const std::string& dir = options->model_dir;
+  auto model = loom::Model::load(dir);
+  if (!model.ok()) return fail(absl::StrCat("loading ", dir), model.status());
+  const std::string model_type = (*model)->config().model_type;
+  std::shared_ptr<const loom::Tokenizer> tokenizer;
+  const std::string tokenizer_path = (std::filesystem::path(dir) / "tokenizer.json").string();
+  if (std::filesystem::exists(tokenizer_path)) {
+    auto t = loom::Tokenizer::from_file(tokenizer_path);
+    if (!t.ok()) return fail(absl::StrCat("loading ", tokenizer_path), t.status());
+    tokenizer = std::move(t).value();
+  } else {
+    tokenizer = loom::Tokenizer::byte_level();
+  }
+  const loom::ChatFormat format = loom::chat_format_for_model_type(model_type);
+  auto engine = loom::Engine::create(std::move(model).value(), tokenizer, options->engine);
+  if (!engine.ok()) return fail("starting the engine", engine.status());
+
+  loom::Metrics metrics;
+  auto http = loom::HttpServer::start(**engine, tokenizer, format, &metrics, options->http);
+  if (!http.ok()) return fail("starting HTTP", http.status());
+
+#ifdef LOOM_WITH_GRPC
+  std::unique_ptr<loom::GrpcServer> grpc;
+  if (options->grpc_port >= 0) {
+    loom::GrpcServerOptions g;
+    g.host = options->http.host;
+    g.port = options->grpc_port;
+    auto started =
+        loom::GrpcServer::start(**engine, tokenizer, options->http.served_model_name, &metrics, g);
+    if (!started.ok()) return fail("starting gRPC", started.status());
+    grpc = std::move(started).value();
+  }
+#endif
+
+  const std::string url = absl::StrCat("http://", options->http.host, ":", (*http)->port());
+  std::printf("loom-server: model %s (%s, chat format %s, tokenizer %s, max_model_len %d)\n",
+              options->http.served_model_name.c_str(), model_type.c_str(),
+              std::string(loom::chat_format_name(format)).c_str(),
+              std::filesystem::exists(tokenizer_path) ? "tokenizer.json" : "byte-level",
+              (*engine)->max_model_len());
+  if (options->http.untrained) {
+    std::printf(
+        "loom-server: NOTE: this model is UNTRAINED (random weights): it produces "
+        "meaningless text; use it to exercise the API only\n");
+  }
+  std::printf("loom-server: http listening on %s (port %d)\n", url.c_str(), (*http)->port());
+#ifdef LOOM_WITH_GRPC
+  if (grpc)
+    std::printf("loom-server: grpc listening on %s:%d\n", options->http.host.c_str(), grpc->port());
+#endif
+  std::printf(
+      "loom-server: try: curl -s %s/v1/completions -H 'Content-Type: application/json' "
+      "-d '{\"prompt\": \"Hello\", \"max_tokens\": 16}'\n",
+      url.c_str());
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::fprintf(stderr, "loom-server: %s: draining (up to %.0f s)\n",
+               sig == SIGTERM ? "SIGTERM" : "SIGINT", options->drain_timeout_s);
+  (*http)->begin_drain();
+  // Wait for in-flight HTTP requests; a second signal ends the wait.
+  const auto deadline = std::time(nullptr) + static_cast<time_t>(options->drain_timeout_s);
+  while ((*http)->in_flight() > 0 && std::time(nullptr) <= deadline) {
+    timespec wait{0, 50 * 1000 * 1000};
+    if (sigtimedwait(&signals, nullptr, &wait) > 0) break;
+  }
+#ifdef LOOM_WITH_GRPC
+  if (grpc) grpc->shutdown();
+#endif
+  // Cancels whatever is still running; sessions get their final events and close.
+  (*engine)->shutdown();
+  for (int i = 0; i < 40 && (*http)->in_flight() > 0; ++i) {
+    timespec wait{0, 25 * 1000 * 1000};
+    nanosleep(&wait, nullptr);
+  }
+  (*http)->stop();
+  std::fprintf(stderr, "loom-server: stopped\n");
+  return 0;
+}

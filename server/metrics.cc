@@ -1,0 +1,164 @@
+#include "server/metrics.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace loom {
+namespace {
+
+// Bounds in seconds: TTFT spans queueing and prefill; inter-token latency is one decode step.
+std::vector<double> ttft_bounds() {
+  return {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+}
+std::vector<double> itl_bounds() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5};
+}
+std::vector<double> e2e_bounds() { return {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}; }
+
+void header(std::string* out, std::string_view name, std::string_view type, std::string_view help) {
+  absl::StrAppend(out, "# HELP ", absl_sv(name), " ", absl_sv(help), "\n# TYPE ", absl_sv(name),
+                  " ", absl_sv(type), "\n");
+}
+
+void sample(std::string* out, std::string_view name, double value) {
+  absl::StrAppend(out, absl_sv(name), " ", absl::StrFormat("%.17g", value), "\n");
+}
+
+}  // namespace
+
+LatencyHistogram::LatencyHistogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void LatencyHistogram::observe(double seconds) {
+  size_t i = 0;
+  while (i < bounds_.size() && seconds > bounds_[i]) ++i;
+  ++counts_[i];
+  sum_ += seconds;
+  ++count_;
+}
+
+void LatencyHistogram::render(std::string_view name, std::string* out) const {
+  int64_t cumulative = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cumulative += counts_[i];
+    absl::StrAppend(out, absl_sv(name), "_bucket{le=\"", absl::StrFormat("%g", bounds_[i]), "\"} ",
+                    cumulative, "\n");
+  }
+  cumulative += counts_.back();
+  absl::StrAppend(out, absl_sv(name), "_bucket{le=\"+Inf\"} ", cumulative, "\n");
+  absl::StrAppend(out, absl_sv(name), "_sum ", absl::StrFormat("%.17g", sum_), "\n");
+  absl::StrAppend(out, absl_sv(name), "_count ", count_, "\n");
+}
+
+Metrics::Metrics() : ttft_(ttft_bounds()), itl_(itl_bounds()), e2e_(e2e_bounds()) {}
+
+void Metrics::on_request_finished(std::string_view reason, int prompt_tokens,
+                                  int completion_tokens) {
+  absl::MutexLock lock(&mu_);
+  ++finished_[std::string(reason)];
+  prompt_tokens_ += prompt_tokens;
+  completion_tokens_ += completion_tokens;
+}
+
+void Metrics::on_request_rejected(std::string_view status) {
+  absl::MutexLock lock(&mu_);
+  ++rejected_[std::string(status)];
+}
+
+void Metrics::observe_ttft(double seconds) {
+  absl::MutexLock lock(&mu_);
+  ttft_.observe(seconds);
+}
+
+void Metrics::observe_itl(double seconds) {
+  absl::MutexLock lock(&mu_);
+  itl_.observe(seconds);
+}
+
+void Metrics::observe_e2e(double seconds) {
+  absl::MutexLock lock(&mu_);
+  e2e_.observe(seconds);
+}
+
+void Metrics::add_connections(int delta) {
+  absl::MutexLock lock(&mu_);
+  connections_ += delta;
+}
+
+std::string Metrics::render(const EngineStats& s) const {
+  std::string out;
+  {
+    absl::MutexLock lock(&mu_);
+    header(&out, "loom_requests_finished_total", "counter", "Requests finished, by reason.");
+    for (const char* r : {"stop", "length", "tool_calls", "cancelled", "error"}) {
+      auto it = finished_.find(std::string_view(r));
+      absl::StrAppend(&out, "loom_requests_finished_total{reason=\"", r, "\"} ",
+                      it == finished_.end() ? 0 : it->second, "\n");
+    }
+    header(&out, "loom_requests_rejected_total", "counter",
+           "Requests rejected before reaching the engine, by HTTP status.");
+    for (const auto& [status, n] : rejected_) {
+      absl::StrAppend(&out, "loom_requests_rejected_total{status=\"", status, "\"} ", n, "\n");
+    }
+    header(&out, "loom_prompt_tokens_total", "counter", "Prompt tokens of finished requests.");
+    sample(&out, "loom_prompt_tokens_total", static_cast<double>(prompt_tokens_));
+    header(&out, "loom_generation_tokens_total", "counter",
+           "Generated tokens of finished requests.");
+    sample(&out, "loom_generation_tokens_total", static_cast<double>(completion_tokens_));
+    header(&out, "loom_open_connections", "gauge", "Open HTTP client connections.");
+    sample(&out, "loom_open_connections", static_cast<double>(connections_));
+    header(&out, "loom_time_to_first_token_seconds", "histogram",
+           "Time from request receipt to its first generated token.");
+    ttft_.render("loom_time_to_first_token_seconds", &out);
+    header(&out, "loom_inter_token_latency_seconds", "histogram",
+           "Time between consecutive generated tokens of one choice.");
+    itl_.render("loom_inter_token_latency_seconds", &out);
+    header(&out, "loom_request_latency_seconds", "histogram",
+           "Time from request receipt to its last byte.");
+    e2e_.render("loom_request_latency_seconds", &out);
+  }
+  auto gauge = [&](std::string_view name, std::string_view help, double v) {
+    header(&out, name, "gauge", help);
+    sample(&out, name, v);
+  };
+  auto counter = [&](std::string_view name, std::string_view help, double v) {
+    header(&out, name, "counter", help);
+    sample(&out, name, v);
+  };
+  gauge("loom_num_requests_waiting", "Requests queued in the engine, not yet running.", s.waiting);
+  gauge("loom_num_requests_running", "Requests (choices) the engine is running.", s.running);
+  gauge("loom_kv_pages_total", "KV cache pages in the pool.", s.pages_total);
+  gauge("loom_kv_pages_free", "Free KV cache pages.", s.pages_free);
+  gauge("loom_kv_pages_usage_ratio", "Fraction of KV cache pages in use.",
+        s.pages_total > 0 ? 1.0 - static_cast<double>(s.pages_free) / s.pages_total : 0.0);
+  gauge("loom_state_slots_total", "Linear-attention state slots in the pool.", s.slots_total);
+  gauge("loom_state_slots_free", "Free linear-attention state slots.", s.slots_free);
+  gauge("loom_state_slots_usage_ratio", "Fraction of state slots in use.",
+        s.slots_total > 0 ? 1.0 - static_cast<double>(s.slots_free) / s.slots_total : 0.0);
+  counter("loom_engine_steps_total", "Engine steps run.", static_cast<double>(s.steps));
+  counter("loom_engine_prompt_tokens_total", "Prompt tokens the engine prefilled.",
+          static_cast<double>(s.prompt_tokens));
+  counter("loom_engine_generated_tokens_total", "Tokens the engine sampled.",
+          static_cast<double>(s.generated_tokens));
+  counter("loom_preemptions_total", "Requests preempted (recomputed later).",
+          static_cast<double>(s.preemptions));
+  counter("loom_prefix_cache_hit_tokens_total", "Prompt tokens served from the prefix cache.",
+          static_cast<double>(s.prefix_hit_tokens));
+  counter("loom_prefix_cache_query_tokens_total", "Prompt tokens looked up in the prefix cache.",
+          static_cast<double>(s.prefix_query_tokens));
+  gauge("loom_prefix_cache_hit_rate", "Prefix-cache hit tokens over query tokens, since start.",
+        s.prefix_query_tokens > 0 ? static_cast<double>(s.prefix_hit_tokens) / s.prefix_query_tokens
+                                  : 0.0);
+  header(&out, "loom_engine_choices_finished_total", "counter",
+         "Choices the engine finished, by reason.");
+  absl::StrAppend(&out, "loom_engine_choices_finished_total{reason=\"stop\"} ", s.finished_stop,
+                  "\n", "loom_engine_choices_finished_total{reason=\"length\"} ", s.finished_length,
+                  "\n", "loom_engine_choices_finished_total{reason=\"cancelled\"} ",
+                  s.finished_cancelled, "\n",
+                  "loom_engine_choices_finished_total{reason=\"error\"} ", s.finished_error, "\n");
+  return out;
+}
+
+}  // namespace loom

@@ -1,0 +1,455 @@
+#include "server/openai_request.h"
+
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "engine/core/status.h"
+#include "nlohmann/json.hpp"
+
+namespace loom {
+namespace {
+
+using json = nlohmann::json;
+
+// Nesting deeper than this is rejected before parsing: nlohmann's dump() recurses.
+constexpr int kMaxJsonDepth = 64;
+
+absl::Status bad(std::string_view param, std::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(absl_sv(param), ": ", absl_sv(what)));
+}
+
+// Fails when brackets outside strings nest deeper than kMaxJsonDepth.
+absl::Status check_depth(std::string_view body) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : body) {
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+      continue;
+    }
+    if (c == '"')
+      in_string = true;
+    else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("JSON nests deeper than ", kMaxJsonDepth, " levels"));
+      }
+    } else if (c == ']' || c == '}')
+      --depth;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<json> parse_body(std::string_view body) {
+  LOOM_RETURN_IF_ERROR(check_depth(body));
+  json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    return absl::InvalidArgumentError(
+        "the request body is not valid JSON (or not valid UTF-8); see https://www.json.org");
+  }
+  if (!j.is_object()) return absl::InvalidArgumentError("the request body must be a JSON object");
+  return j;
+}
+
+// Field present and not null.
+const json* field(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+absl::StatusOr<std::optional<int64_t>> get_int(const json& j, const char* key, int64_t lo,
+                                               int64_t hi) {
+  const json* v = field(j, key);
+  if (!v) return std::optional<int64_t>();
+  int64_t x = 0;
+  if (v->is_number_integer()) {
+    if (v->is_number_unsigned()) {
+      uint64_t u = v->get<uint64_t>();
+      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return bad(key, absl::StrCat("must be at most ", hi));
+      }
+      x = static_cast<int64_t>(u);
+    } else {
+      x = v->get<int64_t>();
+    }
+  } else if (v->is_number_float()) {
+    double d = v->get<double>();
+    if (!std::isfinite(d) || d != std::floor(d) || std::fabs(d) > 9e18) {
+      return bad(key, "must be an integer");
+    }
+    x = static_cast<int64_t>(d);
+  } else {
+    return bad(key, "must be an integer");
+  }
+  if (x < lo) return bad(key, absl::StrCat("must be at least ", lo));
+  if (x > hi) return bad(key, absl::StrCat("must be at most ", hi));
+  return std::optional<int64_t>(x);
+}
+
+absl::StatusOr<std::optional<double>> get_number(const json& j, const char* key, double lo,
+                                                 double hi) {
+  const json* v = field(j, key);
+  if (!v) return std::optional<double>();
+  if (!v->is_number()) return bad(key, "must be a number");
+  double d = v->get<double>();
+  if (!(d >= lo && d <= hi)) return bad(key, absl::StrCat("must be in [", lo, ", ", hi, "]"));
+  return std::optional<double>(d);
+}
+
+absl::StatusOr<std::optional<bool>> get_bool(const json& j, const char* key) {
+  const json* v = field(j, key);
+  if (!v) return std::optional<bool>();
+  if (!v->is_boolean()) return bad(key, "must be a boolean");
+  return std::optional<bool>(v->get<bool>());
+}
+
+#define LOOM_GET(var, expr) LOOM_ASSIGN_OR_RETURN(auto var, expr)
+
+absl::Status parse_stop(const json& j, SamplingParams* p) {
+  const json* v = field(j, "stop");
+  if (!v) return absl::OkStatus();
+  if (v->is_string()) {
+    p->stop.push_back(v->get<std::string>());
+  } else if (v->is_array()) {
+    for (const json& s : *v) {
+      if (!s.is_string()) return bad("stop", "must be a string or a list of strings");
+      p->stop.push_back(s.get<std::string>());
+    }
+  } else {
+    return bad("stop", "must be a string or a list of strings");
+  }
+  for (const std::string& s : p->stop) {
+    if (s.empty()) return bad("stop", "stop strings must not be empty");
+  }
+  return absl::OkStatus();
+}
+
+// Fields shared by both endpoints.
+absl::Status parse_common(const json& j, OpenAiRequest* r) {
+  if (const json* v = field(j, "model")) {
+    if (!v->is_string()) return bad("model", "must be a string");
+    r->model = v->get<std::string>();
+  }
+  SamplingParams& p = r->params;
+  LOOM_GET(temperature, get_number(j, "temperature", 0.0, 2.0));
+  if (temperature) p.temperature = static_cast<float>(*temperature);
+  LOOM_GET(top_p, get_number(j, "top_p", 0.0, 1.0));
+  if (top_p) {
+    if (*top_p <= 0.0) return bad("top_p", "must be in (0, 1]");
+    p.top_p = static_cast<float>(*top_p);
+  }
+  LOOM_GET(n, get_int(j, "n", 1, kMaxN));
+  if (n) p.n = static_cast<int>(*n);
+  LOOM_RETURN_IF_ERROR(parse_stop(j, &p));
+  if (const json* v = field(j, "seed")) {
+    if (v->is_number_unsigned())
+      p.seed = v->get<uint64_t>();
+    else if (v->is_number_integer())
+      p.seed = static_cast<uint64_t>(v->get<int64_t>());
+    else
+      return bad("seed", "must be an integer");
+  }
+  LOOM_GET(presence, get_number(j, "presence_penalty", -2.0, 2.0));
+  if (presence) p.presence_penalty = static_cast<float>(*presence);
+  LOOM_GET(frequency, get_number(j, "frequency_penalty", -2.0, 2.0));
+  if (frequency) p.frequency_penalty = static_cast<float>(*frequency);
+  // Loom extensions.
+  LOOM_GET(top_k, get_int(j, "top_k", -1, std::numeric_limits<int32_t>::max()));
+  if (top_k) p.top_k = *top_k < 0 ? 0 : static_cast<int>(*top_k);
+  LOOM_GET(min_p, get_number(j, "min_p", 0.0, 1.0));
+  if (min_p) p.min_p = static_cast<float>(*min_p);
+  LOOM_GET(rep, get_number(j, "repetition_penalty", 0.0, 100.0));
+  if (rep) {
+    if (*rep <= 0.0) return bad("repetition_penalty", "must be positive");
+    p.repetition_penalty = static_cast<float>(*rep);
+  }
+  LOOM_GET(ignore_eos, get_bool(j, "ignore_eos"));
+  if (ignore_eos) p.ignore_eos = *ignore_eos;
+  LOOM_GET(min_tokens, get_int(j, "min_tokens", 0, std::numeric_limits<int32_t>::max()));
+  if (min_tokens) p.min_tokens = static_cast<int>(*min_tokens);
+  LOOM_GET(priority, get_int(j, "priority", -1000000, 1000000));
+  if (priority) r->priority = static_cast<int32_t>(*priority);
+
+  LOOM_GET(stream, get_bool(j, "stream"));
+  r->stream = stream.value_or(false);
+  if (const json* v = field(j, "stream_options")) {
+    if (!v->is_object()) return bad("stream_options", "must be an object");
+    if (!r->stream) return bad("stream_options", "only allowed when stream is true");
+    LOOM_GET(usage, get_bool(*v, "include_usage"));
+    r->include_usage = usage.value_or(false);
+  }
+  if (const json* v = field(j, "logit_bias")) {
+    if (!v->is_object()) return bad("logit_bias", "must be an object");
+    if (!v->empty()) return bad("logit_bias", "is not supported");
+  }
+  if (const json* v = field(j, "response_format")) {
+    const json* type = v->is_object() ? field(*v, "type") : nullptr;
+    if (!type || !type->is_string()) return bad("response_format", "must be {\"type\": ...}");
+    if (type->get<std::string>() != "text") {
+      return bad("response_format", "only {\"type\": \"text\"} is supported");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// max_tokens (and chat's max_completion_tokens, which wins when both are given).
+absl::Status parse_max_tokens(const json& j, const char* key, OpenAiRequest* r) {
+  LOOM_GET(v, get_int(j, key, 1, std::numeric_limits<int32_t>::max()));
+  if (v) r->max_tokens = static_cast<int>(*v);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int32_t>> token_list(const json& v, std::string_view param) {
+  std::vector<int32_t> ids;
+  ids.reserve(v.size());
+  for (const json& t : v) {
+    if (!t.is_number_integer()) return bad(param, "token ids must be integers");
+    int64_t id = t.is_number_unsigned()
+                     ? static_cast<int64_t>(std::min<uint64_t>(t.get<uint64_t>(),
+                                                               std::numeric_limits<int64_t>::max()))
+                     : t.get<int64_t>();
+    if (id < 0 || id > std::numeric_limits<int32_t>::max()) {
+      return bad(param, absl::StrCat("token id ", id, " is out of range"));
+    }
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  if (ids.empty()) return bad(param, "must not be empty");
+  return ids;
+}
+
+absl::Status parse_prompt(const json& j, OpenAiRequest* r) {
+  const json* v = field(j, "prompt");
+  if (!v) return bad("prompt", "is required");
+  constexpr std::string_view kShape =
+      "must be a string, a list of strings, a list of token ids or a list of token-id lists";
+  if (v->is_string()) {
+    r->prompts.push_back({true, v->get<std::string>(), {}});
+  } else if (v->is_array()) {
+    if (v->empty()) return bad("prompt", "must not be empty");
+    if (v->size() > static_cast<size_t>(kMaxPrompts)) {
+      return bad("prompt", absl::StrCat("at most ", kMaxPrompts, " prompts per request"));
+    }
+    const json& first = (*v)[0];
+    if (first.is_number()) {
+      LOOM_ASSIGN_OR_RETURN(auto ids, token_list(*v, "prompt"));
+      r->prompts.push_back({false, "", std::move(ids)});
+    } else {
+      for (const json& e : *v) {
+        if (e.is_string()) {
+          r->prompts.push_back({true, e.get<std::string>(), {}});
+        } else if (e.is_array()) {
+          LOOM_ASSIGN_OR_RETURN(auto ids, token_list(e, "prompt"));
+          r->prompts.push_back({false, "", std::move(ids)});
+        } else {
+          return bad("prompt", kShape);
+        }
+      }
+    }
+  } else {
+    return bad("prompt", kShape);
+  }
+  return absl::OkStatus();
+}
+
+// Message content: a string, or a list of {"type": "text", "text": ...} parts (concatenated).
+absl::StatusOr<std::string> parse_content(const json& m, const std::string& param,
+                                          bool allow_null) {
+  const json* c = field(m, "content");
+  if (!c) {
+    if (allow_null) return std::string();
+    return bad(param, "is required");
+  }
+  if (c->is_string()) return c->get<std::string>();
+  if (!c->is_array()) return bad(param, "must be a string or a list of text parts");
+  std::string out;
+  for (const json& part : *c) {
+    const json* type = part.is_object() ? field(part, "type") : nullptr;
+    const json* text = part.is_object() ? field(part, "text") : nullptr;
+    if (!type || !type->is_string() || type->get<std::string>() != "text" || !text ||
+        !text->is_string()) {
+      return bad(param, "only {\"type\": \"text\", \"text\": ...} parts are supported");
+    }
+    out += text->get<std::string>();
+  }
+  return out;
+}
+
+absl::Status parse_messages(const json& j, OpenAiRequest* r) {
+  const json* v = field(j, "messages");
+  if (!v) return bad("messages", "is required");
+  if (!v->is_array() || v->empty()) return bad("messages", "must be a non-empty list");
+  for (size_t i = 0; i < v->size(); ++i) {
+    const json& m = (*v)[i];
+    std::string param = absl::StrCat("messages[", i, "]");
+    if (!m.is_object()) return bad(param, "must be an object");
+    const json* role = field(m, "role");
+    if (!role || !role->is_string()) return bad(param + ".role", "must be a string");
+    ChatMessage msg;
+    msg.role = role->get<std::string>();
+    if (msg.role == "developer") msg.role = "system";
+    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" &&
+        msg.role != "tool") {
+      return bad(param + ".role", "must be system, developer, user, assistant or tool");
+    }
+    if (const json* name = field(m, "name")) {
+      if (!name->is_string()) return bad(param + ".name", "must be a string");
+      msg.name = name->get<std::string>();
+    }
+    const bool assistant = msg.role == "assistant";
+    LOOM_ASSIGN_OR_RETURN(msg.content, parse_content(m, param + ".content", assistant));
+    if (msg.role == "tool") {
+      const json* id = field(m, "tool_call_id");
+      if (!id || !id->is_string()) return bad(param + ".tool_call_id", "must be a string");
+      msg.tool_call_id = id->get<std::string>();
+    }
+    if (const json* calls = field(m, "tool_calls")) {
+      if (!assistant) return bad(param + ".tool_calls", "only assistant messages have tool calls");
+      if (!calls->is_array()) return bad(param + ".tool_calls", "must be a list");
+      for (size_t k = 0; k < calls->size(); ++k) {
+        const json& c = (*calls)[k];
+        std::string cp = absl::StrCat(param, ".tool_calls[", k, "]");
+        const json* fn = c.is_object() ? field(c, "function") : nullptr;
+        if (!fn || !fn->is_object()) return bad(cp + ".function", "must be an object");
+        const json* name = field(*fn, "name");
+        const json* args = field(*fn, "arguments");
+        if (!name || !name->is_string()) return bad(cp + ".function.name", "must be a string");
+        if (!args || !args->is_string()) {
+          return bad(cp + ".function.arguments", "must be a string of JSON");
+        }
+        ToolCall call;
+        if (const json* id = field(c, "id")) {
+          if (!id->is_string()) return bad(cp + ".id", "must be a string");
+          call.id = id->get<std::string>();
+        }
+        call.name = name->get<std::string>();
+        call.arguments_json = args->get<std::string>();
+        msg.tool_calls.push_back(std::move(call));
+      }
+    }
+    r->messages.push_back(std::move(msg));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status parse_tools(const json& j, OpenAiRequest* r) {
+  if (const json* v = field(j, "tools")) {
+    if (!v->is_array()) return bad("tools", "must be a list");
+    auto tools = parse_openai_tools(v->dump());
+    if (!tools.ok()) return bad("tools", std::string(tools.status().message()));
+    r->tools = std::move(tools).value();
+  }
+  r->tool_choice = ToolChoice::kAuto;
+  if (const json* c = field(j, "tool_choice")) {
+    constexpr std::string_view kUnsupported =
+        "only \"none\" and \"auto\" are supported (Loom does not constrain generation to a tool)";
+    if (!c->is_string()) return bad("tool_choice", kUnsupported);
+    std::string s = c->get<std::string>();
+    if (s == "none")
+      r->tool_choice = ToolChoice::kNone;
+    else if (s == "auto")
+      r->tool_choice = ToolChoice::kAuto;
+    else
+      return bad("tool_choice", kUnsupported);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<OpenAiRequest> parse_completion_request(std::string_view body) {
+  LOOM_ASSIGN_OR_RETURN(json j, parse_body(body));
+  OpenAiRequest r;
+  r.chat = false;
+  LOOM_RETURN_IF_ERROR(parse_common(j, &r));
+  LOOM_RETURN_IF_ERROR(parse_prompt(j, &r));
+  LOOM_RETURN_IF_ERROR(parse_max_tokens(j, "max_tokens", &r));
+  LOOM_GET(logprobs, get_int(j, "logprobs", 0, kMaxLogprobs));
+  if (logprobs) {
+    r.logprobs = true;
+    r.top_logprobs = static_cast<int>(*logprobs);
+  }
+  LOOM_GET(echo, get_bool(j, "echo"));
+  if (echo.value_or(false)) return bad("echo", "is not supported");
+  if (const json* s = field(j, "suffix")) {
+    if (!s->is_string() || !s->get<std::string>().empty()) return bad("suffix", "is not supported");
+  }
+  LOOM_GET(best_of, get_int(j, "best_of", 1, kMaxN));
+  if (best_of && *best_of != r.params.n) return bad("best_of", "must equal n (or be omitted)");
+  if (r.prompts.size() * static_cast<size_t>(r.params.n) > static_cast<size_t>(kMaxChoices)) {
+    return bad("n", absl::StrCat("prompts x n must be at most ", kMaxChoices));
+  }
+  return r;
+}
+
+absl::StatusOr<OpenAiRequest> parse_chat_request(std::string_view body) {
+  LOOM_ASSIGN_OR_RETURN(json j, parse_body(body));
+  OpenAiRequest r;
+  r.chat = true;
+  LOOM_RETURN_IF_ERROR(parse_common(j, &r));
+  LOOM_RETURN_IF_ERROR(parse_messages(j, &r));
+  LOOM_RETURN_IF_ERROR(parse_tools(j, &r));
+  LOOM_RETURN_IF_ERROR(parse_max_tokens(j, "max_tokens", &r));
+  LOOM_RETURN_IF_ERROR(parse_max_tokens(j, "max_completion_tokens", &r));
+  LOOM_GET(logprobs, get_bool(j, "logprobs"));
+  LOOM_GET(top, get_int(j, "top_logprobs", 0, kMaxLogprobs));
+  r.logprobs = logprobs.value_or(false);
+  if (top && *top > 0 && !r.logprobs) return bad("top_logprobs", "needs logprobs: true");
+  r.top_logprobs = top ? static_cast<int>(*top) : 0;
+  return r;
+}
+
+absl::StatusOr<std::vector<Request>> build_engine_requests(const OpenAiRequest& req,
+                                                           const Tokenizer& tokenizer,
+                                                           ChatFormat format,
+                                                           int32_t max_model_len) {
+  std::vector<std::vector<int32_t>> prompts;
+  if (req.chat) {
+    RenderOptions opts;
+    opts.add_generation_prompt = true;
+    auto text = render_chat(format, req.messages, req.tools, opts);
+    if (!text.ok()) {
+      // The renderer names the message or tool; keep its words, attribute to messages.
+      std::string m(text.status().message());
+      return bad(m.rfind("tool", 0) == 0 ? "tools" : "messages", m);
+    }
+    prompts.push_back(tokenizer.encode(*text, /*allow_special=*/true));
+  } else {
+    for (const PromptInput& p : req.prompts) {
+      if (p.is_text)
+        prompts.push_back(tokenizer.encode(p.text, /*allow_special=*/true));
+      else
+        prompts.push_back(p.ids);
+    }
+  }
+  std::vector<Request> out;
+  for (auto& ids : prompts) {
+    if (ids.empty()) return bad(req.chat ? "messages" : "prompt", "encodes to no tokens");
+    Request r;
+    r.params = req.params;
+    r.params.logprobs = req.logprobs ? req.top_logprobs : -1;
+    if (req.max_tokens) {
+      r.params.max_tokens = *req.max_tokens;
+    } else if (!req.chat) {
+      r.params.max_tokens = 16;
+    } else {
+      int64_t left = max_model_len > 0 ? int64_t{max_model_len} - static_cast<int64_t>(ids.size())
+                                       : kDefaultChatMaxTokens;
+      r.params.max_tokens = static_cast<int>(std::clamp<int64_t>(left, 1, kDefaultChatMaxTokens));
+    }
+    r.priority = req.priority;
+    r.prompt = std::move(ids);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+}  // namespace loom

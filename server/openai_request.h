@@ -1,0 +1,68 @@
+// Parsing of OpenAI /v1/completions and /v1/chat/completions bodies into an OpenAiRequest, and
+// its translation into engine Requests (chat template + tokenizer). Pure functions, thread-safe.
+// Errors are InvalidArgument with messages "param: what is wrong" (see openai_error.h).
+// Supported fields and what is rejected are listed in docs/api.md.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/chat/chat_template.h"
+#include "engine/request.h"
+#include "engine/tokenizer/tokenizer.h"
+
+namespace loom {
+
+// One completions prompt: text, or token ids.
+struct PromptInput {
+  bool is_text = true;
+  std::string text;
+  std::vector<int32_t> ids;
+};
+
+enum class ToolChoice { kNone, kAuto };
+
+struct OpenAiRequest {
+  bool chat = false;
+  std::string model;  // empty: the served model
+  // Completions: one or more prompts (choices are prompt-major: prompt p, sample i -> p * n + i).
+  std::vector<PromptInput> prompts;
+  // Chat.
+  std::vector<ChatMessage> messages;
+  std::vector<ToolDefinition> tools;
+  ToolChoice tool_choice = ToolChoice::kAuto;
+  // Sampling; params.max_tokens is set from max_tokens below by build_engine_requests.
+  SamplingParams params;
+  std::optional<int> max_tokens;  // unset: 16 (completions) or the context left (chat)
+  int32_t priority = 0;
+  // Output.
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool logprobs = false;       // params.logprobs >= 0
+  int top_logprobs = 0;        // params.logprobs when logprobs
+  // Whether tool calls are parsed out of the output.
+  bool parse_tools() const { return chat && !tools.empty() && tool_choice == ToolChoice::kAuto; }
+};
+
+// Largest number of prompts in one completions request, and of prompts x n.
+inline constexpr int kMaxPrompts = 64;
+inline constexpr int kMaxChoices = 64;
+// Chat requests without max_tokens get the context left, capped here.
+inline constexpr int kDefaultChatMaxTokens = 4096;
+
+absl::StatusOr<OpenAiRequest> parse_completion_request(std::string_view body);
+absl::StatusOr<OpenAiRequest> parse_chat_request(std::string_view body);
+
+// The engine requests of `req`, one per prompt (one for chat), tokenized with special tokens
+// allowed. `max_model_len` (0: unlimited) sets chat's default max_tokens; the engine still checks
+// prompt + max_tokens against it. InvalidArgument on render errors or an empty prompt.
+absl::StatusOr<std::vector<Request>> build_engine_requests(const OpenAiRequest& req,
+                                                           const Tokenizer& tokenizer,
+                                                           ChatFormat format,
+                                                           int32_t max_model_len);
+
+}  // namespace loom

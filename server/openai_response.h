@@ -1,0 +1,73 @@
+// OpenAiResponseBuilder: turns one request's engine events into OpenAI response bodies, either
+// one JSON object (non-streaming) or a sequence of chunk objects (streaming; the SSE framing is
+// sse_writer's). Tool calls are extracted with the chat module's parsers: ToolCallStreamParser
+// when streaming, parse_tool_calls otherwise (the same state machine, so both paths agree).
+// Not thread-safe: one per request, used by one strand.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/chat/chat_template.h"
+#include "engine/chat/tool_call_parser.h"
+#include "engine/request.h"
+#include "engine/tokenizer/tokenizer.h"
+
+namespace loom {
+
+struct ResponseContext {
+  bool chat = false;
+  bool stream = false;
+  bool include_usage = false;  // streaming: a last chunk with usage and no choices
+  bool logprobs = false;
+  bool parse_tools = false;  // chat with tools and tool_choice "auto"
+  ChatFormat format = ChatFormat::kNative;
+  std::string id;  // "cmpl-..." or "chatcmpl-..."
+  int64_t created = 0;
+  std::string model;
+  int num_prompts = 1;                   // engine requests (completions with a list of prompts)
+  int n = 1;                             // choices per prompt
+  const Tokenizer* tokenizer = nullptr;  // for logprob token strings; must outlive the builder
+};
+
+class OpenAiResponseBuilder {
+ public:
+  explicit OpenAiResponseBuilder(ResponseContext ctx);
+  ~OpenAiResponseBuilder();
+
+  // Consumes one event of prompt `prompt`'s engine request. Streaming: returns the chunk objects
+  // (JSON text) it produces, in order; non-streaming: accumulates and returns nothing.
+  std::vector<std::string> on_event(int prompt, const RequestOutput& out);
+  // Streaming, after every choice finished: the usage chunk when asked for (else nothing).
+  std::vector<std::string> stream_tail() const;
+  // Non-streaming, after every choice finished: the response object.
+  std::string final_json() const;
+
+  bool done() const { return finished_ == static_cast<int>(choices_.size()); }
+  // The first engine error of any choice (empty if none): the caller answers 500.
+  const std::string& error() const { return error_; }
+  int prompt_tokens() const;
+  int completion_tokens() const;
+  // Finish reason of the last choice to finish ("stop", "length", "tool_calls", "abort", "error").
+  const std::string& last_finish_reason() const { return last_reason_; }
+
+ private:
+  struct Choice;  // per-choice text, tokens, logprobs, stream parser (defined in the .cc)
+
+  std::vector<std::string> stream_event(Choice& c, int index, const RequestOutput& out);
+
+  ResponseContext ctx_;
+  std::vector<std::unique_ptr<Choice>> choices_;  // prompt-major: prompt * n + out.index
+  std::vector<int> prompt_tokens_;                // per prompt, from final events
+  int finished_ = 0;
+  std::string error_;
+  std::string last_reason_;
+};
+
+// The finish_reason string of an engine reason ("stop", "length", "abort", "error").
+std::string finish_reason_name(FinishReason reason);
+
+}  // namespace loom

@@ -1,0 +1,94 @@
+#include "server/server_options.h"
+
+#include <filesystem>
+
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+ABSL_FLAG(std::string, model, "build/default-model",
+          "Model directory: config.json + safetensors, optionally tokenizer.json (else the "
+          "byte-level tokenizer) and an UNTRAINED marker file.");
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind the HTTP server to.");
+ABSL_FLAG(int, port, 8000, "HTTP port; 0 picks a free one (printed on stdout).");
+ABSL_FLAG(int, grpc_port, -1, "gRPC port; -1 disables the gRPC service, 0 picks a free one.");
+ABSL_FLAG(std::string, served_model_name, "",
+          "Model name clients use and see (default: the model directory's name).");
+ABSL_FLAG(std::string, api_key, "", "If set, /v1/* routes require `Authorization: Bearer KEY`.");
+ABSL_FLAG(int64_t, cache_budget_mb, 1024, "Memory for KV pages and linear-state slots (MiB).");
+ABSL_FLAG(int, max_num_batched_tokens, 2048, "Tokens per engine step over all sequences.");
+ABSL_FLAG(int, max_num_seqs, 64, "Sequences per engine step (and live state slots).");
+ABSL_FLAG(int, max_model_len, 0,
+          "Prompt + max_tokens limit; 0: the model's max_position_embeddings.");
+ABSL_FLAG(bool, enable_prefix_cache, true, "Reuse cached prompt prefixes across requests.");
+ABSL_FLAG(uint64_t, seed, 0, "Seed for requests that bring none (0: random).");
+ABSL_FLAG(int64_t, max_body_bytes, 4 << 20, "Largest request body accepted (413 beyond).");
+ABSL_FLAG(int64_t, max_header_bytes, 16 << 10, "Largest request header block (431 beyond).");
+ABSL_FLAG(int, max_queue, 256,
+          "Requests waiting in the engine queue beyond which new ones get 429.");
+ABSL_FLAG(int, io_threads, 2, "Threads serving HTTP connections (asynchronous I/O).");
+ABSL_FLAG(int, pump_threads, 1, "Threads moving engine outputs to connections.");
+ABSL_FLAG(double, header_timeout_s, 30, "Seconds a client has to send a whole request.");
+ABSL_FLAG(double, idle_timeout_s, 300, "Seconds an idle keep-alive connection is kept.");
+ABSL_FLAG(double, drain_timeout_s, 30,
+          "On SIGTERM/SIGINT, seconds in-flight requests get to finish before being cancelled.");
+
+namespace loom {
+
+absl::StatusOr<ServerOptions> server_options_from_flags() {
+  ServerOptions o;
+  o.model_dir = absl::GetFlag(FLAGS_model);
+  o.http.host = absl::GetFlag(FLAGS_host);
+  o.http.port = absl::GetFlag(FLAGS_port);
+  o.grpc_port = absl::GetFlag(FLAGS_grpc_port);
+  o.http.api_key = absl::GetFlag(FLAGS_api_key);
+  o.http.max_body_bytes = absl::GetFlag(FLAGS_max_body_bytes);
+  o.http.max_header_bytes = absl::GetFlag(FLAGS_max_header_bytes);
+  o.http.max_queue = absl::GetFlag(FLAGS_max_queue);
+  o.http.io_threads = absl::GetFlag(FLAGS_io_threads);
+  o.http.pump_threads = absl::GetFlag(FLAGS_pump_threads);
+  o.http.header_timeout_s = absl::GetFlag(FLAGS_header_timeout_s);
+  o.http.idle_timeout_s = absl::GetFlag(FLAGS_idle_timeout_s);
+  o.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
+  o.engine.cache_budget_bytes = absl::GetFlag(FLAGS_cache_budget_mb) << 20;
+  o.engine.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
+  o.engine.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
+  o.engine.max_model_len = absl::GetFlag(FLAGS_max_model_len);
+  o.engine.seed = absl::GetFlag(FLAGS_seed);
+  o.engine.enable_prefix_cache = absl::GetFlag(FLAGS_enable_prefix_cache);
+
+  auto bad = [](std::string_view flag, std::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("--", absl_sv(flag), ": ", absl_sv(why)));
+  };
+  if (o.http.port < 0 || o.http.port > 65535) return bad("port", "must be in [0, 65535]");
+  if (o.grpc_port > 65535) return bad("grpc_port", "must be at most 65535");
+  if (o.http.max_body_bytes < 1024) return bad("max_body_bytes", "must be at least 1024");
+  if (o.http.max_header_bytes < 1024) return bad("max_header_bytes", "must be at least 1024");
+  if (o.http.max_queue < 1) return bad("max_queue", "must be at least 1");
+  if (o.http.io_threads < 1 || o.http.io_threads > 256) return bad("io_threads", "1..256");
+  if (o.http.pump_threads < 1 || o.http.pump_threads > 64) return bad("pump_threads", "1..64");
+  if (!(o.http.header_timeout_s > 0)) return bad("header_timeout_s", "must be positive");
+  if (!(o.http.idle_timeout_s > 0)) return bad("idle_timeout_s", "must be positive");
+  if (!(o.drain_timeout_s >= 0)) return bad("drain_timeout_s", "must be >= 0");
+  if (absl::GetFlag(FLAGS_cache_budget_mb) < 1) return bad("cache_budget_mb", "must be positive");
+  if (o.engine.max_num_batched_tokens < 1) return bad("max_num_batched_tokens", "must be >= 1");
+  if (o.engine.max_num_seqs < 1) return bad("max_num_seqs", "must be >= 1");
+  if (o.engine.max_model_len < 0) return bad("max_model_len", "must be >= 0");
+
+  std::error_code ec;
+  if (!std::filesystem::is_directory(o.model_dir, ec)) {
+    return absl::NotFoundError(
+        absl::StrCat("--model: ", o.model_dir, " is not a directory (see docs/operations.md)"));
+  }
+  o.http.untrained = std::filesystem::exists(std::filesystem::path(o.model_dir) / "UNTRAINED", ec);
+  o.http.served_model_name = absl::GetFlag(FLAGS_served_model_name);
+  if (o.http.served_model_name.empty()) {
+    std::filesystem::path p = std::filesystem::weakly_canonical(o.model_dir, ec);
+    if (ec) p = o.model_dir;
+    o.http.served_model_name = p.filename().string();
+    if (o.http.served_model_name.empty()) o.http.served_model_name = "loom";
+  }
+  return o;
+}
+
+}  // namespace loom

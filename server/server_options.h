@@ -1,0 +1,41 @@
+// ServerOptions: everything loom-server's flags configure, read once at startup (main.cc calls
+// server_options_from_flags() after absl::ParseCommandLine). The flags themselves are defined in
+// server_options.cc; nothing else reads them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/engine.h"
+
+namespace loom {
+
+// How the HTTP frontend listens and what it accepts.
+struct HttpOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;                      // 0: pick a free port (printed at startup)
+  int io_threads = 2;                   // Asio threads running every connection
+  int pump_threads = 1;                 // threads draining RequestStreams (see http_stream_pump.h)
+  std::string api_key;                  // non-empty: Bearer token required on /v1/*
+  int64_t max_body_bytes = 4 << 20;     // 413 beyond
+  int64_t max_header_bytes = 16 << 10;  // 431 beyond
+  int max_queue = 256;                  // 429 when the engine has this many requests waiting
+  double header_timeout_s = 30;         // a request's headers+body must arrive within this
+  double idle_timeout_s = 300;          // keep-alive connections idle longer are closed
+  std::string served_model_name;        // the `model` field clients send and see
+  bool untrained = false;               // the model dir has an UNTRAINED marker
+};
+
+struct ServerOptions {
+  std::string model_dir;
+  EngineOptions engine;
+  HttpOptions http;
+  int grpc_port = -1;           // < 0: no gRPC service
+  double drain_timeout_s = 30;  // SIGTERM: how long in-flight requests may take to finish
+};
+
+// Reads the flags. InvalidArgument naming the flag when a value is out of range.
+absl::StatusOr<ServerOptions> server_options_from_flags();
+
+}  // namespace loom

@@ -1,0 +1,31 @@
+# gRPC frontend tests (ctest label `integration`): the Python client (clients/python) against a
+# real server on a loopback port. Included by tests/integration/CMakeLists.txt and, as a fallback,
+# by server/grpc.cmake; each test is registered once. Needs /usr/bin/python3 with Debian's
+# python3-grpcio and python3-protobuf (not a pyenv python without grpc).
+if(NOT TARGET loom_server_grpc)
+  return()
+endif()
+set(LOOM_GRPC_TEST_MODEL ${LOOM_FIXTURES_DIR}/kimi_linear_s1)
+set(LOOM_GRPC_TEST_SCRIPT ${CMAKE_SOURCE_DIR}/tests/integration/grpc_server_test.py)
+
+# Against loom-grpc-harness: an Engine and the GrpcServer alone.
+get_property(done GLOBAL PROPERTY LOOM_GRPC_HARNESS_TEST)
+if(NOT done)
+  set_property(GLOBAL PROPERTY LOOM_GRPC_HARNESS_TEST TRUE)
+  add_test(NAME grpc_harness_e2e
+    COMMAND /usr/bin/python3 ${LOOM_GRPC_TEST_SCRIPT} --server $<TARGET_FILE:loom-grpc-harness>
+            --model ${LOOM_GRPC_TEST_MODEL} --pythonpath ${LOOM_PROTO_PY_DIR})
+  set_tests_properties(grpc_harness_e2e PROPERTIES LABELS integration TIMEOUT 300)
+endif()
+
+# Against loom-server itself (HTTP and gRPC together). server/CMakeLists.txt includes this file
+# before it defines loom-server, so its presence is what says the target will exist.
+get_property(done GLOBAL PROPERTY LOOM_GRPC_SERVER_TEST)
+if((TARGET loom-server OR EXISTS ${CMAKE_SOURCE_DIR}/server/CMakeLists.txt) AND NOT done)
+  set_property(GLOBAL PROPERTY LOOM_GRPC_SERVER_TEST TRUE)
+  add_test(NAME grpc_server_e2e
+    COMMAND /usr/bin/python3 ${LOOM_GRPC_TEST_SCRIPT} --server $<TARGET_FILE:loom-server>
+            --model ${LOOM_GRPC_TEST_MODEL} --pythonpath ${LOOM_PROTO_PY_DIR}
+            --extra-args "--port 0")
+  set_tests_properties(grpc_server_e2e PROPERTIES LABELS integration TIMEOUT 300)
+endif()

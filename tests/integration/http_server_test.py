@@ -1,0 +1,533 @@
+#!/usr/bin/python3
+"""End-to-end test of loom-server's HTTP/OpenAI frontend (Python standard library only).
+
+Starts loom-server on a fixture model on a free loopback port (--port 0; the bound port is read
+from its stdout) and checks: SSE framing byte for byte (curl -N), completions and chat with fixed
+seeds giving the same text streamed and not, n > 1, logprobs, the tools request path, error
+statuses and OpenAI error bodies for hostile input (malformed JSON, invalid UTF-8, wrong types,
+bad max_tokens, a 10 MB body, slow-loris, 1000 idle connections), 64 concurrent streaming clients
+of which a quarter disconnect (completed streams equal solo runs; pools back to their initial free
+counts), API keys, 429 on a full queue, and a SIGTERM drain that lets a stream finish and exits 0.
+Every wait is bounded; servers are always killed at the end.
+"""
+import argparse
+import http.client
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ARGS = None
+FAILURES = []
+
+
+def check(cond, what):
+    if not cond:
+        FAILURES.append(what)
+        print("FAIL:", what, flush=True)
+    return cond
+
+
+class Server:
+    def __init__(self, *extra):
+        cmd = [ARGS.server, "--model", ARGS.model, "--port", "0", "--host", "127.0.0.1"] + list(extra)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.port = None
+        self.stderr_lines = []
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            line = self.proc.stdout.readline().decode()
+            if not line:
+                break
+            m = re.search(r"http listening on http://[^ ]+ \(port (\d+)\)", line)
+            if m:
+                self.port = int(m.group(1))
+                break
+        if self.port is None:
+            self.proc.kill()
+            raise RuntimeError("loom-server did not report its port: " + self.proc.stderr.read().decode())
+        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        threading.Thread(target=lambda: self.proc.stdout.read(), daemon=True).start()
+
+    def _drain_stderr(self):
+        for line in self.proc.stderr:
+            self.stderr_lines.append(line.decode(errors="replace"))
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def request(port, method, path, body=None, headers=None, timeout=60):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+    h = {"Content-Type": "application/json"}
+    h.update(headers or {})
+    conn.request(method, path, body=data, headers=h)
+    resp = conn.getresponse()
+    raw = resp.read()
+    conn.close()
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        parsed = None
+    return resp.status, parsed, raw
+
+
+def stream(port, path, body, disconnect_after=None, headers=None):
+    """Returns (status, list of data payloads) of an SSE response; closes early if asked."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    h = {"Content-Type": "application/json"}
+    h.update(headers or {})
+    conn.request("POST", path, body=json.dumps(body).encode(), headers=h)
+    resp = conn.getresponse()
+    events = []
+    while True:
+        line = resp.readline()
+        if not line:
+            break
+        line = line.decode()
+        if line.startswith("data: "):
+            events.append(line[len("data: "):].rstrip("\n"))
+            if disconnect_after is not None and len(events) >= disconnect_after:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+                conn.close()
+                return resp.status, events
+            if events[-1] == "[DONE]":
+                break
+    conn.close()
+    return resp.status, events
+
+
+def stream_text(events, chat):
+    text = ""
+    for e in events:
+        if e == "[DONE]":
+            continue
+        j = json.loads(e)
+        for c in j["choices"]:
+            if chat:
+                text += c["delta"].get("content") or ""
+            else:
+                text += c["text"]
+    return text
+
+
+def is_error_body(parsed, status):
+    return (isinstance(parsed, dict) and "error" in parsed and
+            all(k in parsed["error"] for k in ("message", "type", "param", "code")))
+
+
+def metrics(port):
+    _, _, raw = request(port, "GET", "/metrics")
+    out = {}
+    for line in raw.decode().splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+
+def test_basic_routes(port):
+    status, body, _ = request(port, "GET", "/health")
+    check(status == 200 and body == {"status": "ok"}, "health")
+    status, body, _ = request(port, "GET", "/v1/models")
+    check(status == 200 and body["data"][0]["id"] == "kimi_linear_s1", "models: %s" % body)
+    check(body["data"][0]["loom_untrained"] is False, "models: loom_untrained field")
+    status, body, _ = request(port, "POST", "/tokenize", {"prompt": "héllo"})
+    check(status == 200 and body["tokens"] == list("héllo".encode()), "tokenize: %s" % body)
+    status, body, _ = request(port, "POST", "/detokenize", {"tokens": list("héllo".encode())})
+    check(status == 200 and body["prompt"] == "héllo", "detokenize: %s" % body)
+    status, body, _ = request(port, "POST", "/detokenize", {"tokens": [100000]})
+    check(status == 400 and is_error_body(body, status), "detokenize out of range -> 400")
+    status, body, _ = request(port, "GET", "/nope")
+    check(status == 404 and is_error_body(body, status), "unknown route -> 404")
+    status, body, _ = request(port, "GET", "/v1/completions")
+    check(status == 405 and is_error_body(body, status), "GET /v1/completions -> 405")
+    status, body, _ = request(port, "POST", "/v1/completions", {"prompt": "a", "model": "other"})
+    check(status == 404 and body["error"]["code"] == "model_not_found", "unknown model -> 404")
+    m = metrics(port)
+    check("loom_kv_pages_free" in m and "loom_time_to_first_token_seconds_count" in m, "metrics names")
+
+
+def test_sse_framing_curl(port):
+    body = json.dumps({"prompt": "Hello", "max_tokens": 12, "seed": 7, "stream": True,
+                       "stream_options": {"include_usage": True}})
+    out = subprocess.run(["curl", "-sN", "-H", "Content-Type: application/json",
+                          "http://127.0.0.1:%d/v1/completions" % port, "-d", body],
+                         capture_output=True, timeout=60).stdout
+    check(re.fullmatch(rb"(data: [^\n\r]+\n\n)+", out) is not None, "SSE framing: %r" % out[:300])
+    check(out.endswith(b"data: [DONE]\n\n"), "SSE ends with [DONE]")
+    events = re.findall(rb"data: ([^\n]+)\n\n", out)
+    payloads = [json.loads(e) for e in events[:-1]]
+    check(all(p["object"] == "text_completion" for p in payloads), "SSE chunk objects")
+    check(payloads[-1]["choices"] == [] and payloads[-1]["usage"]["completion_tokens"] == 12,
+          "include_usage chunk: %s" % payloads[-1])
+    check(all("usage" in p for p in payloads), "usage: null on every chunk when include_usage")
+    # Same request through chat.
+    body = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6,
+                       "seed": 7, "stream": True})
+    out = subprocess.run(["curl", "-sN", "http://127.0.0.1:%d/v1/chat/completions" % port, "-d",
+                          body], capture_output=True, timeout=60).stdout
+    check(re.fullmatch(rb"(data: [^\n\r]+\n\n)+", out) is not None and out.endswith(b"data: [DONE]\n\n"),
+          "chat SSE framing: %r" % out[:300])
+    first = json.loads(re.findall(rb"data: ([^\n]+)\n\n", out)[0])
+    check(first["choices"][0]["delta"].get("role") == "assistant", "chat first delta has role")
+
+
+def test_stream_equals_nonstream(port):
+    for chat in (False, True):
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        base = {"max_tokens": 24, "seed": 1234, "temperature": 0.9}
+        if chat:
+            base["messages"] = [{"role": "system", "content": "be brief"},
+                                {"role": "user", "content": [{"type": "text", "text": "Tell me"}]}]
+        else:
+            base["prompt"] = "Once upon a time"
+        status, body, _ = request(port, "POST", path, base)
+        check(status == 200, "%s non-stream status %d" % (path, status))
+        text = body["choices"][0]["message"]["content"] if chat else body["choices"][0]["text"]
+        check(body["usage"]["completion_tokens"] == 24 or body["choices"][0]["finish_reason"] == "stop",
+              "%s usage" % path)
+        st, events = stream(port, path, dict(base, stream=True))
+        check(st == 200 and events[-1] == "[DONE]", "%s stream status/DONE" % path)
+        check(stream_text(events, chat) == text, "%s streamed text == non-streamed (%r vs %r)" %
+              (path, stream_text(events, chat), text))
+        # Same seed, same text again (determinism).
+        _, body2, _ = request(port, "POST", path, base)
+        text2 = body2["choices"][0]["message"]["content"] if chat else body2["choices"][0]["text"]
+        check(text2 == text, "%s same seed same text" % path)
+
+
+def test_n_and_logprobs(port):
+    status, body, _ = request(port, "POST", "/v1/completions",
+                              {"prompt": "abc", "max_tokens": 5, "n": 3, "seed": 5, "logprobs": 2,
+                               "ignore_eos": True})
+    check(status == 200 and [c["index"] for c in body["choices"]] == [0, 1, 2], "n=3 indices")
+    for c in body["choices"]:
+        lp = c["logprobs"]
+        check(len(lp["tokens"]) == 5 and len(lp["token_logprobs"]) == 5, "logprobs per token")
+        check(all(x <= 0 for x in lp["token_logprobs"]), "logprobs <= 0")
+        check(all(1 <= len(t) <= 2 for t in lp["top_logprobs"]), "top_logprobs size")
+        check(lp["text_offset"][0] == 0, "text_offset starts at 0")
+    check(body["usage"]["completion_tokens"] == 15, "n=3 usage: %s" % body["usage"])
+    # Two prompts x n=2 -> four choices, prompt-major.
+    status, body, _ = request(port, "POST", "/v1/completions",
+                              {"prompt": ["ab", [97, 98]], "max_tokens": 3, "n": 2, "seed": 9,
+                               "ignore_eos": True})
+    check(status == 200 and len(body["choices"]) == 4, "2 prompts x n=2")
+    check(body["choices"][0]["text"] == body["choices"][2]["text"], "same prompt (text vs ids), same seed")
+    status, body, _ = request(port, "POST", "/v1/chat/completions",
+                              {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
+                               "logprobs": True, "top_logprobs": 3, "n": 2, "seed": 3, "ignore_eos": True})
+    check(status == 200 and len(body["choices"]) == 2, "chat n=2")
+    content = body["choices"][0]["logprobs"]["content"]
+    check(len(content) == 4 and all(len(e["top_logprobs"]) == 3 and isinstance(e["bytes"], list)
+                                    for e in content), "chat logprobs shape")
+    st, events = stream(port, "/v1/chat/completions",
+                        {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "n": 2,
+                         "seed": 3, "stream": True, "ignore_eos": True})
+    idx = {json.loads(e)["choices"][0]["index"] for e in events[:-1]}
+    check(idx == {0, 1}, "streamed n=2 indices")
+    finishes = [json.loads(e)["choices"][0]["finish_reason"] for e in events[:-1]]
+    check(finishes.count("length") == 2, "one finish chunk per choice")
+
+
+def test_tools(port):
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+                                               "parameters": {"type": "object", "properties":
+                                                              {"city": {"type": "string"}}}}}]
+    messages = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "functions.get_weather:0", "type": "function",
+                     "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "22C"}]
+    status, body, _ = request(port, "POST", "/v1/chat/completions",
+                              {"messages": messages, "tools": tools, "max_tokens": 8, "seed": 1})
+    check(status == 200 and body["choices"][0]["message"]["role"] == "assistant",
+          "tools round trip request: %s" % body)
+    check(body["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls"), "tools finish")
+    # The rendered prompt carries the tool declaration and the call (via /tokenize + /detokenize).
+    status, tk, _ = request(port, "POST", "/tokenize", {"messages": messages, "tools": tools})
+    _, dt, _ = request(port, "POST", "/detokenize", {"tokens": tk["tokens"]})
+    text = dt["prompt"]
+    check("get_weather" in text and "<|tool_calls_section_begin|>" in text and "## Return of" in text,
+          "rendered tools prompt: %r" % text[:200])
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        status, body, _ = request(port, "POST", "/v1/chat/completions",
+                                  {"messages": messages, "tools": tools, "tool_choice": choice})
+        check(status == 400 and body["error"]["param"] == "tool_choice", "tool_choice %s -> 400" % choice)
+    status, body, _ = request(port, "POST", "/v1/chat/completions",
+                              {"messages": messages, "tools": [{"type": "function"}]})
+    check(status == 400 and is_error_body(body, status), "malformed tools -> 400")
+    status, body, _ = request(port, "POST", "/v1/chat/completions",
+                              {"messages": messages, "tools": tools, "tool_choice": "none",
+                               "max_tokens": 2, "stream": True})
+    check(status == 200, "tool_choice none accepted")
+
+
+def test_hostile(port):
+    cases = [
+        (b"{not json", None),
+        (b'{"prompt": "\xff\xfe"}', None),
+        ({"prompt": 12}, "prompt"),
+        ({"prompt": "a", "max_tokens": -5}, "max_tokens"),
+        ({"prompt": "a", "max_tokens": "10"}, "max_tokens"),
+        ({"prompt": "a", "temperature": "hot"}, "temperature"),
+        ({"prompt": "a", "n": 100}, "n"),
+        ({"prompt": "a", "stop": {"x": 1}}, "stop"),
+        ({"prompt": [1, "a"]}, "prompt"),
+        ({"prompt": [10 ** 6]}, None),  # out of vocabulary: the engine's InvalidArgument
+        ({"messages": "hi"}, "messages"),
+        ({"messages": [{"role": "user"}]}, "messages[0].content"),
+        ({"prompt": "a", "max_tokens": 10 ** 12}, "max_tokens"),
+        ({"prompt": "a", "max_tokens": 2 ** 31 - 1}, None),  # over max_model_len: engine says 400
+        ({"prompt": "x" * 5000, "max_tokens": 16}, None),  # prompt over --max_model_len 4096
+    ]
+    for body, param in cases:
+        path = "/v1/chat/completions" if isinstance(body, dict) and "messages" in body else "/v1/completions"
+        status, parsed, raw = request(port, "POST", path, body)
+        check(status == 400 and is_error_body(parsed, status), "hostile %r -> %d %r" % (body if isinstance(body, bytes) else str(body)[:80], status, raw[:200]))
+        if param and parsed and "error" in parsed:
+            check(parsed["error"]["param"] == param, "param of %s: %s" % (str(body)[:60], parsed["error"]))
+    # 10 MB body: 413 (curl sends Expect: 100-continue; the server answers from the headers).
+    big = os.path.join(ARGS.tmp, "big.json")
+    with open(big, "wb") as f:
+        f.write(b'{"prompt": "' + b"a" * (10 << 20) + b'"}')
+    out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--data-binary",
+                          "@" + big, "http://127.0.0.1:%d/v1/completions" % port],
+                         capture_output=True, timeout=60).stdout
+    check(out == b"413", "10 MB body -> 413 (got %r)" % out)
+    # Same without Expect, from a raw socket: the answer comes after the headers.
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10485760\r\n\r\n")
+    resp = s.recv(4096)
+    check(resp.startswith(b"HTTP/1.1 413"), "raw 10 MB header -> 413: %r" % resp[:60])
+    s.close()
+    # Huge headers -> 431.
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40000 + b"\r\n\r\n")
+    resp = s.recv(4096)
+    check(resp.startswith(b"HTTP/1.1 431"), "huge header -> 431: %r" % resp[:60])
+    s.close()
+    # Garbage request line -> 400.
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(b"\x00\x01 garbage\r\n\r\n")
+    resp = s.recv(4096)
+    check(resp.startswith(b"HTTP/1.1 400"), "garbage -> 400: %r" % resp[:60])
+    s.close()
+
+
+def test_slow_loris_and_idle(port):
+    loris = []
+    for _ in range(20):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le")
+        loris.append(s)
+    t0 = time.time()
+    status, body, _ = request(port, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+    check(status == 200 and time.time() - t0 < 10, "served while 20 slow-loris clients wait")
+    # The header timeout (--header_timeout_s 2) closes them.
+    s = loris[0]
+    s.settimeout(10)
+    try:
+        data = s.recv(100)
+    except OSError:
+        data = b""
+    check(data == b"", "slow-loris connection closed by the header timeout")
+    for s in loris:
+        s.close()
+    idle = []
+    try:
+        for _ in range(1000):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        time.sleep(0.5)
+        status, body, _ = request(port, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        check(status == 200, "served with 1000 idle connections open")
+        m = metrics(port)
+        check(m.get("loom_open_connections", 0) >= 1000, "open connections gauge %s" % m.get("loom_open_connections"))
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_concurrent_streams(port, headers):
+    initial = metrics(port)
+    results = {}
+
+    def client(i):
+        body = {"prompt": "client %d says" % i, "max_tokens": 32, "seed": 1000 + i, "stream": True,
+                "ignore_eos": True}
+        disconnect = 3 if i % 4 == 0 else None
+        try:
+            results[i] = stream(port, "/v1/completions", body, disconnect_after=disconnect, headers=headers)
+        except Exception as e:  # noqa: BLE001
+            results[i] = (0, [repr(e)])
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    for i in range(64):
+        status, events = results.get(i, (0, []))
+        if i % 4 == 0:
+            check(status == 200 and len(events) == 3, "client %d disconnected after 3 events" % i)
+            continue
+        check(status == 200 and events and events[-1] == "[DONE]", "client %d completed" % i)
+        solo_status, solo, _ = request(port, "POST", "/v1/completions",
+                                       {"prompt": "client %d says" % i, "max_tokens": 32,
+                                        "seed": 1000 + i, "ignore_eos": True}, headers=headers)
+        check(solo_status == 200 and stream_text(events, False) == solo["choices"][0]["text"],
+              "client %d stream == solo run" % i)
+    # Pools back to their initial free counts (prefix cache disabled on this server).
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        m = metrics(port)
+        if (m["loom_kv_pages_free"] == initial["loom_kv_pages_free"] and
+                m["loom_state_slots_free"] == initial["loom_state_slots_free"] and
+                m["loom_num_requests_running"] == 0):
+            break
+        time.sleep(0.2)
+    check(m["loom_kv_pages_free"] == initial["loom_kv_pages_free"] and
+          m["loom_state_slots_free"] == initial["loom_state_slots_free"],
+          "pools back to initial: pages %s/%s slots %s/%s" % (m["loom_kv_pages_free"], initial["loom_kv_pages_free"],
+                                                                m["loom_state_slots_free"], initial["loom_state_slots_free"]))
+    check(m['loom_requests_finished_total{reason="cancelled"}'] >= 16, "16 cancelled requests counted")
+    check(m['loom_engine_choices_finished_total{reason="cancelled"}'] >= 1,
+          "engine cancelled the disconnected requests (%s)" % m['loom_engine_choices_finished_total{reason="cancelled"}'])
+
+
+def test_auth(port):
+    status, body, _ = request(port, "POST", "/v1/completions", {"prompt": "a", "max_tokens": 1})
+    check(status == 401 and body["error"]["code"] == "invalid_api_key", "no key -> 401")
+    status, body, _ = request(port, "POST", "/v1/completions", {"prompt": "a", "max_tokens": 1},
+                              headers={"Authorization": "Bearer wrong"})
+    check(status == 401, "wrong key -> 401")
+    status, _, _ = request(port, "GET", "/health")
+    check(status == 200, "/health needs no key")
+
+
+def test_queue_and_drain(server):
+    port = server.port
+    long_body = {"prompt": "long", "max_tokens": 3000, "ignore_eos": True, "stream": True}
+    holder = {}
+    t = threading.Thread(target=lambda: holder.setdefault("r", stream(port, "/v1/completions", long_body)))
+    t.start()
+    # A second request waits (max_num_seqs 1); once the queue holds it, the third gets 429.
+    t2 = threading.Thread(target=lambda: holder.setdefault("r2", request(port, "POST", "/v1/completions",
+                                                                         {"prompt": "w", "max_tokens": 2})))
+    deadline = time.time() + 20
+    while time.time() < deadline and metrics(port).get("loom_num_requests_running", 0) < 1:
+        time.sleep(0.05)
+    t2.start()
+    while time.time() < deadline and metrics(port).get("loom_num_requests_waiting", 0) < 1:
+        time.sleep(0.05)
+    status, body, _ = request(port, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})
+    check(status == 429 and is_error_body(body, status), "queue full -> 429 (got %d)" % status)
+    # SIGTERM while the long stream runs: it finishes, new connections are refused, exit 0.
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", "/health")
+    conn.getresponse().read()
+    server.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "a", "max_tokens": 1}),
+                 headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    resp.read()
+    check(resp.status == 503, "request on a kept-alive connection while draining -> 503 (got %d)" % resp.status)
+    conn.close()
+    t.join(timeout=120)
+    t2.join(timeout=60)
+    status, events = holder.get("r", (0, []))
+    check(status == 200 and events and events[-1] == "[DONE]", "in-flight stream finished during drain")
+    last = json.loads(events[-2])
+    check(last["choices"][0]["finish_reason"] == "length", "drained stream ran to max_tokens")
+    check(holder.get("r2", (0,))[0] == 200, "queued request finished during drain")
+    try:
+        rc = server.proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        rc = None
+    check(rc == 0, "exit code 0 after SIGTERM drain (got %s)" % rc)
+    log = "".join(server.stderr_lines)
+    check(re.search(r"http POST /v1/completions status=200 prompt_tokens=\d+ completion_tokens=\d+ "
+                    r"latency_ms=", log) is not None, "per-request log line")
+
+
+def test_untrained(servers):
+    """A model dir with an UNTRAINED marker is reported as such (name: the dir's name)."""
+    d = tempfile.mkdtemp(prefix="loom-untrained-", dir=ARGS.tmp)
+    model = os.path.join(d, "tiny-untrained")
+    os.mkdir(model)
+    for f in os.listdir(ARGS.model):
+        os.symlink(os.path.join(os.path.abspath(ARGS.model), f), os.path.join(model, f))
+    open(os.path.join(model, "UNTRAINED"), "w").close()
+    global_model = ARGS.model
+    ARGS.model = model
+    try:
+        s = Server()
+        servers.append(s)
+    finally:
+        ARGS.model = global_model
+    status, body, _ = request(s.port, "GET", "/v1/models")
+    entry = body["data"][0]
+    check(status == 200 and entry["id"] == "tiny-untrained" and entry["loom_untrained"] is True and
+          "untrained" in entry.get("loom_note", ""), "untrained model reported: %s" % entry)
+    s.stop()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def main():
+    global ARGS
+    p = argparse.ArgumentParser()
+    p.add_argument("--server", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--tmp", default="/tmp")
+    ARGS = p.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))
+    servers = []
+    try:
+        a = Server("--header_timeout_s", "2", "--max_model_len", "4096")
+        servers.append(a)
+        for test in (test_basic_routes, test_sse_framing_curl, test_stream_equals_nonstream,
+                     test_n_and_logprobs, test_tools, test_hostile, test_slow_loris_and_idle):
+            print("==", test.__name__, flush=True)
+            test(a.port)
+        b = Server("--enable_prefix_cache=false", "--api_key", "sekret")
+        servers.append(b)
+        print("== test_auth", flush=True)
+        test_auth(b.port)
+        print("== test_concurrent_streams", flush=True)
+        test_concurrent_streams(b.port, {"Authorization": "Bearer sekret"})
+        print("== test_untrained", flush=True)
+        test_untrained(servers)
+        c = Server("--max_num_seqs", "1", "--max_queue", "1", "--drain_timeout_s", "60")
+        servers.append(c)
+        print("== test_queue_and_drain", flush=True)
+        test_queue_and_drain(c)
+    finally:
+        for s in servers:
+            s.stop()
+    if FAILURES:
+        print("%d check(s) failed" % len(FAILURES))
+        for f in FAILURES:
+            print("  -", f)
+        return 1
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+// Response builder and request parser of the HTTP frontend, fed canned engine events (the
+// untrained fixture model never calls tools by itself, so the tool-call response path is tested
+// here): streamed chunks must accumulate to the non-streamed response.
+#include "server/openai_response.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "server/openai_error.h"
+#include "server/openai_request.h"
+#include "server/sse_writer.h"
+
+namespace loom {
+namespace {
+
+using json = nlohmann::json;
+
+RequestOutput event(int index, std::string text, std::vector<int32_t> ids,
+                    std::optional<FinishReason> finish = std::nullopt) {
+  RequestOutput o;
+  o.index = index;
+  o.text = std::move(text);
+  o.token_ids = std::move(ids);
+  o.finish = finish;
+  if (finish) {
+    o.prompt_tokens = 7;
+  }
+  return o;
+}
+
+ResponseContext chat_context(bool stream) {
+  ResponseContext c;
+  c.chat = true;
+  c.stream = stream;
+  c.parse_tools = true;
+  c.format = ChatFormat::kKimi;
+  c.id = "chatcmpl-test";
+  c.created = 1;
+  c.model = "m";
+  return c;
+}
+
+// A Kimi tool call split at awkward places (inside markers and inside the arguments).
+const std::vector<std::string> kKimiPieces = {
+    "Let me check.<|tool_calls_sec", "tion_begin|><|tool_call_begin|>functions.get_wea",
+    "ther:0<|tool_call_argument_begin|>{\"city\": ",
+    "\"Paris\"}<|tool_call_end|><|tool_calls_section_end|>"};
+
+TEST(OpenAiResponse, ToolCallNonStreaming) {
+  OpenAiResponseBuilder b(chat_context(false));
+  for (size_t i = 0; i < kKimiPieces.size(); ++i) {
+    b.on_event(
+        0, event(0, kKimiPieces[i], {1},
+                 i + 1 == kKimiPieces.size() ? std::optional(FinishReason::kStop) : std::nullopt));
+  }
+  ASSERT_TRUE(b.done());
+  json j = json::parse(b.final_json());
+  const json& choice = j["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  EXPECT_EQ(choice["message"]["content"], "Let me check.");
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u);
+  const json& call = choice["message"]["tool_calls"][0];
+  EXPECT_EQ(call["id"], "functions.get_weather:0");
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_EQ(call["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(call["function"]["arguments"].get<std::string>()),
+            json({{"city", "Paris"}}));
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 7);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 4);
+  EXPECT_EQ(j["object"], "chat.completion");
+}
+
+TEST(OpenAiResponse, ToolCallStreamingAccumulatesToNonStreaming) {
+  OpenAiResponseBuilder b(chat_context(true));
+  std::vector<std::string> chunks;
+  for (size_t i = 0; i < kKimiPieces.size(); ++i) {
+    for (auto& c :
+         b.on_event(0, event(0, kKimiPieces[i], {1},
+                             i + 1 == kKimiPieces.size() ? std::optional(FinishReason::kStop)
+                                                         : std::nullopt))) {
+      chunks.push_back(c);
+    }
+  }
+  ASSERT_TRUE(b.done());
+  std::string content, finish, role;
+  json calls = json::array();
+  for (const std::string& c : chunks) {
+    json j = json::parse(c);
+    EXPECT_EQ(j["object"], "chat.completion.chunk");
+    const json& ch = j["choices"][0];
+    const json& d = ch["delta"];
+    if (d.contains("role")) role = d["role"];
+    if (d.contains("content") && d["content"].is_string())
+      content += d["content"].get<std::string>();
+    if (d.contains("tool_calls")) {
+      for (const json& t : d["tool_calls"]) {
+        size_t k = t["index"];
+        if (k >= calls.size()) {
+          ASSERT_EQ(k, calls.size());
+          calls.push_back({{"id", t["id"]}, {"name", t["function"]["name"]}, {"arguments", ""}});
+        }
+        calls[k]["arguments"] = calls[k]["arguments"].get<std::string>() +
+                                t["function"]["arguments"].get<std::string>();
+      }
+    }
+    if (ch["finish_reason"].is_string()) finish = ch["finish_reason"];
+  }
+  EXPECT_EQ(role, "assistant");
+  EXPECT_EQ(content, "Let me check.");
+  EXPECT_EQ(finish, "tool_calls");
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["id"], "functions.get_weather:0");
+  EXPECT_EQ(calls[0]["name"], "get_weather");
+  EXPECT_EQ(json::parse(calls[0]["arguments"].get<std::string>()), json({{"city", "Paris"}}));
+}
+
+TEST(OpenAiResponse, ToolChoiceNoneKeepsMarkersAsContent) {
+  ResponseContext c = chat_context(false);
+  c.parse_tools = false;
+  OpenAiResponseBuilder b(c);
+  std::string all;
+  for (auto& p : kKimiPieces) all += p;
+  b.on_event(0, event(0, all, {1, 2}, FinishReason::kStop));
+  json j = json::parse(b.final_json());
+  EXPECT_EQ(j["choices"][0]["message"]["content"], all);
+  EXPECT_FALSE(j["choices"][0]["message"].contains("tool_calls"));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+}
+
+TEST(OpenAiResponse, CompletionsChoicesArePromptMajorWithUsage) {
+  auto tok = Tokenizer::byte_level();
+  ResponseContext c;
+  c.id = "cmpl-x";
+  c.num_prompts = 2;
+  c.n = 2;
+  c.logprobs = true;
+  c.tokenizer = tok.get();
+  OpenAiResponseBuilder b(c);
+  for (int p = 0; p < 2; ++p) {
+    for (int i = 1; i >= 0; --i) {  // interleaved, out of order
+      RequestOutput o = event(i, std::string(1, static_cast<char>('a' + p * 2 + i)),
+                              {static_cast<int32_t>('a' + p * 2 + i)}, FinishReason::kLength);
+      o.logprobs.push_back({o.token_ids[0], -0.5f, {{o.token_ids[0], -0.5f}, {'z', -1.0f}}});
+      o.completion_tokens = 1;
+      b.on_event(p, o);
+    }
+  }
+  ASSERT_TRUE(b.done());
+  json j = json::parse(b.final_json());
+  ASSERT_EQ(j["choices"].size(), 4u);
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_EQ(j["choices"][k]["index"], k);
+    EXPECT_EQ(j["choices"][k]["text"], std::string(1, static_cast<char>('a' + k)));
+    EXPECT_EQ(j["choices"][k]["finish_reason"], "length");
+    const json& lp = j["choices"][k]["logprobs"];
+    EXPECT_EQ(lp["tokens"][0], std::string(1, static_cast<char>('a' + k)));
+    EXPECT_FLOAT_EQ(lp["token_logprobs"][0].get<float>(), -0.5f);
+    EXPECT_FLOAT_EQ(lp["top_logprobs"][0]["z"].get<float>(), -1.0f);
+    EXPECT_EQ(lp["text_offset"][0], 0);
+  }
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 14);  // 7 per prompt, counted once per prompt
+  EXPECT_EQ(j["usage"]["completion_tokens"], 4);
+  EXPECT_EQ(j["usage"]["total_tokens"], 18);
+}
+
+TEST(OpenAiResponse, StreamErrorEventAndUsageTail) {
+  ResponseContext c;
+  c.stream = true;
+  c.include_usage = true;
+  OpenAiResponseBuilder b(c);
+  RequestOutput o = event(0, "", {}, FinishReason::kError);
+  o.error = "boom";
+  auto chunks = b.on_event(0, o);
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_EQ(json::parse(chunks[0])["error"]["message"], "boom");
+  EXPECT_EQ(b.error(), "boom");
+  auto tail = b.stream_tail();
+  ASSERT_EQ(tail.size(), 1u);
+  EXPECT_TRUE(json::parse(tail[0])["choices"].empty());
+}
+
+TEST(SseWriter, Framing) {
+  EXPECT_EQ(sse_event("{\"a\":1}"), "data: {\"a\":1}\n\n");
+  EXPECT_EQ(sse_event("x\ny"), "data: x y\n\n");
+  EXPECT_EQ(sse_done(), "data: [DONE]\n\n");
+}
+
+// ---- request parsing ----
+
+ApiError parse_error(std::string_view body, bool chat) {
+  auto r = chat ? parse_chat_request(body) : parse_completion_request(body);
+  EXPECT_FALSE(r.ok()) << body;
+  return r.ok() ? ApiError{} : api_error_from_status(r.status());
+}
+
+TEST(OpenAiRequest, Errors) {
+  EXPECT_EQ(parse_error("{", false).http_status, 400);
+  EXPECT_EQ(parse_error("[1]", false).http_status, 400);
+  EXPECT_EQ(parse_error("{\"prompt\": \"\xff\"}", false).http_status, 400);  // invalid UTF-8
+  EXPECT_EQ(parse_error("{\"prompt\": 5}", false).param, "prompt");
+  EXPECT_EQ(parse_error("{\"prompt\": \"a\", \"max_tokens\": -1}", false).param, "max_tokens");
+  EXPECT_EQ(parse_error("{\"prompt\": \"a\", \"max_tokens\": 1e30}", false).param, "max_tokens");
+  EXPECT_EQ(parse_error("{\"prompt\": \"a\", \"max_tokens\": \"5\"}", false).param, "max_tokens");
+  EXPECT_EQ(parse_error("{\"prompt\": \"a\", \"temperature\": 3}", false).param, "temperature");
+  EXPECT_EQ(parse_error("{\"prompt\": \"a\", \"n\": 0}", false).param, "n");
+  EXPECT_EQ(parse_error("{\"prompt\": \"a\", \"stop\": [1]}", false).param, "stop");
+  EXPECT_EQ(parse_error("{\"prompt\": [-1]}", false).param, "prompt");
+  EXPECT_EQ(parse_error("{\"prompt\": \"a\", \"logprobs\": true}", false).param, "logprobs");
+  EXPECT_EQ(parse_error("{\"messages\": []}", true).param, "messages");
+  EXPECT_EQ(parse_error("{\"messages\": [{\"role\": \"bot\", \"content\": \"x\"}]}", true).param,
+            "messages[0].role");
+  EXPECT_EQ(parse_error("{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": "
+                        "\"image_url\"}]}]}",
+                        true)
+                .param,
+            "messages[0].content");
+  EXPECT_EQ(parse_error("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                        "\"tool_choice\": \"required\", \"tools\": []}",
+                        true)
+                .param,
+            "tool_choice");
+  std::string deep(1000, '[');
+  EXPECT_EQ(parse_error("{\"prompt\": " + deep + "}", false).http_status, 400);
+}
+
+TEST(OpenAiRequest, FieldsAndExtensions) {
+  auto r = parse_completion_request(
+      R"({"prompt": [[1, 2], "ab"], "max_tokens": 5, "temperature": 0, "n": 2, "stop": "x",
+          "seed": 3, "logprobs": 2, "top_k": 4, "min_p": 0.1, "repetition_penalty": 1.1,
+          "ignore_eos": true, "priority": 2, "min_tokens": 1, "unknown_field": {"a": 1},
+          "stream": true, "stream_options": {"include_usage": true}})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->prompts.size(), 2u);
+  EXPECT_FALSE(r->prompts[0].is_text);
+  EXPECT_EQ(r->params.n, 2);
+  EXPECT_EQ(r->params.top_k, 4);
+  EXPECT_TRUE(r->params.ignore_eos);
+  EXPECT_EQ(r->priority, 2);
+  EXPECT_TRUE(r->include_usage);
+  EXPECT_EQ(*r->params.seed, 3u);
+  auto tok = Tokenizer::byte_level();
+  auto reqs = build_engine_requests(*r, *tok, ChatFormat::kNative, 0);
+  ASSERT_TRUE(reqs.ok());
+  ASSERT_EQ(reqs->size(), 2u);
+  EXPECT_EQ((*reqs)[0].prompt, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ((*reqs)[1].prompt, (std::vector<int32_t>{'a', 'b'}));
+  EXPECT_EQ((*reqs)[1].params.max_tokens, 5);
+  EXPECT_EQ((*reqs)[1].params.logprobs, 2);
+
+  auto c = parse_chat_request(
+      R"({"messages": [{"role": "system", "content": "s"},
+                       {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                       {"role": "assistant", "content": null, "tool_calls": [{"id": "call_0",
+                        "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                       {"role": "tool", "tool_call_id": "call_0", "content": "42"}],
+          "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+          "max_completion_tokens": 9, "logprobs": true, "top_logprobs": 3})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->parse_tools());
+  EXPECT_EQ(c->messages.size(), 4u);
+  EXPECT_EQ(c->messages[1].content, "hi");
+  EXPECT_EQ(c->messages[2].tool_calls[0].name, "f");
+  auto creqs = build_engine_requests(*c, *tok, ChatFormat::kNative, 0);
+  ASSERT_TRUE(creqs.ok()) << creqs.status();
+  EXPECT_EQ((*creqs)[0].params.max_tokens, 9);
+  EXPECT_EQ((*creqs)[0].params.logprobs, 3);
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,126 @@
+// The official `openai` npm SDK against a running loom-server: completions, chat, streaming,
+// tools round trip, n > 1, logprobs and errors, checked field by field.
+// Env: LOOM_BASE_URL (e.g. http://127.0.0.1:PORT/v1), LOOM_MODEL, LOOM_NPM_PREFIX (where the SDK is
+// installed). Exit 0 when every check passes.
+import { createRequire } from 'node:module';
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+
+const require = createRequire(`${process.env.LOOM_NPM_PREFIX}/package.json`);
+const OpenAI = require('openai');
+const client = new OpenAI({ baseURL: process.env.LOOM_BASE_URL, apiKey: 'sk-test', maxRetries: 0 });
+const model = process.env.LOOM_MODEL;
+let checks = 0;
+const eq = (a, b, what) => { assert.deepStrictEqual(a, b, what); checks++; };
+const ok = (c, what) => { assert.ok(c, what); checks++; };
+
+function checkUsage(u, what) {
+  ok(Number.isInteger(u.prompt_tokens) && u.prompt_tokens > 0, `${what}: prompt_tokens`);
+  ok(Number.isInteger(u.completion_tokens) && u.completion_tokens > 0, `${what}: completion_tokens`);
+  eq(u.total_tokens, u.prompt_tokens + u.completion_tokens, `${what}: total_tokens`);
+}
+
+// models
+const models = await client.models.list();
+eq(models.data[0].id, model, 'models: id');
+eq(models.data[0].object, 'model', 'models: object');
+
+// completions, non-streaming and streaming with the same seed
+const cparams = { model, prompt: 'Once upon a time', max_tokens: 12, seed: 42, temperature: 0.8 };
+const c = await client.completions.create(cparams);
+eq(c.object, 'text_completion', 'completion: object');
+ok(c.id.startsWith('cmpl-'), 'completion: id');
+eq(c.model, model, 'completion: model');
+ok(Number.isInteger(c.created), 'completion: created');
+eq(c.choices.length, 1, 'completion: one choice');
+eq(c.choices[0].index, 0, 'completion: index');
+ok(typeof c.choices[0].text === 'string', 'completion: text');
+ok(['stop', 'length'].includes(c.choices[0].finish_reason), 'completion: finish_reason');
+checkUsage(c.usage, 'completion');
+let streamed = '';
+let usageChunk = null;
+for await (const chunk of await client.completions.create({ ...cparams, stream: true, stream_options: { include_usage: true } })) {
+  if (chunk.usage) usageChunk = chunk;
+  for (const ch of chunk.choices) streamed += ch.text;
+}
+eq(streamed, c.choices[0].text, 'completion: streamed text == non-streamed');
+ok(usageChunk && usageChunk.choices.length === 0, 'completion: usage chunk has no choices');
+eq(usageChunk.usage, c.usage, 'completion: streamed usage == non-streamed');
+
+// chat, non-streaming and streaming
+const messages = [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Hello!' }];
+const chat = await client.chat.completions.create({ model, messages, max_tokens: 10, seed: 7 });
+eq(chat.object, 'chat.completion', 'chat: object');
+ok(chat.id.startsWith('chatcmpl-'), 'chat: id');
+eq(chat.choices[0].message.role, 'assistant', 'chat: role');
+ok(typeof chat.choices[0].message.content === 'string', 'chat: content');
+ok(['stop', 'length'].includes(chat.choices[0].finish_reason), 'chat: finish_reason');
+checkUsage(chat.usage, 'chat');
+let chatStreamed = '';
+let role = null;
+let finish = null;
+for await (const chunk of await client.chat.completions.create({ model, messages, max_tokens: 10, seed: 7, stream: true })) {
+  eq(chunk.object, 'chat.completion.chunk', 'chat stream: object');
+  const d = chunk.choices[0].delta;
+  if (d.role) role = d.role;
+  if (d.content) chatStreamed += d.content;
+  if (chunk.choices[0].finish_reason) finish = chunk.choices[0].finish_reason;
+}
+eq(role, 'assistant', 'chat stream: role');
+eq(chatStreamed, chat.choices[0].message.content, 'chat: streamed == non-streamed');
+eq(finish, chat.choices[0].finish_reason, 'chat: streamed finish_reason');
+
+// tools round trip: a declared tool, an assistant call and its result
+const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Current weather',
+  parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+const toolMessages = [
+  { role: 'user', content: 'Weather in Paris?' },
+  { role: 'assistant', content: null, tool_calls: [{ id: 'functions.get_weather:0', type: 'function',
+    function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }] },
+  { role: 'tool', tool_call_id: 'functions.get_weather:0', content: '22 C, sunny' },
+];
+const t = await client.chat.completions.create({ model, messages: toolMessages, tools, tool_choice: 'auto', max_tokens: 8, seed: 3 });
+eq(t.choices[0].message.role, 'assistant', 'tools: role');
+ok(['stop', 'length', 'tool_calls'].includes(t.choices[0].finish_reason), 'tools: finish_reason');
+let tStreamed = '';
+for await (const chunk of await client.chat.completions.create({ model, messages: toolMessages, tools, max_tokens: 8, seed: 3, stream: true })) {
+  tStreamed += chunk.choices[0]?.delta?.content ?? '';
+}
+eq(tStreamed, t.choices[0].message.content ?? '', 'tools: streamed == non-streamed');
+await assert.rejects(client.chat.completions.create({ model, messages: toolMessages, tools, tool_choice: 'required' }),
+  (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === 'tool_choice', 'tools: required -> 400');
+checks++;
+
+// n > 1
+const multi = await client.chat.completions.create({ model, messages, max_tokens: 4, n: 3, seed: 11, ignore_eos: true });
+eq(multi.choices.map((x) => x.index), [0, 1, 2], 'n=3: indices');
+eq(multi.usage.completion_tokens, 12, 'n=3: usage');
+const cmulti = await client.completions.create({ model, prompt: 'abc', max_tokens: 3, n: 2, seed: 5, ignore_eos: true });
+eq(cmulti.choices.length, 2, 'completions n=2');
+
+// logprobs
+const lp = await client.completions.create({ model, prompt: 'abc', max_tokens: 4, logprobs: 2, seed: 1, ignore_eos: true });
+const L = lp.choices[0].logprobs;
+eq(L.tokens.length, 4, 'completion logprobs: tokens');
+eq(L.token_logprobs.length, 4, 'completion logprobs: token_logprobs');
+ok(L.token_logprobs.every((x) => x <= 0), 'completion logprobs: <= 0');
+ok(L.top_logprobs.every((m) => Object.keys(m).length >= 1 && Object.keys(m).length <= 2), 'completion logprobs: top');
+eq(L.text_offset[0], 0, 'completion logprobs: text_offset');
+const clp = await client.chat.completions.create({ model, messages, max_tokens: 3, logprobs: true, top_logprobs: 2, seed: 1, ignore_eos: true });
+const content = clp.choices[0].logprobs.content;
+eq(content.length, 3, 'chat logprobs: one per token');
+for (const e of content) {
+  ok(typeof e.token === 'string' && e.logprob <= 0 && Array.isArray(e.bytes), 'chat logprobs: entry');
+  eq(e.top_logprobs.length, 2, 'chat logprobs: top_logprobs');
+}
+
+// errors in OpenAI's shape
+await assert.rejects(client.completions.create({ model, prompt: 'a', max_tokens: -1 }),
+  (e) => e instanceof OpenAI.BadRequestError && e.param === 'max_tokens' && e.type === 'invalid_request_error', 'bad max_tokens');
+checks++;
+await assert.rejects(client.completions.create({ model: 'nope', prompt: 'a' }),
+  (e) => e instanceof OpenAI.NotFoundError && e.code === 'model_not_found', 'unknown model');
+checks++;
+
+const sdkVersion = JSON.parse(readFileSync(`${process.env.LOOM_NPM_PREFIX}/node_modules/openai/package.json`, 'utf8')).version;
+console.log(`openai SDK ${sdkVersion}: ${checks} checks passed`);
