@@ -10,15 +10,18 @@ JOBS ?= $(shell nproc)
 DEB_PACKAGES := cmake ninja-build g++ pkg-config libabsl-dev nlohmann-json3-dev libopenblas-dev \
   libpcre2-dev libutf8proc-dev libgtest-dev libgmock-dev libbenchmark-dev \
   libboost-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc \
-  python3-grpcio python3-protobuf curl nodejs npm
+  python3-grpcio python3-protobuf curl
+# Node.js and npm (for the openai SDK integration test) come with this machine kind, not from
+# Debian: the Debian npm package conflicts with them. The test skips itself when npm is absent.
 # Extra packages for `make lint` and `make fuzz` (clang, its sanitizer runtime, the linters).
 DEV_PACKAGES := clang clang-format clang-tidy libclang-rt-14-dev
 
-.PHONY: help deps dev-deps configure build test run lint format asan fuzz cuda-build bench clean default-model
+.PHONY: help deps dev-deps configure build test run conformance lint format asan fuzz cuda-build bench clean default-model
 
 help:
 	@echo "make test   install missing packages, build, run every test (ctest)"
-	@echo "make run    install, build, run loom-conformance on $(RUN_FIXTURE)"
+	@echo "make run    install, build, serve the bundled default model (loom-server, 127.0.0.1:8080)"
+	@echo "make conformance  loom-conformance on $(RUN_FIXTURE)"
 	@echo "make build  install and build; binaries land in build/bin/"
 	@echo "make lint   clang-format check and clang-tidy"
 	@echo "make asan   build and test with address + undefined sanitizers (build-asan/)"
@@ -51,7 +54,12 @@ build: configure
 test: build
 	ctest --test-dir build --output-on-failure -j $(JOBS)
 
-run: build
+# The main job: loom-server on the bundled (untrained) default model, in the foreground.
+run: build default-model
+	./build/bin/loom-server --model build/default-model $(SERVER_FLAGS)
+
+# The conformance report of one fixture (what `make run` did before the server existed).
+conformance: build
 	./build/bin/loom-conformance --fixture $(RUN_FIXTURE)
 
 # The bundled default model: deterministic untrained weights for weights/default/config.json.
