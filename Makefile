@@ -20,7 +20,7 @@ DEV_PACKAGES := clang clang-format clang-tidy libclang-rt-14-dev
 
 help:
 	@echo "make test   install missing packages, build, run every test (ctest)"
-	@echo "make run    install, build, serve the bundled default model (loom-server, 127.0.0.1:8080)"
+	@echo "make run    install, build, serve the bundled default model (loom-server, http://127.0.0.1:8000)"
 	@echo "make conformance  loom-conformance on $(RUN_FIXTURE)"
 	@echo "make build  install and build; binaries land in build/bin/"
 	@echo "make lint   clang-format check and clang-tidy"
@@ -85,7 +85,7 @@ asan: deps
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build-asan --output-on-failure -j $(JOBS)
 
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= safetensors_fuzz config_fuzz tokenizer_fuzz tool_call_fuzz
+FUZZ_TARGETS ?= safetensors_fuzz config_fuzz tokenizer_fuzz tool_call_fuzz openai_request_fuzz
 # Each target <name>_fuzz runs on a copy of tests/fuzz/corpus/<name>/ with
 # tests/fuzz/corpus/<name>.dict when present; any crash or sanitizer report fails the target.
 fuzz: dev-deps
