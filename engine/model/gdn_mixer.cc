@@ -2,12 +2,11 @@
 // regroups qwen3_next's per-key-head interleaving): qkvz_proj rows are [q (Hk*dk) | k (Hk*dk) |
 // v (Hv*dv) | z (Hv*dv)], ba_proj rows [b (Hv) | a (Hv)]. One short convolution over q|k|v, scalar
 // decay per value head, value head h reads key head h / (Hv / Hk), SiLU-gated RMSNorm output.
-#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "engine/core/status.h"
 #include "engine/model/layers.h"
-#include "kernels/conv.h"
+#include "engine/model/linear_attention.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/kda.h"
@@ -15,9 +14,6 @@
 
 namespace loom {
 namespace {
-
-constexpr int64_t kRecurrentMaxTokens = 8;  // see kda_mixer.cc
-constexpr float kQkNormEps = 1e-6f;
 
 class GdnMixer final : public Mixer {
  public:
@@ -49,19 +45,9 @@ class GdnMixer final : public Mixer {
     Tensor qkv = Tensor::empty({n, channels}), z = Tensor::empty({n, cv_});
     copy_columns(qkvz, 0, qkv);
     copy_columns(qkvz, channels, z);
-    Tensor conv_out = Tensor::empty({n, channels});
-    for (size_t s = 0; s < batch.start.size(); ++s) {
-      const int64_t b = batch.start[s], e = b + batch.length[s];
-      causal_conv1d_forward(qkv.slice(0, b, e), conv_, batch.conv(s, layer),
-                            /*apply_silu=*/true, conv_out.slice(0, b, e));
-    }
     Tensor q = Tensor::empty({n, hk, dk}), k = Tensor::empty({n, hk, dk});
     Tensor v = Tensor::empty({n, hv, dv});
-    copy_columns(conv_out, 0, q.reshape({n, ck_}));
-    copy_columns(conv_out, ck_, k.reshape({n, ck_}));
-    copy_columns(conv_out, 2 * ck_, v.reshape({n, cv_}));
-    l2norm_forward(q, kQkNormEps, 1.0f, q);
-    l2norm_forward(k, kQkNormEps, 1.0f, k);
+    linear_attention_conv_qkv(qkv, conv_, batch, layer, q, k, v);
 
     Tensor ba = Tensor::empty({n, 2 * hv});
     linear_forward(x, ba_proj_, ba);
@@ -73,14 +59,7 @@ class GdnMixer final : public Mixer {
     kda_gate_forward(a, a_log_, dt_bias_, /*lower_bound=*/0.0f, g.reshape({n, hv}));
 
     Tensor o = Tensor::empty({n, hv, dv});
-    const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
-    for (size_t s = 0; s < batch.start.size(); ++s) {
-      const int64_t b = batch.start[s], e = b + batch.length[s];
-      auto run =
-          batch.length[s] <= kRecurrentMaxTokens ? kda_recurrent_forward : kda_chunked_forward;
-      run(q.slice(0, b, e), k.slice(0, b, e), v.slice(0, b, e), g.slice(0, b, e),
-          beta.slice(0, b, e), scale, batch.recurrent(s, layer), o.slice(0, b, e));
-    }
+    linear_attention_delta_rule(q, k, v, g, beta, batch, layer, o);
     Tensor o_rows = o.reshape({n * hv, dv});
     rmsnorm_forward(o_rows, norm_, eps_, 0.0f, o_rows);
     mul_silu_inplace(o_rows, z);

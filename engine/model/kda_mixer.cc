@@ -1,13 +1,12 @@
 // Kimi Delta Attention mixer (MODELS.md, "KDA"): fused q|k|v projection, one short convolution
 // over q|k|v with SiLU, L2-normalised q and k, per-channel decay gate, delta-rule recurrence
 // (chunked for prefill, token by token for decode), gated per-head RMSNorm, output projection.
-#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "engine/core/status.h"
 #include "engine/model/layers.h"
+#include "engine/model/linear_attention.h"
 #include "kernels/activation.h"
-#include "kernels/conv.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/kda.h"
@@ -15,11 +14,6 @@
 
 namespace loom {
 namespace {
-
-// Below this many new tokens the recurrence beats the chunked form's fixed per-chunk work.
-constexpr int64_t kRecurrentMaxTokens = 8;
-// l2norm epsilon of the reference (fla l2norm_fwd, inside the square root).
-constexpr float kQkNormEps = 1e-6f;
 
 class KdaMixer final : public Mixer {
  public:
@@ -61,19 +55,9 @@ class KdaMixer final : public Mixer {
 
     Tensor qkv = Tensor::empty({n, channels});
     linear_forward(x, qkv_proj_, qkv);
-    Tensor conv_out = Tensor::empty({n, channels});
-    for (size_t s = 0; s < batch.start.size(); ++s) {
-      const int64_t b = batch.start[s], e = b + batch.length[s];
-      causal_conv1d_forward(qkv.slice(0, b, e), conv_, batch.conv(s, layer),
-                            /*apply_silu=*/true, conv_out.slice(0, b, e));
-    }
     Tensor q = Tensor::empty({n, hk, dk}), k = Tensor::empty({n, hk, dk});
     Tensor v = Tensor::empty({n, hv, dv});
-    copy_columns(conv_out, 0, q.reshape({n, ck_}));
-    copy_columns(conv_out, ck_, k.reshape({n, ck_}));
-    copy_columns(conv_out, 2 * ck_, v.reshape({n, cv_}));
-    l2norm_forward(q, kQkNormEps, 1.0f, q);
-    l2norm_forward(k, kQkNormEps, 1.0f, k);
+    linear_attention_conv_qkv(qkv, conv_, batch, layer, q, k, v);
 
     Tensor fa = Tensor::empty({n, rank_});
     linear_forward(x, f_a_, fa);
@@ -86,15 +70,7 @@ class KdaMixer final : public Mixer {
     sigmoid_inplace(beta);
 
     Tensor o = Tensor::empty({n, hv, dv});
-    const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
-    for (size_t s = 0; s < batch.start.size(); ++s) {
-      const int64_t b = batch.start[s], e = b + batch.length[s];
-      const Tensor& state = batch.recurrent(s, layer);
-      auto run =
-          batch.length[s] <= kRecurrentMaxTokens ? kda_recurrent_forward : kda_chunked_forward;
-      run(q.slice(0, b, e), k.slice(0, b, e), v.slice(0, b, e), g.slice(0, b, e),
-          beta.slice(0, b, e), scale, state, o.slice(0, b, e));
-    }
+    linear_attention_delta_rule(q, k, v, g, beta, batch, layer, o);
 
     Tensor ga = Tensor::empty({n, rank_});
     linear_forward(x, g_a_, ga);

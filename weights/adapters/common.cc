@@ -139,6 +139,26 @@ absl::StatusOr<RopeConfig> parse_rope(const nlohmann::json& j, double default_th
   return r;
 }
 
+absl::Status parse_common_fields(const nlohmann::json& j, const char* eps_key, double eps_default,
+                                 const char* max_pos_key, int max_pos_default, ModelConfig* c) {
+  using json_fields::get_bool_or;
+  using json_fields::get_int;
+  using json_fields::get_int_or;
+  LOOM_ASSIGN_OR_RETURN(c->vocab_size, get_int(j, "vocab_size"));
+  LOOM_ASSIGN_OR_RETURN(c->hidden_size, get_int(j, "hidden_size"));
+  LOOM_ASSIGN_OR_RETURN(c->num_layers, get_int(j, "num_hidden_layers"));
+  if (c->num_layers <= 0 || c->num_layers > 4096)
+    return absl::InvalidArgumentError(
+        absl::StrCat("field 'num_hidden_layers' must be in [1, 4096], got ", c->num_layers));
+  LOOM_ASSIGN_OR_RETURN(double eps, json_fields::get_number_or(j, eps_key, eps_default));
+  c->rms_norm_eps = static_cast<float>(eps);
+  LOOM_ASSIGN_OR_RETURN(c->tie_word_embeddings, get_bool_or(j, "tie_word_embeddings", false));
+  LOOM_ASSIGN_OR_RETURN(c->max_position_embeddings, get_int_or(j, max_pos_key, max_pos_default));
+  LOOM_ASSIGN_OR_RETURN(c->bos_token_id, get_int_or(j, "bos_token_id", -1));
+  LOOM_ASSIGN_OR_RETURN(c->eos_token_id, get_int_or(j, "eos_token_id", -1));
+  return absl::OkStatus();
+}
+
 absl::Status reject_true(const nlohmann::json& j, const char* key, std::string_view family) {
   auto it = j.find(key);
   if (it != j.end() && it->is_boolean() && it->get<bool>())

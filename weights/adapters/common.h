@@ -37,6 +37,11 @@ std::function<absl::StatusOr<Tensor>(const Tensor&)> gather_rows_transform(RowRa
 absl::StatusOr<RopeConfig> parse_rope(const nlohmann::json& j, double default_theta,
                                       double default_partial);
 
+// The fields every family has: vocab_size, hidden_size, num_hidden_layers (1..4096), the norm
+// epsilon (`eps_key`), tie_word_embeddings, the context length (`max_pos_key`), bos/eos ids.
+absl::Status parse_common_fields(const nlohmann::json& j, const char* eps_key, double eps_default,
+                                 const char* max_pos_key, int max_pos_default, ModelConfig* c);
+
 // Fails naming the field if `j[key]` is present and true ("<key> = true is not supported").
 absl::Status reject_true(const nlohmann::json& j, const char* key, std::string_view family);
 // The checkpoint's activation must be SiLU ("silu" or "swish").

@@ -18,18 +18,8 @@ using json_fields::get_number_or;
 
 absl::StatusOr<ModelConfig> parse_fla_kda_config(const nlohmann::json& j) {
   ModelConfig c;
-  LOOM_ASSIGN_OR_RETURN(c.vocab_size, get_int(j, "vocab_size"));
-  LOOM_ASSIGN_OR_RETURN(c.hidden_size, get_int(j, "hidden_size"));
-  LOOM_ASSIGN_OR_RETURN(c.num_layers, get_int(j, "num_hidden_layers"));
-  if (c.num_layers <= 0 || c.num_layers > 4096)
-    return absl::InvalidArgumentError(
-        absl::StrCat("field 'num_hidden_layers' must be in [1, 4096], got ", c.num_layers));
-  LOOM_ASSIGN_OR_RETURN(double eps, get_number_or(j, "norm_eps", 1e-6));
-  c.rms_norm_eps = static_cast<float>(eps);
-  LOOM_ASSIGN_OR_RETURN(c.tie_word_embeddings, get_bool_or(j, "tie_word_embeddings", false));
-  LOOM_ASSIGN_OR_RETURN(c.max_position_embeddings, get_int_or(j, "max_position_embeddings", 2048));
-  LOOM_ASSIGN_OR_RETURN(c.bos_token_id, get_int_or(j, "bos_token_id", -1));
-  LOOM_ASSIGN_OR_RETURN(c.eos_token_id, get_int_or(j, "eos_token_id", -1));
+  LOOM_RETURN_IF_ERROR(
+      adapter::parse_common_fields(j, "norm_eps", 1e-6, "max_position_embeddings", 2048, &c));
   LOOM_RETURN_IF_ERROR(adapter::require_silu(j, "hidden_act"));
   LOOM_RETURN_IF_ERROR(adapter::reject_true(j, "allow_neg_eigval", "kda"));
   LOOM_RETURN_IF_ERROR(adapter::reject_true(j, "use_l2warp", "kda"));

@@ -20,19 +20,9 @@ using json_fields::get_string_list;
 
 absl::StatusOr<ModelConfig> parse_kimi_linear_config(const nlohmann::json& j) {
   ModelConfig c;
-  LOOM_ASSIGN_OR_RETURN(c.vocab_size, get_int(j, "vocab_size"));
-  LOOM_ASSIGN_OR_RETURN(c.hidden_size, get_int(j, "hidden_size"));
-  LOOM_ASSIGN_OR_RETURN(c.num_layers, get_int(j, "num_hidden_layers"));
+  LOOM_RETURN_IF_ERROR(
+      adapter::parse_common_fields(j, "rms_norm_eps", 1e-5, "model_max_length", 1 << 20, &c));
   LOOM_ASSIGN_OR_RETURN(c.intermediate_size, get_int_or(j, "intermediate_size", 0));
-  LOOM_ASSIGN_OR_RETURN(double eps, get_number_or(j, "rms_norm_eps", 1e-5));
-  c.rms_norm_eps = static_cast<float>(eps);
-  LOOM_ASSIGN_OR_RETURN(c.tie_word_embeddings, get_bool_or(j, "tie_word_embeddings", false));
-  LOOM_ASSIGN_OR_RETURN(c.max_position_embeddings, get_int_or(j, "model_max_length", 1 << 20));
-  LOOM_ASSIGN_OR_RETURN(c.bos_token_id, get_int_or(j, "bos_token_id", -1));
-  LOOM_ASSIGN_OR_RETURN(c.eos_token_id, get_int_or(j, "eos_token_id", -1));
-  if (c.num_layers <= 0 || c.num_layers > 4096)
-    return absl::InvalidArgumentError(
-        absl::StrCat("field 'num_hidden_layers' must be in [1, 4096], got ", c.num_layers));
 
   // Linear attention: the checkpoint's linear_attn_config sub-dict wins over flat fields.
   const nlohmann::json empty = nlohmann::json::object();

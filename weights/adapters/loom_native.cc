@@ -34,23 +34,13 @@ absl::Status expect_object_or_absent(const nlohmann::json& j, const char* key) {
 
 absl::StatusOr<ModelConfig> parse_loom_config(const nlohmann::json& j) {
   ModelConfig c;
-  LOOM_ASSIGN_OR_RETURN(c.vocab_size, get_int(j, "vocab_size"));
-  LOOM_ASSIGN_OR_RETURN(c.hidden_size, get_int(j, "hidden_size"));
-  LOOM_ASSIGN_OR_RETURN(c.num_layers, get_int(j, "num_hidden_layers"));
-  if (c.num_layers <= 0 || c.num_layers > 4096)
-    return absl::InvalidArgumentError(
-        absl::StrCat("field 'num_hidden_layers' must be in [1, 4096], got ", c.num_layers));
+  LOOM_RETURN_IF_ERROR(
+      adapter::parse_common_fields(j, "rms_norm_eps", 1e-6, "max_position_embeddings", 0, &c));
   LOOM_ASSIGN_OR_RETURN(c.intermediate_size, get_int_or(j, "intermediate_size", 0));
-  LOOM_ASSIGN_OR_RETURN(double eps, get_number_or(j, "rms_norm_eps", 1e-6));
-  c.rms_norm_eps = static_cast<float>(eps);
   LOOM_ASSIGN_OR_RETURN(double offset, get_number_or(j, "rms_norm_weight_offset", 0.0));
   if (offset != 0.0 && offset != 1.0)
     return absl::InvalidArgumentError("field 'rms_norm_weight_offset' must be 0 or 1");
   c.norm_weight_offset = static_cast<float>(offset);
-  LOOM_ASSIGN_OR_RETURN(c.tie_word_embeddings, get_bool_or(j, "tie_word_embeddings", false));
-  LOOM_ASSIGN_OR_RETURN(c.max_position_embeddings, get_int_or(j, "max_position_embeddings", 0));
-  LOOM_ASSIGN_OR_RETURN(c.bos_token_id, get_int_or(j, "bos_token_id", -1));
-  LOOM_ASSIGN_OR_RETURN(c.eos_token_id, get_int_or(j, "eos_token_id", -1));
   LOOM_ASSIGN_OR_RETURN(c.attnres_block_size, get_int_or(j, "attnres_block_size", 0));
   if (c.attnres_block_size < 0)
     return absl::InvalidArgumentError("field 'attnres_block_size' must be >= 0");
