@@ -10,7 +10,7 @@ JOBS ?= $(shell nproc)
 DEB_PACKAGES := cmake ninja-build g++ pkg-config libabsl-dev nlohmann-json3-dev libopenblas-dev \
   libpcre2-dev libutf8proc-dev libgtest-dev libgmock-dev libbenchmark-dev \
   libboost-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc \
-  python3-grpcio python3-protobuf curl
+  python3-grpcio python3-protobuf curl gnuplot-nox
 # Node.js and npm (for the openai SDK integration test) come with this machine kind, not from
 # Debian: the Debian npm package conflicts with them. The test skips itself when npm is absent.
 # Extra packages for `make lint` and `make fuzz` (clang, its sanitizer runtime, the linters).
@@ -85,7 +85,8 @@ asan: deps
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build-asan --output-on-failure -j $(JOBS)
 
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= safetensors_fuzz config_fuzz tokenizer_fuzz tool_call_fuzz openai_request_fuzz
+FUZZ_TARGETS ?= safetensors_fuzz config_fuzz tokenizer_fuzz tool_call_fuzz openai_request_fuzz \
+  sse_stream_fuzz
 # Each target <name>_fuzz runs on a copy of tests/fuzz/corpus/<name>/ with
 # tests/fuzz/corpus/<name>.dict when present; any crash or sanitizer report fails the target.
 fuzz: dev-deps

@@ -25,6 +25,8 @@ import tempfile
 import threading
 import time
 
+from loom_server_process import LoomServer
+
 ARGS = None
 FAILURES = []
 
@@ -36,35 +38,8 @@ def check(cond, what):
     return cond
 
 
-class Server:
-    def __init__(self, *extra):
-        cmd = [ARGS.server, "--model", ARGS.model, "--port", "0", "--host", "127.0.0.1"] + list(extra)
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.port = None
-        self.stderr_lines = []
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            line = self.proc.stdout.readline().decode()
-            if not line:
-                break
-            m = re.search(r"http listening on http://[^ ]+ \(port (\d+)\)", line)
-            if m:
-                self.port = int(m.group(1))
-                break
-        if self.port is None:
-            self.proc.kill()
-            raise RuntimeError("loom-server did not report its port: " + self.proc.stderr.read().decode())
-        threading.Thread(target=self._drain_stderr, daemon=True).start()
-        threading.Thread(target=lambda: self.proc.stdout.read(), daemon=True).start()
-
-    def _drain_stderr(self):
-        for line in self.proc.stderr:
-            self.stderr_lines.append(line.decode(errors="replace"))
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+def Server(*extra):
+    return LoomServer(ARGS.server, ARGS.model, *extra)
 
 
 def request(port, method, path, body=None, headers=None, timeout=60):

@@ -1,0 +1,54 @@
+"""A loom-server child process on a free loopback port, for the end-to-end tests.
+
+Started with --port 0; the bound port is read from the `http listening on ... (port N)` line it
+prints. Every wait is bounded; `stop()` kills it. Usable as a context manager.
+"""
+import queue
+import re
+import subprocess
+import threading
+import time
+
+LISTEN = re.compile(r"http listening on http://[^ ]+ \(port (\d+)\)")
+
+
+class LoomServer:
+    def __init__(self, server_bin, model, *extra, startup_timeout_s=120):
+        cmd = [server_bin, "--model", model, "--port", "0", "--host", "127.0.0.1"] + list(extra)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.stderr_lines = []
+        lines = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(l.decode(errors="replace")) for l in self.proc.stdout],
+                         daemon=True).start()
+        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        self.port = None
+        deadline = time.time() + startup_timeout_s
+        while time.time() < deadline and self.port is None:
+            try:
+                m = LISTEN.search(lines.get(timeout=0.5))
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    break
+                continue
+            if m:
+                self.port = int(m.group(1))
+        if self.port is None:
+            self.stop()
+            raise RuntimeError("loom-server did not report its port: %s\n%s" %
+                               (cmd, "".join(self.stderr_lines[-20:])))
+        self.url = "http://127.0.0.1:%d" % self.port
+
+    def _drain_stderr(self):
+        for line in self.proc.stderr:
+            self.stderr_lines.append(line.decode(errors="replace"))
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
