@@ -29,7 +29,8 @@ std::chrono::milliseconds seconds_to_ms(double s) {
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, HttpContext& ctx) : stream_(std::move(socket)), ctx_(ctx) {
+  Session(tcp::socket socket, HttpContext& ctx)
+      : stream_(std::move(socket)), ctx_(ctx), write_timer_(stream_.get_executor()) {
     ctx_.metrics->add_connections(1);
   }
   ~Session() { ctx_.metrics->add_connections(-1); }
@@ -263,7 +264,17 @@ class Session : public std::enable_shared_from_this<Session> {
   void send(std::string bytes) {
     if (closed_) return;
     outbox_ += bytes;
-    if (!writing_) do_write();
+    if (!writing_) return do_write();
+    if (static_cast<int64_t>(outbox_.size()) > ctx_.options.max_pending_write_bytes) {
+      stalled_reader();
+    }
+  }
+
+  // The client stopped reading: give up on it as if it had disconnected. Closing the socket
+  // aborts the stuck write; the engine frees the request's pages and slot at its next step.
+  void stalled_reader() {
+    if (gen_) client_gone();
+    close();
   }
 
   void do_write() {
@@ -271,10 +282,15 @@ class Session : public std::enable_shared_from_this<Session> {
     writing_ = true;
     writing_buf_ = std::move(outbox_);
     outbox_.clear();
+    write_timer_.expires_after(seconds_to_ms(ctx_.options.write_timeout_s));
+    write_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (!ec && self->writing_) self->stalled_reader();
+    });
     net::async_write(stream_.socket(), net::buffer(writing_buf_),
                      [self = shared_from_this()](beast::error_code ec, size_t) {
                        self->writing_ = false;
                        self->writing_buf_.clear();
+                       self->write_timer_.cancel();
                        if (ec) {
                          if (self->gen_) return self->client_gone();
                          return self->close();
@@ -321,8 +337,9 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string method_ = "-", path_ = "-";
   bool keep_alive_ = true;
 
-  std::string outbox_;       // bytes waiting for the current write to finish
-  std::string writing_buf_;  // bytes of the write in flight
+  net::steady_timer write_timer_;  // bounds each write (see HttpOptions::write_timeout_s)
+  std::string outbox_;             // bytes waiting for the current write to finish
+  std::string writing_buf_;        // bytes of the write in flight
   bool writing_ = false;
   bool close_after_write_ = false;
   bool resume_after_write_ = false;

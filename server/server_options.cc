@@ -30,6 +30,12 @@ ABSL_FLAG(int, io_threads, 2, "Threads serving HTTP connections (asynchronous I/
 ABSL_FLAG(int, pump_threads, 1, "Threads moving engine outputs to connections.");
 ABSL_FLAG(double, header_timeout_s, 30, "Seconds a client has to send a whole request.");
 ABSL_FLAG(double, idle_timeout_s, 300, "Seconds an idle keep-alive connection is kept.");
+ABSL_FLAG(double, write_timeout_s, 60,
+          "Seconds a write to a client may stall (it stopped reading) before the request is "
+          "cancelled and the connection closed.");
+ABSL_FLAG(int64_t, max_pending_write_bytes, 16 << 20,
+          "Reply bytes queued for a client that reads too slowly, beyond which its request is "
+          "cancelled and the connection closed.");
 ABSL_FLAG(double, drain_timeout_s, 30,
           "On SIGTERM/SIGINT, seconds in-flight requests get to finish before being cancelled.");
 
@@ -49,6 +55,8 @@ absl::StatusOr<ServerOptions> server_options_from_flags() {
   o.http.pump_threads = absl::GetFlag(FLAGS_pump_threads);
   o.http.header_timeout_s = absl::GetFlag(FLAGS_header_timeout_s);
   o.http.idle_timeout_s = absl::GetFlag(FLAGS_idle_timeout_s);
+  o.http.write_timeout_s = absl::GetFlag(FLAGS_write_timeout_s);
+  o.http.max_pending_write_bytes = absl::GetFlag(FLAGS_max_pending_write_bytes);
   o.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
   o.engine.cache_budget_bytes = absl::GetFlag(FLAGS_cache_budget_mb) << 20;
   o.engine.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
@@ -69,6 +77,10 @@ absl::StatusOr<ServerOptions> server_options_from_flags() {
   if (o.http.pump_threads < 1 || o.http.pump_threads > 64) return bad("pump_threads", "1..64");
   if (!(o.http.header_timeout_s > 0)) return bad("header_timeout_s", "must be positive");
   if (!(o.http.idle_timeout_s > 0)) return bad("idle_timeout_s", "must be positive");
+  if (!(o.http.write_timeout_s > 0)) return bad("write_timeout_s", "must be positive");
+  if (o.http.max_pending_write_bytes < 65536) {
+    return bad("max_pending_write_bytes", "must be at least 65536");
+  }
   if (!(o.drain_timeout_s >= 0)) return bad("drain_timeout_s", "must be >= 0");
   if (absl::GetFlag(FLAGS_cache_budget_mb) < 1) return bad("cache_budget_mb", "must be positive");
   if (o.engine.max_num_batched_tokens < 1) return bad("max_num_batched_tokens", "must be >= 1");

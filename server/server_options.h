@@ -23,8 +23,13 @@ struct HttpOptions {
   int max_queue = 256;                  // 429 when the engine has this many requests waiting
   double header_timeout_s = 30;         // a request's headers+body must arrive within this
   double idle_timeout_s = 300;          // keep-alive connections idle longer are closed
-  std::string served_model_name;        // the `model` field clients send and see
-  bool untrained = false;               // the model dir has an UNTRAINED marker
+  // A client that stops reading its reply: a write stuck this long, or more than this many bytes
+  // queued behind the kernel's send buffer, counts as the client gone (request cancelled,
+  // connection closed), so a stalled reader cannot hold a KV slot or grow memory for long.
+  double write_timeout_s = 60;
+  int64_t max_pending_write_bytes = 16 << 20;
+  std::string served_model_name;  // the `model` field clients send and see
+  bool untrained = false;         // the model dir has an UNTRAINED marker
 };
 
 struct ServerOptions {

@@ -5,7 +5,8 @@ Starts loom-server on a fixture model on a free loopback port (--port 0; the bou
 from its stdout) and checks: SSE framing byte for byte (curl -N), completions and chat with fixed
 seeds giving the same text streamed and not, n > 1, logprobs, the tools request path, error
 statuses and OpenAI error bodies for hostile input (malformed JSON, invalid UTF-8, wrong types,
-bad max_tokens, a 10 MB body, slow-loris, 1000 idle connections), 64 concurrent streaming clients
+bad max_tokens, a 10 MB body, slow-loris, 1000 idle connections, a client that never reads its
+stream), 64 concurrent streaming clients
 of which a quarter disconnect (completed streams equal solo runs; pools back to their initial free
 counts), API keys, 429 on a full queue, and a SIGTERM drain that lets a stream finish and exits 0.
 Every wait is bounded; servers are always killed at the end.
@@ -394,6 +395,51 @@ def test_auth(port):
     check(status == 200, "/health needs no key")
 
 
+def test_stalled_reader(extra, what):
+    """A client that sends a streaming request and never reads: once the socket's buffers are full
+    the server must give up on it (write timeout or pending-bytes cap), cancel the request before it
+    runs to max_tokens, free its pages and slot, and stay healthy for other clients."""
+    s = Server("--enable_prefix_cache=false", "--max_model_len", "8192", *extra)
+    try:
+        initial = metrics(s.port)
+        body = json.dumps({"messages": [{"role": "user", "content": "never read me"}],
+                           "max_tokens": 4000, "n": 4, "ignore_eos": True, "stream": True,
+                           "logprobs": True, "top_logprobs": 20}).encode()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: stalls soon
+        sock.connect(("127.0.0.1", s.port))
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        deadline = time.time() + 120
+        line = None
+        while time.time() < deadline and line is None:
+            for l in list(s.stderr_lines):
+                if l.startswith("http POST /v1/chat/completions"):
+                    line = l
+            time.sleep(0.2)
+        check(line is not None and "status=499" in line, "%s: stalled reader given up on (%r)" % (what, line))
+        if line:
+            m = re.search(r"completion_tokens=(\d+)", line)
+            check(m and int(m.group(1)) < 4 * 4000,
+                  "%s: cancelled before max_tokens (%s tokens)" % (what, m and m.group(1)))
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            m = metrics(s.port)
+            if (m["loom_kv_pages_free"] == initial["loom_kv_pages_free"] and
+                    m["loom_state_slots_free"] == initial["loom_state_slots_free"] and
+                    m["loom_num_requests_running"] == 0):
+                break
+            time.sleep(0.2)
+        check(m["loom_kv_pages_free"] == initial["loom_kv_pages_free"] and
+              m["loom_state_slots_free"] == initial["loom_state_slots_free"],
+              "%s: pools back to initial after the stalled reader" % what)
+        status, _, _ = request(s.port, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        check(status == 200, "%s: server healthy after the stalled reader" % what)
+        sock.close()
+    finally:
+        s.stop()
+
+
 def test_queue_and_drain(server):
     port = server.port
     long_body = {"prompt": "long", "max_tokens": 3000, "ignore_eos": True, "stream": True}
@@ -488,6 +534,9 @@ def main():
         test_concurrent_streams(b.port, {"Authorization": "Bearer sekret"})
         print("== test_untrained", flush=True)
         test_untrained(servers)
+        print("== test_stalled_reader", flush=True)
+        test_stalled_reader(["--write_timeout_s", "1"], "write timeout")
+        test_stalled_reader(["--max_pending_write_bytes", "65536"], "pending-bytes cap")
         c = Server("--max_num_seqs", "1", "--max_queue", "1", "--drain_timeout_s", "60")
         servers.append(c)
         print("== test_queue_and_drain", flush=True)
