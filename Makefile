@@ -16,7 +16,7 @@ DEB_PACKAGES := cmake ninja-build g++ pkg-config libabsl-dev nlohmann-json3-dev 
 # Extra packages for `make lint` and `make fuzz` (clang, its sanitizer runtime, the linters).
 DEV_PACKAGES := clang clang-format clang-tidy libclang-rt-14-dev
 
-.PHONY: help deps dev-deps configure build test run conformance lint format asan fuzz cuda-build bench clean default-model
+.PHONY: help deps dev-deps configure build test run conformance lint format asan fuzz cuda-build bench bench-serve clean default-model
 
 help:
 	@echo "make test   install missing packages, build, run every test (ctest)"
@@ -27,6 +27,7 @@ help:
 	@echo "make asan   build and test with address + undefined sanitizers (build-asan/)"
 	@echo "make fuzz   build the libFuzzer targets and run each for FUZZ_SECONDS (60)"
 	@echo "make bench  CPU kernel benchmarks (Google Benchmark)"
+	@echo "make bench-serve  loom-bench serve against the default model (bench/results/serve-cpu.*)"
 	@echo "make cuda-build  compile the CUDA preset (needs nvcc; does not run GPU code)"
 
 # Installs only what is missing; silent when everything is present.
@@ -70,6 +71,14 @@ default-model: build/default-model/model.safetensors
 
 bench: build
 	./build/bin/loom-bench-kernels --benchmark_counters_tabular=true
+
+# `loom-bench serve` against loom-server on the bundled default model: the table on stdout, and
+# the JSON, a markdown section and the PNG under bench/results/ (SERVE_BENCH_OUT names them).
+SERVE_BENCH_OUT ?= bench/results/serve-cpu
+SERVE_BENCH_FLAGS ?= --concurrency 1,2,4,8,16,32 --input_len 128 --output_len 64
+bench-serve: build default-model
+	bench/serve/run_against_model.sh build build/default-model $(SERVE_BENCH_FLAGS) \
+	  --json $(SERVE_BENCH_OUT).json --markdown $(SERVE_BENCH_OUT).md --plot $(SERVE_BENCH_OUT).png
 
 LINT_SOURCES = $(shell git ls-files '*.cc' '*.h' '*.cu' '*.cuh')
 lint: dev-deps configure

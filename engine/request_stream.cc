@@ -17,14 +17,29 @@ bool RequestStream::closed() const {
   return closed_ && events_.empty();
 }
 
-void RequestStream::push(RequestOutput out) {
+void RequestStream::set_on_ready(std::function<void()> on_ready) {
   absl::MutexLock lock(&mu_);
-  events_.push_back(std::move(out));
+  on_ready_ = std::move(on_ready);
+}
+
+void RequestStream::push(RequestOutput out) {
+  std::function<void()> on_ready;
+  {
+    absl::MutexLock lock(&mu_);
+    events_.push_back(std::move(out));
+    on_ready = on_ready_;
+  }
+  if (on_ready) on_ready();
 }
 
 void RequestStream::close() {
-  absl::MutexLock lock(&mu_);
-  closed_ = true;
+  std::function<void()> on_ready;
+  {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+    on_ready = on_ready_;
+  }
+  if (on_ready) on_ready();
 }
 
 }  // namespace loom

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <optional>
 
 #include "absl/synchronization/mutex.h"
@@ -26,6 +27,12 @@ class RequestStream {
   std::optional<RequestOutput> next(absl::Duration timeout = absl::InfiniteDuration());
   bool closed() const;
 
+  // Called after every push and after close, on the engine's thread and outside the stream's
+  // lock, so a consumer watching many streams can sleep until one has news instead of polling.
+  // It must be cheap and must not block; nullptr removes it. Events pushed before it was set are
+  // not announced: a consumer drains the stream once after setting it.
+  void set_on_ready(std::function<void()> on_ready);
+
   // Engine side.
   void push(RequestOutput out);
   void close();
@@ -36,6 +43,7 @@ class RequestStream {
   mutable absl::Mutex mu_;
   std::deque<RequestOutput> events_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void()> on_ready_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace loom

@@ -30,6 +30,7 @@ HttpReply models(const HttpContext& ctx) {
                 {"created", ctx.started_unix},
                 {"owned_by", "loom"},
                 {"max_model_len", ctx.engine->max_model_len()},
+                {"loom_vocab_size", ctx.tokenizer->vocab_size()},
                 {"loom_untrained", ctx.options.untrained}};
   if (ctx.options.untrained) model["loom_note"] = kUntrainedNote;
   return json_reply(200, dump({{"object", "list"}, {"data", json::array({model})}}));

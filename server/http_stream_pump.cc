@@ -18,8 +18,12 @@ void StreamPump::add(std::shared_ptr<RequestStream> stream, Sink sink) {
     w = workers_[next_worker_++ % workers_.size()].get();
     ++active_;
   }
-  absl::MutexLock lock(&w->mu);
-  w->incoming.push_back({std::move(stream), std::move(sink)});
+  stream->set_on_ready([wake = w->wake] { wake->notify(); });
+  {
+    absl::MutexLock lock(&w->mu);
+    w->incoming.push_back({std::move(stream), std::move(sink)});
+  }
+  w->wake->notify();  // the first pass drains what was pushed before the callback was set
 }
 
 int64_t StreamPump::active() const {
@@ -30,15 +34,25 @@ int64_t StreamPump::active() const {
 void StreamPump::stop() {
   if (stopping_.exchange(true)) return;
   for (auto& w : workers_) {
-    { absl::MutexLock lock(&w->mu); }  // wake (Await re-evaluates on unlock)
+    w->wake->notify();
     if (w->thread.joinable()) w->thread.join();
   }
 }
 
 void StreamPump::run(Worker* w) {
   std::vector<Job> jobs;
+  Wake& wake = *w->wake;
   while (!stopping_.load()) {
-    bool progress = false;
+    // Clear the signal before draining: a push during the pass signals again and we pass again.
+    {
+      absl::MutexLock lock(&wake.mu);
+      wake.signaled = false;
+    }
+    {
+      absl::MutexLock lock(&w->mu);
+      for (Job& j : w->incoming) jobs.push_back(std::move(j));
+      w->incoming.clear();
+    }
     for (size_t i = 0; i < jobs.size();) {
       Job& job = jobs[i];
       std::vector<RequestOutput> events;
@@ -47,11 +61,9 @@ void StreamPump::run(Worker* w) {
       if (closed) {  // close() follows the last push: drain what arrived after our last look
         while (auto e = job.stream->next(absl::ZeroDuration())) events.push_back(std::move(*e));
       }
-      if (!events.empty() || closed) {
-        progress = true;
-        job.sink(std::move(events), closed);
-      }
+      if (!events.empty() || closed) job.sink(std::move(events), closed);
       if (closed) {
+        job.stream->set_on_ready(nullptr);
         jobs[i] = std::move(jobs.back());
         jobs.pop_back();
         absl::MutexLock lock(&mu_);
@@ -60,22 +72,15 @@ void StreamPump::run(Worker* w) {
         ++i;
       }
     }
-    // Take new jobs; sleep when this pass found nothing (indefinitely when there is no job).
-    absl::MutexLock lock(&w->mu);
-    auto has_new = [w, this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu) {
-      return !w->incoming.empty() || stopping_.load();
+    absl::MutexLock lock(&wake.mu);
+    auto ready = [&wake, this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake.mu) {
+      return wake.signaled || stopping_.load();
     };
-    if (!progress) {
-      if (jobs.empty()) {
-        // Wake periodically too so stop() is seen even without a new job.
-        w->mu.AwaitWithTimeout(absl::Condition(&has_new), absl::Milliseconds(50));
-      } else {
-        w->mu.AwaitWithTimeout(absl::Condition(&has_new), kPollInterval);
-      }
-    }
-    for (Job& j : w->incoming) jobs.push_back(std::move(j));
-    w->incoming.clear();
+    wake.mu.Await(absl::Condition(&ready));
   }
+  for (Job& j : jobs) j.stream->set_on_ready(nullptr);
+  absl::MutexLock lock(&w->mu);
+  for (Job& j : w->incoming) j.stream->set_on_ready(nullptr);
 }
 
 }  // namespace loom

@@ -1,9 +1,9 @@
 // StreamPump: moves engine outputs from RequestStreams to connections without blocking an I/O
-// thread. RequestStream offers only a blocking next(timeout), so a few pump threads (not one per
-// request) each own a set of streams: a pass drains every stream without waiting
-// (next(ZeroDuration)) and hands what it found to that stream's sink; a pass that found nothing
-// sleeps up to kPollInterval, or until a new stream is added. Latency cost: at most one poll
-// interval per event batch; cost when idle: none (threads without streams block).
+// thread. A few pump threads (not one per request) each own a set of streams. Every stream tells
+// its pump when it has news (RequestStream::set_on_ready, called by the engine after each push),
+// so a pump sleeps until then: a pass drains every stream of the pump without waiting
+// (next(ZeroDuration)) and hands what it found to that stream's sink. Latency cost: one wake-up;
+// cost when nothing is generated: none.
 //
 // Sinks run on a pump thread and must not block: the HTTP sessions post the events to their
 // strand. A sink is called with closed = true exactly once, last; the stream is then dropped.
@@ -24,7 +24,6 @@ namespace loom {
 class StreamPump {
  public:
   using Sink = std::function<void(std::vector<RequestOutput> events, bool closed)>;
-  static constexpr absl::Duration kPollInterval = absl::Microseconds(500);
 
   explicit StreamPump(int num_threads);
   ~StreamPump();  // stop()
@@ -41,9 +40,20 @@ class StreamPump {
     std::shared_ptr<RequestStream> stream;
     Sink sink;
   };
+  // What a pump thread sleeps on. Shared with the streams' callbacks, so a stream that outlives
+  // the pump (the engine may still push while the server shuts down) signals a live object.
+  struct Wake {
+    absl::Mutex mu;
+    bool signaled ABSL_GUARDED_BY(mu) = false;
+    void notify() {
+      absl::MutexLock lock(&mu);
+      signaled = true;
+    }
+  };
   struct Worker {
     absl::Mutex mu;
     std::vector<Job> incoming ABSL_GUARDED_BY(mu);
+    std::shared_ptr<Wake> wake = std::make_shared<Wake>();
     std::thread thread;
   };
   void run(Worker* w);

@@ -235,14 +235,14 @@ absl::Status parse_prompt(const json& j, OpenAiRequest* r) {
     r->prompts.push_back({true, v->get<std::string>(), {}});
   } else if (v->is_array()) {
     if (v->empty()) return bad("prompt", "must not be empty");
-    if (v->size() > static_cast<size_t>(kMaxPrompts)) {
-      return bad("prompt", absl::StrCat("at most ", kMaxPrompts, " prompts per request"));
-    }
     const json& first = (*v)[0];
-    if (first.is_number()) {
+    if (first.is_number()) {  // one prompt of token ids: its length is the context limit's
       LOOM_ASSIGN_OR_RETURN(auto ids, token_list(*v, "prompt"));
       r->prompts.push_back({false, "", std::move(ids)});
     } else {
+      if (v->size() > static_cast<size_t>(kMaxPrompts)) {
+        return bad("prompt", absl::StrCat("at most ", kMaxPrompts, " prompts per request"));
+      }
       for (const json& e : *v) {
         if (e.is_string()) {
           r->prompts.push_back({true, e.get<std::string>(), {}});

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "server/openai_error.h"
@@ -223,6 +224,29 @@ TEST(OpenAiRequest, Errors) {
             "tool_choice");
   std::string deep(1000, '[');
   EXPECT_EQ(parse_error("{\"prompt\": " + deep + "}", false).http_status, 400);
+}
+
+TEST(OpenAiRequest, PromptShapesAndTheirLimits) {
+  // One prompt of many token ids is one prompt: the per-request prompt limit does not apply to
+  // its length (that is the context limit's job).
+  std::string ids = "[";
+  for (int i = 0; i < 300; ++i) absl::StrAppend(&ids, i ? "," : "", i % 200);
+  ids += "]";
+  auto one = parse_completion_request("{\"prompt\": " + ids + "}");
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_EQ(one->prompts.size(), 1u);
+  EXPECT_EQ(one->prompts[0].ids.size(), 300u);
+  // Lists of prompts (strings or id lists) are limited to kMaxPrompts.
+  std::string many = "[";
+  for (int i = 0; i <= kMaxPrompts; ++i) absl::StrAppend(&many, i ? "," : "", "\"p\"");
+  many += "]";
+  EXPECT_EQ(parse_error("{\"prompt\": " + many + "}", false).param, "prompt");
+  std::string nested = "[";
+  for (int i = 0; i <= kMaxPrompts; ++i) absl::StrAppend(&nested, i ? "," : "", "[1]");
+  nested += "]";
+  EXPECT_EQ(parse_error("{\"prompt\": " + nested + "}", false).param, "prompt");
+  EXPECT_TRUE(
+      parse_completion_request("{\"prompt\": " + nested.substr(0, nested.size() - 5) + "]}").ok());
 }
 
 TEST(OpenAiRequest, FieldsAndExtensions) {

@@ -1,0 +1,66 @@
+// loom-bench: load generator for a running server.
+//
+//   loom-bench serve --url http://127.0.0.1:8000 [--concurrency 1,2,4,8,16,32] [--requests N]
+//                    [--input_len 128] [--output_len 64] [--json F] [--markdown F] [--plot F.png]
+//
+// Kernel micro-benchmarks are loom-bench-kernels; the engine without a server, loom-bench-engine.
+#include <csignal>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "bench/serve/serve_command.h"
+#include "bench/serve/serve_options.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "measures a running OpenAI-compatible server.\n\n"
+    "usage: loom-bench serve [--url http://127.0.0.1:8000] [--concurrency 1,2,4,8,16,32]\n"
+    "                        [--requests N] [--input_len 128] [--output_len 64] [--seed S]\n"
+    "                        [--warmup 2] [--json FILE] [--markdown FILE] [--plot FILE.png]\n\n"
+    "Each concurrency level is a closed loop: that many workers send streaming completions\n"
+    "(random token-id prompts, ignore_eos, temperature 0) back to back until the level's\n"
+    "requests are done. Reports throughput and TTFT / ITL / TPOT / end-to-end percentiles;\n"
+    "exits non-zero when any request failed.\n\n"
+    "Other benchmarks: loom-bench-kernels (CPU kernels), loom-bench-engine (the engine without\n"
+    "a server).";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view file) {
+    return file.find("bench/serve/") != absl::string_view::npos;
+  };
+  absl::SetFlagsUsageConfig(usage_config);
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() < 2 || std::string(positional[1]) != "serve") {
+    const std::string got = positional.size() < 2
+                                ? "no subcommand given"
+                                : "unknown subcommand `" + std::string(positional[1]) + "`";
+    std::fprintf(stderr,
+                 "loom-bench: %s; the only subcommand is `serve` (a running server under load). "
+                 "Kernel micro-benchmarks: loom-bench-kernels; the engine without a server: "
+                 "loom-bench-engine. --help lists the flags.\n",
+                 got.c_str());
+    return 2;
+  }
+  if (positional.size() > 2) {
+    std::fprintf(stderr, "loom-bench serve: unexpected argument `%s` (settings are flags)\n",
+                 positional[2]);
+    return 2;
+  }
+  // A server that closes a stream early must not kill the load generator with SIGPIPE.
+  std::signal(SIGPIPE, SIG_IGN);
+  auto options = loom::bench::serve_options_from_flags();
+  if (!options.ok()) {
+    std::fprintf(stderr, "loom-bench serve: %s\n", std::string(options.status().message()).c_str());
+    return 2;
+  }
+  return loom::bench::run_serve(*std::move(options));
+}
