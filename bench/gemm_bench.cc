@@ -34,7 +34,7 @@ void BM_LinearForward(benchmark::State& state) {
 
 BENCHMARK(BM_LinearForward)
     ->ArgNames({"M", "K=N"})
-    ->ArgsProduct({{1, 64, 2048}, {2048, 4096}})
+    ->ArgsProduct({{1, 2, 4, 8, 16, 64, 2048}, {2048, 4096}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -5,6 +5,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <memory>
@@ -17,6 +18,7 @@
 #include "engine/engine.h"
 #include "engine/model/model.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "kernels/cpu/gemm.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/server_options.h"
@@ -94,6 +96,13 @@ int main(int argc, char** argv) {
   }
 #endif
 
+  std::printf("loom-server: cpu blas %s\n", loom::cpu::blas_description().c_str());
+  if (loom::cpu::blas_uses_own_thread_pool() && std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    std::fprintf(stderr,
+                 "loom-server: warning: OpenBLAS runs its own pthreads pool beside OpenMP's; "
+                 "build with libopenblas-openmp-dev or set OMP_WAIT_POLICY=PASSIVE "
+                 "(docs/operations.md)\n");
+  }
   const std::string url = absl::StrCat("http://", options->http.host, ":", (*http)->port());
   std::printf("loom-server: model %s (%s, chat format %s, tokenizer %s, max_model_len %d)\n",
               options->http.served_model_name.c_str(), model_type.c_str(),

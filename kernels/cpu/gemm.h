@@ -1,6 +1,8 @@
 // CPU implementations of kernels/gemm.h (same contracts), on OpenBLAS.
 #pragma once
 
+#include <string>
+
 #include "engine/core/tensor.h"
 
 namespace loom::cpu {
@@ -14,5 +16,10 @@ void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
 // Must not be called from inside an OpenMP parallel region (OpenBLAS threads itself).
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// The BLAS in use and how it threads, for startup logs: "OpenBLAS 0.3.21 ... (OpenMP, 2 threads)".
+std::string blas_description();
+// True when the BLAS runs its own pthreads pool beside OpenMP's (see cmake/dependencies.cmake).
+bool blas_uses_own_thread_pool();
 
 }  // namespace loom::cpu

@@ -8,6 +8,8 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/gemm.h"
+
 namespace loom {
 namespace {
 
@@ -113,6 +115,44 @@ TEST(Gemm, SingleRowAllTransposes) {  // the M = 1 (GEMV) path, with garbage out
         auto ref = ref_matmul(a, ta, b, tb, out0, m, n, k, 1.25, beta);
         for (int64_t i = 0; i < m * n; ++i) {
           ASSERT_NEAR(out.data<float>()[i], ref[i], tol_for(k)) << ta << tb << beta;
+        }
+      }
+    }
+  }
+}
+
+TEST(Gemm, FewRowsAllTransposesAndStrides) {
+  // 2..9 rows (the few-row kernel up to 8, OpenBLAS beyond) for both layouts of b, with sizes
+  // that are not multiples of any vector width or block, leading dimensions wider than the
+  // rows, alpha/beta variants, and NaN in c where beta = 0 must not read it.
+  std::mt19937 rng(23);
+  for (int64_t m = 2; m <= 9; ++m) {
+    for (int64_t n : {1, 7, 300, 1031}) {
+      const int64_t k = 67 + 13 * m;
+      for (int tb = 0; tb < 2; ++tb) {
+        for (float beta : {0.0f, -0.75f}) {
+          const int64_t lda = k + 3, ldb = (tb ? k : n) + 5, ldc = n + 2;
+          std::vector<float> a(m * lda), b((tb ? n : k) * ldb), c(m * ldc);
+          std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+          for (float& v : a) v = dist(rng);
+          for (float& v : b) v = dist(rng);
+          for (float& v : c) v = beta == 0.0f ? std::numeric_limits<float>::quiet_NaN() : dist(rng);
+          const std::vector<float> c0 = c;
+          cpu::sgemm(false, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t j = 0; j < n; ++j) {
+              double s = 0.0;
+              for (int64_t l = 0; l < k; ++l) {
+                s += static_cast<double>(a[i * lda + l]) * (tb ? b[j * ldb + l] : b[l * ldb + j]);
+              }
+              const double ref = 0.5 * s + (beta != 0.0f ? beta * c0[i * ldc + j] : 0.0);
+              ASSERT_NEAR(c[i * ldc + j], ref, tol_for(k))
+                  << "m " << m << " n " << n << " tb " << tb << " beta " << beta;
+            }
+            for (int64_t j = n; j < ldc; ++j) {  // padding between rows untouched
+              ASSERT_TRUE(std::isnan(c[i * ldc + j]) || c[i * ldc + j] == c0[i * ldc + j]);
+            }
+          }
         }
       }
     }
