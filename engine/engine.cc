@@ -140,10 +140,10 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Engine::submit(Request request) {
         "the prompt (", request.prompt.size(), " tokens) plus max_tokens (",
         request.params.max_tokens, ") exceeds the context limit of ", max_model_len_, " tokens"));
   if (kv_pages_ > 0 && (need - 1 + options_.page_size - 1) / options_.page_size > kv_pages_)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the prompt (", request.prompt.size(), " tokens) plus max_tokens (",
-        request.params.max_tokens, ") needs more KV cache than this server has (", kv_pages_,
-        " pages of ", options_.page_size, " tokens)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the prompt (", request.prompt.size(), " tokens) plus max_tokens (",
+                     request.params.max_tokens, ") needs more KV cache than this server has (",
+                     kv_pages_, " pages of ", options_.page_size, " tokens)"));
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::FailedPreconditionError("the engine is shutting down");
   const uint64_t id = next_id_++;

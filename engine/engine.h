@@ -79,7 +79,7 @@ class Engine {
   std::shared_ptr<const Tokenizer> tokenizer_;
   EngineOptions options_;
   int32_t max_model_len_ = 0;
-  int64_t kv_pages_ = 0;  // KV pool capacity (0: no attention layers)
+  int64_t kv_pages_ = 0;        // KV pool capacity (0: no attention layers)
   std::unique_ptr<Loop> loop_;  // touched only by the loop thread after create()
   std::thread thread_;
 

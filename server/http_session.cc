@@ -261,7 +261,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // ---- writing ----
-  void send(std::string bytes) {
+  void send(const std::string& bytes) {
     if (closed_) return;
     outbox_ += bytes;
     if (!writing_) return do_write();
