@@ -29,7 +29,9 @@ class RequestStream {
 
   // Called after every push and after close, on the engine's thread and outside the stream's
   // lock, so a consumer watching many streams can sleep until one has news instead of polling.
-  // It must be cheap and must not block; nullptr removes it. Events pushed before it was set are
+  // It must be cheap and must not block; nullptr removes it, but a call already under way (copied
+  // before the removal) may still run after set_on_ready returns, so whatever it captures must
+  // stay valid (share it, as the server's Doorbell is shared). Events pushed before it was set are
   // not announced: a consumer drains the stream once after setting it.
   void set_on_ready(std::function<void()> on_ready);
 

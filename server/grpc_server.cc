@@ -2,12 +2,12 @@
 //
 // Threads. gRPC's own callback executor runs the handlers (unary calls finish inline; Generate
 // only validates and submits) and the reactions (OnWriteDone, OnCancel, OnDone). One pump thread
-// of ours moves engine events to the client: RequestStream has no readiness notification, so the
-// pump scans the live streams that have no write in flight, pops what is ready without blocking,
-// and starts their writes; when nothing was ready it waits on a condition variable for at most
-// kPumpPoll (new stream, write done, cancel) and scans again. So an idle or slow stream holds no
-// thread, a token reaches the wire within kPumpPoll of being sampled, and an idle server's pump
-// sleeps without a deadline.
+// of ours moves engine events to the client: it scans the live streams that have no write in
+// flight, pops what is ready without blocking, and starts their writes; when nothing was ready it
+// sleeps on a Doorbell that the engine rings after every event of a live stream
+// (RequestStream::set_on_ready) and the reactions ring on a new call, a finished write or a
+// cancel. So an idle or slow stream holds no thread, a token goes out as soon as it is sampled,
+// and nothing polls.
 //
 // Lifetime. Each Generate call is a GenerateReactor owned by gRPC (deleted in OnDone). Only the
 // pump calls StartWrite and Finish, and it unregisters a reactor (under mu_) before Finish, so no
@@ -31,14 +31,13 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "loom/v1/loom.grpc.pb.h"
+#include "server/doorbell.h"
 #include "server/grpc_convert.h"
 #include "server/metrics.h"
 
 namespace loom {
 namespace {
 
-// How long the pump sleeps when no stream had an event: bounds the latency it adds per message.
-constexpr absl::Duration kPumpPoll = absl::Microseconds(500);
 // How long shutdown() waits for cancelled streams to say goodbye before stopping the server.
 constexpr absl::Duration kDrainGrace = absl::Seconds(5);
 
@@ -69,7 +68,7 @@ struct GrpcServer::Impl final : public v1::Loom::CallbackService {
                                      v1::GetStatsResponse* response) override;
 
   void pump_loop();
-  void wake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { wakeup = true; }
+  void wake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { bell->ring(); }
 
   // Constant after start().
   Engine& engine;
@@ -84,8 +83,8 @@ struct GrpcServer::Impl final : public v1::Loom::CallbackService {
   std::list<GenerateReactor*> live ABSL_GUARDED_BY(mu);  // registered, not yet finished
   bool draining ABSL_GUARDED_BY(mu) = false;
   bool stop_pump ABSL_GUARDED_BY(mu) = false;
-  bool wakeup ABSL_GUARDED_BY(mu) = false;
-  absl::Mutex shutdown_mu;  // serializes shutdown()
+  const std::shared_ptr<Doorbell> bell = std::make_shared<Doorbell>();  // the pump sleeps on it
+  absl::Mutex shutdown_mu;                                              // serializes shutdown()
   bool shut_down ABSL_GUARDED_BY(shutdown_mu) = false;
 };
 
@@ -229,11 +228,21 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GrpcServer::Impl::Generate(
       return reject(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the engine is shutting down"));
     return reject(to_grpc_status(stream.status()));
   }
-  auto* reactor = new GenerateReactor(*this, *std::move(stream), received);
-  absl::MutexLock lock(&mu);
-  live.push_back(reactor);
-  wake();
-  return reactor;
+  (*stream)->set_on_ready([b = bell] { b->ring(); });
+  const uint64_t id = (*stream)->id();
+  {
+    absl::MutexLock lock(&mu);
+    if (!stop_pump) {
+      auto* reactor = new GenerateReactor(*this, *std::move(stream), received);
+      live.push_back(reactor);
+      if (draining) reactor->drain_locked();  // arrived during the drain: end it like the others
+      wake();
+      return reactor;
+    }
+  }
+  // shutdown() got past its drain while we submitted: no pump would serve this call.
+  engine.cancel(id);
+  return reject(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down"));
 }
 
 grpc::ServerUnaryReactor* GrpcServer::Impl::Tokenize(grpc::CallbackServerContext* ctx,
@@ -319,38 +328,35 @@ grpc::ServerUnaryReactor* GrpcServer::Impl::GetStats(grpc::CallbackServerContext
 
 void GrpcServer::Impl::pump_loop() {
   std::vector<std::pair<GenerateReactor*, GenerateReactor::Action>> actions;
-  absl::MutexLock lock(&mu);
   while (true) {
-    if (stop_pump && live.empty()) return;
+    bell->clear();  // before the scan: an event during it rings again and we scan again
     actions.clear();
-    for (auto it = live.begin(); it != live.end();) {
-      GenerateReactor* r = *it;
-      GenerateReactor::Action a = r->poll_locked();
-      if (a == GenerateReactor::Action::kFinish) {
-        r->report_locked();
-        it = live.erase(it);  // unregistered before Finish: gRPC may delete it from then on
-      } else {
-        ++it;
+    {
+      absl::MutexLock lock(&mu);
+      if (stop_pump && live.empty()) return;
+      for (auto it = live.begin(); it != live.end();) {
+        GenerateReactor* r = *it;
+        GenerateReactor::Action a = r->poll_locked();
+        if (a == GenerateReactor::Action::kFinish) {
+          r->report_locked();
+          it = live.erase(it);  // unregistered before Finish: gRPC may delete it from then on
+        } else {
+          ++it;
+        }
+        if (a != GenerateReactor::Action::kNone) actions.emplace_back(r, a);
       }
-      if (a != GenerateReactor::Action::kNone) actions.emplace_back(r, a);
     }
-    if (!actions.empty()) {
-      mu.Unlock();  // gRPC calls without our lock: Finish may run OnDone inline
-      for (auto& [r, a] : actions) {
-        if (a == GenerateReactor::Action::kWrite)
-          r->start_write();
-        else
-          r->finish();
-      }
-      mu.Lock();
+    if (actions.empty()) {
+      bell->wait();
       continue;
     }
-    wakeup = false;
-    auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return wakeup || stop_pump; };
-    if (live.empty())
-      mu.Await(absl::Condition(&woken));
-    else
-      mu.AwaitWithTimeout(absl::Condition(&woken), kPumpPoll);
+    // gRPC calls without our lock: Finish may run OnDone inline.
+    for (auto& [r, a] : actions) {
+      if (a == GenerateReactor::Action::kWrite)
+        r->start_write();
+      else
+        r->finish();
+    }
   }
 }
 

@@ -265,9 +265,8 @@ class Session : public std::enable_shared_from_this<Session> {
     if (closed_) return;
     outbox_ += bytes;
     if (!writing_) return do_write();
-    if (static_cast<int64_t>(outbox_.size()) > ctx_.options.max_pending_write_bytes) {
-      stalled_reader();
-    }
+    const size_t pending = outbox_.size() + (writing_buf_.size() - written_);
+    if (static_cast<int64_t>(pending) > ctx_.options.max_pending_write_bytes) stalled_reader();
   }
 
   // The client stopped reading: give up on it as if it had disconnected. Closing the socket
@@ -282,21 +281,35 @@ class Session : public std::enable_shared_from_this<Session> {
     writing_ = true;
     writing_buf_ = std::move(outbox_);
     outbox_.clear();
+    written_ = 0;
+    write_some();
+  }
+
+  // One socket write of what is left of writing_buf_, under a fresh deadline: the timeout bounds
+  // a stall (no byte accepted for write_timeout_s), not a long reply to a slow but steady reader.
+  void write_some() {
+    const uint64_t attempt = ++write_attempt_;
     write_timer_.expires_after(seconds_to_ms(ctx_.options.write_timeout_s));
-    write_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
-      if (!ec && self->writing_) self->stalled_reader();
+    write_timer_.async_wait([self = shared_from_this(), attempt](beast::error_code ec) {
+      // A timer that fired just as its write completed is stale: the next write has its own.
+      if (!ec && self->writing_ && attempt == self->write_attempt_) self->stalled_reader();
     });
-    net::async_write(stream_.socket(), net::buffer(writing_buf_),
-                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                       self->writing_ = false;
-                       self->writing_buf_.clear();
-                       self->write_timer_.cancel();
-                       if (ec) {
-                         if (self->gen_) return self->client_gone();
-                         return self->close();
-                       }
-                       self->do_write();
-                     });
+    stream_.socket().async_write_some(
+        net::buffer(writing_buf_.data() + written_, writing_buf_.size() - written_),
+        [self = shared_from_this()](beast::error_code ec, size_t n) {
+          self->write_timer_.cancel();
+          if (ec) {
+            self->writing_ = false;
+            self->writing_buf_.clear();
+            if (self->gen_) return self->client_gone();
+            return self->close();
+          }
+          self->written_ += n;
+          if (self->written_ < self->writing_buf_.size()) return self->write_some();
+          self->writing_ = false;
+          self->writing_buf_.clear();
+          self->do_write();
+        });
   }
 
   // Everything queued is written: close, or go back to reading.
@@ -340,6 +353,8 @@ class Session : public std::enable_shared_from_this<Session> {
   net::steady_timer write_timer_;  // bounds each write (see HttpOptions::write_timeout_s)
   std::string outbox_;             // bytes waiting for the current write to finish
   std::string writing_buf_;        // bytes of the write in flight
+  size_t written_ = 0;             // of writing_buf_, accepted by the socket so far
+  uint64_t write_attempt_ = 0;     // tells a stale write-timer expiry from the current one
   bool writing_ = false;
   bool close_after_write_ = false;
   bool resume_after_write_ = false;

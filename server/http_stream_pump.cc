@@ -18,12 +18,12 @@ void StreamPump::add(std::shared_ptr<RequestStream> stream, Sink sink) {
     w = workers_[next_worker_++ % workers_.size()].get();
     ++active_;
   }
-  stream->set_on_ready([wake = w->wake] { wake->notify(); });
+  stream->set_on_ready([bell = w->bell] { bell->ring(); });
   {
     absl::MutexLock lock(&w->mu);
     w->incoming.push_back({std::move(stream), std::move(sink)});
   }
-  w->wake->notify();  // the first pass drains what was pushed before the callback was set
+  w->bell->ring();  // the first pass drains what was pushed before the callback was set
 }
 
 int64_t StreamPump::active() const {
@@ -34,20 +34,15 @@ int64_t StreamPump::active() const {
 void StreamPump::stop() {
   if (stopping_.exchange(true)) return;
   for (auto& w : workers_) {
-    w->wake->notify();
+    w->bell->ring();
     if (w->thread.joinable()) w->thread.join();
   }
 }
 
 void StreamPump::run(Worker* w) {
   std::vector<Job> jobs;
-  Wake& wake = *w->wake;
   while (!stopping_.load()) {
-    // Clear the signal before draining: a push during the pass signals again and we pass again.
-    {
-      absl::MutexLock lock(&wake.mu);
-      wake.signaled = false;
-    }
+    w->bell->clear();  // before the pass: a push during it rings again and we pass again
     {
       absl::MutexLock lock(&w->mu);
       for (Job& j : w->incoming) jobs.push_back(std::move(j));
@@ -72,11 +67,7 @@ void StreamPump::run(Worker* w) {
         ++i;
       }
     }
-    absl::MutexLock lock(&wake.mu);
-    auto ready = [&wake, this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake.mu) {
-      return wake.signaled || stopping_.load();
-    };
-    wake.mu.Await(absl::Condition(&ready));
+    if (!stopping_.load()) w->bell->wait();  // stop() rings after setting stopping_
   }
   for (Job& j : jobs) j.stream->set_on_ready(nullptr);
   absl::MutexLock lock(&w->mu);

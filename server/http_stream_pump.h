@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/request_stream.h"
+#include "server/doorbell.h"
 
 namespace loom {
 
@@ -40,20 +41,10 @@ class StreamPump {
     std::shared_ptr<RequestStream> stream;
     Sink sink;
   };
-  // What a pump thread sleeps on. Shared with the streams' callbacks, so a stream that outlives
-  // the pump (the engine may still push while the server shuts down) signals a live object.
-  struct Wake {
-    absl::Mutex mu;
-    bool signaled ABSL_GUARDED_BY(mu) = false;
-    void notify() {
-      absl::MutexLock lock(&mu);
-      signaled = true;
-    }
-  };
   struct Worker {
     absl::Mutex mu;
     std::vector<Job> incoming ABSL_GUARDED_BY(mu);
-    std::shared_ptr<Wake> wake = std::make_shared<Wake>();
+    std::shared_ptr<Doorbell> bell = std::make_shared<Doorbell>();
     std::thread thread;
   };
   void run(Worker* w);

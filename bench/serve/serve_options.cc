@@ -26,7 +26,7 @@ ABSL_FLAG(int, output_len, 64,
 ABSL_FLAG(int, vocab_lo, 0, "Prompt token ids are drawn uniformly from [vocab_lo, vocab_hi).");
 ABSL_FLAG(int, vocab_hi, 0,
           "Upper bound (exclusive) of prompt token ids; 0: the server's tokenizer vocabulary "
-          "size, read from loom-server's POST /detokenize range check (other servers: set it).");
+          "size, `loom_vocab_size` in loom-server's GET /v1/models (other servers: set it).");
 ABSL_FLAG(uint64_t, seed, 0, "Seed of the random prompts (the same seed sends the same prompts).");
 ABSL_FLAG(int, warmup, 2, "Requests sent one at a time before the first level and not measured.");
 ABSL_FLAG(double, timeout_s, 600,

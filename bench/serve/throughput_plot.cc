@@ -17,9 +17,15 @@
 namespace loom::bench {
 namespace {
 
-// A gnuplot single-quoted string: only the quote itself needs escaping (doubled).
+// A gnuplot single-quoted string: the quote itself is doubled, and control characters (a newline
+// would end the command and let the rest of a hostile model name run as gnuplot commands) become
+// spaces.
 std::string quoted(const std::string& s) {
-  return absl::StrCat("'", absl::StrReplaceAll(s, {{"'", "''"}}), "'");
+  std::string clean = s;
+  for (char& ch : clean) {
+    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = ' ';
+  }
+  return absl::StrCat("'", absl::StrReplaceAll(clean, {{"'", "''"}}), "'");
 }
 
 // NaN is gnuplot's "missing point", for levels without that statistic.

@@ -183,7 +183,11 @@ absl::StatusOr<HttpReply> HttpClient::exchange(std::string_view method, std::str
   req.method(method == "GET" ? http::verb::get : http::verb::post);
   req.target(absl::StrCat(url_.base_path, av(path)));
   req.version(11);
-  req.set(http::field::host, url_.host);
+  // RFC 9110 7.2: the port unless it is the default, IPv6 literals in brackets.
+  std::string host =
+      url_.host.find(':') != std::string::npos ? absl::StrCat("[", url_.host, "]") : url_.host;
+  if (url_.port != "80") absl::StrAppend(&host, ":", url_.port);
+  req.set(http::field::host, host);
   req.set(http::field::user_agent, "loom-client/0.1");
   req.keep_alive(false);
   if (!options_.api_key.empty()) {

@@ -138,6 +138,9 @@ TEST(HttpClient, PostsJsonWithHeadersAndReadsTheReply) {
   EXPECT_EQ(server.request_head().rfind("POST /base/v1/completions HTTP/1.1\r\n", 0), 0u)
       << server.request_head();
   EXPECT_NE(server.request_head().find("Authorization: Bearer sekret\r\n"), std::string::npos);
+  EXPECT_NE(server.request_head().find("Host: 127.0.0.1:" + server.url().substr(17) + "\r\n"),
+            std::string::npos)
+      << server.request_head();
   EXPECT_NE(server.request_head().find("Content-Type: application/json\r\n"), std::string::npos);
   EXPECT_EQ(server.request_body(), R"({"prompt":"x"})");
 }

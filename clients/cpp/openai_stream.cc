@@ -59,9 +59,14 @@ std::string string_or_empty(const json& j, const char* key) {
 std::optional<Usage> usage_of(const json& j) {
   auto it = j.find("usage");
   if (it == j.end() || !it->is_object()) return std::nullopt;
+  // Not value(): it throws when a field is present with another type (null, a string).
+  auto count = [&](const char* key) -> int64_t {
+    auto f = it->find(key);
+    return f != it->end() && f->is_number_integer() ? f->get<int64_t>() : 0;
+  };
   Usage u;
-  u.prompt_tokens = it->value("prompt_tokens", int64_t{0});
-  u.completion_tokens = it->value("completion_tokens", int64_t{0});
+  u.prompt_tokens = count("prompt_tokens");
+  u.completion_tokens = count("completion_tokens");
   return u;
 }
 

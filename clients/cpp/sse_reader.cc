@@ -36,6 +36,7 @@ absl::Status SseReader::feed(std::string_view bytes, const Callback& on_event) {
       process_line(line_, on_event);
       line_.clear();
     }
+    if (!status_.ok()) return status_;
     if (c == '\r') {
       if (i + 1 < bytes.size()) {
         if (bytes[i + 1] == '\n') ++i;
@@ -74,6 +75,11 @@ void SseReader::process_line(std::string_view line, const Callback& on_event) {
     if (!value.empty() && value.front() == ' ') value.remove_prefix(1);
   }
   if (field == "data") {
+    if (pending_.data.size() + value.size() > max_line_bytes_) {  // many lines, no blank line
+      status_ = absl::ResourceExhaustedError(
+          absl::StrCat("server-sent events: an event exceeds ", max_line_bytes_, " bytes"));
+      return;
+    }
     pending_.data.append(value);
     pending_.data.push_back('\n');
     has_data_ = true;

@@ -25,8 +25,8 @@ class SseReader {
  public:
   using Callback = std::function<void(const SseEvent&)>;
 
-  // A line longer than `max_line_bytes` fails the stream, so a broken or hostile server cannot make
-  // the client buffer without bound.
+  // A line, or an event's data, longer than `max_line_bytes` fails the stream, so a broken or
+  // hostile server cannot make the client buffer without bound.
   explicit SseReader(size_t max_line_bytes = 16 << 20) : max_line_bytes_(max_line_bytes) {}
 
   // Feeds the next piece of the stream; calls `on_event` for every event it completes. After an

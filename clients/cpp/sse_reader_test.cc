@@ -102,6 +102,15 @@ TEST(SseReader, OverlongLineFailsAndStaysFailed) {
   EXPECT_EQ(c.events.size(), 1u);
 }
 
+TEST(SseReader, OverlongEventOfManyShortLinesFails) {
+  SseReader r(/*max_line_bytes=*/64);
+  Collected c;
+  absl::Status s;
+  for (int i = 0; i < 20 && s.ok(); ++i) s = r.feed("data: 0123456789\n", c.callback());
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(c.events.empty());
+}
+
 TEST(SseReader, RandomPiecesMatchWholeFeed) {
   // Random events with random line endings, cut at random points: the events equal those of
   // feeding the stream whole.

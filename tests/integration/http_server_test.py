@@ -440,6 +440,35 @@ def test_stalled_reader(extra, what):
         s.stop()
 
 
+def test_slow_steady_reader():
+    """The write timeout bounds a stall, not a long reply: a client that reads a ~300 KB stream at
+    ~40 KB/s (longer than --write_timeout_s in total) gets all of it."""
+    s = Server("--write_timeout_s", "1")
+    try:
+        body = json.dumps({"prompt": "read me slowly", "max_tokens": 200, "ignore_eos": True,
+                           "stream": True, "logprobs": 20}).encode()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", s.port))
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        received = b""
+        started = time.time()
+        while time.time() - started < 120:
+            time.sleep(0.1)
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            received += chunk
+            if b"data: [DONE]" in received:
+                break
+        sock.close()
+        check(b"data: [DONE]" in received and time.time() - started > 2,
+              "slow steady reader got the whole %d-byte stream in %.1f s" % (len(received), time.time() - started))
+    finally:
+        s.stop()
+
+
 def test_queue_and_drain(server):
     port = server.port
     long_body = {"prompt": "long", "max_tokens": 3000, "ignore_eos": True, "stream": True}
@@ -537,6 +566,7 @@ def main():
         print("== test_stalled_reader", flush=True)
         test_stalled_reader(["--write_timeout_s", "1"], "write timeout")
         test_stalled_reader(["--max_pending_write_bytes", "65536"], "pending-bytes cap")
+        test_slow_steady_reader()
         c = Server("--max_num_seqs", "1", "--max_queue", "1", "--drain_timeout_s", "60")
         servers.append(c)
         print("== test_queue_and_drain", flush=True)
