@@ -24,18 +24,12 @@ import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests",
                                 "integration"))
+from checks import check, summary  # noqa: E402
 from loom_server_process import LoomServer  # noqa: E402
 
 ARGS = None
-FAILURES = []
 BENCH_TIMEOUT_S = 120
 
-
-def check(cond, what):
-    if not cond:
-        FAILURES.append(what)
-        print("FAIL:", what, flush=True)
-    return cond
 
 
 def Server(*extra):
@@ -290,13 +284,7 @@ def main():
         if server:
             server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    if FAILURES:
-        print("%d check(s) failed" % len(FAILURES))
-        for f in FAILURES:
-            print("  -", f)
-        return 1
-    print("all checks passed")
-    return 0
+    return summary()
 
 
 if __name__ == "__main__":

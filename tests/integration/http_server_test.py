@@ -26,17 +26,11 @@ import tempfile
 import threading
 import time
 
+from checks import check, summary
 from loom_server_process import LoomServer
 
 ARGS = None
-FAILURES = []
 
-
-def check(cond, what):
-    if not cond:
-        FAILURES.append(what)
-        print("FAIL:", what, flush=True)
-    return cond
 
 
 def Server(*extra):
@@ -111,6 +105,21 @@ def metrics(port):
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
     return out
+
+
+def wait_pools_back(port, initial, timeout_s=20):
+    """Polls /metrics until the KV pages and state slots are back to `initial`'s free counts and
+    nothing runs (the engine frees a cancelled request at its next step); returns the last metrics
+    and whether they got there."""
+    deadline = time.time() + timeout_s
+    while True:
+        m = metrics(port)
+        back = (m["loom_kv_pages_free"] == initial["loom_kv_pages_free"] and
+                m["loom_state_slots_free"] == initial["loom_state_slots_free"] and
+                m["loom_num_requests_running"] == 0)
+        if back or time.time() > deadline:
+            return m, back
+        time.sleep(0.2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,17 +377,8 @@ def test_concurrent_streams(port, headers):
         check(solo_status == 200 and stream_text(events, False) == solo["choices"][0]["text"],
               "client %d stream == solo run" % i)
     # Pools back to their initial free counts (prefix cache disabled on this server).
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        m = metrics(port)
-        if (m["loom_kv_pages_free"] == initial["loom_kv_pages_free"] and
-                m["loom_state_slots_free"] == initial["loom_state_slots_free"] and
-                m["loom_num_requests_running"] == 0):
-            break
-        time.sleep(0.2)
-    check(m["loom_kv_pages_free"] == initial["loom_kv_pages_free"] and
-          m["loom_state_slots_free"] == initial["loom_state_slots_free"],
-          "pools back to initial: pages %s/%s slots %s/%s" % (m["loom_kv_pages_free"], initial["loom_kv_pages_free"],
+    m, back = wait_pools_back(port, initial)
+    check(back, "pools back to initial: pages %s/%s slots %s/%s" % (m["loom_kv_pages_free"], initial["loom_kv_pages_free"],
                                                                 m["loom_state_slots_free"], initial["loom_state_slots_free"]))
     check(m['loom_requests_finished_total{reason="cancelled"}'] >= 16, "16 cancelled requests counted")
     check(m['loom_engine_choices_finished_total{reason="cancelled"}'] >= 1,
@@ -422,17 +422,8 @@ def test_stalled_reader(extra, what):
             m = re.search(r"completion_tokens=(\d+)", line)
             check(m and int(m.group(1)) < 4 * 4000,
                   "%s: cancelled before max_tokens (%s tokens)" % (what, m and m.group(1)))
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            m = metrics(s.port)
-            if (m["loom_kv_pages_free"] == initial["loom_kv_pages_free"] and
-                    m["loom_state_slots_free"] == initial["loom_state_slots_free"] and
-                    m["loom_num_requests_running"] == 0):
-                break
-            time.sleep(0.2)
-        check(m["loom_kv_pages_free"] == initial["loom_kv_pages_free"] and
-              m["loom_state_slots_free"] == initial["loom_state_slots_free"],
-              "%s: pools back to initial after the stalled reader" % what)
+        _, back = wait_pools_back(s.port, initial)
+        check(back, "%s: pools back to initial after the stalled reader" % what)
         status, _, _ = request(s.port, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2})
         check(status == 200, "%s: server healthy after the stalled reader" % what)
         sock.close()
@@ -574,13 +565,7 @@ def main():
     finally:
         for s in servers:
             s.stop()
-    if FAILURES:
-        print("%d check(s) failed" % len(FAILURES))
-        for f in FAILURES:
-            print("  -", f)
-        return 1
-    print("all checks passed")
-    return 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -14,17 +14,11 @@ import json
 import subprocess
 import sys
 
+from checks import check, summary
 from loom_server_process import LoomServer
 
 ARGS = None
-FAILURES = []
 
-
-def check(cond, what):
-    if not cond:
-        FAILURES.append(what)
-        print("FAIL:", what, flush=True)
-    return cond
 
 
 def cli(url, *args, stdin=None, extra_env=None):
@@ -159,11 +153,7 @@ def main():
             test(s)
     print("== test_api_key", flush=True)
     test_api_key(ARGS.server, ARGS.model)
-    if FAILURES:
-        print("%d check(s) failed" % len(FAILURES))
-        return 1
-    print("all checks passed")
-    return 0
+    return summary()
 
 
 if __name__ == "__main__":
