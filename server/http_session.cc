@@ -272,6 +272,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // The client stopped reading: give up on it as if it had disconnected. Closing the socket
   // aborts the stuck write; the engine frees the request's pages and slot at its next step.
   void stalled_reader() {
+    if (closed_) return;
+    ctx_.metrics->on_slow_client_disconnect();
     if (gen_) client_gone();
     close();
   }

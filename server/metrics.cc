@@ -87,6 +87,11 @@ void Metrics::add_connections(int delta) {
   connections_ += delta;
 }
 
+void Metrics::on_slow_client_disconnect() {
+  absl::MutexLock lock(&mu_);
+  ++slow_client_disconnects_;
+}
+
 std::string Metrics::render(const EngineStats& s) const {
   std::string out;
   {
@@ -109,6 +114,10 @@ std::string Metrics::render(const EngineStats& s) const {
     sample(&out, "loom_generation_tokens_total", static_cast<double>(completion_tokens_));
     header(&out, "loom_open_connections", "gauge", "Open HTTP client connections.");
     sample(&out, "loom_open_connections", static_cast<double>(connections_));
+    header(&out, "loom_slow_client_disconnects_total", "counter",
+           "Clients disconnected for not reading their reply (write timeout or pending bytes).");
+    sample(&out, "loom_slow_client_disconnects_total",
+           static_cast<double>(slow_client_disconnects_));
     header(&out, "loom_time_to_first_token_seconds", "histogram",
            "Time from request receipt to its first generated token.");
     ttft_.render("loom_time_to_first_token_seconds", &out);

@@ -47,6 +47,9 @@ class Metrics {
   void observe_e2e(double seconds);
   // Open client connections (HTTP); the gRPC frontend may ignore it.
   void add_connections(int delta);
+  // A client stopped reading its reply and was disconnected (HTTP write timeout or pending-bytes
+  // cap; its request is also counted as finished "cancelled").
+  void on_slow_client_disconnect();
 
   // The Prometheus text exposition (version 0.0.4) of everything above plus `stats`.
   std::string render(const EngineStats& stats) const;
@@ -58,6 +61,7 @@ class Metrics {
   int64_t prompt_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t connections_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t slow_client_disconnects_ ABSL_GUARDED_BY(mu_) = 0;
   LatencyHistogram ttft_ ABSL_GUARDED_BY(mu_);
   LatencyHistogram itl_ ABSL_GUARDED_BY(mu_);
   LatencyHistogram e2e_ ABSL_GUARDED_BY(mu_);

@@ -422,8 +422,10 @@ def test_stalled_reader(extra, what):
             m = re.search(r"completion_tokens=(\d+)", line)
             check(m and int(m.group(1)) < 4 * 4000,
                   "%s: cancelled before max_tokens (%s tokens)" % (what, m and m.group(1)))
-        _, back = wait_pools_back(s.port, initial)
+        m, back = wait_pools_back(s.port, initial)
         check(back, "%s: pools back to initial after the stalled reader" % what)
+        check(m.get("loom_slow_client_disconnects_total") == 1,
+              "%s: counted as a slow-client disconnect (%s)" % (what, m.get("loom_slow_client_disconnects_total")))
         status, _, _ = request(s.port, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2})
         check(status == 200, "%s: server healthy after the stalled reader" % what)
         sock.close()
