@@ -1,5 +1,6 @@
 #include "server/grpc_convert.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -49,6 +50,8 @@ absl::StatusOr<Request> request_from_proto(const v1::GenerateRequest& in,
   p.ignore_eos = s.ignore_eos();
   p.stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
   p.stop.assign(s.stop().begin(), s.stop().end());
+  for (const auto& [id, bias] : s.logit_bias()) p.logit_bias.emplace_back(id, bias);
+  std::sort(p.logit_bias.begin(), p.logit_bias.end());  // map order is unspecified
   if (s.has_logprobs()) {
     if (s.logprobs() < 0)
       return absl::InvalidArgumentError(absl::StrCat("sampling.logprobs: ", s.logprobs(),

@@ -33,6 +33,22 @@ void expect_rejected(const v1::GenerateRequest& req, absl::StatusCode code,
   EXPECT_EQ(g.error_message(), std::string(r.status().message()));
 }
 
+TEST(GrpcConvert, LogitBias) {
+  v1::GenerateRequest req = ids_request({1, 2});
+  (*req.mutable_sampling()->mutable_logit_bias())[7] = -100.0f;
+  (*req.mutable_sampling()->mutable_logit_bias())[3] = 2.5f;
+  absl::StatusOr<Request> r = request_from_proto(req, nullptr, kVocab, 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->params.logit_bias,
+            (std::vector<std::pair<int32_t, float>>{{3, 2.5f}, {7, -100.0f}}));
+  v1::GenerateRequest out_of_range = ids_request({1});
+  (*out_of_range.mutable_sampling()->mutable_logit_bias())[kVocab] = 1.0f;
+  expect_rejected(out_of_range, absl::StatusCode::kInvalidArgument, "logit_bias");
+  v1::GenerateRequest too_big = ids_request({1});
+  (*too_big.mutable_sampling()->mutable_logit_bias())[4] = 200.0f;
+  expect_rejected(too_big, absl::StatusCode::kInvalidArgument, "logit_bias");
+}
+
 TEST(GrpcConvert, RejectsBadPrompts) {
   expect_rejected(v1::GenerateRequest(), absl::StatusCode::kInvalidArgument, "prompt");
   expect_rejected(ids_request({}), absl::StatusCode::kInvalidArgument, "token_ids");

@@ -25,10 +25,13 @@ std::string default_type(int status) {
   }
 }
 
-// "field: message" -> "field" when the prefix looks like a parameter path.
+// "field: message" (the request parsers) or "field = value: expected ..." (SamplingParams::
+// validate) -> "field" when the prefix looks like a parameter path.
 std::string param_of(std::string_view message) {
   size_t colon = message.find(": ");
-  if (colon == std::string_view::npos || colon == 0 || colon > 64) return "";
+  if (colon == std::string_view::npos) return "";
+  if (size_t eq = message.find(" = "); eq != std::string_view::npos && eq < colon) colon = eq;
+  if (colon == 0 || colon > 64) return "";
   for (char c : message.substr(0, colon)) {
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '[' ||
           c == ']'))

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/core/status.h"
 #include "nlohmann/json.hpp"
@@ -188,8 +189,26 @@ absl::Status parse_common(const json& j, OpenAiRequest* r) {
     r->include_usage = usage.value_or(false);
   }
   if (const json* v = field(j, "logit_bias")) {
-    if (!v->is_object()) return bad("logit_bias", "must be an object");
-    if (!v->empty()) return bad("logit_bias", "is not supported");
+    // {"token id": bias}: keys are decimal token ids (JSON keys are strings), biases in
+    // [-100, 100]; the ids' range is checked against the vocabulary with the other params.
+    if (!v->is_object()) return bad("logit_bias", "must be an object of token id -> bias");
+    if (v->size() > static_cast<size_t>(kMaxLogitBias)) {
+      return bad("logit_bias", absl::StrCat("at most ", kMaxLogitBias, " entries"));
+    }
+    for (const auto& [key, bias] : v->items()) {
+      int32_t id = -1;
+      const bool digits = !key.empty() && key.size() <= 10 &&
+                          key.find_first_not_of("0123456789") == std::string::npos;
+      if (!digits || !absl::SimpleAtoi(key, &id)) {
+        return bad("logit_bias", absl::StrCat("key `", key.substr(0, 32), "` is not a token id"));
+      }
+      if (!bias.is_number()) return bad("logit_bias", "biases must be numbers");
+      const double b = bias.get<double>();
+      if (!(b >= -kMaxLogitBiasValue && b <= kMaxLogitBiasValue)) {
+        return bad("logit_bias", "biases must be in [-100, 100]");
+      }
+      r->params.logit_bias.emplace_back(id, static_cast<float>(b));
+    }
   }
   if (const json* v = field(j, "response_format")) {
     const json* type = v->is_object() ? field(*v, "type") : nullptr;

@@ -33,6 +33,15 @@ absl::Status SamplingParams::validate(int vocab_size) const {
   for (int32_t t : stop_token_ids)
     if (t < 0 || t >= vocab_size)
       return bad("stop_token_ids", t, absl::StrCat("token ids in [0, ", vocab_size, ")").c_str());
+  if (logit_bias.size() > static_cast<size_t>(kMaxLogitBias))
+    return bad("logit_bias", logit_bias.size(),
+               absl::StrCat("at most ", kMaxLogitBias, " entries").c_str());
+  for (const auto& [t, b] : logit_bias) {
+    if (t < 0 || t >= vocab_size)
+      return bad("logit_bias", t, absl::StrCat("token ids in [0, ", vocab_size, ")").c_str());
+    if (!(b >= -kMaxLogitBiasValue && b <= kMaxLogitBiasValue))
+      return bad("logit_bias", b, "biases in [-100, 100]");
+  }
   if (stop.size() > static_cast<size_t>(kMaxStopStrings))
     return bad("stop", stop.size(), absl::StrCat("at most ", kMaxStopStrings, " strings").c_str());
   for (const std::string& s : stop)
@@ -77,6 +86,7 @@ SampledToken SamplerState::sample(std::span<float> logits, const SamplingParams&
   if (p.logprobs >= 0) raw.assign(logits.begin(), logits.end());
 
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (const auto& [t, b] : p.logit_bias) logits[t] += b;
   // Penalties.
   if (p.repetition_penalty != 1.0f) {
     auto penalise = [&](int32_t t) {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -11,7 +12,9 @@
 namespace loom {
 
 struct SamplingParams {
-  // Distribution shaping, applied in this order: penalties, temperature, top-k, top-p, min-p.
+  // Distribution shaping, applied in this order: logit bias, penalties, temperature, top-k,
+  // top-p, min-p.
+  std::vector<std::pair<int32_t, float>> logit_bias;  // added to the token's logit (OpenAI's)
   float temperature = 1.0f;         // 0: greedy (argmax; ties go to the lower token id)
   int top_k = 0;                    // 0: off
   float top_p = 1.0f;               // nucleus; 1: off
@@ -41,5 +44,7 @@ inline constexpr int kMaxLogprobs = 20;
 inline constexpr int kMaxN = 16;
 inline constexpr int kMaxStopStrings = 16;
 inline constexpr int kMaxStopStringBytes = 256;
+inline constexpr int kMaxLogitBias = 1024;           // entries (OpenAI allows 300)
+inline constexpr float kMaxLogitBiasValue = 100.0f;  // |bias| (OpenAI's range: -100 to 100)
 
 }  // namespace loom

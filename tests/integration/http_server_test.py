@@ -195,6 +195,21 @@ def test_stream_equals_nonstream(port):
         check(text2 == text, "%s same seed same text" % path)
 
 
+def test_logit_bias(port):
+    """logit_bias (OpenAI's): +100 on one token makes greedy output repeat it, -100 bans it;
+    ids outside the vocabulary are a 400 naming the parameter."""
+    base = {"prompt": "abc", "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    status, body, _ = request(port, "POST", "/v1/completions", dict(base, logit_bias={"65": 100}))
+    check(status == 200 and body["choices"][0]["text"] == "AAAA", "logit_bias +100 on 'A': %s" % body)
+    status, body, _ = request(port, "POST", "/v1/completions",
+                              dict(base, logit_bias={"65": -100, "66": 60}))
+    check(status == 200 and body["choices"][0]["text"] == "BBBB",
+          "logit_bias -100 bans 'A', +60 makes 'B' win: %s" % body)
+    status, body, _ = request(port, "POST", "/v1/completions", dict(base, logit_bias={"99999": 1}))
+    check(status == 400 and is_error_body(body, status) and body["error"]["param"] == "logit_bias",
+          "logit_bias id outside the vocabulary: 400 (%d %s)" % (status, body))
+
+
 def test_n_and_logprobs(port):
     status, body, _ = request(port, "POST", "/v1/completions",
                               {"prompt": "abc", "max_tokens": 5, "n": 3, "seed": 5, "logprobs": 2,
@@ -545,7 +560,7 @@ def main():
         a = Server("--header_timeout_s", "2", "--max_model_len", "4096")
         servers.append(a)
         for test in (test_basic_routes, test_sse_framing_curl, test_stream_equals_nonstream,
-                     test_n_and_logprobs, test_tools, test_hostile, test_slow_loris_and_idle):
+                     test_logit_bias, test_n_and_logprobs, test_tools, test_hostile, test_slow_loris_and_idle):
             print("==", test.__name__, flush=True)
             test(a.port)
         b = Server("--enable_prefix_cache=false", "--api_key", "sekret")

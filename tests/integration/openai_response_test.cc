@@ -3,6 +3,7 @@
 // here): streamed chunks must accumulate to the non-streamed response.
 #include "server/openai_response.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -224,6 +225,23 @@ TEST(OpenAiRequest, Errors) {
             "tool_choice");
   std::string deep(1000, '[');
   EXPECT_EQ(parse_error("{\"prompt\": " + deep + "}", false).http_status, 400);
+}
+
+TEST(OpenAiRequest, LogitBias) {
+  auto r = parse_completion_request(R"({"prompt": "a", "logit_bias": {"65": 100, "7": -0.5}})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto bias = r->params.logit_bias;
+  std::sort(bias.begin(), bias.end());
+  EXPECT_EQ(bias, (std::vector<std::pair<int32_t, float>>{{7, -0.5f}, {65, 100.0f}}));
+  EXPECT_TRUE(parse_completion_request(R"({"prompt": "a", "logit_bias": {}})").ok());
+  for (const char* bad :
+       {R"({"prompt": "a", "logit_bias": [1]})", R"({"prompt": "a", "logit_bias": {"x": 1}})",
+        R"({"prompt": "a", "logit_bias": {"-1": 1}})",
+        R"({"prompt": "a", "logit_bias": {"99999999999": 1}})",
+        R"({"prompt": "a", "logit_bias": {"5": 101}})",
+        R"({"prompt": "a", "logit_bias": {"5": "1"}})"}) {
+    EXPECT_EQ(parse_error(bad, false).param, "logit_bias") << bad;
+  }
 }
 
 TEST(OpenAiRequest, PromptShapesAndTheirLimits) {

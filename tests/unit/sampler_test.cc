@@ -175,6 +175,37 @@ TEST(Sampler, LogprobsAreRawLogSoftmax) {
             std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
+TEST(Sampler, LogitBiasShiftsTheDistributionAndBans) {
+  const std::vector<float> logits = random_logits(9, 21);
+  SamplingParams p;
+  p.temperature = 0.8f;
+  p.logit_bias = {{2, 1.5f}, {5, -100.0f}, {7, -0.75f}};
+  std::vector<float> biased = logits;
+  for (const auto& [t, b] : p.logit_bias) biased[t] += b;
+  const int draws = 60000;
+  auto h = histogram(logits, p, draws, 31);
+  const std::vector<double> expect = softmax(biased, 0.8);
+  for (int t = 0; t < 9; ++t) {
+    const double mean = expect[t] * draws, sd = std::sqrt(draws * expect[t] * (1 - expect[t]));
+    EXPECT_NEAR(h[t], mean, 5 * sd + 1) << "token " << t;
+  }
+  EXPECT_EQ(h[5], 0);  // -100 bans the token in practice
+  // Greedy follows the biased argmax; logprobs stay those of the raw logits.
+  SamplingParams g;
+  g.temperature = 0;
+  g.logprobs = 0;
+  const int32_t raw_argmax =
+      static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  const int32_t other = raw_argmax == 0 ? 1 : 0;
+  g.logit_bias = {{raw_argmax, -100.0f}, {other, 100.0f}};
+  std::vector<float> l = logits;
+  SamplerState s(1, {});
+  SampledToken tok = s.sample(l, g, {});
+  EXPECT_EQ(tok.token, other);
+  const std::vector<double> raw = softmax(logits, 1.0);
+  EXPECT_NEAR(tok.logprob, std::log(raw[other]), 1e-4);
+}
+
 TEST(SamplingParams, Validate) {
   SamplingParams ok;
   EXPECT_TRUE(ok.validate(100).ok());
@@ -194,6 +225,11 @@ TEST(SamplingParams, Validate) {
   EXPECT_TRUE(bad([](auto& p) { p.stop = {""}; }));
   EXPECT_TRUE(bad([](auto& p) { p.presence_penalty = 3; }));
   EXPECT_TRUE(bad([](auto& p) { p.temperature = NAN; }));
+  EXPECT_TRUE(bad([](auto& p) { p.logit_bias = {{100, 1.0f}}; }));
+  EXPECT_TRUE(bad([](auto& p) { p.logit_bias = {{-1, 1.0f}}; }));
+  EXPECT_TRUE(bad([](auto& p) { p.logit_bias = {{3, 100.5f}}; }));
+  EXPECT_TRUE(bad([](auto& p) { p.logit_bias = {{3, NAN}}; }));
+  EXPECT_FALSE(bad([](auto& p) { p.logit_bias = {{99, -100.0f}, {0, 100.0f}}; }));
 }
 
 }  // namespace
