@@ -89,7 +89,7 @@ class LoomClient:
         """A GenerateRequest: `prompt` is a str (tokenized by the server) or a list of token ids;
         `sampling` takes the fields of loom.v1.SamplingParams (temperature, top_k, top_p, min_p,
         repetition_penalty, presence_penalty, frequency_penalty, seed, max_tokens, min_tokens,
-        ignore_eos, stop_token_ids, stop, logprobs, n)."""
+        ignore_eos, stop_token_ids, stop, logprobs, n, logit_bias as {token id: bias})."""
         unknown = set(sampling) - set(_SAMPLING_FIELDS)
         if unknown:
             raise TypeError("unknown sampling fields: %s" % ", ".join(sorted(unknown)))
@@ -102,7 +102,9 @@ class LoomClient:
         for k, v in sampling.items():
             if v is None:
                 continue
-            if isinstance(v, (list, tuple)):
+            if isinstance(v, dict):  # logit_bias: {token id: bias}
+                getattr(req.sampling, k).update({int(t): float(b) for t, b in v.items()})
+            elif isinstance(v, (list, tuple)):
                 getattr(req.sampling, k).extend(v)
             else:
                 setattr(req.sampling, k, v)

@@ -177,6 +177,16 @@ class GrpcServerTest(unittest.TestCase):
         self.assertEqual(g1[0]["token_ids"], g2[0]["token_ids"])
         self.wait_released()
 
+    def test_logit_bias(self):
+        # +100 on token 7 makes greedy decoding emit only 7; -100 on it with +60 on 9 gives 9s.
+        kw = dict(max_tokens=5, temperature=0.0, ignore_eos=True)
+        ids = [t for m in self.client.generate([1, 2, 3], logit_bias={7: 100.0}, **kw)
+               for t in m.token_ids]
+        self.assertEqual(ids, [7] * 5)
+        ids = [t for m in self.client.generate([1, 2, 3], logit_bias={7: -100.0, 9: 60.0}, **kw)
+               for t in m.token_ids]
+        self.assertEqual(ids, [9] * 5)
+
     def test_concurrent_streams_match_sequential(self):
         kw = dict(max_tokens=12, seed=99, ignore_eos=True)
         alone = self.client.generate_text("concurrency", **kw)[0]["token_ids"]
