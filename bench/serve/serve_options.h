@@ -19,7 +19,7 @@ struct ServeOptions {
   int input_len = 128;
   int output_len = 64;
   int vocab_lo = 0;  // prompt token ids are drawn uniformly from [vocab_lo, vocab_hi)
-  int vocab_hi = 0;  // 0: the server's tokenizer vocabulary size, asked of POST /detokenize
+  int vocab_hi = 0;  // 0: the server's tokenizer vocabulary size, loom_vocab_size of GET /v1/models
   uint64_t seed = 0;
   int warmup = 2;
   double timeout_s = 600;
