@@ -239,6 +239,10 @@ class Session : public std::enable_shared_from_this<Session> {
     } else {
       send(serialize_reply(json_reply(200, b.final_json()), keep_alive_));
     }
+    if (gone_ && status == 200) {  // the pending-bytes cap tripped on the last bytes: not delivered
+      status = 499;
+      reason = "cancelled";
+    }
     if (!b.error().empty()) reason = "error";
     ctx_.metrics->on_request_finished(reason, b.prompt_tokens(), b.completion_tokens());
     ctx_.metrics->observe_e2e(std::chrono::duration<double>(Clock::now() - gen_->received).count());
