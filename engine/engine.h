@@ -63,6 +63,8 @@ class Engine {
   // Waits until no request is live (for drains and tests).
   void wait_idle();
 
+  // A snapshot published at the end of each engine step: events of a step can reach a client before
+  // the snapshot that counts them (poll, or wait_idle() first).
   EngineStats stats() const;
   const ModelConfig& config() const;
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }

@@ -42,7 +42,20 @@ class GrpcServerTest : public ::testing::Test {
   }
 
   // Waits (bounded) until the engine holds nothing; expects the pools back at their start.
+  // Engine stats are a snapshot published once per engine step, while events reach the client
+  // during the step: wait for the snapshot rather than read it once.
+  template <class Pred>
+  bool stats_reach(Pred pred) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!pred(engine_->stats())) {
+      if (std::chrono::steady_clock::now() > end) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return true;
+  }
+
   void expect_released() {
+    engine_->wait_idle();  // every request closed and the stats published after it
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     EngineStats st;
     do {
@@ -145,7 +158,7 @@ TEST_F(GrpcServerTest, CancelFreesPagesAndSlot) {
   auto reader = stub_->Generate(&ctx, req);
   v1::GenerateResponse resp;
   ASSERT_TRUE(reader->Read(&resp));
-  EXPECT_EQ(engine_->stats().running, 1);
+  EXPECT_TRUE(stats_reach([](const EngineStats& s) { return s.running == 1; }));
   ctx.TryCancel();
   while (reader->Read(&resp)) {
   }
