@@ -9,11 +9,10 @@ namespace loom::bench {
 using json = nlohmann::json;
 
 absl::StatusOr<ServedModel> probe_served_model(client::HttpClient& client) {
-  auto reply = client.get("/v1/models");
+  auto reply = client::json_object_of(client.get("/v1/models"), "GET /v1/models");
   if (!reply.ok()) return reply.status();
-  if (absl::Status s = client::status_from_reply(*reply); !s.ok()) return s;
-  json j = json::parse(reply->body, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("data") || !j["data"].is_array() || j["data"].empty() ||
+  const json& j = *reply;
+  if (!j.contains("data") || !j["data"].is_array() || j["data"].empty() ||
       !j["data"][0].is_object() || !j["data"][0].contains("id") ||
       !j["data"][0]["id"].is_string()) {
     return absl::DataLossError("GET /v1/models: the reply lists no model");
@@ -21,14 +20,13 @@ absl::StatusOr<ServedModel> probe_served_model(client::HttpClient& client) {
   const json& m = j["data"][0];
   ServedModel out;
   out.id = m["id"].get<std::string>();
-  if (m.contains("max_model_len") && m["max_model_len"].is_number_integer() &&
-      m["max_model_len"].get<int64_t>() > 0) {
-    out.max_model_len = m["max_model_len"].get<int64_t>();
-  }
-  if (m.contains("loom_vocab_size") && m["loom_vocab_size"].is_number_integer() &&
-      m["loom_vocab_size"].get<int64_t>() > 0) {
-    out.vocab_size = m["loom_vocab_size"].get<int64_t>();
-  }
+  auto positive = [&m](const char* key) -> std::optional<int64_t> {
+    auto it = m.find(key);
+    if (it == m.end() || !it->is_number_integer() || it->get<int64_t>() <= 0) return std::nullopt;
+    return it->get<int64_t>();
+  };
+  out.max_model_len = positive("max_model_len");
+  out.vocab_size = positive("loom_vocab_size");
   return out;
 }
 

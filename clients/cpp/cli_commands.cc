@@ -148,11 +148,11 @@ absl::Status run_chat(HttpClient& client, const GenerateOptions& options,
 }
 
 absl::Status run_tokenize(HttpClient& client, const std::string& text, const CliIo& io) {
-  auto reply = client.post_json("/tokenize", json{{"prompt", text}}.dump());
+  auto reply =
+      json_object_of(client.post_json("/tokenize", json{{"prompt", text}}.dump()), "/tokenize");
   if (!reply.ok()) return reply.status();
-  if (absl::Status s = status_from_reply(*reply); !s.ok()) return s;
-  json j = json::parse(reply->body, nullptr, false);
-  if (!j.is_object() || !j.contains("tokens") || !j["tokens"].is_array()) {
+  const json& j = *reply;
+  if (!j.contains("tokens") || !j["tokens"].is_array()) {
     return absl::DataLossError("/tokenize reply has no `tokens` list");
   }
   std::vector<int64_t> ids;
@@ -175,11 +175,11 @@ absl::Status run_detokenize(HttpClient& client, const std::vector<std::string>& 
     }
     tokens.push_back(v);
   }
-  auto reply = client.post_json("/detokenize", json{{"tokens", tokens}}.dump());
+  auto reply = json_object_of(client.post_json("/detokenize", json{{"tokens", tokens}}.dump()),
+                              "/detokenize");
   if (!reply.ok()) return reply.status();
-  if (absl::Status s = status_from_reply(*reply); !s.ok()) return s;
-  json j = json::parse(reply->body, nullptr, false);
-  if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string()) {
+  const json& j = *reply;
+  if (!j.contains("prompt") || !j["prompt"].is_string()) {
     return absl::DataLossError("/detokenize reply has no `prompt` string");
   }
   *io.out << j["prompt"].get<std::string>() << "\n";
@@ -187,11 +187,10 @@ absl::Status run_detokenize(HttpClient& client, const std::vector<std::string>& 
 }
 
 absl::Status run_models(HttpClient& client, const CliIo& io) {
-  auto reply = client.get("/v1/models");
+  auto reply = json_object_of(client.get("/v1/models"), "/v1/models");
   if (!reply.ok()) return reply.status();
-  if (absl::Status s = status_from_reply(*reply); !s.ok()) return s;
-  json j = json::parse(reply->body, nullptr, false);
-  if (!j.is_object() || !j.contains("data") || !j["data"].is_array()) {
+  const json& j = *reply;
+  if (!j.contains("data") || !j["data"].is_array()) {
     return absl::DataLossError("/v1/models reply has no `data` list");
   }
   for (const json& m : j["data"]) {

@@ -125,6 +125,17 @@ absl::Status status_from_reply(const HttpReply& reply) {
                       absl::StrCat("HTTP ", reply.status, ": ", message));
 }
 
+absl::StatusOr<nlohmann::json> json_object_of(const absl::StatusOr<HttpReply>& reply,
+                                              std::string_view what) {
+  if (!reply.ok()) return reply.status();
+  if (absl::Status s = status_from_reply(*reply); !s.ok()) return s;
+  nlohmann::json j = nlohmann::json::parse(reply->body, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) {
+    return absl::DataLossError(absl::StrCat(av(what), ": the reply is not a JSON object"));
+  }
+  return j;
+}
+
 struct HttpClient::Connection {
   asio::io_context ioc;
   beast::tcp_stream stream{ioc};

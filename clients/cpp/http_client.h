@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "nlohmann/json.hpp"
 
 namespace loom::client {
 
@@ -33,6 +34,11 @@ struct HttpReply {
 // Turns a non-2xx reply into a Status that carries the server's message (the OpenAI error shape
 // `{"error": {"message": ...}}` when present, else the raw body), keyed by HTTP status.
 absl::Status status_from_reply(const HttpReply& reply);
+
+// The JSON object a request answered with: its transport error, its HTTP error
+// (status_from_reply), DataLoss naming `what` when the body is not a JSON object, else the object.
+absl::StatusOr<nlohmann::json> json_object_of(const absl::StatusOr<HttpReply>& reply,
+                                              std::string_view what);
 
 struct HttpClientOptions {
   std::string api_key;  // sent as `Authorization: Bearer KEY` when set
