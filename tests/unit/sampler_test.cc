@@ -45,6 +45,14 @@ std::map<int32_t, int> histogram(const std::vector<float>& logits, const Samplin
   return h;
 }
 
+// Each token's count within 5 binomial standard deviations (+1) of draws * expect[t].
+void expect_counts_match(std::map<int32_t, int>& h, const std::vector<double>& expect, int draws) {
+  for (size_t t = 0; t < expect.size(); ++t) {
+    const double mean = expect[t] * draws, sd = std::sqrt(draws * expect[t] * (1 - expect[t]));
+    EXPECT_NEAR(h[static_cast<int32_t>(t)], mean, 5 * sd + 1) << "token " << t;
+  }
+}
+
 TEST(Sampler, GreedyIsArgmaxLowestIdOnTies) {
   SamplerState s(1, {});
   SamplingParams p;
@@ -59,11 +67,7 @@ TEST(Sampler, TemperatureMatchesSoftmax) {
   p.temperature = 0.7f;
   const int draws = 60000;
   auto h = histogram(logits, p, draws, 11);
-  const std::vector<double> expect = softmax(logits, 0.7);
-  for (int t = 0; t < 7; ++t) {
-    const double mean = expect[t] * draws, sd = std::sqrt(draws * expect[t] * (1 - expect[t]));
-    EXPECT_NEAR(h[t], mean, 5 * sd + 1) << "token " << t;
-  }
+  expect_counts_match(h, softmax(logits, 0.7), draws);
 }
 
 TEST(Sampler, TopKTopPMinPKeepOnlyTheirSets) {
@@ -184,11 +188,7 @@ TEST(Sampler, LogitBiasShiftsTheDistributionAndBans) {
   for (const auto& [t, b] : p.logit_bias) biased[t] += b;
   const int draws = 60000;
   auto h = histogram(logits, p, draws, 31);
-  const std::vector<double> expect = softmax(biased, 0.8);
-  for (int t = 0; t < 9; ++t) {
-    const double mean = expect[t] * draws, sd = std::sqrt(draws * expect[t] * (1 - expect[t]));
-    EXPECT_NEAR(h[t], mean, 5 * sd + 1) << "token " << t;
-  }
+  expect_counts_match(h, softmax(biased, 0.8), draws);
   EXPECT_EQ(h[5], 0);  // -100 bans the token in practice
   // Greedy follows the biased argmax; logprobs stay those of the raw logits.
   SamplingParams g;
