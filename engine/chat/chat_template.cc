@@ -41,6 +41,33 @@ absl::StatusOr<std::vector<Json>> tools_to_json(const std::vector<ToolDefinition
   return out;
 }
 
+// The prompt being rendered: template markup (where special tokens are real) and text that came
+// from the request (where they are only text), with the byte ranges of the markup.
+class Prompt {
+ public:
+  void markup(std::string_view s) {
+    if (s.empty()) return;
+    if (!ranges_.empty() && ranges_.back().second == text_.size()) {
+      ranges_.back().second += s.size();
+    } else {
+      ranges_.emplace_back(text_.size(), text_.size() + s.size());
+    }
+    text_ += s;
+  }
+  void text(std::string_view s) { text_ += s; }
+  RenderedChat done() && { return RenderedChat{std::move(text_), std::move(ranges_)}; }
+
+ private:
+  std::string text_;
+  std::vector<std::pair<size_t, size_t>> ranges_;
+};
+
+std::string json_text(const Json& value, JsonSeparators separators) {
+  std::string out;
+  dump_json_text(value, separators, &out);
+  return out;
+}
+
 absl::Status validate_messages(const std::vector<ChatMessage>& messages) {
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
@@ -68,97 +95,98 @@ absl::Status validate_messages(const std::vector<ChatMessage>& messages) {
 
 // Kimi-K2-Instruct chat_template.jinja (see docs/chat.md). Every turn is
 // <|im_{user,assistant,system}|>{name or role}<|im_middle|>{body}<|im_end|>, no separators.
-std::string render_kimi(const std::vector<ChatMessage>& messages, const std::vector<Json>& tools,
-                        const RenderOptions& options) {
-  std::string out;
+RenderedChat render_kimi(const std::vector<ChatMessage>& messages, const std::vector<Json>& tools,
+                         const RenderOptions& options) {
+  Prompt out;
   if (!tools.empty()) {
-    out += "<|im_system|>tool_declare<|im_middle|>";
-    dump_json_text(Json(tools), JsonSeparators::kCompact, &out);
-    out += "<|im_end|>";
+    out.markup("<|im_system|>tool_declare<|im_middle|>");
+    out.text(json_text(Json(tools), JsonSeparators::kCompact));
+    out.markup("<|im_end|>");
   }
   if (messages.empty() || messages[0].role != "system") {
-    out +=
+    out.markup(
         "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot "
-        "AI.<|im_end|>";
+        "AI.<|im_end|>");
   }
   for (const ChatMessage& m : messages) {
     const std::string& header = m.name.empty() ? m.role : m.name;
     if (m.role == "user") {
-      out += "<|im_user|>";
+      out.markup("<|im_user|>");
     } else if (m.role == "assistant") {
-      out += "<|im_assistant|>";
+      out.markup("<|im_assistant|>");
     } else {
-      out += "<|im_system|>";
+      out.markup("<|im_system|>");
     }
-    out += header;
-    out += "<|im_middle|>";
+    out.text(header);
+    out.markup("<|im_middle|>");
     if (m.role == "assistant" && !m.tool_calls.empty()) {
-      out += m.content;
-      out += "<|tool_calls_section_begin|>";
+      out.text(m.content);
+      out.markup("<|tool_calls_section_begin|>");
       for (size_t j = 0; j < m.tool_calls.size(); ++j) {
         const ToolCall& call = m.tool_calls[j];
-        out += "<|tool_call_begin|>";
+        out.markup("<|tool_call_begin|>");
         // Kimi was trained on ids "functions.<name>:<index>"; synthesize one when absent.
-        out += call.id.empty() ? absl::StrCat("functions.", call.name, ":", j) : call.id;
-        out += "<|tool_call_argument_begin|>";
-        out += call.arguments_json;
-        out += "<|tool_call_end|>";
+        out.text(call.id.empty() ? absl::StrCat("functions.", call.name, ":", j) : call.id);
+        out.markup("<|tool_call_argument_begin|>");
+        out.text(call.arguments_json);
+        out.markup("<|tool_call_end|>");
       }
-      out += "<|tool_calls_section_end|>";
+      out.markup("<|tool_calls_section_end|>");
     } else if (m.role == "tool") {
-      out += "## Return of ";
-      out += m.tool_call_id;
-      out += "\n";
-      out += m.content;
+      out.markup("## Return of ");
+      out.text(m.tool_call_id);
+      out.markup("\n");
+      out.text(m.content);
     } else {
-      out += m.content;
+      out.text(m.content);
     }
-    out += "<|im_end|>";
+    out.markup("<|im_end|>");
   }
-  if (options.add_generation_prompt) out += "<|im_assistant|>assistant<|im_middle|>";
-  return out;
+  if (options.add_generation_prompt) out.markup("<|im_assistant|>assistant<|im_middle|>");
+  return std::move(out).done();
 }
 
 // DeepSeek-V3 tokenizer_config.json chat_template, with its multi-turn tool-call bookkeeping
 // fixed and tools declared in the system prompt as vLLM's tool_chat_template_deepseekv3.jinja
 // does (see docs/chat.md).
-std::string render_deepseek(const std::vector<ChatMessage>& messages,
-                            const std::vector<Json>& tools, const RenderOptions& options) {
-  std::string out = "<｜begin▁of▁sentence｜>";
+RenderedChat render_deepseek(const std::vector<ChatMessage>& messages,
+                             const std::vector<Json>& tools, const RenderOptions& options) {
+  Prompt out;
+  out.markup("<｜begin▁of▁sentence｜>");
   bool first_system = true;
   for (const ChatMessage& m : messages) {
     if (m.role != "system") continue;
-    if (!first_system) out += "\n\n";
-    out += m.content;
+    if (!first_system) out.markup("\n\n");
+    out.text(m.content);
     first_system = false;
   }
   if (!tools.empty()) {
-    out +=
+    out.markup(
         "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou "
-        "are provided with function signatures within <tools></tools> XML tags:\n<tools>";
+        "are provided with function signatures within <tools></tools> XML tags:\n<tools>");
     for (const Json& tool : tools) {
-      out += "\n";
-      dump_json_text(tool, JsonSeparators::kPython, &out);
+      out.markup("\n");
+      out.text(json_text(tool, JsonSeparators::kPython));
     }
-    out +=
+    out.markup(
         "\n</tools>\n\nFor function call returns, you should first print "
         "<｜tool▁calls▁begin｜>For each function call, you should return object "
         "like:\n<｜tool▁call▁begin｜>function<｜tool▁sep｜><function_name>\n```json\n<function_"
         "arguments_in_json_format>\n```<｜tool▁call▁end｜>At the end of function call returns, you "
-        "should print <｜tool▁calls▁end｜><｜end▁of▁sentence｜>";
+        "should print <｜tool▁calls▁end｜><｜end▁of▁sentence｜>");
   }
   bool is_tool = false;  // inside a run of tool outputs
   for (const ChatMessage& m : messages) {
     if (m.role == "user") {
-      if (is_tool) out += "<｜tool▁outputs▁end｜>";
+      if (is_tool) out.markup("<｜tool▁outputs▁end｜>");
       is_tool = false;
-      out += "<｜User｜>";
-      out += m.content;
+      out.markup("<｜User｜>");
+      out.text(m.content);
     } else if (m.role == "assistant") {
       if (is_tool) {
-        out += "<｜tool▁outputs▁end｜>";
+        out.markup("<｜tool▁outputs▁end｜>");
       } else {
-        out += "<｜Assistant｜>";
+        out.markup("<｜Assistant｜>");
       }
       std::string_view content = m.content;
       if (m.tool_calls.empty() && !is_tool) {
@@ -166,130 +194,130 @@ std::string render_deepseek(const std::vector<ChatMessage>& messages,
         size_t think_end = content.find("</think>");
         if (think_end != std::string_view::npos) content.remove_prefix(think_end + 8);
       }
-      out += content;
+      out.text(content);
       is_tool = false;
       if (!m.tool_calls.empty()) {
-        out += "<｜tool▁calls▁begin｜>";
+        out.markup("<｜tool▁calls▁begin｜>");
         for (size_t j = 0; j < m.tool_calls.size(); ++j) {
-          if (j > 0) out += "\n";
-          out += "<｜tool▁call▁begin｜>function<｜tool▁sep｜>";
-          out += m.tool_calls[j].name;
-          out += "\n```json\n";
-          out += m.tool_calls[j].arguments_json;
-          out += "\n```<｜tool▁call▁end｜>";
+          if (j > 0) out.markup("\n");
+          out.markup("<｜tool▁call▁begin｜>function<｜tool▁sep｜>");
+          out.text(m.tool_calls[j].name);
+          out.markup("\n```json\n");
+          out.text(m.tool_calls[j].arguments_json);
+          out.markup("\n```<｜tool▁call▁end｜>");
         }
-        out += "<｜tool▁calls▁end｜>";
+        out.markup("<｜tool▁calls▁end｜>");
       }
-      out += "<｜end▁of▁sentence｜>";
+      out.markup("<｜end▁of▁sentence｜>");
     } else if (m.role == "tool") {
-      out +=
-          is_tool ? "\n<｜tool▁output▁begin｜>" : "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>";
-      out += m.content;
-      out += "<｜tool▁output▁end｜>";
+      out.markup(is_tool ? "\n<｜tool▁output▁begin｜>"
+                         : "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>");
+      out.text(m.content);
+      out.markup("<｜tool▁output▁end｜>");
       is_tool = true;
     }
   }
-  if (is_tool) out += "<｜tool▁outputs▁end｜>";
-  if (options.add_generation_prompt && !is_tool) out += "<｜Assistant｜>";
-  return out;
+  if (is_tool) out.markup("<｜tool▁outputs▁end｜>");
+  if (options.add_generation_prompt && !is_tool) out.markup("<｜Assistant｜>");
+  return std::move(out).done();
 }
 
 // Qwen3-Next-80B-A3B-Instruct / Qwen3 chat_template (see docs/chat.md).
-std::string render_qwen(const std::vector<ChatMessage>& messages, const std::vector<Json>& tools,
-                        const RenderOptions& options) {
-  std::string out;
+RenderedChat render_qwen(const std::vector<ChatMessage>& messages, const std::vector<Json>& tools,
+                         const RenderOptions& options) {
+  Prompt out;
   const bool first_is_system = !messages.empty() && messages[0].role == "system";
   if (!tools.empty()) {
-    out += "<|im_start|>system\n";
+    out.markup("<|im_start|>system\n");
     if (first_is_system) {
-      out += messages[0].content;
-      out += "\n\n";
+      out.text(messages[0].content);
+      out.markup("\n\n");
     }
-    out +=
+    out.markup(
         "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
-        "provided with function signatures within <tools></tools> XML tags:\n<tools>";
+        "provided with function signatures within <tools></tools> XML tags:\n<tools>");
     for (const Json& tool : tools) {
-      out += "\n";
-      dump_json_text(tool, JsonSeparators::kPython, &out);
+      out.markup("\n");
+      out.text(json_text(tool, JsonSeparators::kPython));
     }
-    out +=
+    out.markup(
         "\n</tools>\n\nFor each function call, return a json object with function name and "
         "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
-        "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n";
+        "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n");
   } else if (first_is_system) {
-    out += "<|im_start|>system\n";
-    out += messages[0].content;
-    out += "<|im_end|>\n";
+    out.markup("<|im_start|>system\n");
+    out.text(messages[0].content);
+    out.markup("<|im_end|>\n");
   }
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     if (m.role == "user" || (m.role == "system" && i > 0)) {
-      out += "<|im_start|>";
-      out += m.role;
-      out += "\n";
-      out += m.content;
-      out += "<|im_end|>\n";
+      out.markup("<|im_start|>");
+      out.text(m.role);
+      out.markup("\n");
+      out.text(m.content);
+      out.markup("<|im_end|>\n");
     } else if (m.role == "assistant") {
-      out += "<|im_start|>assistant\n";
-      out += m.content;
+      out.markup("<|im_start|>assistant\n");
+      out.text(m.content);
       for (size_t j = 0; j < m.tool_calls.size(); ++j) {
-        if (j > 0 || !m.content.empty()) out += "\n";
-        out += "<tool_call>\n{\"name\": \"";
-        out += m.tool_calls[j].name;
-        out += "\", \"arguments\": ";
-        out += m.tool_calls[j].arguments_json;
-        out += "}\n</tool_call>";
+        if (j > 0 || !m.content.empty()) out.markup("\n");
+        out.markup("<tool_call>\n{\"name\": \"");
+        out.text(m.tool_calls[j].name);
+        out.markup("\", \"arguments\": ");
+        out.text(m.tool_calls[j].arguments_json);
+        out.markup("}\n</tool_call>");
       }
-      out += "<|im_end|>\n";
+      out.markup("<|im_end|>\n");
     } else if (m.role == "tool") {
-      if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
-      out += "\n<tool_response>\n";
-      out += m.content;
-      out += "\n</tool_response>";
-      if (i + 1 == messages.size() || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+      if (i == 0 || messages[i - 1].role != "tool") out.markup("<|im_start|>user");
+      out.markup("\n<tool_response>\n");
+      out.text(m.content);
+      out.markup("\n</tool_response>");
+      if (i + 1 == messages.size() || messages[i + 1].role != "tool") out.markup("<|im_end|>\n");
     }
   }
-  if (options.add_generation_prompt) out += "<|im_start|>assistant\n";
-  return out;
+  if (options.add_generation_prompt) out.markup("<|im_start|>assistant\n");
+  return std::move(out).done();
 }
 
 // Loom's native format (docs/chat.md): <|start|>{role}\n{body}<|end|>\n per turn.
-std::string render_native(const std::vector<ChatMessage>& messages, const std::vector<Json>& tools,
-                          const RenderOptions& options) {
-  std::string out;
+RenderedChat render_native(const std::vector<ChatMessage>& messages, const std::vector<Json>& tools,
+                           const RenderOptions& options) {
+  Prompt out;
   size_t first = 0;
   if (!messages.empty() && messages[0].role == "system") {
-    out += "<|start|>system\n";
-    out += messages[0].content;
-    out += "<|end|>\n";
+    out.markup("<|start|>system\n");
+    out.text(messages[0].content);
+    out.markup("<|end|>\n");
     first = 1;
   }
   if (!tools.empty()) {
-    out += "<|start|>tools\n";
-    dump_json_text(Json(tools), JsonSeparators::kCompact, &out);
-    out += "<|end|>\n";
+    out.markup("<|start|>tools\n");
+    out.text(json_text(Json(tools), JsonSeparators::kCompact));
+    out.markup("<|end|>\n");
   }
   for (size_t i = first; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
-    out += "<|start|>";
-    out += m.role;
+    out.markup("<|start|>");
+    out.text(m.role);
     if (m.role == "tool" && !m.tool_call_id.empty()) {
-      out += " ";
-      out += m.tool_call_id;
+      out.markup(" ");
+      out.text(m.tool_call_id);
     }
-    out += "\n";
-    out += m.content;
+    out.markup("\n");
+    out.text(m.content);
     for (const ToolCall& call : m.tool_calls) {
-      out += "<|tool_call|>";
-      out += call.name;
-      out += "<|tool_args|>";
-      out += call.arguments_json;
-      out += "<|tool_call_end|>";
+      out.markup("<|tool_call|>");
+      out.text(call.name);
+      out.markup("<|tool_args|>");
+      out.text(call.arguments_json);
+      out.markup("<|tool_call_end|>");
     }
-    out += "<|end|>\n";
+    out.markup("<|end|>\n");
   }
-  if (options.add_generation_prompt) out += "<|start|>assistant\n";
-  return out;
+  if (options.add_generation_prompt) out.markup("<|start|>assistant\n");
+  return std::move(out).done();
 }
 
 }  // namespace
@@ -359,6 +387,15 @@ absl::StatusOr<std::vector<ToolDefinition>> parse_openai_tools(std::string_view 
 absl::StatusOr<std::string> render_chat(ChatFormat format, const std::vector<ChatMessage>& messages,
                                         const std::vector<ToolDefinition>& tools,
                                         const RenderOptions& options) {
+  LOOM_ASSIGN_OR_RETURN(RenderedChat rendered,
+                        render_chat_prompt(format, messages, tools, options));
+  return std::move(rendered.text);
+}
+
+absl::StatusOr<RenderedChat> render_chat_prompt(ChatFormat format,
+                                                const std::vector<ChatMessage>& messages,
+                                                const std::vector<ToolDefinition>& tools,
+                                                const RenderOptions& options) {
   LOOM_RETURN_IF_ERROR(validate_messages(messages));
   LOOM_ASSIGN_OR_RETURN(std::vector<Json> tools_json, tools_to_json(tools));
   switch (format) {

@@ -1,11 +1,14 @@
 // Chat templates written as code: renders an OpenAI-style conversation (messages + tool
 // definitions) into the prompt text a model family was trained on, with special-token strings
-// spelled out (e.g. "<|im_start|>"); the tokenizer encodes it later with special tokens allowed.
+// spelled out (e.g. "<|im_start|>"). render_chat_prompt also says which bytes the template wrote:
+// the tokenizer matches special tokens only there (Tokenizer::encode_with_special_ranges), so
+// message content, names, ids and tool JSON cannot forge a turn or an end of text.
 // Formats and the upstream templates they reproduce are described in docs/chat.md.
 #pragma once
 
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -59,11 +62,25 @@ struct RenderOptions {
 // {"type": "function", "function": {"name": ..., ...}} objects.
 absl::StatusOr<std::vector<ToolDefinition>> parse_openai_tools(std::string_view tools_json);
 
+// A rendered prompt: its text, and the byte ranges [first, second) of `text` that are template
+// markup (sorted, non-overlapping). Everything outside them came from the request.
+struct RenderedChat {
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> markup_ranges;
+};
+
 // Renders the conversation. InvalidArgument (naming the message or tool) on an unknown role, a
 // tool definition without a name or with malformed parameters JSON, or a tool call whose
 // arguments are not valid JSON. Thread-safe (pure function).
 absl::StatusOr<std::string> render_chat(ChatFormat format, const std::vector<ChatMessage>& messages,
                                         const std::vector<ToolDefinition>& tools,
                                         const RenderOptions& options);
+// The same, with the markup ranges. A prompt for a model must be encoded with special tokens
+// matched only inside them; encoding the plain text with special tokens allowed lets a user
+// message close its turn and open a system one.
+absl::StatusOr<RenderedChat> render_chat_prompt(ChatFormat format,
+                                                const std::vector<ChatMessage>& messages,
+                                                const std::vector<ToolDefinition>& tools,
+                                                const RenderOptions& options);
 
 }  // namespace loom

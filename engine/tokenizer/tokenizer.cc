@@ -135,6 +135,32 @@ int byte_of_char(int32_t cp) {
   return -1;
 }
 
+bool SpecialPolicy::allows(size_t begin, size_t end) const {
+  if (all) return true;
+  // The last range starting at or before `begin` is the only one that can contain the match.
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), begin,
+                             [](size_t v, const Tokenizer::Range& r) { return v < r.begin; });
+  if (it == ranges.begin()) return false;
+  --it;
+  return end <= it->end;
+}
+
+size_t SpecialPolicy::disallowed_until(size_t pos, size_t limit) const {
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), pos,
+                             [](size_t v, const Tokenizer::Range& r) { return v < r.begin; });
+  return it == ranges.end() ? limit : std::min(limit, it->begin);
+}
+
+SpecialPolicy SpecialPolicy::slice(size_t begin, size_t end) const {
+  SpecialPolicy out;
+  out.all = all;
+  for (const Tokenizer::Range& r : ranges) {
+    const size_t b = std::max(r.begin, begin), e = std::min(r.end, end);
+    if (b < e) out.ranges.push_back({b - begin, e - begin});
+  }
+  return out;
+}
+
 void AddedMatcher::build() {
   for (auto& bucket : by_first_byte) bucket.clear();
   for (uint32_t i = 0; i < tokens.size(); ++i) {
@@ -171,7 +197,7 @@ bool starts_with_word(std::string_view s) {
 // HuggingFace AddedVocabulary::find_matches: leftmost-longest matches, then the single_word,
 // lstrip and rstrip rules.
 std::vector<Segment> split_added(std::string_view text, const AddedMatcher& matcher,
-                                 bool allow_special) {
+                                 const SpecialPolicy& special) {
   std::vector<Segment> out;
   size_t start_offset = 0;
   size_t pos = 0;
@@ -192,7 +218,10 @@ std::vector<Segment> split_added(std::string_view text, const AddedMatcher& matc
     }
     size_t start = pos, stop = pos + hit->content.size();
     pos = stop;
-    if (hit->special && !allow_special) continue;
+    if (hit->special && !special.allows(start, stop)) {
+      pos = std::min(stop, special.disallowed_until(start, stop));
+      continue;
+    }
     if (hit->single_word &&
         (ends_with_word(text.substr(0, start)) || starts_with_word(text.substr(stop))))
       continue;
@@ -374,25 +403,41 @@ std::string Tokenizer::Impl::normalize(std::string_view text) const {
   return current;
 }
 
-void Tokenizer::Impl::encode_text(std::string_view text, bool allow_special,
+void Tokenizer::Impl::encode_text(std::string_view text, const SpecialPolicy& special,
                                   std::vector<int32_t>* out) const {
-  for (const Segment& seg : split_added(text, added_raw, allow_special)) {
+  for (const Segment& seg : split_added(text, added_raw, special)) {
     if (seg.id >= 0) {
       out->push_back(seg.id);
       continue;
     }
     const std::string_view piece = text.substr(seg.begin, seg.end - seg.begin);
+    const SpecialPolicy sub = special.slice(seg.begin, seg.end);
     if (normalizers.empty()) {
-      encode_normalized(piece, allow_special, out);
+      encode_normalized(piece, sub, out);
+    } else if (sub.all || sub.ranges.empty()) {
+      encode_normalized(normalize(piece), sub, out);
     } else {
-      encode_normalized(normalize(piece), allow_special, out);
+      // Normalization moves offsets: normalize the parts on either side of each range boundary
+      // separately, so the ranges can be carried over to the normalized text exactly.
+      std::string normalized;
+      SpecialPolicy mapped;
+      size_t cursor = 0;
+      for (const Range& r : sub.ranges) {
+        if (r.begin > cursor) normalized += normalize(piece.substr(cursor, r.begin - cursor));
+        const size_t begin = normalized.size();
+        normalized += normalize(piece.substr(r.begin, r.end - r.begin));
+        mapped.ranges.push_back({begin, normalized.size()});
+        cursor = r.end;
+      }
+      if (cursor < piece.size()) normalized += normalize(piece.substr(cursor));
+      encode_normalized(normalized, mapped, out);
     }
   }
 }
 
-void Tokenizer::Impl::encode_normalized(std::string_view text, bool allow_special,
+void Tokenizer::Impl::encode_normalized(std::string_view text, const SpecialPolicy& special,
                                         std::vector<int32_t>* out) const {
-  for (const Segment& seg : split_added(text, added_normalized, allow_special)) {
+  for (const Segment& seg : split_added(text, added_normalized, special)) {
     if (seg.id >= 0) {
       out->push_back(seg.id);
       continue;
@@ -646,7 +691,28 @@ std::unique_ptr<Tokenizer> Tokenizer::byte_level() {
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool allow_special) const {
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 4);
-  impl_->encode_text(text, allow_special, &ids);
+  impl_->encode_text(text, allow_special ? SpecialPolicy::everywhere() : SpecialPolicy::nowhere(),
+                     &ids);
+  return ids;
+}
+
+std::vector<int32_t> Tokenizer::encode_with_special_ranges(
+    std::string_view text, std::span<const Range> special_ranges) const {
+  SpecialPolicy special;
+  for (const Range& r : special_ranges) {
+    const size_t end = std::min(r.end, text.size());
+    if (r.begin >= end) continue;
+    // Sorted and non-overlapping is the contract; merging touching ranges keeps a token that
+    // spans two adjacent template pieces matchable.
+    if (!special.ranges.empty() && r.begin <= special.ranges.back().end) {
+      special.ranges.back().end = std::max(special.ranges.back().end, end);
+    } else {
+      special.ranges.push_back({r.begin, end});
+    }
+  }
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() / 3 + 4);
+  impl_->encode_text(text, special, &ids);
   return ids;
 }
 

@@ -42,6 +42,21 @@ class Tokenizer {
   // what it cannot spell, as HuggingFace does.
   std::vector<int32_t> encode(std::string_view text, bool allow_special = true) const;
 
+  // A byte range [begin, end) of a text.
+  struct Range {
+    size_t begin = 0, end = 0;
+  };
+  // Encodes `text` as encode() does, except that special tokens are matched only where they lie
+  // wholly inside one of `special_ranges` (sorted, non-overlapping); elsewhere their spelling is
+  // ordinary text. Everything else (non-special added tokens, normalization, pre-tokenization,
+  // merges) runs over the whole text, so the ids equal encode(text) whenever no special-token
+  // spelling occurs outside the ranges. This is how a chat prompt is encoded: the template's own
+  // markers are the ranges, and text a client sent cannot forge them. With a normalizer, a stretch
+  // that crosses a range boundary is normalized piecewise (differs from the whole only when a
+  // combining sequence straddles the boundary).
+  std::vector<int32_t> encode_with_special_ranges(std::string_view text,
+                                                  std::span<const Range> special_ranges) const;
+
   // Decodes ids to text, as HuggingFace's decode with the ByteLevel decoder: token bytes are
   // concatenated and invalid UTF-8 becomes U+FFFD (one per maximal invalid subsequence).
   // With `skip_special`, special added tokens are left out. Returns InvalidArgument for an id

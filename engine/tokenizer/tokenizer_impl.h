@@ -65,6 +65,22 @@ struct AddedMatcher {
   bool empty() const { return tokens.empty(); }
 };
 
+// Where special added tokens may be matched: everywhere (`all`), or only wholly inside one of
+// `ranges` (sorted, non-overlapping byte ranges of the text being matched).
+struct SpecialPolicy {
+  bool all = false;
+  std::vector<Tokenizer::Range> ranges;
+  static SpecialPolicy everywhere() { return {true, {}}; }
+  static SpecialPolicy nowhere() { return {false, {}}; }
+  bool allows(size_t begin, size_t end) const;
+  // End of the stretch of disallowed text that starts at `pos`: the next range's begin (or
+  // `limit`). A disallowed match is skipped only up to there, so a straddling lookalike cannot
+  // swallow the start of a real marker.
+  size_t disallowed_until(size_t pos, size_t limit) const;
+  // The policy of text[begin, end), offsets made relative to `begin`.
+  SpecialPolicy slice(size_t begin, size_t end) const;
+};
+
 struct Merge {
   uint32_t rank;
   int32_t new_id;
@@ -120,8 +136,9 @@ struct Tokenizer::Impl {
   // Fills id_to_token/id_bytes/id_state from vocab and added tokens, and all_bytes_in_vocab.
   // REQUIRES: byte_ids set; every id < size.
   void finish_ids(int32_t size, const std::vector<tokenizer_internal::AddedToken>& all_added);
-  void encode_text(std::string_view text, bool allow_special, std::vector<int32_t>* out) const;
-  void encode_normalized(std::string_view text, bool allow_special,
+  void encode_text(std::string_view text, const tokenizer_internal::SpecialPolicy& special,
+                   std::vector<int32_t>* out) const;
+  void encode_normalized(std::string_view text, const tokenizer_internal::SpecialPolicy& special,
                          std::vector<int32_t>* out) const;
   void encode_word(std::string_view word, std::vector<int32_t>* out) const;
   void bpe_word(std::string_view word, std::vector<int32_t>* out) const;
