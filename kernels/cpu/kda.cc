@@ -20,7 +20,9 @@
 // for bounded gates, g >= -5); otherwise it forms exp(gc_t - gc_s) <= 1 element by element. The
 // remaining exponents are gc_t, gc_L - gc_s and gc_t - gc_{r0}, all <= 0.
 // Cumulative decays are summed in double and every exponent is rounded to f32 only after the
-// subtraction, so no cancellation error creeps in when gc has grown large within a chunk.
+// subtraction, so no cancellation error creeps in when gc has grown large within a chunk; the
+// remainder of that rounding is carried into the exponential (exp8_split), without which a
+// factorised diagonal block loses |exponent| * 2^-24 of relative accuracy (see there).
 // The GEMMs are a small register-blocked kernel on GCC/Clang vector types (AVX2 here): per chunk
 // [Qe; -Ke] S0, the sub-chunk blocks of A and P, the blocked forward substitution, P U and the
 // state update (K exp(gc_L - gc))^T U.
@@ -100,25 +102,6 @@ inline float hsum8(v8 v) {
   for (int i = 0; i < 8; ++i) s += v[i];
   return s;
 }
-// (float)(a[i] - b[i]) for 8 doubles: the exponent differences, rounded after subtracting.
-inline v8 diff8(const double* a, const double* b) {
-  v4d a0, a1, b0, b1;
-  std::memcpy(&a0, a, sizeof(a0));
-  std::memcpy(&a1, a + 4, sizeof(a1));
-  std::memcpy(&b0, b, sizeof(b0));
-  std::memcpy(&b1, b + 4, sizeof(b1));
-  const v4f lo = __builtin_convertvector(a0 - b0, v4f);
-  const v4f hi = __builtin_convertvector(a1 - b1, v4f);
-  return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7);
-}
-inline v8 cvt8(const double* a) {
-  v4d a0, a1;
-  std::memcpy(&a0, a, sizeof(a0));
-  std::memcpy(&a1, a + 4, sizeof(a1));
-  return __builtin_shufflevector(__builtin_convertvector(a0, v4f), __builtin_convertvector(a1, v4f),
-                                 0, 1, 2, 3, 4, 5, 6, 7);
-}
-
 // exp on eight lanes, same algorithm as fexp below.
 inline v8 fexp8(v8 x) {
   const v8 lo = splat8(-87.0f), hi = splat8(88.0f), magic = splat8(12582912.0f);
@@ -161,6 +144,50 @@ inline float fexp(float x) {
   const float s = std::bit_cast<float>((ni + 127) << 23);
   const float keep = x < -87.0f ? 0.0f : 1.0f;
   return p * s * keep;
+}
+
+// exp of f64 exponents (the cumulative decays and their differences, exact to f64) to f32
+// accuracy. Rounding an exponent x to f32 first would cost |x| * 2^-24 of relative accuracy in
+// exp(x) (5e-6 at 80 nats), and the diagonal blocks multiply such a factor e^{+x} by one near
+// e^{-x}: their O(1) product would keep both errors, some 40 ulp, in the dominant entries of A and
+// P. So the rounding remainder lo = x - (float)x is carried: exp(x) = exp(hi) (1 + lo) to within an
+// ulp.
+inline v8 exp8_split(v4d x0, v4d x1) {
+  const v4f h0 = __builtin_convertvector(x0, v4f), h1 = __builtin_convertvector(x1, v4f);
+  const v4f l0 = __builtin_convertvector(x0 - __builtin_convertvector(h0, v4d), v4f);
+  const v4f l1 = __builtin_convertvector(x1 - __builtin_convertvector(h1, v4d), v4f);
+  const v8 e = fexp8(__builtin_shufflevector(h0, h1, 0, 1, 2, 3, 4, 5, 6, 7));
+  return e + e * __builtin_shufflevector(l0, l1, 0, 1, 2, 3, 4, 5, 6, 7);
+}
+// exp(a[i] - b[i]) for 8 doubles.
+inline v8 exp_diff8(const double* a, const double* b) {
+  v4d a0, a1, b0, b1;
+  std::memcpy(&a0, a, sizeof(a0));
+  std::memcpy(&a1, a + 4, sizeof(a1));
+  std::memcpy(&b0, b, sizeof(b0));
+  std::memcpy(&b1, b + 4, sizeof(b1));
+  return exp8_split(a0 - b0, a1 - b1);
+}
+// exp(a - b[i]) for 8 doubles b.
+inline v8 exp_diff8s(double a, const double* b) {
+  v4d b0, b1;
+  std::memcpy(&b0, b, sizeof(b0));
+  std::memcpy(&b1, b + 4, sizeof(b1));
+  const v4d av = v4d{} + a;
+  return exp8_split(av - b0, av - b1);
+}
+// exp(a[i]) for 8 doubles.
+inline v8 exp8d(const double* a) {
+  v4d a0, a1;
+  std::memcpy(&a0, a, sizeof(a0));
+  std::memcpy(&a1, a + 4, sizeof(a1));
+  return exp8_split(a0, a1);
+}
+// exp(x) of one double, as exp8_split.
+inline float expd(double x) {
+  const float hi = static_cast<float>(x);
+  const float e = fexp(hi);
+  return e + e * static_cast<float>(x - hi);
 }
 
 // ---- A small register-blocked GEMM: C[m, n] += A[m, kd] @ B[kd, n], row-major, n % 8 == 0. ----
@@ -271,16 +298,6 @@ struct ChunkWork {
 // (g >= -5, 15 steps) always qualify; otherwise the block falls back to exponentials per element.
 constexpr double kMaxFactorSpan = 80.0;
 
-// (float)(a - b[i]) for 8 doubles b.
-inline v8 diff8s(double a, const double* b) {
-  v4d b0, b1;
-  std::memcpy(&b0, b, sizeof(b0));
-  std::memcpy(&b1, b + 4, sizeof(b1));
-  const v4d av = v4d{} + a;
-  return __builtin_shufflevector(__builtin_convertvector(av - b0, v4f),
-                                 __builtin_convertvector(av - b1, v4f), 0, 1, 2, 3, 4, 5, 6, 7);
-}
-
 // One head of the chunked form over all T tokens; S0 is in w.S (padded) and is updated there.
 void kda_chunked_head(const KdaDims& d, int64_t h, const float* qp, const float* kp,
                       const float* vp, const float* gp, const float* bp, float scale, float* op,
@@ -349,7 +366,7 @@ void kda_chunked_head(const KdaDims& d, int64_t h, const float* qp, const float*
     for (int64_t t = 0; t < L; ++t) {
       const double* gr = gd + t * Kp;
       for (int64_t c = 0; c < Kp; c += 8) {
-        const v8 e = fexp8(cvt8(gr + c));
+        const v8 e = exp8d(gr + c);
         st8(Qe + t * Kp + c, ld8(Q + t * Kp + c) * e);
         st8(Ken + t * Kp + c, -ld8(K + t * Kp + c) * e);
       }
@@ -368,7 +385,7 @@ void kda_chunked_head(const KdaDims& d, int64_t h, const float* qp, const float*
       for (int64_t t = r0; t < r1; ++t) {
         const double* gr = gd + t * Kp;
         for (int64_t c = 0; c < Kp; c += 8) {
-          const v8 e = fexp8(diff8(gr + c, gref + c));
+          const v8 e = exp_diff8(gr + c, gref + c);
           st8(Qn + (t - r0) * Kp + c, ld8(Q + t * Kp + c) * e);
           st8(Kn + (t - r0) * Kp + c, ld8(K + t * Kp + c) * e);
         }
@@ -379,7 +396,7 @@ void kda_chunked_head(const KdaDims& d, int64_t h, const float* qp, const float*
       for (int64_t c = 0; c < dk; ++c) {
         const double gc = gref[c];
         for (int64_t s = 0; s < ns; s += 8)
-          st8(KrT + c * C + s, ld8(KT + c * C + s) * fexp8(diff8s(gc, gdT + c * C + s)));
+          st8(KrT + c * C + s, ld8(KT + c * C + s) * exp_diff8s(gc, gdT + c * C + s));
       }
       gemm_acc(nr, ns, Kp, Kn, Kp, 1, KrT, C, A + r0 * C, C);
       gemm_acc(nr, ns, Kp, Qn, Kp, 1, KrT, C, P + r0 * C, C);
@@ -400,7 +417,7 @@ void kda_chunked_head(const KdaDims& d, int64_t h, const float* qp, const float*
             const float* ks = K + s * Kp;
             v8 sa = v8{}, sp = v8{};
             for (int64_t c = 0; c < Kp; c += 8) {
-              const v8 kse = ld8(ks + c) * fexp8(diff8(gt + c, gs + c));
+              const v8 kse = ld8(ks + c) * exp_diff8(gt + c, gs + c);
               sa += ld8(kt + c) * kse;
               sp += ld8(qt + c) * kse;
             }
@@ -443,8 +460,8 @@ void kda_chunked_head(const KdaDims& d, int64_t h, const float* qp, const float*
     for (int64_t c = 0; c < dk; ++c) {
       const double gc = gl[c];
       for (int64_t s = 0; s < Lp; s += 8)
-        st8(KendT + c * C + s, ld8(KT + c * C + s) * fexp8(diff8s(gc, gdT + c * C + s)));
-      const v8 e = splat8(fexp(static_cast<float>(gc)));
+        st8(KendT + c * C + s, ld8(KT + c * C + s) * exp_diff8s(gc, gdT + c * C + s));
+      const v8 e = splat8(expd(gc));
       float* sr = S + c * Vp;
       for (int64_t j = 0; j < Vp; j += 8) st8(sr + j, ld8(sr + j) * e);
     }
