@@ -25,6 +25,8 @@ std::string_view http_reason(int status) {
       return "Bad Request";
     case 401:
       return "Unauthorized";
+    case 403:
+      return "Forbidden";
     case 404:
       return "Not Found";
     case 405:
@@ -33,6 +35,8 @@ std::string_view http_reason(int status) {
       return "Request Timeout";
     case 413:
       return "Payload Too Large";
+    case 415:
+      return "Unsupported Media Type";
     case 429:
       return "Too Many Requests";
     case 431:

@@ -1,5 +1,7 @@
 #include "server/http_routes.h"
 
+#include <algorithm>
+#include <cctype>
 #include <ctime>
 #include <utility>
 
@@ -24,7 +26,8 @@ constexpr std::string_view kUntrainedNote =
     "this model has random (untrained) weights: its output is meaningless text, useful only to "
     "exercise the API";
 
-HttpReply models(const HttpContext& ctx) {
+// OpenAI's Model object, with Loom's extra fields.
+json model_json(const HttpContext& ctx) {
   json model = {{"id", ctx.options.served_model_name},
                 {"object", "model"},
                 {"created", ctx.started_unix},
@@ -33,7 +36,99 @@ HttpReply models(const HttpContext& ctx) {
                 {"loom_vocab_size", ctx.tokenizer->vocab_size()},
                 {"loom_untrained", ctx.options.untrained}};
   if (ctx.options.untrained) model["loom_note"] = kUntrainedNote;
-  return json_reply(200, dump({{"object", "list"}, {"data", json::array({model})}}));
+  return model;
+}
+
+HttpReply models(const HttpContext& ctx) {
+  return json_reply(200, dump({{"object", "list"}, {"data", json::array({model_json(ctx)})}}));
+}
+
+HttpReply model(const HttpContext& ctx, const std::string& id) {
+  if (id != ctx.options.served_model_name) {
+    ApiError e =
+        make_api_error(404,
+                       absl::StrCat("The model `", id, "` does not exist (this server serves `",
+                                    ctx.options.served_model_name, "`)"),
+                       "model");
+    e.code = "model_not_found";
+    return error_reply(e);
+  }
+  return json_reply(200, dump(model_json(ctx)));
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+bool iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(a[i])) !=
+        std::tolower(static_cast<unsigned char>(b[i]))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// "%2F" -> "/" (model ids may hold '/'); malformed escapes stay as they are.
+std::string percent_decode(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && hex_value(s[i + 1]) >= 0 && hex_value(s[i + 2]) >= 0) {
+      out += static_cast<char>(hex_value(s[i + 1]) * 16 + hex_value(s[i + 2]));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+// The host name of a Host header value or --host: port and IPv6 brackets removed, lower case,
+// without a trailing dot.
+std::string host_name(std::string_view value) {
+  std::string_view v = trim(value);
+  std::string_view name = v;
+  if (!v.empty() && v[0] == '[') {
+    const size_t close = v.find(']');
+    name = close == std::string_view::npos ? v : v.substr(1, close - 1);
+  } else if (const size_t colon = v.find(':');
+             colon != std::string_view::npos && v.find(':', colon + 1) == std::string_view::npos) {
+    name = v.substr(0, colon);  // one colon: name:port (more: a bare IPv6 address)
+  }
+  std::string out(name);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (!out.empty() && out.back() == '.') out.pop_back();
+  return out;
+}
+
+// localhost, ::1 or a dotted quad in 127.0.0.0/8.
+bool is_loopback_name(std::string_view name) {
+  if (name == "localhost" || name == "::1") return true;
+  int octets = 0, value = 0, digits = 0;
+  for (size_t i = 0; i <= name.size(); ++i) {
+    if (i == name.size() || name[i] == '.') {
+      if (digits == 0 || value > 255 || (octets == 0 && value != 127)) return false;
+      ++octets;
+      value = digits = 0;
+    } else if (name[i] >= '0' && name[i] <= '9' && digits < 3) {
+      value = value * 10 + (name[i] - '0');
+      ++digits;
+    } else {
+      return false;
+    }
+  }
+  return octets == 4;
 }
 
 HttpReply tokenize(const HttpContext& ctx, std::string_view body) {
@@ -51,7 +146,15 @@ HttpReply tokenize(const HttpContext& ctx, std::string_view body) {
   } else {
     auto it = j.find("prompt");
     if (it == j.end() || !it->is_string()) return error(400, "prompt: must be a string", "prompt");
-    ids = ctx.tokenizer->encode(it->get<std::string>(), /*allow_special=*/true);
+    // As /v1/completions does: special tokens count unless the request says otherwise.
+    bool parse_special = true;
+    if (auto p = j.find("parse_special_tokens"); p != j.end() && !p->is_null()) {
+      if (!p->is_boolean()) {
+        return error(400, "parse_special_tokens: must be a boolean", "parse_special_tokens");
+      }
+      parse_special = p->get<bool>();
+    }
+    ids = ctx.tokenizer->encode(it->get<std::string>(), parse_special);
   }
   return json_reply(200, dump({{"tokens", ids},
                                {"count", ids.size()},
@@ -145,9 +248,60 @@ RouteResult generate(HttpContext& ctx, std::string_view body, bool chat) {
 
 }  // namespace
 
+std::string_view request_path(std::string_view target, std::string_view* authority) {
+  std::string_view path = target.substr(0, target.find('?'));
+  for (std::string_view scheme : {"http://", "https://"}) {
+    if (path.size() >= scheme.size() && iequals(path.substr(0, scheme.size()), scheme)) {
+      std::string_view rest = path.substr(scheme.size());
+      const size_t slash = rest.find('/');
+      *authority = rest.substr(0, slash);
+      return slash == std::string_view::npos ? std::string_view("/") : rest.substr(slash);
+    }
+  }
+  return path;
+}
+
+bool host_allowed(std::string_view host, std::string_view bind_host,
+                  const std::vector<std::string>& allowed_hosts) {
+  if (std::find(allowed_hosts.begin(), allowed_hosts.end(), "*") != allowed_hosts.end()) {
+    return true;
+  }
+  const std::string name = host_name(host);
+  if (is_loopback_name(name)) return true;
+  for (const std::string& allowed : allowed_hosts) {
+    if (host_name(allowed) == name) return true;
+  }
+  return allowed_hosts.empty() && !is_loopback_name(host_name(bind_host));
+}
+
+bool is_json_content_type(std::string_view content_type) {
+  return iequals(trim(content_type.substr(0, content_type.find(';'))), "application/json");
+}
+
 RouteResult handle_request(HttpContext& ctx, const HttpRequestView& request) {
-  std::string_view path = request.target.substr(0, request.target.find('?'));
+  RouteResult result;
+  std::string_view host = request.host;
+  const bool has_host = request.has_host || request.target.find("://") != std::string_view::npos;
+  std::string_view path = request_path(request.target, &host);
+  // Checked first: a page that rebinds its DNS name to this address must learn nothing, not
+  // even which routes exist. A request without Host comes from no browser.
+  if (has_host && !host_allowed(host, ctx.options.host, ctx.options.allowed_hosts)) {
+    ApiError e = make_api_error(
+        403, absl::StrCat("the Host '", absl_sv(host.substr(0, 200)),
+                          "' is not allowed: this server is bound to a loopback address and only "
+                          "answers loopback names (see --allowed_hosts)"));
+    e.code = "host_not_allowed";
+    result.reply = error_reply(e);
+    return result;
+  }
   const bool get = request.method == "GET", post = request.method == "POST";
+  // GET /v1/models/{id}: the id is the rest of the path (served names may contain '/').
+  std::string model_id;
+  constexpr std::string_view kModelPrefix = "/v1/models/";
+  if (path.size() > kModelPrefix.size() && path.substr(0, kModelPrefix.size()) == kModelPrefix) {
+    model_id = percent_decode(path.substr(kModelPrefix.size()));
+    path = "/v1/models/{id}";
+  }
   struct Route {
     std::string_view path;
     bool post;
@@ -156,13 +310,12 @@ RouteResult handle_request(HttpContext& ctx, const HttpRequestView& request) {
       {"/v1/completions", true}, {"/v1/chat/completions", true},
       {"/v1/models", false},     {"/health", false},
       {"/metrics", false},       {"/tokenize", true},
-      {"/detokenize", true},
+      {"/detokenize", true},     {"/v1/models/{id}", false},
   };
   const Route* route = nullptr;
   for (const Route& r : kRoutes) {
     if (r.path == path) route = &r;
   }
-  RouteResult result;
   if (!route) {
     result.reply = error(404, absl::StrCat("no route ", absl_sv(path)));
     return result;
@@ -181,6 +334,17 @@ RouteResult handle_request(HttpContext& ctx, const HttpRequestView& request) {
       return result;
     }
   }
+  // Every POST route takes JSON. Refusing other types keeps a web page's "simple" cross-origin
+  // request (text/plain, form encodings, or none: no CORS preflight) from reaching the engine.
+  if (route->post && !is_json_content_type(request.content_type)) {
+    result.reply = error(415, "the request body must be JSON: send Content-Type: application/json");
+    return result;
+  }
+  // JSON text cannot hold a raw NUL, but the parser stops at one as if the input ended there.
+  if (route->post && request.body.find('\0') != std::string_view::npos) {
+    result.reply = error(400, "the request body is not valid JSON (it holds a NUL byte)");
+    return result;
+  }
   if (path == "/health") {
     result.reply = ctx.draining ? error(503, "draining") : json_reply(200, "{\"status\":\"ok\"}");
     return result;
@@ -196,6 +360,8 @@ RouteResult handle_request(HttpContext& ctx, const HttpRequestView& request) {
   }
   if (path == "/v1/models")
     result.reply = models(ctx);
+  else if (path == "/v1/models/{id}")
+    result.reply = model(ctx, model_id);
   else if (path == "/tokenize")
     result.reply = tokenize(ctx, request.body);
   else if (path == "/detokenize")

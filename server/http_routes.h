@@ -19,10 +19,29 @@ namespace loom {
 
 struct HttpRequestView {
   std::string_view method;         // "GET", "POST", ...
-  std::string_view target;         // path and query
+  std::string_view target;         // origin form (path and query) or absolute form (http://h/p)
   std::string_view authorization;  // the Authorization header, if any
   std::string_view body;
+  std::string_view host;          // the Host header, if any
+  bool has_host = false;          // HTTP/1.0 clients may send none
+  std::string_view content_type;  // the Content-Type header, if any
 };
+
+// The path of a request target (RFC 9112 3.2): origin form "/p?q" -> "/p"; absolute form
+// "http://authority/p?q" -> "/p" (or "/"), with `*authority` set to the target's authority, which
+// then replaces the Host header. Anything else is returned unchanged (no route matches it).
+std::string_view request_path(std::string_view target, std::string_view* authority);
+
+// Whether the Host header value `host` (name or address, optional port) may reach this server:
+// always when `allowed_hosts` holds "*"; else when the host is a loopback name (localhost,
+// 127.0.0.0/8, [::1]) or listed in `allowed_hosts`; and unlisted hosts are only refused when
+// `bind_host` is a loopback address or `allowed_hosts` is not empty. Keeps a web page that
+// rebinds its DNS name to 127.0.0.1 from driving a local server.
+bool host_allowed(std::string_view host, std::string_view bind_host,
+                  const std::vector<std::string>& allowed_hosts);
+
+// Whether `content_type` is application/json (any case, parameters such as charset allowed).
+bool is_json_content_type(std::string_view content_type);
 
 // A submitted request: its engine streams (one per prompt) and how to render their events.
 struct Generation {

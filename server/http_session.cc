@@ -30,7 +30,10 @@ std::chrono::milliseconds seconds_to_ms(double s) {
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, HttpContext& ctx)
-      : stream_(std::move(socket)), ctx_(ctx), write_timer_(stream_.get_executor()) {
+      : stream_(std::move(socket)),
+        ctx_(ctx),
+        accepted_(Clock::now()),
+        write_timer_(stream_.get_executor()) {
     ctx_.metrics->add_connections(1);
   }
   ~Session() { ctx_.metrics->add_connections(-1); }
@@ -46,7 +49,13 @@ class Session : public std::enable_shared_from_this<Session> {
     if (reading_ || closed_) return;
     reading_ = true;
     if (buffer_.size() > 0) return read_header();
-    stream_.expires_after(seconds_to_ms(ctx_.options.idle_timeout_s));
+    // Until its first request, a connection is on the header clock from accept: a client that
+    // connects and sends nothing must not hold a descriptor for the idle timeout.
+    if (requests_ == 0) {
+      stream_.expires_at(first_request_deadline());
+    } else {
+      stream_.expires_after(seconds_to_ms(ctx_.options.idle_timeout_s));
+    }
     stream_.async_read_some(buffer_.prepare(4096),
                             [self = shared_from_this()](beast::error_code ec, size_t n) {
                               if (ec) {
@@ -63,7 +72,11 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->header_limit(static_cast<uint32_t>(ctx_.options.max_header_bytes));
     parser_->body_limit(static_cast<uint64_t>(ctx_.options.max_body_bytes));
     request_start_ = Clock::now();
-    stream_.expires_after(seconds_to_ms(ctx_.options.header_timeout_s));
+    if (requests_ == 0) {
+      stream_.expires_at(first_request_deadline());
+    } else {
+      stream_.expires_after(seconds_to_ms(ctx_.options.header_timeout_s));
+    }
     http::async_read_header(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
@@ -126,15 +139,26 @@ class Session : public std::enable_shared_from_this<Session> {
     send(serialize_reply(r, false));
   }
 
+  Clock::time_point first_request_deadline() const {
+    return accepted_ + seconds_to_ms(ctx_.options.header_timeout_s);
+  }
+
   void dispatch() {
     reading_ = false;
+    ++requests_;
     auto& req = parser_->get();
     keep_alive_ = req.keep_alive();
+    http10_ = req.version() < 11;
     method_ = std::string(req.method_string());
     path_ = std::string(req.target().substr(0, std::min<size_t>(req.target().size(), 200)));
     std::string auth(req[http::field::authorization]);
     auto sv = [](beast::string_view v) { return std::string_view(v.data(), v.size()); };
     HttpRequestView view{sv(req.method_string()), sv(req.target()), auth, req.body()};
+    if (auto it = req.find(http::field::host); it != req.end()) {
+      view.host = sv(it->value());
+      view.has_host = true;
+    }
+    view.content_type = sv(req[http::field::content_type]);
     RouteResult result = handle_request(ctx_, view);
     if (result.generation) return start_generation(std::move(result.generation));
     if (result.reply.status >= 400) {
@@ -154,7 +178,11 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_.reset();
     open_streams_ = static_cast<int>(gen_->streams.size());
     last_token_.assign(gen_->streams.size() * 64, Clock::time_point());
-    if (gen_->stream) send(sse_response_head());
+    if (gen_->stream) {
+      // HTTP/1.0 has no chunked coding: the stream ends when the connection closes.
+      if (http10_) keep_alive_ = false;
+      send(sse_response_head(/*chunked=*/!http10_));
+    }
     for (size_t i = 0; i < gen_->streams.size(); ++i) {
       ctx_.pump->add(gen_->streams[i], [self = shared_from_this(), i](
                                            std::vector<RequestOutput> events, bool closed) {
@@ -215,7 +243,7 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       std::vector<std::string> chunks = gen_->builder->on_event(prompt, e);
       if (gen_->stream && !gone_) {
-        for (const std::string& c : chunks) send(http_chunk(sse_event(c)));
+        for (const std::string& c : chunks) send_stream(sse_event(c));
       }
     }
     if (closed && --open_streams_ == 0) finish_generation();
@@ -229,9 +257,9 @@ class Session : public std::enable_shared_from_this<Session> {
       status = 499;  // client closed the connection (nginx's convention), logged only
       reason = "cancelled";
     } else if (gen_->stream) {
-      for (const std::string& c : b.stream_tail()) send(http_chunk(sse_event(c)));
-      send(http_chunk(sse_done()));
-      send(http_last_chunk());
+      for (const std::string& c : b.stream_tail()) send_stream(sse_event(c));
+      send_stream(sse_done());
+      if (!http10_) send(http_last_chunk());
     } else if (!b.error().empty()) {
       status = 500;
       reason = "error";
@@ -265,6 +293,9 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // ---- writing ----
+  // Bytes of a streamed body, framed as the client's HTTP version allows.
+  void send_stream(const std::string& bytes) { send(http10_ ? bytes : http_chunk(bytes)); }
+
   void send(const std::string& bytes) {
     if (closed_) return;
     outbox_ += bytes;
@@ -355,6 +386,9 @@ class Session : public std::enable_shared_from_this<Session> {
   Clock::time_point request_start_ = Clock::now();
   std::string method_ = "-", path_ = "-";
   bool keep_alive_ = true;
+  bool http10_ = false;  // the current request is HTTP/1.0
+  const Clock::time_point accepted_;
+  uint64_t requests_ = 0;  // requests read on this connection
 
   net::steady_timer write_timer_;  // bounds each write (see HttpOptions::write_timeout_s)
   std::string outbox_;             // bytes waiting for the current write to finish

@@ -390,6 +390,8 @@ absl::StatusOr<OpenAiRequest> parse_completion_request(std::string_view body) {
   r.chat = false;
   LOOM_RETURN_IF_ERROR(parse_common(j, &r));
   LOOM_RETURN_IF_ERROR(parse_prompt(j, &r));
+  LOOM_GET(parse_special, get_bool(j, "parse_special_tokens"));
+  r.parse_special_tokens = parse_special.value_or(true);
   LOOM_RETURN_IF_ERROR(parse_max_tokens(j, "max_tokens", &r));
   LOOM_GET(logprobs, get_int(j, "logprobs", 0, kMaxLogprobs));
   if (logprobs) {
@@ -416,6 +418,8 @@ absl::StatusOr<OpenAiRequest> parse_chat_request(std::string_view body) {
   LOOM_RETURN_IF_ERROR(parse_common(j, &r));
   LOOM_RETURN_IF_ERROR(parse_messages(j, &r));
   LOOM_RETURN_IF_ERROR(parse_tools(j, &r));
+  LOOM_GET(parse_special, get_bool(j, "parse_special_tokens"));
+  r.parse_special_tokens = parse_special.value_or(false);
   LOOM_RETURN_IF_ERROR(parse_max_tokens(j, "max_tokens", &r));
   LOOM_RETURN_IF_ERROR(parse_max_tokens(j, "max_completion_tokens", &r));
   LOOM_GET(logprobs, get_bool(j, "logprobs"));
@@ -434,17 +438,24 @@ absl::StatusOr<std::vector<Request>> build_engine_requests(const OpenAiRequest& 
   if (req.chat) {
     RenderOptions opts;
     opts.add_generation_prompt = true;
-    auto text = render_chat(format, req.messages, req.tools, opts);
-    if (!text.ok()) {
+    auto rendered = render_chat_prompt(format, req.messages, req.tools, opts);
+    if (!rendered.ok()) {
       // The renderer names the message or tool; keep its words, attribute to messages.
-      std::string m(text.status().message());
+      std::string m(rendered.status().message());
       return bad(m.rfind("tool", 0) == 0 ? "tools" : "messages", m);
     }
-    prompts.push_back(tokenizer.encode(*text, /*allow_special=*/true));
+    if (req.parse_special_tokens) {
+      prompts.push_back(tokenizer.encode(rendered->text, /*allow_special=*/true));
+    } else {
+      std::vector<Tokenizer::Range> markup;
+      markup.reserve(rendered->markup_ranges.size());
+      for (const auto& [begin, end] : rendered->markup_ranges) markup.push_back({begin, end});
+      prompts.push_back(tokenizer.encode_with_special_ranges(rendered->text, markup));
+    }
   } else {
     for (const PromptInput& p : req.prompts) {
       if (p.is_text)
-        prompts.push_back(tokenizer.encode(p.text, /*allow_special=*/true));
+        prompts.push_back(tokenizer.encode(p.text, req.parse_special_tokens));
       else
         prompts.push_back(p.ids);
     }

@@ -39,6 +39,11 @@ struct OpenAiRequest {
   SamplingParams params;
   std::optional<int> max_tokens;  // unset: 16 (completions) or the context left (chat)
   int32_t priority = 0;
+  // Whether special-token spellings in text the request brings are tokenized as special tokens
+  // (`parse_special_tokens`, a Loom extension). Default: true for completions prompts (raw text,
+  // as vLLM does, so client-rendered templates work), false for chat messages (only the chat
+  // template places special tokens).
+  bool parse_special_tokens = true;
   // Output.
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
@@ -57,9 +62,10 @@ inline constexpr int kDefaultChatMaxTokens = 4096;
 absl::StatusOr<OpenAiRequest> parse_completion_request(std::string_view body);
 absl::StatusOr<OpenAiRequest> parse_chat_request(std::string_view body);
 
-// The engine requests of `req`, one per prompt (one for chat), tokenized with special tokens
-// allowed. `max_model_len` (0: unlimited) sets chat's default max_tokens; the engine still checks
-// prompt + max_tokens against it. InvalidArgument on render errors or an empty prompt.
+// The engine requests of `req`, one per prompt (one for chat), tokenized as
+// `req.parse_special_tokens` says (chat: special tokens of the template always count).
+// `max_model_len` (0: unlimited) sets chat's default max_tokens; the engine still checks prompt +
+// max_tokens against it. InvalidArgument on render errors or an empty prompt.
 absl::StatusOr<std::vector<Request>> build_engine_requests(const OpenAiRequest& req,
                                                            const Tokenizer& tokenizer,
                                                            ChatFormat format,

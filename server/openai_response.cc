@@ -242,7 +242,7 @@ std::vector<std::string> OpenAiResponseBuilder::stream_event(Choice& c, int inde
   if (!delta.tool_calls.empty()) c.any_tool_call = true;
   json lp = nullptr;
   if (ctx_.logprobs && !out.logprobs.empty()) {
-    lp = {{"content", chat_logprob_entries(ctx_.tokenizer, out.logprobs)}};
+    lp = {{"content", chat_logprob_entries(ctx_.tokenizer, out.logprobs)}, {"refusal", nullptr}};
   }
   if (!delta.empty() || !lp.is_null()) {
     json d = json::object();
@@ -300,8 +300,12 @@ std::string OpenAiResponseBuilder::final_json() const {
     } else {
       message["content"] = c.text;
     }
+    // OpenAI's schema requires `refusal` (null: Loom never refuses on its own).
+    message["refusal"] = nullptr;
     json lp = nullptr;
-    if (ctx_.logprobs) lp = {{"content", chat_logprob_entries(ctx_.tokenizer, c.logprobs)}};
+    if (ctx_.logprobs) {
+      lp = {{"content", chat_logprob_entries(ctx_.tokenizer, c.logprobs)}, {"refusal", nullptr}};
+    }
     choices.push_back({{"index", i},
                        {"message", std::move(message)},
                        {"logprobs", std::move(lp)},

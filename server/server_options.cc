@@ -14,6 +14,9 @@ ABSL_FLAG(int, port, 8000, "HTTP port; 0 picks a free one (printed on stdout).")
 ABSL_FLAG(int, grpc_port, -1, "gRPC port; -1 disables the gRPC service, 0 picks a free one.");
 ABSL_FLAG(std::string, served_model_name, "",
           "Model name clients use and see (default: the model directory's name).");
+ABSL_FLAG(std::vector<std::string>, allowed_hosts, {},
+          "Comma-separated Host header names accepted besides localhost, 127.0.0.0/8 and [::1] "
+          "('*': any). Bound to a loopback address, other Host names get 403 (DNS rebinding).");
 ABSL_FLAG(std::string, api_key, "", "If set, /v1/* routes require `Authorization: Bearer KEY`.");
 ABSL_FLAG(int64_t, cache_budget_mb, 1024, "Memory for KV pages and linear-state slots (MiB).");
 ABSL_FLAG(int, max_num_batched_tokens, 2048, "Tokens per engine step over all sequences.");
@@ -48,6 +51,7 @@ absl::StatusOr<ServerOptions> server_options_from_flags() {
   o.http.port = absl::GetFlag(FLAGS_port);
   o.grpc_port = absl::GetFlag(FLAGS_grpc_port);
   o.http.api_key = absl::GetFlag(FLAGS_api_key);
+  o.http.allowed_hosts = absl::GetFlag(FLAGS_allowed_hosts);
   o.http.max_body_bytes = absl::GetFlag(FLAGS_max_body_bytes);
   o.http.max_header_bytes = absl::GetFlag(FLAGS_max_header_bytes);
   o.http.max_queue = absl::GetFlag(FLAGS_max_queue);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/engine.h"
@@ -30,6 +31,8 @@ struct HttpOptions {
   int64_t max_pending_write_bytes = 16 << 20;
   std::string served_model_name;  // the `model` field clients send and see
   bool untrained = false;         // the model dir has an UNTRAINED marker
+  // Host header names accepted besides loopback ones ("*": any); see host_allowed().
+  std::vector<std::string> allowed_hosts;
 };
 
 struct ServerOptions {

@@ -13,13 +13,14 @@ std::string sse_event(std::string_view payload) {
 
 std::string sse_done() { return "data: [DONE]\n\n"; }
 
-std::string sse_response_head() {
-  return "HTTP/1.1 200 OK\r\n"
-         "Content-Type: text/event-stream; charset=utf-8\r\n"
-         "Cache-Control: no-cache\r\n"
-         "Transfer-Encoding: chunked\r\n"
-         "Connection: keep-alive\r\n"
-         "\r\n";
+std::string sse_response_head(bool chunked) {
+  std::string head =
+      "HTTP/1.1 200 OK\r\n"
+      "Content-Type: text/event-stream; charset=utf-8\r\n"
+      "Cache-Control: no-cache\r\n";
+  head += chunked ? "Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n"
+                  : "Connection: close\r\n\r\n";
+  return head;
 }
 
 }  // namespace loom
