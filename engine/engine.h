@@ -30,6 +30,7 @@ struct EngineOptions {
   int32_t max_model_len = 0;        // prompt + max_tokens limit; 0: the model's
                                     // max_position_embeddings (or unlimited when it has none)
   uint64_t seed = 0;                // seeds requests that bring none (0: random)
+  int32_t max_n = kMaxN;            // choices per request (each prefills and decodes on its own)
 };
 
 struct EngineStats {

@@ -21,8 +21,12 @@ ABSL_FLAG(std::string, api_key, "", "If set, /v1/* routes require `Authorization
 ABSL_FLAG(int64_t, cache_budget_mb, 1024, "Memory for KV pages and linear-state slots (MiB).");
 ABSL_FLAG(int, max_num_batched_tokens, 2048, "Tokens per engine step over all sequences.");
 ABSL_FLAG(int, max_num_seqs, 64, "Sequences per engine step (and live state slots).");
-ABSL_FLAG(int, max_model_len, 0,
-          "Prompt + max_tokens limit; 0: the model's max_position_embeddings.");
+ABSL_FLAG(int, max_model_len, 8192,
+          "Prompt + max_tokens limit; 0: the model's max_position_embeddings. The default bounds "
+          "one request's CPU prefill, whose cost grows faster than linearly with the prompt "
+          "(docs/operations.md).");
+ABSL_FLAG(int, max_n, 4,
+          "Most choices (n) per request, up to 16: each choice prefills and decodes on its own.");
 ABSL_FLAG(bool, enable_prefix_cache, true, "Reuse cached prompt prefixes across requests.");
 ABSL_FLAG(uint64_t, seed, 0, "Seed for requests that bring none (0: random).");
 ABSL_FLAG(int64_t, max_body_bytes, 4 << 20, "Largest request body accepted (413 beyond).");
@@ -66,6 +70,7 @@ absl::StatusOr<ServerOptions> server_options_from_flags() {
   o.engine.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
   o.engine.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
   o.engine.max_model_len = absl::GetFlag(FLAGS_max_model_len);
+  o.engine.max_n = absl::GetFlag(FLAGS_max_n);
   o.engine.seed = absl::GetFlag(FLAGS_seed);
   o.engine.enable_prefix_cache = absl::GetFlag(FLAGS_enable_prefix_cache);
 
@@ -90,6 +95,9 @@ absl::StatusOr<ServerOptions> server_options_from_flags() {
   if (o.engine.max_num_batched_tokens < 1) return bad("max_num_batched_tokens", "must be >= 1");
   if (o.engine.max_num_seqs < 1) return bad("max_num_seqs", "must be >= 1");
   if (o.engine.max_model_len < 0) return bad("max_model_len", "must be >= 0");
+  if (o.engine.max_n < 1 || o.engine.max_n > kMaxN) {
+    return bad("max_n", absl::StrCat("must be in [1, ", kMaxN, "]"));
+  }
 
   std::error_code ec;
   if (!std::filesystem::is_directory(o.model_dir, ec)) {

@@ -625,6 +625,24 @@ def test_header_timeout_from_accept(port):
     check(closed and elapsed < 8, "trickling connection closed by the header deadline (%.1f s)" % elapsed)
 
 
+def test_default_limits(port, headers):
+    """Defaults safe for an exposed CPU server: max_model_len 8192 (not the model's 65,136), at most
+    4 choices per request (each prefills on its own)."""
+    status, body, _ = request(port, "GET", "/v1/models", headers=headers)
+    check(status == 200 and body["data"][0]["max_model_len"] == 8192,
+          "default max_model_len 8192: %s" % body["data"][0].get("max_model_len"))
+    status, body, _ = request(port, "POST", "/v1/completions", {"prompt": [97] * 8000, "max_tokens": 200},
+                              headers=headers)
+    check(status == 400 and is_error_body(body, status), "prompt + max_tokens over 8192 -> 400 (got %d)" % status)
+    for path, extra in (("/v1/completions", {"prompt": "a"}),
+                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}]})):
+        status, body, _ = request(port, "POST", path, dict(extra, n=5, max_tokens=1), headers=headers)
+        check(status == 400 and error_field(body, "param") == "n", "%s n=5 -> 400 param n (got %d %s)" %
+              (path, status, body))
+        status, body, _ = request(port, "POST", path, dict(extra, n=4, max_tokens=1), headers=headers)
+        check(status == 200 and len(body["choices"]) == 4, "%s n=4 -> 200" % path)
+
+
 def test_concurrent_streams(port, headers):
     initial = metrics(port)
     results = {}
@@ -834,6 +852,8 @@ def main():
         servers.append(b)
         print("== test_auth", flush=True)
         test_auth(b.port)
+        print("== test_default_limits", flush=True)
+        test_default_limits(b.port, {"Authorization": "Bearer sekret"})
         print("== test_concurrent_streams", flush=True)
         test_concurrent_streams(b.port, {"Authorization": "Bearer sekret"})
         print("== test_untrained", flush=True)
