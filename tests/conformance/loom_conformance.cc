@@ -3,9 +3,19 @@
 // For each prompt: full-prompt logits, logits with the prompt fed in two parts through the cache
 // (cut at chunk_cut_i), and a 20-token greedy continuation with the cache. Prints one JSON line per
 // prompt and a final summary line; exits 1 when a bound of fixtures/README.md is exceeded.
+//
+// OPENBLAS_CORETYPE (read by OpenBLAS itself; its DYNAMIC_ARCH builds pick the GEMM kernels by it)
+// is checked here: the run fails when OpenBLAS does not report the requested kernels (a build that
+// cannot switch), and exits 77 (ctest's skip) when this CPU cannot execute them (OpenBLAS would
+// die of SIGILL). ctest runs every f32 fixture under several kernel families this way.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -32,6 +42,57 @@ ABSL_FLAG(bool, hidden, false, "also report per-layer hidden-state differences (
 
 namespace loom {
 namespace {
+
+// Exit status ctest treats as "skipped" (SKIP_RETURN_CODE in tests/conformance/CMakeLists.txt).
+constexpr int kSkipped = 77;
+
+bool equal_ignoring_case(std::string a, std::string b) {
+  auto lower = [](std::string& s) {
+    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  };
+  lower(a);
+  lower(b);
+  return a == b;
+}
+
+// What the OpenBLAS kernel family `core` executes beyond x86-64, when this CPU (and OS) lacks it;
+// empty when it can run here or when the family is not one this check knows.
+std::string missing_isa(const std::string& core) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (equal_ignoring_case(core, "Prescott") && !__builtin_cpu_supports("sse3")) return "SSE3";
+  if ((equal_ignoring_case(core, "Haswell") || equal_ignoring_case(core, "Zen")) &&
+      !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")))
+    return "AVX2 and FMA";
+  if (equal_ignoring_case(core, "SkylakeX") &&
+      !(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vl")))
+    return "AVX-512 (F, CD, BW, DQ, VL)";
+#endif
+  return "";
+}
+
+// 0 when the GEMM kernels OPENBLAS_CORETYPE asks for are the ones OpenBLAS runs (or nothing is
+// asked), kSkipped when this CPU cannot run them, 2 when OpenBLAS ignored the request.
+int check_blas_coretype() {
+  const char* want = std::getenv("OPENBLAS_CORETYPE");
+  if (want == nullptr || *want == '\0') return 0;
+  const std::string missing = missing_isa(want);
+  if (!missing.empty()) {
+    std::printf("loom-conformance: skipped: OPENBLAS_CORETYPE=%s needs %s, which this CPU lacks\n",
+                want, missing.c_str());
+    return kSkipped;
+  }
+  const std::string got = openblas_get_corename();
+  if (!equal_ignoring_case(got, want)) {
+    std::fprintf(stderr,
+                 "loom-conformance: OPENBLAS_CORETYPE=%s but OpenBLAS runs its '%s' kernels (not a "
+                 "DYNAMIC_ARCH build, or a core name it does not know)\n",
+                 want, got.c_str());
+    return 2;
+  }
+  return 0;
+}
 
 // Bounds of ../shared/fixtures/README.md for the CPU backend in f32.
 constexpr double kMaxAbsBound = 1e-3;
@@ -229,6 +290,7 @@ int run() {
                  absl::GetFlag(FLAGS_dtype).c_str());
     return 2;
   }
+  if (const int rc = check_blas_coretype(); rc != 0) return rc;
   const bool batched = absl::GetFlag(FLAGS_batch);
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<std::unique_ptr<Model>> model = Model::load(dir);
@@ -295,6 +357,7 @@ int run() {
                             {"bounds", {{"max_abs", kMaxAbsBound}, {"rel_l2", kRelL2Bound}}},
                             {"seconds", secs},
                             {"ok", ok}};
+  summary["blas_core"] = openblas_get_corename();
   std::cout << summary.dump() << std::endl;
   return ok ? 0 : 1;
 }
