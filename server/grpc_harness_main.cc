@@ -1,6 +1,7 @@
 // loom-grpc-harness: serves one model over gRPC only (no HTTP), for the gRPC integration tests and
 // for trying the API with grpcurl. Prints "loom-server: grpc listening on HOST:PORT" once bound
-// (the same line as loom-server) and runs until stdin closes or SIGINT/SIGTERM, then drains.
+// (the same line as loom-server) and runs until stdin closes or SIGINT/SIGTERM, then drains as
+// loom-server does: NOT_SERVING and new calls refused at once, live streams get --drain_timeout_s.
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -20,6 +21,9 @@ ABSL_FLAG(std::string, host, "127.0.0.1", "gRPC listen address");
 ABSL_FLAG(int, grpc_port, 0, "gRPC port (0: any free port)");
 ABSL_FLAG(int64_t, cache_budget_mb, 256, "KV pages + state slots, MiB");
 ABSL_FLAG(int, max_num_seqs, 16, "sequences per step");
+ABSL_FLAG(std::string, api_key, "", "require metadata authorization: Bearer KEY");
+ABSL_FLAG(int, max_queue, 256, "requests admitted beyond max_num_seqs (RESOURCE_EXHAUSTED)");
+ABSL_FLAG(double, drain_timeout_s, 30, "on a signal, seconds live streams get to finish");
 
 namespace {
 volatile std::sig_atomic_t g_stop = 0;
@@ -57,6 +61,9 @@ int main(int argc, char** argv) {
   loom::GrpcServerOptions go;
   go.host = absl::GetFlag(FLAGS_host);
   go.port = absl::GetFlag(FLAGS_grpc_port);
+  go.api_key = absl::GetFlag(FLAGS_api_key);
+  go.max_running = eo.max_num_seqs;
+  go.max_queue = absl::GetFlag(FLAGS_max_queue);
   auto server = loom::GrpcServer::start(
       **engine, tokenizer, std::filesystem::path(dir).filename().string(), &metrics, go);
   if (!server.ok()) {
@@ -74,6 +81,11 @@ int main(int argc, char** argv) {
     g_stop = 1;
   }).detach();
   while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  (*server)->begin_drain();
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration<double>(absl::GetFlag(FLAGS_drain_timeout_s));
+  while ((*server)->in_flight() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   (*server)->shutdown();
   (*engine)->shutdown();
   std::fputs(metrics.render((*engine)->stats()).c_str(), stderr);

@@ -3,6 +3,7 @@
 // API: a streaming Generate holds no thread while it waits for tokens. See docs/grpc.md.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -12,12 +13,21 @@
 
 namespace loom {
 
+class AdmissionGate;  // server/admission.h
+class Metrics;        // server/metrics.h (may be absent from the build; then pass null)
+
 struct GrpcServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;  // 0: any free port (read it back with port())
+  // Non-empty: every method but grpc.health.v1 (the Loom service and server reflection) needs
+  // metadata `authorization: Bearer <api_key>`, else UNAUTHENTICATED.
+  std::string api_key;
+  // The --max_queue and drain gate shared with the HTTP frontend (must outlive the server). Null:
+  // the server keeps its own gate of max_running + max_queue requests.
+  AdmissionGate* admission = nullptr;
+  int max_running = 64;
+  int max_queue = 256;
 };
-
-class Metrics;  // server/metrics.h (may be absent from the build; then pass null)
 
 class GrpcServer {
  public:
@@ -29,8 +39,15 @@ class GrpcServer {
       Metrics* metrics, const GrpcServerOptions& options);
   ~GrpcServer();  // shutdown()
 
-  // Drains: health turns NOT_SERVING, new calls get UNAVAILABLE, live Generate streams are
-  // cancelled in the engine, then the server stops. Idempotent; thread-safe.
+  // The drain begins: health turns NOT_SERVING (the server as a whole and loom.v1.Loom), new calls
+  // get UNAVAILABLE, and live Generate streams go on; the server keeps listening so that health
+  // checks see NOT_SERVING. Idempotent; thread-safe.
+  void begin_drain();
+  // Generate streams not yet finished.
+  int64_t in_flight() const;
+  // Ends the drain: begin_drain() if not done, then every stream still live ends with UNAVAILABLE
+  // (after its last delivered tokens; cancelled in the engine) and the server stops, giving
+  // clients at most about half a second to take the final status. Idempotent; thread-safe.
   void shutdown();
   // The bound port.
   int port() const;

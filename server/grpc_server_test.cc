@@ -1,12 +1,20 @@
 // GrpcServer on a real Engine (fixture kimi_linear_s1, byte-level tokenizer) through the C++ stub:
 // validation errors arrive as INVALID_ARGUMENT naming the field and leave nothing in the engine;
 // a stream ends with one final message carrying usage; cancelling a call (also one whose client
-// stopped reading) frees every page and slot; shutdown() drains with UNAVAILABLE.
+// stopped reading) frees every page and slot; the API key guards every method but health; the
+// admission gate admits exactly max_running + max_queue streams; a request that does not parse is
+// INVALID_ARGUMENT; begin_drain() refuses new work while live streams finish, and shutdown() ends
+// the rest with UNAVAILABLE.
 #include "server/grpc_server.h"
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
+#include <vector>
 
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "loom/v1/loom.grpc.pb.h"
@@ -24,10 +32,12 @@ class GrpcServerTest : public ::testing::Test {
     tokenizer_ = Tokenizer::byte_level();
     EngineOptions eo;
     eo.cache_budget_bytes = int64_t{256} << 20;
+    const GrpcServerOptions options = server_options();
+    eo.max_num_seqs = options.max_running;
     auto engine = Engine::create(std::move(*model), tokenizer_, eo);
     ASSERT_TRUE(engine.ok()) << engine.status();
     engine_ = std::move(*engine);
-    auto server = GrpcServer::start(*engine_, tokenizer_, "s1", nullptr, {});
+    auto server = GrpcServer::start(*engine_, tokenizer_, "s1", nullptr, options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
     ASSERT_GT(server_->port(), 0);
@@ -36,6 +46,8 @@ class GrpcServerTest : public ::testing::Test {
     stub_ = v1::Loom::NewStub(channel_);
     initial_ = engine_->stats();
   }
+  virtual GrpcServerOptions server_options() { return {}; }
+
   void TearDown() override {
     if (server_) server_->shutdown();
     if (engine_) engine_->shutdown();
@@ -74,6 +86,47 @@ class GrpcServerTest : public ::testing::Test {
     ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
   }
 
+  // A unary call of `method` with raw request bytes: the status and the response bytes.
+  std::pair<grpc::Status, std::string> raw_call(const std::string& method,
+                                                const std::string& bytes) {
+    grpc::GenericStub generic(channel_);
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer request(&slice, 1), response;
+    grpc::ClientContext ctx;
+    set_deadline(&ctx);
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    grpc::Status status;
+    generic.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response, [&](grpc::Status st) {
+      std::lock_guard<std::mutex> lock(mu);
+      status = std::move(st);
+      done = true;
+      cv.notify_one();
+    });
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_for(lock, std::chrono::seconds(60), [&] { return done; }))
+      return {grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "no answer"), ""};
+    std::string out;
+    std::vector<grpc::Slice> slices;
+    if (status.ok() && response.Dump(&slices).ok())
+      for (const grpc::Slice& s : slices)
+        out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    return {status, out};
+  }
+
+  // grpc.health.v1 Check of `service` (no C++ stubs for it here: its two messages are one field
+  // each, written by hand): "SERVING", "NOT_SERVING", or the failed call's status code.
+  std::string health(const std::string& service) {
+    std::string req;
+    if (!service.empty()) req = std::string("\x0a") + static_cast<char>(service.size()) + service;
+    auto [st, resp] = raw_call("/grpc.health.v1.Health/Check", req);
+    if (!st.ok()) return "code " + std::to_string(st.error_code());
+    if (resp == std::string("\x08\x01", 2)) return "SERVING";
+    if (resp == std::string("\x08\x02", 2)) return "NOT_SERVING";
+    return "unexpected response";
+  }
+
   std::shared_ptr<const Tokenizer> tokenizer_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<GrpcServer> server_;
@@ -89,6 +142,8 @@ TEST_F(GrpcServerTest, BadSamplingIsInvalidArgument) {
   };
   const Case cases[] = {
       {"temperature", [](v1::GenerateRequest* r) { r->mutable_sampling()->set_temperature(-2); }},
+      // HTTP's limit too: one validation (SamplingParams) for both frontends.
+      {"temperature", [](v1::GenerateRequest* r) { r->mutable_sampling()->set_temperature(3); }},
       {"top_p", [](v1::GenerateRequest* r) { r->mutable_sampling()->set_top_p(1.5f); }},
       {"top_k", [](v1::GenerateRequest* r) { r->mutable_sampling()->set_top_k(-3); }},
       {"max_tokens", [](v1::GenerateRequest* r) { r->mutable_sampling()->set_max_tokens(0); }},
@@ -151,13 +206,13 @@ TEST_F(GrpcServerTest, StreamsToOneFinalMessage) {
 TEST_F(GrpcServerTest, CancelFreesPagesAndSlot) {
   v1::GenerateRequest req;
   req.set_text("cancel");
-  req.mutable_sampling()->set_max_tokens(100000);
+  req.mutable_sampling()->set_max_tokens(10000);
   req.mutable_sampling()->set_ignore_eos(true);
   grpc::ClientContext ctx;
   set_deadline(&ctx);
   auto reader = stub_->Generate(&ctx, req);
   v1::GenerateResponse resp;
-  ASSERT_TRUE(reader->Read(&resp));
+  ASSERT_TRUE(reader->Read(&resp)) << reader->Finish().error_message();
   EXPECT_TRUE(stats_reach([](const EngineStats& s) { return s.running == 1; }));
   ctx.TryCancel();
   while (reader->Read(&resp)) {
@@ -172,7 +227,7 @@ TEST_F(GrpcServerTest, CancelFreesPagesAndSlot) {
 TEST_F(GrpcServerTest, StalledReaderCancels) {
   v1::GenerateRequest req;
   req.set_text("stall");
-  req.mutable_sampling()->set_max_tokens(100000);
+  req.mutable_sampling()->set_max_tokens(10000);
   req.mutable_sampling()->set_ignore_eos(true);
   req.mutable_sampling()->set_logprobs(20);  // big messages fill the flow-control window fast
   grpc::ClientContext ctx;
@@ -191,7 +246,7 @@ TEST_F(GrpcServerTest, StalledReaderCancels) {
 TEST_F(GrpcServerTest, ShutdownDrainsWithUnavailable) {
   v1::GenerateRequest req;
   req.set_text("drain");
-  req.mutable_sampling()->set_max_tokens(100000);
+  req.mutable_sampling()->set_max_tokens(10000);
   req.mutable_sampling()->set_ignore_eos(true);
   grpc::ClientContext ctx;
   set_deadline(&ctx);
@@ -202,9 +257,13 @@ TEST_F(GrpcServerTest, ShutdownDrainsWithUnavailable) {
     while (reader->Read(&resp)) {
     }
   });
-  server_->shutdown();  // waits the grace period, then ends the stream
+  const auto t0 = std::chrono::steady_clock::now();
+  server_->shutdown();  // the drain timeout passed (loom-server's): ends the stream at once
   reading.join();
-  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+  const grpc::Status st = reader->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(st.error_message().find("drain timeout"), std::string::npos) << st.error_message();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
   expect_released();
   server_->shutdown();  // idempotent
   // New calls fail (the server no longer listens).
@@ -233,6 +292,191 @@ TEST_F(GrpcServerTest, TokenizerRpcs) {
   EXPECT_EQ(info.model_name(), "s1");
   EXPECT_EQ(info.vocab_size(), 500);
   EXPECT_EQ(info.tokenizer_vocab_size(), 260);
+}
+
+// A request whose bytes are not the method's message: the client's error, INVALID_ARGUMENT
+// (typed callback handlers would answer UNIMPLEMENTED).
+TEST_F(GrpcServerTest, MalformedProtobufIsInvalidArgument) {
+  const std::string garbage = "\xff\xff\xff\xff\x0f";  // a field tag with no valid wire type
+  for (const char* method : {"/loom.v1.Loom/Generate", "/loom.v1.Loom/Tokenize",
+                             "/loom.v1.Loom/Detokenize", "/loom.v1.Loom/GetStats"}) {
+    const grpc::Status st = raw_call(method, garbage).first;
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << method << ": " << st.error_message();
+  }
+  EXPECT_EQ(server_->in_flight(), 0);
+}
+
+// begin_drain(): health NOT_SERVING and new calls UNAVAILABLE at once, while a live stream runs
+// to its end with its final message.
+TEST_F(GrpcServerTest, DrainRefusesNewWorkAndLetsLiveStreamsFinish) {
+  v1::GenerateRequest req;
+  req.set_text("drain");
+  req.mutable_sampling()->set_max_tokens(300);
+  req.mutable_sampling()->set_ignore_eos(true);
+  grpc::ClientContext ctx;
+  set_deadline(&ctx);
+  auto reader = stub_->Generate(&ctx, req);
+  v1::GenerateResponse resp;
+  ASSERT_TRUE(reader->Read(&resp));
+  int tokens = resp.token_ids_size();
+  EXPECT_EQ(health(""), "SERVING");
+  server_->begin_drain();
+
+  EXPECT_EQ(health(""), "NOT_SERVING");
+  EXPECT_EQ(health("loom.v1.Loom"), "NOT_SERVING");
+  grpc::ClientContext c2;
+  set_deadline(&c2);
+  auto refused = stub_->Generate(&c2, req);
+  EXPECT_FALSE(refused->Read(&resp));
+  EXPECT_EQ(refused->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+  grpc::ClientContext c3;
+  set_deadline(&c3);
+  v1::TokenizeResponse tresp;
+  v1::TokenizeRequest treq;
+  treq.set_text("x");
+  EXPECT_EQ(stub_->Tokenize(&c3, treq, &tresp).error_code(), grpc::StatusCode::UNAVAILABLE);
+
+  bool final_seen = false;
+  while (reader->Read(&resp)) {
+    tokens += resp.token_ids_size();
+    if (resp.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) final_seen = true;
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_TRUE(final_seen);
+  EXPECT_EQ(tokens, 300);
+  EXPECT_EQ(server_->in_flight(), 0);
+}
+
+class GrpcAuthTest : public GrpcServerTest {
+ protected:
+  GrpcServerOptions server_options() override {
+    GrpcServerOptions o;
+    o.api_key = "sekret";
+    return o;
+  }
+  // The status of every Loom method called with `key` (empty: no authorization metadata).
+  std::vector<grpc::StatusCode> call_all(const std::string& key) {
+    std::vector<grpc::StatusCode> codes;
+    auto prepare = [&](grpc::ClientContext* ctx) {
+      set_deadline(ctx);
+      if (!key.empty()) ctx->AddMetadata("authorization", key);
+    };
+    {
+      grpc::ClientContext ctx;
+      prepare(&ctx);
+      v1::GenerateRequest req;
+      req.set_text("hi");
+      req.mutable_sampling()->set_max_tokens(2);
+      auto reader = stub_->Generate(&ctx, req);
+      v1::GenerateResponse resp;
+      while (reader->Read(&resp)) {
+      }
+      codes.push_back(reader->Finish().error_code());
+    }
+    {
+      grpc::ClientContext ctx;
+      prepare(&ctx);
+      v1::TokenizeRequest req;
+      req.set_text("hi");
+      v1::TokenizeResponse resp;
+      codes.push_back(stub_->Tokenize(&ctx, req, &resp).error_code());
+    }
+    {
+      grpc::ClientContext ctx;
+      prepare(&ctx);
+      v1::DetokenizeRequest req;
+      req.add_token_ids(104);
+      v1::DetokenizeResponse resp;
+      codes.push_back(stub_->Detokenize(&ctx, req, &resp).error_code());
+    }
+    {
+      grpc::ClientContext ctx;
+      prepare(&ctx);
+      v1::GetModelInfoResponse resp;
+      codes.push_back(stub_->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &resp).error_code());
+    }
+    {
+      grpc::ClientContext ctx;
+      prepare(&ctx);
+      v1::GetStatsResponse resp;
+      codes.push_back(stub_->GetStats(&ctx, v1::GetStatsRequest(), &resp).error_code());
+    }
+    return codes;
+  }
+};
+
+TEST_F(GrpcAuthTest, EveryMethodButHealthNeedsTheKey) {
+  const std::vector<grpc::StatusCode> denied(5, grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(call_all(""), denied);
+  EXPECT_EQ(call_all("Bearer wrong"), denied);
+  EXPECT_EQ(call_all("Bearer sekre"), denied);
+  EXPECT_EQ(call_all("sekret"), denied);
+  EXPECT_EQ(call_all("Bearer sekret"), std::vector<grpc::StatusCode>(5, grpc::StatusCode::OK));
+  // Health stays open (supervisors probe without credentials).
+  EXPECT_EQ(health(""), "SERVING");
+  expect_released();
+}
+
+class GrpcAdmissionTest : public GrpcServerTest {
+ protected:
+  GrpcServerOptions server_options() override {
+    GrpcServerOptions o;
+    o.max_running = 1;
+    o.max_queue = 2;
+    return o;
+  }
+};
+
+// kCalls long streams started at once against 1 running + 2 queued: exactly 3 are admitted and
+// the rest get RESOURCE_EXHAUSTED at once, round after round (the gate counts atomically and
+// gives tickets back when streams end).
+TEST_F(GrpcAdmissionTest, ExactlyTheLimitIsAdmitted) {
+  constexpr int kCalls = 10, kAdmitted = 3;
+  for (int round = 0; round < 3; ++round) {
+    std::vector<std::unique_ptr<grpc::ClientContext>> contexts(kCalls);
+    std::vector<grpc::StatusCode> codes(kCalls, grpc::StatusCode::UNKNOWN);
+    std::atomic<int> exhausted{0}, streaming{0};
+    std::atomic<bool> go{false};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kCalls; ++i) {
+      contexts[i] = std::make_unique<grpc::ClientContext>();
+      set_deadline(contexts[i].get());
+      threads.emplace_back([&, i] {
+        v1::GenerateRequest req;
+        req.set_text("queue");
+        req.mutable_sampling()->set_max_tokens(10000);
+        req.mutable_sampling()->set_ignore_eos(true);
+        while (!go) std::this_thread::yield();
+        auto reader = stub_->Generate(contexts[i].get(), req);
+        v1::GenerateResponse resp;
+        if (reader->Read(&resp)) {
+          ++streaming;
+          while (reader->Read(&resp)) {
+          }
+        }
+        codes[i] = reader->Finish().error_code();
+        if (codes[i] == grpc::StatusCode::RESOURCE_EXHAUSTED) ++exhausted;
+      });
+    }
+    go = true;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while ((exhausted < kCalls - kAdmitted || streaming < 1) &&
+           std::chrono::steady_clock::now() < end)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // no late extra refusal
+    EXPECT_EQ(exhausted.load(), kCalls - kAdmitted) << "round " << round;
+    EXPECT_EQ(server_->in_flight(), kAdmitted) << "round " << round;
+    for (auto& c : contexts) c->TryCancel();
+    for (auto& t : threads) t.join();
+    int cancelled = 0;
+    for (grpc::StatusCode c : codes) cancelled += c == grpc::StatusCode::CANCELLED;
+    EXPECT_EQ(cancelled, kAdmitted) << "round " << round;
+    expect_released();
+    const auto drained = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (server_->in_flight() > 0 && std::chrono::steady_clock::now() < drained)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 }
 
 }  // namespace

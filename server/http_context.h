@@ -10,6 +10,7 @@
 #include "engine/chat/chat_template.h"
 #include "engine/engine.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "server/admission.h"
 #include "server/http_stream_pump.h"
 #include "server/metrics.h"
 #include "server/server_options.h"
@@ -23,6 +24,7 @@ struct HttpContext {
   Metrics* metrics = nullptr;
   HttpOptions options;
   StreamPump* pump = nullptr;
+  AdmissionGate* admission = nullptr;  // shared with the other frontends (main.cc)
   int64_t started_unix = 0;
 
   std::atomic<bool> draining{false};      // new requests get 503

@@ -209,13 +209,19 @@ RouteResult generate(HttpContext& ctx, std::string_view body, bool chat) {
     result.reply = error_reply(api_error_from_status(requests.status()));
     return result;
   }
-  if (ctx.engine->stats().waiting >= ctx.options.max_queue) {
-    result.reply = error(429, absl::StrCat("the server's queue is full (", ctx.options.max_queue,
-                                           " requests waiting); retry later"));
+  // One admission rule for every frontend (server/admission.h): atomic, so simultaneous
+  // requests cannot overshoot --max_queue.
+  AdmissionGate::Ticket ticket;
+  if (absl::Status st = ctx.admission->try_acquire(static_cast<int>(requests->size()), &ticket);
+      !st.ok()) {
+    result.reply = error_reply(api_error_from_status(st));
+    if (absl::IsResourceExhausted(st))
+      result.reply.headers.push_back({"Retry-After", absl::StrCat(kRetryAfterSeconds)});
     return result;
   }
   const uint64_t serial = ctx.next_request.fetch_add(1);
   auto gen = std::make_unique<Generation>();
+  gen->ticket = std::move(ticket);
   gen->stream = req->stream;
   gen->received = received;
   for (Request& r : *requests) {
@@ -325,12 +331,14 @@ RouteResult handle_request(HttpContext& ctx, const HttpRequestView& request) {
     result.reply.headers.push_back({"Allow", route->post ? "POST" : "GET"});
     return result;
   }
-  if (path.substr(0, 4) == "/v1/" && !ctx.options.api_key.empty()) {
-    std::string expected = absl::StrCat("Bearer ", ctx.options.api_key);
-    if (request.authorization != expected) {
+  // The key guards everything but the probes a supervisor and a scraper need (the gRPC frontend
+  // leaves grpc.health.v1 open likewise).
+  if (path != "/health" && path != "/metrics" && !ctx.options.api_key.empty()) {
+    if (!api_key_matches(request.authorization, ctx.options.api_key)) {
       ApiError e = make_api_error(401, "missing or wrong API key (Authorization: Bearer ...)");
       e.code = "invalid_api_key";
       result.reply = error_reply(e);
+      result.reply.headers.push_back({"WWW-Authenticate", "Bearer"});  // RFC 6750
       return result;
     }
   }

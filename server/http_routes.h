@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/request_stream.h"
+#include "server/admission.h"
 #include "server/http_context.h"
 #include "server/http_response.h"
 #include "server/openai_response.h"
@@ -49,6 +50,7 @@ struct Generation {
   std::vector<std::shared_ptr<RequestStream>> streams;
   bool stream = false;
   std::chrono::steady_clock::time_point received;
+  AdmissionGate::Ticket ticket;  // counts against --max_queue until the generation is destroyed
 };
 
 struct RouteResult {

@@ -58,8 +58,9 @@ HttpServer::~HttpServer() { stop(); }
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::start(
     Engine& engine, std::shared_ptr<const Tokenizer> tokenizer, ChatFormat format, Metrics* metrics,
-    const HttpOptions& options) {
+    const HttpOptions& options, AdmissionGate& admission) {
   auto impl = std::make_unique<Impl>();
+  impl->ctx.admission = &admission;
   impl->ctx.engine = &engine;
   impl->ctx.tokenizer = std::move(tokenizer);
   impl->ctx.format = format;
@@ -94,12 +95,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::start(
 int HttpServer::port() const { return impl_->port; }
 
 void HttpServer::begin_drain() {
+  impl_->ctx.admission->begin_drain();
   impl_->ctx.draining = true;
-  net::post(impl_->ioc, [p = impl_.get()] {
-    boost::system::error_code ignored;
-    p->acceptor.close(ignored);
-    p->retry.cancel();
-  });
 }
 
 int64_t HttpServer::in_flight() const { return impl_->ctx.in_flight.load(); }
@@ -111,6 +108,8 @@ void HttpServer::stop() {
   impl_->ioc.stop();
   for (auto& t : impl_->threads) t.join();
   impl_->threads.clear();
+  boost::system::error_code ignored;
+  impl_->acceptor.close(ignored);  // no I/O thread is left to race with
 }
 
 }  // namespace loom

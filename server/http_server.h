@@ -13,6 +13,7 @@
 #include "engine/chat/chat_template.h"
 #include "engine/engine.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "server/admission.h"
 #include "server/metrics.h"
 #include "server/server_options.h"
 
@@ -20,19 +21,22 @@ namespace loom {
 
 class HttpServer {
  public:
-  // Binds options.host:options.port (0: any free port) and starts serving. `engine` and
-  // `metrics` must outlive the server. Unavailable when the address cannot be bound.
+  // Binds options.host:options.port (0: any free port) and starts serving. `engine`, `metrics`
+  // and `admission` (the --max_queue and drain gate shared with the gRPC frontend) must outlive
+  // the server. Unavailable when the address cannot be bound.
   static absl::StatusOr<std::unique_ptr<HttpServer>> start(
       Engine& engine, std::shared_ptr<const Tokenizer> tokenizer, ChatFormat format,
-      Metrics* metrics, const HttpOptions& options);
+      Metrics* metrics, const HttpOptions& options, AdmissionGate& admission);
   ~HttpServer();  // stop()
 
   int port() const;
-  // Stops accepting connections; requests arriving on open connections get 503. Thread-safe.
+  // From now on /health and every new request get 503 (new connections are still accepted, so
+  // probes see the 503 rather than a refused connection); generations in flight go on. Stop
+  // admitting work through the AdmissionGate as well. Thread-safe.
   void begin_drain();
   // Generations submitted and not yet fully written (or abandoned by their client).
   int64_t in_flight() const;
-  // Stops the pump and the I/O threads and closes every connection. Idempotent.
+  // Stops listening, the pump and the I/O threads, and closes every connection. Idempotent.
   void stop();
 
  private:

@@ -276,7 +276,9 @@ class Session : public std::enable_shared_from_this<Session> {
     ctx_.metrics->observe_e2e(std::chrono::duration<double>(Clock::now() - gen_->received).count());
     log(status, b.prompt_tokens(), b.completion_tokens());
     gen_.reset();
-    ctx_.in_flight.fetch_sub(1);
+    // in_flight drops once these last bytes are written (after_writes) or the connection closes,
+    // so a draining server does not close the connection under them.
+    unwritten_generation_ = true;
     if (gone_) return close();
     if (keep_alive_)
       resume_after_write_ = true;
@@ -351,6 +353,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Everything queued is written: close, or go back to reading.
   void after_writes() {
+    if (!writing_ && unwritten_generation_) generation_written();
     if (gen_ || writing_) return;
     if (close_after_write_ || !keep_alive_) return close();
     if (!resume_after_write_ || reading_) return;
@@ -364,11 +367,17 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void close() {
+    if (unwritten_generation_) generation_written();
     if (closed_) return;
     closed_ = true;
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
     stream_.socket().close(ignored);
+  }
+
+  void generation_written() {
+    unwritten_generation_ = false;
+    ctx_.in_flight.fetch_sub(1);
   }
 
   void log(int status, int prompt_tokens, int completion_tokens) {
@@ -401,7 +410,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool closed_ = false;
   bool reading_ = false;  // a request read (or the wait for one) is in flight
 
-  std::unique_ptr<Generation> gen_;  // the generation in progress, if any
+  std::unique_ptr<Generation> gen_;    // the generation in progress, if any
+  bool unwritten_generation_ = false;  // finished, its last bytes not yet written
   int open_streams_ = 0;
   bool watching_ = false;
   bool gone_ = false;

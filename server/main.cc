@@ -3,6 +3,7 @@
 // server_options.cc; operations: docs/operations.md.
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -14,11 +15,14 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "engine/chat/chat_template.h"
 #include "engine/engine.h"
 #include "engine/model/model.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "kernels/cpu/gemm.h"
+#include "server/admission.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/server_options.h"
@@ -80,7 +84,10 @@ int main(int argc, char** argv) {
   if (!engine.ok()) return fail("starting the engine", engine.status());
 
   loom::Metrics metrics;
-  auto http = loom::HttpServer::start(**engine, tokenizer, format, &metrics, options->http);
+  // One admission and drain gate for both frontends (server/admission.h).
+  loom::AdmissionGate admission(options->engine.max_num_seqs, options->http.max_queue);
+  auto http =
+      loom::HttpServer::start(**engine, tokenizer, format, &metrics, options->http, admission);
   if (!http.ok()) return fail("starting HTTP", http.status());
 
 #ifdef LOOM_WITH_GRPC
@@ -89,6 +96,8 @@ int main(int argc, char** argv) {
     loom::GrpcServerOptions g;
     g.host = options->http.host;
     g.port = options->grpc_port;
+    g.api_key = options->http.api_key;
+    g.admission = &admission;
     auto started =
         loom::GrpcServer::start(**engine, tokenizer, options->http.served_model_name, &metrics, g);
     if (!started.ok()) return fail("starting gRPC", started.status());
@@ -127,22 +136,37 @@ int main(int argc, char** argv) {
 
   int sig = 0;
   sigwait(&signals, &sig);
-  std::fprintf(stderr, "loom-server: %s: draining (up to %.0f s)\n",
-               sig == SIGTERM ? "SIGTERM" : "SIGINT", options->drain_timeout_s);
+  // The drain (docs/operations.md): admissions stop and both frontends' health turns unhealthy at
+  // once; in-flight generations on either frontend get --drain_timeout_s, counted from the
+  // signal; then whatever is left is ended with an error and the process exits.
+  const absl::Time deadline = absl::Now() + absl::Seconds(options->drain_timeout_s);
+  std::fprintf(stderr, "loom-server: %s: draining (up to %g s, %lld requests in flight)\n",
+               sig == SIGTERM ? "SIGTERM" : "SIGINT", options->drain_timeout_s,
+               static_cast<long long>(admission.in_use()));
+  admission.begin_drain();
   (*http)->begin_drain();
-  // Wait for in-flight HTTP requests; a second signal ends the wait.
-  const auto deadline = std::time(nullptr) + static_cast<time_t>(options->drain_timeout_s);
-  while ((*http)->in_flight() > 0 && std::time(nullptr) <= deadline) {
-    timespec wait{0, 50 * 1000 * 1000};
-    if (sigtimedwait(&signals, nullptr, &wait) > 0) break;
+#ifdef LOOM_WITH_GRPC
+  if (grpc) grpc->begin_drain();
+#endif
+  // A second signal ends the wait.
+  while (true) {
+    const double left = absl::ToDoubleSeconds(deadline - absl::Now());
+    if (left <= 0 || admission.wait_idle(std::min(left, 0.05))) break;
+    const timespec now{0, 0};
+    if (sigtimedwait(&signals, nullptr, &now) > 0) break;
+  }
+  if (admission.in_use() > 0) {
+    std::fprintf(stderr, "loom-server: drain timeout: ending %lld requests still in flight\n",
+                 static_cast<long long>(admission.in_use()));
   }
 #ifdef LOOM_WITH_GRPC
-  if (grpc) grpc->shutdown();
+  if (grpc) grpc->shutdown();  // remaining streams end with UNAVAILABLE
 #endif
-  // Cancels whatever is still running; sessions get their final events and close.
+  // Cancels whatever is still running: HTTP generations get their final events (finish_reason
+  // "abort") and their sessions write them; give that a moment before closing the connections.
   (*engine)->shutdown();
-  for (int i = 0; i < 40 && (*http)->in_flight() > 0; ++i) {
-    timespec wait{0, 25 * 1000 * 1000};
+  for (int i = 0; i < 50 && (*http)->in_flight() > 0; ++i) {
+    const timespec wait{0, 10 * 1000 * 1000};
     nanosleep(&wait, nullptr);
   }
   (*http)->stop();

@@ -141,13 +141,13 @@ absl::Status parse_common(const json& j, OpenAiRequest* r) {
     r->model = v->get<std::string>();
   }
   SamplingParams& p = r->params;
-  LOOM_GET(temperature, get_number(j, "temperature", 0.0, 2.0));
+  // Sampling values are read here and range-checked by SamplingParams::validate_ranges below,
+  // the definition the gRPC frontend uses too.
+  constexpr double kAny = std::numeric_limits<double>::max();
+  LOOM_GET(temperature, get_number(j, "temperature", -kAny, kAny));
   if (temperature) p.temperature = static_cast<float>(*temperature);
-  LOOM_GET(top_p, get_number(j, "top_p", 0.0, 1.0));
-  if (top_p) {
-    if (*top_p <= 0.0) return bad("top_p", "must be in (0, 1]");
-    p.top_p = static_cast<float>(*top_p);
-  }
+  LOOM_GET(top_p, get_number(j, "top_p", -kAny, kAny));
+  if (top_p) p.top_p = static_cast<float>(*top_p);
   LOOM_GET(n, get_int(j, "n", 1, kMaxN));
   if (n) p.n = static_cast<int>(*n);
   LOOM_RETURN_IF_ERROR(parse_stop(j, &p));
@@ -159,20 +159,18 @@ absl::Status parse_common(const json& j, OpenAiRequest* r) {
     else
       return bad("seed", "must be an integer");
   }
-  LOOM_GET(presence, get_number(j, "presence_penalty", -2.0, 2.0));
+  LOOM_GET(presence, get_number(j, "presence_penalty", -kAny, kAny));
   if (presence) p.presence_penalty = static_cast<float>(*presence);
-  LOOM_GET(frequency, get_number(j, "frequency_penalty", -2.0, 2.0));
+  LOOM_GET(frequency, get_number(j, "frequency_penalty", -kAny, kAny));
   if (frequency) p.frequency_penalty = static_cast<float>(*frequency);
   // Loom extensions.
   LOOM_GET(top_k, get_int(j, "top_k", -1, std::numeric_limits<int32_t>::max()));
   if (top_k) p.top_k = *top_k < 0 ? 0 : static_cast<int>(*top_k);
-  LOOM_GET(min_p, get_number(j, "min_p", 0.0, 1.0));
+  LOOM_GET(min_p, get_number(j, "min_p", -kAny, kAny));
   if (min_p) p.min_p = static_cast<float>(*min_p);
-  LOOM_GET(rep, get_number(j, "repetition_penalty", 0.0, 100.0));
-  if (rep) {
-    if (*rep <= 0.0) return bad("repetition_penalty", "must be positive");
-    p.repetition_penalty = static_cast<float>(*rep);
-  }
+  LOOM_GET(rep, get_number(j, "repetition_penalty", -kAny, kAny));
+  if (rep) p.repetition_penalty = static_cast<float>(*rep);
+  LOOM_RETURN_IF_ERROR(p.validate_ranges());
   LOOM_GET(ignore_eos, get_bool(j, "ignore_eos"));
   if (ignore_eos) p.ignore_eos = *ignore_eos;
   LOOM_GET(min_tokens, get_int(j, "min_tokens", 0, std::numeric_limits<int32_t>::max()));

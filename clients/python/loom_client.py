@@ -11,6 +11,7 @@ no grpcio-tools (and no *_pb2_grpc.py) is needed.
 """
 
 import argparse
+import os
 import sys
 
 import grpc
@@ -44,10 +45,13 @@ class LoomClient:
     """A connection to one loom-server. Thread-safe (grpc channels are). Errors are raised as
     grpc.RpcError (e.code() is grpc.StatusCode.INVALID_ARGUMENT for a bad request)."""
 
-    def __init__(self, target, timeout=None, channel=None):
-        """target: "host:port". timeout: default deadline in seconds for every call (None: none)."""
+    def __init__(self, target, timeout=None, channel=None, api_key=None):
+        """target: "host:port". timeout: default deadline in seconds for every call (None: none).
+        api_key: sent as metadata `authorization: Bearer KEY` on every call (servers started with
+        --api_key; health checks need none)."""
         self.channel = channel or grpc.insecure_channel(target)
         self.timeout = timeout
+        self.metadata = (("authorization", "Bearer " + api_key),) if api_key else None
         ser = lambda m: m.SerializeToString()  # noqa: E731
         self._generate = self.channel.unary_stream(
             _SERVICE + "Generate", request_serializer=ser,
@@ -114,7 +118,8 @@ class LoomClient:
         """Streams GenerateResponse messages (fields: index, token_ids, text, logprobs,
         finish_reason, error, usage). The returned iterator is also a grpc.Call: call its
         .cancel() to stop the request (the server cancels it in the engine)."""
-        return self._generate(self.make_request(prompt, **kwargs), timeout=self._t(timeout))
+        return self._generate(self.make_request(prompt, **kwargs), timeout=self._t(timeout),
+                              metadata=self.metadata)
 
     def generate_text(self, prompt, timeout=None, **kwargs):
         """Runs a request to the end. Returns one dict per choice: text, token_ids, logprobs
@@ -138,21 +143,23 @@ class LoomClient:
     def tokenize(self, text, parse_special_tokens=False, timeout=None):
         """Text -> list of token ids."""
         req = loom_pb2.TokenizeRequest(text=text, parse_special_tokens=parse_special_tokens)
-        return list(self._tokenize(req, timeout=self._t(timeout)).token_ids)
+        return list(self._tokenize(req, timeout=self._t(timeout), metadata=self.metadata).token_ids)
 
     def detokenize(self, token_ids, skip_special_tokens=False, timeout=None):
         """List of token ids -> text."""
         req = loom_pb2.DetokenizeRequest(token_ids=token_ids,
                                          skip_special_tokens=skip_special_tokens)
-        return self._detokenize(req, timeout=self._t(timeout)).text
+        return self._detokenize(req, timeout=self._t(timeout), metadata=self.metadata).text
 
     def model_info(self, timeout=None):
         """A GetModelInfoResponse (model_name, model_type, vocab_size, max_model_len, ...)."""
-        return self._model_info(loom_pb2.GetModelInfoRequest(), timeout=self._t(timeout))
+        return self._model_info(loom_pb2.GetModelInfoRequest(), timeout=self._t(timeout),
+                                metadata=self.metadata)
 
     def stats(self, timeout=None):
         """A GetStatsResponse: the engine's counters (pages_free, slots_free, running, ...)."""
-        return self._stats(loom_pb2.GetStatsRequest(), timeout=self._t(timeout))
+        return self._stats(loom_pb2.GetStatsRequest(), timeout=self._t(timeout),
+                           metadata=self.metadata)
 
     def health(self, service="", timeout=None):
         """grpc.health.v1 Check: "SERVING", "NOT_SERVING", "UNKNOWN" or "SERVICE_UNKNOWN"."""
@@ -174,13 +181,16 @@ class LoomClient:
         return list(resp.file_descriptor_response.file_descriptor_proto)
 
     def _reflect(self, request, timeout):
-        return next(iter(self._reflection(iter([request]), timeout=self._t(timeout))))
+        return next(iter(self._reflection(iter([request]), timeout=self._t(timeout),
+                                          metadata=self.metadata)))
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="loom_client", description="loom-server gRPC client")
     ap.add_argument("--target", default="127.0.0.1:50051", help="host:port of loom-server")
     ap.add_argument("--timeout", type=float, default=None, help="deadline per call, seconds")
+    ap.add_argument("--api-key", default=os.environ.get("LOOM_API_KEY"),
+                    help="for servers started with --api_key (default: $LOOM_API_KEY)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="stream a completion")
     g.add_argument("prompt", help="prompt text (or comma-separated ids with --ids)")
@@ -203,7 +213,7 @@ def main(argv=None):
     sub.add_parser("services", help="services listed by server reflection")
     a = ap.parse_args(argv)
 
-    with LoomClient(a.target, timeout=a.timeout) as c:
+    with LoomClient(a.target, timeout=a.timeout, api_key=a.api_key) as c:
         try:
             if a.cmd == "generate":
                 prompt = [int(x) for x in a.prompt.split(",")] if a.ids else a.prompt

@@ -9,12 +9,17 @@
 
 namespace loom {
 
-absl::Status SamplingParams::validate(int vocab_size) const {
-  auto bad = [](const char* field, auto v, const char* expected) {
-    return absl::InvalidArgumentError(absl::StrCat(field, " = ", v, ": expected ", expected));
-  };
-  if (!(temperature >= 0.0f) || temperature > 100.0f)
-    return bad("temperature", temperature, "[0, 100]");
+namespace {
+
+absl::Status bad(const char* field, auto v, const std::string& expected) {
+  return absl::InvalidArgumentError(absl::StrCat(field, " = ", v, ": expected ", expected));
+}
+
+}  // namespace
+
+absl::Status SamplingParams::validate_ranges() const {
+  if (!(temperature >= 0.0f && temperature <= kMaxTemperature))
+    return bad("temperature", temperature, absl::StrCat("[0, ", kMaxTemperature, "]"));
   if (top_k < 0) return bad("top_k", top_k, ">= 0 (0 disables it)");
   if (!(top_p > 0.0f && top_p <= 1.0f)) return bad("top_p", top_p, "(0, 1]");
   if (!(min_p >= 0.0f && min_p <= 1.0f)) return bad("min_p", min_p, "[0, 1]");
@@ -24,30 +29,34 @@ absl::Status SamplingParams::validate(int vocab_size) const {
     return bad("presence_penalty", presence_penalty, "[-2, 2]");
   if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f))
     return bad("frequency_penalty", frequency_penalty, "[-2, 2]");
+  return absl::OkStatus();
+}
+
+absl::Status SamplingParams::validate(int vocab_size) const {
+  if (absl::Status st = validate_ranges(); !st.ok()) return st;
   if (max_tokens < 1) return bad("max_tokens", max_tokens, ">= 1");
   if (min_tokens < 0 || min_tokens > max_tokens)
     return bad("min_tokens", min_tokens, "between 0 and max_tokens");
   if (logprobs < -1 || logprobs > kMaxLogprobs)
-    return bad("logprobs", logprobs, absl::StrCat("-1 (none) to ", kMaxLogprobs).c_str());
-  if (n < 1 || n > kMaxN) return bad("n", n, absl::StrCat("1 to ", kMaxN).c_str());
+    return bad("logprobs", logprobs, absl::StrCat("-1 (none) to ", kMaxLogprobs));
+  if (n < 1 || n > kMaxN) return bad("n", n, absl::StrCat("1 to ", kMaxN));
   for (int32_t t : stop_token_ids)
     if (t < 0 || t >= vocab_size)
-      return bad("stop_token_ids", t, absl::StrCat("token ids in [0, ", vocab_size, ")").c_str());
+      return bad("stop_token_ids", t, absl::StrCat("token ids in [0, ", vocab_size, ")"));
   if (logit_bias.size() > static_cast<size_t>(kMaxLogitBias))
     return bad("logit_bias", logit_bias.size(),
-               absl::StrCat("at most ", kMaxLogitBias, " entries").c_str());
+               absl::StrCat("at most ", kMaxLogitBias, " entries"));
   for (const auto& [t, b] : logit_bias) {
     if (t < 0 || t >= vocab_size)
-      return bad("logit_bias", t, absl::StrCat("token ids in [0, ", vocab_size, ")").c_str());
+      return bad("logit_bias", t, absl::StrCat("token ids in [0, ", vocab_size, ")"));
     if (!(b >= -kMaxLogitBiasValue && b <= kMaxLogitBiasValue))
       return bad("logit_bias", b, "biases in [-100, 100]");
   }
   if (stop.size() > static_cast<size_t>(kMaxStopStrings))
-    return bad("stop", stop.size(), absl::StrCat("at most ", kMaxStopStrings, " strings").c_str());
+    return bad("stop", stop.size(), absl::StrCat("at most ", kMaxStopStrings, " strings"));
   for (const std::string& s : stop)
     if (s.empty() || s.size() > static_cast<size_t>(kMaxStopStringBytes))
-      return bad("stop", s.size(),
-                 absl::StrCat("strings of 1 to ", kMaxStopStringBytes, " bytes").c_str());
+      return bad("stop", s.size(), absl::StrCat("strings of 1 to ", kMaxStopStringBytes, " bytes"));
   return absl::OkStatus();
 }
 

@@ -35,11 +35,18 @@ struct SamplingParams {
   int logprobs = -1;  // -1: none; 0: the chosen token's logprob; k > 0: also the top k
   int n = 1;          // independent samples sharing one prefill
 
-  // InvalidArgument naming the field when out of range (vocab_size bounds top_k and token ids).
+  // InvalidArgument naming the field ("temperature = 3: expected [0, 2]") when out of range
+  // (vocab_size bounds top_k and token ids). The one definition of the ranges: the engine checks it
+  // on submit, and both API frontends (server/openai_request.cc, server/grpc_convert.cc) answer
+  // with it, so HTTP and gRPC accept exactly the same values.
   absl::Status validate(int vocab_size) const;
+  // The part of validate() that needs neither the vocabulary nor max_tokens (the distribution
+  // shaping and penalty ranges), for parsers that check fields before those are known.
+  absl::Status validate_ranges() const;
 };
 
 // Upper bounds enforced by validate(): they keep one request from monopolising a step's work.
+inline constexpr float kMaxTemperature = 2.0f;  // OpenAI's range; beyond it output is noise
 inline constexpr int kMaxLogprobs = 20;
 inline constexpr int kMaxN = 16;
 inline constexpr int kMaxStopStrings = 16;

@@ -29,3 +29,15 @@ if((TARGET loom-server OR EXISTS ${CMAKE_SOURCE_DIR}/server/CMakeLists.txt) AND 
             --extra-args "--port 0")
   set_tests_properties(grpc_server_e2e PROPERTIES LABELS integration TIMEOUT 300)
 endif()
+
+# The rules both frontends of loom-server obey alike (API key, admission, sampling validation,
+# drain), checked over HTTP and gRPC against one loom-server.
+get_property(done GLOBAL PROPERTY LOOM_FRONTEND_RULES_TEST)
+if((TARGET loom-server OR EXISTS ${CMAKE_SOURCE_DIR}/server/CMakeLists.txt) AND NOT done)
+  set_property(GLOBAL PROPERTY LOOM_FRONTEND_RULES_TEST TRUE)
+  add_test(NAME frontend_rules_e2e
+    COMMAND /usr/bin/python3 ${CMAKE_SOURCE_DIR}/tests/integration/frontend_rules_test.py
+            --server $<TARGET_FILE:loom-server> --model ${LOOM_GRPC_TEST_MODEL}
+            --pythonpath ${LOOM_PROTO_PY_DIR})
+  set_tests_properties(frontend_rules_e2e PROPERTIES LABELS integration TIMEOUT 300)
+endif()

@@ -25,8 +25,9 @@ DEADLINE = 60.0  # seconds, per call
 
 
 class Server:
-    def __init__(self, args):
-        cmd = [args.server, "--model", args.model, "--grpc_port", "0"] + shlex.split(args.extra_args)
+    def __init__(self, args, *more):
+        cmd = [args.server, "--model", args.model, "--grpc_port", "0"] + shlex.split(args.extra_args) \
+            + list(more)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         lines = queue.Queue()
@@ -225,7 +226,7 @@ class GrpcServerTest(unittest.TestCase):
 
     def test_cancel_frees_pages_and_slot(self):
         before = self.client.stats()
-        call = self.client.generate("cancel me", max_tokens=100000, ignore_eos=True)
+        call = self.client.generate("cancel me", max_tokens=5000, ignore_eos=True)
         got = 0
         for msg in call:
             got += len(msg.token_ids)
@@ -239,12 +240,12 @@ class GrpcServerTest(unittest.TestCase):
         self.assertEqual(e.exception.code(), grpc.StatusCode.CANCELLED)
         st = self.wait_released()
         self.assertEqual(st.finished_cancelled, before.finished_cancelled + 1)
-        self.assertLess(st.generated_tokens - before.generated_tokens, 100000)
+        self.assertLess(st.generated_tokens - before.generated_tokens, 5000)
 
     def test_deadline_cancels(self):
         before = self.client.stats()
         with self.assertRaises(grpc.RpcError) as e:
-            for _ in self.client.generate("deadline", max_tokens=100000, ignore_eos=True,
+            for _ in self.client.generate("deadline", max_tokens=5000, ignore_eos=True,
                                           timeout=0.5):
                 pass
         self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -253,22 +254,34 @@ class GrpcServerTest(unittest.TestCase):
 
 
 class GrpcDrainTest(unittest.TestCase):
-    """SIGTERM drains: health turns NOT_SERVING, a stream still running after the grace period
-    ends with UNAVAILABLE (and is cancelled in the engine), and the server exits 0."""
+    """SIGTERM drains: health turns NOT_SERVING and new calls get UNAVAILABLE at once, a stream
+    still running when --drain_timeout_s ends gets UNAVAILABLE (and is cancelled in the engine),
+    and the server exits 0 right after the timeout. (tests/integration/frontend_rules_test.py
+    checks the drain of loom-server's two frontends together.)"""
 
     def test_sigterm_drains(self):
-        server = Server(ARGS)
+        timeout_s = 1.0
+        server = Server(ARGS, "--drain_timeout_s", str(timeout_s))
         try:
             client = loom_client.LoomClient(server.target, timeout=DEADLINE)
-            call = client.generate("drain", max_tokens=100000, ignore_eos=True)
+            call = client.generate("drain", max_tokens=5000, ignore_eos=True)
             next(iter(call))
+            t0 = time.time()
             server.proc.terminate()
+            end = time.time() + 2
+            while client.health() != "NOT_SERVING" and time.time() < end:
+                time.sleep(0.01)
+            self.assertEqual(client.health(), "NOT_SERVING")
+            with self.assertRaises(grpc.RpcError) as e:
+                list(client.generate("late", max_tokens=2))
+            self.assertEqual(e.exception.code(), grpc.StatusCode.UNAVAILABLE)
             with self.assertRaises(grpc.RpcError) as e:
                 for _ in call:
                     pass
-            self.assertIn(e.exception.code(),
-                          (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED))
+            self.assertEqual(e.exception.code(), grpc.StatusCode.UNAVAILABLE)
+            self.assertIn("drain timeout", e.exception.details())
             self.assertEqual(server.proc.wait(timeout=30), 0)
+            self.assertLess(time.time() - t0, timeout_s + 1.5)
             client.close()
         finally:
             server.stop()

@@ -215,6 +215,8 @@ TEST(SamplingParams, Validate) {
     return !p.validate(100).ok();
   };
   EXPECT_TRUE(bad([](auto& p) { p.temperature = -1; }));
+  EXPECT_TRUE(bad([](auto& p) { p.temperature = 2.5f; }));  // OpenAI's range, on every frontend
+  EXPECT_FALSE(bad([](auto& p) { p.temperature = 2.0f; }));
   EXPECT_TRUE(bad([](auto& p) { p.top_p = 0; }));
   EXPECT_TRUE(bad([](auto& p) { p.top_k = -2; }));
   EXPECT_TRUE(bad([](auto& p) { p.max_tokens = 0; }));
