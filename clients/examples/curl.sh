@@ -26,8 +26,8 @@ curl -s $AUTH "$URL/v1/chat/completions" -H 'Content-Type: application/json' -d 
   "max_tokens": 32}'; echo
 
 echo "## tokenize / detokenize"
-curl -s "$URL/tokenize" -d '{"prompt": "Hello"}'; echo
-curl -s "$URL/detokenize" -d '{"tokens": [72, 101, 108, 108, 111]}'; echo
+curl -s "$URL/tokenize" -H 'Content-Type: application/json' -d '{"prompt": "Hello"}'; echo
+curl -s "$URL/detokenize" -H 'Content-Type: application/json' -d '{"tokens": [72, 101, 108, 108, 111]}'; echo
 
 echo "## health and Prometheus metrics"
 curl -s "$URL/health"; echo

@@ -9,6 +9,10 @@ bad max_tokens, a 10 MB body, slow-loris, 1000 idle connections, a client that n
 stream), 64 concurrent streaming clients
 of which a quarter disconnect (completed streams equal solo runs; pools back to their initial free
 counts), API keys, 429 on a full queue, and a SIGTERM drain that lets a stream finish and exits 0.
+Also: special tokens in chat content stay text, Host (DNS rebinding) and Content-Type checks, the
+header timeout from accept, HTTP/1.0 close-delimited streams, absolute-form targets, bytes after
+the JSON body, GET /v1/models/{id}, the default max_model_len and max_n; and every reply body and
+stream chunk of the OpenAI routes is checked against OpenAI's published schema (openai_schema.py).
 Every wait is bounded; servers are always killed at the end.
 """
 import argparse

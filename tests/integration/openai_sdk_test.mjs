@@ -24,6 +24,9 @@ function checkUsage(u, what) {
 const models = await client.models.list();
 eq(models.data[0].id, model, 'models: id');
 eq(models.data[0].object, 'model', 'models: object');
+const retrieved = await client.models.retrieve(model);
+eq(retrieved.id, model, 'models.retrieve: id');
+eq(retrieved, models.data[0], 'models.retrieve: the listed entry');
 
 // completions, non-streaming and streaming with the same seed
 const cparams = { model, prompt: 'Once upon a time', max_tokens: 12, seed: 42, temperature: 0.8 };
