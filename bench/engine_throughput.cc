@@ -19,6 +19,7 @@ ABSL_FLAG(int, prompt_len, 128, "prompt tokens per request in the throughput run
 ABSL_FLAG(int, max_tokens, 64, "generated tokens per request");
 ABSL_FLAG(int, ttft_prompt_len, 2000, "prompt tokens of the time-to-first-token run");
 ABSL_FLAG(int, max_num_batched_tokens, 2048, "engine token budget per step");
+ABSL_FLAG(bool, deterministic, false, "batch-invariant numerics (the server's --deterministic)");
 
 namespace loom {
 namespace {
@@ -42,6 +43,7 @@ std::unique_ptr<Engine> make_engine() {
   opt.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
   opt.max_num_seqs = 64;
   opt.enable_prefix_cache = false;  // random prompts: nothing to share; keep the work honest
+  opt.deterministic = absl::GetFlag(FLAGS_deterministic);
   auto e = Engine::create(std::move(*model), nullptr, opt);
   if (!e.ok()) {
     std::fprintf(stderr, "loom-bench-engine: %s\n", std::string(e.status().message()).c_str());

@@ -105,7 +105,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> mo
   if (cfg.eos_token_id >= 0) loop->eos_ids.push_back(cfg.eos_token_id);
   loop->seeds.seed(options.seed != 0 ? options.seed : std::random_device{}());
   e->model_ = std::move(model);
-  loop->runner = std::make_unique<ModelRunner>(*e->model_, *loop->store);
+  loop->runner = std::make_unique<ModelRunner>(*e->model_, *loop->store, options.deterministic);
   e->loop_ = std::move(loop);
   {
     // Totals count what requests can get: the scratch slot is never handed out.

@@ -31,6 +31,10 @@ struct EngineOptions {
                                     // max_position_embeddings (or unlimited when it has none)
   uint64_t seed = 0;                // seeds requests that bring none (0: random)
   int32_t max_n = kMaxN;            // choices per request (each prefills and decodes on its own)
+  // Batch-invariant numerics (kernels/batch_invariance.h): a request's tokens and logprobs are
+  // bit-identical whatever else runs, however its prompt is chunked, and across prefix-cache hits
+  // and preemption. Slower; docs/operations.md has the cost.
+  bool deterministic = false;
 };
 
 struct EngineStats {

@@ -7,6 +7,7 @@ namespace loom {
 absl::StatusOr<Tensor> ModelRunner::run(const BatchPlan& plan) {
   ForwardBatch batch;
   batch.store = &store_;
+  batch.batch_invariant = batch_invariant_;
   for (const SeqPlan& s : plan.seqs) {
     if (store_.has_linear()) {
       if (s.restore_from_slot >= 0) {

@@ -14,7 +14,9 @@ namespace loom {
 // Owned by the engine loop thread.
 class ModelRunner {
  public:
-  ModelRunner(const Model& model, CacheStore& store) : model_(model), store_(store) {}
+  // `batch_invariant`: run every step in batch-invariant numerics (EngineOptions::deterministic).
+  ModelRunner(const Model& model, CacheStore& store, bool batch_invariant)
+      : model_(model), store_(store), batch_invariant_(batch_invariant) {}
 
   // Runs `plan`; returns logits [k, V] for the k entries with sample == true, in plan order.
   absl::StatusOr<Tensor> run(const BatchPlan& plan);
@@ -22,6 +24,7 @@ class ModelRunner {
  private:
   const Model& model_;
   CacheStore& store_;
+  const bool batch_invariant_;
 };
 
 }  // namespace loom

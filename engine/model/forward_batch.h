@@ -35,6 +35,9 @@ struct ForwardBatch {
   std::vector<int32_t> token_ids;   // sum of seqs[i].num_tokens entries
   std::vector<SequenceInput> seqs;  // in token order
   CacheStore* store = nullptr;      // for store-backed sequences
+  // Compute every row the same way whatever else is in the batch and however the sequence was
+  // split into steps (kernels/batch_invariance.h); slower. Set by the engine's --deterministic.
+  bool batch_invariant = false;
 };
 
 }  // namespace loom

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "kernels/batch_invariance.h"
 #include "kernels/conv.h"
 #include "kernels/elementwise.h"
 #include "kernels/kda.h"
@@ -41,7 +42,10 @@ void linear_attention_delta_rule(const Tensor& q, const Tensor& k, const Tensor&
   const float scale = 1.0f / std::sqrt(static_cast<float>(q.dim(2)));
   for (size_t s = 0; s < batch.start.size(); ++s) {
     const int64_t b = batch.start[s], e = b + batch.length[s];
-    auto run = batch.length[s] <= kRecurrentMaxTokens ? kda_recurrent_forward : kda_chunked_forward;
+    // The recurrence's result for a token does not depend on how the sequence was cut into calls;
+    // the chunked form's does (where its chunks start), so batch-invariant mode never takes it.
+    const bool recurrent = batch.length[s] <= kRecurrentMaxTokens || batch_invariant_numerics();
+    auto run = recurrent ? kda_recurrent_forward : kda_chunked_forward;
     run(q.slice(0, b, e), k.slice(0, b, e), v.slice(0, b, e), g.slice(0, b, e), beta.slice(0, b, e),
         scale, batch.recurrent(s, layer), o.slice(0, b, e));
   }

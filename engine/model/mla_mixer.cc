@@ -9,6 +9,7 @@
 #include "engine/model/layers.h"
 #include "engine/model/rope_table.h"
 #include "kernels/attention.h"
+#include "kernels/batch_invariance.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
@@ -100,7 +101,10 @@ class MlaMixer final : public Mixer {
                               static_cast<double>(t) * total * h * (dn + dr + dv);
       const double absorbed = static_cast<double>(t) * h * r * (dn + dv) +
                               static_cast<double>(t) * total * h * (2 * r + dr);
-      auto attend = absorbed <= expanded ? mla_attention_absorbed : mla_attention_expanded;
+      // Batch-invariant mode always takes the absorbed form, as decode does: the two forms round
+      // differently, so a prefill and a recompute of the same tokens must not switch between them.
+      auto attend = absorbed <= expanded || batch_invariant_numerics() ? mla_attention_absorbed
+                                                                       : mla_attention_expanded;
       attend(q.slice(0, b, b + t), c_all, kr_all, kv_b_, dims, scale_, o.slice(0, b, b + t));
     }
     if (gate_proj_.defined()) {

@@ -5,6 +5,7 @@
 #include "engine/core/status.h"
 #include "kernels/activation.h"
 #include "kernels/attnres.h"
+#include "kernels/batch_invariance.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
@@ -165,6 +166,7 @@ absl::StatusOr<Tensor> Model::forward(const ForwardBatch& batch,
   }
   const int64_t rows = layout.num_rows;
   if (rows == 0) return Tensor::empty({0, cfg_.vocab_size});
+  const ScopedBatchInvariance numerics(batch.batch_invariant);
 
   const int64_t d = cfg_.hidden_size;
   for (size_t s = 0; s < layout.caches.size(); ++s)

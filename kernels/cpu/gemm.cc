@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "kernels/batch_invariance.h"
 
 namespace loom::cpu {
 namespace {
@@ -63,46 +64,55 @@ void store(float* c, float v, float alpha, float beta) {
   *c = beta == 0.0f ? alpha * v : alpha * v + beta * *c;  // beta = 0 never reads c (may be NaN)
 }
 
-// c[m, n] = alpha * a[m, k] @ op(b) + beta * c with m <= kSmallM and a not transposed. Each thread
-// takes a range of output columns and reads its part of b once for all m rows.
-void small_m_sgemm(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                   int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+// c[m, n] = alpha * a[m, k] @ op(b) + beta * c with a not transposed, for any m. Every element
+// of c is computed by the same operations whatever m is and wherever its row sits (a fixed 8-lane
+// accumulation over k, then a fixed horizontal sum and tail), so this kernel is batch-invariant;
+// it serves few-row products always and every product in batch-invariant mode. Each thread takes
+// a range of output columns and reads its part of b once per block of rows.
+void row_invariant_sgemm(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                         int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                         int64_t ldc) {
   const bool parallel = n * k >= (int64_t{1} << 15);
+  // Rows per pass over b: 64 rows of a (k = 2048: 512 KiB) stay in L2 while b's tiles stream.
+  constexpr int64_t kRowBlock = 64;
   if (trans_b) {  // b: [n, k]; c[i, j] = dot(a row i, b row j), in 4 x 4 tiles
     constexpr int64_t kCols = 4;
     const int64_t col_tiles = (n + kCols - 1) / kCols;
+    for (int64_t i0 = 0; i0 < m; i0 += kRowBlock) {
+      const int64_t i1 = std::min(m, i0 + kRowBlock);
 #pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t t = 0; t < col_tiles; ++t) {
-      const int64_t j0 = t * kCols;
-      const int64_t nc = std::min(kCols, n - j0);
-      const float* cols[kCols];
-      for (int64_t q = 0; q < kCols; ++q) cols[q] = b + (j0 + std::min(q, nc - 1)) * ldb;
-      float tile[4 * kCols];
-      for (int64_t i = 0; i < m; i += 4) {
-        const int64_t nr = std::min<int64_t>(4, m - i);
-        const float* rows[4];
-        for (int64_t r = 0; r < 4; ++r) rows[r] = a + (i + std::min(r, nr - 1)) * lda;
-        // Short tiles repeat their last row/column (cheap, from cache) and drop the copies.
-        if (nr == 4) {
-          dot_tile<4, kCols>(rows, cols, k, tile);
-        } else if (nr == 2) {
-          dot_tile<2, kCols>(rows, cols, k, tile);
-        } else if (nr == 1) {
-          dot_tile<1, kCols>(rows, cols, k, tile);
-        } else {
-          dot_tile<3, kCols>(rows, cols, k, tile);
-        }
-        for (int64_t r = 0; r < nr; ++r) {
-          for (int64_t q = 0; q < nc; ++q) {
-            store(c + (i + r) * ldc + j0 + q, tile[r * kCols + q], alpha, beta);
+      for (int64_t t = 0; t < col_tiles; ++t) {
+        const int64_t j0 = t * kCols;
+        const int64_t nc = std::min(kCols, n - j0);
+        const float* cols[kCols];
+        for (int64_t q = 0; q < kCols; ++q) cols[q] = b + (j0 + std::min(q, nc - 1)) * ldb;
+        float tile[4 * kCols];
+        for (int64_t i = i0; i < i1; i += 4) {
+          const int64_t nr = std::min<int64_t>(4, i1 - i);
+          const float* rows[4];
+          for (int64_t r = 0; r < 4; ++r) rows[r] = a + (i + std::min(r, nr - 1)) * lda;
+          // Short tiles repeat their last row/column (cheap, from cache) and drop the copies.
+          if (nr == 4) {
+            dot_tile<4, kCols>(rows, cols, k, tile);
+          } else if (nr == 2) {
+            dot_tile<2, kCols>(rows, cols, k, tile);
+          } else if (nr == 1) {
+            dot_tile<1, kCols>(rows, cols, k, tile);
+          } else {
+            dot_tile<3, kCols>(rows, cols, k, tile);
+          }
+          for (int64_t r = 0; r < nr; ++r) {
+            for (int64_t q = 0; q < nc; ++q) {
+              store(c + (i + r) * ldc + j0 + q, tile[r * kCols + q], alpha, beta);
+            }
           }
         }
       }
     }
     return;
   }
-  // b: [k, n]; row i of c is sum_l a[i, l] * b[l, :]. Blocks of columns keep the m partial rows
-  // in registers/L1 while b streams by once.
+  // b: [k, n]; row i of c is sum_l a[i, l] * b[l, :] in order of l. Blocks of columns keep up to
+  // kSmallM partial rows in registers/L1 while b streams by.
   constexpr int64_t kBlock = 256;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (parallel)
@@ -110,20 +120,23 @@ void small_m_sgemm(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, c
     const int64_t j0 = blk * kBlock;
     const int64_t w = std::min(kBlock, n - j0);
     float acc[kSmallM][kBlock];
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < w; ++j) acc[i][j] = 0.0f;
-    }
-    for (int64_t l = 0; l < k; ++l) {
-      const float* bl = b + l * ldb + j0;
-      for (int64_t i = 0; i < m; ++i) {
-        const float ail = a[i * lda + l];
-        float* ai = acc[i];
-#pragma omp simd
-        for (int64_t j = 0; j < w; ++j) ai[j] += ail * bl[j];
+    for (int64_t i0 = 0; i0 < m; i0 += kSmallM) {
+      const int64_t mr = std::min(kSmallM, m - i0);
+      for (int64_t i = 0; i < mr; ++i) {
+        for (int64_t j = 0; j < w; ++j) acc[i][j] = 0.0f;
       }
-    }
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < w; ++j) store(c + i * ldc + j0 + j, acc[i][j], alpha, beta);
+      for (int64_t l = 0; l < k; ++l) {
+        const float* bl = b + l * ldb + j0;
+        for (int64_t i = 0; i < mr; ++i) {
+          const float ail = a[(i0 + i) * lda + l];
+          float* ai = acc[i];
+#pragma omp simd
+          for (int64_t j = 0; j < w; ++j) ai[j] += ail * bl[j];
+        }
+      }
+      for (int64_t i = 0; i < mr; ++i) {
+        for (int64_t j = 0; j < w; ++j) store(c + (i0 + i) * ldc + j0 + j, acc[i][j], alpha, beta);
+      }
     }
   }
 }
@@ -150,6 +163,13 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
     }
     return;
   }
+  if (batch_invariant_numerics()) {
+    // OpenBLAS's result for a row depends on how many rows come with it (its blocking, and GEMV
+    // for one row); no forward op multiplies a transposed a.
+    LOOM_CHECK(!trans_a, "sgemm: no batch-invariant kernel for a transposed a (m=%d n=%d k=%d)", m,
+               n, k);
+    return row_invariant_sgemm(trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
   if (m == 1) {
     // A single row is a matrix-vector product: OpenBLAS 0.3.21 does not forward M = 1 GEMMs to
     // GEMV and would pack all of op(b), so call sgemv (same result, about twice the bandwidth).
@@ -168,7 +188,7 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
     return;
   }
   if (!trans_a && m <= kSmallM) {
-    return small_m_sgemm(trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return row_invariant_sgemm(trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),

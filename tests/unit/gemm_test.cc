@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/batch_invariance.h"
 #include "kernels/cpu/gemm.h"
 
 namespace loom {
@@ -167,6 +168,49 @@ TEST(Gemm, ZeroInnerDimensionScalesByBeta) {
   Tensor out2 = Tensor::full({3, 4}, std::numeric_limits<float>::quiet_NaN());
   matmul(a, false, b, false, out2, 1.0f, 0.0f);
   for (int64_t i = 0; i < 12; ++i) EXPECT_EQ(out2.data<float>()[i], 0.0f);
+}
+
+// Batch-invariant mode: row i of an m-row product is bit-identical to the same row computed alone
+// (or at any other place in any other batch), for both layouts of b, beta 0 and 1, row counts on
+// both sides of the few-row and row-block thresholds, and k, n not multiples of the vector width;
+// and the numbers stay within the f32 bound of the double reference.
+TEST(Gemm, BatchInvariantRowsBitIdentical) {
+  const ScopedBatchInvariance mode(true);
+  std::mt19937 rng(20261130);
+  for (bool tb : {true, false}) {
+    for (float beta : {0.0f, 1.0f}) {
+      const int64_t k = 131, n = 77;
+      const int64_t rows = 150;
+      Tensor a = random_tensor({rows, k}, rng);
+      Tensor b = tb ? random_tensor({n, k}, rng) : random_tensor({k, n}, rng);
+      Tensor c0 = random_tensor({rows, n}, rng);
+      // Each row alone (m = 1).
+      std::vector<float> alone(rows * n);
+      for (int64_t i = 0; i < rows; ++i) {
+        std::vector<float> c(c0.data<float>() + i * n, c0.data<float>() + (i + 1) * n);
+        cpu::sgemm(false, tb, 1, n, k, 1.0f, a.data<float>() + i * k, k, b.data<float>(),
+                   tb ? k : n, beta, c.data(), n);
+        std::copy(c.begin(), c.end(), alone.begin() + i * n);
+      }
+      std::vector<float> out0(c0.data<float>(), c0.data<float>() + rows * n);
+      auto ref = ref_matmul(a, false, b, tb, out0, rows, n, k, 1.0, beta);
+      double max_err = 0.0;
+      for (int64_t i = 0; i < rows * n; ++i)
+        max_err = std::max(max_err, std::abs(alone[i] - ref[i]));
+      EXPECT_LT(max_err, tol_for(k) + (beta != 0.0f ? 1e-6 : 0.0));
+      // Then every window [first, first + m) of the rows as one product.
+      for (int64_t m : {2, 3, 5, 8, 9, 13, 64, 65, 71, 149}) {
+        const int64_t first = std::uniform_int_distribution<int64_t>(0, rows - m)(rng);
+        std::vector<float> c(c0.data<float>() + first * n, c0.data<float>() + (first + m) * n);
+        cpu::sgemm(false, tb, m, n, k, 1.0f, a.data<float>() + first * k, k, b.data<float>(),
+                   tb ? k : n, beta, c.data(), n);
+        int64_t differ = 0;
+        for (int64_t i = 0; i < m * n; ++i) differ += c[i] != alone[first * n + i];
+        EXPECT_EQ(differ, 0) << "m=" << m << " first=" << first << " trans_b=" << tb
+                             << " beta=" << beta;
+      }
+    }
+  }
 }
 
 TEST(GemmDeathTest, ShapeMismatchAborts) {
