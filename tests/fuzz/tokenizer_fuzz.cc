@@ -76,7 +76,29 @@ void check_encode(const loom::Tokenizer& tokenizer, std::string_view text) {
     // Without a normalizer, byte-level BPE spells its input exactly.
     if (bytes != text) std::abort();
     check_decode(tokenizer, ids);
+    // Special tokens limited to ranges: no ranges is allow_special = false, one range over
+    // everything is allow_special = true.
+    const std::vector<loom::Tokenizer::Range> all = {{0, text.size()}};
+    if (tokenizer.encode_with_special_ranges(
+            text, allow_special ? all : std::vector<loom::Tokenizer::Range>{}) != ids) {
+      std::abort();
+    }
   }
+  // Ranges toggled at each '\n' (a chat prompt's markup and content alternate): still an exact
+  // spelling of the input.
+  std::vector<loom::Tokenizer::Range> ranges;
+  size_t begin = 0;
+  bool markup = true;
+  for (size_t i = 0; i <= text.size(); ++i) {
+    if (i < text.size() && text[i] != '\n') continue;
+    if (markup && i > begin) ranges.push_back({begin, i});
+    markup = !markup;
+    begin = i;
+  }
+  const std::vector<int32_t> ids = tokenizer.encode_with_special_ranges(text, ranges);
+  std::string bytes;
+  for (int32_t id : ids) bytes += *tokenizer.token_bytes(id);
+  if (bytes != text) std::abort();
 }
 
 }  // namespace
