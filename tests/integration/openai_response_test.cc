@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "server/http_routes.h"
 #include "server/openai_error.h"
 #include "server/openai_request.h"
 #include "server/sse_writer.h"
@@ -402,6 +403,41 @@ TEST(OpenAiRequest, CompletionsParseSpecialTokensOption) {
   }
   EXPECT_EQ(parse_error(R"({"prompt": "a", "parse_special_tokens": 1})", false).param,
             "parse_special_tokens");
+}
+
+// The pure rules behind the HTTP checks (the end-to-end test drives them through sockets).
+TEST(HttpRoutes, HostContentTypeAndTargetRules) {
+  const std::vector<std::string> none, extra = {"api.example:443"}, any = {"*"};
+  for (std::string_view host : {"localhost", "LOCALHOST:8000", "127.0.0.1", "127.9.8.7:1", "[::1]",
+                                "[::1]:8000", "localhost."}) {
+    EXPECT_TRUE(host_allowed(host, "127.0.0.1", none)) << host;
+  }
+  for (std::string_view host : {"evil.example", "127.0.0.1.evil.example", "127.0.0.256", "127.1",
+                                "0.0.0.0", "", "[::2]", "localhost.evil.example:80"}) {
+    EXPECT_FALSE(host_allowed(host, "127.0.0.1", none)) << host;
+    EXPECT_FALSE(host_allowed(host, "::1", none)) << host;
+    EXPECT_TRUE(host_allowed(host, "127.0.0.1", any)) << host;
+  }
+  EXPECT_TRUE(host_allowed("Api.Example", "localhost", extra));
+  EXPECT_FALSE(host_allowed("evil.example", "0.0.0.0", extra));  // a list is enforced anywhere
+  EXPECT_TRUE(host_allowed("evil.example", "0.0.0.0", none));    // not bound to loopback
+
+  for (std::string_view t : {"application/json", "application/json; charset=utf-8",
+                             " Application/JSON ;charset=UTF-8"}) {
+    EXPECT_TRUE(is_json_content_type(t)) << t;
+  }
+  for (std::string_view t : {"", "text/plain", "application/x-www-form-urlencoded",
+                             "multipart/form-data; boundary=x", "application/jsonx"}) {
+    EXPECT_FALSE(is_json_content_type(t)) << t;
+  }
+
+  std::string_view authority = "unchanged";
+  EXPECT_EQ(request_path("/v1/models?x=1", &authority), "/v1/models");
+  EXPECT_EQ(authority, "unchanged");
+  EXPECT_EQ(request_path("http://127.0.0.1:8000/v1/completions?a", &authority), "/v1/completions");
+  EXPECT_EQ(authority, "127.0.0.1:8000");
+  EXPECT_EQ(request_path("HTTPS://h", &authority), "/");
+  EXPECT_EQ(authority, "h");
 }
 
 }  // namespace
