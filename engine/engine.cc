@@ -133,8 +133,8 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Engine::submit(Request request) {
                                                      cfg.vocab_size, ")"));
   LOOM_RETURN_IF_ERROR(request.params.validate(cfg.vocab_size));
   if (request.params.n > options_.max_n)
-    return absl::InvalidArgumentError(absl::StrCat("n: at most ", options_.max_n,
-                                                   " choices per request on this server"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("n: at most ", options_.max_n, " choices per request on this server"));
   if (!request.params.stop.empty() && tokenizer_ == nullptr)
     return absl::InvalidArgumentError("stop strings need a tokenizer; this engine has none");
   const int64_t need = static_cast<int64_t>(request.prompt.size()) + request.params.max_tokens;
