@@ -401,7 +401,11 @@ def test_slow_loris_and_idle(port):
     idle = []
     try:
         for _ in range(1000):
-            idle.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+            # Idle keep-alive connections (one request each): a connection that never sends a
+            # request is closed by the header timeout (2 s here), not kept.
+            c = socket.create_connection(("127.0.0.1", port), timeout=10)
+            c.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            idle.append(c)
         time.sleep(0.5)
         status, body, _ = request(port, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2})
         check(status == 200, "served with 1000 idle connections open")
