@@ -3,6 +3,7 @@
 
 #include <random>
 
+#include "kernels/batch_invariance.h"
 #include "kernels/gemm.h"
 
 namespace loom {
@@ -15,8 +16,10 @@ Tensor random_tensor(Shape shape, std::mt19937& rng) {
   return t;
 }
 
+// state.range(2): 1 runs in batch-invariant mode (the engine's --deterministic).
 void BM_LinearForward(benchmark::State& state) {
   const int64_t m = state.range(0), k = state.range(1), n = state.range(1);
+  const ScopedBatchInvariance mode(state.range(2) != 0);
   std::mt19937 rng(1);
   Tensor x = random_tensor({m, k}, rng), w = random_tensor({n, k}, rng);
   Tensor out = Tensor::empty({m, n});
@@ -33,8 +36,8 @@ void BM_LinearForward(benchmark::State& state) {
 }
 
 BENCHMARK(BM_LinearForward)
-    ->ArgNames({"M", "K=N"})
-    ->ArgsProduct({{1, 2, 4, 8, 16, 64, 2048}, {2048, 4096}})
+    ->ArgNames({"M", "K=N", "invariant"})
+    ->ArgsProduct({{1, 2, 4, 8, 16, 64, 2048}, {2048, 4096}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -32,6 +32,7 @@ struct Choice {
   bool admitted = false;  // handed to the scheduler
   bool seen = false;      // scheduled at least once (prefix-hit accounting)
   bool done = false;
+  bool text_ended = false;  // a stop string matched: no text after it, not even the detok tail
   FinishReason reason = FinishReason::kNone;  // decided by the engine (stop), before complete()
   std::string error;
 };
@@ -216,7 +217,7 @@ void Engine::run_loop() {
     c.done = true;
     RequestOutput out;
     out.index = c.index;
-    if (reason != FinishReason::kCancelled && reason != FinishReason::kError) {
+    if (reason != FinishReason::kCancelled && reason != FinishReason::kError && !c.text_ended) {
       if (c.detok) {
         std::string tail = c.detok->finish();
         bool stopped = false;
@@ -372,13 +373,16 @@ void Engine::run_loop() {
         if (past_min && std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), tok.token) !=
                             sp.stop_token_ids.end())
           stop_now = true;
-        if (c->detok) {
+        // A stopping token (EOS, a stop id) is reported as an id but its text is not output, as
+        // OpenAI and vLLM do: with a real tokenizer it would be `<|im_end|>` in the user's text.
+        if (c->detok && !stop_now) {
           absl::StatusOr<std::string> piece = c->detok->push(tok.token);
           std::string text = piece.ok() ? *piece : std::string();
           if (c->stop && past_min) {
             bool stopped = false;
             out.text = c->stop->push(text, &stopped);
             stop_now |= stopped;
+            c->text_ended = stopped;
           } else if (c->stop) {
             // Before min_tokens, stop strings do not apply: emit through the checker's hold-back
             // without acting on a match.

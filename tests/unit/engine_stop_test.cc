@@ -1,0 +1,172 @@
+// How a choice ends, through the engine with a real (tiny byte-level BPE) tokenizer: a stopping
+// token (EOS, a stop id) is reported but its text is never output; min_tokens holds EOS back; a
+// stop string ends the text even when the detokenizer still holds an incomplete character; text
+// held back for a partial stop-string match is output when max_tokens ends the choice.
+// logit_bias forces the tokens, so the untrained fixture model's preferences do not matter.
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace loom {
+namespace {
+
+using json = nlohmann::json;
+const std::string kFixtures = LOOM_FIXTURES_DIR;
+
+// GPT-2's byte-to-character map, so the vocabulary can spell the merged token below.
+std::string byte_char(int b) {
+  auto printable = [](int c) {
+    return (c >= 33 && c <= 126) || (c >= 161 && c <= 172) || c >= 174;
+  };
+  int n = 0;
+  for (int c = 0; c < b; ++c) n += !printable(c);
+  const int cp = printable(b) ? b : 256 + n;
+  std::string s;
+  if (cp < 0x80) {
+    s.push_back(static_cast<char>(cp));
+  } else {
+    s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+  return s;
+}
+
+// Ids 0..255 are the bytes; id 256 is "y" followed by 0xC3, the lead byte of a two-byte character.
+constexpr int32_t kYLead = 256;
+constexpr int32_t kEos = 2;  // kimi_linear_s1's eos_token_id
+
+std::shared_ptr<const Tokenizer> tiny_tokenizer() {
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
+  vocab["y" + byte_char(0xC3)] = kYLead;
+  const json merges = json::array({json::array({"y", byte_char(0xC3)})});
+  const json j = {
+      {"version", "1.0"},
+      {"added_tokens", json::array()},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}}};
+  auto tok = Tokenizer::from_json(j.dump());
+  EXPECT_TRUE(tok.ok()) << tok.status();
+  return std::shared_ptr<const Tokenizer>(std::move(*tok));
+}
+
+struct Outcome {
+  std::string text;
+  std::vector<int32_t> ids;
+  FinishReason finish = FinishReason::kNone;
+  int completion_tokens = 0;
+};
+
+class EngineStop : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tok_ = tiny_tokenizer();
+    auto model = Model::load(kFixtures + "/kimi_linear_s1");  // vocabulary of 500 ids
+    ASSERT_TRUE(model.ok()) << model.status();
+    auto e = Engine::create(std::move(*model), tok_, {});
+    ASSERT_TRUE(e.ok()) << e.status();
+    engine_ = std::move(*e);
+  }
+
+  Outcome run(SamplingParams p) {
+    Request r;
+    r.prompt = tok_->encode("Loom stops here.");
+    r.params = std::move(p);
+    auto s = engine_->submit(r);
+    EXPECT_TRUE(s.ok()) << s.status();
+    Outcome o;
+    while (auto ev = (*s)->next()) {
+      o.text += ev->text;
+      o.ids.insert(o.ids.end(), ev->token_ids.begin(), ev->token_ids.end());
+      if (ev->finish) {
+        o.finish = *ev->finish;
+        o.completion_tokens = ev->completion_tokens;
+      }
+    }
+    return o;
+  }
+
+  // Greedy with `token` forced (every step, unless masked).
+  static SamplingParams forcing(int32_t token, int max_tokens) {
+    SamplingParams p;
+    p.temperature = 0;
+    p.max_tokens = max_tokens;
+    p.logit_bias = {{token, 100.0f}};
+    return p;
+  }
+
+  std::shared_ptr<const Tokenizer> tok_;
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST_F(EngineStop, EosIsReportedButItsTextIsNotOutput) {
+  const Outcome o = run(forcing(kEos, 8));
+  EXPECT_EQ(o.finish, FinishReason::kStop);
+  EXPECT_EQ(o.ids, std::vector<int32_t>{kEos});
+  EXPECT_EQ(o.completion_tokens, 1);
+  EXPECT_EQ(o.text, "") << "the EOS token's text (byte 0x02 here, <|im_end|> in a chat model)";
+}
+
+TEST_F(EngineStop, StopTokenIdIsReportedButItsTextIsNotOutput) {
+  SamplingParams p = forcing('q', 8);
+  p.stop_token_ids = {'q'};
+  const Outcome o = run(p);
+  EXPECT_EQ(o.finish, FinishReason::kStop);
+  EXPECT_EQ(o.ids, std::vector<int32_t>{'q'});
+  EXPECT_EQ(o.text, "");
+}
+
+TEST_F(EngineStop, MinTokensHoldsEosBack) {
+  // Only 'a', 'b', 'c' and EOS may be sampled; EOS is forced as soon as min_tokens allows it.
+  SamplingParams p = forcing(kEos, 20);
+  p.min_tokens = 4;
+  for (int32_t id = 0; id < 500; ++id)
+    if (id != kEos && id != 'a' && id != 'b' && id != 'c') p.logit_bias.push_back({id, -100.0f});
+  const Outcome o = run(p);
+  EXPECT_EQ(o.finish, FinishReason::kStop);
+  ASSERT_EQ(o.ids.size(), 5u);
+  EXPECT_EQ(o.ids.back(), kEos);
+  EXPECT_EQ(o.completion_tokens, 5);
+  const std::vector<int32_t> before(o.ids.begin(), o.ids.end() - 1);
+  EXPECT_EQ(o.text, *tok_->decode(before));
+  EXPECT_EQ(o.text.size(), 4u);
+}
+
+TEST_F(EngineStop, StopStringEndsTextEvenWithAnIncompleteCharacterPending) {
+  // Token 256 is "y" + 0xC3: the stop string "y" completes while 0xC3 waits for its second byte;
+  // that byte must not come out (as U+FFFD) after the stop.
+  SamplingParams p = forcing(kYLead, 8);
+  p.stop = {"y"};
+  const Outcome o = run(p);
+  EXPECT_EQ(o.finish, FinishReason::kStop);
+  EXPECT_EQ(o.text, "");
+}
+
+TEST_F(EngineStop, MaxTokensInsideAPartialStopStringOutputsTheHeldText) {
+  SamplingParams p = forcing('y', 3);
+  p.stop = {"yz"};  // every "y" could start the stop string: held back until the end
+  const Outcome o = run(p);
+  EXPECT_EQ(o.finish, FinishReason::kLength);
+  EXPECT_EQ(o.text, "yyy");
+}
+
+TEST_F(EngineStop, EosAfterHeldTextOutputsTheHeldText) {
+  // Step 1: EOS is masked by min_tokens, so 'y' (+50) wins and is held back (it could start "yz").
+  // Step 2: EOS (+100) ends the choice; the held "y" is the client's text, EOS's is not.
+  SamplingParams p = forcing(kEos, 8);
+  p.logit_bias.push_back({'y', 50.0f});
+  p.min_tokens = 1;
+  p.stop = {"yz"};
+  const Outcome o = run(p);
+  EXPECT_EQ(o.finish, FinishReason::kStop);
+  EXPECT_EQ(o.ids, (std::vector<int32_t>{'y', kEos}));
+  EXPECT_EQ(o.text, "y");
+}
+
+}  // namespace
+}  // namespace loom
