@@ -29,6 +29,10 @@ ABSL_FLAG(int, max_n, 4,
           "Most choices (n) per request, up to 16: each choice prefills and decodes on its own.");
 ABSL_FLAG(bool, enable_prefix_cache, true, "Reuse cached prompt prefixes across requests.");
 ABSL_FLAG(uint64_t, seed, 0, "Seed for requests that bring none (0: random).");
+ABSL_FLAG(bool, deterministic, false,
+          "Batch-invariant numerics: a request's tokens and logprobs are bit-identical alone or "
+          "under any load, chunking, prefix-cache hit or preemption (slower; see "
+          "docs/operations.md).");
 ABSL_FLAG(int64_t, max_body_bytes, 4 << 20, "Largest request body accepted (413 beyond).");
 ABSL_FLAG(int64_t, max_header_bytes, 16 << 10, "Largest request header block (431 beyond).");
 ABSL_FLAG(int, max_queue, 256,
@@ -72,6 +76,7 @@ absl::StatusOr<ServerOptions> server_options_from_flags() {
   o.engine.max_model_len = absl::GetFlag(FLAGS_max_model_len);
   o.engine.max_n = absl::GetFlag(FLAGS_max_n);
   o.engine.seed = absl::GetFlag(FLAGS_seed);
+  o.engine.deterministic = absl::GetFlag(FLAGS_deterministic);
   o.engine.enable_prefix_cache = absl::GetFlag(FLAGS_enable_prefix_cache);
 
   auto bad = [](std::string_view flag, std::string_view why) {
