@@ -98,6 +98,75 @@ TEST(Sampler, TopKTopPMinPKeepOnlyTheirSets) {
   }
 }
 
+// The truncated, renormalised distribution each filter promises, computed directly: softmax at
+// temperature t, then top-k (the k largest), top-p (the smallest prefix by probability whose mass
+// reaches p, boundary token included), min-p (tokens at least min_p times the most likely).
+std::vector<double> truncated(const std::vector<float>& l, double t, int top_k, double top_p,
+                              double min_p) {
+  std::vector<double> p = softmax(l, t);
+  std::vector<int> order(l.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return l[a] > l[b]; });
+  size_t keep = top_k > 0 ? std::min<size_t>(top_k, l.size()) : l.size();
+  double mass = 0;
+  for (size_t i = 0; i < keep; ++i) mass += p[order[i]];
+  double cum = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    cum += p[order[i]] / mass;
+    if (cum >= top_p) {
+      keep = i + 1;
+      break;
+    }
+  }
+  size_t min_keep = 1;
+  while (min_keep < keep && p[order[min_keep]] >= min_p * p[order[0]]) ++min_keep;
+  keep = std::min(keep, min_keep);
+  std::vector<double> out(l.size(), 0.0);
+  double z = 0;
+  for (size_t i = 0; i < keep; ++i) z += p[order[i]];
+  for (size_t i = 0; i < keep; ++i) out[order[i]] = p[order[i]] / z;
+  return out;
+}
+
+// Each filter's boundary carries real mass here (checked below), so keeping one token too few or
+// too many, or a stricter threshold, moves the counts far outside the binomial band.
+TEST(Sampler, FiltersMatchTheTruncatedRenormalisedSoftmax) {
+  // Probabilities at T = 0.8 of these logits: about .38 .24 .15 .096 .061 .039 .025 ...
+  const std::vector<float> logits = {2.0f, 1.64f, 1.26f, 0.9f, 0.54f, 0.18f, -0.18f, -0.6f};
+  const double t = 0.8;
+  struct Case {
+    int top_k;
+    double top_p, min_p;
+  };
+  const Case cases[] = {
+      {4, 1.0, 0.0},   // top-k: the 4th token (~10%) kept, the 5th dropped
+      {0, 0.7, 0.0},   // top-p: .38 + .24 < .7, so the boundary token (~15%) is kept
+      {0, 1.0, 0.15},  // min-p: 0.061 / 0.38 = 0.16 >= 0.15 kept; 0.039 / 0.38 dropped
+      {6, 0.9, 0.1},   // all three, in the engine's order
+      {0, 1.0, 0.0},   // nothing
+  };
+  int seed = 100;
+  for (const Case& c : cases) {
+    SamplingParams p;
+    p.temperature = static_cast<float>(t);
+    p.top_k = c.top_k;
+    p.top_p = static_cast<float>(c.top_p);
+    p.min_p = static_cast<float>(c.min_p);
+    const std::vector<double> expect = truncated(logits, t, c.top_k, c.top_p, c.min_p);
+    // The last kept token must be likely enough that dropping it shows.
+    double smallest_kept = 1;
+    for (double q : expect)
+      if (q > 0) smallest_kept = std::min(smallest_kept, q);
+    if (c.top_k > 0 || c.top_p < 1 || c.min_p > 0)
+      ASSERT_GT(smallest_kept, 0.03) << "case top_k=" << c.top_k << " top_p=" << c.top_p;
+    const int draws = 40000;
+    auto h = histogram(logits, p, draws, seed += 1000);
+    SCOPED_TRACE(::testing::Message()
+                 << "top_k=" << c.top_k << " top_p=" << c.top_p << " min_p=" << c.min_p);
+    expect_counts_match(h, expect, draws);
+  }
+}
+
 TEST(Sampler, PenaltiesShiftTheArgmax) {
   SamplingParams p;
   p.temperature = 0;
