@@ -17,7 +17,9 @@ ABSL_FLAG(std::string, served_model_name, "",
 ABSL_FLAG(std::vector<std::string>, allowed_hosts, {},
           "Comma-separated Host header names accepted besides localhost, 127.0.0.0/8 and [::1] "
           "('*': any). Bound to a loopback address, other Host names get 403 (DNS rebinding).");
-ABSL_FLAG(std::string, api_key, "", "If set, /v1/* routes require `Authorization: Bearer KEY`.");
+ABSL_FLAG(std::string, api_key, "",
+          "If set, HTTP routes but /health and /metrics need `Authorization: Bearer KEY` (401), "
+          "gRPC methods but health the metadata `authorization: Bearer KEY` (UNAUTHENTICATED).");
 ABSL_FLAG(int64_t, cache_budget_mb, 1024, "Memory for KV pages and linear-state slots (MiB).");
 ABSL_FLAG(int, max_num_batched_tokens, 2048, "Tokens per engine step over all sequences.");
 ABSL_FLAG(int, max_num_seqs, 64, "Sequences per engine step (and live state slots).");
@@ -36,7 +38,8 @@ ABSL_FLAG(bool, deterministic, false,
 ABSL_FLAG(int64_t, max_body_bytes, 4 << 20, "Largest request body accepted (413 beyond).");
 ABSL_FLAG(int64_t, max_header_bytes, 16 << 10, "Largest request header block (431 beyond).");
 ABSL_FLAG(int, max_queue, 256,
-          "Requests waiting in the engine queue beyond which new ones get 429.");
+          "Generation requests admitted beyond --max_num_seqs, over HTTP and gRPC together; more "
+          "get 429 (Retry-After) / RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, io_threads, 2, "Threads serving HTTP connections (asynchronous I/O).");
 ABSL_FLAG(int, pump_threads, 1, "Threads moving engine outputs to connections.");
 ABSL_FLAG(double, header_timeout_s, 30, "Seconds a client has to send a whole request.");
@@ -48,7 +51,8 @@ ABSL_FLAG(int64_t, max_pending_write_bytes, 16 << 20,
           "Reply bytes queued for a client that reads too slowly, beyond which its request is "
           "cancelled and the connection closed.");
 ABSL_FLAG(double, drain_timeout_s, 30,
-          "On SIGTERM/SIGINT, seconds in-flight requests get to finish before being cancelled.");
+          "On SIGTERM/SIGINT, seconds in-flight requests (HTTP and gRPC) get to finish before "
+          "they are ended with an error and the process exits.");
 
 namespace loom {
 

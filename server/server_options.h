@@ -18,10 +18,10 @@ struct HttpOptions {
   int port = 8000;                      // 0: pick a free port (printed at startup)
   int io_threads = 2;                   // Asio threads running every connection
   int pump_threads = 1;                 // threads draining RequestStreams (see http_stream_pump.h)
-  std::string api_key;                  // non-empty: Bearer token required on /v1/*
+  std::string api_key;                  // non-empty: Bearer token required but on /health, /metrics
   int64_t max_body_bytes = 4 << 20;     // 413 beyond
   int64_t max_header_bytes = 16 << 10;  // 431 beyond
-  int max_queue = 256;                  // 429 when the engine has this many requests waiting
+  int max_queue = 256;                  // admitted beyond max_num_seqs (AdmissionGate), then 429
   double header_timeout_s = 30;         // a request's headers+body must arrive within this
   double idle_timeout_s = 300;          // keep-alive connections idle longer are closed
   // A client that stops reading its reply: a write stuck this long, or more than this many bytes
@@ -40,7 +40,7 @@ struct ServerOptions {
   EngineOptions engine;
   HttpOptions http;
   int grpc_port = -1;           // < 0: no gRPC service
-  double drain_timeout_s = 30;  // SIGTERM: how long in-flight requests may take to finish
+  double drain_timeout_s = 30;  // SIGTERM: how long in-flight requests (both frontends) may take
 };
 
 // Reads the flags. InvalidArgument naming the flag when a value is out of range.
