@@ -224,6 +224,22 @@ class GrpcServerTest(unittest.TestCase):
                 self.assertIn(field, e.exception.details())
         self.assertEqual(self.client.health(), "SERVING")
 
+    def test_malformed_protobuf_is_invalid_argument(self):
+        """Bytes that are not the method's message: the client's mistake, INVALID_ARGUMENT."""
+        for method in ("Generate", "Tokenize", "Detokenize", "GetModelInfo", "GetStats"):
+            with self.subTest(method=method):
+                call = self.client.channel.unary_stream if method == "Generate" \
+                    else self.client.channel.unary_unary
+                rpc = call("/loom.v1.Loom/" + method, request_serializer=lambda b: b,
+                           response_deserializer=lambda b: b)
+                with self.assertRaises(grpc.RpcError) as e:
+                    result = rpc(b"\xff\xff\xff\xff\x0f", timeout=DEADLINE)
+                    if method == "Generate":
+                        list(result)
+                self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+                self.assertIn("not a valid loom.v1.", e.exception.details())
+        self.assertEqual(self.client.health(), "SERVING")
+
     def test_cancel_frees_pages_and_slot(self):
         before = self.client.stats()
         call = self.client.generate("cancel me", max_tokens=5000, ignore_eos=True)
