@@ -80,6 +80,11 @@ printf '|%s|%s|%s|%s|\n' "$(printf -- '-%.0s' {1..48})" "------------" "--------
 grep '^GPUCHECK' "$logs/test.log" | awk '{printf "| %-46s | %10s | %10s | %-4s |\n", $2, $3, $4, $5}'
 echo "checks: $(grep -c '^GPUCHECK.*PASS' "$logs/test.log") pass, $(grep -c '^GPUCHECK.*FAIL' "$logs/test.log") fail; gtest: $(grep -E '^\[  (PASSED|FAILED)' "$logs/test.log" | tr '\n' ' ')"
 echo
+echo "== Tolerances bite: broken CPU results (a dropped element, a wrong scale) against each bound"
+printf '| %-46s | %10s | %10s |\n' "broken result" error tolerance
+printf '|%s|%s|%s|\n' "$(printf -- '-%.0s' {1..48})" "------------" "------------"
+grep '^TOLCHECK' "$logs/test.log" | awk '{printf "| %-46s | %10s | %10s |\n", $2, $3, $4}'
+echo
 echo "== Benchmarks ($(grep '^device:' "$logs/bench.log"))"
 printf '| %-48s | %12s | %16s | %8s | %9s |\n' benchmark achieved roofline fraction "median ms"
 printf '|%s|%s|%s|%s|%s|\n' "$(printf -- '-%.0s' {1..50})" "--------------" "------------------" "----------" "-----------"
