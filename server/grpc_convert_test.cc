@@ -69,6 +69,8 @@ TEST(GrpcConvert, RejectsBadSampling) {
   };
   const Case cases[] = {
       {"temperature", [](v1::SamplingParams* s) { s->set_temperature(-1.0f); }},
+      {"temperature", [](v1::SamplingParams* s) { s->set_temperature(2.5f); }},  // HTTP's cap too
+      {"presence_penalty", [](v1::SamplingParams* s) { s->set_presence_penalty(2.5f); }},
       {"top_k", [](v1::SamplingParams* s) { s->set_top_k(-2); }},
       {"top_p", [](v1::SamplingParams* s) { s->set_top_p(1.5f); }},
       {"top_p", [](v1::SamplingParams* s) { s->set_top_p(0.0f); }},
