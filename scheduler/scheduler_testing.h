@@ -9,8 +9,11 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
+#include <random>
 #include <span>
 #include <string>
 #include <vector>
@@ -21,6 +24,24 @@
 #include "scheduler/scheduler.h"
 
 namespace loom::scheduler_testing {
+
+// The seed of a randomized test: LOOM_TEST_SEED (decimal) when set, to replay a failure, else a
+// fresh random one. Printed on stdout (so even a crash shows it); put seed_note(seed) in a
+// SCOPED_TRACE so every failed assertion names it too.
+inline uint32_t test_seed() {
+  const char* env = std::getenv("LOOM_TEST_SEED");
+  const uint32_t seed = env != nullptr && *env != '\0'
+                            ? static_cast<uint32_t>(std::strtoul(env, nullptr, 10))
+                            : std::random_device{}();
+  std::printf("test seed %u (LOOM_TEST_SEED=%u replays it)\n", seed, seed);
+  std::fflush(stdout);
+  return seed;
+}
+
+inline std::string seed_note(uint32_t seed) {
+  return "seed " + std::to_string(seed) + " (replay with LOOM_TEST_SEED=" + std::to_string(seed) +
+         ")";
+}
 
 inline uint64_t mix(uint64_t a, uint64_t b) {
   uint64_t z = a * 0x9e3779b97f4a7c15ull + b + 0x632be59bd9b4e019ull;

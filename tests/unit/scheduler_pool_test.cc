@@ -7,6 +7,7 @@
 #include "gtest/gtest.h"
 #include "scheduler/cache_sizing.h"
 #include "scheduler/id_pool.h"
+#include "scheduler/scheduler_testing.h"
 
 namespace loom {
 namespace {
@@ -76,7 +77,9 @@ TEST(SchedulerPool, SlotZeroIsNeverHandedOut) {
   StateSlotPool pool(5);
   EXPECT_EQ(pool.capacity(), 4);
   EXPECT_EQ(pool.first_id(), 1);
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = scheduler_testing::test_seed();
+  SCOPED_TRACE(scheduler_testing::seed_note(seed));
+  std::mt19937 rng(seed);
   std::vector<IdPool::Handle> live;
   for (int i = 0; i < 2000; ++i) {
     if (rng() % 2 && !live.empty()) {
@@ -103,7 +106,9 @@ TEST(SchedulerPool, SlotZeroIsNeverHandedOut) {
 }
 
 TEST(SchedulerPool, RandomRefcountsReconcile) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = scheduler_testing::test_seed();
+  SCOPED_TRACE(scheduler_testing::seed_note(seed));
+  std::mt19937 rng(seed);
   KvPagePool pool(16, 64);
   std::vector<IdPool::Handle> holders;
   for (int i = 0; i < 5000; ++i) {

@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 #include "scheduler/id_pool.h"
 #include "scheduler/prefix_cache.h"
+#include "scheduler/scheduler_testing.h"
 
 namespace loom {
 namespace {
@@ -41,7 +42,9 @@ std::vector<int32_t> insert_prompt(PrefixCache& cache, KvPagePool* pages, StateS
 }
 
 TEST(SchedulerPrefixCache, AttentionOnlyHitMiss) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = scheduler_testing::test_seed();
+  SCOPED_TRACE(scheduler_testing::seed_note(seed));
+  std::mt19937 rng(seed);
   KvPagePool pages(64, kBs);
   PrefixCache cache({.block_size = kBs, .has_pages = true, .has_checkpoints = false});
   const auto prompt = random_tokens(rng, 5 * kBs + 17);
@@ -74,7 +77,9 @@ TEST(SchedulerPrefixCache, AttentionOnlyHitMiss) {
 }
 
 TEST(SchedulerPrefixCache, HybridNeedsCheckpointAtExactLength) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = scheduler_testing::test_seed();
+  SCOPED_TRACE(scheduler_testing::seed_note(seed));
+  std::mt19937 rng(seed);
   KvPagePool pages(64, kBs);
   StateSlotPool slots(8);
   PrefixCache cache({.block_size = kBs, .has_pages = true, .has_checkpoints = true});
@@ -101,7 +106,9 @@ TEST(SchedulerPrefixCache, HybridNeedsCheckpointAtExactLength) {
 }
 
 TEST(SchedulerPrefixCache, LinearOnlyHoldsNoPages) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = scheduler_testing::test_seed();
+  SCOPED_TRACE(scheduler_testing::seed_note(seed));
+  std::mt19937 rng(seed);
   StateSlotPool slots(4);
   PrefixCache cache({.block_size = kBs, .has_pages = false, .has_checkpoints = true});
   const auto prompt = random_tokens(rng, 3 * kBs + 1);
@@ -122,7 +129,9 @@ TEST(SchedulerPrefixCache, LinearOnlyHoldsNoPages) {
 }
 
 TEST(SchedulerPrefixCache, EvictsLeastRecentlyUsedLeafFirst) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = scheduler_testing::test_seed();
+  SCOPED_TRACE(scheduler_testing::seed_note(seed));
+  std::mt19937 rng(seed);
   KvPagePool pages(16, kBs);
   PrefixCache cache({.block_size = kBs, .has_pages = true, .has_checkpoints = false});
   const auto a = random_tokens(rng, kBs + 1), b = random_tokens(rng, kBs + 1),
@@ -154,7 +163,9 @@ TEST(SchedulerPrefixCache, EvictsLeastRecentlyUsedLeafFirst) {
 }
 
 TEST(SchedulerPrefixCache, CheckpointEvictionIsLruAndSkipsInUse) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = scheduler_testing::test_seed();
+  SCOPED_TRACE(scheduler_testing::seed_note(seed));
+  std::mt19937 rng(seed);
   KvPagePool pages(16, kBs);
   StateSlotPool slots(4);
   PrefixCache cache({.block_size = kBs, .has_pages = true, .has_checkpoints = true});
@@ -183,7 +194,9 @@ TEST(SchedulerPrefixCache, CheckpointEvictionIsLruAndSkipsInUse) {
 // Any hash, even a constant one, never returns another prefix's data: hits compare tokens and
 // the parent entry. Every match is checked against what the test recorded for each page.
 TEST(SchedulerPrefixCache, CollisionsNeverReturnWrongData) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = scheduler_testing::test_seed();
+  SCOPED_TRACE(scheduler_testing::seed_note(seed));
+  std::mt19937 rng(seed);
   const BlockHashFn weak[] = {[](const BlockHash&, std::span<const int32_t>) {
                                 return BlockHash{1, 2};
                               },
@@ -236,7 +249,9 @@ TEST(SchedulerPrefixCache, CollisionsNeverReturnWrongData) {
 }
 
 TEST(SchedulerPrefixCache, DefaultHashIsChainedAndSpreads) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = scheduler_testing::test_seed();
+  SCOPED_TRACE(scheduler_testing::seed_note(seed));
+  std::mt19937 rng(seed);
   std::set<std::pair<uint64_t, uint64_t>> seen;
   for (int i = 0; i < 2000; ++i) {
     auto t = random_tokens(rng, kBs);

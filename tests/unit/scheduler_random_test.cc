@@ -25,8 +25,8 @@ struct Case {
 };
 
 void run_random(const Case& cs) {
-  const uint32_t seed = std::random_device{}();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const uint32_t seed = scheduler_testing::test_seed();
+  SCOPED_TRACE(scheduler_testing::seed_note(seed));
   std::mt19937 rng(seed);
   SchedulerConfig c;
   c.has_attention_layers = cs.attention;

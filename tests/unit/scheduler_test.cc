@@ -108,7 +108,9 @@ TEST(Scheduler, CompleteValidatesResults) {
 }
 
 TEST(Scheduler, DecodesFirstThenPrefillFillsTheBudget) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = scheduler_testing::test_seed();
+  SCOPED_TRACE(scheduler_testing::seed_note(seed));
+  std::mt19937 rng(seed);
   SchedulerConfig c = make_config(kKinds[0], 64, 16, 100, 8);
   c.checkpoint_interval = 100;  // only the last-full-block checkpoint
   Driver d(c, rng());
@@ -138,7 +140,9 @@ TEST(Scheduler, DecodesFirstThenPrefillFillsTheBudget) {
 }
 
 TEST(Scheduler, HigherPriorityAdmittedFirst) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = scheduler_testing::test_seed();
+  SCOPED_TRACE(scheduler_testing::seed_note(seed));
+  std::mt19937 rng(seed);
   Driver d(make_config(kKinds[0], 64, 16, 64, 1), rng());
   ASSERT_TRUE(d.add(1, random_tokens(rng, 10), 2, 0).ok());
   ASSERT_TRUE(d.add(2, random_tokens(rng, 10), 2, 5).ok());
@@ -158,7 +162,9 @@ class SchedulerBudget : public ::testing::TestWithParam<int32_t> {};
 
 TEST_P(SchedulerBudget, TokenBudgetNeverExceeded) {
   const int32_t budget = GetParam();
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = scheduler_testing::test_seed();
+  SCOPED_TRACE(scheduler_testing::seed_note(seed));
+  std::mt19937 rng(seed);
   for (const Kind& k : kKinds) {
     SCOPED_TRACE(k.name);
     Driver d(make_config(k, 48, 8, budget, 6), rng());
@@ -183,7 +189,9 @@ TEST_P(SchedulerBudget, TokenBudgetNeverExceeded) {
 INSTANTIATE_TEST_SUITE_P(Budgets, SchedulerBudget, ::testing::Values(16, 64, 4096));
 
 TEST(Scheduler, PrefillChunksEndAtCheckpointPositions) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = scheduler_testing::test_seed();
+  SCOPED_TRACE(scheduler_testing::seed_note(seed));
+  std::mt19937 rng(seed);
   SchedulerConfig c = make_config(kKinds[0], 64, 8, 1000, 4);
   c.checkpoint_interval = 2;
   Driver d(c, rng());
@@ -227,7 +235,9 @@ TEST(Scheduler, PrefillChunksEndAtCheckpointPositions) {
 // Tiny page pool: decodes run out of pages, the lowest-priority request is preempted and later
 // recomputed; every stream still equals the oracle with each token streamed exactly once.
 TEST(Scheduler, PreemptionRecomputeKeepsOutputs) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = scheduler_testing::test_seed();
+  SCOPED_TRACE(scheduler_testing::seed_note(seed));
+  std::mt19937 rng(seed);
   for (const Kind& k : {kKinds[0], kKinds[1]}) {
     SCOPED_TRACE(k.name);
     Driver d(make_config(k, 6, 8, 256, 8), rng());  // 384 positions
@@ -255,7 +265,9 @@ TEST(Scheduler, PreemptionRecomputeKeepsOutputs) {
 
 // A prefix hit restores pages and state and must give exactly the tokens of a cold run.
 TEST(Scheduler, PrefixHitMatchesMiss) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = scheduler_testing::test_seed();
+  SCOPED_TRACE(scheduler_testing::seed_note(seed));
+  std::mt19937 rng(seed);
   for (const Kind& k : kKinds) {
     SCOPED_TRACE(k.name);
     const auto base = random_tokens(rng, 300);
@@ -285,7 +297,9 @@ TEST(Scheduler, PrefixHitMatchesMiss) {
 
 // A queue head that cannot fit even after evicting the whole unused cache evicts nothing.
 TEST(Scheduler, BlockedAdmissionKeepsTheCache) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = scheduler_testing::test_seed();
+  SCOPED_TRACE(scheduler_testing::seed_note(seed));
+  std::mt19937 rng(seed);
   Driver d(make_config(kKinds[1], 8, 0, 512, 4), rng());
   ASSERT_TRUE(d.add(1, random_tokens(rng, 257), 1).ok());
   ASSERT_EQ(d.step(), "");  // prefills, samples, finishes: 4 full blocks stay cached
@@ -305,7 +319,9 @@ TEST(Scheduler, BlockedAdmissionKeepsTheCache) {
 }
 
 TEST(Scheduler, CancelReturnsEveryPageAndSlot) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = scheduler_testing::test_seed();
+  SCOPED_TRACE(scheduler_testing::seed_note(seed));
+  std::mt19937 rng(seed);
   for (const Kind& k : kKinds) {
     SCOPED_TRACE(k.name);
     SchedulerConfig c = make_config(k, 8, 4, 64, 8);
