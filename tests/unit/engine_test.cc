@@ -4,11 +4,15 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <random>
+#include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "engine/sampling/sampler.h"
 #include "gtest/gtest.h"
 #include "weights/safetensors.h"
 
@@ -31,8 +35,9 @@ struct Collected {
   std::map<int, int> completion_tokens;
 };
 
-// Drains a stream; fails the test if a choice gets events after its final one.
-Collected collect(RequestStream& s) {
+// Drains a stream; fails the test if a choice gets events after its final one. `taken`: tokens of
+// choice 0 the caller already read from the stream.
+Collected collect(RequestStream& s, int taken = 0) {
   Collected c;
   while (auto ev = s.next()) {
     EXPECT_FALSE(c.finish.contains(ev->index)) << "event after the final one";
@@ -44,7 +49,8 @@ Collected collect(RequestStream& s) {
     }
   }
   for (auto& [i, t] : c.tokens)
-    EXPECT_EQ(static_cast<int>(t.size()), c.completion_tokens[i]) << "streamed twice or lost";
+    EXPECT_EQ(static_cast<int>(t.size()) + (i == 0 ? taken : 0), c.completion_tokens[i])
+        << "streamed twice or lost";
   return c;
 }
 
@@ -234,6 +240,159 @@ TEST(Engine, CancellationReturnsEverything) {
   EXPECT_EQ(after.pages_free, before.pages_free);
   EXPECT_EQ(after.slots_free, before.slots_free);
   EXPECT_EQ(after.running + after.waiting, 0);
+}
+
+// Waits (bounded) until `pred(stats)` holds; false on timeout.
+template <typename Pred>
+bool wait_for_stats(Engine& e, Pred pred) {
+  for (int i = 0; i < 20000; ++i) {
+    if (pred(e.stats())) return true;
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+  return false;
+}
+
+// Cancelling mid-prefill and mid-decode ends the request at once (kCancelled, far fewer tokens
+// than asked) and gives back every page and slot; other requests are not disturbed.
+TEST(Engine, CancelMidPrefillAndMidDecode) {
+  for (bool mid_prefill : {true, false}) {
+    SCOPED_TRACE(mid_prefill ? "mid-prefill" : "mid-decode");
+    EngineOptions opt;
+    opt.enable_prefix_cache = false;
+    opt.max_num_batched_tokens = 8;  // a 700-token prompt takes ~88 steps to prefill
+    auto e = make_engine("kimi_linear_s1", opt);
+    const EngineStats before = e->stats();
+    std::mt19937 rng(mid_prefill ? 21 : 22);
+    Request victim;
+    victim.prompt = random_prompt(mid_prefill ? 700 : 20, 300, rng);
+    victim.params = greedy(100);
+    Request bystander;
+    bystander.prompt = random_prompt(30, 300, rng);
+    bystander.params = greedy(12);
+    std::vector<int32_t> bystander_alone;
+    {
+      auto solo = make_engine("kimi_linear_s1", opt);
+      bystander_alone = collect(**solo->submit(bystander)).tokens[0];
+    }
+    auto vs = *e->submit(victim);
+    auto bs = *e->submit(bystander);
+    int taken = 0;
+    if (mid_prefill) {
+      ASSERT_TRUE(wait_for_stats(*e, [](const EngineStats& s) { return s.steps >= 3; }));
+    } else {
+      auto first = vs->next();  // the victim is decoding
+      ASSERT_TRUE(first.has_value());
+      taken = static_cast<int>(first->token_ids.size());
+    }
+    e->cancel(vs->id());
+    Collected c = collect(*vs, taken);
+    EXPECT_EQ(c.finish[0], FinishReason::kCancelled);
+    if (mid_prefill) {
+      EXPECT_EQ(c.completion_tokens[0], 0) << "cancelled before its prompt was in";
+    } else {
+      EXPECT_LT(c.completion_tokens[0], 100);
+    }
+    EXPECT_EQ(collect(*bs).tokens[0], bystander_alone);
+    e->wait_idle();
+    const EngineStats after = e->stats();
+    EXPECT_EQ(after.pages_free, before.pages_free);
+    EXPECT_EQ(after.slots_free, before.slots_free);
+    EXPECT_EQ(after.finished_cancelled, 1);
+    EXPECT_EQ(after.running + after.waiting, 0);
+  }
+}
+
+// With the prefix cache on, a request cancelled mid-decode leaves a usable cache: the same prompt
+// then hits it and gives the clean run's tokens.
+TEST(Engine, CancelWithPrefixCacheKeepsTheCacheSound) {
+  std::mt19937 rng(23);
+  Request r;
+  r.prompt = random_prompt(200, 300, rng);
+  r.params = greedy(10);
+  std::vector<int32_t> clean;
+  {
+    EngineOptions off;
+    off.enable_prefix_cache = false;
+    clean = collect(**make_engine("kimi_linear_s1", off)->submit(r)).tokens[0];
+  }
+  EngineOptions on;
+  on.checkpoint_interval = 1;
+  auto e = make_engine("kimi_linear_s1", on);
+  Request slow = r;
+  slow.params = greedy(100);
+  auto s = *e->submit(slow);
+  auto first = s->next();
+  ASSERT_TRUE(first.has_value());
+  e->cancel(s->id());
+  EXPECT_EQ(collect(*s, static_cast<int>(first->token_ids.size())).finish[0],
+            FinishReason::kCancelled);
+  e->wait_idle();
+  EXPECT_EQ(collect(**e->submit(r)).tokens[0], clean);
+  e->wait_idle();
+  EXPECT_GE(e->stats().prefix_hit_tokens, 192) << "the cancelled request's blocks were cached";
+  EXPECT_EQ(e->stats().running + e->stats().waiting, 0);
+}
+
+// The engine's generation re-done outside it: Model::forward in batch-invariant mode (which the
+// deterministic engine matches bit for bit, however it batches) and a SamplerState seeded `seed`.
+std::vector<int32_t> reference_generation(const std::string& fixture, std::vector<int32_t> prompt,
+                                          const SamplingParams& p, uint64_t seed) {
+  auto model = Model::load(kFixtures + "/" + fixture);
+  EXPECT_TRUE(model.ok()) << model.status();
+  SequenceCache cache = (*model)->new_cache();
+  SamplerState sampler(seed, prompt);
+  std::vector<int32_t> out, feed = prompt;
+  for (int step = 0; step < p.max_tokens; ++step) {
+    ForwardBatch b;
+    b.batch_invariant = true;
+    b.token_ids = feed;
+    SequenceInput in;
+    in.num_tokens = static_cast<int64_t>(feed.size());
+    in.cache = &cache;
+    b.seqs.push_back(in);
+    auto logits = (*model)->forward(b);
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    std::span<float> row(logits->data<float>(), static_cast<size_t>(logits->dim(1)));
+    out.push_back(sampler.sample(row, p, {}).token);
+    feed = {out.back()};
+  }
+  return out;
+}
+
+// n > 1: choice i samples with seed + i (docs/api.md), including the siblings that restore the
+// prompt from the prefix cache (prompts of at least one 64-token block): each choice equals the
+// generation re-done outside the engine with that seed. Greedy choices are all equal.
+TEST(Engine, NChoicesUseSeedPlusIndex) {
+  std::mt19937 rng(24);
+  EngineOptions opt;
+  opt.deterministic = true;
+  for (int len : {150, 30}) {
+    SCOPED_TRACE(::testing::Message() << "prompt of " << len);
+    Request r;
+    r.prompt = random_prompt(len, 300, rng);
+    r.params.temperature = 0.9f;
+    r.params.top_p = 0.95f;
+    r.params.seed = 777;
+    r.params.max_tokens = 12;
+    r.params.ignore_eos = true;
+    r.params.n = 3;
+    auto e = make_engine("kimi_linear_s1", opt);
+    Collected together = collect(**e->submit(r));
+    e->wait_idle();
+    if (len >= 64) EXPECT_GE(e->stats().prefix_hit_tokens, 2 * 64) << "siblings restored";
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(reference_generation("kimi_linear_s1", r.prompt, r.params, 777 + i),
+                together.tokens[i])
+          << "choice " << i;
+    }
+    EXPECT_NE(together.tokens[0], together.tokens[1]);
+    Request g = r;
+    g.params = greedy(12);
+    g.params.n = 3;
+    Collected greedy_n = collect(**e->submit(g));
+    EXPECT_EQ(greedy_n.tokens[1], greedy_n.tokens[0]);
+    EXPECT_EQ(greedy_n.tokens[2], greedy_n.tokens[0]);
+  }
 }
 
 // With a tokenizer: text deltas concatenate to the detokenized tokens, and a stop string cuts the
