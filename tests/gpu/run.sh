@@ -46,7 +46,7 @@ t0=$(date +%s)
 if ! cmake --preset cuda -DLOOM_BENCH=OFF "${extra[@]}" >"$logs/configure.log" 2>&1; then
   tail -40 "$logs/configure.log"; echo "run.sh: configure FAILED"; exit 1
 fi
-targets=(--target cuda_kernels_test kernels_cuda_bench)
+targets=(--target cuda_kernels_test cuda_tolerances_test kernels_cuda_bench)
 [ "${LOOM_GPU_BUILD_ALL:-0}" = 1 ] && targets=()
 if ! cmake --build build-cuda -j "$jobs" "${targets[@]}" >"$logs/build.log" 2>&1; then
   grep -E "error|Error" "$logs/build.log" | head -40; echo "run.sh: build FAILED"; exit 1
@@ -57,6 +57,8 @@ echo "run.sh: configure + build $(( $(date +%s) - t0 )) s"
 t1=$(date +%s)
 build-cuda/tests/cuda_kernels_test --gtest_color=no >"$logs/test.log" 2>&1
 test_rc=$?
+# CPU-only: the bounds above exceed what a dropped element or a wrong scale gives (TOLCHECK lines).
+build-cuda/tests/cuda_tolerances_test --gtest_color=no >>"$logs/test.log" 2>&1 || test_rc=1
 echo "run.sh: tests exit $test_rc in $(( $(date +%s) - t1 )) s"
 grep -E "^\[  FAILED|LOOM_CHECK|CUDA call|Failure" "$logs/test.log" | head -20
 
