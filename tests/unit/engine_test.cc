@@ -445,21 +445,43 @@ TEST(Engine, TextAndStopStrings) {
   EXPECT_EQ(reason, FinishReason::kStop);
 }
 
+// Each bad request is refused with InvalidArgument naming what is wrong, and nothing is queued.
 TEST(Engine, RejectsBadRequests) {
   auto e = make_engine("kimi_linear_s1", {});
+  auto expect_refused = [&](const Request& r, const std::string& names) {
+    auto s = e->submit(r);
+    ASSERT_FALSE(s.ok()) << "accepted; expected a refusal naming " << names;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << s.status();
+    EXPECT_NE(s.status().message().find(names), std::string::npos)
+        << s.status() << " does not name " << names;
+  };
   Request r;
-  EXPECT_FALSE(e->submit(r).ok());  // empty prompt
+  expect_refused(r, "prompt is empty");
   r.prompt = {1, 2, 100000};
-  EXPECT_FALSE(e->submit(r).ok());  // out of vocabulary
+  expect_refused(r, "prompt token 100000 at position 2");
   r.prompt = {1, 2, 3};
   r.params.top_p = 2;
-  EXPECT_FALSE(e->submit(r).ok());
+  expect_refused(r, "top_p");
+  r.params = SamplingParams();
+  r.params.temperature = -1;
+  expect_refused(r, "temperature");
   r.params = SamplingParams();
   r.params.stop = {"x"};
-  EXPECT_FALSE(e->submit(r).ok());  // stop strings need a tokenizer
+  expect_refused(r, "stop strings need a tokenizer");
+  r.params = SamplingParams();
+  r.params.stop_token_ids = {500};
+  expect_refused(r, "stop_token_ids");
+  r.params = SamplingParams();
+  r.params.logit_bias = {{-1, 1.0f}};
+  expect_refused(r, "logit_bias");
+  r.params = SamplingParams();
+  r.params.n = 17;
+  expect_refused(r, "n");
   r.params = SamplingParams();
   r.params.max_tokens = 1 << 30;
-  EXPECT_FALSE(e->submit(r).ok());  // over the context limit
+  expect_refused(r, "context limit");
+  e->wait_idle();
+  EXPECT_EQ(e->stats().running + e->stats().waiting, 0);
 }
 
 }  // namespace
