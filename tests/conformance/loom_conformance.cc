@@ -39,6 +39,8 @@ ABSL_FLAG(std::string, device, "cpu", "backend: cpu");
 ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32");
 ABSL_FLAG(bool, batch, false, "run all prompts together in one varlen batch");
 ABSL_FLAG(bool, hidden, false, "also report per-layer hidden-state differences (full prefill)");
+ABSL_FLAG(bool, deterministic, false,
+          "batch-invariant numerics (the engine's --deterministic): same bounds, other kernels");
 
 namespace loom {
 namespace {
@@ -174,6 +176,7 @@ absl::StatusOr<Tensor> step(const Model& model, std::vector<SequenceCache*> cach
                             const std::vector<std::vector<int32_t>>& tokens, LogitsMode mode,
                             std::vector<Tensor>* hidden = nullptr) {
   ForwardBatch b;
+  b.batch_invariant = absl::GetFlag(FLAGS_deterministic);
   for (size_t i = 0; i < caches.size(); ++i) {
     b.token_ids.insert(b.token_ids.end(), tokens[i].begin(), tokens[i].end());
     b.seqs.push_back(
