@@ -118,6 +118,11 @@ int main(int argc, char** argv) {
               std::string(loom::chat_format_name(format)).c_str(),
               std::filesystem::exists(tokenizer_path) ? "tokenizer.json" : "byte-level",
               (*engine)->max_model_len());
+  if (options->engine.deterministic) {
+    std::printf(
+        "loom-server: deterministic: batch-invariant numerics (bit-identical outputs under any "
+        "load; slower, docs/operations.md)\n");
+  }
   if (options->http.untrained) {
     std::printf(
         "loom-server: NOTE: this model is UNTRAINED (random weights): it produces "

@@ -41,3 +41,15 @@ if((TARGET loom-server OR EXISTS ${CMAKE_SOURCE_DIR}/server/CMakeLists.txt) AND 
             --pythonpath ${LOOM_PROTO_PY_DIR})
   set_tests_properties(frontend_rules_e2e PROPERTIES LABELS integration TIMEOUT 300)
 endif()
+
+# --deterministic end to end: a seeded request's tokens and logprobs are the same alone and under
+# load, over HTTP and gRPC (tests/integration/deterministic_test.py).
+get_property(done GLOBAL PROPERTY LOOM_DETERMINISTIC_TEST)
+if((TARGET loom-server OR EXISTS ${CMAKE_SOURCE_DIR}/server/CMakeLists.txt) AND NOT done)
+  set_property(GLOBAL PROPERTY LOOM_DETERMINISTIC_TEST TRUE)
+  add_test(NAME deterministic_e2e
+    COMMAND /usr/bin/python3 ${CMAKE_SOURCE_DIR}/tests/integration/deterministic_test.py
+            --server $<TARGET_FILE:loom-server> --model ${LOOM_GRPC_TEST_MODEL}
+            --pythonpath ${LOOM_PROTO_PY_DIR})
+  set_tests_properties(deterministic_e2e PROPERTIES LABELS integration TIMEOUT 300)
+endif()

@@ -10,6 +10,7 @@ import threading
 import time
 
 LISTEN = re.compile(r"http listening on http://[^ ]+ \(port (\d+)\)")
+GRPC_LISTEN = re.compile(r"grpc listening on [^ ]+:(\d+)")
 
 
 class LoomServer:
@@ -22,17 +23,23 @@ class LoomServer:
                          daemon=True).start()
         threading.Thread(target=self._drain_stderr, daemon=True).start()
         self.port = None
+        # With --grpc_port, its line follows the HTTP one: wait for both.
+        self.grpc_port = None
+        want_grpc = "--grpc_port" in extra
         deadline = time.time() + startup_timeout_s
-        while time.time() < deadline and self.port is None:
+        while time.time() < deadline and (self.port is None or (want_grpc and self.grpc_port is None)):
             try:
-                m = LISTEN.search(lines.get(timeout=0.5))
+                line = lines.get(timeout=0.5)
             except queue.Empty:
                 if self.proc.poll() is not None:
                     break
                 continue
+            m, g = LISTEN.search(line), GRPC_LISTEN.search(line)
             if m:
                 self.port = int(m.group(1))
-        if self.port is None:
+            if g:
+                self.grpc_port = int(g.group(1))
+        if self.port is None or (want_grpc and self.grpc_port is None):
             self.stop()
             raise RuntimeError("loom-server did not report its port: %s\n%s" %
                                (cmd, "".join(self.stderr_lines[-20:])))
