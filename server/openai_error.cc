@@ -3,10 +3,13 @@
 #include <cctype>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "nlohmann/json.hpp"
 
 namespace loom {
 namespace {
+
+constexpr char kParamPayload[] = "type.loom.dev/param";
 
 std::string default_type(int status) {
   switch (status) {
@@ -75,7 +78,17 @@ ApiError api_error_from_status(const absl::Status& status) {
       break;
   }
   std::string message(status.message());
-  return make_api_error(http, message, http == 400 ? param_of(message) : "");
+  std::string param;
+  if (http == 400) {
+    auto p = status.GetPayload(kParamPayload);
+    param = p ? std::string(*p) : param_of(message);
+  }
+  return make_api_error(http, message, std::move(param));
+}
+
+absl::Status with_param(absl::Status status, std::string_view param) {
+  status.SetPayload(kParamPayload, absl::Cord(std::string(param)));
+  return status;
 }
 
 std::string api_error_json(const ApiError& e) {

@@ -21,9 +21,14 @@ struct ApiError {
 std::string api_error_json(const ApiError& error);
 
 // InvalidArgument/OutOfRange -> 400, NotFound -> 404, Unauthenticated -> 401,
-// ResourceExhausted -> 429, Unavailable/FailedPrecondition -> 503, anything else -> 500. A message
-// of the form "field: text" (field an identifier path such as "messages[2].content") sets `param`.
+// ResourceExhausted -> 429, Unavailable/FailedPrecondition -> 503, anything else -> 500. `param`
+// is the status's param payload (with_param) when it has one; else a message of the form
+// "field: text" (field an identifier path such as "messages[2].content") sets it.
 ApiError api_error_from_status(const absl::Status& status);
+
+// `status` with `param` attached, for messages that do not start with the field's name (e.g.
+// OpenAI's "Unrecognized request argument supplied: name").
+absl::Status with_param(absl::Status status, std::string_view param);
 
 ApiError make_api_error(int http_status, std::string message, std::string param = "",
                         std::string type = "");

@@ -1,6 +1,8 @@
 #include "server/openai_request.h"
 
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <utility>
 
@@ -9,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "engine/core/status.h"
 #include "nlohmann/json.hpp"
+#include "server/openai_error.h"
+#include "server/request_limits.h"
 
 namespace loom {
 namespace {
@@ -115,6 +119,104 @@ absl::StatusOr<std::optional<bool>> get_bool(const json& j, const char* key) {
 
 #define LOOM_GET(var, expr) LOOM_ASSIGN_OR_RETURN(auto var, expr)
 
+using Keys = std::initializer_list<std::string_view>;
+
+// The top-level fields each endpoint reads. Any other field is a 400 naming it, as OpenAI's API
+// answers; docs/api.md lists them all.
+const Keys kCommonFields = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed",
+                            "presence_penalty", "frequency_penalty", "stream", "stream_options",
+                            "logit_bias", "response_format", "logprobs",
+                            "user",  // OpenAI's, no effect here (see check_noop_fields)
+                            // Loom extensions.
+                            "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens",
+                            "priority", "parse_special_tokens", "stop_token_ids"};
+const Keys kCompletionFields = {"prompt", "echo", "suffix", "best_of"};
+const Keys kChatFields = {
+    "messages", "tools", "tool_choice", "max_completion_tokens", "top_logprobs",
+    // OpenAI's, no effect here (check_noop_fields).
+    "store", "metadata", "service_tier", "safety_identifier", "prompt_cache_key", "prediction",
+    "parallel_tool_calls", "modalities",
+    // OpenAI's, changing the output, not implemented: rejected with a reason (reject_unsupported).
+    "audio", "functions", "function_call", "reasoning_effort", "verbosity", "web_search_options"};
+
+bool contains(Keys keys, std::string_view key) {
+  return std::find(keys.begin(), keys.end(), key) != keys.end();
+}
+
+// The first key of `obj` (keys in sorted order) in none of `known`: "Unrecognized request argument
+// supplied: <path>", OpenAI's words, with `param` set to the path.
+absl::Status check_keys(const json& obj, std::initializer_list<Keys> known,
+                        std::string_view prefix = "") {
+  for (const auto& [key, value] : obj.items()) {
+    if (std::any_of(known.begin(), known.end(), [&](Keys k) { return contains(k, key); })) continue;
+    // A key is any JSON string: bound what goes back into the message.
+    const std::string name = key.size() > 128 ? key.substr(0, 128) + "..." : key;
+    const std::string path = prefix.empty() ? name : absl::StrCat(absl_sv(prefix), ".", name);
+    return with_param(
+        absl::InvalidArgumentError(absl::StrCat("Unrecognized request argument supplied: ", path)),
+        path);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status check_string(const json& j, const char* key) {
+  const json* v = field(j, key);
+  if (v && !v->is_string()) return bad(key, "must be a string");
+  return absl::OkStatus();
+}
+
+// OpenAI fields that do not apply to Loom and would change nothing in its output: type-checked,
+// then ignored.
+absl::Status check_noop_fields(const json& j, bool chat) {
+  LOOM_RETURN_IF_ERROR(check_string(j, "user"));  // end-user id for abuse monitoring
+  if (!chat) return absl::OkStatus();
+  for (const char* key : {"service_tier", "safety_identifier", "prompt_cache_key"})
+    LOOM_RETURN_IF_ERROR(check_string(j, key));
+  LOOM_GET(store, get_bool(j, "store"));  // Loom stores nothing
+  (void)store;
+  for (const char* key : {"metadata", "prediction"}) {
+    const json* v = field(j, key);
+    if (v && !v->is_object()) return bad(key, "must be an object");
+  }
+  if (const json* v = field(j, "modalities")) {
+    if (*v != json::array({"text"})) return bad("modalities", "only [\"text\"] is supported");
+  }
+  return absl::OkStatus();
+}
+
+// OpenAI chat fields that change the output and that Loom does not implement (null: unset).
+absl::Status reject_unsupported(const json& j) {
+  constexpr std::pair<const char*, const char*> kUnsupported[] = {
+      {"audio", "is not supported (Loom generates text only)"},
+      {"functions", "is deprecated and not supported; use tools"},
+      {"function_call", "is deprecated and not supported; use tool_choice"},
+      {"reasoning_effort", "is not supported (Loom's models have no reasoning-effort control)"},
+      {"verbosity", "is not supported (Loom's models have no verbosity control)"},
+      {"web_search_options", "is not supported (Loom does no web search)"},
+  };
+  for (const auto& [key, why] : kUnsupported)
+    if (field(j, key)) return bad(key, why);
+  return absl::OkStatus();
+}
+
+absl::Status parse_stop_token_ids(const json& j, SamplingParams* p) {
+  const json* v = field(j, "stop_token_ids");
+  if (!v) return absl::OkStatus();
+  if (!v->is_array()) return bad("stop_token_ids", "must be a list of token ids");
+  if (v->size() > static_cast<size_t>(kMaxStopTokenIds))
+    return bad("stop_token_ids", absl::StrCat("at most ", kMaxStopTokenIds, " token ids"));
+  for (const json& t : *v) {
+    // Negative and huge ids fail here; ids past the vocabulary fail SamplingParams::validate.
+    if (!t.is_number_integer() || (!t.is_number_unsigned() && t.get<int64_t>() < 0) ||
+        (t.is_number_unsigned() &&
+         t.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()))) {
+      return bad("stop_token_ids", "must be a list of token ids (integers >= 0)");
+    }
+    p->stop_token_ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status parse_stop(const json& j, SamplingParams* p) {
   const json* v = field(j, "stop");
   if (!v) return absl::OkStatus();
@@ -151,6 +253,7 @@ absl::Status parse_common(const json& j, OpenAiRequest* r) {
   LOOM_GET(n, get_int(j, "n", 1, kMaxN));
   if (n) p.n = static_cast<int>(*n);
   LOOM_RETURN_IF_ERROR(parse_stop(j, &p));
+  LOOM_RETURN_IF_ERROR(parse_stop_token_ids(j, &p));
   if (const json* v = field(j, "seed")) {
     if (v->is_number_unsigned())
       p.seed = v->get<uint64_t>();
@@ -183,8 +286,17 @@ absl::Status parse_common(const json& j, OpenAiRequest* r) {
   if (const json* v = field(j, "stream_options")) {
     if (!v->is_object()) return bad("stream_options", "must be an object");
     if (!r->stream) return bad("stream_options", "only allowed when stream is true");
-    LOOM_GET(usage, get_bool(*v, "include_usage"));
-    r->include_usage = usage.value_or(false);
+    // include_obfuscation (OpenAI's padding of stream events against length side channels):
+    // Loom adds no padding, so either value is honoured.
+    LOOM_RETURN_IF_ERROR(
+        check_keys(*v, {{"include_usage", "include_obfuscation"}}, "stream_options"));
+    for (const char* key : {"include_usage", "include_obfuscation"}) {
+      const json* b = field(*v, key);
+      if (b && !b->is_boolean())
+        return bad(absl::StrCat("stream_options.", key), "must be a boolean");
+    }
+    const json* usage = field(*v, "include_usage");
+    r->include_usage = usage && usage->get<bool>();
   }
   if (const json* v = field(j, "logit_bias")) {
     // {"token id": bias}: keys are decimal token ids (JSON keys are strings), biases in
@@ -214,6 +326,7 @@ absl::Status parse_common(const json& j, OpenAiRequest* r) {
     if (type->get<std::string>() != "text") {
       return bad("response_format", "only {\"type\": \"text\"} is supported");
     }
+    LOOM_RETURN_IF_ERROR(check_keys(*v, {{"type"}}, "response_format"));
   }
   return absl::OkStatus();
 }
@@ -288,13 +401,15 @@ absl::StatusOr<std::string> parse_content(const json& m, const std::string& para
   if (c->is_string()) return c->get<std::string>();
   if (!c->is_array()) return bad(param, "must be a string or a list of text parts");
   std::string out;
-  for (const json& part : *c) {
+  for (size_t i = 0; i < c->size(); ++i) {
+    const json& part = (*c)[i];
     const json* type = part.is_object() ? field(part, "type") : nullptr;
     const json* text = part.is_object() ? field(part, "text") : nullptr;
     if (!type || !type->is_string() || type->get<std::string>() != "text" || !text ||
         !text->is_string()) {
       return bad(param, "only {\"type\": \"text\", \"text\": ...} parts are supported");
     }
+    LOOM_RETURN_IF_ERROR(check_keys(part, {{"type", "text"}}, absl::StrCat(param, "[", i, "]")));
     out += text->get<std::string>();
   }
   return out;
@@ -308,6 +423,20 @@ absl::Status parse_messages(const json& j, OpenAiRequest* r) {
     const json& m = (*v)[i];
     std::string param = absl::StrCat("messages[", i, "]");
     if (!m.is_object()) return bad(param, "must be an object");
+    // What OpenAI's message objects may hold. An assistant reply sent back as history carries
+    // "refusal": null (Loom's replies do); the deprecated function_call and audio replies only
+    // as null.
+    LOOM_RETURN_IF_ERROR(check_keys(m,
+                                    {{"role", "content", "name", "tool_call_id", "tool_calls",
+                                      "refusal", "function_call", "audio"}},
+                                    param));
+    if (field(m, "refusal")) {
+      return bad(param + ".refusal", "must be null (put a refusal's text in content)");
+    }
+    if (field(m, "function_call")) {
+      return bad(param + ".function_call", "is deprecated and not supported; use tool_calls");
+    }
+    if (field(m, "audio")) return bad(param + ".audio", "is not supported (Loom is text only)");
     const json* role = field(m, "role");
     if (!role || !role->is_string()) return bad(param + ".role", "must be a string");
     ChatMessage msg;
@@ -336,6 +465,14 @@ absl::Status parse_messages(const json& j, OpenAiRequest* r) {
         std::string cp = absl::StrCat(param, ".tool_calls[", k, "]");
         const json* fn = c.is_object() ? field(c, "function") : nullptr;
         if (!fn || !fn->is_object()) return bad(cp + ".function", "must be an object");
+        // `index` is accepted: streamed tool-call deltas carry it, and clients that accumulate
+        // them send it back.
+        LOOM_RETURN_IF_ERROR(check_keys(c, {{"id", "type", "function", "index"}}, cp));
+        LOOM_RETURN_IF_ERROR(check_keys(*fn, {{"name", "arguments"}}, cp + ".function"));
+        if (const json* type = field(c, "type");
+            type && (!type->is_string() || type->get<std::string>() != "function")) {
+          return bad(cp + ".type", "must be \"function\"");
+        }
         const json* name = field(*fn, "name");
         const json* args = field(*fn, "arguments");
         if (!name || !name->is_string()) return bad(cp + ".function.name", "must be a string");
@@ -386,6 +523,8 @@ absl::StatusOr<OpenAiRequest> parse_completion_request(std::string_view body) {
   LOOM_ASSIGN_OR_RETURN(json j, parse_body(body));
   OpenAiRequest r;
   r.chat = false;
+  LOOM_RETURN_IF_ERROR(check_keys(j, {kCommonFields, kCompletionFields}));
+  LOOM_RETURN_IF_ERROR(check_noop_fields(j, /*chat=*/false));
   LOOM_RETURN_IF_ERROR(parse_common(j, &r));
   LOOM_RETURN_IF_ERROR(parse_prompt(j, &r));
   LOOM_GET(parse_special, get_bool(j, "parse_special_tokens"));
@@ -413,9 +552,17 @@ absl::StatusOr<OpenAiRequest> parse_chat_request(std::string_view body) {
   LOOM_ASSIGN_OR_RETURN(json j, parse_body(body));
   OpenAiRequest r;
   r.chat = true;
+  LOOM_RETURN_IF_ERROR(check_keys(j, {kCommonFields, kChatFields}));
+  LOOM_RETURN_IF_ERROR(check_noop_fields(j, /*chat=*/true));
+  LOOM_RETURN_IF_ERROR(reject_unsupported(j));
   LOOM_RETURN_IF_ERROR(parse_common(j, &r));
   LOOM_RETURN_IF_ERROR(parse_messages(j, &r));
   LOOM_RETURN_IF_ERROR(parse_tools(j, &r));
+  LOOM_GET(parallel, get_bool(j, "parallel_tool_calls"));
+  if (parallel && !*parallel && r.parse_tools()) {
+    return bad("parallel_tool_calls",
+               "only true is supported: Loom cannot limit the model to one tool call per turn");
+  }
   LOOM_GET(parse_special, get_bool(j, "parse_special_tokens"));
   r.parse_special_tokens = parse_special.value_or(false);
   LOOM_RETURN_IF_ERROR(parse_max_tokens(j, "max_tokens", &r));

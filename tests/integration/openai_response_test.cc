@@ -13,6 +13,7 @@
 #include "server/http_routes.h"
 #include "server/openai_error.h"
 #include "server/openai_request.h"
+#include "server/request_limits.h"
 #include "server/sse_writer.h"
 
 namespace loom {
@@ -272,7 +273,7 @@ TEST(OpenAiRequest, FieldsAndExtensions) {
   auto r = parse_completion_request(
       R"({"prompt": [[1, 2], "ab"], "max_tokens": 5, "temperature": 0, "n": 2, "stop": "x",
           "seed": 3, "logprobs": 2, "top_k": 4, "min_p": 0.1, "repetition_penalty": 1.1,
-          "ignore_eos": true, "priority": 2, "min_tokens": 1, "unknown_field": {"a": 1},
+          "ignore_eos": true, "priority": 2, "min_tokens": 1, "user": "u1", "stop_token_ids": [7, 5],
           "stream": true, "stream_options": {"include_usage": true}})");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->prompts.size(), 2u);
@@ -283,6 +284,7 @@ TEST(OpenAiRequest, FieldsAndExtensions) {
   EXPECT_EQ(r->priority, 2);
   EXPECT_TRUE(r->include_usage);
   EXPECT_EQ(*r->params.seed, 3u);
+  EXPECT_EQ(r->params.stop_token_ids, (std::vector<int32_t>{7, 5}));
   auto tok = Tokenizer::byte_level();
   auto reqs = build_engine_requests(*r, *tok, ChatFormat::kNative, 0);
   ASSERT_TRUE(reqs.ok());
@@ -291,6 +293,7 @@ TEST(OpenAiRequest, FieldsAndExtensions) {
   EXPECT_EQ((*reqs)[1].prompt, (std::vector<int32_t>{'a', 'b'}));
   EXPECT_EQ((*reqs)[1].params.max_tokens, 5);
   EXPECT_EQ((*reqs)[1].params.logprobs, 2);
+  EXPECT_EQ((*reqs)[1].params.stop_token_ids, (std::vector<int32_t>{7, 5}));
 
   auto c = parse_chat_request(
       R"({"messages": [{"role": "system", "content": "s"},
@@ -309,6 +312,129 @@ TEST(OpenAiRequest, FieldsAndExtensions) {
   ASSERT_TRUE(creqs.ok()) << creqs.status();
   EXPECT_EQ((*creqs)[0].params.max_tokens, 9);
   EXPECT_EQ((*creqs)[0].params.logprobs, 3);
+}
+
+// Unknown fields are a 400 naming them in OpenAI's words, at the top level and inside the objects
+// the parser reads; OpenAI's fields that do not apply are accepted (type-checked), those that
+// would change the output and are not implemented are a 400 saying so.
+TEST(OpenAiRequest, UnknownFields) {
+  constexpr std::string_view kChat = R"("messages": [{"role": "user", "content": "hi"}])";
+  auto chat = [&](std::string_view more) {
+    return "{" + std::string(kChat) + ", " + std::string(more) + "}";
+  };
+  auto cmpl = [](std::string_view more) { return R"({"prompt": "a", )" + std::string(more) + "}"; };
+  struct Case {
+    std::string body;
+    bool is_chat;
+    std::string param;
+  };
+  const Case rejected[] = {
+      {cmpl(R"("bogus_field": 1)"), false, "bogus_field"},
+      {chat(R"("bogus_field": 1)"), true, "bogus_field"},
+      {cmpl(R"("bogus_field": null)"), false, "bogus_field"},
+      // Chat-only fields are unknown to completions (as at OpenAI).
+      {cmpl(R"("messages": [])"), false, "messages"},
+      {cmpl(R"("store": false)"), false, "store"},
+      {chat(R"("prompt": "x")"), true, "prompt"},
+      {chat(R"("echo": false)"), true, "echo"},
+      // Nested objects.
+      {cmpl(R"("stream": true, "stream_options": {"include_usage": true, "x": 1})"), false,
+       "stream_options.x"},
+      {chat(R"("response_format": {"type": "text", "schema": {}})"), true,
+       "response_format.schema"},
+      {R"({"messages": [{"role": "user", "content": "hi", "colour": "red"}]})", true,
+       "messages[0].colour"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "a", "x": 1}]}]})",
+       true, "messages[0].content[0].x"},
+      {R"({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+           "function": {"name": "f", "arguments": "{}", "strict": true}}]}]})",
+       true, "messages[0].tool_calls[0].function.strict"},
+      {R"({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "kind": 1,
+           "function": {"name": "f", "arguments": "{}"}}]}]})",
+       true, "messages[0].tool_calls[0].kind"},
+  };
+  for (const Case& c : rejected) {
+    ApiError e = parse_error(c.body, c.is_chat);
+    EXPECT_EQ(e.http_status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body;
+    EXPECT_EQ(e.message, "Unrecognized request argument supplied: " + c.param) << c.body;
+    EXPECT_EQ(e.type, "invalid_request_error");
+  }
+  // OpenAI's output-changing fields Loom does not implement: a 400 naming them with a reason.
+  const Case unsupported[] = {
+      {chat(R"("reasoning_effort": "low")"), true, "reasoning_effort"},
+      {chat(R"("audio": {"voice": "x", "format": "wav"})"), true, "audio"},
+      {chat(R"("functions": [{"name": "f"}])"), true, "functions"},
+      {chat(R"("function_call": "auto")"), true, "function_call"},
+      {chat(R"("verbosity": "low")"), true, "verbosity"},
+      {chat(R"("web_search_options": {})"), true, "web_search_options"},
+      {chat(R"("modalities": ["text", "audio"])"), true, "modalities"},
+      {chat(R"("tools": [{"type": "function", "function": {"name": "f"}}],
+                "parallel_tool_calls": false)"),
+       true, "parallel_tool_calls"},
+      {R"({"messages": [{"role": "assistant", "content": "x", "refusal": "no"}]})", true,
+       "messages[0].refusal"},
+      {R"({"messages": [{"role": "assistant", "function_call": {"name": "f"}}]})", true,
+       "messages[0].function_call"},
+      // No-op fields are still type-checked.
+      {chat(R"("user": 5)"), true, "user"},
+      {cmpl(R"("user": [])"), false, "user"},
+      {chat(R"("store": "yes")"), true, "store"},
+      {chat(R"("metadata": "x")"), true, "metadata"},
+      {chat(R"("service_tier": 1)"), true, "service_tier"},
+      {cmpl(R"("stream": true, "stream_options": {"include_obfuscation": 1})"), false,
+       "stream_options.include_obfuscation"},
+  };
+  for (const Case& c : unsupported) {
+    ApiError e = parse_error(c.body, c.is_chat);
+    EXPECT_EQ(e.http_status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << " -> " << e.message;
+  }
+  // Accepted and without effect: what OpenAI's SDKs may send, and an assistant reply sent back
+  // as history (refusal, audio, function_call null; tool-call deltas' index).
+  for (const std::string& body : {
+           chat(R"("user": "u", "store": true, "metadata": {"k": "v"}, "service_tier": "auto",
+                  "safety_identifier": "s", "prompt_cache_key": "p", "parallel_tool_calls": true,
+                  "modalities": ["text"], "prediction": {"type": "content", "content": "x"},
+                  "functions": null, "reasoning_effort": null,
+                  "stream": true, "stream_options": {"include_usage": true,
+                                                     "include_obfuscation": false})"),
+           chat(R"("parallel_tool_calls": false)"),  // no tools: nothing to limit
+           std::string(R"({"messages": [{"role": "user", "content": "hi"},
+               {"role": "assistant", "content": null, "refusal": null, "audio": null,
+                "function_call": null, "tool_calls": [{"index": 0, "id": "c", "type": "function",
+                "function": {"name": "f", "arguments": "{}"}}]},
+               {"role": "tool", "tool_call_id": "c", "content": "1"}]})"),
+       }) {
+    auto r = parse_chat_request(body);
+    EXPECT_TRUE(r.ok()) << body << ": " << r.status();
+  }
+  auto r = parse_completion_request(cmpl(R"("user": "u", "suffix": "", "echo": false)"));
+  EXPECT_TRUE(r.ok()) << r.status();
+}
+
+TEST(OpenAiRequest, StopTokenIds) {
+  auto r = parse_chat_request(
+      R"({"messages": [{"role": "user", "content": "hi"}], "stop_token_ids": [3, 0]})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto tok = Tokenizer::byte_level();
+  auto reqs = build_engine_requests(*r, *tok, ChatFormat::kNative, 0);
+  ASSERT_TRUE(reqs.ok()) << reqs.status();
+  EXPECT_EQ((*reqs)[0].params.stop_token_ids, (std::vector<int32_t>{3, 0}));
+  std::string many = "[";
+  for (int i = 0; i <= kMaxStopTokenIds; ++i) absl::StrAppend(&many, i ? "," : "", i);
+  many += "]";
+  EXPECT_TRUE(parse_completion_request(absl::StrCat(R"({"prompt": "a", "stop_token_ids": )",
+                                                    many.substr(0, many.rfind(',')), "]}"))
+                  .ok());
+  for (const std::string& bad :
+       {std::string("5"), std::string("[-1]"), std::string("[1.5]"), std::string("[\"1\"]"),
+        std::string("[4294967296]"), std::string("{}"), many}) {
+    EXPECT_EQ(
+        parse_error(absl::StrCat(R"({"prompt": "a", "stop_token_ids": )", bad, "}"), false).param,
+        "stop_token_ids")
+        << bad;
+  }
 }
 
 // OpenAI's schema requires `refusal` on chat messages and on the choice's logprobs object (null
