@@ -74,6 +74,7 @@ class Engine {
   const ModelConfig& config() const;
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
   int32_t max_model_len() const { return max_model_len_; }
+  int32_t max_n() const { return options_.max_n; }  // the largest n submit() accepts
 
  private:
   Engine() = default;

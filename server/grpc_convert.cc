@@ -5,12 +5,54 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/core/status.h"
+#include "google/protobuf/unknown_field_set.h"
+#include "server/request_limits.h"
 
 namespace loom {
+namespace {
+
+// The first unknown field of `m` or of a message set inside it, with its path ("" for `m`).
+bool find_unknown_field(const google::protobuf::Message& m, const std::string& path,
+                        std::string* where, int* number) {
+  const google::protobuf::Reflection* refl = m.GetReflection();
+  const google::protobuf::UnknownFieldSet& unknown = refl->GetUnknownFields(m);
+  if (!unknown.empty()) {
+    *where = path;
+    *number = unknown.field(0).number();
+    return true;
+  }
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  refl->ListFields(m, &fields);
+  for (const google::protobuf::FieldDescriptor* f : fields) {
+    if (f->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    const std::string sub = path.empty() ? f->name() : absl::StrCat(path, ".", f->name());
+    if (f->is_repeated()) {
+      for (int i = 0; i < refl->FieldSize(m, f); ++i)
+        if (find_unknown_field(refl->GetRepeatedMessage(m, f, i), absl::StrCat(sub, "[", i, "]"),
+                               where, number))
+          return true;
+    } else if (find_unknown_field(refl->GetMessage(m, f), sub, where, number)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+absl::Status check_no_unknown_fields(const google::protobuf::Message& message) {
+  std::string where;
+  int number = 0;
+  if (!find_unknown_field(message, "", &where, &number)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      where.empty() ? message.GetDescriptor()->full_name() : where, ": unknown field number ",
+      number, " (a field of a newer loom.v1 than this server's, which it would ignore)"));
+}
 
 absl::StatusOr<Request> request_from_proto(const v1::GenerateRequest& in,
                                            const Tokenizer* tokenizer, int vocab_size,
                                            int max_model_len) {
+  LOOM_RETURN_IF_ERROR(check_no_unknown_fields(in));
   Request r;
   switch (in.prompt_case()) {
     case v1::GenerateRequest::kText:
@@ -48,6 +90,9 @@ absl::StatusOr<Request> request_from_proto(const v1::GenerateRequest& in,
   if (s.has_max_tokens()) p.max_tokens = s.max_tokens();
   p.min_tokens = s.min_tokens();
   p.ignore_eos = s.ignore_eos();
+  if (s.stop_token_ids_size() > kMaxStopTokenIds)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sampling.stop_token_ids: ", s.stop_token_ids_size(), " ids, at most ", kMaxStopTokenIds));
   p.stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
   p.stop.assign(s.stop().begin(), s.stop().end());
   for (const auto& [id, bias] : s.logit_bias()) p.logit_bias.emplace_back(id, bias);

@@ -20,6 +20,11 @@ absl::StatusOr<Request> request_from_proto(const v1::GenerateRequest& in,
                                            const Tokenizer* tokenizer, int vocab_size,
                                            int max_model_len);
 
+// INVALID_ARGUMENT naming the first field of `message` or of a message inside it (sampling,
+// token_ids, map entries) that this server's loom.v1 does not know: a newer client's field, which
+// would otherwise be dropped without a word. "sampling: unknown field number 17 ...".
+absl::Status check_no_unknown_fields(const google::protobuf::Message& message);
+
 // One engine event as a GenerateResponse.
 void response_from_output(const RequestOutput& out, v1::GenerateResponse* resp);
 

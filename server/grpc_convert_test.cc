@@ -5,10 +5,17 @@
 
 #include <string>
 
+#include "google/protobuf/unknown_field_set.h"
 #include "gtest/gtest.h"
+#include "server/request_limits.h"
 
 namespace loom {
 namespace {
+
+// The unknown-field set of `m`, to add fields a newer loom.v1 would have.
+google::protobuf::UnknownFieldSet* unknown_fields(google::protobuf::Message* m) {
+  return m->GetReflection()->MutableUnknownFields(m);
+}
 
 constexpr int kVocab = 500;
 
@@ -108,6 +115,46 @@ TEST(GrpcConvert, RejectsBadSampling) {
   expect_rejected(too_long, absl::StatusCode::kInvalidArgument, "max_model_len", nullptr, 10);
   too_long.mutable_sampling()->set_max_tokens(7);
   EXPECT_TRUE(request_from_proto(too_long, nullptr, kVocab, 10).ok());
+}
+
+// Fields a newer client sets that this server does not know: INVALID_ARGUMENT naming the field
+// number and the message holding it, at the top level, in sampling, in token_ids and in a
+// logit_bias map entry.
+TEST(GrpcConvert, RejectsUnknownFields) {
+  v1::GenerateRequest top = ids_request({1});
+  unknown_fields(&top)->AddVarint(99, 1);
+  expect_rejected(top, absl::StatusCode::kInvalidArgument,
+                  "loom.v1.GenerateRequest: unknown field number 99");
+  v1::GenerateRequest sampling = ids_request({1});
+  unknown_fields(sampling.mutable_sampling())->AddFixed32(17, 3);
+  expect_rejected(sampling, absl::StatusCode::kInvalidArgument,
+                  "sampling: unknown field number 17");
+  v1::GenerateRequest ids = ids_request({1});
+  unknown_fields(ids.mutable_token_ids())->AddVarint(2, 5);
+  expect_rejected(ids, absl::StatusCode::kInvalidArgument, "token_ids: unknown field number 2");
+  // Through the wire format, as a server receives it: an unknown field inside sampling.
+  v1::GenerateRequest wire = ids_request({1});
+  wire.mutable_sampling()->set_max_tokens(2);
+  std::string bytes = wire.SerializeAsString();
+  bytes += std::string("\x1a\x03\xa8\x06\x01", 5);  // field 3 (sampling) again: {101: 1}
+  v1::GenerateRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(bytes));
+  EXPECT_EQ(parsed.sampling().max_tokens(), 2);  // the two sampling records merge
+  expect_rejected(parsed, absl::StatusCode::kInvalidArgument, "sampling: unknown field number 101");
+  // Known fields only: accepted.
+  v1::GenerateRequest fine = ids_request({1});
+  (*fine.mutable_sampling()->mutable_logit_bias())[3] = 1.0f;
+  EXPECT_TRUE(request_from_proto(fine, nullptr, kVocab, 0).ok());
+}
+
+TEST(GrpcConvert, StopTokenIdsAreLimited) {
+  v1::GenerateRequest req = ids_request({1});
+  for (int i = 0; i < kMaxStopTokenIds; ++i) req.mutable_sampling()->add_stop_token_ids(i);
+  absl::StatusOr<Request> r = request_from_proto(req, nullptr, kVocab, 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->params.stop_token_ids.size(), static_cast<size_t>(kMaxStopTokenIds));
+  req.mutable_sampling()->add_stop_token_ids(kMaxStopTokenIds);
+  expect_rejected(req, absl::StatusCode::kInvalidArgument, "sampling.stop_token_ids");
 }
 
 TEST(GrpcConvert, MapsEveryField) {

@@ -355,6 +355,7 @@ grpc::ServerUnaryReactor* GrpcServer::Impl::unary(grpc::CallbackServerContext* c
   Resp response;
   grpc::Status st = admit_call(*ctx);
   if (st.ok()) st = parse_request(in, &request);
+  if (st.ok()) st = to_grpc_status(check_no_unknown_fields(request));
   if (st.ok()) st = handle(request, &response);
   if (st.ok()) st = serialize_response(response, out);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
@@ -454,7 +455,7 @@ grpc::ServerUnaryReactor* GrpcServer::Impl::GetModelInfo(grpc::CallbackServerCon
         response->set_eos_token_id(c.eos_token_id);
         response->set_bos_token_id(c.bos_token_id);
         response->set_max_logprobs(kMaxLogprobs);
-        response->set_max_n(kMaxN);
+        response->set_max_n(engine.max_n());  // --max_n, not kMaxN
         response->set_max_stop_strings(kMaxStopStrings);
         response->set_max_stop_string_bytes(kMaxStopStringBytes);
         return grpc::Status::OK;

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "google/protobuf/unknown_field_set.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -22,7 +23,15 @@
 namespace loom {
 namespace {
 
+// The unknown-field set of `m`, to add fields a newer loom.v1 would have.
+google::protobuf::UnknownFieldSet* unknown_fields(google::protobuf::Message* m) {
+  return m->GetReflection()->MutableUnknownFields(m);
+}
+
 const std::string kFixtures = LOOM_FIXTURES_DIR;
+
+// The engine's --max_n, below kMaxN: GetModelInfo must report it.
+constexpr int kServerMaxN = 3;
 
 class GrpcServerTest : public ::testing::Test {
  protected:
@@ -34,6 +43,7 @@ class GrpcServerTest : public ::testing::Test {
     eo.cache_budget_bytes = int64_t{256} << 20;
     const GrpcServerOptions options = server_options();
     eo.max_num_seqs = options.max_running;
+    eo.max_n = kServerMaxN;
     auto engine = Engine::create(std::move(*model), tokenizer_, eo);
     ASSERT_TRUE(engine.ok()) << engine.status();
     engine_ = std::move(*engine);
@@ -292,6 +302,39 @@ TEST_F(GrpcServerTest, TokenizerRpcs) {
   EXPECT_EQ(info.model_name(), "s1");
   EXPECT_EQ(info.vocab_size(), 500);
   EXPECT_EQ(info.tokenizer_vocab_size(), 260);
+  EXPECT_EQ(info.max_n(), kServerMaxN);  // the engine's limit, not kMaxN
+  EXPECT_EQ(info.max_logprobs(), kMaxLogprobs);
+}
+
+// A newer client's field (a number this server's loom.v1 lacks) is INVALID_ARGUMENT naming its
+// number and where it is, on Generate (top level and inside sampling) and the unary methods,
+// and never reaches the engine.
+TEST_F(GrpcServerTest, UnknownFieldsAreInvalidArgument) {
+  v1::GenerateRequest top;
+  top.mutable_token_ids()->add_ids(1);
+  unknown_fields(&top)->AddVarint(99, 1);
+  v1::GenerateRequest nested;
+  nested.mutable_token_ids()->add_ids(1);
+  nested.mutable_sampling()->set_max_tokens(2);
+  unknown_fields(nested.mutable_sampling())->AddVarint(40, 7);
+  v1::TokenizeRequest tok;
+  tok.set_text("hi");
+  unknown_fields(&tok)->AddLengthDelimited(12, "x");
+  const std::pair<const char*, std::string> cases[] = {
+      {"/loom.v1.Loom/Generate", top.SerializeAsString()},
+      {"/loom.v1.Loom/Generate", nested.SerializeAsString()},
+      {"/loom.v1.Loom/Tokenize", tok.SerializeAsString()},
+  };
+  const char* expected[] = {"loom.v1.GenerateRequest: unknown field number 99",
+                            "sampling: unknown field number 40",
+                            "loom.v1.TokenizeRequest: unknown field number 12"};
+  for (size_t i = 0; i < 3; ++i) {
+    const grpc::Status st = raw_call(cases[i].first, cases[i].second).first;
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+    EXPECT_NE(st.error_message().find(expected[i]), std::string::npos) << st.error_message();
+  }
+  EXPECT_EQ(engine_->stats().prompt_tokens, 0);
+  EXPECT_EQ(server_->in_flight(), 0);
 }
 
 // A request whose bytes are not the method's message: the client's error, INVALID_ARGUMENT
