@@ -10,28 +10,15 @@
 
 #include "engine/engine.h"
 #include "gtest/gtest.h"
+#include "tests/unit/engine_test_support.h"
 #include "weights/safetensors.h"
 
 namespace loom {
 namespace {
 
-const std::string kFixtures = LOOM_FIXTURES_DIR;
-constexpr int kVocab = 300;  // prompts use ids in [3, kVocab): inside every fixture's vocabulary
-
-std::unique_ptr<Engine> make_engine(const std::string& fixture, EngineOptions opt) {
-  auto model = Model::load(kFixtures + "/" + fixture);
-  EXPECT_TRUE(model.ok()) << model.status();
-  auto e = Engine::create(std::move(*model), nullptr, opt);
-  EXPECT_TRUE(e.ok()) << e.status();
-  return std::move(*e);
-}
-
-std::vector<int32_t> random_prompt(int len, std::mt19937& rng) {
-  std::uniform_int_distribution<int> d(3, kVocab - 1);  // not the EOS id (2)
-  std::vector<int32_t> p(len);
-  for (int32_t& t : p) t = d(rng);
-  return p;
-}
+using testing::kFixtures;
+using testing::make_engine;
+using testing::random_prompt;
 
 // Everything a client sees of choice 0, with logprobs as raw bits so equality is bitwise.
 struct Trace {

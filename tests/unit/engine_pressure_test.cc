@@ -9,31 +9,19 @@
 
 #include "engine/engine.h"
 #include "gtest/gtest.h"
+#include "tests/unit/engine_test_support.h"
 
 namespace loom {
 namespace {
 
-const std::string kFixtures = LOOM_FIXTURES_DIR;
-
-std::unique_ptr<Engine> make_engine(const std::string& fixture, EngineOptions opt) {
-  auto model = Model::load(kFixtures + "/" + fixture);
-  EXPECT_TRUE(model.ok()) << model.status();
-  auto e = Engine::create(std::move(*model), nullptr, opt);
-  EXPECT_TRUE(e.ok()) << e.status();
-  return std::move(*e);
-}
+using testing::kFixtures;
+using testing::make_engine;
+using testing::random_prompt;
 
 std::vector<int32_t> tokens_of(RequestStream& s) {
   std::vector<int32_t> t;
   while (auto ev = s.next()) t.insert(t.end(), ev->token_ids.begin(), ev->token_ids.end());
   return t;
-}
-
-std::vector<int32_t> random_prompt(int len, std::mt19937& rng) {
-  std::uniform_int_distribution<int> d(3, 299);  // not EOS (2); inside every fixture's vocabulary
-  std::vector<int32_t> p(len);
-  for (int32_t& t : p) t = d(rng);
-  return p;
 }
 
 class EnginePressure : public ::testing::TestWithParam<const char*> {};

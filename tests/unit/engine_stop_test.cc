@@ -9,6 +9,7 @@
 #include "engine/engine.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/unit/tiny_bpe.h"
 
 namespace loom {
 namespace {
@@ -16,42 +17,15 @@ namespace {
 using json = nlohmann::json;
 const std::string kFixtures = LOOM_FIXTURES_DIR;
 
-// GPT-2's byte-to-character map, so the vocabulary can spell the merged token below.
-std::string byte_char(int b) {
-  auto printable = [](int c) {
-    return (c >= 33 && c <= 126) || (c >= 161 && c <= 172) || c >= 174;
-  };
-  int n = 0;
-  for (int c = 0; c < b; ++c) n += !printable(c);
-  const int cp = printable(b) ? b : 256 + n;
-  std::string s;
-  if (cp < 0x80) {
-    s.push_back(static_cast<char>(cp));
-  } else {
-    s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-  return s;
-}
-
 // Ids 0..255 are the bytes; id 256 is "y" followed by 0xC3, the lead byte of a two-byte character.
 constexpr int32_t kYLead = 256;
 constexpr int32_t kEos = 2;  // kimi_linear_s1's eos_token_id
 
 std::shared_ptr<const Tokenizer> tiny_tokenizer() {
-  json vocab = json::object();
-  for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
-  vocab["y" + byte_char(0xC3)] = kYLead;
-  const json merges = json::array({json::array({"y", byte_char(0xC3)})});
-  const json j = {
-      {"version", "1.0"},
-      {"added_tokens", json::array()},
-      {"normalizer", nullptr},
-      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-      {"decoder", {{"type", "ByteLevel"}}},
-      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}}};
-  auto tok = Tokenizer::from_json(j.dump());
+  const json merges = json::array({json::array({"y", testing::byte_char(0xC3)})});
+  auto tok = Tokenizer::from_json(testing::tiny_tokenizer(merges, json::array(), nullptr).dump());
   EXPECT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ(*(*tok)->token_id("y" + testing::byte_char(0xC3)), kYLead);
   return std::shared_ptr<const Tokenizer>(std::move(*tok));
 }
 

@@ -14,20 +14,15 @@
 
 #include "engine/sampling/sampler.h"
 #include "gtest/gtest.h"
+#include "tests/unit/engine_test_support.h"
 #include "weights/safetensors.h"
 
 namespace loom {
 namespace {
 
-const std::string kFixtures = LOOM_FIXTURES_DIR;
-
-std::unique_ptr<Engine> make_engine(const std::string& fixture, EngineOptions opt) {
-  auto model = Model::load(kFixtures + "/" + fixture);
-  EXPECT_TRUE(model.ok()) << model.status();
-  auto e = Engine::create(std::move(*model), nullptr, opt);
-  EXPECT_TRUE(e.ok()) << e.status();
-  return std::move(*e);
-}
+using testing::kFixtures;
+using testing::make_engine;
+using testing::random_prompt;
 
 struct Collected {
   std::map<int, std::vector<int32_t>> tokens;  // by choice
@@ -52,13 +47,6 @@ Collected collect(RequestStream& s, int taken = 0) {
     EXPECT_EQ(static_cast<int>(t.size()) + (i == 0 ? taken : 0), c.completion_tokens[i])
         << "streamed twice or lost";
   return c;
-}
-
-std::vector<int32_t> random_prompt(int len, int vocab, std::mt19937& rng) {
-  std::uniform_int_distribution<int> d(3, vocab - 1);  // avoid the EOS id (2) in prompts
-  std::vector<int32_t> p(len);
-  for (int32_t& t : p) t = d(rng);
-  return p;
 }
 
 SamplingParams greedy(int max_tokens) {
@@ -98,7 +86,7 @@ void batch_invariance(const std::string& fixture, int32_t budget) {
   for (int i = 0; i < 32; ++i) {
     Request r;
     const int len = i == 0 ? 1 : i == 1 ? 700 : std::uniform_int_distribution<int>(1, 700)(rng);
-    r.prompt = random_prompt(len, vocab, rng);
+    r.prompt = random_prompt(len, rng, vocab);
     r.params = greedy(6 + i % 5);
     reqs.push_back(r);
   }
@@ -127,7 +115,7 @@ TEST(Engine, PreemptionKeepsOutputs) {
   std::vector<Request> reqs;
   for (int i = 0; i < 12; ++i) {
     Request r;
-    r.prompt = random_prompt(100 + 37 * i, 300, rng);
+    r.prompt = random_prompt(100 + 37 * i, rng);
     r.params = greedy(40);
     reqs.push_back(r);
   }
@@ -158,12 +146,12 @@ TEST(Engine, PreemptionKeepsOutputs) {
 
 TEST(Engine, PrefixHitSameAsMiss) {
   std::mt19937 rng(8);
-  const std::vector<int32_t> shared = random_prompt(300, 300, rng);
+  const std::vector<int32_t> shared = random_prompt(300, rng);
   std::vector<Request> reqs;
   for (int i = 0; i < 4; ++i) {
     Request r;
     r.prompt = shared;
-    const std::vector<int32_t> tail = random_prompt(5 + 40 * i, 300, rng);
+    const std::vector<int32_t> tail = random_prompt(5 + 40 * i, rng);
     r.prompt.insert(r.prompt.end(), tail.begin(), tail.end());
     r.params = greedy(12);
     reqs.push_back(r);
@@ -187,7 +175,7 @@ TEST(Engine, PrefixHitSameAsMiss) {
 TEST(Engine, SeededSamplingIndependentOfBatch) {
   std::mt19937 rng(9);
   Request target;
-  target.prompt = random_prompt(90, 300, rng);
+  target.prompt = random_prompt(90, rng);
   target.params.temperature = 0.9f;
   target.params.top_p = 0.95f;
   target.params.seed = 1234;
@@ -204,7 +192,7 @@ TEST(Engine, SeededSamplingIndependentOfBatch) {
   std::vector<std::shared_ptr<RequestStream>> noise;
   for (int i = 0; i < 10; ++i) {
     Request r;
-    r.prompt = random_prompt(20 + 30 * i, 300, rng);
+    r.prompt = random_prompt(20 + 30 * i, rng);
     r.params.temperature = 1.0f;
     r.params.max_tokens = 20;
     noise.push_back(*e->submit(r));
@@ -223,7 +211,7 @@ TEST(Engine, CancellationReturnsEverything) {
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (int i = 0; i < 16; ++i) {
     Request r;
-    r.prompt = random_prompt(50 + 20 * i, 300, rng);
+    r.prompt = random_prompt(50 + 20 * i, rng);
     r.params = greedy(200);
     streams.push_back(*e->submit(r));
   }
@@ -264,10 +252,10 @@ TEST(Engine, CancelMidPrefillAndMidDecode) {
     const EngineStats before = e->stats();
     std::mt19937 rng(mid_prefill ? 21 : 22);
     Request victim;
-    victim.prompt = random_prompt(mid_prefill ? 700 : 20, 300, rng);
+    victim.prompt = random_prompt(mid_prefill ? 700 : 20, rng);
     victim.params = greedy(100);
     Request bystander;
-    bystander.prompt = random_prompt(30, 300, rng);
+    bystander.prompt = random_prompt(30, rng);
     bystander.params = greedy(12);
     std::vector<int32_t> bystander_alone;
     {
@@ -307,7 +295,7 @@ TEST(Engine, CancelMidPrefillAndMidDecode) {
 TEST(Engine, CancelWithPrefixCacheKeepsTheCacheSound) {
   std::mt19937 rng(23);
   Request r;
-  r.prompt = random_prompt(200, 300, rng);
+  r.prompt = random_prompt(200, rng);
   r.params = greedy(10);
   std::vector<int32_t> clean;
   {
@@ -369,7 +357,7 @@ TEST(Engine, NChoicesUseSeedPlusIndex) {
   for (int len : {150, 30}) {
     SCOPED_TRACE(::testing::Message() << "prompt of " << len);
     Request r;
-    r.prompt = random_prompt(len, 300, rng);
+    r.prompt = random_prompt(len, rng);
     r.params.temperature = 0.9f;
     r.params.top_p = 0.95f;
     r.params.seed = 777;

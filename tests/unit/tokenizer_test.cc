@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
+#include "tests/unit/tiny_bpe.h"
 
 namespace loom {
 namespace {
@@ -361,36 +362,7 @@ TEST(TokenizerMalformed, RejectedWithNamedErrors) {
 
 // --- Normalizer, flags and BPE options on small hand-written files ---
 
-// A tiny byte-level BPE tokenizer.json: every byte character, plus given merges and added tokens.
-json tiny_tokenizer(const json& merges, json added, const json& normalizer) {
-  json vocab = json::object();
-  int next = 0;
-  auto byte_char = [](int b) {
-    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
-    int n = 0;
-    for (int c = 0; c < b; ++c)
-      n += !((c >= 33 && c <= 126) || (c >= 161 && c <= 172) || (c >= 174));
-    const int cp = printable ? b : 256 + n;
-    std::string s;
-    if (cp < 0x80) {
-      s.push_back(static_cast<char>(cp));
-    } else {
-      s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-    return s;
-  };
-  for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = next++;
-  for (const json& m : merges) vocab[m[0].get<std::string>() + m[1].get<std::string>()] = next++;
-  for (json& token : added) token["id"] = next++;
-  return {
-      {"version", "1.0"},
-      {"added_tokens", added},
-      {"normalizer", normalizer},
-      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-      {"decoder", {{"type", "ByteLevel"}}},
-      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}}};
-}
+using testing::tiny_tokenizer;
 
 TEST(TokenizerOptions, NfcNormalizerComposes) {
   // "é" as e + U+0301 composes to U+00E9 (bytes C3 A9), merged by the tiny model.
