@@ -12,11 +12,13 @@ DEB_PACKAGES := cmake ninja-build g++ pkg-config libabsl-dev nlohmann-json3-dev 
   libboost-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc \
   python3-grpcio python3-protobuf curl gnuplot-nox
 # Node.js and npm (for the openai SDK integration test) come with this machine kind, not from
-# Debian: the Debian npm package conflicts with them. The test skips itself when npm is absent.
+# Debian: the Debian npm package conflicts with them. `openai-sdk` (part of `make test`) installs
+# the pinned SDK into build/npm-openai when node and npm exist; the test then runs offline, FAILS
+# when node exists but the SDK is missing, and skips (loudly) only without node.
 # Extra packages for `make lint` and `make fuzz` (clang, its sanitizer runtime, the linters).
 DEV_PACKAGES := clang clang-format clang-tidy libclang-rt-14-dev
 
-.PHONY: help deps dev-deps configure build test run conformance lint format asan fuzz cuda-build bench bench-serve clean default-model
+.PHONY: help deps dev-deps configure build openai-sdk test run conformance lint format asan fuzz cuda-build bench bench-serve clean default-model
 
 help:
 	@echo "make test   install missing packages, build, run every test (ctest)"
@@ -52,9 +54,17 @@ configure: deps
 build: configure
 	@cmake --build build -j $(JOBS)
 
+# The pinned openai npm SDK for the openai_sdk_e2e test (version in run_openai_sdk_test.py).
+# A failed install only warns here: the test itself then fails and says why.
+openai-sdk: configure
+	@if command -v node >/dev/null && command -v npm >/dev/null; then \
+	  /usr/bin/python3 tests/integration/run_openai_sdk_test.py --install-only --prefix build/npm-openai >/dev/null || \
+	    echo "warning: could not install the openai npm SDK into build/npm-openai: openai_sdk_e2e will fail"; \
+	else echo "warning: node/npm not installed: openai_sdk_e2e will be skipped"; fi
+
 # ctest runs JOBS test processes at once, each with an OpenMP pool as wide as the machine: passive
 # waiting keeps the oversubscribed pools from spinning against each other (3-5x slower otherwise).
-test: build
+test: build openai-sdk
 	OMP_WAIT_POLICY=PASSIVE ctest --test-dir build --output-on-failure -j $(JOBS)
 
 # The main job: loom-server on the bundled (untrained) default model, in the foreground.

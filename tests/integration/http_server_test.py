@@ -3,7 +3,8 @@
 
 Starts loom-server on a fixture model on a free loopback port (--port 0; the bound port is read
 from its stdout) and checks: SSE framing byte for byte (curl -N), completions and chat with fixed
-seeds giving the same text streamed and not, n > 1, logprobs, the tools request path, error
+seeds giving the same text streamed and not, n > 1, logprobs, the tools request path (finish
+reasons asserted), stop_token_ids, unknown request fields (400 naming them), error
 statuses and OpenAI error bodies for hostile input (malformed JSON, invalid UTF-8, wrong types,
 bad max_tokens, a 10 MB body, slow-loris, 1000 idle connections, a client that never reads its
 stream), 64 concurrent streaming clients
@@ -303,11 +304,28 @@ def test_tools(port):
                     {"id": "functions.get_weather:0", "type": "function",
                      "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
                 {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "22C"}]
-    status, body, _ = request(port, "POST", "/v1/chat/completions",
-                              {"messages": messages, "tools": tools, "max_tokens": 8, "seed": 1})
+    # ignore_eos and no stop: only max_tokens ends the turn, so the finish is `length` (a call
+    # parsed out of a cut turn does not make it `tool_calls`), streamed or not.
+    base = {"messages": messages, "tools": tools, "max_tokens": 8, "seed": 1, "ignore_eos": True}
+    status, body, _ = request(port, "POST", "/v1/chat/completions", base)
     check(status == 200 and body["choices"][0]["message"]["role"] == "assistant",
           "tools round trip request: %s" % body)
-    check(body["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls"), "tools finish")
+    check(body["choices"][0]["finish_reason"] == "length" and body["usage"]["completion_tokens"] == 8,
+          "tools, cut by max_tokens: finish length (%s)" % body["choices"][0])
+    st, events = stream(port, "/v1/chat/completions", dict(base, stream=True))
+    finishes = [json.loads(e)["choices"][0]["finish_reason"] for e in events[:-1]]
+    check(st == 200 and [f for f in finishes if f] == ["length"],
+          "tools streamed, cut by max_tokens: one finish, length (%s)" % finishes)
+    # A stop token as the first token: finish `stop` (no call was parsed), nothing said.
+    forced = dict(base, logit_bias={"65": 100}, stop_token_ids=[65], ignore_eos=False)
+    status, body, _ = request(port, "POST", "/v1/chat/completions", forced)
+    c = body["choices"][0] if status == 200 else {}
+    check(status == 200 and c["finish_reason"] == "stop" and "tool_calls" not in c["message"] and
+          body["usage"]["completion_tokens"] == 1, "tools, stopped by a stop token: finish stop (%s)" % body)
+    st, events = stream(port, "/v1/chat/completions", dict(forced, stream=True))
+    finishes = [json.loads(e)["choices"][0]["finish_reason"] for e in events[:-1]]
+    check(st == 200 and [f for f in finishes if f] == ["stop"],
+          "tools streamed, stopped by a stop token: finish stop (%s)" % finishes)
     # The rendered prompt carries the tool declaration and the call (via /tokenize + /detokenize).
     status, tk, _ = request(port, "POST", "/tokenize", {"messages": messages, "tools": tools})
     _, dt, _ = request(port, "POST", "/detokenize", {"tokens": tk["tokens"]})
@@ -321,10 +339,78 @@ def test_tools(port):
     status, body, _ = request(port, "POST", "/v1/chat/completions",
                               {"messages": messages, "tools": [{"type": "function"}]})
     check(status == 400 and is_error_body(body, status), "malformed tools -> 400")
+    st, events = stream(port, "/v1/chat/completions",
+                        {"messages": messages, "tools": tools, "tool_choice": "none",
+                         "max_tokens": 2, "stream": True, "ignore_eos": True})
+    finishes = [json.loads(e)["choices"][0]["finish_reason"] for e in events[:-1]]
+    check(st == 200 and [f for f in finishes if f] == ["length"],
+          "tool_choice none accepted, cut by max_tokens: finish length (%s)" % finishes)
+
+
+def test_stop_token_ids(port):
+    """stop_token_ids (vLLM's extension): a token forced with logit_bias +100 and listed as a stop
+    id ends the choice after 1 token with finish `stop`, and its text is not output; with
+    min_tokens the stop id is masked until then. Out-of-vocabulary ids and bad shapes: 400."""
+    cases = (("/v1/completions", {"prompt": "abc"}),
+             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "abc"}]}))
+    for path, extra in cases:
+        chat = "chat" in path
+        base = dict(extra, max_tokens=8, temperature=0, logit_bias={"65": 100})
+        # Without the stop id the forced token is output 8 times: 'A' (id 65).
+        status, body, _ = request(port, "POST", path, dict(base, ignore_eos=True))
+        text = body["choices"][0]["message"]["content"] if chat else body["choices"][0]["text"]
+        check(status == 200 and text == "A" * 8, "%s forced token: %r" % (path, text))
+        status, body, _ = request(port, "POST", path, dict(base, stop_token_ids=[65]))
+        c = body["choices"][0] if status == 200 else {}
+        text = (c["message"]["content"] if chat else c["text"]) if c else None
+        check(status == 200 and c["finish_reason"] == "stop" and body["usage"]["completion_tokens"] == 1
+              and text == "", "%s stop_token_ids: stop after 1 token, no text (%d %s)" % (path, status, body))
+        st, events = stream(port, path, dict(base, stop_token_ids=[65], stream=True))
+        finishes = [f for e in events[:-1] for f in [json.loads(e)["choices"][0]["finish_reason"]] if f]
+        check(st == 200 and finishes == ["stop"] and "A" not in stream_text(events, chat),
+              "%s streamed stop_token_ids: %s %r" % (path, finishes, stream_text(events, chat)))
+        # min_tokens masks the stop id for 2 tokens; the third is the forced one and stops.
+        status, body, _ = request(port, "POST", path, dict(base, stop_token_ids=[65], min_tokens=2))
+        c = body["choices"][0] if status == 200 else {}
+        text = (c["message"]["content"] if chat else c["text"]) if c else ""
+        check(status == 200 and c["finish_reason"] == "stop" and body["usage"]["completion_tokens"] == 3
+              and "A" not in text, "%s stop_token_ids after min_tokens 2: %s" % (path, body))
+        for bad in ([99999], [-1], "65", [1.5], list(range(65))):
+            status, body, _ = request(port, "POST", path, dict(base, stop_token_ids=bad))
+            check(status == 400 and error_field(body, "param") == "stop_token_ids",
+                  "%s stop_token_ids %r -> 400 (%d %s)" % (path, str(bad)[:20], status, body))
+
+
+def test_unknown_fields(port):
+    """A field the endpoint does not know is a 400 naming it in OpenAI's words, at the top level
+    and inside the objects the parser reads; OpenAI's fields without effect here are accepted;
+    output-changing ones Loom lacks are a 400 saying so."""
+    cases = (("/v1/completions", {"prompt": "a", "max_tokens": 1}),
+             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "max_tokens": 1}))
+    for path, base in cases:
+        for extra, param in (({"bogus_field": 1}, "bogus_field"),
+                             ({"stream": True, "stream_options": {"include_usage": True, "x": 0}},
+                              "stream_options.x")):
+            status, body, _ = request(port, "POST", path, dict(base, **extra))
+            check(status == 400 and error_field(body, "param") == param and
+                  error_field(body, "message") == "Unrecognized request argument supplied: " + param and
+                  error_field(body, "type") == "invalid_request_error",
+                  "%s %s -> 400 naming it (%d %s)" % (path, param, status, body))
+        status, body, _ = request(port, "POST", path, dict(base, user="u-1"))
+        check(status == 200, "%s user accepted (%d %s)" % (path, status, body))
+    chat = cases[1][1]
     status, body, _ = request(port, "POST", "/v1/chat/completions",
-                              {"messages": messages, "tools": tools, "tool_choice": "none",
-                               "max_tokens": 2, "stream": True})
-    check(status == 200, "tool_choice none accepted")
+                              dict(chat, store=False, metadata={"k": "v"}, service_tier="auto",
+                                   parallel_tool_calls=True, modalities=["text"]))
+    check(status == 200, "chat no-op fields accepted (%d %s)" % (status, body))
+    status, body, _ = request(port, "POST", "/v1/chat/completions",
+                              {"messages": [{"role": "user", "content": "a", "colour": 1}],
+                               "max_tokens": 1})
+    check(status == 400 and error_field(body, "param") == "messages[0].colour",
+          "unknown message key -> 400 (%d %s)" % (status, body))
+    status, body, _ = request(port, "POST", "/v1/chat/completions", dict(chat, reasoning_effort="low"))
+    check(status == 400 and error_field(body, "param") == "reasoning_effort" and
+          "not supported" in error_field(body, "message"), "reasoning_effort -> 400 (%d %s)" % (status, body))
 
 
 def test_hostile(port):
@@ -850,7 +936,8 @@ def main():
                    "--allowed_hosts", "allowed.example")
         servers.append(a)
         for test in (test_basic_routes, test_sse_framing_curl, test_stream_equals_nonstream,
-                     test_logit_bias, test_n_and_logprobs, test_tools, test_hostile,
+                     test_logit_bias, test_n_and_logprobs, test_tools, test_stop_token_ids,
+                     test_unknown_fields, test_hostile,
                      test_special_token_injection, test_host_and_content_type, test_protocol_edges,
                      test_model_retrieve, test_openai_schema, test_header_timeout_from_accept,
                      test_slow_loris_and_idle):

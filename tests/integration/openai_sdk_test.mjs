@@ -14,6 +14,14 @@ let checks = 0;
 const eq = (a, b, what) => { assert.deepStrictEqual(a, b, what); checks++; };
 const ok = (c, what) => { assert.ok(c, what); checks++; };
 
+// The finish reason a choice's token count implies: fewer than max_tokens means something
+// stopped it (`stop`: EOS here, no stop strings or ids); exactly max_tokens is `length`, or `stop`
+// when the last token allowed was EOS.
+function checkFinish(reason, tokens, maxTokens, what) {
+  ok(tokens < maxTokens ? reason === 'stop' : ['length', 'stop'].includes(reason),
+    `${what}: finish_reason ${reason} after ${tokens} of ${maxTokens} tokens`);
+}
+
 function checkUsage(u, what) {
   ok(Number.isInteger(u.prompt_tokens) && u.prompt_tokens > 0, `${what}: prompt_tokens`);
   ok(Number.isInteger(u.completion_tokens) && u.completion_tokens > 0, `${what}: completion_tokens`);
@@ -38,7 +46,7 @@ ok(Number.isInteger(c.created), 'completion: created');
 eq(c.choices.length, 1, 'completion: one choice');
 eq(c.choices[0].index, 0, 'completion: index');
 ok(typeof c.choices[0].text === 'string', 'completion: text');
-ok(['stop', 'length'].includes(c.choices[0].finish_reason), 'completion: finish_reason');
+checkFinish(c.choices[0].finish_reason, c.usage.completion_tokens, cparams.max_tokens, 'completion');
 checkUsage(c.usage, 'completion');
 let streamed = '';
 let usageChunk = null;
@@ -57,7 +65,7 @@ eq(chat.object, 'chat.completion', 'chat: object');
 ok(chat.id.startsWith('chatcmpl-'), 'chat: id');
 eq(chat.choices[0].message.role, 'assistant', 'chat: role');
 ok(typeof chat.choices[0].message.content === 'string', 'chat: content');
-ok(['stop', 'length'].includes(chat.choices[0].finish_reason), 'chat: finish_reason');
+checkFinish(chat.choices[0].finish_reason, chat.usage.completion_tokens, 10, 'chat');
 checkUsage(chat.usage, 'chat');
 let chatStreamed = '';
 let role = null;
@@ -82,14 +90,30 @@ const toolMessages = [
     function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }] },
   { role: 'tool', tool_call_id: 'functions.get_weather:0', content: '22 C, sunny' },
 ];
-const t = await client.chat.completions.create({ model, messages: toolMessages, tools, tool_choice: 'auto', max_tokens: 8, seed: 3 });
+// ignore_eos (Loom's extension, passed through by the SDK): only max_tokens ends the turn, so the
+// finish is `length`, streamed or not (a call parsed out of a cut turn does not make it
+// `tool_calls`).
+const tparams = { model, messages: toolMessages, tools, tool_choice: 'auto', max_tokens: 8, seed: 3, ignore_eos: true };
+const t = await client.chat.completions.create(tparams);
 eq(t.choices[0].message.role, 'assistant', 'tools: role');
-ok(['stop', 'length', 'tool_calls'].includes(t.choices[0].finish_reason), 'tools: finish_reason');
+eq(t.choices[0].finish_reason, 'length', 'tools: finish_reason (cut by max_tokens)');
+eq(t.usage.completion_tokens, 8, 'tools: completion_tokens');
 let tStreamed = '';
-for await (const chunk of await client.chat.completions.create({ model, messages: toolMessages, tools, max_tokens: 8, seed: 3, stream: true })) {
+const tFinish = [];
+for await (const chunk of await client.chat.completions.create({ ...tparams, stream: true })) {
   tStreamed += chunk.choices[0]?.delta?.content ?? '';
+  if (chunk.choices[0]?.finish_reason) tFinish.push(chunk.choices[0].finish_reason);
 }
 eq(tStreamed, t.choices[0].message.content ?? '', 'tools: streamed == non-streamed');
+eq(tFinish, ['length'], 'tools: streamed finish_reason');
+// A stop token forced as the first token (logit_bias +100 on 'A', stop_token_ids, vLLM's
+// extension): finish `stop` after 1 token, no call, and the token's text is not output.
+const ts = await client.chat.completions.create({ ...tparams, ignore_eos: false, temperature: 0,
+  logit_bias: { 65: 100 }, stop_token_ids: [65] });
+eq(ts.choices[0].finish_reason, 'stop', 'tools + stop token: finish_reason');
+eq(ts.usage.completion_tokens, 1, 'tools + stop token: one token');
+eq(ts.choices[0].message.content, '', 'tools + stop token: no text');
+ok(ts.choices[0].message.tool_calls === undefined, 'tools + stop token: no call');
 await assert.rejects(client.chat.completions.create({ model, messages: toolMessages, tools, tool_choice: 'required' }),
   (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === 'tool_choice', 'tools: required -> 400');
 checks++;
@@ -116,6 +140,16 @@ for (const e of content) {
   ok(typeof e.token === 'string' && e.logprob <= 0 && Array.isArray(e.bytes), 'chat logprobs: entry');
   eq(e.top_logprobs.length, 2, 'chat logprobs: top_logprobs');
 }
+
+// stop_token_ids on completions; an unknown field is a 400 naming it
+const st = await client.completions.create({ model, prompt: 'abc', max_tokens: 8, temperature: 0,
+  logit_bias: { 65: 100 }, stop_token_ids: [65] });
+eq([st.choices[0].finish_reason, st.choices[0].text, st.usage.completion_tokens], ['stop', '', 1],
+  'completions stop_token_ids: stop after 1 token, no text');
+await assert.rejects(client.completions.create({ model, prompt: 'a', max_tokens: 1, bogus_field: 1 }),
+  (e) => e instanceof OpenAI.BadRequestError && e.param === 'bogus_field' &&
+    e.message.includes('Unrecognized request argument supplied: bogus_field'), 'unknown field -> 400');
+checks++;
 
 // errors in OpenAI's shape
 await assert.rejects(client.completions.create({ model, prompt: 'a', max_tokens: -1 }),
