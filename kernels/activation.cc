@@ -1,4 +1,4 @@
-// Device dispatch for kernels/activation.h. CPU only in this build: no CUDA kernel yet.
+// Device dispatch for kernels/activation.h: CPU kernels, and their CUDA twins in builds with CUDA.
 #include "kernels/activation.h"
 
 #include "kernels/cpu/activation.h"

@@ -1,4 +1,5 @@
-// Device dispatch for kernels/attention.h. CPU only in this build: no CUDA kernel yet.
+// Device dispatch for kernels/attention.h. CPU only: the CUDA MLA/GQA kernels are issue 13's; a
+// CUDA tensor here stops with a message naming the op.
 #include "kernels/attention.h"
 
 #include "kernels/cpu/attention.h"

@@ -1,4 +1,5 @@
-// Device dispatch for kernels/moe.h. CPU only in this build: no CUDA kernel yet.
+// Device dispatch for kernels/moe.h. CPU only: the CUDA MoE kernels (router, permute, grouped GEMM,
+// combine) are issue 13's; a CUDA tensor here stops with a message naming the op.
 #include "kernels/moe.h"
 
 #include "kernels/cpu/moe.h"
