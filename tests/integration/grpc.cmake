@@ -26,7 +26,7 @@ if((TARGET loom-server OR EXISTS ${CMAKE_SOURCE_DIR}/server/CMakeLists.txt) AND 
   add_test(NAME grpc_server_e2e
     COMMAND /usr/bin/python3 ${LOOM_GRPC_TEST_SCRIPT} --server $<TARGET_FILE:loom-server>
             --model ${LOOM_GRPC_TEST_MODEL} --pythonpath ${LOOM_PROTO_PY_DIR}
-            --extra-args "--port 0")
+            --extra-args "--port 0 --max_n 3" --max-n 3)
   set_tests_properties(grpc_server_e2e PROPERTIES LABELS integration TIMEOUT 300)
 endif()
 

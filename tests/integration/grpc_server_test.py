@@ -126,6 +126,12 @@ class GrpcServerTest(unittest.TestCase):
         self.assertEqual(i.tokenizer_vocab_size, 260)
         self.assertGreater(i.max_model_len, 0)
         self.assertEqual(i.max_logprobs, 20)
+        self.assertEqual(i.max_n, ARGS.max_n)  # the server's --max_n, which it enforces:
+        with self.assertRaises(grpc.RpcError) as e:
+            list(self.client.generate([1, 2], max_tokens=1, n=ARGS.max_n + 1))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertEqual(len(self.client.generate_text([1, 2], max_tokens=1, n=ARGS.max_n,
+                                                       ignore_eos=True)), ARGS.max_n)
 
     def test_tokenize_round_trip(self):
         text = "Loom serves hybrid models \u2014 \u00fcn\u00efc\u00f6de \u2713 <|im_end|>"
@@ -240,6 +246,28 @@ class GrpcServerTest(unittest.TestCase):
                 self.assertIn("not a valid loom.v1.", e.exception.details())
         self.assertEqual(self.client.health(), "SERVING")
 
+    def test_unknown_fields_are_invalid_argument(self):
+        """A newer client's field (a number this server's loom.v1 lacks), at the top level or
+        inside sampling: INVALID_ARGUMENT naming its number, not silently dropped."""
+        pb = loom_client.loom_pb2
+        req = pb.GenerateRequest(token_ids=pb.TokenIds(ids=[1, 2]),
+                                 sampling=pb.SamplingParams(max_tokens=1))
+        wire = req.SerializeToString()
+        cases = ((wire + b"\xa8\x06\x01", "loom.v1.GenerateRequest: unknown field number 101"),
+                 (wire + b"\x1a\x03\xb8\x02\x07", "sampling: unknown field number 39"))
+        rpc = self.client.channel.unary_stream("/loom.v1.Loom/Generate",
+                                               request_serializer=lambda b: b,
+                                               response_deserializer=pb.GenerateResponse.FromString)
+        for data, expected in cases:
+            with self.subTest(expected=expected):
+                with self.assertRaises(grpc.RpcError) as e:
+                    list(rpc(data, timeout=DEADLINE))
+                self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+                self.assertIn(expected, e.exception.details())
+        msgs = list(rpc(wire, timeout=DEADLINE))  # the same without them: served
+        self.assertEqual(sum(len(m.token_ids) for m in msgs), 1)
+        self.assertEqual(msgs[-1].finish_reason, pb.FINISH_REASON_LENGTH)
+
     def test_cancel_frees_pages_and_slot(self):
         before = self.client.stats()
         call = self.client.generate("cancel me", max_tokens=5000, ignore_eos=True)
@@ -309,6 +337,8 @@ if __name__ == "__main__":
     ap.add_argument("--model", required=True)
     ap.add_argument("--pythonpath", required=True, help="dir with loom_client.py and *_pb2.py")
     ap.add_argument("--extra-args", default="", help="more server flags, e.g. '--port 0'")
+    ap.add_argument("--max-n", type=int, default=16,
+                    help="the server's --max_n (GetModelInfo must report it)")
     ARGS, rest = ap.parse_known_args()
     sys.path.insert(0, ARGS.pythonpath)
     import grpc  # noqa: E402
