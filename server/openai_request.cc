@@ -497,6 +497,24 @@ absl::Status parse_messages(const json& j, OpenAiRequest* r) {
 absl::Status parse_tools(const json& j, OpenAiRequest* r) {
   if (const json* v = field(j, "tools")) {
     if (!v->is_array()) return bad("tools", "must be a list");
+    // The keys OpenAI's function tools have; the chat module's parser checks the shapes.
+    for (size_t i = 0; i < v->size(); ++i) {
+      const json& t = (*v)[i];
+      if (!t.is_object()) continue;
+      const std::string tp = absl::StrCat("tools[", i, "]");
+      LOOM_RETURN_IF_ERROR(check_keys(t, {{"type", "function"}}, tp));
+      const json* fn = field(t, "function");
+      if (!fn || !fn->is_object()) continue;
+      LOOM_RETURN_IF_ERROR(
+          check_keys(*fn, {{"name", "description", "parameters", "strict"}}, tp + ".function"));
+      if (const json* strict = field(*fn, "strict")) {
+        if (!strict->is_boolean()) return bad(tp + ".function.strict", "must be a boolean");
+        if (strict->get<bool>()) {
+          return bad(tp + ".function.strict",
+                     "true is not supported: Loom does not constrain the arguments to the schema");
+        }
+      }
+    }
     auto tools = parse_openai_tools(v->dump());
     if (!tools.ok()) return bad("tools", std::string(tools.status().message()));
     r->tools = std::move(tools).value();
