@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/core/status.h"
+#include "engine/tokenizer/tiktoken.h"
 #include "engine/tokenizer/tokenizer_impl.h"
 #include "engine/tokenizer/utf8.h"
 
@@ -403,6 +404,19 @@ std::string Tokenizer::Impl::normalize(std::string_view text) const {
   return current;
 }
 
+void Tokenizer::Impl::encode_all(std::string_view text, const SpecialPolicy& special,
+                                 std::vector<int32_t>* out) const {
+  // A text of at most kKimiMaxRunChars bytes has no longer run: one chunk.
+  if (!tiktoken || text.size() <= kKimiMaxRunChars) {
+    encode_text(text, special, out);
+    return;
+  }
+  std::vector<Range> chunks;
+  kimi_chunks(text, kKimiMaxEncodeChars, kKimiMaxRunChars, &chunks);
+  for (const Range& r : chunks)
+    encode_text(text.substr(r.begin, r.end - r.begin), special.slice(r.begin, r.end), out);
+}
+
 void Tokenizer::Impl::encode_text(std::string_view text, const SpecialPolicy& special,
                                   std::vector<int32_t>* out) const {
   for (const Segment& seg : split_added(text, added_raw, special)) {
@@ -455,6 +469,13 @@ void Tokenizer::Impl::encode_word(std::string_view word, std::vector<int32_t>* o
       continuing_subword_prefix.empty() && end_of_word_suffix.empty()) {
     for (char c : word) out->push_back(byte_ids[static_cast<uint8_t>(c)]);
     return;
+  }
+  if (tiktoken) {  // tiktoken takes a piece that is a token as it is
+    auto it = piece_ranks.find(absl_sv(word));
+    if (it != piece_ranks.end()) {
+      out->push_back(it->second);
+      return;
+    }
   }
   const bool cacheable = word.size() <= kCacheMaxWordBytes;
   if (cacheable) {
@@ -691,8 +712,8 @@ std::unique_ptr<Tokenizer> Tokenizer::byte_level() {
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool allow_special) const {
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 4);
-  impl_->encode_text(text, allow_special ? SpecialPolicy::everywhere() : SpecialPolicy::nowhere(),
-                     &ids);
+  impl_->encode_all(text, allow_special ? SpecialPolicy::everywhere() : SpecialPolicy::nowhere(),
+                    &ids);
   return ids;
 }
 
@@ -712,7 +733,7 @@ std::vector<int32_t> Tokenizer::encode_with_special_ranges(
   }
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 4);
-  impl_->encode_text(text, special, &ids);
+  impl_->encode_all(text, special, &ids);
   return ids;
 }
 

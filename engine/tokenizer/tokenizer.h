@@ -1,6 +1,7 @@
-// Text <-> token ids for Loom: HuggingFace `tokenizer.json` byte-level BPE (GPT-2 / Qwen2 style)
-// and a plain byte-level tokenizer for small bundled models, behind one class. See
-// docs/tokenizer.md for what of the tokenizer.json format is supported.
+// Text <-> token ids for Loom: HuggingFace `tokenizer.json` byte-level BPE (GPT-2 / Qwen2 style),
+// TikToken-format folders (tiktoken.model + tokenizer_config.json, Kimi's) and a plain byte-level
+// tokenizer for small bundled models, behind one class. See docs/tokenizer.md for what of each
+// format is supported.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +27,22 @@ class Tokenizer {
   static absl::StatusOr<std::unique_ptr<Tokenizer>> from_file(const std::string& path);
   // Same, from the file's text.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> from_json(std::string_view json_text);
+
+  // Loads a TikToken-format tokenizer as MoonshotAI's tokenization_kimi.TikTokenTokenizer builds
+  // it: `model_text` is tiktoken.model (one "base64(token bytes) rank" per line; the ranks are the
+  // ids 0..n-1), `config_json` is tokenizer_config.json (its auto_map must name that class, whose
+  // split pattern Loom knows; added_tokens_decoder names the special ids n..n+257, the others are
+  // <|reserved_token_{id}|>). Encoding follows its encode(): runs of at most 25,000 whitespace or
+  // non-whitespace characters, special tokens, the split pattern, tiktoken's rank-ordered merges.
+  // InvalidArgument naming the file and line or field for a malformed or unsupported file.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> from_tiktoken(std::string_view model_text,
+                                                                  std::string_view config_json);
+  // Loads the tokenizer of a model folder, the format chosen by the files present:
+  // tokenizer.json (as from_file) if there is one, else tiktoken.model with tokenizer_config.json
+  // (as from_tiktoken; errors name the file's path). NotFound if the folder has neither file.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> from_dir(const std::string& dir);
+  // The file from_dir loads in `dir`: "tokenizer.json", "tiktoken.model", or "" for neither.
+  static std::string format_in_dir(const std::string& dir);
 
   // Plain byte-level tokenizer: id b (0..255) is byte b, then the special tokens
   // <|endoftext|> = 256, <|im_start|> = 257, <|im_end|> = 258, <|tool_call|> = 259.
@@ -57,8 +74,9 @@ class Tokenizer {
   std::vector<int32_t> encode_with_special_ranges(std::string_view text,
                                                   std::span<const Range> special_ranges) const;
 
-  // Decodes ids to text, as HuggingFace's decode with the ByteLevel decoder: token bytes are
-  // concatenated and invalid UTF-8 becomes U+FFFD (one per maximal invalid subsequence).
+  // Decodes ids to text, as HuggingFace's decode with the ByteLevel decoder (or tiktoken's decode):
+  // token bytes are concatenated and invalid UTF-8 becomes U+FFFD (one per maximal invalid
+  // subsequence).
   // With `skip_special`, special added tokens are left out. Returns InvalidArgument for an id
   // outside the vocabulary.
   absl::StatusOr<std::string> decode(std::span<const int32_t> ids, bool skip_special = false) const;

@@ -108,6 +108,11 @@ struct Tokenizer::Impl {
   // True when a ByteLevel pre-tokenizer maps each byte to its GPT-2 character before BPE.
   bool byte_level_input = false;
 
+  // TikToken format (from_tiktoken): encode cuts Kimi's chunks first, and a piece that is a whole
+  // token is that token before any merging (piece_ranks: token bytes -> rank = id).
+  bool tiktoken = false;
+  absl::flat_hash_map<std::string, int32_t> piece_ranks;
+
   absl::flat_hash_map<std::string, int32_t> vocab;        // the model's vocabulary (BPE uses it)
   absl::flat_hash_map<std::string, int32_t> added_vocab;  // added tokens (token_id checks first)
   absl::flat_hash_map<uint64_t, tokenizer_internal::Merge> merges;  // pair_key(a, b) -> merge
@@ -136,6 +141,9 @@ struct Tokenizer::Impl {
   // Fills id_to_token/id_bytes/id_state from vocab and added tokens, and all_bytes_in_vocab.
   // REQUIRES: byte_ids set; every id < size.
   void finish_ids(int32_t size, const std::vector<tokenizer_internal::AddedToken>& all_added);
+  // The whole encode: for TikToken, Kimi's chunks each through encode_text; else encode_text.
+  void encode_all(std::string_view text, const tokenizer_internal::SpecialPolicy& special,
+                  std::vector<int32_t>* out) const;
   void encode_text(std::string_view text, const tokenizer_internal::SpecialPolicy& special,
                    std::vector<int32_t>* out) const;
   void encode_normalized(std::string_view text, const tokenizer_internal::SpecialPolicy& special,
