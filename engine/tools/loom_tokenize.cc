@@ -1,10 +1,14 @@
-// loom-tokenize: encodes or decodes with a tokenizer.json, one JSON value per line.
+// loom-tokenize: encodes or decodes with a tokenizer, one JSON value per line.
 //
 //   loom-tokenize --tokenizer PATH            stdin: "text" per line   stdout: [ids] per line
 //   loom-tokenize --tokenizer PATH --decode   stdin: [ids] per line    stdout: "text" per line
 //
+// PATH is a tokenizer.json file, a folder (its tokenizer.json, or tiktoken.model with
+// tokenizer_config.json: Tokenizer::from_dir), a tiktoken.model file (its folder), or 'byte'.
+//
 // A line that is not the expected JSON prints an error on stderr and the tool exits with 1.
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -16,8 +20,9 @@
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, tokenizer, "",
-          "path of a HuggingFace tokenizer.json, or 'byte' for the "
-          "plain byte-level tokenizer");
+          "a HuggingFace tokenizer.json, a model folder (tokenizer.json, or tiktoken.model with "
+          "tokenizer_config.json), a tiktoken.model file, or 'byte' for the plain byte-level "
+          "tokenizer");
 ABSL_FLAG(bool, decode, false, "read JSON arrays of ids and print JSON strings");
 ABSL_FLAG(bool, skip_special, false, "with --decode, leave special tokens out");
 ABSL_FLAG(bool, no_special, false, "encode special-token text as ordinary text");
@@ -34,7 +39,12 @@ int main(int argc, char** argv) {
   if (path == "byte") {
     tokenizer = loom::Tokenizer::byte_level();
   } else {
-    auto loaded = loom::Tokenizer::from_file(path);
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    auto loaded = fs::is_directory(path, ec) ? loom::Tokenizer::from_dir(path)
+                  : fs::path(path).filename() == "tiktoken.model"
+                      ? loom::Tokenizer::from_dir(fs::path(path).parent_path().string())
+                      : loom::Tokenizer::from_file(path);
     if (!loaded.ok()) {
       std::fprintf(stderr, "loom-tokenize: %s\n", std::string(loaded.status().message()).c_str());
       return 1;
