@@ -71,10 +71,11 @@ int main(int argc, char** argv) {
   if (!model.ok()) return fail(absl::StrCat("loading ", dir), model.status());
   const std::string model_type = (*model)->config().model_type;
   std::shared_ptr<const loom::Tokenizer> tokenizer;
-  const std::string tokenizer_path = (std::filesystem::path(dir) / "tokenizer.json").string();
-  if (std::filesystem::exists(tokenizer_path)) {
-    auto t = loom::Tokenizer::from_file(tokenizer_path);
-    if (!t.ok()) return fail(absl::StrCat("loading ", tokenizer_path), t.status());
+  // tokenizer.json, or a TikToken folder (tiktoken.model + tokenizer_config.json, Kimi's).
+  const std::string tokenizer_format = loom::Tokenizer::format_in_dir(dir);
+  if (!tokenizer_format.empty()) {
+    auto t = loom::Tokenizer::from_dir(dir);
+    if (!t.ok()) return fail(absl::StrCat("loading the tokenizer of ", dir), t.status());
     tokenizer = std::move(t).value();
   } else {
     tokenizer = loom::Tokenizer::byte_level();
@@ -116,7 +117,7 @@ int main(int argc, char** argv) {
   std::printf("loom-server: model %s (%s, chat format %s, tokenizer %s, max_model_len %d)\n",
               options->http.served_model_name.c_str(), model_type.c_str(),
               std::string(loom::chat_format_name(format)).c_str(),
-              std::filesystem::exists(tokenizer_path) ? "tokenizer.json" : "byte-level",
+              tokenizer_format.empty() ? "byte-level" : tokenizer_format.c_str(),
               (*engine)->max_model_len());
   if (options->engine.deterministic) {
     std::printf(
