@@ -98,6 +98,11 @@ struct ModelConfig {
   MoeConfig moe;
   int attnres_block_size = 0;  // 0: plain residuals
 
+  // Block-quantized FP8 weights (DeepSeek-V3's `quantization_config`, quant_method "fp8"): each FP8
+  // tensor X.weight comes with X.weight_scale_inv, one f32 scale per block of fp8_block_rows x
+  // fp8_block_cols elements; the loader dequantizes them (weights/fp8.h). 0: no FP8 weights.
+  int fp8_block_rows = 0, fp8_block_cols = 0;
+
   // Quantile load balancing of the router bias (training only; MODELS.md "Mixture of Experts").
   struct Balance {
     bool enabled = false;

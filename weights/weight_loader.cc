@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/core/status.h"
 #include "weights/adapters/adapters.h"
+#include "weights/fp8.h"
 
 namespace loom {
 namespace {
@@ -109,6 +110,16 @@ absl::StatusOr<Tensor> WeightLoader::load_from_checkpoint(std::string_view canon
       return absl::NotFoundError(
           absl::StrCat("checkpoint is missing tensor '", n, "' (for ", absl_sv(canonical), ")"));
     LOOM_ASSIGN_OR_RETURN(Tensor t, ckpt_->get(n));
+    if (t.dtype() == DType::kF8E4M3 || t.dtype() == DType::kF8E5M2) {
+      // Block-quantized FP8 (DeepSeek-V3): X.weight comes with X.weight_scale_inv.
+      const std::string scale_name = n + "_scale_inv";
+      if (!ckpt_->contains(scale_name))
+        return absl::InvalidArgumentError(
+            absl::StrCat("FP8 tensor '", n, "' has no '", scale_name, "' in the checkpoint"));
+      LOOM_ASSIGN_OR_RETURN(Tensor scale, ckpt_->get(scale_name));
+      LOOM_ASSIGN_OR_RETURN(
+          t, dequantize_fp8_blocks(t, scale, cfg_.fp8_block_rows, cfg_.fp8_block_cols, n));
+    }
     LOOM_ASSIGN_OR_RETURN(Tensor f, as_f32(t, n));
     parts.push_back(std::move(f));
   }

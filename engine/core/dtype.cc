@@ -1,5 +1,8 @@
 #include "engine/core/dtype.h"
 
+#include <cmath>
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "engine/core/status.h"
 
@@ -18,6 +21,8 @@ size_t dtype_size(DType dtype) {
     case DType::kI64:
       return 8;
     case DType::kU8:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
       return 1;
   }
   return 0;
@@ -37,6 +42,10 @@ std::string_view dtype_name(DType dtype) {
       return "i64";
     case DType::kU8:
       return "u8";
+    case DType::kF8E4M3:
+      return "f8e4m3";
+    case DType::kF8E5M2:
+      return "f8e5m2";
   }
   return "?";
 }
@@ -48,6 +57,8 @@ absl::StatusOr<DType> dtype_from_safetensors(std::string_view name) {
   if (name == "I32") return DType::kI32;
   if (name == "I64") return DType::kI64;
   if (name == "U8") return DType::kU8;
+  if (name == "F8_E4M3") return DType::kF8E4M3;
+  if (name == "F8_E5M2") return DType::kF8E5M2;
   return absl::InvalidArgumentError(
       absl::StrCat("unsupported safetensors dtype '", absl_sv(name), "'"));
 }
@@ -66,8 +77,30 @@ std::string_view dtype_to_safetensors(DType dtype) {
       return "I64";
     case DType::kU8:
       return "U8";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
+    case DType::kF8E5M2:
+      return "F8_E5M2";
   }
   return "?";
+}
+
+float f8e4m3_to_f32(uint8_t v) {
+  const float sign = (v & 0x80) ? -1.0f : 1.0f;
+  const int exp = (v >> 3) & 0xF, man = v & 0x7;
+  if (exp == 0xF && man == 0x7) return std::numeric_limits<float>::quiet_NaN();
+  if (exp == 0) return sign * std::ldexp(static_cast<float>(man), -9);  // subnormal: man/8 * 2^-6
+  return sign * std::ldexp(1.0f + static_cast<float>(man) / 8.0f, exp - 7);
+}
+
+float f8e5m2_to_f32(uint8_t v) {
+  const float sign = (v & 0x80) ? -1.0f : 1.0f;
+  const int exp = (v >> 2) & 0x1F, man = v & 0x3;
+  if (exp == 0x1F)
+    return man == 0 ? sign * std::numeric_limits<float>::infinity()
+                    : std::numeric_limits<float>::quiet_NaN();
+  if (exp == 0) return sign * std::ldexp(static_cast<float>(man), -16);  // man/4 * 2^-14
+  return sign * std::ldexp(1.0f + static_cast<float>(man) / 4.0f, exp - 15);
 }
 
 std::string_view device_name(Device device) { return device == Device::kCpu ? "cpu" : "cuda"; }

@@ -10,12 +10,14 @@
 
 namespace loom {
 
-enum class DType : uint8_t { kF32, kBF16, kF16, kI32, kI64, kU8 };
+// kF8E4M3 / kF8E5M2: OCP FP8 storage (e4m3 "fn": no infinities, 0x7F/0xFF are NaN; e5m2 IEEE-like);
+// checkpoints store block-quantized weights in them (weights/weight_loader.cc dequantizes).
+enum class DType : uint8_t { kF32, kBF16, kF16, kI32, kI64, kU8, kF8E4M3, kF8E5M2 };
 enum class Device : uint8_t { kCpu, kCuda };
 
 size_t dtype_size(DType dtype);
 std::string_view dtype_name(DType dtype);
-// Parses safetensors dtype names ("F32", "BF16", "F16", "I32", "I64", "U8").
+// Parses safetensors dtype names ("F32", "BF16", "F16", "I32", "I64", "U8", "F8_E4M3", "F8_E5M2").
 absl::StatusOr<DType> dtype_from_safetensors(std::string_view name);
 std::string_view dtype_to_safetensors(DType dtype);
 std::string_view device_name(Device device);
@@ -37,5 +39,8 @@ inline uint16_t f32_to_bf16(float f) {
 }
 float f16_to_f32(uint16_t v);
 uint16_t f32_to_f16(float f);
+// Exact widenings of the FP8 formats (every FP8 value is an f32 value).
+float f8e4m3_to_f32(uint8_t v);
+float f8e5m2_to_f32(uint8_t v);
 
 }  // namespace loom

@@ -181,11 +181,16 @@ Tensor Tensor::to_f32() const {
   Tensor t = empty(shape_, DType::kF32, Device::kCpu);
   const int64_t n = numel();
   float* out = t.data<float>();
-  const uint16_t* in = src.data<uint16_t>();
+  const uint16_t* in = static_cast<const uint16_t*>(src.raw());
+  const uint8_t* in8 = static_cast<const uint8_t*>(src.raw());
   if (dtype_ == DType::kBF16) {
     for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(in[i]);
   } else if (dtype_ == DType::kF16) {
     for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(in[i]);
+  } else if (dtype_ == DType::kF8E4M3) {
+    for (int64_t i = 0; i < n; ++i) out[i] = f8e4m3_to_f32(in8[i]);
+  } else if (dtype_ == DType::kF8E5M2) {
+    for (int64_t i = 0; i < n; ++i) out[i] = f8e5m2_to_f32(in8[i]);
   } else {
     LOOM_CHECK(false, "to_f32 of %s", describe().c_str());
   }

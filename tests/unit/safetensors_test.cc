@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -103,6 +104,9 @@ TEST(SafetensorsFixtures, EveryFixtureMatchesGoldenWeightListing) {
     EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
     EXPECT_EQ((*file)->metadata().count("format"), 1u);
 
+    // Storage dtypes: f32 fixtures; bf16 ones (`weights_dtype`); the FP8 one lists its counts.
+    const std::string weights_dtype = golden.value("weights_dtype", std::string("float32"));
+    std::map<std::string, int> counts;
     for (const auto& [name, shape_json] : weights.items()) {
       SCOPED_TRACE(name);
       const auto* entry = (*file)->find(name);
@@ -110,8 +114,15 @@ TEST(SafetensorsFixtures, EveryFixtureMatchesGoldenWeightListing) {
       Shape expected;
       for (const auto& d : shape_json) expected.push_back(d.get<int64_t>());
       EXPECT_EQ(entry->shape, expected);
-      EXPECT_EQ(entry->dtype, DType::kF32);
+      const std::string dt = entry->dtype == DType::kF32      ? "float32"
+                             : entry->dtype == DType::kBF16   ? "bfloat16"
+                             : entry->dtype == DType::kF8E4M3 ? "float8_e4m3fn"
+                                                              : "other";
+      ++counts[dt];
+      if (!golden.contains("checkpoint_dtype_counts")) EXPECT_EQ(dt, weights_dtype);
     }
+    if (golden.contains("checkpoint_dtype_counts"))
+      EXPECT_EQ(json(counts), golden["checkpoint_dtype_counts"]);
 
     // A few tensors: zero-copy views with the right shape, finite values.
     int checked = 0;
@@ -119,10 +130,11 @@ TEST(SafetensorsFixtures, EveryFixtureMatchesGoldenWeightListing) {
       if (checked++ == 5) break;
       auto t = (*file)->get(name);
       ASSERT_TRUE(t.ok()) << t.status();
-      EXPECT_EQ(t->dtype(), DType::kF32);
+      EXPECT_EQ(t->dtype(), (*file)->find(name)->dtype);
       EXPECT_EQ(t->shape(), (*file)->find(name)->shape);
-      EXPECT_EQ(reinterpret_cast<uintptr_t>(t->raw()) % 4, 0u);
-      for (int64_t i = 0; i < t->numel(); ++i) ASSERT_TRUE(std::isfinite(t->data<float>()[i]));
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(t->raw()) % dtype_size(t->dtype()), 0u);
+      const Tensor f = t->to_f32();
+      for (int64_t i = 0; i < f.numel(); ++i) ASSERT_TRUE(std::isfinite(f.data<float>()[i]));
     }
 
     auto ck = Checkpoint::open(dir.string());

@@ -156,6 +156,39 @@ absl::Status parse_common_fields(const nlohmann::json& j, const char* eps_key, d
   LOOM_ASSIGN_OR_RETURN(c->max_position_embeddings, get_int_or(j, max_pos_key, max_pos_default));
   LOOM_ASSIGN_OR_RETURN(c->bos_token_id, get_int_or(j, "bos_token_id", -1));
   LOOM_ASSIGN_OR_RETURN(c->eos_token_id, get_int_or(j, "eos_token_id", -1));
+  return parse_quantization(j, c);
+}
+
+absl::Status parse_quantization(const nlohmann::json& j, ModelConfig* c) {
+  auto it = j.find("quantization_config");
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  const nlohmann::json& q = *it;
+  auto bad = [](std::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("quantization_config: ", absl_sv(what),
+                     " (supported: quant_method \"fp8\", fmt \"e4m3\", weight_block_size [rows, "
+                     "cols], activation_scheme \"dynamic\")"));
+  };
+  if (!q.is_object()) return bad("not an object");
+  auto str = [&](const char* key, std::string_view dflt) -> std::string {
+    auto f = q.find(key);
+    return f != q.end() && f->is_string() ? f->get<std::string>() : std::string(dflt);
+  };
+  if (str("quant_method", "") != "fp8")
+    return bad(absl::StrCat("quant_method ", q.value("quant_method", nlohmann::json()).dump(),
+                            " is not supported"));
+  if (str("fmt", "e4m3") != "e4m3") return bad("fmt must be \"e4m3\"");
+  // Activations: Loom dequantizes the weights at load and runs activations in its compute dtype,
+  // which is what "dynamic" (per-token-group scales computed at run time) leaves open.
+  if (str("activation_scheme", "dynamic") != "dynamic")
+    return bad("activation_scheme must be \"dynamic\"");
+  auto b = q.find("weight_block_size");
+  if (b == q.end() || !b->is_array() || b->size() != 2 || !(*b)[0].is_number_integer() ||
+      !(*b)[1].is_number_integer() || (*b)[0].get<int64_t>() <= 0 || (*b)[1].get<int64_t>() <= 0 ||
+      (*b)[0].get<int64_t>() > 65536 || (*b)[1].get<int64_t>() > 65536)
+    return bad("weight_block_size must be two positive integers");
+  c->fp8_block_rows = (*b)[0].get<int>();
+  c->fp8_block_cols = (*b)[1].get<int>();
   return absl::OkStatus();
 }
 

@@ -41,6 +41,9 @@ absl::StatusOr<RopeConfig> parse_rope(const nlohmann::json& j, double default_th
 // epsilon (`eps_key`), tie_word_embeddings, the context length (`max_pos_key`), bos/eos ids.
 absl::Status parse_common_fields(const nlohmann::json& j, const char* eps_key, double eps_default,
                                  const char* max_pos_key, int max_pos_default, ModelConfig* c);
+// `quantization_config` (DeepSeek-V3's block FP8) into ModelConfig::fp8_block_*; any other
+// quantization is refused by name. Called by parse_common_fields.
+absl::Status parse_quantization(const nlohmann::json& j, ModelConfig* c);
 
 // Fails naming the field if `j[key]` is present and true ("<key> = true is not supported").
 absl::Status reject_true(const nlohmann::json& j, const char* key, std::string_view family);
