@@ -130,11 +130,12 @@ TEST_F(EngineStop, MaxTokensInsideAPartialStopStringOutputsTheHeldText) {
 }
 
 TEST_F(EngineStop, EosAfterHeldTextOutputsTheHeldText) {
-  // Step 1: EOS is masked by min_tokens, so 'y' (+50) wins and is held back (it could start "yz").
-  // Step 2: EOS (+100) ends the choice; the held "y" is the client's text, EOS's is not.
-  SamplingParams p = forcing(kEos, 8);
-  p.logit_bias.push_back({'y', 50.0f});
-  p.min_tokens = 1;
+  // Step 1: 'y' (+100) beats EOS (+80) and is held back (it could start "yz"). Step 2: the
+  // repetition penalty halves 'y' to about +50, so EOS ends the choice; the held "y" is the
+  // client's text, EOS's is not. (Margins of 20 logits dwarf the untrained model's own.)
+  SamplingParams p = forcing('y', 8);
+  p.logit_bias.push_back({kEos, 80.0f});
+  p.repetition_penalty = 2.0f;
   p.stop = {"yz"};
   const Outcome o = run(p);
   EXPECT_EQ(o.finish, FinishReason::kStop);
