@@ -274,8 +274,12 @@ bool is_ascii_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 // and every single byte a token (tiktoken's BPE needs that).
 absl::Status parse_model(std::string_view text, std::vector<std::string>* tokens) {
   if (text.size() > kMaxFileBytes) return model_error(0, "larger than 1 GiB");
+  // Sized by what the file holds, never by a rank's value (a hostile rank must not allocate).
   absl::flat_hash_map<std::string, size_t> line_of_token;
-  std::vector<size_t> line_of_rank;
+  absl::flat_hash_map<int64_t, size_t> line_of_rank;
+  std::vector<std::pair<int64_t, std::string>> entries;
+  int64_t max_rank = -1;
+  size_t max_rank_line = 0;
   std::string bytes;
   size_t line_no = 0;
   for (size_t pos = 0; pos < text.size();) {
@@ -310,24 +314,27 @@ absl::Status parse_model(std::string_view text, std::vector<std::string>* tokens
     if (rank >= kMaxRanks)
       return model_error(line_no,
                          absl::StrCat("rank ", rank, " out of range [0, ", kMaxRanks, ")"));
-    if (static_cast<size_t>(rank) >= line_of_rank.size()) line_of_rank.resize(rank + 1, 0);
-    if (line_of_rank[rank] != 0)
-      return model_error(
-          line_no, absl::StrCat("rank ", rank, " already given on line ", line_of_rank[rank]));
-    line_of_rank[rank] = line_no;
+    auto [rank_it, new_rank] = line_of_rank.emplace(rank, line_no);
+    if (!new_rank)
+      return model_error(line_no,
+                         absl::StrCat("rank ", rank, " already given on line ", rank_it->second));
     auto [it, inserted] = line_of_token.emplace(bytes, line_no);
     if (!inserted)
       return model_error(line_no, absl::StrCat("token '", absl_sv(fields[0].substr(0, 64)),
                                                "' already given on line ", it->second));
-    if (tokens->size() <= static_cast<size_t>(rank)) tokens->resize(rank + 1);
-    (*tokens)[rank] = bytes;
+    if (rank > max_rank) {
+      max_rank = rank;
+      max_rank_line = line_no;
+    }
+    entries.emplace_back(rank, bytes);
   }
   if (line_of_token.empty()) return model_error(line_no, "no tokens");
   // n distinct ranks: they are 0..n-1 exactly when the largest is n-1.
-  if (line_of_rank.size() != line_of_token.size())
-    return model_error(line_of_rank.back(),
-                       absl::StrCat("rank ", line_of_rank.size() - 1, " but only ",
-                                    line_of_token.size(), " tokens (ranks must be 0..n-1)"));
+  if (static_cast<size_t>(max_rank) + 1 != entries.size())
+    return model_error(max_rank_line, absl::StrCat("rank ", max_rank, " but only ", entries.size(),
+                                                   " tokens (ranks must be 0..n-1)"));
+  tokens->assign(entries.size(), std::string());
+  for (auto& [rank, token] : entries) (*tokens)[rank] = std::move(token);
   for (int b = 0; b < 256; ++b) {
     if (!line_of_token.contains(std::string(1, static_cast<char>(b))))
       return model_error(line_no, absl::StrFormat("no token for the single byte 0x%02X (every "

@@ -3,7 +3,14 @@
 //      special tokens; the ids must decode, stream-decode identically, and spell the input bytes;
 //   1: little-endian int32 ids to decode and stream-decode (unknown ids must be errors);
 //   2: a whole tokenizer.json to parse (an accepted one must then encode and decode its input);
-//   3: text through the plain byte-level tokenizer.
+//   3: text through the plain byte-level tokenizer;
+//   4: text to encode with the TikToken fixture tokenizer (Kimi's pattern and specials, loaded
+//      once), checked as in 0, and valid UTF-8 must round-trip through decode;
+//   5: little-endian int32 ids to decode and stream-decode with the TikToken tokenizer;
+//   6: a tiktoken.model text, a NUL byte, then a tokenizer_config.json text, to load (an accepted
+//      pair then encodes and decodes the config text);
+//   7: Kimi's chunking with small limits (two bytes give them): the chunks must cover the text
+//      in order, with at most max_chars characters and no longer whitespace / non-whitespace run.
 // Nothing may crash, trip a sanitizer, or emit invalid UTF-8 from decode.
 #include <cstddef>
 #include <cstdint>
@@ -13,13 +20,24 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/tokenizer/tiktoken.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "engine/tokenizer/utf8.h"
 
 namespace {
 
 const loom::Tokenizer& qwen() {
   static const loom::Tokenizer* tokenizer = [] {
     auto loaded = loom::Tokenizer::from_file(LOOM_FIXTURES_DIR "/tokenizer_qwen/tokenizer.json");
+    if (!loaded.ok()) std::abort();
+    return loaded->release();
+  }();
+  return *tokenizer;
+}
+
+const loom::Tokenizer& kimi() {
+  static const loom::Tokenizer* tokenizer = [] {
+    auto loaded = loom::Tokenizer::from_dir(LOOM_FIXTURES_DIR "/tokenizer_tiktoken_kimi");
     if (!loaded.ok()) std::abort();
     return loaded->release();
   }();
@@ -101,12 +119,48 @@ void check_encode(const loom::Tokenizer& tokenizer, std::string_view text) {
   if (bytes != text) std::abort();
 }
 
+void check_round_trip(const loom::Tokenizer& tokenizer, std::string_view text) {
+  if (!valid_utf8(text)) return;
+  for (bool allow_special : {true, false}) {
+    auto decoded = tokenizer.decode(tokenizer.encode(text, allow_special));
+    if (!decoded.ok() || *decoded != text) std::abort();
+  }
+}
+
+void check_chunks(std::string_view rest) {
+  if (rest.size() < 2) return;
+  const size_t max_chars = 1 + static_cast<uint8_t>(rest[0]) % 16;
+  const size_t max_run = 1 + static_cast<uint8_t>(rest[1]) % 8;
+  const std::string_view text = rest.substr(2);
+  std::vector<loom::Tokenizer::Range> chunks;
+  loom::tokenizer_internal::kimi_chunks(text, max_chars, max_run, &chunks);
+  size_t expected_begin = 0;
+  for (const auto& chunk : chunks) {
+    if (chunk.begin != expected_begin || chunk.end <= chunk.begin) std::abort();
+    expected_begin = chunk.end;
+    // Characters as the chunker counts them: a complete valid sequence, or one invalid byte.
+    size_t chars = 0, run = 0;
+    int previous = -1;
+    for (size_t i = chunk.begin; i < chunk.end; ++chars) {
+      size_t len = 0;
+      const int32_t cp = loom::tokenizer_internal::utf8_decode_at(text, i, &len);
+      const int space = loom::tokenizer_internal::is_python_space(cp) ? 1 : 0;
+      run = space == previous ? run + 1 : 1;
+      previous = space;
+      if (run > max_run) std::abort();
+      i += len;
+    }
+    if (chars > max_chars) std::abort();
+  }
+  if (expected_begin != text.size()) std::abort();
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string_view rest(reinterpret_cast<const char*>(data) + 1, size - 1);
-  switch (data[0] % 4) {
+  switch (data[0] % 8) {
     case 0:
       check_encode(qwen(), rest);
       break;
@@ -127,6 +181,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     case 3:
       check_encode(bytes_tokenizer(), rest);
+      break;
+    case 4:
+      check_encode(kimi(), rest);
+      check_round_trip(kimi(), rest);
+      break;
+    case 5: {
+      std::vector<int32_t> ids(rest.size() / 4);
+      if (!ids.empty()) std::memcpy(ids.data(), rest.data(), ids.size() * 4);
+      for (int32_t& id : ids) id = id % 4 == 0 ? id : (id & 0xFFF);  // mostly valid ids
+      check_decode(kimi(), ids);
+      break;
+    }
+    case 6: {
+      const size_t nul = rest.find('\0');
+      if (nul == std::string_view::npos) break;
+      auto tokenizer = loom::Tokenizer::from_tiktoken(rest.substr(0, nul), rest.substr(nul + 1));
+      if (tokenizer.ok()) {
+        const std::string_view text = rest.substr(nul + 1, 256);
+        check_encode(**tokenizer, text);
+        check_round_trip(**tokenizer, text);
+      }
+      break;
+    }
+    case 7:
+      check_chunks(rest);
       break;
   }
   return 0;
