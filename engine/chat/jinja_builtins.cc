@@ -576,8 +576,19 @@ Value negate(const Value& v, bool minus) {
   fail(std::string("bad operand type for unary ") + (minus ? "-" : "+") + ": " + type_of(v));
 }
 
+namespace {
+
+constexpr size_t kMaxString = size_t(64) << 20;
+
+Value checked_string(std::string s) {
+  if (s.size() > kMaxString) fail("string exceeds 64 MiB");
+  return Value::string(std::move(s));
+}
+
+}  // namespace
+
 Value binary_op(std::string_view op, const Value& a, const Value& b) {
-  if (op == "~") return Value::string(to_str(a) + to_str(b));
+  if (op == "~") return checked_string(to_str(a) + to_str(b));
   check_defined(a);
   check_defined(b);
   if (a.is_number() && b.is_number()) {
@@ -617,15 +628,21 @@ Value binary_op(std::string_view op, const Value& a, const Value& b) {
       if (op == "%") return Value::integer(x - q * y);
     }
   }
-  if (op == "+" && a.is_string() && b.is_string()) return Value::string(a.s + b.s);
+  if (op == "+" && a.is_string() && b.is_string()) {
+    if (a.s.size() + b.s.size() > kMaxString) fail("string exceeds 64 MiB");
+    return Value::string(a.s + b.s);
+  }
   if (op == "+" && a.is_list() && b.is_list() && a.tuple == b.tuple) {
+    if (a.list->size() + b.list->size() > kMaxString / 16) fail("list too large");
     List out = *a.list;
     out.insert(out.end(), b.list->begin(), b.list->end());
     return Value::make_list(std::move(out), a.tuple);
   }
   if (op == "*" && (a.is_string() || a.is_list()) && (b.kind == K::kInt || b.kind == K::kBool)) {
     int64_t n = std::max<int64_t>(as_int(b), 0);
-    if (n > 1000000) fail("repetition count too large");
+    const size_t unit = a.is_string() ? a.s.size() : a.list->size() * 16;
+    if (n > 0 && unit > 0 && size_t(n) > kMaxString / unit) fail("repetition result too large");
+    if (n > int64_t(kMaxString)) fail("repetition count too large");
     if (a.is_string()) {
       std::string out;
       for (int64_t k = 0; k < n; ++k) out += a.s;

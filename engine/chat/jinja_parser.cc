@@ -125,6 +125,7 @@ class Parser {
 
   std::unique_ptr<Stmt> parse_statement() {
     const int line = cur().line;
+    NestGuard guard(this);
     const std::string name = cur().value;
     auto s = std::make_unique<Stmt>();
     s->line = line;
@@ -282,6 +283,7 @@ class Parser {
   }
 
   ExprPtr parse_expression() {
+    NestGuard guard(this);
     ExprPtr e = parse_or();
     while (is_name("if")) {
       const int line = cur().line;
@@ -324,6 +326,7 @@ class Parser {
     return e;
   }
   ExprPtr parse_not() {
+    NestGuard guard(this);
     if (is_name("not")) {
       auto e = node(Expr::Kind::kNot, cur().line);
       next();
@@ -397,6 +400,7 @@ class Parser {
   }
   ExprPtr parse_unary(bool with_filter) {
     const int line = cur().line;
+    NestGuard guard(this);
     ExprPtr e;
     if (is_op("-") || is_op("+")) {
       e = node(is_op("-") ? Expr::Kind::kNeg : Expr::Kind::kPos, line);
@@ -608,8 +612,19 @@ class Parser {
     }
   }
 
+  // Bounds the recursion of nested expressions and blocks (the interpreter recurses as deep).
+  struct NestGuard {
+    explicit NestGuard(Parser* p) : p(p) {
+      if (++p->nest_ > kMaxNesting) fail("template nesting too deep", p->cur().line);
+    }
+    ~NestGuard() { --p->nest_; }
+    Parser* p;
+  };
+  static constexpr int kMaxNesting = 768;  // three per parenthesis level
+
   std::vector<Token> toks_;
   size_t pos_ = 0;
+  int nest_ = 0;
   int loop_depth_ = 0;
 };
 

@@ -19,6 +19,9 @@ enum class Flow { kNormal, kBreak, kContinue };
 
 constexpr int kMaxCallDepth = 200;
 constexpr size_t kMaxOutput = size_t(256) << 20;
+// Loop iterations and macro calls of one render: far above what any conversation needs, low
+// enough that a runaway template fails in well under a second.
+constexpr int64_t kMaxSteps = int64_t(1) << 20;
 
 class Interpreter {
  public:
@@ -41,6 +44,13 @@ class Interpreter {
       if (const Value* v = p->vars.find(name)) return *v;
     }
     return Value::undefined("'" + name + "' is undefined");
+  }
+
+  void step(int line) {
+    if (++steps_ > kMaxSteps) {
+      fail("template exceeds " + std::to_string(kMaxSteps) + " loop iterations and macro calls",
+           line);
+    }
   }
 
   void emit(std::string_view s) {
@@ -175,28 +185,39 @@ class Interpreter {
       return;
     }
     const int64_t n = int64_t(items.size());
+    // One `loop` object per loop, updated in place each iteration (as jinja2's LoopContext).
+    enum { kIndex, kIndex0, kRevindex, kRevindex0, kFirst, kLast, kPrev, kNext, kKeys };
+    auto index = std::make_shared<int64_t>(0);
+    Dict proto;
+    for (const char* key :
+         {"index", "index0", "revindex", "revindex0", "first", "last", "previtem", "nextitem"}) {
+      proto.items.emplace_back(key, Value());
+    }
+    proto.set("length", Value::integer(n));
+    proto.set("depth", Value::integer(1));
+    proto.set("depth0", Value::integer(0));
+    proto.set("cycle", Value::function("loop.cycle", [index](CallArgs& a) {
+                if (a.args.empty()) fail("no items for cycling given");
+                return a.args[size_t(*index) % a.args.size()];
+              }));
+    const Value loop = Value::make_dict(std::move(proto));
+    auto& slots = loop.dict->items;
     for (int64_t k = 0; k < n; ++k) {
+      step(s.line);
+      *index = k;
+      slots[kIndex].second = Value::integer(k + 1);
+      slots[kIndex0].second = Value::integer(k);
+      slots[kRevindex].second = Value::integer(n - k);
+      slots[kRevindex0].second = Value::integer(n - k - 1);
+      slots[kFirst].second = Value::boolean(k == 0);
+      slots[kLast].second = Value::boolean(k == n - 1);
+      slots[kPrev].second =
+          k > 0 ? items[size_t(k - 1)] : Value::undefined("there is no previous item");
+      slots[kNext].second =
+          k + 1 < n ? items[size_t(k + 1)] : Value::undefined("there is no next item");
       Frame f;
       f.parent = &frame;
-      Dict loop;
-      loop.set("index", Value::integer(k + 1));
-      loop.set("index0", Value::integer(k));
-      loop.set("revindex", Value::integer(n - k));
-      loop.set("revindex0", Value::integer(n - k - 1));
-      loop.set("first", Value::boolean(k == 0));
-      loop.set("last", Value::boolean(k == n - 1));
-      loop.set("length", Value::integer(n));
-      loop.set("depth", Value::integer(1));
-      loop.set("depth0", Value::integer(0));
-      loop.set("previtem",
-               k > 0 ? items[size_t(k - 1)] : Value::undefined("there is no previous item"));
-      loop.set("nextitem",
-               k + 1 < n ? items[size_t(k + 1)] : Value::undefined("there is no next item"));
-      loop.set("cycle", Value::function("loop.cycle", [k](CallArgs& a) {
-                 if (a.args.empty()) fail("no items for cycling given");
-                 return a.args[size_t(k) % a.args.size()];
-               }));
-      f.vars.set("loop", Value::make_dict(std::move(loop)));
+      f.vars.items.emplace_back("loop", loop);
       assign(f, s.targets, items[size_t(k)], s.line);
       if (exec_body(s.body, f) == Flow::kBreak) break;
     }
@@ -206,6 +227,7 @@ class Interpreter {
     const Stmt* m = &s;
     return Value::function(s.targets[0], [this, m](CallArgs& a) {
       if (++depth_ > kMaxCallDepth) fail("macro calls nested too deeply", a.line);
+      step(a.line);
       Frame f;
       f.parent = &root_;
       if (a.args.size() > m->params.size()) {
@@ -375,6 +397,7 @@ class Interpreter {
   Frame root_;
   std::string* out_ = nullptr;
   int depth_ = 0;
+  int64_t steps_ = 0;
 };
 
 absl::Status to_status(const Error& e) {

@@ -99,5 +99,26 @@ TEST(JinjaErrors, RunawayRecursionIsAnError) {
             "RENDER ERROR: chat template line 1: macro calls nested too deeply");
 }
 
+TEST(JinjaErrors, RunawayTemplatesStop) {
+  EXPECT_EQ(render("{% for a in range(2000) %}\n{% for b in range(1000) %}{% endfor %}{% endfor %}",
+                   "{}"),
+            "RENDER ERROR: chat template line 2: template exceeds 1048576 loop iterations and "
+            "macro calls");
+  EXPECT_EQ(render("{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s + "
+                   "ns.s %}{% endfor %}",
+                   "{}"),
+            "RENDER ERROR: chat template line 1: string exceeds 64 MiB");
+}
+
+TEST(JinjaErrors, DeepNestingIsAnError) {
+  const std::string deep = "{{ " + std::string(300, '(') + "1" + std::string(300, ')') + " }}";
+  EXPECT_EQ(render(deep, "{}"), "PARSE ERROR: chat template line 1: template nesting too deep");
+  std::string nots = "{{ ";
+  for (int k = 0; k < 800; ++k) nots += "not ";
+  EXPECT_EQ(render(nots + "1 }}", "{}"),
+            "PARSE ERROR: chat template line 1: template nesting too deep");
+  EXPECT_EQ(render("{{ " + std::string(100, '(') + "1" + std::string(100, ')') + " }}", "{}"), "1");
+}
+
 }  // namespace
 }  // namespace loom::jinja
