@@ -370,6 +370,19 @@ TEST(KimiChunks, SplitsLongRunsOnly) {
   EXPECT_FALSE(tokenizer_internal::is_python_space(0x200B));
 }
 
+// Python's str.isspace over every code point (CPython 3.11, Unicode 14).
+TEST(KimiChunks, PythonIsSpaceExactly) {
+  const std::vector<int32_t> expected = {
+      0x9,    0xA,    0xB,    0xC,    0xD,    0x1C,   0x1D,   0x1E,   0x1F,   0x20,
+      0x85,   0xA0,   0x1680, 0x2000, 0x2001, 0x2002, 0x2003, 0x2004, 0x2005, 0x2006,
+      0x2007, 0x2008, 0x2009, 0x200A, 0x2028, 0x2029, 0x202F, 0x205F, 0x3000};
+  std::vector<int32_t> got;
+  for (int32_t cp = 0; cp <= 0x10FFFF; ++cp)
+    if (tokenizer_internal::is_python_space(cp)) got.push_back(cp);
+  EXPECT_EQ(got, expected);
+  EXPECT_FALSE(tokenizer_internal::is_python_space(-1));  // an invalid byte
+}
+
 TEST(KimiChunks, FixtureLongRunsWereCutThere) {
   int seen = 0;
   for (const json& c : cases().at("cases")) {
