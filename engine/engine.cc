@@ -68,10 +68,17 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> mo
   e->max_model_len_ = options.max_model_len > 0         ? options.max_model_len
                       : cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings
                                                         : (1 << 30);
-  if (e->tokenizer_ && e->tokenizer_->vocab_size() > cfg.vocab_size)
-    return absl::InvalidArgumentError(absl::StrCat("the tokenizer has ",
-                                                   e->tokenizer_->vocab_size(),
-                                                   " tokens but the model only ", cfg.vocab_size));
+  // Ids past the model's embedding can never be sampled, and prompts holding them are refused per
+  // request; only special tokens may lie there (Kimi's tokenizers reserve 258 special ids while
+  // Kimi-K2's embedding covers 256 of them). A regular token there means a mismatched tokenizer.
+  if (e->tokenizer_) {
+    for (int32_t id = cfg.vocab_size; id < e->tokenizer_->vocab_size(); ++id) {
+      if (!e->tokenizer_->is_special(id))
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the tokenizer has ", e->tokenizer_->vocab_size(), " tokens but the model only ",
+            cfg.vocab_size, ", and token ", id, " past the model's is not a special token"));
+    }
+  }
 
   // Size the pools: per-token KV bytes of each attention layer, state bytes per slot.
   std::vector<int64_t> kv_per_token;

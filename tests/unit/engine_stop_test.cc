@@ -143,5 +143,23 @@ TEST_F(EngineStop, EosAfterHeldTextOutputsTheHeldText) {
   EXPECT_EQ(o.text, "y");
 }
 
+// A tokenizer may be larger than the model's embedding only by special tokens (Kimi's reserve 258
+// special ids, Kimi-K2's embedding covers 256): regular tokens past it mean a mismatched pair.
+TEST(EngineTokenizer, OnlySpecialTokensMayLiePastTheModelsVocabulary) {
+  for (bool special : {true, false}) {
+    json added = json::array();
+    for (int i = 0; i < 300; ++i)  // ids 256..555 against the model's 500
+      added.push_back({{"content", "<|t" + std::to_string(i) + "|>"}, {"special", special}});
+    auto tok = Tokenizer::from_json(testing::tiny_tokenizer(json::array(), added, nullptr).dump());
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    auto model = Model::load(kFixtures + "/kimi_linear_s1");
+    ASSERT_TRUE(model.ok());
+    auto e =
+        Engine::create(std::move(*model), std::shared_ptr<const Tokenizer>(std::move(*tok)), {});
+    EXPECT_EQ(e.ok(), special) << e.status();
+    if (!special) EXPECT_NE(e.status().message().find("token 500"), std::string_view::npos);
+  }
+}
+
 }  // namespace
 }  // namespace loom
