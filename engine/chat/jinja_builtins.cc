@@ -869,6 +869,35 @@ Value apply_filter(std::string_view name, const Value& v, CallArgs& a) {
     }
     return Value::make_list(std::move(out));
   }
+  if (n == "dictsort" || n == "sort") {
+    // jinja2: case-insensitive by default (strings compared lowercased), stable.
+    const bool dict = n == "dictsort";
+    const bool case_sensitive =
+        a.get(dict ? 0 : 1, "case_sensitive", Value::boolean(false)).truthy();
+    const bool by_value = dict && to_str(a.get(1, "by", Value::string("key"))) == "value";
+    const bool reverse = a.get(dict ? 2 : 0, "reverse", Value::boolean(false)).truthy();
+    const Value attr = dict ? Value::undefined() : a.get(2, "attribute");
+    List items;
+    if (dict) {
+      if (v.kind != K::kDict) fail("dictsort: can only sort a mapping, not " + v.type_name());
+      for (const auto& [k, x] : v.dict->items) {
+        items.push_back(Value::make_list({Value::string(k), x}, true));
+      }
+    } else {
+      items = iterate(v);
+    }
+    auto key_of = [&](const Value& item) {
+      Value key = dict ? (*item.list)[by_value ? 1 : 0]
+                       : (attr.is_undefined() ? item : attr_path(item, to_str(attr)));
+      if (!case_sensitive && key.is_string()) key = Value::string(ascii_lower(key.s));
+      return key;
+    };
+    std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
+      return reverse ? ordered_compare("<", key_of(y), key_of(x))
+                     : ordered_compare("<", key_of(x), key_of(y));
+    });
+    return Value::make_list(std::move(items));
+  }
   if (n == "select") return select_like(v, a, false, true);
   if (n == "reject") return select_like(v, a, false, false);
   if (n == "selectattr") return select_like(v, a, true, true);

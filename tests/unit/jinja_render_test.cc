@@ -300,6 +300,32 @@ TEST(JinjaRender, TrailingCommas) {
   EXPECT_EQ(render("{{ [1, 2,] }}{{ {'a': 1,} }}{{ (1, 2,) }}", "{}"), "[1, 2]{'a': 1}(1, 2)");
 }
 
+TEST(JinjaRender, DictsortAndSort) {
+  EXPECT_EQ(
+      render("{% for k, v in d|dictsort %}{{ k }}={{ v }};{% endfor %}|{% for k, v in "
+             "d|dictsort(reverse=true) %}{{ k }}{% endfor %}|{{ d|dictsort(by='value') }}{{ ['b', "
+             "'A', 'a']|sort }}{{ ['b', 'A', 'a']|sort(case_sensitive=true) }}{{ [3, 1, "
+             "2]|sort(reverse=true) }}{{ m|sort(attribute='n')|map(attribute='n')|list }}",
+             "{\"d\": {\"b\": 2, \"A\": 3, \"a\": 1, \"C\": 0}, \"m\": [{\"n\": 2}, {\"n\": 1}]}"),
+      "A=3;a=1;b=2;C=0;|CbAa|[('C', 0), ('a', 1), ('b', 2), ('A', 3)]['A', 'a', 'b']['A', 'a', "
+      "'b'][3, 2, 1][1, 2]");
+}
+
+TEST(JinjaRender, MultiLineCallsAndContinuation) {
+  EXPECT_EQ(render("{% macro f(a,\n   b) %}{{ a }}{{ b }}{% endmacro %}{{- f(\n  'x',\n  'y'\n) "
+                   "-}}{{ \"a\\\nb\" }}",
+                   "{}"),
+            "xyab");
+}
+
+TEST(JinjaRender, LoopFilterOnItemsAndDictEquality) {
+  EXPECT_EQ(render("{% for key, val in d.items() if key != 'return' %}{{ key }}{% endfor %}{{ m == "
+                   "l[-1] }}{{ m == l[0] }}{{ (m|tojson)[:-1] }}",
+                   "{\"d\": {\"a\": 1, \"return\": 2, \"b\": 3}, \"m\": {\"a\": 1}, \"l\": "
+                   "[{\"a\": 2}, {\"a\": 1}]}"),
+            "abTrueFalse{\"a\": 1");
+}
+
 TEST(JinjaRender, SplitOnce) {
   EXPECT_EQ(render("{% if '</think>' in x %}{{ x.split('</think>', 1)[1] }}{% endif %}",
                    "{\"x\": \"a</think>b</think>c\"}"),
