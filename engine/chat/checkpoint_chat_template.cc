@@ -156,6 +156,13 @@ absl::StatusOr<CheckpointChatTemplate> CheckpointChatTemplate::load(const fs::pa
 }
 
 absl::StatusOr<std::string> CheckpointChatTemplate::render(const ChatTemplateInput& input) const {
+  auto r = render_tracked(input);
+  if (!r.ok()) return r.status();
+  return std::move(r->text);
+}
+
+absl::StatusOr<jinja::TrackedText> CheckpointChatTemplate::render_tracked(
+    const ChatTemplateInput& input) const {
   if (!input.messages.is_array()) return absl::InvalidArgumentError("messages must be an array");
   if (!input.tools.is_null() && !input.tools.is_array()) {
     return absl::InvalidArgumentError("tools must be an array or null");
@@ -177,24 +184,49 @@ absl::StatusOr<std::string> CheckpointChatTemplate::render(const ChatTemplateInp
       if (std::find(std::begin(kReserved), std::end(kReserved), k) != std::end(kReserved)) {
         return absl::InvalidArgumentError("chat_template_kwargs may not set '" + k + "'");
       }
-      ctx.set(k, jinja::from_json(v));
+      ctx.set(k, jinja::from_json(v, /*from_request=*/true));
     }
   }
-  ctx.set("messages", jinja::from_json(input.messages));
+  ctx.set("messages", jinja::from_json(input.messages, /*from_request=*/true));
   json tools = input.tools;
   if (sort_tool_keys_ && !tools.is_null() && !tools.empty()) tools = deep_sort_keys(tools);
-  ctx.set("tools", jinja::from_json(tools));
+  ctx.set("tools", jinja::from_json(tools, /*from_request=*/true));
   ctx.set("documents", jinja::Value::none());
   ctx.set("add_generation_prompt", jinja::Value::boolean(input.add_generation_prompt));
-  return template_.render(ctx);
+  return template_.render_tracked(ctx);
 }
 
-absl::StatusOr<std::string> CheckpointChatTemplate::apply(const ChatTemplateInput& input) const {
+namespace {
+
+absl::Status check_apply(const ChatTemplateInput& input) {
   if (input.messages.is_array() && input.messages.empty()) {
     return absl::InvalidArgumentError(
         "Cannot apply chat template to an empty conversation. Provide at least one message.");
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> CheckpointChatTemplate::apply(const ChatTemplateInput& input) const {
+  if (absl::Status s = check_apply(input); !s.ok()) return s;
   return render(input);
+}
+
+absl::StatusOr<RenderedChat> CheckpointChatTemplate::apply_prompt(
+    const ChatTemplateInput& input) const {
+  if (absl::Status s = check_apply(input); !s.ok()) return s;
+  auto r = render_tracked(input);
+  if (!r.ok()) return r.status();
+  RenderedChat out;
+  size_t pos = 0;
+  for (const auto& [b, e] : r->request_ranges) {
+    if (b > pos) out.markup_ranges.emplace_back(pos, b);
+    pos = e;
+  }
+  if (pos < r->text.size()) out.markup_ranges.emplace_back(pos, r->text.size());
+  out.text = std::move(r->text);
+  return out;
 }
 
 }  // namespace loom

@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "engine/chat/chat_template.h"
 #include "engine/chat/jinja_render.h"
 #include "nlohmann/json.hpp"
 
@@ -50,6 +51,14 @@ class CheckpointChatTemplate {
   // refused).
   absl::StatusOr<std::string> apply(const ChatTemplateInput& input) const;
 
+  // apply(), with the byte ranges the template itself wrote (RenderedChat::markup_ranges): the
+  // text minus what came from the request (messages, tools, kwargs). A string the template
+  // computed from request text with a filter or method (split, strip, tojson, ...) counts as
+  // request text as a whole; concatenation and printing keep exact ranges. Encoding the text with
+  // Tokenizer::encode_with_special_ranges(markup_ranges) keeps request text from spelling special
+  // tokens, as with the per-family templates.
+  absl::StatusOr<RenderedChat> apply_prompt(const ChatTemplateInput& input) const;
+
   const std::string& source() const { return source_; }
   const std::string& origin() const { return origin_; }
   // The special-token variables passed to the template.
@@ -58,6 +67,8 @@ class CheckpointChatTemplate {
   bool sorts_tool_keys() const { return sort_tool_keys_; }
 
  private:
+  absl::StatusOr<jinja::TrackedText> render_tracked(const ChatTemplateInput& input) const;
+
   std::string source_;
   std::string origin_;
   jinja::Dict variables_;

@@ -441,12 +441,18 @@ std::vector<Value> iterate(const Value& v) {
       return *v.list;
     case K::kDict: {
       std::vector<Value> out;
-      for (const auto& kv : v.dict->items) out.push_back(Value::string(kv.first));
+      for (const auto& kv : v.dict->items) {
+        Value key = Value::string(kv.first);
+        out.push_back(v.dict->keys_from_request ? mark_request(key) : key);
+      }
       return out;
     }
     case K::kString: {
       std::vector<Value> out;
-      for (std::string_view ch : utf8_chars(v.s)) out.push_back(Value::string(std::string(ch)));
+      for (std::string_view ch : utf8_chars(v.s)) {
+        Value c = Value::string(std::string(ch));
+        out.push_back(v.req ? mark_request(c) : c);
+      }
       return out;
     }
     default:
@@ -475,6 +481,16 @@ bool contains(const Value& container, const Value& item) {
   }
 }
 
+namespace {
+
+// Records the receiver of a bound method, so the renderer can see where its result came from.
+Value with_self(Value method, const Value& obj) {
+  if (method.kind == K::kFunction) method.self = std::make_shared<const Value>(obj);
+  return method;
+}
+
+}  // namespace
+
 Value get_attr(const Value& obj, std::string_view name) {
   switch (obj.kind) {
     case K::kUndefined:
@@ -482,7 +498,7 @@ Value get_attr(const Value& obj, std::string_view name) {
     case K::kDict: {
       bool found = false;
       Value m = dict_method(obj, name, &found);
-      if (found) return m;
+      if (found) return with_self(std::move(m), obj);
       if (const Value* v = obj.dict->find(name)) return *v;
       return Value::undefined("'dict object' has no attribute '" + std::string(name) + "'");
     }
@@ -490,9 +506,9 @@ Value get_attr(const Value& obj, std::string_view name) {
       if (const Value* v = obj.dict->find(name)) return *v;
       return Value::undefined("'Namespace object' has no attribute '" + std::string(name) + "'");
     case K::kString:
-      return str_method(obj, name);
+      return with_self(str_method(obj, name), obj);
     case K::kList:
-      return list_method(obj, name);
+      return with_self(list_method(obj, name), obj);
     default:
       return Value::undefined("'" + obj.type_name() + " object' has no attribute '" +
                               std::string(name) + "'");
@@ -506,7 +522,7 @@ Value get_item(const Value& obj, const Value& key) {
       if (const Value* v = obj.dict->find(key.s)) return *v;
       bool found = false;
       Value m = dict_method(obj, key.s, &found);
-      if (found) return m;
+      if (found) return with_self(std::move(m), obj);
     }
     return Value::undefined("'dict object' has no attribute '" + to_str(key) + "'");
   }
@@ -525,7 +541,8 @@ Value get_item(const Value& obj, const Value& key) {
     int64_t n = int64_t(cs.size());
     if (i < 0) i += n;
     if (i < 0 || i >= n) return Value::undefined("'str object' has no element " + to_str(key));
-    return Value::string(std::string(cs[size_t(i)]));
+    Value c = Value::string(std::string(cs[size_t(i)]));
+    return obj.req ? mark_request(c) : c;
   }
   if (key.is_string()) return get_attr(obj, key.s);
   return Value::undefined("'" + obj.type_name() + " object' has no element " + to_repr(key));
@@ -561,7 +578,7 @@ Value get_slice(const Value& obj, const Value* start_v, const Value* stop_v, con
   if (obj.kind == K::kString) {
     std::string out;
     for (int64_t i : idx) out += cs[size_t(i)];
-    return Value::string(out);
+    return obj.req ? mark_request(Value::string(out)) : Value::string(out);
   }
   List out;
   for (int64_t i : idx) out.push_back((*obj.list)[size_t(i)]);
@@ -588,7 +605,15 @@ Value checked_string(std::string s) {
 }  // namespace
 
 Value binary_op(std::string_view op, const Value& a, const Value& b) {
-  if (op == "~") return checked_string(to_str(a) + to_str(b));
+  if (op == "~") {
+    Ranges ra, rb;
+    std::string sa = to_str_tracked(a, &ra);
+    std::string sb = to_str_tracked(b, &rb);
+    if (sa.size() + sb.size() > kMaxString) fail("string exceeds 64 MiB");
+    Ranges out = ra;
+    for (const auto& [x, y] : rb) out.emplace_back(x + sa.size(), y + sa.size());
+    return tracked_string(sa + sb, std::move(out));
+  }
   check_defined(a);
   check_defined(b);
   if (a.is_number() && b.is_number()) {
@@ -630,7 +655,9 @@ Value binary_op(std::string_view op, const Value& a, const Value& b) {
   }
   if (op == "+" && a.is_string() && b.is_string()) {
     if (a.s.size() + b.s.size() > kMaxString) fail("string exceeds 64 MiB");
-    return Value::string(a.s + b.s);
+    Ranges out = request_ranges(a);
+    for (const auto& [x, y] : request_ranges(b)) out.emplace_back(x + a.s.size(), y + a.s.size());
+    return tracked_string(a.s + b.s, std::move(out));
   }
   if (op == "+" && a.is_list() && b.is_list() && a.tuple == b.tuple) {
     if (a.list->size() + b.list->size() > kMaxString / 16) fail("list too large");
@@ -646,7 +673,7 @@ Value binary_op(std::string_view op, const Value& a, const Value& b) {
     if (a.is_string()) {
       std::string out;
       for (int64_t k = 0; k < n; ++k) out += a.s;
-      return Value::string(out);
+      return a.req ? mark_request(Value::string(out)) : Value::string(out);
     }
     List out;
     for (int64_t k = 0; k < n; ++k) out.insert(out.end(), a.list->begin(), a.list->end());

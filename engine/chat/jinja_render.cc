@@ -31,11 +31,12 @@ class Interpreter {
     root_.parent = &builtins_;
   }
 
-  std::string run(const Body& body) {
-    std::string out;
+  // The text and its request ranges.
+  std::pair<std::string, Ranges> run(const Body& body) {
+    Buffer out;
     out_ = &out;
     exec_body(body, root_);
-    return out;
+    return {std::move(out.text), std::move(out.ranges)};
   }
 
  private:
@@ -53,9 +54,28 @@ class Interpreter {
     }
   }
 
+  // Template text.
   void emit(std::string_view s) {
-    out_->append(s);
-    if (out_->size() > kMaxOutput) fail("rendered text exceeds 256 MiB");
+    out_->text.append(s);
+    if (out_->text.size() > kMaxOutput) fail("rendered text exceeds 256 MiB");
+  }
+  // A value's text, with its request ranges.
+  void emit_value(const Value& v) {
+    Ranges r;
+    std::string s = to_str_tracked(v, &r);
+    append_tracked(&out_->text, &out_->ranges, s, r);
+    if (out_->text.size() > kMaxOutput) fail("rendered text exceeds 256 MiB");
+  }
+
+  // A built-in's result computed from request text carries it (conservatively, as a whole).
+  static Value provenance(Value result, const Value* self, const Value* operand,
+                          const CallArgs& args) {
+    if (result.kind != Value::Kind::kString && result.kind != Value::Kind::kList) return result;
+    bool from_request =
+        (self && has_request_text(*self)) || (operand && has_request_text(*operand));
+    for (const Value& a : args.args) from_request = from_request || has_request_text(a);
+    for (const auto& kv : args.kwargs) from_request = from_request || has_request_text(kv.second);
+    return from_request ? mark_request(result) : result;
   }
 
   Flow exec_body(const Body& body, Frame& frame) {
@@ -89,9 +109,9 @@ class Interpreter {
     for (size_t k = 0; k < targets.size(); ++k) frame.vars.set(targets[k], items[k]);
   }
 
-  std::string capture(const Body& body, Frame& frame) {
-    std::string buf;
-    std::string* saved = out_;
+  Value capture(const Body& body, Frame& frame) {
+    Buffer buf;
+    Buffer* saved = out_;
     out_ = &buf;
     try {
       exec_body(body, frame);
@@ -100,7 +120,7 @@ class Interpreter {
       throw;
     }
     out_ = saved;
-    return buf;
+    return tracked_string(std::move(buf.text), std::move(buf.ranges));
   }
 
   // Applies a filter chain parsed around a placeholder (kConst with Undefined) to `v`.
@@ -108,7 +128,7 @@ class Interpreter {
     if (chain.kind != Expr::Kind::kFilter) return v;
     Value inner = apply_chain(*chain.kids[0], v, frame);
     CallArgs args = eval_args(chain, frame);
-    return apply_filter(chain.name, inner, args);
+    return provenance(apply_filter(chain.name, inner, args), nullptr, &inner, args);
   }
 
   Flow exec_inner(const Stmt& s, Frame& frame) {
@@ -117,7 +137,7 @@ class Interpreter {
         emit(s.text);
         return Flow::kNormal;
       case Stmt::Kind::kOutput:
-        emit(to_str(eval(*s.expr, frame)));
+        emit_value(eval(*s.expr, frame));
         return Flow::kNormal;
       case Stmt::Kind::kIf:
         for (size_t k = 0; k < s.conds.size(); ++k) {
@@ -142,7 +162,7 @@ class Interpreter {
         return Flow::kNormal;
       }
       case Stmt::Kind::kBlockSet: {
-        Value v = Value::string(capture(s.body, frame));
+        Value v = capture(s.body, frame);
         if (s.expr) v = apply_chain(*s.expr, v, frame);
         frame.vars.set(s.targets[0], v);
         return Flow::kNormal;
@@ -157,8 +177,8 @@ class Interpreter {
       case Stmt::Kind::kGeneration:
         return exec_body(s.body, frame);
       case Stmt::Kind::kFilterBlock: {
-        Value v = Value::string(capture(s.body, frame));
-        emit(to_str(apply_chain(*s.expr, v, frame)));
+        Value v = capture(s.body, frame);
+        emit_value(apply_chain(*s.expr, v, frame));
         return Flow::kNormal;
       }
     }
@@ -225,7 +245,7 @@ class Interpreter {
 
   Value make_macro(const Stmt& s) {
     const Stmt* m = &s;
-    return Value::function(s.targets[0], [this, m](CallArgs& a) {
+    Value fn = Value::function(s.targets[0], [this, m](CallArgs& a) {
       if (++depth_ > kMaxCallDepth) fail("macro calls nested too deeply", a.line);
       step(a.line);
       Frame f;
@@ -262,10 +282,12 @@ class Interpreter {
           fail("macro '" + m->targets[0] + "' takes no keyword argument '" + name + "'", a.line);
         }
       }
-      std::string text = capture(m->body, f);
+      Value text = capture(m->body, f);
       --depth_;
-      return Value::string(std::move(text));
+      return text;
     });
+    fn.macro = true;
+    return fn;
   }
 
   CallArgs eval_args(const Expr& e, Frame& frame) {
@@ -310,6 +332,7 @@ class Interpreter {
         for (size_t k = 0; k + 1 < e.kids.size(); k += 2) {
           Value key = eval(*e.kids[k], frame);
           if (!key.is_string()) fail("dict literal keys must be strings, not " + key.type_name());
+          d.keys_from_request = d.keys_from_request || key.req != nullptr;
           d.set(key.s, eval(*e.kids[k + 1], frame));
         }
         return Value::make_dict(std::move(d));
@@ -337,12 +360,13 @@ class Interpreter {
           fail("'" + callee.type_name() + "' object is not callable");
         }
         CallArgs args = eval_args(e, frame);
-        return (*callee.fn)(args);
+        if (callee.macro) return (*callee.fn)(args);
+        return provenance((*callee.fn)(args), callee.self.get(), nullptr, args);
       }
       case EK::kFilter: {
         Value v = eval(*e.kids[0], frame);
         CallArgs args = eval_args(e, frame);
-        return apply_filter(e.name, v, args);
+        return provenance(apply_filter(e.name, v, args), nullptr, &v, args);
       }
       case EK::kTest: {
         Value v = eval(*e.kids[0], frame);
@@ -393,9 +417,14 @@ class Interpreter {
     return Value::undefined();
   }
 
+  struct Buffer {
+    std::string text;
+    Ranges ranges;
+  };
+
   Frame builtins_;
   Frame root_;
-  std::string* out_ = nullptr;
+  Buffer* out_ = nullptr;
   int depth_ = 0;
   int64_t steps_ = 0;
 };
@@ -419,9 +448,16 @@ absl::StatusOr<Template> Template::parse(std::string_view source) {
 }
 
 absl::StatusOr<std::string> Template::render(const Dict& context) const {
+  auto r = render_tracked(context);
+  if (!r.ok()) return r.status();
+  return std::move(r->text);
+}
+
+absl::StatusOr<TrackedText> Template::render_tracked(const Dict& context) const {
   try {
     Interpreter in(context);
-    return in.run(tree_->body);
+    auto [text, ranges] = in.run(tree_->body);
+    return TrackedText{std::move(text), std::move(ranges)};
   } catch (const Error& e) {
     return to_status(e);
   }

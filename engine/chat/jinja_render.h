@@ -17,6 +17,13 @@ namespace loom::jinja {
 
 struct ParsedTemplate;
 
+// Rendered text and the byte ranges of it that came from the request (values given with
+// from_json(..., /*from_request=*/true) and whatever the template computed from them).
+struct TrackedText {
+  std::string text;
+  Ranges request_ranges;
+};
+
 class Template {
  public:
   // InvalidArgument naming the problem and the line on a syntax error or unsupported construct.
@@ -26,6 +33,10 @@ class Template {
   // the template line on a runtime error (`raise_exception`, an undefined value used, a type
   // error, an unknown filter, test or method). Thread-safe: a render shares nothing mutable.
   absl::StatusOr<std::string> render(const Dict& context) const;
+  // The same, with provenance: a string a built-in (filter, method) computed from request text
+  // counts as request text as a whole; concatenation, `~`, printing and macro output keep exact
+  // ranges.
+  absl::StatusOr<TrackedText> render_tracked(const Dict& context) const;
 
  private:
   std::shared_ptr<const ParsedTemplate> tree_;

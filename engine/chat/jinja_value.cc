@@ -499,7 +499,91 @@ std::string to_json(const Value& v, const Value& indent, const Value& separators
   return out;
 }
 
-Value from_json(const nlohmann::ordered_json& j) {
+namespace {
+const Ranges kNoRanges;
+}  // namespace
+
+Value tracked_string(std::string s, Ranges ranges) {
+  Ranges merged;
+  for (const auto& r : ranges) {
+    if (r.first >= r.second) continue;
+    if (!merged.empty() && merged.back().second >= r.first) {
+      merged.back().second = std::max(merged.back().second, r.second);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  Value v = Value::string(std::move(s));
+  if (!merged.empty()) v.req = std::make_shared<const Ranges>(std::move(merged));
+  return v;
+}
+
+const Ranges& request_ranges(const Value& v) {
+  return v.kind == Value::Kind::kString && v.req ? *v.req : kNoRanges;
+}
+
+bool has_request_text(const Value& v) {
+  switch (v.kind) {
+    case Value::Kind::kString:
+      return v.req != nullptr;
+    case Value::Kind::kList:
+      for (const Value& x : *v.list) {
+        if (has_request_text(x)) return true;
+      }
+      return false;
+    case Value::Kind::kDict:
+    case Value::Kind::kNamespace:
+      if (v.dict->keys_from_request && !v.dict->items.empty()) return true;
+      for (const auto& kv : v.dict->items) {
+        if (has_request_text(kv.second)) return true;
+      }
+      return false;
+    default:
+      return false;
+  }
+}
+
+Value mark_request(const Value& v) {
+  if (v.kind == Value::Kind::kString) {
+    if (v.req || v.s.empty()) return v;
+    Value out = v;
+    out.req = std::make_shared<const Ranges>(Ranges{{0, v.s.size()}});
+    return out;
+  }
+  if (v.kind == Value::Kind::kList) {
+    List items;
+    items.reserve(v.list->size());
+    for (const Value& x : *v.list) items.push_back(mark_request(x));
+    return Value::make_list(std::move(items), v.tuple);
+  }
+  return v;
+}
+
+std::string to_str_tracked(const Value& v, Ranges* ranges) {
+  std::string s = to_str(v);
+  ranges->clear();
+  if (v.kind == Value::Kind::kString) {
+    if (v.req) *ranges = *v.req;
+  } else if (!s.empty() && has_request_text(v)) {
+    ranges->emplace_back(0, s.size());
+  }
+  return s;
+}
+
+void append_tracked(std::string* out, Ranges* out_ranges, std::string_view piece,
+                    const Ranges& piece_ranges) {
+  const size_t base = out->size();
+  out->append(piece);
+  for (const auto& [b, e] : piece_ranges) {
+    if (!out_ranges->empty() && out_ranges->back().second == base + b) {
+      out_ranges->back().second = base + e;
+    } else {
+      out_ranges->emplace_back(base + b, base + e);
+    }
+  }
+}
+
+Value from_json(const nlohmann::ordered_json& j, bool from_request) {
   using T = nlohmann::ordered_json::value_t;
   switch (j.type()) {
     case T::null:
@@ -515,16 +599,20 @@ Value from_json(const nlohmann::ordered_json& j) {
     }
     case T::number_float:
       return Value::real(j.get<double>());
-    case T::string:
-      return Value::string(j.get<std::string>());
+    case T::string: {
+      std::string s = j.get<std::string>();
+      const size_t n = s.size();
+      return from_request ? tracked_string(std::move(s), {{0, n}}) : Value::string(std::move(s));
+    }
     case T::array: {
       List items;
-      for (const auto& e : j) items.push_back(from_json(e));
+      for (const auto& e : j) items.push_back(from_json(e, from_request));
       return Value::make_list(std::move(items));
     }
     case T::object: {
       Dict d;
-      for (const auto& [k, e] : j.items()) d.items.emplace_back(k, from_json(e));
+      d.keys_from_request = from_request;
+      for (const auto& [k, e] : j.items()) d.items.emplace_back(k, from_json(e, from_request));
       return Value::make_dict(std::move(d));
     }
     default:

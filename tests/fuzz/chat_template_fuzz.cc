@@ -4,7 +4,8 @@
 // JSON) a fixed conversation with a system prompt, tool call, tool result and a tool definition
 // is rendered. Each template is rendered twice as a Kimi checkpoint's (tools deep-sorted) and
 // once as a plain one. Asserts that nothing crashes, that rendering is deterministic, and that
-// every error is an InvalidArgument naming the chat template.
+// every error is an InvalidArgument naming the chat template, and that apply_prompt gives the same
+// text with sorted, disjoint markup ranges.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -48,6 +49,17 @@ void run(const loom::CheckpointChatTemplate& t, const loom::ChatTemplateInput& i
   check(a.ok() == b.ok());
   if (a.ok()) {
     check(*a == *b);
+    // The prompt form has the same text and well-formed markup ranges.
+    if (!in.messages.empty()) {
+      auto p = t.apply_prompt(in);
+      check(p.ok() && p->text == *a);
+      size_t end = 0;
+      for (const auto& [lo, hi] : p->markup_ranges) {
+        check(end <= lo && lo < hi);
+        end = hi;
+      }
+      check(end <= p->text.size());
+    }
   } else {
     check(a.status().code() == absl::StatusCode::kInvalidArgument);
     check(a.status() == b.status());

@@ -70,6 +70,40 @@ TEST_P(ChatTemplateFixtures, EveryCaseByteForByte) {
       EXPECT_EQ(*applied, *got);
     }
     passed += *got == c["expected"].get<std::string>();
+    if (c.contains("apply_chat_template_error")) continue;
+    // The prompt form: the same text, and markup ranges that leave out every message content the
+    // template printed verbatim (so request text cannot spell special tokens).
+    auto prompt = t->apply_prompt(in);
+    ASSERT_TRUE(prompt.ok()) << prompt.status();
+    EXPECT_EQ(prompt->text, *got);
+    size_t end = 0;
+    for (const auto& [b, e] : prompt->markup_ranges) {
+      EXPECT_LE(end, b);
+      EXPECT_LT(b, e);
+      end = e;
+    }
+    EXPECT_LE(end, prompt->text.size());
+    auto in_markup = [&](size_t pos) {
+      for (const auto& [b, e] : prompt->markup_ranges) {
+        if (pos >= b && pos < e) return true;
+      }
+      return false;
+    };
+    for (const json& m : c["messages"]) {
+      if (!m.contains("content") || !m["content"].is_string()) continue;
+      const std::string content = m["content"].get<std::string>();
+      if (content.empty()) continue;
+      bool verbatim_outside = false;
+      bool occurs = false;
+      for (size_t at = got->find(content); at != std::string::npos;
+           at = got->find(content, at + 1)) {
+        occurs = true;
+        bool outside = true;
+        for (size_t k = at; k < at + content.size() && outside; ++k) outside = !in_markup(k);
+        verbatim_outside = verbatim_outside || outside;
+      }
+      if (occurs) EXPECT_TRUE(verbatim_outside) << "content inside markup: " << content;
+    }
   }
   RecordProperty("passed", passed);
   std::printf("%s: %d of %zu cases pass\n", name.c_str(), passed, cases["cases"].size());
