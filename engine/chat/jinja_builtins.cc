@@ -18,7 +18,12 @@ void check_defined(const Value& v) {
   if (v.is_undefined()) fail_undefined(v);
 }
 
-std::string type_of(const Value& v) { return "'" + v.type_name() + "'"; }
+std::string type_of(const Value& v) {
+  std::string out = "'";
+  out += v.type_name();
+  out += '\'';
+  return out;
+}
 
 const std::string& str_arg(const Value& v, std::string_view what) {
   if (!v.is_string()) {
@@ -596,11 +601,6 @@ Value negate(const Value& v, bool minus) {
 namespace {
 
 constexpr size_t kMaxString = size_t(64) << 20;
-
-Value checked_string(std::string s) {
-  if (s.size() > kMaxString) fail("string exceeds 64 MiB");
-  return Value::string(std::move(s));
-}
 
 }  // namespace
 

@@ -570,7 +570,8 @@ class Parser {
     std::string n = expect_name();
     while (is_op(".") && peek().kind == TK::kName) {
       next();
-      n += "." + expect_name();
+      n += '.';
+      n += expect_name();
     }
     return n;
   }
