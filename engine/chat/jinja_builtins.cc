@@ -741,6 +741,11 @@ bool apply_test(std::string_view name, const Value& v, CallArgs& a) {
   if (n == "upper") return v.is_string() && ascii_upper(v.s) == v.s;
   if (n == "escaped") return false;
   if (n == "even" || n == "odd") {
+    if (v.kind == K::kFloat) {  // Python: value % 2 == 0 / == 1
+      double r = std::fmod(v.f, 2.0);
+      if (r < 0) r += 2.0;
+      return n == "even" ? r == 0 : r == 1;
+    }
     int64_t x = int_arg(v, "even/odd test value");
     return (x % 2 == 0) == (n == "even");
   }

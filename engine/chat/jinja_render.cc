@@ -198,12 +198,9 @@ class Interpreter {
     } else {
       items = std::move(all);
     }
-    if (items.empty()) {
-      Frame f;
-      f.parent = &frame;
-      exec_body(s.else_body, f);
-      return;
-    }
+    // jinja2 runs `else` unless some iteration reached the end of the body: after an empty loop,
+    // and also when every iteration ended in `continue` or the first one in `break`.
+    bool run_else = true;
     const int64_t n = int64_t(items.size());
     // One `loop` object per loop, updated in place each iteration (as jinja2's LoopContext).
     enum { kIndex, kIndex0, kRevindex, kRevindex0, kFirst, kLast, kPrev, kNext, kKeys };
@@ -239,7 +236,14 @@ class Interpreter {
       f.parent = &frame;
       f.vars.items.emplace_back("loop", loop);
       assign(f, s.targets, items[size_t(k)], s.line);
-      if (exec_body(s.body, f) == Flow::kBreak) break;
+      const Flow flow = exec_body(s.body, f);
+      if (flow == Flow::kBreak) break;
+      if (flow == Flow::kNormal) run_else = false;
+    }
+    if (run_else && !s.else_body.empty()) {
+      Frame f;
+      f.parent = &frame;
+      exec_body(s.else_body, f);
     }
   }
 

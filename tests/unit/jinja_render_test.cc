@@ -326,6 +326,20 @@ TEST(JinjaRender, LoopFilterOnItemsAndDictEquality) {
             "abTrueFalse{\"a\": 1");
 }
 
+TEST(JinjaRender, ForElseAfterContinueOrFirstBreak) {
+  EXPECT_EQ(render("{% for i in [1,2] %}{{i}}{% continue %}{% else %}E{% endfor %}|{% for i in "
+                   "[1,2] %}{{i}}{% if i == 2 %}{% continue %}{% endif %}{% else %}E{% endfor "
+                   "%}|{% for i in [1,2] %}{{i}}{% break %}{% else %}E{% endfor %}|{% for i in "
+                   "[1,2] %}{% if i == 2 %}{% break %}{% endif %}{{i}}{% else %}E{% endfor %}",
+                   "{}"),
+            "12E|12|1E|1");
+}
+
+TEST(JinjaRender, EvenOddOnFloats) {
+  EXPECT_EQ(render("{{ 2.5 is even }}{{ 4.0 is even }}{{ 3.0 is odd }}{{ -1.0 is odd }}", "{}"),
+            "FalseTrueTrueTrue");
+}
+
 TEST(JinjaRender, SplitOnce) {
   EXPECT_EQ(render("{% if '</think>' in x %}{{ x.split('</think>', 1)[1] }}{% endif %}",
                    "{\"x\": \"a</think>b</think>c\"}"),
