@@ -849,6 +849,7 @@ Value apply_filter(std::string_view name, const Value& v, CallArgs& a) {
     return Value::string(py_replace(to_str(v), to_str(a.get(0, "old")), to_str(a.get(1, "new")),
                                     count.is_none() ? -1 : int_arg(count, "count")));
   }
+  if (n == "int" || n == "float" || n == "abs") check_defined(v);  // int(Undefined) raises
   if (n == "int") {
     Value dflt = a.get(0, "default", Value::integer(0));
     if (v.kind == K::kInt || v.kind == K::kBool) return Value::integer(as_int(v));

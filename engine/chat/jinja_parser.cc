@@ -522,7 +522,15 @@ class Parser {
         if (!is_op("]")) parts[2] = parse_expression();
       }
     }
-    if (is_op(",")) fail("unsupported Jinja construct: tuple subscript", cur().line);
+    if (!slice && is_op(",")) {  // x[a, b]: a tuple key (never found: keys are strings or ints)
+      auto t = node(Expr::Kind::kTuple, line);
+      t->kids.push_back(std::move(parts[0]));
+      while (skip_op(",")) {
+        if (is_op("]")) break;
+        t->kids.push_back(parse_expression());
+      }
+      parts[0] = std::move(t);
+    }
     expect_op("]");
     auto e = node(slice ? Expr::Kind::kSlice : Expr::Kind::kItem, line);
     e->kids.push_back(std::move(obj));

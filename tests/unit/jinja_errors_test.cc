@@ -21,6 +21,11 @@ TEST(JinjaErrors, UndefinedAttributeOfUndefined) {
             "RENDER ERROR: chat template line 1: 'dict object' has no attribute 'y'");
 }
 
+TEST(JinjaErrors, UndefinedThroughNumberFilters) {
+  EXPECT_EQ(render("{{ u | int }}", "{}"), "RENDER ERROR: chat template line 1: 'u' is undefined");
+  EXPECT_EQ(render("{{ u | upper }}{{ u | list }}{{ u | length }}", "{}"), "[]0");
+}
+
 TEST(JinjaErrors, TypeErrors) {
   EXPECT_EQ(render("{{ 1 + 'a' }}", "{}"),
             "RENDER ERROR: chat template line 1: unsupported operand type(s) for +: 'int' and "
