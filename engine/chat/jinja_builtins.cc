@@ -593,7 +593,9 @@ Value get_slice(const Value& obj, const Value* start_v, const Value* stop_v, con
 Value negate(const Value& v, bool minus) {
   if (v.kind == K::kFloat) return Value::real(minus ? -v.f : v.f);
   if (v.kind == K::kInt || v.kind == K::kBool)
-    return Value::integer(minus ? -as_int(v) : as_int(v));
+    if (minus && as_int(v) == INT64_MIN)
+      fail("integer overflow (Loom's template integers are 64-bit)");
+  return Value::integer(minus ? -as_int(v) : as_int(v));
   check_defined(v);
   fail(std::string("bad operand type for unary ") + (minus ? "-" : "+") + ": " + type_of(v));
 }
@@ -637,16 +639,39 @@ Value binary_op(std::string_view op, const Value& a, const Value& b) {
       }
     } else {
       int64_t x = as_int(a), y = as_int(b);
-      if (op == "+") return Value::integer(x + y);
-      if (op == "-") return Value::integer(x - y);
-      if (op == "*") return Value::integer(x * y);
+      // Python's integers do not overflow; Loom's are 64-bit and refuse to.
+      auto checked = [](bool overflow, int64_t r) {
+        if (overflow) fail("integer overflow (Loom's template integers are 64-bit)");
+        return Value::integer(r);
+      };
+      int64_t r = 0;
+      if (op == "+") {
+        const bool overflow = __builtin_add_overflow(x, y, &r);
+        return checked(overflow, r);
+      }
+      if (op == "-") {
+        const bool overflow = __builtin_sub_overflow(x, y, &r);
+        return checked(overflow, r);
+      }
+      if (op == "*") {
+        const bool overflow = __builtin_mul_overflow(x, y, &r);
+        return checked(overflow, r);
+      }
       if (op == "**") {
         if (y < 0) return Value::real(std::pow(double(x), double(y)));
-        int64_t r = 1;
-        for (int64_t k = 0; k < y && k < 64; ++k) r *= x;
+        r = 1;
+        for (int64_t k = 0; k < y; ++k) {
+          if (__builtin_mul_overflow(r, x, &r)) return checked(true, 0);
+          if (r == 0 || r == 1) break;  // 0 ** y, 1 ** y
+          if (r == -1 && k + 1 < y) {   // (-1) ** y
+            r = ((y - k - 1) % 2 == 0) ? -1 : 1;
+            break;
+          }
+        }
         return Value::integer(r);
       }
       if (y == 0) fail("integer division or modulo by zero");
+      if (x == INT64_MIN && y == -1) return checked(true, 0);
       int64_t q = x / y;
       if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
       if (op == "//") return Value::integer(q);
@@ -883,7 +908,9 @@ Value apply_filter(std::string_view name, const Value& v, CallArgs& a) {
   }
   if (n == "abs") {
     if (v.kind == K::kFloat) return Value::real(std::fabs(v.f));
-    return Value::integer(std::llabs(int_arg(v, "abs argument")));
+    const int64_t x = int_arg(v, "abs argument");
+    if (x == INT64_MIN) fail("integer overflow (Loom's template integers are 64-bit)");
+    return Value::integer(x < 0 ? -x : x);
   }
   if (n == "attr") return get_attr(v, str_arg(a.get(0, "name"), "attr name"));
   if (n == "map") {

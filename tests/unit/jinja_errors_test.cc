@@ -26,6 +26,17 @@ TEST(JinjaErrors, UndefinedThroughNumberFilters) {
   EXPECT_EQ(render("{{ u | upper }}{{ u | list }}{{ u | length }}", "{}"), "[]0");
 }
 
+TEST(JinjaErrors, IntegerOverflowIsAnError) {
+  for (const char* expr :
+       {"9223372036854775807 + 1", "-9223372036854775807 - 2", "2 ** 63", "4294967296 * 4294967296",
+        "(-9223372036854775807 - 1) // -1", "-(-9223372036854775807 - 1)"}) {
+    EXPECT_EQ(render(std::string("{{ ") + expr + " }}", "{}"),
+              "RENDER ERROR: chat template line 1: integer overflow (Loom's template integers are "
+              "64-bit)")
+        << expr;
+  }
+}
+
 TEST(JinjaErrors, TypeErrors) {
   EXPECT_EQ(render("{{ 1 + 'a' }}", "{}"),
             "RENDER ERROR: chat template line 1: unsupported operand type(s) for +: 'int' and "

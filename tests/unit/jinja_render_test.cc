@@ -340,6 +340,14 @@ TEST(JinjaRender, EvenOddOnFloats) {
             "FalseTrueTrueTrue");
 }
 
+TEST(JinjaRender, IntegerArithmetic) {
+  EXPECT_EQ(
+      render("{{ 2 ** 10 }} {{ (-1) ** 5 }} {{ (-1) ** 6 }} {{ 0 ** 0 }} {{ 1 ** 100000 }} {{ 2 ** "
+             "-1 }} {{ -7 % 3 }} {{ 7 % -3 }} {{ -7 // 2 }} {{ 3 * -4 }} {{ -(5) }} {{ (-5)|abs }}",
+             "{}"),
+      "1024 -1 1 1 1 0.5 2 -2 -4 -12 -5 5");
+}
+
 TEST(JinjaRender, SplitOnce) {
   EXPECT_EQ(render("{% if '</think>' in x %}{{ x.split('</think>', 1)[1] }}{% endif %}",
                    "{\"x\": \"a</think>b</think>c\"}"),
