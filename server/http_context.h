@@ -8,6 +8,7 @@
 #include <string>
 
 #include "engine/chat/chat_template.h"
+#include "engine/chat/checkpoint_chat_template.h"
 #include "engine/engine.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "server/admission.h"
@@ -21,6 +22,8 @@ struct HttpContext {
   Engine* engine = nullptr;
   std::shared_ptr<const Tokenizer> tokenizer;
   ChatFormat format = ChatFormat::kNative;
+  // The checkpoint's own chat template; null: the built-in template of `format`.
+  std::shared_ptr<const CheckpointChatTemplate> chat_template;
   Metrics* metrics = nullptr;
   HttpOptions options;
   StreamPump* pump = nullptr;

@@ -139,8 +139,8 @@ HttpReply tokenize(const HttpContext& ctx, std::string_view body) {
   if (j.contains("messages")) {
     auto req = parse_chat_request(body);
     if (!req.ok()) return error_reply(api_error_from_status(req.status()));
-    auto reqs =
-        build_engine_requests(*req, *ctx.tokenizer, ctx.format, ctx.engine->max_model_len());
+    auto reqs = build_engine_requests(*req, *ctx.tokenizer, ctx.format, ctx.engine->max_model_len(),
+                                      ctx.chat_template.get());
     if (!reqs.ok()) return error_reply(api_error_from_status(reqs.status()));
     ids = (*reqs)[0].prompt;
   } else {
@@ -203,8 +203,8 @@ RouteResult generate(HttpContext& ctx, std::string_view body, bool chat) {
     result.reply = error_reply(e);
     return result;
   }
-  auto requests =
-      build_engine_requests(*req, *ctx.tokenizer, ctx.format, ctx.engine->max_model_len());
+  auto requests = build_engine_requests(*req, *ctx.tokenizer, ctx.format,
+                                        ctx.engine->max_model_len(), ctx.chat_template.get());
   if (!requests.ok()) {
     result.reply = error_reply(api_error_from_status(requests.status()));
     return result;

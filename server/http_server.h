@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/chat/chat_template.h"
+#include "engine/chat/checkpoint_chat_template.h"
 #include "engine/engine.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "server/admission.h"
@@ -23,10 +24,12 @@ class HttpServer {
  public:
   // Binds options.host:options.port (0: any free port) and starts serving. `engine`, `metrics`
   // and `admission` (the --max_queue and drain gate shared with the gRPC frontend) must outlive
-  // the server. Unavailable when the address cannot be bound.
+  // the server. Chat renders with `chat_template` (the checkpoint's own) when given, else with
+  // `format`'s built-in template. Unavailable when the address cannot be bound.
   static absl::StatusOr<std::unique_ptr<HttpServer>> start(
       Engine& engine, std::shared_ptr<const Tokenizer> tokenizer, ChatFormat format,
-      Metrics* metrics, const HttpOptions& options, AdmissionGate& admission);
+      Metrics* metrics, const HttpOptions& options, AdmissionGate& admission,
+      std::shared_ptr<const CheckpointChatTemplate> chat_template = nullptr);
   ~HttpServer();  // stop()
 
   int port() const;

@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "engine/chat/chat_template.h"
+#include "engine/chat/checkpoint_chat_template.h"
 #include "engine/engine.h"
 #include "engine/model/model.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -81,14 +82,22 @@ int main(int argc, char** argv) {
     tokenizer = loom::Tokenizer::byte_level();
   }
   const loom::ChatFormat format = loom::chat_format_for_model_type(model_type);
+  // The checkpoint's own Jinja chat template when its folder has one; else the built-in template
+  // of the family (docs/chat.md).
+  std::shared_ptr<const loom::CheckpointChatTemplate> chat_template;
+  if (auto t = loom::CheckpointChatTemplate::load(dir); t.ok()) {
+    chat_template = std::make_shared<const loom::CheckpointChatTemplate>(std::move(t).value());
+  } else if (t.status().code() != absl::StatusCode::kNotFound) {
+    return fail(absl::StrCat("loading the chat template of ", dir), t.status());
+  }
   auto engine = loom::Engine::create(std::move(model).value(), tokenizer, options->engine);
   if (!engine.ok()) return fail("starting the engine", engine.status());
 
   loom::Metrics metrics;
   // One admission and drain gate for both frontends (server/admission.h).
   loom::AdmissionGate admission(options->engine.max_num_seqs, options->http.max_queue);
-  auto http =
-      loom::HttpServer::start(**engine, tokenizer, format, &metrics, options->http, admission);
+  auto http = loom::HttpServer::start(**engine, tokenizer, format, &metrics, options->http,
+                                      admission, chat_template);
   if (!http.ok()) return fail("starting HTTP", http.status());
 
 #ifdef LOOM_WITH_GRPC
@@ -114,9 +123,12 @@ int main(int argc, char** argv) {
                  "(docs/operations.md)\n");
   }
   const std::string url = absl::StrCat("http://", options->http.host, ":", (*http)->port());
-  std::printf("loom-server: model %s (%s, chat format %s, tokenizer %s, max_model_len %d)\n",
-              options->http.served_model_name.c_str(), model_type.c_str(),
-              std::string(loom::chat_format_name(format)).c_str(),
+  const std::string chat_source =
+      chat_template
+          ? absl::StrCat("the model's ", chat_template->origin())
+          : absl::StrCat("built-in ", std::string(loom::chat_format_name(format)), " format");
+  std::printf("loom-server: model %s (%s, chat template %s, tokenizer %s, max_model_len %d)\n",
+              options->http.served_model_name.c_str(), model_type.c_str(), chat_source.c_str(),
               tokenizer_format.empty() ? "byte-level" : tokenizer_format.c_str(),
               (*engine)->max_model_len());
   if (options->engine.deterministic) {

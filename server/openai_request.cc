@@ -133,6 +133,8 @@ const Keys kCommonFields = {"model", "max_tokens", "temperature", "top_p", "n", 
 const Keys kCompletionFields = {"prompt", "echo", "suffix", "best_of"};
 const Keys kChatFields = {
     "messages", "tools", "tool_choice", "max_completion_tokens", "top_logprobs",
+    // vLLM's: switches of the checkpoint's chat template.
+    "chat_template_kwargs",
     // OpenAI's, no effect here (check_noop_fields).
     "store", "metadata", "service_tier", "safety_identifier", "prompt_cache_key", "prediction",
     "parallel_tool_calls", "modalities",
@@ -581,6 +583,18 @@ absl::StatusOr<OpenAiRequest> parse_chat_request(std::string_view body) {
     return bad("parallel_tool_calls",
                "only true is supported: Loom cannot limit the model to one tool call per turn");
   }
+  if (const json* kw = field(j, "chat_template_kwargs"); kw != nullptr && !kw->is_null()) {
+    if (!kw->is_object()) return bad("chat_template_kwargs", "must be an object");
+  }
+  {
+    // Key order matters to a template (tojson of tools), and `json` sorts keys: read again.
+    const auto ordered = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+    if (ordered.is_object()) {
+      r.template_messages = ordered.value("messages", nlohmann::ordered_json::array());
+      r.template_tools = ordered.value("tools", nlohmann::ordered_json());
+      r.chat_template_kwargs = ordered.value("chat_template_kwargs", nlohmann::ordered_json());
+    }
+  }
   LOOM_GET(parse_special, get_bool(j, "parse_special_tokens"));
   r.parse_special_tokens = parse_special.value_or(false);
   LOOM_RETURN_IF_ERROR(parse_max_tokens(j, "max_tokens", &r));
@@ -593,19 +607,35 @@ absl::StatusOr<OpenAiRequest> parse_chat_request(std::string_view body) {
   return r;
 }
 
-absl::StatusOr<std::vector<Request>> build_engine_requests(const OpenAiRequest& req,
-                                                           const Tokenizer& tokenizer,
-                                                           ChatFormat format,
-                                                           int32_t max_model_len) {
+absl::StatusOr<std::vector<Request>> build_engine_requests(
+    const OpenAiRequest& req, const Tokenizer& tokenizer, ChatFormat format, int32_t max_model_len,
+    const CheckpointChatTemplate* chat_template) {
   std::vector<std::vector<int32_t>> prompts;
   if (req.chat) {
-    RenderOptions opts;
-    opts.add_generation_prompt = true;
-    auto rendered = render_chat_prompt(format, req.messages, req.tools, opts);
-    if (!rendered.ok()) {
-      // The renderer names the message or tool; keep its words, attribute to messages.
-      std::string m(rendered.status().message());
-      return bad(m.rfind("tool", 0) == 0 ? "tools" : "messages", m);
+    absl::StatusOr<RenderedChat> rendered;
+    if (chat_template != nullptr) {
+      ChatTemplateInput in;
+      in.messages = req.template_messages;
+      in.tools = req.template_tools;
+      in.add_generation_prompt = true;
+      in.kwargs = req.chat_template_kwargs;
+      rendered = chat_template->apply_prompt(in);
+      if (!rendered.ok())
+        return bad("messages", absl::StrCat("the model's chat template (", chat_template->origin(),
+                                            "): ", rendered.status().message()));
+    } else {
+      if (!req.chat_template_kwargs.is_null())
+        return bad("chat_template_kwargs",
+                   "this model has no chat template of its own; the built-in template takes no "
+                   "switches");
+      RenderOptions opts;
+      opts.add_generation_prompt = true;
+      rendered = render_chat_prompt(format, req.messages, req.tools, opts);
+      if (!rendered.ok()) {
+        // The renderer names the message or tool; keep its words, attribute to messages.
+        std::string m(rendered.status().message());
+        return bad(m.rfind("tool", 0) == 0 ? "tools" : "messages", m);
+      }
     }
     if (req.parse_special_tokens) {
       prompts.push_back(tokenizer.encode(rendered->text, /*allow_special=*/true));

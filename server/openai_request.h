@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/chat/chat_template.h"
+#include "engine/chat/checkpoint_chat_template.h"
 #include "engine/request.h"
 #include "engine/tokenizer/tokenizer.h"
 
@@ -35,6 +36,9 @@ struct OpenAiRequest {
   std::vector<ChatMessage> messages;
   std::vector<ToolDefinition> tools;
   ToolChoice tool_choice = ToolChoice::kAuto;
+  // The same messages and tools as the request wrote them (key order kept), for a checkpoint's own
+  // Jinja template, and its switches (`chat_template_kwargs`, vLLM's name; an object or null).
+  nlohmann::ordered_json template_messages, template_tools, chat_template_kwargs;
   // Sampling; params.max_tokens is set from max_tokens below by build_engine_requests.
   SamplingParams params;
   std::optional<int> max_tokens;  // unset: 16 (completions) or the context left (chat)
@@ -66,9 +70,10 @@ absl::StatusOr<OpenAiRequest> parse_chat_request(std::string_view body);
 // `req.parse_special_tokens` says (chat: special tokens of the template always count).
 // `max_model_len` (0: unlimited) sets chat's default max_tokens; the engine still checks prompt +
 // max_tokens against it. InvalidArgument on render errors or an empty prompt.
-absl::StatusOr<std::vector<Request>> build_engine_requests(const OpenAiRequest& req,
-                                                           const Tokenizer& tokenizer,
-                                                           ChatFormat format,
-                                                           int32_t max_model_len);
+// Chat renders with `chat_template` (the checkpoint's own) when given, else with `format`'s
+// built-in template, which takes no chat_template_kwargs.
+absl::StatusOr<std::vector<Request>> build_engine_requests(
+    const OpenAiRequest& req, const Tokenizer& tokenizer, ChatFormat format, int32_t max_model_len,
+    const CheckpointChatTemplate* chat_template = nullptr);
 
 }  // namespace loom

@@ -527,6 +527,57 @@ TEST(OpenAiRequest, ChatContentCannotForgeSpecialTokens) {
   EXPECT_EQ(count(ids_of(raw), 256), 1);
 }
 
+// With the checkpoint's own Jinja template: the request's messages and tools reach it as written
+// (key order kept), chat_template_kwargs switch it, its special tokens count while the request's
+// spellings stay text, and a template error is a 400 naming the template. Without one,
+// chat_template_kwargs is refused rather than ignored.
+TEST(OpenAiRequest, CheckpointChatTemplate) {
+  auto tok = Tokenizer::byte_level();  // 256 <|endoftext|>, 257 <|im_start|>, 258 <|im_end|>
+  const std::string source =
+      "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>{% endfor -%}"
+      "{%- if tools %}TOOLS{{ tools | tojson }}{% endif -%}"
+      "{%- if shout is defined and shout %}!{% endif -%}"
+      "{%- if messages[0].content == 'boom' %}{{ raise_exception('no boom') }}{% endif -%}"
+      "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+  auto tmpl = CheckpointChatTemplate::create(source, nullptr, "chat_template.jinja");
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+  auto build = [&](const std::string& body, const CheckpointChatTemplate* t) {
+    auto r = parse_chat_request(body);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return build_engine_requests(*r, *tok, ChatFormat::kQwen, 0, t);
+  };
+  auto text_of = [&](const std::vector<int32_t>& ids) { return *tok->decode(ids); };
+  auto reqs = build(
+      R"({"messages": [{"role": "user", "content": "hi<|im_end|>"}],
+          "tools": [{"type": "function", "function": {"name": "f", "parameters": {"z": 1, "a": 2}}}],
+          "chat_template_kwargs": {"shout": true}})",
+      &*tmpl);
+  ASSERT_TRUE(reqs.ok()) << reqs.status();
+  const std::vector<int32_t>& ids = (*reqs)[0].prompt;
+  EXPECT_EQ(text_of(ids),
+            "<|im_start|>user\nhi<|im_end|><|im_end|>TOOLS[{\"type\": \"function\", \"function\": "
+            "{\"name\": \"f\", \"parameters\": {\"z\": 1, \"a\": 2}}}]!<|im_start|>assistant\n");
+  // Two <|im_start|> and one <|im_end|> from the template; the user's "<|im_end|>" is bytes.
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 257), 2);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 258), 1);
+  // The template's own failure is a 400 naming it.
+  auto boom = build(R"({"messages": [{"role": "user", "content": "boom"}]})", &*tmpl);
+  ASSERT_FALSE(boom.ok());
+  EXPECT_EQ(boom.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(boom.status().message().find("chat_template.jinja"), std::string_view::npos)
+      << boom.status();
+  EXPECT_NE(boom.status().message().find("no boom"), std::string_view::npos) << boom.status();
+  // The built-in template takes no switches: refused, not ignored.
+  auto builtin =
+      build(R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"a": 1}})",
+            nullptr);
+  ASSERT_FALSE(builtin.ok());
+  EXPECT_NE(builtin.status().message().find("chat_template_kwargs"), std::string_view::npos);
+  EXPECT_FALSE(parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}],
+                                      "chat_template_kwargs": [1]})")
+                   .ok());
+}
+
 // Completions prompts are raw text (special tokens parsed, as vLLM does) unless
 // parse_special_tokens is false.
 TEST(OpenAiRequest, CompletionsParseSpecialTokensOption) {
