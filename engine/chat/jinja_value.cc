@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "engine/chat/json_text.h"
+
 namespace loom::jinja {
 
 void fail(std::string message, int line) { throw Error{std::move(message), line}; }
@@ -265,44 +267,6 @@ std::string repr_string(const std::string& s) {
   return out;
 }
 
-void json_string(const std::string& s, std::string* out) {
-  out->push_back('"');
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        *out += "\\\"";
-        break;
-      case '\\':
-        *out += "\\\\";
-        break;
-      case '\n':
-        *out += "\\n";
-        break;
-      case '\r':
-        *out += "\\r";
-        break;
-      case '\t':
-        *out += "\\t";
-        break;
-      case '\b':
-        *out += "\\b";
-        break;
-      case '\f':
-        *out += "\\f";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          *out += buf;
-        } else {
-          out->push_back(static_cast<char>(c));
-        }
-    }
-  }
-  out->push_back('"');
-}
-
 struct JsonStyle {
   bool indented = false;
   std::string indent;
@@ -337,7 +301,7 @@ void dump(const Value& v, const JsonStyle& st, int level, std::string* out) {
       }
       return;
     case K::kString:
-      json_string(v.s, out);
+      chat_internal::dump_json_string(v.s, out);
       return;
     case K::kList: {
       if (v.list->empty()) {
@@ -373,7 +337,7 @@ void dump(const Value& v, const JsonStyle& st, int level, std::string* out) {
         if (!first) *out += st.item_sep;
         first = false;
         if (st.indented) newline(level + 1);
-        json_string(kv->first, out);
+        chat_internal::dump_json_string(kv->first, out);
         *out += st.key_sep;
         dump(kv->second, st, level + 1, out);
       }

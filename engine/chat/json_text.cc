@@ -3,9 +3,8 @@
 #include <cstdio>
 
 namespace loom::chat_internal {
-namespace {
 
-void dump_string(const std::string& s, std::string* out) {
+void dump_json_string(const std::string& s, std::string* out) {
   out->push_back('"');
   for (unsigned char c : s) {
     switch (c) {
@@ -43,8 +42,6 @@ void dump_string(const std::string& s, std::string* out) {
   out->push_back('"');
 }
 
-}  // namespace
-
 void dump_json_text(const nlohmann::ordered_json& value, JsonSeparators separators,
                     std::string* out) {
   const char* item_sep = separators == JsonSeparators::kPython ? ", " : ",";
@@ -56,7 +53,7 @@ void dump_json_text(const nlohmann::ordered_json& value, JsonSeparators separato
       for (const auto& [key, item] : value.items()) {
         if (!first) *out += item_sep;
         first = false;
-        dump_string(key, out);
+        dump_json_string(key, out);
         *out += key_sep;
         dump_json_text(item, separators, out);
       }
@@ -75,7 +72,7 @@ void dump_json_text(const nlohmann::ordered_json& value, JsonSeparators separato
       return;
     }
     case nlohmann::ordered_json::value_t::string:
-      dump_string(value.get_ref<const std::string&>(), out);
+      dump_json_string(value.get_ref<const std::string&>(), out);
       return;
     case nlohmann::ordered_json::value_t::boolean:
       *out += value.get<bool>() ? "true" : "false";

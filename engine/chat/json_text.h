@@ -13,6 +13,9 @@ enum class JsonSeparators {
   kCompact,  // "," and ":" (`tojson(separators=(',', ':'))`)
 };
 
+// Appends `s` as a JSON string literal, escaped as Python's json.dumps(ensure_ascii=False) does.
+void dump_json_string(const std::string& s, std::string* out);
+
 // Appends `value` to `out`. Strings keep non-ASCII UTF-8 as is and escape like Python.
 void dump_json_text(const nlohmann::ordered_json& value, JsonSeparators separators,
                     std::string* out);
