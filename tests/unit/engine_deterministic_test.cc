@@ -46,19 +46,22 @@ uint32_t bits(float f) {
   return u;
 }
 
-Trace trace(RequestStream& s) {
-  Trace t;
-  while (auto ev = s.next()) {
-    if (ev->index != 0) continue;
-    t.tokens.insert(t.tokens.end(), ev->token_ids.begin(), ev->token_ids.end());
-    for (const TokenLogprob& lp : ev->logprobs) {
-      t.logprob_bits.push_back(bits(lp.logprob));
-      for (const auto& [id, v] : lp.top) {
-        t.logprob_bits.push_back(static_cast<uint32_t>(id));
-        t.logprob_bits.push_back(bits(v));
-      }
+// Appends one event of choice 0 to `t`.
+void append(const RequestOutput& ev, Trace* t) {
+  t->tokens.insert(t->tokens.end(), ev.token_ids.begin(), ev.token_ids.end());
+  for (const TokenLogprob& lp : ev.logprobs) {
+    t->logprob_bits.push_back(bits(lp.logprob));
+    for (const auto& [id, v] : lp.top) {
+      t->logprob_bits.push_back(static_cast<uint32_t>(id));
+      t->logprob_bits.push_back(bits(v));
     }
   }
+}
+
+// Drains the stream into a trace of choice 0, after `t` (events already read).
+Trace trace(RequestStream& s, Trace t = {}) {
+  while (auto ev = s.next())
+    if (ev->index == 0) append(*ev, &t);
   return t;
 }
 
@@ -129,19 +132,10 @@ TEST_P(DeterministicEngine, SameUnderLoadAndPrefixHits) {
   for (size_t i = noise_.size() / 2; i < noise_.size(); ++i) noise.push_back(*e->submit(noise_[i]));
   auto second = *e->submit(targets_[1]);
   auto third = *e->submit(targets_[2]);
-  Trace t0;
-  t0.tokens = ev->token_ids;
-  for (const TokenLogprob& lp : ev->logprobs) {
-    t0.logprob_bits.push_back(bits(lp.logprob));
-    for (const auto& [id, v] : lp.top) {
-      t0.logprob_bits.push_back(static_cast<uint32_t>(id));
-      t0.logprob_bits.push_back(bits(v));
-    }
-  }
   ASSERT_EQ(ev->index, 0);
-  const Trace rest = trace(*first);
-  t0.tokens.insert(t0.tokens.end(), rest.tokens.begin(), rest.tokens.end());
-  t0.logprob_bits.insert(t0.logprob_bits.end(), rest.logprob_bits.begin(), rest.logprob_bits.end());
+  Trace t0;
+  append(*ev, &t0);
+  t0 = trace(*first, std::move(t0));
   EXPECT_TRUE(t0 == alone_[0]) << "target 0 differs under load: "
                                << first_difference(t0, alone_[0]);
   const Trace t1 = trace(*second), t2 = trace(*third);
