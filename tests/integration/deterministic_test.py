@@ -68,14 +68,14 @@ def run(extra):
     # Alone: a fresh server, nothing else running, no cached prefix.
     with LoomServer(ARGS.server, ARGS.model, "--grpc_port", "0", "--max_num_batched_tokens", "37",
                     *extra) as s:
-        with LoomClient("127.0.0.1:%d" % grpc_port(s)) as g:
+        with LoomClient("127.0.0.1:%d" % s.grpc_port) as g:
             results["http_alone"] = http_trace(s.port, prompt)
             results["grpc_alone"] = grpc_trace(g, prompt)
     # Under load, after `base` filled the prefix cache, on another fresh server.
     with LoomServer(ARGS.server, ARGS.model, "--grpc_port", "0", "--max_num_batched_tokens", "37",
                     *extra) as s:
         post(s.port, "/v1/completions", {"prompt": base, "max_tokens": 1})
-        with LoomClient("127.0.0.1:%d" % grpc_port(s)) as g:
+        with LoomClient("127.0.0.1:%d" % s.grpc_port) as g:
             threads = noise(s.port, rng, 12)
             results["http_load"] = http_trace(s.port, prompt)
             threads += noise(s.port, rng, 12)
@@ -84,10 +84,6 @@ def run(extra):
                 t.join(timeout=300)
             hits = g.stats().prefix_hit_tokens
     return results, hits
-
-
-def grpc_port(server):
-    return server.grpc_port
 
 
 def main():
