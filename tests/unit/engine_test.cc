@@ -323,11 +323,9 @@ TEST(Engine, CancelWithPrefixCacheKeepsTheCacheSound) {
 
 // The engine's generation re-done outside it: Model::forward in batch-invariant mode (which the
 // deterministic engine matches bit for bit, however it batches) and a SamplerState seeded `seed`.
-std::vector<int32_t> reference_generation(const std::string& fixture, std::vector<int32_t> prompt,
+std::vector<int32_t> reference_generation(const Model& model, std::vector<int32_t> prompt,
                                           const SamplingParams& p, uint64_t seed) {
-  auto model = Model::load(kFixtures + "/" + fixture);
-  EXPECT_TRUE(model.ok()) << model.status();
-  SequenceCache cache = (*model)->new_cache();
+  SequenceCache cache = model.new_cache();
   SamplerState sampler(seed, prompt);
   std::vector<int32_t> out, feed = prompt;
   for (int step = 0; step < p.max_tokens; ++step) {
@@ -338,7 +336,7 @@ std::vector<int32_t> reference_generation(const std::string& fixture, std::vecto
     in.num_tokens = static_cast<int64_t>(feed.size());
     in.cache = &cache;
     b.seqs.push_back(in);
-    auto logits = (*model)->forward(b);
+    auto logits = model.forward(b);
     EXPECT_TRUE(logits.ok()) << logits.status();
     std::span<float> row(logits->data<float>(), static_cast<size_t>(logits->dim(1)));
     out.push_back(sampler.sample(row, p, {}).token);
@@ -354,6 +352,8 @@ TEST(Engine, NChoicesUseSeedPlusIndex) {
   std::mt19937 rng(24);
   EngineOptions opt;
   opt.deterministic = true;
+  auto reference = Model::load(kFixtures + "/kimi_linear_s1");
+  ASSERT_TRUE(reference.ok()) << reference.status();
   for (int len : {150, 30}) {
     SCOPED_TRACE(::testing::Message() << "prompt of " << len);
     Request r;
@@ -369,8 +369,7 @@ TEST(Engine, NChoicesUseSeedPlusIndex) {
     e->wait_idle();
     if (len >= 64) EXPECT_GE(e->stats().prefix_hit_tokens, 2 * 64) << "siblings restored";
     for (int i = 0; i < 3; ++i) {
-      EXPECT_EQ(reference_generation("kimi_linear_s1", r.prompt, r.params, 777 + i),
-                together.tokens[i])
+      EXPECT_EQ(reference_generation(**reference, r.prompt, r.params, 777 + i), together.tokens[i])
           << "choice " << i;
     }
     EXPECT_NE(together.tokens[0], together.tokens[1]);
