@@ -5,7 +5,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 #include "engine/model/cache_store.h"
 #include "engine/model_runner.h"
 #include "engine/sampling/sampler.h"

@@ -1,6 +1,6 @@
 #include "engine/model_runner.h"
 
-#include "engine/core/status.h"
+#include "core/status.h"
 
 namespace loom {
 

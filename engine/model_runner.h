@@ -4,7 +4,7 @@
 #pragma once
 
 #include "absl/status/statusor.h"
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 #include "engine/model/cache_store.h"
 #include "engine/model/model.h"
 #include "scheduler/batch_plan.h"

@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 
 namespace loom {
 

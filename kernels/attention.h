@@ -4,7 +4,7 @@
 // attends positions 0 .. S - T + i.
 #pragma once
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 
 namespace loom {
 

@@ -5,7 +5,7 @@
 // tokens) gives identical outputs and the same final state.
 #pragma once
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 
 namespace loom {
 

@@ -1,7 +1,7 @@
 // Dense matrix products. f32 on the CPU through OpenBLAS (multithreaded by OpenBLAS itself).
 #pragma once
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 
 namespace loom {
 

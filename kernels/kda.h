@@ -11,7 +11,7 @@
 //   S = diag(exp(g_t)) S;  S += k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T (scale * q_t)
 #pragma once
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 
 namespace loom {
 

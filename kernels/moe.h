@@ -1,7 +1,7 @@
 // Mixture-of-experts routing and expert compute.
 #pragma once
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 
 namespace loom {
 

@@ -1,7 +1,7 @@
 // Normalisations. All compute in f32; inputs and outputs are contiguous f32 [N, D] unless noted.
 #pragma once
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 
 namespace loom {
 

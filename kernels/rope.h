@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 
 namespace loom {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string>
 
-#include "engine/core/status.h"
+#include "core/status.h"
 
 namespace loom {
 

@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 
 namespace loom {
 namespace {

@@ -8,7 +8,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 
 namespace loom {
 namespace {

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "server/request_limits.h"
 

@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 
 namespace loom {
 

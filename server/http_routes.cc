@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 #include "nlohmann/json.hpp"
 #include "server/openai_request.h"
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 #include "engine/engine.h"
 
 namespace loom {

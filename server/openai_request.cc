@@ -9,7 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 #include "nlohmann/json.hpp"
 #include "server/openai_error.h"
 #include "server/request_limits.h"

@@ -1,7 +1,7 @@
 #include "weights/fp8.h"
 
 #include "absl/strings/str_cat.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 
 namespace loom {
 

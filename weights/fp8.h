@@ -2,7 +2,7 @@
 #pragma once
 
 #include "absl/status/statusor.h"
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 
 namespace loom {
 

@@ -4,7 +4,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 #include "nlohmann/json.hpp"
 #include "weights/adapters/adapters.h"
 

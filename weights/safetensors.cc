@@ -17,7 +17,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 #include "nlohmann/json.hpp"
 
 namespace loom {

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 
 namespace loom {
 

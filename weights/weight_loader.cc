@@ -4,7 +4,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 #include "weights/adapters/adapters.h"
 #include "weights/fp8.h"
 

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/chat/json_text.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 #include "nlohmann/json.hpp"
 
 namespace loom {

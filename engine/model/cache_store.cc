@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "engine/core/status.h"
+#include "core/status.h"
 
 namespace loom {
 namespace {

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 #include "weights/model_config.h"
 
 namespace loom {

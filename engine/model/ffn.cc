@@ -1,6 +1,6 @@
 // FFN blocks: the dense SwiGLU MLP and the mixture of experts with shared experts.
 #include "absl/strings/str_cat.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 #include "engine/model/layers.h"
 #include "kernels/activation.h"
 #include "kernels/elementwise.h"

@@ -4,7 +4,7 @@
 // decay per value head, value head h reads key head h / (Hv / Hk), SiLU-gated RMSNorm output.
 
 #include "absl/strings/str_cat.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 #include "engine/model/layers.h"
 #include "engine/model/linear_attention.h"
 #include "kernels/elementwise.h"

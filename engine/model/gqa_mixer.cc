@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 #include "engine/model/layers.h"
 #include "engine/model/rope_table.h"
 #include "kernels/attention.h"

@@ -3,7 +3,7 @@
 // (chunked for prefill, token by token for decode), gated per-head RMSNorm, output projection.
 
 #include "absl/strings/str_cat.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 #include "engine/model/layers.h"
 #include "engine/model/linear_attention.h"
 #include "kernels/activation.h"

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 #include "engine/model/cache_store.h"
 #include "engine/model/sequence_cache.h"
 #include "kernels/attention.h"

@@ -3,7 +3,7 @@
 // recurrent state.
 #pragma once
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 #include "engine/model/layers.h"
 
 namespace loom {

@@ -2,7 +2,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 #include "kernels/activation.h"
 #include "kernels/attnres.h"
 #include "kernels/batch_invariance.h"

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 #include "engine/model/forward_batch.h"
 #include "engine/model/layers.h"
 #include "weights/model_config.h"

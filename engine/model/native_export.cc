@@ -4,7 +4,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 #include "engine/model/model.h"
 #include "weights/adapters/adapters.h"
 #include "weights/safetensors.h"

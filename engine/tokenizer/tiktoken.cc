@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 #include "engine/tokenizer/tokenizer_impl.h"
 #include "engine/tokenizer/utf8.h"
 #include "nlohmann/json.hpp"

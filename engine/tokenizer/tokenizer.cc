@@ -13,7 +13,7 @@
 #include <shared_mutex>
 
 #include "absl/strings/str_cat.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 #include "engine/tokenizer/tiktoken.h"
 #include "engine/tokenizer/tokenizer_impl.h"
 #include "engine/tokenizer/utf8.h"

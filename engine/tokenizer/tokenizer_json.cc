@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "engine/tokenizer/tokenizer_impl.h"
 #include "nlohmann/json.hpp"

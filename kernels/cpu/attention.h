@@ -1,7 +1,7 @@
 // CPU implementations of kernels/attention.h (same contracts).
 #pragma once
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 #include "kernels/attention.h"
 
 namespace loom::cpu {

@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 
 namespace loom::cpu {
 

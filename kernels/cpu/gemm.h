@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 
 namespace loom::cpu {
 

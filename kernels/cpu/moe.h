@@ -1,7 +1,7 @@
 // CPU implementations of kernels/moe.h (same contracts).
 #pragma once
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 #include "kernels/moe.h"
 
 namespace loom::cpu {

@@ -1,7 +1,7 @@
 // CPU implementations of kernels/norm.h (same contracts).
 #pragma once
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 
 namespace loom::cpu {
 

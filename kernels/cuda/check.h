@@ -5,7 +5,7 @@
 
 #include <initializer_list>
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 
 namespace loom::cuda {
 

@@ -3,7 +3,7 @@
 #include <mutex>
 #include <string>
 
-#include "engine/core/allocator.h"
+#include "core/allocator.h"
 
 namespace loom::cuda {
 namespace {

@@ -7,7 +7,7 @@
 
 #include <cstddef>
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/launch.h"
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 #include "kernels/cuda/check.h"
 
 namespace loom::cuda {

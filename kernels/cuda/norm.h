@@ -2,7 +2,7 @@
 // (f32 contiguous), enqueued on loom::cuda::current_stream() without synchronising.
 #pragma once
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 #include "kernels/cuda/check.h"
 
 namespace loom::cuda {

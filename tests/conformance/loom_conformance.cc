@@ -26,7 +26,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 #include "engine/model/model.h"
 #include "nlohmann/json.hpp"
 #include "weights/safetensors.h"

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "engine/core/status.h"
+#include "core/status.h"
 #include "server/openai_error.h"
 #include "server/openai_request.h"
 

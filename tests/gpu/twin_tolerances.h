@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <random>
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 #include "kernels/elementwise.h"
 #include "kernels/kda.h"
 #include "kernels/norm.h"

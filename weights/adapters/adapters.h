@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 #include "nlohmann/json.hpp"
 #include "weights/model_config.h"
 

@@ -3,7 +3,7 @@
 // Multi-token-prediction layers (num_nextn_predict_layers) are not part of the forward pass and are
 // not loaded.
 #include "absl/strings/str_cat.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 #include "weights/adapters/adapters.h"
 #include "weights/adapters/common.h"
 #include "weights/json_fields.h"

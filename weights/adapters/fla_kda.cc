@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 #include "weights/adapters/adapters.h"
 #include "weights/adapters/common.h"
 #include "weights/json_fields.h"

@@ -1,7 +1,7 @@
 // The native `loom` format: canonical tensor names as they are (docs/native-format.md) and a
 // config.json that states every ModelConfig field explicitly.
 #include "absl/strings/str_cat.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 #include "weights/adapters/adapters.h"
 #include "weights/adapters/common.h"
 #include "weights/json_fields.h"

@@ -1,8 +1,8 @@
-#include "engine/core/allocator.h"
+#include "core/allocator.h"
 
 #include <cstdlib>
 
-#include "engine/core/status.h"
+#include "core/status.h"
 
 namespace loom {
 namespace {

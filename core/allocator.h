@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <memory>
 
-#include "engine/core/dtype.h"
+#include "core/dtype.h"
 
 namespace loom {
 

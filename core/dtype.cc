@@ -1,10 +1,10 @@
-#include "engine/core/dtype.h"
+#include "core/dtype.h"
 
 #include <cmath>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "engine/core/status.h"
+#include "core/status.h"
 
 namespace loom {
 

@@ -1,11 +1,11 @@
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 
 #include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "engine/core/allocator.h"
+#include "core/allocator.h"
 
 namespace loom {
 
