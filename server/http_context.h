@@ -7,11 +7,10 @@
 #include <memory>
 #include <string>
 
-#include "engine/chat/chat_template.h"
-#include "engine/chat/checkpoint_chat_template.h"
 #include "engine/engine.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "server/admission.h"
+#include "server/chat_setup.h"
 #include "server/http_stream_pump.h"
 #include "server/metrics.h"
 #include "server/server_options.h"
@@ -21,9 +20,7 @@ namespace loom {
 struct HttpContext {
   Engine* engine = nullptr;
   std::shared_ptr<const Tokenizer> tokenizer;
-  ChatFormat format = ChatFormat::kNative;
-  // The checkpoint's own chat template; null: the built-in template of `format`.
-  std::shared_ptr<const CheckpointChatTemplate> chat_template;
+  ChatSetup chat;  // how chat prompts are rendered and replies read
   Metrics* metrics = nullptr;
   HttpOptions options;
   StreamPump* pump = nullptr;

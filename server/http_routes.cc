@@ -139,8 +139,8 @@ HttpReply tokenize(const HttpContext& ctx, std::string_view body) {
   if (j.contains("messages")) {
     auto req = parse_chat_request(body);
     if (!req.ok()) return error_reply(api_error_from_status(req.status()));
-    auto reqs = build_engine_requests(*req, *ctx.tokenizer, ctx.format, ctx.engine->max_model_len(),
-                                      ctx.chat_template.get());
+    auto reqs = build_engine_requests(*req, *ctx.tokenizer, ctx.chat.format,
+                                      ctx.engine->max_model_len(), ctx.chat.chat_template.get());
     if (!reqs.ok()) return error_reply(api_error_from_status(reqs.status()));
     ids = (*reqs)[0].prompt;
   } else {
@@ -203,8 +203,10 @@ RouteResult generate(HttpContext& ctx, std::string_view body, bool chat) {
     result.reply = error_reply(e);
     return result;
   }
-  auto requests = build_engine_requests(*req, *ctx.tokenizer, ctx.format,
-                                        ctx.engine->max_model_len(), ctx.chat_template.get());
+  bool opens_reasoning = false;
+  auto requests =
+      build_engine_requests(*req, *ctx.tokenizer, ctx.chat.format, ctx.engine->max_model_len(),
+                            ctx.chat.chat_template.get(), &opens_reasoning);
   if (!requests.ok()) {
     result.reply = error_reply(api_error_from_status(requests.status()));
     return result;
@@ -239,8 +241,11 @@ RouteResult generate(HttpContext& ctx, std::string_view body, bool chat) {
   rc.stream = req->stream;
   rc.include_usage = req->include_usage;
   rc.logprobs = req->logprobs;
-  rc.parse_tools = req->parse_tools();
-  rc.format = ctx.format;
+  if (chat) {
+    rc.output.reasoning = ctx.chat.reasoning;
+    rc.output.starts_in_reasoning = opens_reasoning;
+    if (req->parse_tools()) rc.output.tool_calls = ctx.chat.tool_call_syntax;
+  }
   rc.id = absl::StrFormat("%s-%x%08x", chat ? "chatcmpl" : "cmpl", ctx.started_unix, serial);
   rc.created = static_cast<int64_t>(std::time(nullptr));
   rc.model = ctx.options.served_model_name;

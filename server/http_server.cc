@@ -57,15 +57,13 @@ HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 HttpServer::~HttpServer() { stop(); }
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::start(
-    Engine& engine, std::shared_ptr<const Tokenizer> tokenizer, ChatFormat format, Metrics* metrics,
-    const HttpOptions& options, AdmissionGate& admission,
-    std::shared_ptr<const CheckpointChatTemplate> chat_template) {
+    Engine& engine, std::shared_ptr<const Tokenizer> tokenizer, ChatSetup chat, Metrics* metrics,
+    const HttpOptions& options, AdmissionGate& admission) {
   auto impl = std::make_unique<Impl>();
   impl->ctx.admission = &admission;
   impl->ctx.engine = &engine;
   impl->ctx.tokenizer = std::move(tokenizer);
-  impl->ctx.format = format;
-  impl->ctx.chat_template = std::move(chat_template);
+  impl->ctx.chat = std::move(chat);
   impl->ctx.metrics = metrics;
   impl->ctx.options = options;
   impl->ctx.started_unix = static_cast<int64_t>(std::time(nullptr));

@@ -10,11 +10,10 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "engine/chat/chat_template.h"
-#include "engine/chat/checkpoint_chat_template.h"
 #include "engine/engine.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "server/admission.h"
+#include "server/chat_setup.h"
 #include "server/metrics.h"
 #include "server/server_options.h"
 
@@ -24,12 +23,11 @@ class HttpServer {
  public:
   // Binds options.host:options.port (0: any free port) and starts serving. `engine`, `metrics`
   // and `admission` (the --max_queue and drain gate shared with the gRPC frontend) must outlive
-  // the server. Chat renders with `chat_template` (the checkpoint's own) when given, else with
-  // `format`'s built-in template. Unavailable when the address cannot be bound.
+  // the server. `chat` says how chat prompts are rendered and replies read (chat_setup.h).
+  // Unavailable when the address cannot be bound.
   static absl::StatusOr<std::unique_ptr<HttpServer>> start(
-      Engine& engine, std::shared_ptr<const Tokenizer> tokenizer, ChatFormat format,
-      Metrics* metrics, const HttpOptions& options, AdmissionGate& admission,
-      std::shared_ptr<const CheckpointChatTemplate> chat_template = nullptr);
+      Engine& engine, std::shared_ptr<const Tokenizer> tokenizer, ChatSetup chat, Metrics* metrics,
+      const HttpOptions& options, AdmissionGate& admission);
   ~HttpServer();  // stop()
 
   int port() const;

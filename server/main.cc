@@ -17,13 +17,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "engine/chat/chat_template.h"
-#include "engine/chat/checkpoint_chat_template.h"
 #include "engine/engine.h"
 #include "engine/model/model.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "kernels/cpu/gemm.h"
 #include "server/admission.h"
+#include "server/chat_setup.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/server_options.h"
@@ -81,23 +80,20 @@ int main(int argc, char** argv) {
   } else {
     tokenizer = loom::Tokenizer::byte_level();
   }
-  const loom::ChatFormat format = loom::chat_format_for_model_type(model_type);
-  // The checkpoint's own Jinja chat template when its folder has one; else the built-in template
-  // of the family (docs/chat.md).
-  std::shared_ptr<const loom::CheckpointChatTemplate> chat_template;
-  if (auto t = loom::CheckpointChatTemplate::load(dir); t.ok()) {
-    chat_template = std::make_shared<const loom::CheckpointChatTemplate>(std::move(t).value());
-  } else if (t.status().code() != absl::StatusCode::kNotFound) {
-    return fail(absl::StrCat("loading the chat template of ", dir), t.status());
-  }
+  // The checkpoint's own Jinja chat template when its folder has one, and the tool-call syntax
+  // and reasoning it writes; else the family's built-in template and syntax (docs/chat.md).
+  auto chat = loom::load_chat_setup(dir, model_type, options->reasoning_parser);
+  if (!chat.ok()) return fail(absl::StrCat("loading the chat template of ", dir), chat.status());
+  const std::string chat_template = loom::describe_chat_template(*chat);
+  const std::string chat_output = loom::describe_chat_output(*chat);
   auto engine = loom::Engine::create(std::move(model).value(), tokenizer, options->engine);
   if (!engine.ok()) return fail("starting the engine", engine.status());
 
   loom::Metrics metrics;
   // One admission and drain gate for both frontends (server/admission.h).
   loom::AdmissionGate admission(options->engine.max_num_seqs, options->http.max_queue);
-  auto http = loom::HttpServer::start(**engine, tokenizer, format, &metrics, options->http,
-                                      admission, chat_template);
+  auto http = loom::HttpServer::start(**engine, tokenizer, std::move(chat).value(), &metrics,
+                                      options->http, admission);
   if (!http.ok()) return fail("starting HTTP", http.status());
 
 #ifdef LOOM_WITH_GRPC
@@ -123,14 +119,11 @@ int main(int argc, char** argv) {
                  "(docs/operations.md)\n");
   }
   const std::string url = absl::StrCat("http://", options->http.host, ":", (*http)->port());
-  const std::string chat_source =
-      chat_template
-          ? absl::StrCat("the model's ", chat_template->origin())
-          : absl::StrCat("built-in ", std::string(loom::chat_format_name(format)), " format");
   std::printf("loom-server: model %s (%s, chat template %s, tokenizer %s, max_model_len %d)\n",
-              options->http.served_model_name.c_str(), model_type.c_str(), chat_source.c_str(),
+              options->http.served_model_name.c_str(), model_type.c_str(), chat_template.c_str(),
               tokenizer_format.empty() ? "byte-level" : tokenizer_format.c_str(),
               (*engine)->max_model_len());
+  std::printf("loom-server: chat replies: %s\n", chat_output.c_str());
   if (options->engine.deterministic) {
     std::printf(
         "loom-server: deterministic: batch-invariant numerics (bit-identical outputs under any "

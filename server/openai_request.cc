@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "engine/chat/reasoning_parser.h"
 #include "nlohmann/json.hpp"
 #include "server/openai_error.h"
 #include "server/request_limits.h"
@@ -427,10 +428,11 @@ absl::Status parse_messages(const json& j, OpenAiRequest* r) {
     if (!m.is_object()) return bad(param, "must be an object");
     // What OpenAI's message objects may hold. An assistant reply sent back as history carries
     // "refusal": null (Loom's replies do); the deprecated function_call and audio replies only
-    // as null.
+    // as null. `reasoning_content` is vLLM's: the reasoning of an assistant reply, which
+    // templates of reasoning models (Kimi-K2-Thinking's) render into history.
     LOOM_RETURN_IF_ERROR(check_keys(m,
                                     {{"role", "content", "name", "tool_call_id", "tool_calls",
-                                      "refusal", "function_call", "audio"}},
+                                      "refusal", "function_call", "audio", "reasoning_content"}},
                                     param));
     if (field(m, "refusal")) {
       return bad(param + ".refusal", "must be null (put a refusal's text in content)");
@@ -454,6 +456,14 @@ absl::Status parse_messages(const json& j, OpenAiRequest* r) {
     }
     const bool assistant = msg.role == "assistant";
     LOOM_ASSIGN_OR_RETURN(msg.content, parse_content(m, param + ".content", assistant));
+    // Only the checkpoint's own template sees it (template_messages); the built-in ones have no
+    // place for reasoning in history (docs/chat.md).
+    if (const json* reasoning = field(m, "reasoning_content")) {
+      if (!assistant) {
+        return bad(param + ".reasoning_content", "only assistant messages have reasoning");
+      }
+      if (!reasoning->is_string()) return bad(param + ".reasoning_content", "must be a string");
+    }
     if (msg.role == "tool") {
       const json* id = field(m, "tool_call_id");
       if (!id || !id->is_string()) return bad(param + ".tool_call_id", "must be a string");
@@ -609,8 +619,9 @@ absl::StatusOr<OpenAiRequest> parse_chat_request(std::string_view body) {
 
 absl::StatusOr<std::vector<Request>> build_engine_requests(
     const OpenAiRequest& req, const Tokenizer& tokenizer, ChatFormat format, int32_t max_model_len,
-    const CheckpointChatTemplate* chat_template) {
+    const CheckpointChatTemplate* chat_template, bool* opens_reasoning) {
   std::vector<std::vector<int32_t>> prompts;
+  if (opens_reasoning != nullptr) *opens_reasoning = false;
   if (req.chat) {
     absl::StatusOr<RenderedChat> rendered;
     if (chat_template != nullptr) {
@@ -637,6 +648,7 @@ absl::StatusOr<std::vector<Request>> build_engine_requests(
         return bad(m.rfind("tool", 0) == 0 ? "tools" : "messages", m);
       }
     }
+    if (opens_reasoning != nullptr) *opens_reasoning = prompt_opens_reasoning(rendered->text);
     if (req.parse_special_tokens) {
       prompts.push_back(tokenizer.encode(rendered->text, /*allow_special=*/true));
     } else {

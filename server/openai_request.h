@@ -36,8 +36,9 @@ struct OpenAiRequest {
   std::vector<ChatMessage> messages;
   std::vector<ToolDefinition> tools;
   ToolChoice tool_choice = ToolChoice::kAuto;
-  // The same messages and tools as the request wrote them (key order kept), for a checkpoint's own
-  // Jinja template, and its switches (`chat_template_kwargs`, vLLM's name; an object or null).
+  // The same messages and tools as the request wrote them (key order kept; assistant messages may
+  // carry `reasoning_content`, which only these reach), for a checkpoint's own Jinja template, and
+  // its switches (`chat_template_kwargs`, vLLM's name; an object or null).
   nlohmann::ordered_json template_messages, template_tools, chat_template_kwargs;
   // Sampling; params.max_tokens is set from max_tokens below by build_engine_requests.
   SamplingParams params;
@@ -71,9 +72,11 @@ absl::StatusOr<OpenAiRequest> parse_chat_request(std::string_view body);
 // `max_model_len` (0: unlimited) sets chat's default max_tokens; the engine still checks prompt +
 // max_tokens against it. InvalidArgument on render errors or an empty prompt.
 // Chat renders with `chat_template` (the checkpoint's own) when given, else with `format`'s
-// built-in template, which takes no chat_template_kwargs.
+// built-in template, which takes no chat_template_kwargs. `opens_reasoning`, when given, is set to
+// whether the rendered chat prompt leaves the model inside a reasoning block
+// (prompt_opens_reasoning, engine/chat/reasoning_parser.h); false for completions.
 absl::StatusOr<std::vector<Request>> build_engine_requests(
     const OpenAiRequest& req, const Tokenizer& tokenizer, ChatFormat format, int32_t max_model_len,
-    const CheckpointChatTemplate* chat_template = nullptr);
+    const CheckpointChatTemplate* chat_template = nullptr, bool* opens_reasoning = nullptr);
 
 }  // namespace loom

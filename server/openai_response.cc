@@ -117,8 +117,8 @@ struct OpenAiResponseBuilder::Choice {
   bool started = false;  // streaming chat: the role chunk was sent
   bool any_tool_call = false;
   std::optional<FinishReason> finish;
-  int64_t text_offset = 0;                       // completions logprobs
-  std::unique_ptr<ToolCallStreamParser> parser;  // streaming chat with tools
+  int64_t text_offset = 0;                   // completions logprobs
+  std::unique_ptr<ChatOutputParser> parser;  // streaming chat whose replies are read
 };
 
 OpenAiResponseBuilder::OpenAiResponseBuilder(ResponseContext ctx)
@@ -126,8 +126,7 @@ OpenAiResponseBuilder::OpenAiResponseBuilder(ResponseContext ctx)
   choices_.reserve(ctx_.num_prompts * ctx_.n);
   for (int i = 0; i < ctx_.num_prompts * ctx_.n; ++i) {
     auto c = std::make_unique<Choice>();
-    if (ctx_.stream && ctx_.parse_tools)
-      c->parser = std::make_unique<ToolCallStreamParser>(ctx_.format);
+    if (ctx_.stream && reads_output()) c->parser = std::make_unique<ChatOutputParser>(ctx_.output);
     choices_.push_back(std::move(c));
   }
 }
@@ -173,7 +172,7 @@ std::vector<std::string> OpenAiResponseBuilder::on_event(int prompt, const Reque
   c.text += out.text;
   if (ctx_.logprobs) c.logprobs.insert(c.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
   if (out.finish) {
-    c.any_tool_call = ctx_.parse_tools && !parse_tool_calls(ctx_.format, c.text).tool_calls.empty();
+    c.any_tool_call = reads_output() && !parse_chat_output(ctx_.output, c.text).tool_calls.empty();
     last_reason_ = *out.finish == FinishReason::kStop && c.any_tool_call
                        ? "tool_calls"
                        : finish_reason_name(*out.finish);
@@ -232,6 +231,7 @@ std::vector<std::string> OpenAiResponseBuilder::stream_event(Choice& c, int inde
     delta = c.parser->feed(out.text);
     if (out.finish) {
       ChatDelta tail = c.parser->finish();
+      delta.reasoning += tail.reasoning;
       delta.content += tail.content;
       delta.tool_calls.insert(delta.tool_calls.end(), tail.tool_calls.begin(),
                               tail.tool_calls.end());
@@ -246,7 +246,10 @@ std::vector<std::string> OpenAiResponseBuilder::stream_event(Choice& c, int inde
   }
   if (!delta.empty() || !lp.is_null()) {
     json d = json::object();
-    if (!delta.content.empty() || delta.tool_calls.empty()) d["content"] = delta.content;
+    // vLLM's field: clients that read reasoning take it from there.
+    if (!delta.reasoning.empty()) d["reasoning_content"] = delta.reasoning;
+    if (!delta.content.empty() || (delta.tool_calls.empty() && delta.reasoning.empty()))
+      d["content"] = delta.content;
     if (!delta.tool_calls.empty()) d["tool_calls"] = tool_call_deltas_json(delta.tool_calls);
     chunks.push_back(chat_chunk(std::move(d), std::move(lp), nullptr));
   }
@@ -290,12 +293,17 @@ std::string OpenAiResponseBuilder::final_json() const {
       continue;
     }
     json message = {{"role", "assistant"}};
-    if (ctx_.parse_tools) {
-      ParsedOutput parsed = parse_tool_calls(ctx_.format, c.text);
+    if (reads_output()) {
+      ParsedOutput parsed = parse_chat_output(ctx_.output, c.text);
       if (!parsed.tool_calls.empty() && reason == "stop") reason = "tool_calls";
       message["content"] = parsed.content.empty() && !parsed.tool_calls.empty()
                                ? json(nullptr)
                                : json(parsed.content);
+      // vLLM's field; null when the reply had no reasoning.
+      if (ctx_.output.reasoning) {
+        message["reasoning_content"] =
+            parsed.reasoning.empty() ? json(nullptr) : json(parsed.reasoning);
+      }
       if (!parsed.tool_calls.empty()) message["tool_calls"] = tool_calls_json(parsed.tool_calls);
     } else {
       message["content"] = c.text;

@@ -1,7 +1,8 @@
 // OpenAiResponseBuilder: turns one request's engine events into OpenAI response bodies, either
 // one JSON object (non-streaming) or a sequence of chunk objects (streaming; the SSE framing is
-// sse_writer's). Tool calls are extracted with the chat module's parsers: ToolCallStreamParser
-// when streaming, parse_tool_calls otherwise (the same state machine, so both paths agree).
+// sse_writer's). Chat replies are read with the chat module's parsers (reasoning split off, tool
+// calls extracted): ChatOutputParser when streaming, parse_chat_output otherwise (the same state
+// machines, so both paths agree).
 // Not thread-safe: one per request, used by one strand.
 #pragma once
 
@@ -11,8 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/chat/chat_template.h"
-#include "engine/chat/tool_call_parser.h"
+#include "engine/chat/chat_output_parser.h"
 #include "engine/request.h"
 #include "engine/tokenizer/tokenizer.h"
 
@@ -23,8 +23,9 @@ struct ResponseContext {
   bool stream = false;
   bool include_usage = false;  // streaming: a last chunk with usage and no choices
   bool logprobs = false;
-  bool parse_tools = false;  // chat with tools and tool_choice "auto"
-  ChatFormat format = ChatFormat::kNative;
+  // Chat: how replies are read (reasoning split off; tool calls parsed when the request has tools
+  // and tool_choice "auto"). Neither: the text is the content.
+  ChatOutputOptions output;
   std::string id;  // "cmpl-..." or "chatcmpl-..."
   int64_t created = 0;
   std::string model;
@@ -58,6 +59,10 @@ class OpenAiResponseBuilder {
   struct Choice;  // per-choice text, tokens, logprobs, stream parser (defined in the .cc)
 
   std::vector<std::string> stream_event(Choice& c, int index, const RequestOutput& out);
+  // Chat whose replies are parsed rather than passed through as content.
+  bool reads_output() const {
+    return ctx_.chat && (ctx_.output.reasoning || ctx_.output.tool_calls.has_value());
+  }
 
   ResponseContext ctx_;
   std::vector<std::unique_ptr<Choice>> choices_;  // prompt-major: prompt * n + out.index

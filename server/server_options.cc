@@ -50,6 +50,10 @@ ABSL_FLAG(double, write_timeout_s, 60,
 ABSL_FLAG(int64_t, max_pending_write_bytes, 16 << 20,
           "Reply bytes queued for a client that reads too slowly, beyond which its request is "
           "cancelled and the connection closed.");
+ABSL_FLAG(std::string, reasoning_parser, "auto",
+          "auto: when the model's chat template writes </think>, chat replies carry the leading "
+          "<think>...</think> block as reasoning_content, apart from content and tool calls; "
+          "none: the block stays in content (docs/chat.md).");
 ABSL_FLAG(double, drain_timeout_s, 30,
           "On SIGTERM/SIGINT, seconds in-flight requests (HTTP and gRPC) get to finish before "
           "they are ended with an error and the process exits.");
@@ -74,6 +78,7 @@ absl::StatusOr<ServerOptions> server_options_from_flags() {
   o.http.write_timeout_s = absl::GetFlag(FLAGS_write_timeout_s);
   o.http.max_pending_write_bytes = absl::GetFlag(FLAGS_max_pending_write_bytes);
   o.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
+  const std::string reasoning_parser = absl::GetFlag(FLAGS_reasoning_parser);
   o.engine.cache_budget_bytes = absl::GetFlag(FLAGS_cache_budget_mb) << 20;
   o.engine.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
   o.engine.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
@@ -100,6 +105,13 @@ absl::StatusOr<ServerOptions> server_options_from_flags() {
     return bad("max_pending_write_bytes", "must be at least 65536");
   }
   if (!(o.drain_timeout_s >= 0)) return bad("drain_timeout_s", "must be >= 0");
+  if (reasoning_parser == "auto") {
+    o.reasoning_parser = ReasoningParser::kAuto;
+  } else if (reasoning_parser == "none") {
+    o.reasoning_parser = ReasoningParser::kNone;
+  } else {
+    return bad("reasoning_parser", "must be auto or none");
+  }
   if (absl::GetFlag(FLAGS_cache_budget_mb) < 1) return bad("cache_budget_mb", "must be positive");
   if (o.engine.max_num_batched_tokens < 1) return bad("max_num_batched_tokens", "must be >= 1");
   if (o.engine.max_num_seqs < 1) return bad("max_num_seqs", "must be >= 1");

@@ -35,8 +35,15 @@ struct HttpOptions {
   std::vector<std::string> allowed_hosts;
 };
 
+// --reasoning_parser: whether chat replies have their reasoning block split off.
+enum class ReasoningParser {
+  kAuto,  // when the checkpoint's chat template writes </think> (docs/chat.md)
+  kNone,  // never: <think>...</think> stays in content
+};
+
 struct ServerOptions {
   std::string model_dir;
+  ReasoningParser reasoning_parser = ReasoningParser::kAuto;
   EngineOptions engine;
   HttpOptions http;
   int grpc_port = -1;           // < 0: no gRPC service

@@ -51,7 +51,7 @@ size_t partial_suffix(std::string_view s, std::initializer_list<std::string_view
   return best;
 }
 
-// Marker-delimited formats (kimi, deepseek, native).
+// Marker-delimited syntaxes (kimi, deepseek_v3, deepseek_v3.1, native).
 struct MarkerSpec {
   std::string_view section_begin;  // empty: calls are not grouped in a section
   std::string_view section_end;
@@ -71,10 +71,14 @@ constexpr MarkerSpec kKimiSpec{"<|tool_calls_section_begin|>",
                                "",
                                "<|tool_call_end|>",
                                true};
-constexpr MarkerSpec kDeepSeekSpec{"<｜tool▁calls▁begin｜>",   "<｜tool▁calls▁end｜>",
-                                   "<｜tool▁call▁begin｜>",    "\n```json\n",
-                                   "<｜tool▁call▁end｜>",      "\n```",
-                                   "\n```<｜tool▁call▁end｜>", false};
+constexpr MarkerSpec kDeepSeekV3Spec{"<｜tool▁calls▁begin｜>",   "<｜tool▁calls▁end｜>",
+                                     "<｜tool▁call▁begin｜>",    "\n```json\n",
+                                     "<｜tool▁call▁end｜>",      "\n```",
+                                     "\n```<｜tool▁call▁end｜>", false};
+constexpr MarkerSpec kDeepSeekV31Spec{"<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
+                                      "<｜tool▁call▁begin｜>",  "<｜tool▁sep｜>",
+                                      "<｜tool▁call▁end｜>",    "",
+                                      "<｜tool▁call▁end｜>",    false};
 constexpr MarkerSpec kNativeSpec{
     "", "", "<|tool_call|>", "<|tool_args|>", "<|tool_call_end|>", "", "<|tool_call_end|>", false};
 
@@ -143,34 +147,76 @@ Match match_qwen_header(std::string_view s, size_t* len, std::string* name) {
   return Match::kYes;
 }
 
+const MarkerSpec* marker_spec(ToolCallSyntax syntax) {
+  switch (syntax) {
+    case ToolCallSyntax::kKimi:
+      return &kKimiSpec;
+    case ToolCallSyntax::kDeepSeekV3:
+      return &kDeepSeekV3Spec;
+    case ToolCallSyntax::kDeepSeekV31:
+      return &kDeepSeekV31Spec;
+    case ToolCallSyntax::kNative:
+      return &kNativeSpec;
+    case ToolCallSyntax::kQwen:
+      return nullptr;
+  }
+  return nullptr;
+}
+
+// A function name as DeepSeek writes it in a call header: surrounding blanks trimmed; false when
+// it is empty or holds a newline or markup.
+bool deepseek_name(std::string_view fn, std::string* name) {
+  size_t b = fn.find_first_not_of(" \t\r");
+  if (b == kNone) return false;
+  fn = fn.substr(b, fn.find_last_not_of(" \t\r") - b + 1);
+  if (fn.find('\n') != kNone || fn.find('<') != kNone) return false;
+  *name = std::string(fn);
+  return true;
+}
+
 }  // namespace
 
-struct ToolCallStreamParser::Impl {
-  explicit Impl(ChatFormat f) : format(f) {
-    switch (f) {
-      case ChatFormat::kKimi:
-        spec = &kKimiSpec;
-        break;
-      case ChatFormat::kDeepSeek:
-        spec = &kDeepSeekSpec;
-        break;
-      case ChatFormat::kNative:
-        spec = &kNativeSpec;
-        break;
-      case ChatFormat::kQwen:
-        spec = nullptr;
-        break;
-    }
+std::string_view tool_call_syntax_name(ToolCallSyntax syntax) {
+  switch (syntax) {
+    case ToolCallSyntax::kKimi:
+      return "kimi";
+    case ToolCallSyntax::kDeepSeekV3:
+      return "deepseek_v3";
+    case ToolCallSyntax::kDeepSeekV31:
+      return "deepseek_v3.1";
+    case ToolCallSyntax::kQwen:
+      return "qwen";
+    case ToolCallSyntax::kNative:
+      return "native";
   }
+  return "native";
+}
 
-  ChatFormat format;
+ToolCallSyntax default_tool_call_syntax(ChatFormat format) {
+  switch (format) {
+    case ChatFormat::kKimi:
+      return ToolCallSyntax::kKimi;
+    case ChatFormat::kDeepSeek:
+      return ToolCallSyntax::kDeepSeekV3;
+    case ChatFormat::kQwen:
+      return ToolCallSyntax::kQwen;
+    case ChatFormat::kNative:
+      return ToolCallSyntax::kNative;
+  }
+  return ToolCallSyntax::kNative;
+}
+
+struct ToolCallStreamParser::Impl {
+  explicit Impl(ToolCallSyntax s) : syntax(s), spec(marker_spec(s)) {}
+
+  ToolCallSyntax syntax;
   const MarkerSpec* spec;  // null for qwen
   State state = State::kText;
   std::string buf;  // received, not yet consumed
   bool finished = false;
   size_t num_calls = 0;       // calls started so far; the current one is num_calls - 1
-  bool seen_call = false;     // a call has ended: trailing whitespace of content is held back
-  std::string content_ws;     // held-back trailing whitespace of content (only once seen_call)
+  bool seen_call = false;     // a call has ended: whitespace at the end of the text is dropped
+  std::string content_ws;     // trailing whitespace of content, held until what follows decides
   bool args_started = false;  // trim_args: leading whitespace skipped
   std::string args_ws;        // trim_args: held-back trailing whitespace of the arguments
   // Qwen argument value scanner: finds where the "arguments" JSON value ends.
@@ -227,12 +273,9 @@ struct ToolCallStreamParser::Impl {
   }
 
   // Content is passed through, except that whitespace directly before a call, inside a call
-  // section, or at the end after a call is dropped (it separates calls; it is not a reply).
+  // section, or at the end after a call is dropped (it separates calls, as the templates write
+  // them, e.g. Qwen's "\n" after content; it is not a reply). So trailing whitespace waits.
   void emit_content(std::string_view text, ChatDelta* out) {
-    if (!seen_call && state != State::kSection) {
-      out->content += text;
-      return;
-    }
     size_t last = text.find_last_not_of(" \n\t\r");
     if (last == kNone) {
       content_ws += text;
@@ -250,6 +293,7 @@ struct ToolCallStreamParser::Impl {
     d.id = id.empty() ? absl::StrCat("call_", d.index) : std::move(id);
     d.name = std::move(name);
     out->tool_calls.push_back(std::move(d));
+    content_ws.clear();
     args_started = false;
     args_ws.clear();
   }
@@ -302,7 +346,7 @@ struct ToolCallStreamParser::Impl {
 
   // Validates a call header; fills id (empty: generate) and name.
   bool parse_header(std::string_view header, std::string* id, std::string* name) const {
-    if (format == ChatFormat::kKimi) {
+    if (syntax == ToolCallSyntax::kKimi) {
       // "functions.<name>:<index>" (vLLM's kimi_k2 parser: [^<]+:\d+, name after the last '.').
       size_t b = header.find_first_not_of(" \n\t\r");
       if (b == kNone) return false;
@@ -321,19 +365,14 @@ struct ToolCallStreamParser::Impl {
       *name = std::string(fn);
       return true;
     }
-    if (format == ChatFormat::kDeepSeek) {
+    if (syntax == ToolCallSyntax::kDeepSeekV3) {
       // "<type><｜tool▁sep｜><name>".
       constexpr std::string_view kSep = "<｜tool▁sep｜>";
       size_t sep = header.find(kSep);
       if (sep == kNone) return false;
-      std::string_view fn = header.substr(sep + kSep.size());
-      size_t b = fn.find_first_not_of(" \t\r");
-      if (b == kNone) return false;
-      fn = fn.substr(b, fn.find_last_not_of(" \t\r") - b + 1);
-      if (fn.find('\n') != kNone || fn.find('<') != kNone) return false;
-      *name = std::string(fn);
-      return true;
+      return deepseek_name(header.substr(sep + kSep.size()), name);
     }
+    if (syntax == ToolCallSyntax::kDeepSeekV31) return deepseek_name(header, name);  // "<name>"
     // native: the bare function name.
     if (header.empty()) return false;
     for (char c : header) {
@@ -366,11 +405,14 @@ struct ToolCallStreamParser::Impl {
             size_t hold = eof ? 0 : partial_suffix(s, {begin});
             emit_content(s.substr(0, s.size() - hold), out);
             pos += s.size() - hold;
-            if (eof) content_ws.clear();
+            if (eof) {
+              if (!seen_call) out->content += content_ws;  // a reply without calls is verbatim
+              content_ws.clear();
+            }
             return;
           }
+          // Whitespace before the marker waits: dropped if a call follows, kept if it degrades.
           emit_content(s.substr(0, p), out);
-          content_ws.clear();
           pos += p + begin.size();
           if (spec == nullptr) {
             state = State::kQwenHeader;
@@ -390,7 +432,6 @@ struct ToolCallStreamParser::Impl {
           }
           emit_content(s.substr(0, p), out);
           if (which == 0) {
-            content_ws.clear();
             pos += p + spec->call_begin.size();
             state = State::kHeader;
           } else {
@@ -536,6 +577,7 @@ struct ToolCallStreamParser::Impl {
 };
 
 void accumulate_delta(const ChatDelta& delta, ParsedOutput* out) {
+  out->reasoning += delta.reasoning;
   out->content += delta.content;
   for (const ToolCallDelta& d : delta.tool_calls) {
     if (d.index >= out->tool_calls.size()) out->tool_calls.resize(d.index + 1);
@@ -546,8 +588,8 @@ void accumulate_delta(const ChatDelta& delta, ParsedOutput* out) {
   }
 }
 
-ToolCallStreamParser::ToolCallStreamParser(ChatFormat format)
-    : impl_(std::make_unique<Impl>(format)) {}
+ToolCallStreamParser::ToolCallStreamParser(ToolCallSyntax syntax)
+    : impl_(std::make_unique<Impl>(syntax)) {}
 ToolCallStreamParser::~ToolCallStreamParser() = default;
 
 ChatDelta ToolCallStreamParser::feed(std::string_view text) {
@@ -567,8 +609,8 @@ ChatDelta ToolCallStreamParser::finish() {
   return out;
 }
 
-ParsedOutput parse_tool_calls(ChatFormat format, std::string_view text) {
-  ToolCallStreamParser parser(format);
+ParsedOutput parse_tool_calls(ToolCallSyntax syntax, std::string_view text) {
+  ToolCallStreamParser parser(syntax);
   ParsedOutput out;
   accumulate_delta(parser.feed(text), &out);
   accumulate_delta(parser.finish(), &out);

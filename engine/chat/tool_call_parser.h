@@ -1,4 +1,4 @@
-// Tool-call extraction from generated text, per chat format: one-shot (parse_tool_calls) and
+// Tool-call extraction from generated text, per tool-call syntax: one-shot (parse_tool_calls) and
 // streaming (ToolCallStreamParser, fed text deltas). Both run the same state machine, so for any
 // split of a text the accumulated stream equals the one-shot result. Output formats and the rules
 // for malformed calls are in docs/chat.md.
@@ -14,8 +14,39 @@
 
 namespace loom {
 
-// What a generated text means: user-visible content plus the tool calls it made.
+// How a model writes its tool calls. A checkpoint's own chat template decides which one its model
+// uses (probe_tool_call_syntax, chat_template_probe.h); without one, its family's.
+enum class ToolCallSyntax {
+  // Kimi-K2: <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX
+  // <|tool_call_argument_begin|>ARGS<|tool_call_end|>...<|tool_calls_section_end|>
+  kKimi,
+  // DeepSeek-V3: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n
+  // ARGS\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
+  kDeepSeekV3,
+  // DeepSeek-V3.1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS
+  // <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
+  kDeepSeekV31,
+  // Qwen3 / Hermes: <tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call>
+  kQwen,
+  // Loom's own: <|tool_call|>NAME<|tool_args|>ARGS<|tool_call_end|>
+  kNative,
+};
+
+// Every syntax, in enum order.
+inline constexpr ToolCallSyntax kToolCallSyntaxes[] = {
+    ToolCallSyntax::kKimi, ToolCallSyntax::kDeepSeekV3, ToolCallSyntax::kDeepSeekV31,
+    ToolCallSyntax::kQwen, ToolCallSyntax::kNative};
+
+// "kimi", "deepseek_v3", "deepseek_v3.1", "qwen" or "native".
+std::string_view tool_call_syntax_name(ToolCallSyntax syntax);
+
+// The syntax of a family's built-in template: kimi -> kKimi, deepseek -> kDeepSeekV3, qwen ->
+// kQwen, native -> kNative.
+ToolCallSyntax default_tool_call_syntax(ChatFormat format);
+
+// What a generated text means: reasoning, user-visible content and the tool calls it made.
 struct ParsedOutput {
+  std::string reasoning;  // the <think> block's text (reasoning_parser.h); empty when none
   std::string content;
   std::vector<ToolCall> tool_calls;  // ids are the model's own (Kimi) or "call_<n>", n from 0
 };
@@ -31,23 +62,24 @@ struct ToolCallDelta {
 
 // What one feed() made unambiguous.
 struct ChatDelta {
+  std::string reasoning;  // only from ChatOutputParser (chat_output_parser.h)
   std::string content;
   std::vector<ToolCallDelta> tool_calls;
-  bool empty() const { return content.empty() && tool_calls.empty(); }
+  bool empty() const { return reasoning.empty() && content.empty() && tool_calls.empty(); }
 };
 
-// Adds `delta` to `out` (content appended, calls created on their first delta, arguments
-// appended).
+// Adds `delta` to `out` (reasoning and content appended, calls created on their first delta,
+// arguments appended).
 void accumulate_delta(const ChatDelta& delta, ParsedOutput* out);
 
 // Splits a complete generated text into content and tool calls. Never fails: text that does not
 // form a valid call stays in content.
-ParsedOutput parse_tool_calls(ChatFormat format, std::string_view text);
+ParsedOutput parse_tool_calls(ToolCallSyntax syntax, std::string_view text);
 
 // Incremental parser for one generation. Not thread-safe; one per request.
 class ToolCallStreamParser {
  public:
-  explicit ToolCallStreamParser(ChatFormat format);
+  explicit ToolCallStreamParser(ToolCallSyntax syntax);
   ~ToolCallStreamParser();
   ToolCallStreamParser(const ToolCallStreamParser&) = delete;
   ToolCallStreamParser& operator=(const ToolCallStreamParser&) = delete;

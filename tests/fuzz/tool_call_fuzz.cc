@@ -1,10 +1,11 @@
-// libFuzzer target: generated text through the tool-call parsers. The input picks a chat format,
-// a split pattern and the text; bytes 0x01..0x0f in the text expand to that format's markers and
+// libFuzzer target: generated text through the tool-call parsers. The input picks a tool-call
+// syntax, a split pattern and the text; bytes 0x01..0x0f in the text expand to its markers and
 // JSON fragments so the fuzzer reaches the call states. Asserts that the streaming parser fed the
 // split text accumulates exactly the one-shot parse, and that nothing crashes.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -13,7 +14,7 @@
 
 namespace {
 
-const std::vector<std::string_view>& pieces(loom::ChatFormat f) {
+const std::vector<std::string_view>& pieces(loom::ToolCallSyntax f) {
   static const std::vector<std::string_view> kimi = {"<|tool_calls_section_begin|>",
                                                      "<|tool_calls_section_end|>",
                                                      "<|tool_call_begin|>",
@@ -75,13 +76,14 @@ const std::vector<std::string_view>& pieces(loom::ChatFormat f) {
                                                        "}",
                                                        "\""};
   switch (f) {
-    case loom::ChatFormat::kKimi:
+    case loom::ToolCallSyntax::kKimi:
       return kimi;
-    case loom::ChatFormat::kDeepSeek:
+    case loom::ToolCallSyntax::kDeepSeekV3:
+    case loom::ToolCallSyntax::kDeepSeekV31:  // the same markers, arranged differently
       return deepseek;
-    case loom::ChatFormat::kQwen:
+    case loom::ToolCallSyntax::kQwen:
       return qwen;
-    case loom::ChatFormat::kNative:
+    case loom::ToolCallSyntax::kNative:
       return native;
   }
   return native;
@@ -102,9 +104,10 @@ bool same(const loom::ParsedOutput& a, const loom::ParsedOutput& b) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
-  const auto format = static_cast<loom::ChatFormat>(data[0] % 4);
+  const loom::ToolCallSyntax syntax =
+      loom::kToolCallSyntaxes[data[0] % std::size(loom::kToolCallSyntaxes)];
   uint32_t seed = data[1] | 1u;
-  const auto& dict = pieces(format);
+  const auto& dict = pieces(syntax);
   std::string text;
   for (size_t i = 2; i < size; ++i) {
     uint8_t b = data[i];
@@ -115,9 +118,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
 
-  const loom::ParsedOutput one_shot = loom::parse_tool_calls(format, text);
+  const loom::ParsedOutput one_shot = loom::parse_tool_calls(syntax, text);
 
-  loom::ToolCallStreamParser parser(format);
+  loom::ToolCallStreamParser parser(syntax);
   loom::ParsedOutput streamed;
   size_t pos = 0;
   while (pos < text.size()) {

@@ -38,8 +38,7 @@ ResponseContext chat_context(bool stream) {
   ResponseContext c;
   c.chat = true;
   c.stream = stream;
-  c.parse_tools = true;
-  c.format = ChatFormat::kKimi;
+  c.output.tool_calls = ToolCallSyntax::kKimi;
   c.id = "chatcmpl-test";
   c.created = 1;
   c.model = "m";
@@ -122,7 +121,7 @@ TEST(OpenAiResponse, ToolCallStreamingAccumulatesToNonStreaming) {
 
 TEST(OpenAiResponse, ToolChoiceNoneKeepsMarkersAsContent) {
   ResponseContext c = chat_context(false);
-  c.parse_tools = false;
+  c.output.tool_calls.reset();
   OpenAiResponseBuilder b(c);
   std::string all;
   for (auto& p : kKimiPieces) all += p;
@@ -131,6 +130,90 @@ TEST(OpenAiResponse, ToolChoiceNoneKeepsMarkersAsContent) {
   EXPECT_EQ(j["choices"][0]["message"]["content"], all);
   EXPECT_FALSE(j["choices"][0]["message"].contains("tool_calls"));
   EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+}
+
+// DeepSeek-V3.1 with thinking: the prompt opened <think>, the reply closes it and calls a tool.
+// Streamed, the reasoning arrives as delta.reasoning_content; both forms carry the same parts.
+const std::vector<std::string> kThinkingPieces = {
+    "I need the ti", "me</thi", "nk>Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_",
+    "time<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"};
+
+ResponseContext thinking_context(bool stream) {
+  ResponseContext c = chat_context(stream);
+  c.output.reasoning = true;
+  c.output.starts_in_reasoning = true;
+  c.output.tool_calls = ToolCallSyntax::kDeepSeekV31;
+  return c;
+}
+
+TEST(OpenAiResponse, ReasoningNonStreaming) {
+  OpenAiResponseBuilder b(thinking_context(false));
+  for (size_t i = 0; i < kThinkingPieces.size(); ++i) {
+    b.on_event(0, event(0, kThinkingPieces[i], {1},
+                        i + 1 == kThinkingPieces.size() ? std::optional(FinishReason::kStop)
+                                                        : std::nullopt));
+  }
+  ASSERT_TRUE(b.done());
+  const json j = json::parse(b.final_json());
+  const json& message = j["choices"][0]["message"];
+  EXPECT_EQ(message["reasoning_content"], "I need the time");
+  EXPECT_EQ(message["content"], "Sure.");
+  ASSERT_EQ(message["tool_calls"].size(), 1u);
+  EXPECT_EQ(message["tool_calls"][0]["id"], "call_0");
+  EXPECT_EQ(message["tool_calls"][0]["function"]["name"], "get_time");
+  EXPECT_EQ(message["tool_calls"][0]["function"]["arguments"], "{}");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls");
+}
+
+TEST(OpenAiResponse, ReasoningStreamingAccumulatesToNonStreaming) {
+  OpenAiResponseBuilder b(thinking_context(true));
+  std::string reasoning, content, finish;
+  json calls = json::array();
+  for (size_t i = 0; i < kThinkingPieces.size(); ++i) {
+    const bool last = i + 1 == kThinkingPieces.size();
+    for (const std::string& chunk :
+         b.on_event(0, event(0, kThinkingPieces[i], {1},
+                             last ? std::optional(FinishReason::kStop) : std::nullopt))) {
+      const json ch = json::parse(chunk)["choices"][0];
+      const json& d = ch["delta"];
+      if (d.contains("reasoning_content")) {
+        // Reasoning comes before any content or call.
+        EXPECT_TRUE(content.empty() && calls.empty()) << chunk;
+        reasoning += d["reasoning_content"].get<std::string>();
+      }
+      if (d.contains("content")) content += d["content"].get<std::string>();
+      if (d.contains("tool_calls")) {
+        for (const json& t : d["tool_calls"]) {
+          if (t.contains("id")) calls.push_back({{"name", t["function"]["name"]}, {"args", ""}});
+          calls.back()["args"] = calls.back()["args"].get<std::string>() +
+                                 t["function"]["arguments"].get<std::string>();
+        }
+      }
+      if (ch["finish_reason"].is_string()) finish = ch["finish_reason"];
+    }
+  }
+  EXPECT_EQ(reasoning, "I need the time");
+  EXPECT_EQ(content, "Sure.");
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["name"], "get_time");
+  EXPECT_EQ(calls[0]["args"], "{}");
+  EXPECT_EQ(finish, "tool_calls");
+}
+
+// With reasoning on, a reply without a block has reasoning_content null; with it off (a template
+// that writes no </think>, or --reasoning_parser=none) the field is absent and <think> is content.
+TEST(OpenAiResponse, ReasoningFieldOnlyWhenReasoningIsRead) {
+  for (bool reasoning : {true, false}) {
+    ResponseContext c = chat_context(false);
+    c.output.tool_calls.reset();
+    c.output.reasoning = reasoning;
+    OpenAiResponseBuilder b(c);
+    b.on_event(0, event(0, "Hi <think>x</think>", {1}, FinishReason::kStop));
+    const json message = json::parse(b.final_json())["choices"][0]["message"];
+    EXPECT_EQ(message["content"], "Hi <think>x</think>");
+    EXPECT_EQ(message.contains("reasoning_content"), reasoning);
+    if (reasoning) EXPECT_TRUE(message["reasoning_content"].is_null());
+  }
 }
 
 TEST(OpenAiResponse, CompletionsChoicesArePromptMajorWithUsage) {
@@ -458,7 +541,7 @@ TEST(OpenAiResponse, ChatRefusalIsNull) {
   auto tok = Tokenizer::byte_level();
   for (bool stream : {false, true}) {
     ResponseContext c = chat_context(stream);
-    c.parse_tools = false;
+    c.output.tool_calls.reset();
     c.logprobs = true;
     c.tokenizer = tok.get();
     OpenAiResponseBuilder b(c);
@@ -576,6 +659,58 @@ TEST(OpenAiRequest, CheckpointChatTemplate) {
   EXPECT_FALSE(parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}],
                                       "chat_template_kwargs": [1]})")
                    .ok());
+}
+
+// Assistant messages may carry vLLM's reasoning_content: the checkpoint's template sees it (the
+// built-in ones have no place for it). build_engine_requests says whether the rendered prompt
+// leaves the model inside a reasoning block.
+TEST(OpenAiRequest, ReasoningContentAndOpenedReasoning) {
+  auto tok = Tokenizer::byte_level();
+  auto tmpl = CheckpointChatTemplate::create(
+      "{%- for m in messages %}{{ m.role }}:{% if m.reasoning_content %}<think>"
+      "{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}\n{% endfor -%}"
+      "{% if add_generation_prompt %}assistant:{% if thinking %}<think>\n{% endif %}{% endif %}",
+      nullptr, "chat_template.jinja");
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+  for (bool thinking : {true, false}) {
+    auto r = parse_chat_request(absl::StrCat(
+        R"({"messages": [{"role": "user", "content": "q"},
+                         {"role": "assistant", "content": "a", "reasoning_content": "r"},
+                         {"role": "user", "content": "q2"}],
+            "chat_template_kwargs": {"thinking": )",
+        thinking ? "true" : "false", "}}"));
+    ASSERT_TRUE(r.ok()) << r.status();
+    bool opens = !thinking;
+    auto reqs = build_engine_requests(*r, *tok, ChatFormat::kQwen, 0, &*tmpl, &opens);
+    ASSERT_TRUE(reqs.ok()) << reqs.status();
+    EXPECT_EQ(*tok->decode((*reqs)[0].prompt),
+              std::string("user:q\nassistant:<think>r</think>a\nuser:q2\nassistant:") +
+                  (thinking ? "<think>\n" : ""));
+    EXPECT_EQ(opens, thinking);
+    // The built-in templates render the history without it, and open no block.
+    r->chat_template_kwargs = nullptr;
+    opens = true;
+    reqs = build_engine_requests(*r, *tok, ChatFormat::kQwen, 0, nullptr, &opens);
+    ASSERT_TRUE(reqs.ok()) << reqs.status();
+    EXPECT_EQ(tok->decode((*reqs)[0].prompt)->find("<think>"), std::string::npos);
+    EXPECT_FALSE(opens);
+  }
+  EXPECT_EQ(
+      parse_error(R"({"messages": [{"role": "user", "content": "q", "reasoning_content": "r"}]})",
+                  true)
+          .param,
+      "messages[0].reasoning_content");
+  EXPECT_EQ(
+      parse_error(
+          R"({"messages": [{"role": "assistant", "content": "a", "reasoning_content": 1}]})", true)
+          .param,
+      "messages[0].reasoning_content");
+  // reasoning_effort still has no meaning here: refused, not ignored.
+  EXPECT_EQ(
+      parse_error(R"({"messages": [{"role": "user", "content": "q"}], "reasoning_effort": "low"})",
+                  true)
+          .param,
+      "reasoning_effort");
 }
 
 // Completions prompts are raw text (special tokens parsed, as vLLM does) unless
