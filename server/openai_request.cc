@@ -631,9 +631,14 @@ absl::StatusOr<std::vector<Request>> build_engine_requests(
       in.add_generation_prompt = true;
       in.kwargs = req.chat_template_kwargs;
       rendered = chat_template->apply_prompt(in);
-      if (!rendered.ok())
-        return bad("messages", absl::StrCat("the model's chat template (", chat_template->origin(),
-                                            "): ", rendered.status().message()));
+      if (!rendered.ok()) {
+        // A refused switch is the request's kwargs' fault; anything else the template raised is
+        // about the conversation.
+        const std::string m(rendered.status().message());
+        return bad(m.starts_with("chat_template_kwargs") ? "chat_template_kwargs" : "messages",
+                   absl::StrCat("the model's chat template (", chat_template->origin(),
+                                "): ", absl_sv(m)));
+      }
     } else {
       if (!req.chat_template_kwargs.is_null())
         return bad("chat_template_kwargs",

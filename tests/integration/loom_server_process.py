@@ -1,7 +1,8 @@
 """A loom-server child process on a free loopback port, for the end-to-end tests.
 
 Started with --port 0; the bound port is read from the `http listening on ... (port N)` line it
-prints. Every wait is bounded; `stop()` kills it. Usable as a context manager.
+prints, and the lines printed up to it are kept in `startup_lines`. Every wait is bounded;
+`stop()` kills it. Usable as a context manager.
 """
 import queue
 import re
@@ -18,6 +19,7 @@ class LoomServer:
         cmd = [server_bin, "--model", model, "--port", "0", "--host", "127.0.0.1"] + list(extra)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.stderr_lines = []
+        self.startup_lines = []
         lines = queue.Queue()
         threading.Thread(target=lambda: [lines.put(l.decode(errors="replace")) for l in self.proc.stdout],
                          daemon=True).start()
@@ -34,6 +36,7 @@ class LoomServer:
                 if self.proc.poll() is not None:
                     break
                 continue
+            self.startup_lines.append(line)
             m, g = LISTEN.search(line), GRPC_LISTEN.search(line)
             if m:
                 self.port = int(m.group(1))

@@ -705,6 +705,14 @@ TEST(OpenAiRequest, ReasoningContentAndOpenedReasoning) {
           R"({"messages": [{"role": "assistant", "content": "a", "reasoning_content": 1}]})", true)
           .param,
       "messages[0].reasoning_content");
+  // A switch the template may not take is the kwargs' fault.
+  auto r = parse_chat_request(
+      R"({"messages": [{"role": "user", "content": "q"}], "chat_template_kwargs": {"tools": 1}})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto refused = build_engine_requests(*r, *tok, ChatFormat::kQwen, 0, &*tmpl);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(api_error_from_status(refused.status()).param, "chat_template_kwargs")
+      << refused.status();
   // reasoning_effort still has no meaning here: refused, not ignored.
   EXPECT_EQ(
       parse_error(R"({"messages": [{"role": "user", "content": "q"}], "reasoning_effort": "low"})",
