@@ -3,7 +3,6 @@
 
 #include <random>
 
-#include "kernels/batch_invariance.h"
 #include "kernels/gemm.h"
 
 namespace loom {
@@ -19,12 +18,13 @@ Tensor random_tensor(Shape shape, std::mt19937& rng) {
 // state.range(2): 1 runs in batch-invariant mode (the engine's --deterministic).
 void BM_LinearForward(benchmark::State& state) {
   const int64_t m = state.range(0), k = state.range(1), n = state.range(1);
-  const ScopedBatchInvariance mode(state.range(2) != 0);
+  Exec ex;
+  ex.batch_invariant = state.range(2) != 0;
   std::mt19937 rng(1);
   Tensor x = random_tensor({m, k}, rng), w = random_tensor({n, k}, rng);
   Tensor out = Tensor::empty({m, n});
   for (auto _ : state) {
-    linear_forward(x, w, out);
+    linear_forward(ex, x, w, out);
     benchmark::ClobberMemory();
   }
   const double flops = 2.0 * double(m) * double(n) * double(k);

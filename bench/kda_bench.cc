@@ -46,9 +46,9 @@ void BM_KdaPrefill(benchmark::State& st) {
   for (auto _ : st) {
     a.state.fill(0.0f);
     if (kChunked)
-      kda_chunked_forward(a.q, a.k, a.v, a.g, a.beta, scale, a.state, a.out);
+      kda_chunked_forward(host_exec(), a.q, a.k, a.v, a.g, a.beta, scale, a.state, a.out);
     else
-      kda_recurrent_forward(a.q, a.k, a.v, a.g, a.beta, scale, a.state, a.out);
+      kda_recurrent_forward(host_exec(), a.q, a.k, a.v, a.g, a.beta, scale, a.state, a.out);
     benchmark::DoNotOptimize(a.out.raw());
   }
   st.counters["FLOP/s"] = benchmark::Counter(7.0 * double(T * H) * double(d * d),
@@ -73,7 +73,7 @@ void BM_KdaDecode(benchmark::State& st) {
   KdaArgs a = make_args(1, H, d);
   const float scale = 1.0f / std::sqrt(float(d));
   for (auto _ : st) {
-    kda_recurrent_forward(a.q, a.k, a.v, a.g, a.beta, scale, a.state, a.out);
+    kda_recurrent_forward(host_exec(), a.q, a.k, a.v, a.g, a.beta, scale, a.state, a.out);
     benchmark::DoNotOptimize(a.out.raw());
   }
   st.counters["bytes/s"] = benchmark::Counter(2.0 * double(H * d * d) * sizeof(float),

@@ -30,8 +30,8 @@ void BM_MlaAbsorbedDecode(benchmark::State& state) {
   Tensor out = Tensor::empty({1, m.heads, m.v_dim});
   const float scale = 1.0f / std::sqrt(float(m.nope_dim + m.rope_dim));
   for (auto _ : state) {
-    mla_attention_absorbed(q, CacheView::contiguous(c), CacheView::contiguous(kr), kv_b, m, scale,
-                           out);
+    mla_attention_absorbed(host_exec(), q, CacheView::contiguous(c), CacheView::contiguous(kr),
+                           kv_b, m, scale, out);
     benchmark::ClobberMemory();
   }
   const double bytes = double(m.latent_dim + m.rope_dim) * double(s) * 4.0;

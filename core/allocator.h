@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "core/dtype.h"
@@ -16,10 +17,14 @@ inline constexpr size_t kHostAlignment = 64;
 // Host memory is not zeroed.
 std::shared_ptr<void> allocate_buffer(size_t bytes, Device device);
 
+// Number of allocate_buffer calls so far (all devices, all threads). Tests use it to prove that
+// the per-step path allocates nothing once warm.
+uint64_t allocation_count();
+
 // Registers the CUDA allocator; called once by the CUDA backend's initialisation so that the core
 // library does not link the CUDA runtime.
-using DeviceAllocFn = void* (*)(size_t bytes);
-using DeviceFreeFn = void (*)(void* ptr);
+using DeviceAllocFn = void* (*)(size_t bytes, int device_index);
+using DeviceFreeFn = void (*)(void* ptr, int device_index);
 void set_device_allocator(DeviceAllocFn alloc, DeviceFreeFn free);
 
 }  // namespace loom

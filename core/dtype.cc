@@ -103,7 +103,9 @@ float f8e5m2_to_f32(uint8_t v) {
   return sign * std::ldexp(1.0f + static_cast<float>(man) / 4.0f, exp - 15);
 }
 
-std::string_view device_name(Device device) { return device == Device::kCpu ? "cpu" : "cuda"; }
+std::string device_name(Device device) {
+  return device.is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(device.index);
+}
 
 float f16_to_f32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <string_view>
 
 #include "absl/status/statusor.h"
@@ -13,14 +14,33 @@ namespace loom {
 // kF8E4M3 / kF8E5M2: OCP FP8 storage (e4m3 "fn": no infinities, 0x7F/0xFF are NaN; e5m2 IEEE-like);
 // checkpoints store block-quantized weights in them (weights/weight_loader.cc dequantizes).
 enum class DType : uint8_t { kF32, kBF16, kF16, kI32, kI64, kU8, kF8E4M3, kF8E5M2 };
-enum class Device : uint8_t { kCpu, kCuda };
+enum class DeviceKind : uint8_t { kCpu, kCuda };
+
+// Where a tensor lives: the host, or one CUDA device by its runtime index. Compared by value;
+// `Device::kCpu` and `Device::kCuda` (device 0) are the common constants.
+struct Device {
+  DeviceKind kind = DeviceKind::kCpu;
+  int16_t index = 0;
+
+  static const Device kCpu;
+  static const Device kCuda;
+  static constexpr Device cuda(int index) {
+    return Device{DeviceKind::kCuda, static_cast<int16_t>(index)};
+  }
+  constexpr bool is_cpu() const { return kind == DeviceKind::kCpu; }
+  constexpr bool is_cuda() const { return kind == DeviceKind::kCuda; }
+  friend constexpr bool operator==(Device a, Device b) = default;
+};
+inline constexpr Device Device::kCpu{DeviceKind::kCpu, 0};
+inline constexpr Device Device::kCuda{DeviceKind::kCuda, 0};
 
 size_t dtype_size(DType dtype);
 std::string_view dtype_name(DType dtype);
 // Parses safetensors dtype names ("F32", "BF16", "F16", "I32", "I64", "U8", "F8_E4M3", "F8_E5M2").
 absl::StatusOr<DType> dtype_from_safetensors(std::string_view name);
 std::string_view dtype_to_safetensors(DType dtype);
-std::string_view device_name(Device device);
+// "cpu" or "cuda:<index>".
+std::string device_name(Device device);
 
 // bfloat16 is the upper half of an IEEE binary32; conversion to f32 is exact.
 inline float bf16_to_f32(uint16_t v) {

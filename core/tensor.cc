@@ -205,8 +205,7 @@ void Tensor::fill(float value) const {
 }
 
 std::string Tensor::describe() const {
-  return absl::StrCat(absl_sv(dtype_name(dtype_)), shape_.to_string(), " ",
-                      absl_sv(device_name(device_)));
+  return absl::StrCat(absl_sv(dtype_name(dtype_)), shape_.to_string(), " ", device_name(device_));
 }
 
 }  // namespace loom

@@ -8,28 +8,23 @@
 
 namespace loom {
 
-void silu_mul_forward(const Tensor& gate, const Tensor& up, const Tensor& out) {
+void silu_mul_forward(const Exec& ex, const Tensor& gate, const Tensor& up, const Tensor& out) {
+  LOOM_ON_EXEC_DEVICE(ex, "silu_mul_forward", gate, up, out);
+  if (ex.device.is_cpu()) return cpu::silu_mul_forward(gate, up, out);
 #ifdef LOOM_WITH_CUDA
-  LOOM_CHECK_SAME_DEVICE("silu_mul_forward", gate, up, out);
-#endif
-  if (gate.device() == Device::kCpu) return cpu::silu_mul_forward(gate, up, out);
-#ifdef LOOM_WITH_CUDA
-  return cuda::silu_mul_forward(gate, up, out);
+  return cuda::silu_mul_forward(ex, gate, up, out);
 #else
-  LOOM_CHECK(false, "silu_mul_forward: %s tensor in a build without CUDA", gate.describe().c_str());
+  no_kernel_for(ex, "silu_mul_forward");
 #endif
 }
 
-void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out) {
+void embedding_forward(const Exec& ex, const Tensor& ids, const Tensor& table, const Tensor& out) {
+  LOOM_ON_EXEC_DEVICE(ex, "embedding_forward", table, out);
+  if (ex.device.is_cpu()) return cpu::embedding_forward(ids, table, out);
 #ifdef LOOM_WITH_CUDA
-  LOOM_CHECK_SAME_DEVICE("embedding_forward", table, out);
-#endif
-  if (table.device() == Device::kCpu) return cpu::embedding_forward(ids, table, out);
-#ifdef LOOM_WITH_CUDA
-  return cuda::embedding_forward(ids, table, out);
+  return cuda::embedding_forward(ex, ids, table, out);
 #else
-  LOOM_CHECK(false, "embedding_forward: %s tensor in a build without CUDA",
-             table.describe().c_str());
+  no_kernel_for(ex, "embedding_forward");
 #endif
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/tensor.h"
+#include "kernels/exec.h"
 
 namespace loom {
 
@@ -13,10 +14,10 @@ inline float siluf(float x) { return x / (1.0f + std::exp(-x)); }
 inline float softplusf(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
 // out = silu(gate) * up. gate, up, out: same shape; out may alias gate.
-void silu_mul_forward(const Tensor& gate, const Tensor& up, const Tensor& out);
+void silu_mul_forward(const Exec& ex, const Tensor& gate, const Tensor& up, const Tensor& out);
 
 // out[t, :] = table[ids[t], :]. ids: [T] i32 or i64 (each in [0, V), checked); table: [V, D]
 // f32; out: [T, D].
-void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out);
+void embedding_forward(const Exec& ex, const Tensor& ids, const Tensor& table, const Tensor& out);
 
 }  // namespace loom

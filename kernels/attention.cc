@@ -1,8 +1,9 @@
-// Device dispatch for kernels/attention.h. CPU only: the CUDA MLA/GQA kernels are issue 13's; a
-// CUDA tensor here stops with a message naming the op.
+// Device dispatch for kernels/attention.h. CPU only until the CUDA MLA/GQA kernels land (issue
+// 13); a CUDA execution stops with a message naming the op.
 #include "kernels/attention.h"
 
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/gemm.h"
 
 namespace loom {
 
@@ -21,37 +22,44 @@ CacheView CacheView::contiguous(const Tensor& rows) {
   return v;
 }
 
-void cache_write_rows(const CacheView& view, int64_t start, const Tensor& rows) {
-  if (view.pool.device() == Device::kCpu) return cpu::cache_write_rows(view, start, rows);
-  LOOM_CHECK(false, "cache_write_rows: no CUDA kernel in this build yet");
+void cache_write_rows(const Exec& ex, const CacheView& view, int64_t start, const Tensor& rows) {
+  LOOM_ON_EXEC_DEVICE(ex, "cache_write_rows", view.pool, rows);
+  if (ex.device.is_cpu()) return cpu::cache_write_rows(view, start, rows);
+  no_kernel_for(ex, "cache_write_rows");
 }
 
-void mla_attention_expanded(const Tensor& q, const CacheView& cache_latent,
+void mla_attention_expanded(const Exec& ex, const Tensor& q, const CacheView& cache_latent,
                             const CacheView& cache_rope, const Tensor& kv_b, const MlaDims& dims,
                             float scale, const Tensor& out) {
-  if (q.device() == Device::kCpu) {
+  LOOM_ON_EXEC_DEVICE(ex, "mla_attention_expanded", q, cache_latent.pool, cache_rope.pool, kv_b,
+                      out);
+  if (ex.device.is_cpu()) {
+    const cpu::RowInvariantScope numerics(ex.batch_invariant);
     return cpu::mla_attention_expanded(q, cache_latent, cache_rope, kv_b, dims, scale, out);
   }
-  LOOM_CHECK(false, "mla_attention_expanded: no CUDA kernel in this build yet (%s)",
-             q.describe().c_str());
+  no_kernel_for(ex, "mla_attention_expanded");
 }
 
-void mla_attention_absorbed(const Tensor& q, const CacheView& cache_latent,
+void mla_attention_absorbed(const Exec& ex, const Tensor& q, const CacheView& cache_latent,
                             const CacheView& cache_rope, const Tensor& kv_b, const MlaDims& dims,
                             float scale, const Tensor& out) {
-  if (q.device() == Device::kCpu) {
+  LOOM_ON_EXEC_DEVICE(ex, "mla_attention_absorbed", q, cache_latent.pool, cache_rope.pool, kv_b,
+                      out);
+  if (ex.device.is_cpu()) {
+    const cpu::RowInvariantScope numerics(ex.batch_invariant);
     return cpu::mla_attention_absorbed(q, cache_latent, cache_rope, kv_b, dims, scale, out);
   }
-  LOOM_CHECK(false, "mla_attention_absorbed: no CUDA kernel in this build yet (%s)",
-             q.describe().c_str());
+  no_kernel_for(ex, "mla_attention_absorbed");
 }
 
-void gqa_attention_forward(const Tensor& q, const CacheView& k_cache, const CacheView& v_cache,
-                           float scale, const Tensor& out) {
-  if (q.device() == Device::kCpu)
+void gqa_attention_forward(const Exec& ex, const Tensor& q, const CacheView& k_cache,
+                           const CacheView& v_cache, float scale, const Tensor& out) {
+  LOOM_ON_EXEC_DEVICE(ex, "gqa_attention_forward", q, k_cache.pool, v_cache.pool, out);
+  if (ex.device.is_cpu()) {
+    const cpu::RowInvariantScope numerics(ex.batch_invariant);
     return cpu::gqa_attention_forward(q, k_cache, v_cache, scale, out);
-  LOOM_CHECK(false, "gqa_attention_forward: no CUDA kernel in this build yet (%s)",
-             q.describe().c_str());
+  }
+  no_kernel_for(ex, "gqa_attention_forward");
 }
 
 }  // namespace loom

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "kernels/exec.h"
 
 namespace loom {
 
@@ -31,7 +32,7 @@ struct CacheView {
 
 // Writes rows[i] to position start + i of `view` (its page table must cover those positions).
 // rows: [n, row...] f32.
-void cache_write_rows(const CacheView& view, int64_t start, const Tensor& rows);
+void cache_write_rows(const Exec& ex, const CacheView& view, int64_t start, const Tensor& rows);
 
 // MLA. The cache holds, per position, only the normalised latent c (rows of R = kv_lora_rank) and
 // the (already rotated, if RoPE) shared rope key k_rope (rows of dr). kv_b is kv_b_proj's weight
@@ -48,19 +49,19 @@ struct MlaDims {
 };
 
 // Expanded form (prefill): materialises k_nope and v for all S positions, O(S * H * R * (dn + dv)).
-void mla_attention_expanded(const Tensor& q, const CacheView& cache_latent,
+void mla_attention_expanded(const Exec& ex, const Tensor& q, const CacheView& cache_latent,
                             const CacheView& cache_rope, const Tensor& kv_b, const MlaDims& dims,
                             float scale, const Tensor& out);
 
 // Absorbed form (decode): q_abs_h = W_UK_h^T q_nope_h ([R]); score = q_abs_h . c + q_rope . k_rope;
 // o_h = W_UV_h (sum_j p_j c_j). Reads the latent cache once per head; the same function as above.
-void mla_attention_absorbed(const Tensor& q, const CacheView& cache_latent,
+void mla_attention_absorbed(const Exec& ex, const Tensor& q, const CacheView& cache_latent,
                             const CacheView& cache_rope, const Tensor& kv_b, const MlaDims& dims,
                             float scale, const Tensor& out);
 
 // GQA over a per-sequence K/V cache. q: [T, Hq, d]; k_cache rows [Hkv, d]; v_cache rows [Hkv, dv];
 // Hq a multiple of Hkv (query head h reads kv head h / (Hq / Hkv)); out: [T, Hq, dv].
-void gqa_attention_forward(const Tensor& q, const CacheView& k_cache, const CacheView& v_cache,
-                           float scale, const Tensor& out);
+void gqa_attention_forward(const Exec& ex, const Tensor& q, const CacheView& k_cache,
+                           const CacheView& v_cache, float scale, const Tensor& out);
 
 }  // namespace loom

@@ -8,11 +8,12 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/exec.h"
 
 namespace loom {
 
 // sources: each [N, D]; query, key_norm, out_norm: [D]; out: [N, D] (may not alias a source).
-void attnres_aggregate(const std::vector<Tensor>& sources, const Tensor& query,
+void attnres_aggregate(const Exec& ex, const std::vector<Tensor>& sources, const Tensor& query,
                        const Tensor& key_norm, const Tensor& out_norm, float eps,
                        const Tensor& out);
 

@@ -13,26 +13,7 @@
 // Everything else (norms, softmax rows, RoPE, MoE combine in top-k order, sampling per request)
 // is batch-invariant in both modes.
 //
-// The mode is a property of the calling thread for the duration of a model forward (set by
-// Model::forward from ForwardBatch::batch_invariant); kernels read it when they choose an
-// algorithm, never inside OpenMP regions. It moves into the execution context with issue 12.
+// The mode is a field of the execution context (Exec::batch_invariant, set from
+// ForwardBatch::batch_invariant). The CPU backend's GEMM reads it through cpu::RowInvariantScope,
+// which the dispatchers of the ops that multiply matrices open for the duration of the CPU call.
 #pragma once
-
-namespace loom {
-
-// True inside a ScopedBatchInvariance(true) on this thread.
-bool batch_invariant_numerics();
-
-// Sets the calling thread's mode until destruction (restores the previous one). Not copyable.
-class ScopedBatchInvariance {
- public:
-  explicit ScopedBatchInvariance(bool on);
-  ~ScopedBatchInvariance();
-  ScopedBatchInvariance(const ScopedBatchInvariance&) = delete;
-  ScopedBatchInvariance& operator=(const ScopedBatchInvariance&) = delete;
-
- private:
-  bool previous_;
-};
-
-}  // namespace loom

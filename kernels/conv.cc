@@ -8,33 +8,25 @@
 
 namespace loom {
 
-// No CUDA convolution kernels exist yet: non-CPU tensors fail loudly in every build.
-void causal_conv1d_forward(const Tensor& x, const Tensor& weight, const Tensor& conv_state,
-                           bool apply_silu, const Tensor& out) {
+void causal_conv1d_forward(const Exec& ex, const Tensor& x, const Tensor& weight,
+                           const Tensor& conv_state, bool apply_silu, const Tensor& out) {
+  LOOM_ON_EXEC_DEVICE(ex, "causal_conv1d_forward", x, weight, conv_state, out);
+  if (ex.device.is_cpu()) return cpu::causal_conv1d_forward(x, weight, conv_state, apply_silu, out);
 #ifdef LOOM_WITH_CUDA
-  LOOM_CHECK_SAME_DEVICE("causal_conv1d_forward", x, weight, conv_state, out);
-#endif
-  if (x.device() == Device::kCpu)
-    return cpu::causal_conv1d_forward(x, weight, conv_state, apply_silu, out);
-#ifdef LOOM_WITH_CUDA
-  return cuda::causal_conv1d_forward(x, weight, conv_state, apply_silu, out);
+  return cuda::causal_conv1d_forward(ex, x, weight, conv_state, apply_silu, out);
 #else
-  LOOM_CHECK(false, "causal_conv1d_forward: %s tensor in a build without CUDA",
-             x.describe().c_str());
+  no_kernel_for(ex, "causal_conv1d_forward");
 #endif
 }
 
-void causal_conv1d_step(const Tensor& x, const Tensor& weight, const Tensor& conv_states,
-                        bool apply_silu, const Tensor& out) {
+void causal_conv1d_step(const Exec& ex, const Tensor& x, const Tensor& weight,
+                        const Tensor& conv_states, bool apply_silu, const Tensor& out) {
+  LOOM_ON_EXEC_DEVICE(ex, "causal_conv1d_step", x, weight, conv_states, out);
+  if (ex.device.is_cpu()) return cpu::causal_conv1d_step(x, weight, conv_states, apply_silu, out);
 #ifdef LOOM_WITH_CUDA
-  LOOM_CHECK_SAME_DEVICE("causal_conv1d_step", x, weight, conv_states, out);
-#endif
-  if (x.device() == Device::kCpu)
-    return cpu::causal_conv1d_step(x, weight, conv_states, apply_silu, out);
-#ifdef LOOM_WITH_CUDA
-  return cuda::causal_conv1d_step(x, weight, conv_states, apply_silu, out);
+  return cuda::causal_conv1d_step(ex, x, weight, conv_states, apply_silu, out);
 #else
-  LOOM_CHECK(false, "causal_conv1d_step: %s tensor in a build without CUDA", x.describe().c_str());
+  no_kernel_for(ex, "causal_conv1d_step");
 #endif
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "kernels/exec.h"
 
 namespace loom {
 
@@ -13,12 +14,12 @@ namespace loom {
 // concat(conv_state, x) along time; then conv_state <- last W-1 rows of xpad.
 // x, out: [T, C]; weight: [C, W]; conv_state: [W-1, C] (updated in place); act = SiLU if
 // apply_silu, else identity. `out` must not alias `x`.
-void causal_conv1d_forward(const Tensor& x, const Tensor& weight, const Tensor& conv_state,
-                           bool apply_silu, const Tensor& out);
+void causal_conv1d_forward(const Exec& ex, const Tensor& x, const Tensor& weight,
+                           const Tensor& conv_state, bool apply_silu, const Tensor& out);
 
 // One decode step for B sequences at once, each with its own state.
 // x, out: [B, C]; weight: [C, W]; conv_states: [B, W-1, C] (updated in place).
-void causal_conv1d_step(const Tensor& x, const Tensor& weight, const Tensor& conv_states,
-                        bool apply_silu, const Tensor& out);
+void causal_conv1d_step(const Exec& ex, const Tensor& x, const Tensor& weight,
+                        const Tensor& conv_states, bool apply_silu, const Tensor& out);
 
 }  // namespace loom

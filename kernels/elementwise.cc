@@ -8,108 +8,94 @@
 
 namespace loom {
 
-void add_inplace(const Tensor& dst, const Tensor& src) {
+void add_inplace(const Exec& ex, const Tensor& dst, const Tensor& src) {
+  LOOM_ON_EXEC_DEVICE(ex, "add_inplace", dst, src);
+  if (ex.device.is_cpu()) return cpu::add_inplace(dst, src);
 #ifdef LOOM_WITH_CUDA
-  LOOM_CHECK_SAME_DEVICE("add_inplace", dst, src);
-#endif
-  if (dst.device() == Device::kCpu) return cpu::add_inplace(dst, src);
-#ifdef LOOM_WITH_CUDA
-  return cuda::add_inplace(dst, src);
+  return cuda::add_inplace(ex, dst, src);
 #else
-  LOOM_CHECK(false, "add_inplace: %s tensor in a build without CUDA", dst.describe().c_str());
+  no_kernel_for(ex, "add_inplace");
 #endif
 }
 
-void add_bias(const Tensor& x, const Tensor& bias) {
+void add_bias(const Exec& ex, const Tensor& x, const Tensor& bias) {
+  LOOM_ON_EXEC_DEVICE(ex, "add_bias", x, bias);
+  if (ex.device.is_cpu()) return cpu::add_bias(x, bias);
 #ifdef LOOM_WITH_CUDA
-  LOOM_CHECK_SAME_DEVICE("add_bias", x, bias);
-#endif
-  if (x.device() == Device::kCpu) return cpu::add_bias(x, bias);
-#ifdef LOOM_WITH_CUDA
-  return cuda::add_bias(x, bias);
+  return cuda::add_bias(ex, x, bias);
 #else
-  LOOM_CHECK(false, "add_bias: %s tensor in a build without CUDA", x.describe().c_str());
+  no_kernel_for(ex, "add_bias");
 #endif
 }
 
-void mul_sigmoid_inplace(const Tensor& x, const Tensor& gate) {
+void mul_sigmoid_inplace(const Exec& ex, const Tensor& x, const Tensor& gate) {
+  LOOM_ON_EXEC_DEVICE(ex, "mul_sigmoid_inplace", x, gate);
+  if (ex.device.is_cpu()) return cpu::mul_sigmoid_inplace(x, gate);
 #ifdef LOOM_WITH_CUDA
-  LOOM_CHECK_SAME_DEVICE("mul_sigmoid_inplace", x, gate);
-#endif
-  if (x.device() == Device::kCpu) return cpu::mul_sigmoid_inplace(x, gate);
-#ifdef LOOM_WITH_CUDA
-  return cuda::mul_sigmoid_inplace(x, gate);
+  return cuda::mul_sigmoid_inplace(ex, x, gate);
 #else
-  LOOM_CHECK(false, "mul_sigmoid_inplace: %s tensor in a build without CUDA", x.describe().c_str());
+  no_kernel_for(ex, "mul_sigmoid_inplace");
 #endif
 }
 
-void mul_sigmoid_rows(const Tensor& x, const Tensor& gate) {
+void mul_sigmoid_rows(const Exec& ex, const Tensor& x, const Tensor& gate) {
+  LOOM_ON_EXEC_DEVICE(ex, "mul_sigmoid_rows", x, gate);
+  if (ex.device.is_cpu()) return cpu::mul_sigmoid_rows(x, gate);
 #ifdef LOOM_WITH_CUDA
-  LOOM_CHECK_SAME_DEVICE("mul_sigmoid_rows", x, gate);
-#endif
-  if (x.device() == Device::kCpu) return cpu::mul_sigmoid_rows(x, gate);
-#ifdef LOOM_WITH_CUDA
-  return cuda::mul_sigmoid_rows(x, gate);
+  return cuda::mul_sigmoid_rows(ex, x, gate);
 #else
-  LOOM_CHECK(false, "mul_sigmoid_rows: %s tensor in a build without CUDA", x.describe().c_str());
+  no_kernel_for(ex, "mul_sigmoid_rows");
 #endif
 }
 
-void mul_silu_inplace(const Tensor& x, const Tensor& gate) {
+void mul_silu_inplace(const Exec& ex, const Tensor& x, const Tensor& gate) {
+  LOOM_ON_EXEC_DEVICE(ex, "mul_silu_inplace", x, gate);
+  if (ex.device.is_cpu()) return cpu::mul_silu_inplace(x, gate);
 #ifdef LOOM_WITH_CUDA
-  LOOM_CHECK_SAME_DEVICE("mul_silu_inplace", x, gate);
-#endif
-  if (x.device() == Device::kCpu) return cpu::mul_silu_inplace(x, gate);
-#ifdef LOOM_WITH_CUDA
-  return cuda::mul_silu_inplace(x, gate);
+  return cuda::mul_silu_inplace(ex, x, gate);
 #else
-  LOOM_CHECK(false, "mul_silu_inplace: %s tensor in a build without CUDA", x.describe().c_str());
+  no_kernel_for(ex, "mul_silu_inplace");
 #endif
 }
 
-void sigmoid_inplace(const Tensor& x) {
-  if (x.device() == Device::kCpu) return cpu::sigmoid_inplace(x);
+void sigmoid_inplace(const Exec& ex, const Tensor& x) {
+  LOOM_ON_EXEC_DEVICE(ex, "sigmoid_inplace", x);
+  if (ex.device.is_cpu()) return cpu::sigmoid_inplace(x);
 #ifdef LOOM_WITH_CUDA
-  return cuda::sigmoid_inplace(x);
+  return cuda::sigmoid_inplace(ex, x);
 #else
-  LOOM_CHECK(false, "sigmoid_inplace: %s tensor in a build without CUDA", x.describe().c_str());
+  no_kernel_for(ex, "sigmoid_inplace");
 #endif
 }
 
-void copy_columns(const Tensor& src, int64_t col_begin, const Tensor& dst) {
+void copy_columns(const Exec& ex, const Tensor& src, int64_t col_begin, const Tensor& dst) {
+  LOOM_ON_EXEC_DEVICE(ex, "copy_columns", src, dst);
+  if (ex.device.is_cpu()) return cpu::copy_columns(src, col_begin, dst);
 #ifdef LOOM_WITH_CUDA
-  LOOM_CHECK_SAME_DEVICE("copy_columns", src, dst);
-#endif
-  if (src.device() == Device::kCpu) return cpu::copy_columns(src, col_begin, dst);
-#ifdef LOOM_WITH_CUDA
-  return cuda::copy_columns(src, col_begin, dst);
+  return cuda::copy_columns(ex, src, col_begin, dst);
 #else
-  LOOM_CHECK(false, "copy_columns: %s tensor in a build without CUDA", src.describe().c_str());
+  no_kernel_for(ex, "copy_columns");
 #endif
 }
 
-void scatter_columns(const Tensor& src, int64_t col_begin, const Tensor& dst) {
+void scatter_columns(const Exec& ex, const Tensor& src, int64_t col_begin, const Tensor& dst) {
+  LOOM_ON_EXEC_DEVICE(ex, "scatter_columns", src, dst);
+  if (ex.device.is_cpu()) return cpu::scatter_columns(src, col_begin, dst);
 #ifdef LOOM_WITH_CUDA
-  LOOM_CHECK_SAME_DEVICE("scatter_columns", src, dst);
-#endif
-  if (src.device() == Device::kCpu) return cpu::scatter_columns(src, col_begin, dst);
-#ifdef LOOM_WITH_CUDA
-  return cuda::scatter_columns(src, col_begin, dst);
+  return cuda::scatter_columns(ex, src, col_begin, dst);
 #else
-  LOOM_CHECK(false, "scatter_columns: %s tensor in a build without CUDA", src.describe().c_str());
+  no_kernel_for(ex, "scatter_columns");
 #endif
 }
 
-void gather_rows(const Tensor& src, const std::vector<int64_t>& rows, const Tensor& dst) {
+void gather_rows(const Exec& ex, const Tensor& src, const std::vector<int64_t>& rows,
+                 const Tensor& dst) {
+  LOOM_ON_EXEC_DEVICE(ex, "gather_rows", src, dst);
+  if (ex.device.is_cpu()) return cpu::gather_rows(src, rows, dst);
 #ifdef LOOM_WITH_CUDA
-  LOOM_CHECK_SAME_DEVICE("gather_rows", src, dst);
-#endif
-  if (src.device() == Device::kCpu) return cpu::gather_rows(src, rows, dst);
-#ifdef LOOM_WITH_CUDA
-  return cuda::gather_rows(src, rows, dst);
+  return cuda::gather_rows(ex, src, rows, dst);
 #else
-  LOOM_CHECK(false, "gather_rows: %s tensor in a build without CUDA", src.describe().c_str());
+  no_kernel_for(ex, "gather_rows");
 #endif
 }
 

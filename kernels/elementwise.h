@@ -6,26 +6,28 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/exec.h"
 
 namespace loom {
 
 // dst += src (same shape).
-void add_inplace(const Tensor& dst, const Tensor& src);
+void add_inplace(const Exec& ex, const Tensor& dst, const Tensor& src);
 // x[r, :] += bias for every row r. x: [N, C]; bias: [C].
-void add_bias(const Tensor& x, const Tensor& bias);
+void add_bias(const Exec& ex, const Tensor& x, const Tensor& bias);
 // x *= sigmoid(gate) (same shape).
-void mul_sigmoid_inplace(const Tensor& x, const Tensor& gate);
+void mul_sigmoid_inplace(const Exec& ex, const Tensor& x, const Tensor& gate);
 // x[r, :] *= sigmoid(gate[r]). x: [N, C]; gate: [N] (or [N, 1]).
-void mul_sigmoid_rows(const Tensor& x, const Tensor& gate);
+void mul_sigmoid_rows(const Exec& ex, const Tensor& x, const Tensor& gate);
 // x *= silu(gate) (same numel).
-void mul_silu_inplace(const Tensor& x, const Tensor& gate);
+void mul_silu_inplace(const Exec& ex, const Tensor& x, const Tensor& gate);
 // x = sigmoid(x).
-void sigmoid_inplace(const Tensor& x);
+void sigmoid_inplace(const Exec& ex, const Tensor& x);
 // dst[r, :] = src[r, col_begin : col_begin + dst.dim(1)] for every row r. src: [N, C]; dst: [N, c].
-void copy_columns(const Tensor& src, int64_t col_begin, const Tensor& dst);
+void copy_columns(const Exec& ex, const Tensor& src, int64_t col_begin, const Tensor& dst);
 // dst[r, col_begin : col_begin + src.dim(1)] = src[r, :]. The inverse of copy_columns.
-void scatter_columns(const Tensor& src, int64_t col_begin, const Tensor& dst);
+void scatter_columns(const Exec& ex, const Tensor& src, int64_t col_begin, const Tensor& dst);
 // dst[i, :] = src[rows[i], :]. src: [N, C]; dst: [rows.size(), C].
-void gather_rows(const Tensor& src, const std::vector<int64_t>& rows, const Tensor& dst);
+void gather_rows(const Exec& ex, const Tensor& src, const std::vector<int64_t>& rows,
+                 const Tensor& dst);
 
 }  // namespace loom

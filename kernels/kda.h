@@ -12,12 +12,14 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "kernels/exec.h"
 
 namespace loom {
 
 // The token-by-token recurrence: the reference, and the decode path (T small).
-void kda_recurrent_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                           const Tensor& beta, float scale, const Tensor& state, const Tensor& out);
+void kda_recurrent_forward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
+                           const Tensor& g, const Tensor& beta, float scale, const Tensor& state,
+                           const Tensor& out);
 
 // Chunked (WY/UT) form, chunk of kKdaChunk tokens in 16-token sub-chunks; equals
 // kda_recurrent_forward to f32 rounding for any T (not only multiples of the chunk) and any decay
@@ -26,15 +28,16 @@ void kda_recurrent_forward(const Tensor& q, const Tensor& k, const Tensor& v, co
 // reference point only when every channel decays by at most 80 nats across the sub-chunk (so no
 // factor exceeds e^80), falling back to element-wise exp(gc_t - gc_s) <= 1 otherwise.
 inline constexpr int kKdaChunk = 64;
-void kda_chunked_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                         const Tensor& beta, float scale, const Tensor& state, const Tensor& out);
+void kda_chunked_forward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const Tensor& g, const Tensor& beta, float scale, const Tensor& state,
+                         const Tensor& out);
 
 // Decay gates from the raw projection f ([T, H * dk] or [T, H] for GDN; dt_bias has f's width):
 //   lower_bound == 0 (softplus form):  g = -exp(A_log[h]) * softplus(f + dt_bias)
 //   lower_bound < 0  (bounded form):   g = lower_bound * sigmoid(exp(A_log[h]) * (f + dt_bias))
 // A_log: [H]; dt_bias: same width as f (or undefined for none); g: same shape as f (2-D; the
 // recurrence takes the GDN form as [T, H, 1], a reshape of this output).
-void kda_gate_forward(const Tensor& f, const Tensor& A_log, const Tensor& dt_bias,
+void kda_gate_forward(const Exec& ex, const Tensor& f, const Tensor& A_log, const Tensor& dt_bias,
                       float lower_bound, const Tensor& g);
 
 }  // namespace loom

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "kernels/exec.h"
 
 namespace loom {
 
@@ -25,14 +26,14 @@ struct RouterParams {
 // logits: [T, E] f32; bias: [E] f32 or undefined (selection only, never in the weights);
 // expert_ids: [T, top_k] i32 (ordered by descending selection score); weights: [T, top_k] f32.
 // Ties break towards the lower expert index, like torch.topk on CPU.
-void moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& params,
+void moe_route(const Exec& ex, const Tensor& logits, const Tensor& bias, const RouterParams& params,
                const Tensor& expert_ids, const Tensor& weights);
 
 // out[t] = sum_i weights[t, i] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = expert_ids[t, i].
 // Tokens are grouped per expert so each expert runs one GEMM over its tokens.
 // x: [T, D]; w_gate, w_up: [E, I, D]; w_down: [E, D, I]; out: [T, D] (overwritten).
-void moe_experts_forward(const Tensor& x, const Tensor& expert_ids, const Tensor& weights,
-                         const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down,
-                         const Tensor& out);
+void moe_experts_forward(const Exec& ex, const Tensor& x, const Tensor& expert_ids,
+                         const Tensor& weights, const Tensor& w_gate, const Tensor& w_up,
+                         const Tensor& w_down, const Tensor& out);
 
 }  // namespace loom

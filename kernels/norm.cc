@@ -8,28 +8,24 @@
 
 namespace loom {
 
-void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, float weight_offset,
-                     const Tensor& out) {
+void rmsnorm_forward(const Exec& ex, const Tensor& x, const Tensor& w, float eps,
+                     float weight_offset, const Tensor& out) {
+  LOOM_ON_EXEC_DEVICE(ex, "rmsnorm_forward", x, w, out);
+  if (ex.device.is_cpu()) return cpu::rmsnorm_forward(x, w, eps, weight_offset, out);
 #ifdef LOOM_WITH_CUDA
-  LOOM_CHECK_SAME_DEVICE("rmsnorm_forward", x, w, out);
-#endif
-  if (x.device() == Device::kCpu) return cpu::rmsnorm_forward(x, w, eps, weight_offset, out);
-#ifdef LOOM_WITH_CUDA
-  return cuda::rmsnorm_forward(x, w, eps, weight_offset, out);
+  return cuda::rmsnorm_forward(ex, x, w, eps, weight_offset, out);
 #else
-  LOOM_CHECK(false, "rmsnorm_forward: %s tensor in a build without CUDA", x.describe().c_str());
+  no_kernel_for(ex, "rmsnorm_forward");
 #endif
 }
 
-void l2norm_forward(const Tensor& x, float eps, float scale, const Tensor& out) {
+void l2norm_forward(const Exec& ex, const Tensor& x, float eps, float scale, const Tensor& out) {
+  LOOM_ON_EXEC_DEVICE(ex, "l2norm_forward", x, out);
+  if (ex.device.is_cpu()) return cpu::l2norm_forward(x, eps, scale, out);
 #ifdef LOOM_WITH_CUDA
-  LOOM_CHECK_SAME_DEVICE("l2norm_forward", x, out);
-#endif
-  if (x.device() == Device::kCpu) return cpu::l2norm_forward(x, eps, scale, out);
-#ifdef LOOM_WITH_CUDA
-  return cuda::l2norm_forward(x, eps, scale, out);
+  return cuda::l2norm_forward(ex, x, eps, scale, out);
 #else
-  LOOM_CHECK(false, "l2norm_forward: %s tensor in a build without CUDA", x.describe().c_str());
+  no_kernel_for(ex, "l2norm_forward");
 #endif
 }
 

@@ -64,13 +64,14 @@ RopeTable rope_table_yarn(double theta, int rotary_dim, RopeStyle style, double 
   return t;
 }
 
-void rope_forward(const Tensor& x, const std::vector<int64_t>& positions, const RopeTable& table,
-                  int64_t dim_offset) {
-  if (x.device() == Device::kCpu) return cpu::rope_forward(x, positions, table, dim_offset);
+void rope_forward(const Exec& ex, const Tensor& x, const std::vector<int64_t>& positions,
+                  const RopeTable& table, int64_t dim_offset) {
+  LOOM_ON_EXEC_DEVICE(ex, "rope_forward", x);
+  if (ex.device.is_cpu()) return cpu::rope_forward(x, positions, table, dim_offset);
 #ifdef LOOM_WITH_CUDA
-  return cuda::rope_forward(x, positions, table, dim_offset);
+  return cuda::rope_forward(ex, x, positions, table, dim_offset);
 #else
-  LOOM_CHECK(false, "rope_forward: %s tensor in a build without CUDA", x.describe().c_str());
+  no_kernel_for(ex, "rope_forward");
 #endif
 }
 

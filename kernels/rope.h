@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/exec.h"
 
 namespace loom {
 
@@ -37,7 +38,7 @@ RopeTable rope_table_yarn(double theta, int rotary_dim, RopeStyle style, double 
 
 // Rotates dims [dim_offset, dim_offset + rotary_dim) of every head in place. x: [T, H, d] f32
 // contiguous; positions: T absolute positions.
-void rope_forward(const Tensor& x, const std::vector<int64_t>& positions, const RopeTable& table,
-                  int64_t dim_offset);
+void rope_forward(const Exec& ex, const Tensor& x, const std::vector<int64_t>& positions,
+                  const RopeTable& table, int64_t dim_offset);
 
 }  // namespace loom

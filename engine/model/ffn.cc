@@ -22,13 +22,14 @@ class DenseFfn final : public Ffn {
     return absl::OkStatus();
   }
 
-  void forward(const Tensor& x, const Tensor& out) const override {
+  void forward(const ForwardContext& ctx, const Tensor& x, const Tensor& out) const override {
+    const Workspace::Mark scope(ctx.ws());
     const int64_t n = x.dim(0);
-    Tensor g = Tensor::empty({n, width_}), u = Tensor::empty({n, width_});
-    linear_forward(x, gate_, g);
-    linear_forward(x, up_, u);
-    silu_mul_forward(g, u, g);
-    linear_forward(g, down_, out);
+    Tensor g = ctx.take({n, width_}), u = ctx.take({n, width_});
+    linear_forward(ctx.ex, x, gate_, g);
+    linear_forward(ctx.ex, x, up_, u);
+    silu_mul_forward(ctx.ex, g, u, g);
+    linear_forward(ctx.ex, g, down_, out);
   }
 
  private:
@@ -66,23 +67,24 @@ class MoeFfn final : public Ffn {
     return absl::OkStatus();
   }
 
-  void forward(const Tensor& x, const Tensor& out) const override {
+  void forward(const ForwardContext& ctx, const Tensor& x, const Tensor& out) const override {
+    const Workspace::Mark scope(ctx.ws());
     const int64_t n = x.dim(0), e = router_.dim(0);
-    Tensor logits = Tensor::empty({n, e});
-    linear_forward(x, router_, logits);
-    Tensor ids = Tensor::empty({n, params_.top_k}, DType::kI32);
-    Tensor weights = Tensor::empty({n, params_.top_k});
-    moe_route(logits, bias_, params_, ids, weights);
-    moe_experts_forward(x, ids, weights, w_gate_, w_up_, w_down_, out);
+    Tensor logits = ctx.take({n, e});
+    linear_forward(ctx.ex, x, router_, logits);
+    Tensor ids = ctx.take({n, params_.top_k}, DType::kI32);
+    Tensor weights = ctx.take({n, params_.top_k});
+    moe_route(ctx.ex, logits, bias_, params_, ids, weights);
+    moe_experts_forward(ctx.ex, x, ids, weights, w_gate_, w_up_, w_down_, out);
     if (shared_) {
-      Tensor s = Tensor::empty(out.shape());
-      shared_->forward(x, s);
+      Tensor s = ctx.take(out.shape());
+      shared_->forward(ctx, x, s);
       if (shared_gate_.defined()) {
-        Tensor g = Tensor::empty({n, 1});
-        linear_forward(x, shared_gate_, g);
-        mul_sigmoid_rows(s, g);
+        Tensor g = ctx.take({n, 1});
+        linear_forward(ctx.ex, x, shared_gate_, g);
+        mul_sigmoid_rows(ctx.ex, s, g);
       }
-      add_inplace(out, s);
+      add_inplace(ctx.ex, out, s);
     }
   }
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/workspace.h"
 #include "engine/model/cache_store.h"
 #include "engine/model/sequence_cache.h"
 
@@ -38,6 +39,9 @@ struct ForwardBatch {
   // Compute every row the same way whatever else is in the batch and however the sequence was
   // split into steps (kernels/batch_invariance.h); slower. Set by the engine's --deterministic.
   bool batch_invariant = false;
+  // Step memory for every intermediate (reset by Model::forward); null: the call allocates its
+  // own. The serving engine passes one that lives as long as it does.
+  Workspace* workspace = nullptr;
 };
 
 }  // namespace loom

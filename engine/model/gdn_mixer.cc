@@ -34,36 +34,37 @@ class GdnMixer final : public Mixer {
     return absl::OkStatus();
   }
 
-  void forward(const Tensor& x, const BatchLayout& batch, int layer,
+  void forward(const ForwardContext& ctx, const Tensor& x, int layer,
                const Tensor& out) const override {
+    const Workspace::Mark scope(ctx.ws());
     const int64_t n = x.dim(0);
     const int64_t hk = cfg_.num_heads, hv = cfg_.num_v_heads, dk = cfg_.head_dim,
                   dv = cfg_.v_head_dim;
     const int64_t channels = 2 * ck_ + cv_;
-    Tensor qkvz = Tensor::empty({n, channels + cv_});
-    linear_forward(x, qkvz_proj_, qkvz);
-    Tensor qkv = Tensor::empty({n, channels}), z = Tensor::empty({n, cv_});
-    copy_columns(qkvz, 0, qkv);
-    copy_columns(qkvz, channels, z);
-    Tensor q = Tensor::empty({n, hk, dk}), k = Tensor::empty({n, hk, dk});
-    Tensor v = Tensor::empty({n, hv, dv});
-    linear_attention_conv_qkv(qkv, conv_, batch, layer, q, k, v);
+    Tensor qkvz = ctx.take({n, channels + cv_});
+    linear_forward(ctx.ex, x, qkvz_proj_, qkvz);
+    Tensor qkv = ctx.take({n, channels}), z = ctx.take({n, cv_});
+    copy_columns(ctx.ex, qkvz, 0, qkv);
+    copy_columns(ctx.ex, qkvz, channels, z);
+    Tensor q = ctx.take({n, hk, dk}), k = ctx.take({n, hk, dk});
+    Tensor v = ctx.take({n, hv, dv});
+    linear_attention_conv_qkv(ctx, qkv, conv_, layer, q, k, v);
 
-    Tensor ba = Tensor::empty({n, 2 * hv});
-    linear_forward(x, ba_proj_, ba);
-    Tensor beta = Tensor::empty({n, hv}), a = Tensor::empty({n, hv});
-    copy_columns(ba, 0, beta);
-    copy_columns(ba, hv, a);
-    sigmoid_inplace(beta);
-    Tensor g = Tensor::empty({n, hv, 1});
-    kda_gate_forward(a, a_log_, dt_bias_, /*lower_bound=*/0.0f, g.reshape({n, hv}));
+    Tensor ba = ctx.take({n, 2 * hv});
+    linear_forward(ctx.ex, x, ba_proj_, ba);
+    Tensor beta = ctx.take({n, hv}), a = ctx.take({n, hv});
+    copy_columns(ctx.ex, ba, 0, beta);
+    copy_columns(ctx.ex, ba, hv, a);
+    sigmoid_inplace(ctx.ex, beta);
+    Tensor g = ctx.take({n, hv, 1});
+    kda_gate_forward(ctx.ex, a, a_log_, dt_bias_, /*lower_bound=*/0.0f, g.reshape({n, hv}));
 
-    Tensor o = Tensor::empty({n, hv, dv});
-    linear_attention_delta_rule(q, k, v, g, beta, batch, layer, o);
+    Tensor o = ctx.take({n, hv, dv});
+    linear_attention_delta_rule(ctx, q, k, v, g, beta, layer, o);
     Tensor o_rows = o.reshape({n * hv, dv});
-    rmsnorm_forward(o_rows, norm_, eps_, 0.0f, o_rows);
-    mul_silu_inplace(o_rows, z);
-    linear_forward(o.reshape({n, cv_}), o_proj_, out);
+    rmsnorm_forward(ctx.ex, o_rows, norm_, eps_, 0.0f, o_rows);
+    mul_silu_inplace(ctx.ex, o_rows, z);
+    linear_forward(ctx.ex, o.reshape({n, cv_}), o_proj_, out);
   }
 
  private:

@@ -43,38 +43,41 @@ class GqaMixer final : public Mixer {
     return absl::OkStatus();
   }
 
-  void forward(const Tensor& x, const BatchLayout& batch, int layer,
+  void forward(const ForwardContext& ctx, const Tensor& x, int layer,
                const Tensor& out) const override {
+    const Workspace::Mark scope(ctx.ws());
+    const BatchLayout& batch = ctx.batch;
     const int64_t n = x.dim(0), h = cfg_.num_heads, kvh = cfg_.num_kv_heads, hd = cfg_.head_dim;
-    Tensor q = Tensor::empty({n, h, hd}), k = Tensor::empty({n, kvh, hd}),
-           v = Tensor::empty({n, kvh, hd});
-    linear_forward(x, q_proj_, q.reshape({n, h * hd}));
-    linear_forward(x, k_proj_, k.reshape({n, kvh * hd}));
-    linear_forward(x, v_proj_, v.reshape({n, kvh * hd}));
+    Tensor q = ctx.take({n, h, hd}), k = ctx.take({n, kvh, hd}), v = ctx.take({n, kvh, hd});
+    linear_forward(ctx.ex, x, q_proj_, q.reshape({n, h * hd}));
+    linear_forward(ctx.ex, x, k_proj_, k.reshape({n, kvh * hd}));
+    linear_forward(ctx.ex, x, v_proj_, v.reshape({n, kvh * hd}));
     if (q_norm_.defined()) {
-      rmsnorm_forward(q.reshape({n * h, hd}), q_norm_, eps_, norm_offset_, q.reshape({n * h, hd}));
-      rmsnorm_forward(k.reshape({n * kvh, hd}), k_norm_, eps_, norm_offset_,
+      rmsnorm_forward(ctx.ex, q.reshape({n * h, hd}), q_norm_, eps_, norm_offset_,
+                      q.reshape({n * h, hd}));
+      rmsnorm_forward(ctx.ex, k.reshape({n * kvh, hd}), k_norm_, eps_, norm_offset_,
                       k.reshape({n * kvh, hd}));
     }
     if (use_rope_) {
-      rope_forward(q, batch.positions, rope_, 0);
-      rope_forward(k, batch.positions, rope_, 0);
+      rope_forward(ctx.ex, q, batch.positions, rope_, 0);
+      rope_forward(ctx.ex, k, batch.positions, rope_, 0);
     }
-    Tensor o = Tensor::empty({n, h, hd});
+    Tensor o = ctx.take({n, h, hd});
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     for (size_t s = 0; s < batch.start.size(); ++s) {
       const int64_t b = batch.start[s], t = batch.length[s];
       const CacheView keys = batch.attention(s, layer, 0), values = batch.attention(s, layer, 1);
-      cache_write_rows(keys, batch.past[s], k.slice(0, b, b + t));
-      cache_write_rows(values, batch.past[s], v.slice(0, b, b + t));
-      gqa_attention_forward(q.slice(0, b, b + t), keys, values, scale, o.slice(0, b, b + t));
+      cache_write_rows(ctx.ex, keys, batch.past[s], k.slice(0, b, b + t));
+      cache_write_rows(ctx.ex, values, batch.past[s], v.slice(0, b, b + t));
+      gqa_attention_forward(ctx.ex, q.slice(0, b, b + t), keys, values, scale,
+                            o.slice(0, b, b + t));
     }
     if (gate_proj_.defined()) {
-      Tensor gate = Tensor::empty({n, h * hd});
-      linear_forward(x, gate_proj_, gate);
-      mul_sigmoid_inplace(o, gate);
+      Tensor gate = ctx.take({n, h * hd});
+      linear_forward(ctx.ex, x, gate_proj_, gate);
+      mul_sigmoid_inplace(ctx.ex, o, gate);
     }
-    linear_forward(o.reshape({n, h * hd}), o_proj_, out);
+    linear_forward(ctx.ex, o.reshape({n, h * hd}), o_proj_, out);
   }
 
  private:

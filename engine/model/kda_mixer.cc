@@ -46,41 +46,42 @@ class KdaMixer final : public Mixer {
     return absl::OkStatus();
   }
 
-  void forward(const Tensor& x, const BatchLayout& batch, int layer,
+  void forward(const ForwardContext& ctx, const Tensor& x, int layer,
                const Tensor& out) const override {
+    const Workspace::Mark scope(ctx.ws());
     const int64_t n = x.dim(0);
     const int64_t hk = cfg_.num_heads, hv = cfg_.num_v_heads, dk = cfg_.head_dim,
                   dv = cfg_.v_head_dim;
     const int64_t channels = 2 * ck_ + cv_;
 
-    Tensor qkv = Tensor::empty({n, channels});
-    linear_forward(x, qkv_proj_, qkv);
-    Tensor q = Tensor::empty({n, hk, dk}), k = Tensor::empty({n, hk, dk});
-    Tensor v = Tensor::empty({n, hv, dv});
-    linear_attention_conv_qkv(qkv, conv_, batch, layer, q, k, v);
+    Tensor qkv = ctx.take({n, channels});
+    linear_forward(ctx.ex, x, qkv_proj_, qkv);
+    Tensor q = ctx.take({n, hk, dk}), k = ctx.take({n, hk, dk});
+    Tensor v = ctx.take({n, hv, dv});
+    linear_attention_conv_qkv(ctx, qkv, conv_, layer, q, k, v);
 
-    Tensor fa = Tensor::empty({n, rank_});
-    linear_forward(x, f_a_, fa);
-    Tensor f = Tensor::empty({n, hv * dk});
-    linear_forward(fa, f_b_, f);
-    Tensor g = Tensor::empty({n, hv, dk});
-    kda_gate_forward(f, a_log_, dt_bias_, cfg_.gate_lower_bound, g.reshape({n, hv * dk}));
-    Tensor beta = Tensor::empty({n, hv});
-    linear_forward(x, b_proj_, beta);
-    sigmoid_inplace(beta);
+    Tensor fa = ctx.take({n, rank_});
+    linear_forward(ctx.ex, x, f_a_, fa);
+    Tensor f = ctx.take({n, hv * dk});
+    linear_forward(ctx.ex, fa, f_b_, f);
+    Tensor g = ctx.take({n, hv, dk});
+    kda_gate_forward(ctx.ex, f, a_log_, dt_bias_, cfg_.gate_lower_bound, g.reshape({n, hv * dk}));
+    Tensor beta = ctx.take({n, hv});
+    linear_forward(ctx.ex, x, b_proj_, beta);
+    sigmoid_inplace(ctx.ex, beta);
 
-    Tensor o = Tensor::empty({n, hv, dv});
-    linear_attention_delta_rule(q, k, v, g, beta, batch, layer, o);
+    Tensor o = ctx.take({n, hv, dv});
+    linear_attention_delta_rule(ctx, q, k, v, g, beta, layer, o);
 
-    Tensor ga = Tensor::empty({n, rank_});
-    linear_forward(x, g_a_, ga);
-    Tensor gate = Tensor::empty({n, cv_});
-    linear_forward(ga, g_b_, gate);
-    if (g_b_bias_.defined()) add_bias(gate, g_b_bias_);
+    Tensor ga = ctx.take({n, rank_});
+    linear_forward(ctx.ex, x, g_a_, ga);
+    Tensor gate = ctx.take({n, cv_});
+    linear_forward(ctx.ex, ga, g_b_, gate);
+    if (g_b_bias_.defined()) add_bias(ctx.ex, gate, g_b_bias_);
     Tensor o_rows = o.reshape({n * hv, dv});
-    rmsnorm_forward(o_rows, o_norm_, eps_, 0.0f, o_rows);
-    mul_sigmoid_inplace(o_rows, gate);
-    linear_forward(o.reshape({n, cv_}), o_proj_, out);
+    rmsnorm_forward(ctx.ex, o_rows, o_norm_, eps_, 0.0f, o_rows);
+    mul_sigmoid_inplace(ctx.ex, o_rows, gate);
+    linear_forward(ctx.ex, o.reshape({n, cv_}), o_proj_, out);
   }
 
  private:

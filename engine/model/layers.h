@@ -9,9 +9,11 @@
 
 #include "absl/status/statusor.h"
 #include "core/tensor.h"
+#include "core/workspace.h"
 #include "engine/model/cache_store.h"
 #include "engine/model/sequence_cache.h"
 #include "kernels/attention.h"
+#include "kernels/exec.h"
 #include "weights/model_config.h"
 #include "weights/weight_loader.h"
 
@@ -39,11 +41,25 @@ struct BatchLayout {
   Tensor conv(size_t i, int layer) const;
 };
 
+// What every layer's forward receives for one step: where it runs (device, stream, numerics)
+// with the step's workspace, and the step's sequences and caches. Layers take every
+// intermediate from the workspace inside a Workspace::Mark, so a layer reuses the memory of the
+// layer before and the step allocates nothing once the workspace is sized.
+struct ForwardContext {
+  Exec ex;  // ex.workspace is never null here
+  const BatchLayout& batch;
+
+  Workspace& ws() const { return *ex.workspace; }
+  Tensor take(Shape shape, DType dtype = DType::kF32) const {
+    return ex.workspace->take(shape, dtype);
+  }
+};
+
 class Mixer {
  public:
   virtual ~Mixer() = default;
   // x: [N, D] normalised input; out: [N, D] (overwritten). `layer` indexes the caches.
-  virtual void forward(const Tensor& x, const BatchLayout& batch, int layer,
+  virtual void forward(const ForwardContext& ctx, const Tensor& x, int layer,
                        const Tensor& out) const = 0;
 };
 
@@ -51,7 +67,7 @@ class Ffn {
  public:
   virtual ~Ffn() = default;
   // x: [N, D]; out: [N, D] (overwritten).
-  virtual void forward(const Tensor& x, const Tensor& out) const = 0;
+  virtual void forward(const ForwardContext& ctx, const Tensor& x, const Tensor& out) const = 0;
 };
 
 absl::StatusOr<std::unique_ptr<Mixer>> make_kda_mixer(const ModelConfig& cfg, const WeightLoader& w,

@@ -10,14 +10,14 @@ namespace loom {
 
 // Convolves qkv ([N, 2*Hk*dk + Hv*dv], rows of all sequences) per sequence with SiLU, then splits
 // into q, k ([N, Hk, dk], L2-normalised as the reference does) and v ([N, Hv, dv]).
-void linear_attention_conv_qkv(const Tensor& qkv, const Tensor& conv_weight,
-                               const BatchLayout& batch, int layer, const Tensor& q,
+void linear_attention_conv_qkv(const ForwardContext& ctx, const Tensor& qkv,
+                               const Tensor& conv_weight, int layer, const Tensor& q,
                                const Tensor& k, const Tensor& v);
 
 // Runs the delta rule per sequence: the chunked form for prefill chunks, the token recurrence for
 // a few tokens (decode). g: [N, Hv, dk] or [N, Hv, 1]; beta: [N, Hv]; o: [N, Hv, dv].
-void linear_attention_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                                 const Tensor& beta, const BatchLayout& batch, int layer,
+void linear_attention_delta_rule(const ForwardContext& ctx, const Tensor& q, const Tensor& k,
+                                 const Tensor& v, const Tensor& g, const Tensor& beta, int layer,
                                  const Tensor& o);
 
 }  // namespace loom

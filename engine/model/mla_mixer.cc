@@ -9,7 +9,6 @@
 #include "engine/model/layers.h"
 #include "engine/model/rope_table.h"
 #include "kernels/attention.h"
-#include "kernels/batch_invariance.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
@@ -59,41 +58,43 @@ class MlaMixer final : public Mixer {
     return absl::OkStatus();
   }
 
-  void forward(const Tensor& x, const BatchLayout& batch, int layer,
+  void forward(const ForwardContext& ctx, const Tensor& x, int layer,
                const Tensor& out) const override {
+    const Workspace::Mark scope(ctx.ws());
+    const BatchLayout& batch = ctx.batch;
     const int64_t n = x.dim(0), h = cfg_.num_heads;
     const int64_t dn = cfg_.qk_nope_head_dim, dr = cfg_.qk_rope_head_dim, dv = cfg_.v_head_dim;
     const int64_t r = cfg_.kv_lora_rank;
 
-    Tensor q = Tensor::empty({n, h, dn + dr});
+    Tensor q = ctx.take({n, h, dn + dr});
     if (q_proj_.defined()) {
-      linear_forward(x, q_proj_, q.reshape({n, h * (dn + dr)}));
+      linear_forward(ctx.ex, x, q_proj_, q.reshape({n, h * (dn + dr)}));
     } else {
-      Tensor qa = Tensor::empty({n, cfg_.q_lora_rank});
-      linear_forward(x, q_a_, qa);
-      rmsnorm_forward(qa, q_a_norm_, kLatentNormEps, 0.0f, qa);
-      linear_forward(qa, q_b_, q.reshape({n, h * (dn + dr)}));
+      Tensor qa = ctx.take({n, cfg_.q_lora_rank});
+      linear_forward(ctx.ex, x, q_a_, qa);
+      rmsnorm_forward(ctx.ex, qa, q_a_norm_, kLatentNormEps, 0.0f, qa);
+      linear_forward(ctx.ex, qa, q_b_, q.reshape({n, h * (dn + dr)}));
     }
-    Tensor kv = Tensor::empty({n, r + dr});
-    linear_forward(x, kv_a_, kv);
-    Tensor latent = Tensor::empty({n, r});
-    copy_columns(kv, 0, latent);
-    rmsnorm_forward(latent, kv_a_norm_, kLatentNormEps, 0.0f, latent);
-    Tensor rope = Tensor::empty({n, dr});
-    copy_columns(kv, r, rope);
+    Tensor kv = ctx.take({n, r + dr});
+    linear_forward(ctx.ex, x, kv_a_, kv);
+    Tensor latent = ctx.take({n, r});
+    copy_columns(ctx.ex, kv, 0, latent);
+    rmsnorm_forward(ctx.ex, latent, kv_a_norm_, kLatentNormEps, 0.0f, latent);
+    Tensor rope = ctx.take({n, dr});
+    copy_columns(ctx.ex, kv, r, rope);
     if (use_rope_) {
-      rope_forward(q, batch.positions, rope_, /*dim_offset=*/dn);
-      rope_forward(rope.reshape({n, 1, dr}), batch.positions, rope_, 0);
+      rope_forward(ctx.ex, q, batch.positions, rope_, /*dim_offset=*/dn);
+      rope_forward(ctx.ex, rope.reshape({n, 1, dr}), batch.positions, rope_, 0);
     }
 
     const MlaDims dims{h, dn, dr, dv, r};
-    Tensor o = Tensor::empty({n, h, dv});
+    Tensor o = ctx.take({n, h, dv});
     for (size_t s = 0; s < batch.start.size(); ++s) {
       const int64_t b = batch.start[s], t = batch.length[s];
       const int64_t total = batch.past[s] + t;
       const CacheView c_all = batch.attention(s, layer, 0), kr_all = batch.attention(s, layer, 1);
-      cache_write_rows(c_all, batch.past[s], latent.slice(0, b, b + t));
-      if (dr > 0) cache_write_rows(kr_all, batch.past[s], rope.slice(0, b, b + t));
+      cache_write_rows(ctx.ex, c_all, batch.past[s], latent.slice(0, b, b + t));
+      if (dr > 0) cache_write_rows(ctx.ex, kr_all, batch.past[s], rope.slice(0, b, b + t));
       // Multiply-adds: expanded builds K/V once (S*H*R*(dn+dv)) then attends (T*S*H*(dn+dr+dv));
       // absorbed maps each query into latent space and back (T*H*R*(dn+dv)) and attends over the
       // latent (T*S*H*(2R+dr)).
@@ -103,16 +104,17 @@ class MlaMixer final : public Mixer {
                               static_cast<double>(t) * total * h * (2 * r + dr);
       // Batch-invariant mode always takes the absorbed form, as decode does: the two forms round
       // differently, so a prefill and a recompute of the same tokens must not switch between them.
-      auto attend = absorbed <= expanded || batch_invariant_numerics() ? mla_attention_absorbed
-                                                                       : mla_attention_expanded;
-      attend(q.slice(0, b, b + t), c_all, kr_all, kv_b_, dims, scale_, o.slice(0, b, b + t));
+      auto attend = absorbed <= expanded || ctx.ex.batch_invariant ? mla_attention_absorbed
+                                                                   : mla_attention_expanded;
+      attend(ctx.ex, q.slice(0, b, b + t), c_all, kr_all, kv_b_, dims, scale_,
+             o.slice(0, b, b + t));
     }
     if (gate_proj_.defined()) {
-      Tensor gate = Tensor::empty({n, h * dv});
-      linear_forward(x, gate_proj_, gate);
-      mul_sigmoid_inplace(o, gate);
+      Tensor gate = ctx.take({n, h * dv});
+      linear_forward(ctx.ex, x, gate_proj_, gate);
+      mul_sigmoid_inplace(ctx.ex, o, gate);
     }
-    linear_forward(o.reshape({n, h * dv}), o_proj_, out);
+    linear_forward(ctx.ex, o.reshape({n, h * dv}), o_proj_, out);
   }
 
  private:

@@ -5,7 +5,6 @@
 #include "core/status.h"
 #include "kernels/activation.h"
 #include "kernels/attnres.h"
-#include "kernels/batch_invariance.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
@@ -166,46 +165,59 @@ absl::StatusOr<Tensor> Model::forward(const ForwardBatch& batch,
   }
   const int64_t rows = layout.num_rows;
   if (rows == 0) return Tensor::empty({0, cfg_.vocab_size});
-  const ScopedBatchInvariance numerics(batch.batch_invariant);
+
+  // Without the caller's workspace (tools, tests) the call uses its own, and the logits it
+  // returns own their memory.
+  std::unique_ptr<Workspace> own_ws;
+  Workspace* ws = batch.workspace;
+  if (ws == nullptr) {
+    own_ws = std::make_unique<Workspace>(Device::kCpu);
+    ws = own_ws.get();
+  }
+  ws->reset();
+  Exec ex;
+  ex.workspace = ws;
+  ex.batch_invariant = batch.batch_invariant;
+  const ForwardContext ctx{ex, layout};
 
   const int64_t d = cfg_.hidden_size;
   for (size_t s = 0; s < layout.caches.size(); ++s)
     if (layout.caches[s] != nullptr) layout.caches[s]->reserve(layout.length[s]);
 
   Tensor ids = Tensor::wrap(const_cast<int32_t*>(batch.token_ids.data()), {rows}, DType::kI32);
-  Tensor embedding = Tensor::empty({rows, d});
-  embedding_forward(ids, embed_, embedding);
+  Tensor embedding = ctx.take({rows, d});
+  embedding_forward(ctx.ex, ids, embed_, embedding);
   // `normed`: the final normalised hidden state of every row.
-  Tensor normed = cfg_.attnres_block_size > 0 ? run_block_attnres(embedding, layout)
-                                              : run_plain_residual(embedding, layout, hidden);
+  Tensor normed = cfg_.attnres_block_size > 0 ? run_block_attnres(ctx, embedding)
+                                              : run_plain_residual(ctx, embedding, hidden);
   for (size_t s = 0; s < layout.caches.size(); ++s)
     if (layout.caches[s] != nullptr) layout.caches[s]->advance(layout.length[s]);
 
   const int64_t m = static_cast<int64_t>(logit_rows.size());
-  Tensor picked = Tensor::empty({m, d});
-  gather_rows(normed, logit_rows, picked);
-  Tensor logits = Tensor::empty({m, cfg_.vocab_size});
-  linear_forward(picked, lm_head_, logits);
-  return logits;
+  Tensor picked = ctx.take({m, d});
+  gather_rows(ctx.ex, normed, logit_rows, picked);
+  Tensor logits = ctx.take({m, cfg_.vocab_size});
+  linear_forward(ctx.ex, picked, lm_head_, logits);
+  return own_ws ? logits.clone() : logits;
 }
 
-Tensor Model::run_plain_residual(Tensor h, const BatchLayout& layout,
+Tensor Model::run_plain_residual(const ForwardContext& ctx, Tensor h,
                                  std::vector<Tensor>* hidden) const {
   const int64_t rows = h.dim(0), d = h.dim(1);
-  Tensor xn = Tensor::empty({rows, d});
-  Tensor delta = Tensor::empty({rows, d});
+  Tensor xn = ctx.take({rows, d});
+  Tensor delta = ctx.take({rows, d});
   if (hidden) hidden->clear();
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const Layer& layer = layers_[l];
     if (hidden) hidden->push_back(h.clone());
-    rmsnorm_forward(h, layer.mixer_norm, cfg_.rms_norm_eps, cfg_.norm_weight_offset, xn);
-    layer.mixer->forward(xn, layout, l, delta);
-    add_inplace(h, delta);
-    rmsnorm_forward(h, layer.ffn_norm, cfg_.rms_norm_eps, cfg_.norm_weight_offset, xn);
-    layer.ffn->forward(xn, delta);
-    add_inplace(h, delta);
+    rmsnorm_forward(ctx.ex, h, layer.mixer_norm, cfg_.rms_norm_eps, cfg_.norm_weight_offset, xn);
+    layer.mixer->forward(ctx, xn, l, delta);
+    add_inplace(ctx.ex, h, delta);
+    rmsnorm_forward(ctx.ex, h, layer.ffn_norm, cfg_.rms_norm_eps, cfg_.norm_weight_offset, xn);
+    layer.ffn->forward(ctx, xn, delta);
+    add_inplace(ctx.ex, h, delta);
   }
-  rmsnorm_forward(h, final_norm_, cfg_.rms_norm_eps, cfg_.norm_weight_offset, h);
+  rmsnorm_forward(ctx.ex, h, final_norm_, cfg_.rms_norm_eps, cfg_.norm_weight_offset, h);
   if (hidden) hidden->push_back(h.clone());
   return h;
 }
@@ -214,19 +226,20 @@ Tensor Model::run_plain_residual(Tensor h, const BatchLayout& layout,
 // embedding first), `partial` the running sum of the current block's sublayer outputs (undefined
 // right after a block boundary). Each sublayer's input is the softmax-over-depth aggregation of
 // states + [partial], normalised with the sublayer's own pre-norm weight.
-Tensor Model::run_block_attnres(const Tensor& embedding, const BatchLayout& layout) const {
+Tensor Model::run_block_attnres(const ForwardContext& ctx, const Tensor& embedding) const {
   const int64_t rows = embedding.dim(0), d = embedding.dim(1);
   const int block = cfg_.attnres_block_size;
   const float eps = cfg_.rms_norm_eps;
   std::vector<Tensor> states = {embedding};
   Tensor partial;
-  Tensor xn = Tensor::empty({rows, d});
-  Tensor delta = Tensor::empty({rows, d});
+  Tensor xn = ctx.take({rows, d});
+  Tensor delta = ctx.take({rows, d});
   auto accumulate = [&]() {
     if (partial.defined()) {
-      add_inplace(partial, delta);
+      add_inplace(ctx.ex, partial, delta);
     } else {
-      partial = delta.clone();
+      partial = ctx.take({rows, d});
+      partial.copy_from(delta);
     }
   };
   auto aggregate_input = [&](int sublayer, const Tensor& query, const Tensor& key_norm,
@@ -237,25 +250,25 @@ Tensor Model::run_block_attnres(const Tensor& embedding, const BatchLayout& layo
       states = sources;
       partial = Tensor();
     }
-    attnres_aggregate(sources, query, key_norm, pre_norm, eps, xn);
+    attnres_aggregate(ctx.ex, sources, query, key_norm, pre_norm, eps, xn);
   };
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const Layer& layer = layers_[l];
     if (l == 0) {
-      rmsnorm_forward(embedding, layer.mixer_norm, eps, cfg_.norm_weight_offset, xn);
+      rmsnorm_forward(ctx.ex, embedding, layer.mixer_norm, eps, cfg_.norm_weight_offset, xn);
     } else {
       aggregate_input(2 * l, layer.mixer_res_proj, layer.mixer_res_norm, layer.mixer_norm);
     }
-    layer.mixer->forward(xn, layout, l, delta);
+    layer.mixer->forward(ctx, xn, l, delta);
     accumulate();
     aggregate_input(2 * l + 1, layer.ffn_res_proj, layer.ffn_res_norm, layer.ffn_norm);
-    layer.ffn->forward(xn, delta);
+    layer.ffn->forward(ctx, xn, delta);
     accumulate();
   }
   std::vector<Tensor> sources = states;
   sources.push_back(partial);
-  Tensor out = Tensor::empty({rows, d});
-  attnres_aggregate(sources, final_res_proj_, final_res_norm_, final_norm_, eps, out);
+  Tensor out = ctx.take({rows, d});
+  attnres_aggregate(ctx.ex, sources, final_res_proj_, final_res_norm_, final_norm_, eps, out);
   return out;
 }
 

@@ -36,6 +36,8 @@ class Model {
   // untouched then.
   // If `hidden` is not null it receives L+1 tensors [N, D]: the input of every layer and the final
   // normalised output (for conformance diagnostics against the reference's hidden states).
+  // With ForwardBatch::workspace set, the call resets that workspace first and the logits are a
+  // view into it, valid until its next reset; otherwise they own their memory.
   absl::StatusOr<Tensor> forward(const ForwardBatch& batch,
                                  std::vector<Tensor>* hidden = nullptr) const;
 
@@ -44,8 +46,8 @@ class Model {
 
   absl::StatusOr<BatchLayout> make_layout(const ForwardBatch& batch) const;
   // The two residual schemes: plain pre-norm residuals, or Block Attention Residuals.
-  Tensor run_plain_residual(Tensor h, const BatchLayout& layout, std::vector<Tensor>* hidden) const;
-  Tensor run_block_attnres(const Tensor& embedding, const BatchLayout& layout) const;
+  Tensor run_plain_residual(const ForwardContext& ctx, Tensor h, std::vector<Tensor>* hidden) const;
+  Tensor run_block_attnres(const ForwardContext& ctx, const Tensor& embedding) const;
 
   struct Layer {
     Tensor mixer_norm, ffn_norm;

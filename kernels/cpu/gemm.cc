@@ -8,7 +8,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "kernels/batch_invariance.h"
 
 namespace loom::cpu {
 namespace {
@@ -147,6 +146,11 @@ void row_invariant_sgemm(bool trans_b, int64_t m, int64_t n, int64_t k, float al
 
 }  // namespace
 
+thread_local bool t_row_invariant = false;
+
+RowInvariantScope::RowInvariantScope(bool on) : previous_(t_row_invariant) { t_row_invariant = on; }
+RowInvariantScope::~RowInvariantScope() { t_row_invariant = previous_; }
+
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   LOOM_CHECK(m >= 0 && n >= 0 && k >= 0, "sgemm: negative size m=%d n=%d k=%d", m, n, k);
@@ -167,7 +171,7 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
     }
     return;
   }
-  if (batch_invariant_numerics()) {
+  if (t_row_invariant) {
     // OpenBLAS's result for a row depends on how many rows come with it (its blocking, and GEMV
     // for one row); no forward op multiplies a transposed a.
     LOOM_CHECK(!trans_a, "sgemm: no batch-invariant kernel for a transposed a (m=%d n=%d k=%d)", m,

@@ -18,6 +18,20 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
 // The BLAS in use and how it threads, for startup logs: "OpenBLAS 0.3.21 ... (OpenMP, 2 threads)".
+// While one is alive on a thread, every sgemm of that thread uses the row-invariant kernel
+// (kernels/batch_invariance.h): opened by the dispatchers from Exec::batch_invariant, so that the
+// CPU kernels that call sgemm inside (attention, MoE) need no flag of their own.
+class RowInvariantScope {
+ public:
+  explicit RowInvariantScope(bool on);
+  ~RowInvariantScope();
+  RowInvariantScope(const RowInvariantScope&) = delete;
+  RowInvariantScope& operator=(const RowInvariantScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
 std::string blas_description();
 // True when the BLAS runs its own pthreads pool beside OpenMP's (see cmake/dependencies.cmake).
 bool blas_uses_own_thread_pool();

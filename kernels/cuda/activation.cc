@@ -7,7 +7,7 @@
 
 namespace loom::cuda {
 
-void silu_mul_forward(const Tensor& gate, const Tensor& up, const Tensor& out) {
+void silu_mul_forward(const Exec& ex, const Tensor& gate, const Tensor& up, const Tensor& out) {
   LOOM_CHECK_CUDA_ARG("silu_mul_forward", gate);
   LOOM_CHECK_CUDA_ARG("silu_mul_forward", up);
   LOOM_CHECK_CUDA_ARG("silu_mul_forward", out);
@@ -17,7 +17,7 @@ void silu_mul_forward(const Tensor& gate, const Tensor& up, const Tensor& out) {
   LOOM_CHECK(up.shape() == gate.shape() && out.shape() == gate.shape(),
              "silu_mul_forward: gate %s up %s out %s", gate.describe().c_str(),
              up.describe().c_str(), out.describe().c_str());
-  launch::pointwise(launch::Unary::kSiluMul, gate.data<float>(), up.data<float>(),
+  launch::pointwise(stream_of(ex), launch::Unary::kSiluMul, gate.data<float>(), up.data<float>(),
                     out.data<float>(), gate.numel());
 }
 
@@ -31,7 +31,7 @@ void check_host_ids(const Id* ids, int64_t t, int64_t v) {
 }
 }  // namespace
 
-void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out) {
+void embedding_forward(const Exec& ex, const Tensor& ids, const Tensor& table, const Tensor& out) {
   LOOM_CHECK_CUDA_ARG("embedding_forward", table);
   LOOM_CHECK_CUDA_ARG("embedding_forward", out);
   LOOM_CHECK(ids.ndim() == 1 && ids.is_contiguous() &&
@@ -55,32 +55,32 @@ void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out
     } else {
       check_host_ids(ids.data<int64_t>(), t, v);
     }
-    Scratch dev_ids(id_bytes);
+    Scratch dev_ids(id_bytes, stream_of(ex));
     dev_ids.upload(ids.raw(), id_bytes);
     if (i32) {
-      launch::gather_rows_i32(static_cast<const int32_t*>(dev_ids.get()), table.data<float>(),
-                              out.data<float>(), t, v, d, nullptr);
+      launch::gather_rows_i32(stream_of(ex), static_cast<const int32_t*>(dev_ids.get()),
+                              table.data<float>(), out.data<float>(), t, v, d, nullptr);
     } else {
-      launch::gather_rows_i64(static_cast<const int64_t*>(dev_ids.get()), table.data<float>(),
-                              out.data<float>(), t, v, d, nullptr);
+      launch::gather_rows_i64(stream_of(ex), static_cast<const int64_t*>(dev_ids.get()),
+                              table.data<float>(), out.data<float>(), t, v, d, nullptr);
     }
     return;
   }
   // Device ids: clamp (a zero row) and flag in the kernel, then report on the host.
-  Scratch flag(sizeof(int32_t));
+  Scratch flag(sizeof(int32_t), stream_of(ex));
   const int32_t none = std::numeric_limits<int32_t>::max();
   flag.upload(&none, sizeof(none));
   if (i32) {
-    launch::gather_rows_i32(ids.data<int32_t>(), table.data<float>(), out.data<float>(), t, v, d,
-                            static_cast<int32_t*>(flag.get()));
+    launch::gather_rows_i32(stream_of(ex), ids.data<int32_t>(), table.data<float>(),
+                            out.data<float>(), t, v, d, static_cast<int32_t*>(flag.get()));
   } else {
-    launch::gather_rows_i64(ids.data<int64_t>(), table.data<float>(), out.data<float>(), t, v, d,
-                            static_cast<int32_t*>(flag.get()));
+    launch::gather_rows_i64(stream_of(ex), ids.data<int64_t>(), table.data<float>(),
+                            out.data<float>(), t, v, d, static_cast<int32_t*>(flag.get()));
   }
   int32_t first_bad = none;
   LOOM_CUDA_CHECK(cudaMemcpyAsync(&first_bad, flag.get(), sizeof(first_bad), cudaMemcpyDeviceToHost,
-                                  current_stream()));
-  synchronize();
+                                  stream_of(ex)));
+  synchronize(ex.device);
   if (first_bad != none) {
     int64_t bad_id = 0;
     const char* src = static_cast<const char*>(ids.raw()) + first_bad * dtype_size(ids.dtype());

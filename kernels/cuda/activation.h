@@ -1,19 +1,20 @@
 // CUDA twins of the same-named kernels/ header: same contracts, every tensor argument on the GPU
-// (f32 contiguous), enqueued on loom::cuda::current_stream() without synchronising.
+// (f32 contiguous), enqueued on the Exec's stream without synchronising.
 #pragma once
 
 #include "core/tensor.h"
 #include "kernels/cuda/check.h"
+#include "kernels/exec.h"
 
 namespace loom::cuda {
 
-void silu_mul_forward(const Tensor& gate, const Tensor& up, const Tensor& out);
+void silu_mul_forward(const Exec& ex, const Tensor& gate, const Tensor& up, const Tensor& out);
 
 // ids may be on the host or on the GPU (table and out must be on the GPU).
 // Out-of-range ids never read or write out of bounds. Host ids are checked on the host before
 // the launch (abort naming the first bad id, as on the CPU). Device ids are checked in the kernel
 // ("clamp and flag"): a bad id writes a zero row and flags its position; the host then reads the
 // flag back (one 4-byte copy and a stream synchronisation per call) and aborts naming the id.
-void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out);
+void embedding_forward(const Exec& ex, const Tensor& ids, const Tensor& table, const Tensor& out);
 
 }  // namespace loom::cuda

@@ -5,8 +5,8 @@
 
 namespace loom::cuda {
 
-void causal_conv1d_forward(const Tensor& x, const Tensor& weight, const Tensor& conv_state,
-                           bool apply_silu, const Tensor& out) {
+void causal_conv1d_forward(const Exec& ex, const Tensor& x, const Tensor& weight,
+                           const Tensor& conv_state, bool apply_silu, const Tensor& out) {
   LOOM_CHECK_CUDA_ARG("causal_conv1d_forward", x);
   LOOM_CHECK_CUDA_ARG("causal_conv1d_forward", weight);
   LOOM_CHECK_CUDA_ARG("causal_conv1d_forward", conv_state);
@@ -23,12 +23,12 @@ void causal_conv1d_forward(const Tensor& x, const Tensor& weight, const Tensor& 
   LOOM_CHECK_SHAPE(conv_state, W - 1, C);
   LOOM_CHECK_SHAPE(out, T, C);
   LOOM_CHECK(out.raw() != x.raw() || T * C == 0, "causal_conv1d_forward: out aliases x");
-  launch::causal_conv1d_forward(x.data<float>(), weight.data<float>(), conv_state.data<float>(),
-                                out.data<float>(), T, C, W, apply_silu);
+  launch::causal_conv1d_forward(stream_of(ex), x.data<float>(), weight.data<float>(),
+                                conv_state.data<float>(), out.data<float>(), T, C, W, apply_silu);
 }
 
-void causal_conv1d_step(const Tensor& x, const Tensor& weight, const Tensor& conv_states,
-                        bool apply_silu, const Tensor& out) {
+void causal_conv1d_step(const Exec& ex, const Tensor& x, const Tensor& weight,
+                        const Tensor& conv_states, bool apply_silu, const Tensor& out) {
   LOOM_CHECK_CUDA_ARG("causal_conv1d_step", x);
   LOOM_CHECK_CUDA_ARG("causal_conv1d_step", weight);
   LOOM_CHECK_CUDA_ARG("causal_conv1d_step", conv_states);
@@ -45,8 +45,8 @@ void causal_conv1d_step(const Tensor& x, const Tensor& weight, const Tensor& con
   LOOM_CHECK_SHAPE(conv_states, B, W - 1, C);
   LOOM_CHECK_SHAPE(out, B, C);
   LOOM_CHECK(out.raw() != x.raw() || B * C == 0, "causal_conv1d_step: out aliases x");
-  launch::causal_conv1d_step(x.data<float>(), weight.data<float>(), conv_states.data<float>(),
-                             out.data<float>(), B, C, W, apply_silu);
+  launch::causal_conv1d_step(stream_of(ex), x.data<float>(), weight.data<float>(),
+                             conv_states.data<float>(), out.data<float>(), B, C, W, apply_silu);
 }
 
 }  // namespace loom::cuda

@@ -63,10 +63,10 @@ constexpr int kThreads = 256;
 
 namespace launch {
 
-void causal_conv1d_forward(const float* x, const float* w, float* state, float* out, int64_t T,
-                           int64_t C, int64_t W, bool silu) {
+void causal_conv1d_forward(cudaStream_t stream, const float* x, const float* w, float* state,
+                           float* out, int64_t T, int64_t C, int64_t W, bool silu) {
   if (C == 0) return;
-  cudaStream_t s = current_stream();
+  cudaStream_t s = stream;
   if (T > 0) {
     conv_forward_kernel<<<dev::grid_for(T * C, kThreads), kThreads, 0, s>>>(x, w, state, out, T, C,
                                                                             W, silu);
@@ -78,11 +78,11 @@ void causal_conv1d_forward(const float* x, const float* w, float* state, float* 
   }
 }
 
-void causal_conv1d_step(const float* x, const float* w, float* states, float* out, int64_t B,
-                        int64_t C, int64_t W, bool silu) {
+void causal_conv1d_step(cudaStream_t stream, const float* x, const float* w, float* states,
+                        float* out, int64_t B, int64_t C, int64_t W, bool silu) {
   if (B * C == 0) return;
-  conv_step_kernel<<<dev::grid_for(B * C, kThreads), kThreads, 0, current_stream()>>>(
-      x, w, states, out, B, C, W, silu);
+  conv_step_kernel<<<dev::grid_for(B * C, kThreads), kThreads, 0, stream>>>(x, w, states, out, B, C,
+                                                                            W, silu);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,5 +1,7 @@
 #include "kernels/cuda/device.h"
 
+#include <array>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -8,18 +10,33 @@
 namespace loom::cuda {
 namespace {
 
-void* device_alloc(size_t bytes) {
+void* device_alloc(size_t bytes, int index) {
+  const DeviceGuard on(index);
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, bytes);
   if (e != cudaSuccess) {
-    std::fprintf(stderr, "cudaMalloc of %zu bytes failed: %s\n", bytes, cudaGetErrorString(e));
+    std::fprintf(stderr, "cudaMalloc of %zu bytes on device %d failed: %s\n", bytes, index,
+                 cudaGetErrorString(e));
     (void)cudaGetLastError();  // clear the sticky-free error so the caller's check reports it
     return nullptr;            // allocate_buffer aborts with the size
   }
   return p;
 }
 
-void device_free(void* p) { LOOM_CUDA_CHECK(cudaFree(p)); }
+void device_free(void* p, int index) {
+  const DeviceGuard on(index);
+  LOOM_CUDA_CHECK(cudaFree(p));
+}
+
+#define LOOM_CUBLAS_INIT_CHECK(call)                                                              \
+  do {                                                                                            \
+    const cublasStatus_t loom_cublas_st_ = (call);                                                \
+    LOOM_CHECK(loom_cublas_st_ == CUBLAS_STATUS_SUCCESS, "cuBLAS call %s failed: %s (%d)", #call, \
+               cublasGetStatusString(loom_cublas_st_), static_cast<int>(loom_cublas_st_));        \
+  } while (0)
+
+// Enough for the largest NVLink domains; a larger index is refused with a message.
+constexpr int kMaxDevices = 64;
 
 }  // namespace
 
@@ -30,81 +47,105 @@ void init() {
     LOOM_CUDA_CHECK(cudaGetDeviceCount(&count));
     LOOM_CHECK(count > 0, "loom::cuda::init: no CUDA device");
     set_device_allocator(&device_alloc, &device_free);
-    (void)current_stream();
   });
 }
 
-cudaStream_t current_stream() {
-  // Created once, never destroyed (destroying it at exit could run after the driver shut down).
-  static cudaStream_t stream = [] {
-    cudaStream_t s = nullptr;
-    LOOM_CUDA_CHECK(cudaStreamCreate(&s));
-    return s;
-  }();
-  return stream;
+DeviceGuard::DeviceGuard(int index) {
+  LOOM_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (previous_ != index) LOOM_CUDA_CHECK(cudaSetDevice(index));
 }
 
-void synchronize() { LOOM_CUDA_CHECK(cudaStreamSynchronize(current_stream())); }
+DeviceGuard::~DeviceGuard() {
+  int now = 0;
+  LOOM_CUDA_CHECK(cudaGetDevice(&now));
+  if (now != previous_) LOOM_CUDA_CHECK(cudaSetDevice(previous_));
+}
+
+const DeviceContext& device_context(int index) {
+  init();
+  int count = 0;
+  LOOM_CUDA_CHECK(cudaGetDeviceCount(&count));
+  LOOM_CHECK(index >= 0 && index < count && index < kMaxDevices,
+             "CUDA device %d does not exist (%d visible)", index, count);
+  static std::array<std::once_flag, kMaxDevices> once;
+  static std::array<DeviceContext, kMaxDevices> contexts;
+  std::call_once(once[index], [index] {
+    const DeviceGuard on(index);
+    DeviceContext& c = contexts[index];
+    c.index = index;
+    LOOM_CUDA_CHECK(cudaStreamCreate(&c.stream));
+    LOOM_CUBLAS_INIT_CHECK(cublasCreate(&c.blas));
+    // DEFAULT_MATH keeps cublasSgemm in true f32 (TF32 tensor cores only with TF32_TENSOR_OP).
+    LOOM_CUBLAS_INIT_CHECK(cublasSetMathMode(c.blas, CUBLAS_DEFAULT_MATH));
+    LOOM_CUBLAS_INIT_CHECK(cublasSetPointerMode(c.blas, CUBLAS_POINTER_MODE_HOST));
+    LOOM_CUBLAS_INIT_CHECK(cublasSetStream(c.blas, c.stream));
+  });
+  return contexts[index];
+}
+
+Exec device_exec(int index, Workspace* workspace) {
+  Exec ex;
+  ex.device = Device::cuda(index);
+  ex.stream = device_context(index).stream;
+  ex.workspace = workspace;
+  return ex;
+}
+
+cudaStream_t stream_of(const Exec& ex) {
+  LOOM_CHECK(ex.device.is_cuda() && ex.stream != nullptr,
+             "a CUDA op was given an execution context on %s without a stream",
+             device_name(ex.device).c_str());
+  return static_cast<cudaStream_t>(ex.stream);
+}
+
+void synchronize(Device device) {
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(device_context(device.index).stream));
+}
 
 void check_on_device(const char* fn, const char* arg, const Tensor& t) {
-  LOOM_CHECK(t.device() == Device::kCuda,
+  LOOM_CHECK(t.device().is_cuda(),
              "%s: argument %s is %s, but the kernel runs on CUDA: every tensor argument must be "
              "on the same device",
              fn, arg, t.describe().c_str());
 }
 
-void check_same_device(const char* fn, const char* names,
-                       std::initializer_list<const Tensor*> args) {
-  const Tensor* first = nullptr;
-  for (const Tensor* t : args) {
-    if (!t->defined()) continue;
-    if (first == nullptr) first = t;
-    if (t->device() != first->device()) {
-      std::string all;
-      for (const Tensor* u : args) all += (all.empty() ? "" : ", ") + u->describe();
-      LOOM_CHECK(false,
-                 "%s: arguments (%s) are on different devices: %s; every tensor argument "
-                 "must be on the same device",
-                 fn, names, all.c_str());
-    }
-  }
-}
-
-Tensor to_device(const Tensor& host) {
-  init();
-  LOOM_CHECK(host.device() == Device::kCpu && host.is_contiguous(),
-             "to_device: expected a contiguous host tensor, got %s", host.describe().c_str());
-  Tensor d = Tensor::empty(host.shape(), host.dtype(), Device::kCuda);
+Tensor to_device(const Tensor& host, Device device) {
+  LOOM_CHECK(host.device().is_cpu() && host.is_contiguous() && device.is_cuda(),
+             "to_device: expected a contiguous host tensor and a CUDA device, got %s to %s",
+             host.describe().c_str(), device_name(device).c_str());
+  const cudaStream_t stream = device_context(device.index).stream;
+  Tensor d = Tensor::empty(host.shape(), host.dtype(), device);
   if (host.nbytes() > 0) {
-    LOOM_CUDA_CHECK(cudaMemcpyAsync(d.raw(), host.raw(), host.nbytes(), cudaMemcpyHostToDevice,
-                                    current_stream()));
+    LOOM_CUDA_CHECK(
+        cudaMemcpyAsync(d.raw(), host.raw(), host.nbytes(), cudaMemcpyHostToDevice, stream));
   }
   return d;
 }
 
 Tensor to_host(const Tensor& dev) {
-  LOOM_CHECK(dev.device() == Device::kCuda && dev.is_contiguous(),
+  LOOM_CHECK(dev.device().is_cuda() && dev.is_contiguous(),
              "to_host: expected a contiguous CUDA tensor, got %s", dev.describe().c_str());
+  const cudaStream_t stream = device_context(dev.device().index).stream;
   Tensor h = Tensor::empty(dev.shape(), dev.dtype(), Device::kCpu);
   if (dev.nbytes() > 0) {
-    LOOM_CUDA_CHECK(cudaMemcpyAsync(h.raw(), dev.raw(), dev.nbytes(), cudaMemcpyDeviceToHost,
-                                    current_stream()));
+    LOOM_CUDA_CHECK(
+        cudaMemcpyAsync(h.raw(), dev.raw(), dev.nbytes(), cudaMemcpyDeviceToHost, stream));
   }
-  synchronize();
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
   return h;
 }
 
-Scratch::Scratch(size_t bytes) {
-  LOOM_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes == 0 ? 16 : bytes, current_stream()));
+Scratch::Scratch(size_t bytes, cudaStream_t stream) : stream_(stream) {
+  LOOM_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes == 0 ? 16 : bytes, stream_));
 }
 
 Scratch::~Scratch() {
-  if (ptr_ != nullptr) LOOM_CUDA_CHECK(cudaFreeAsync(ptr_, current_stream()));
+  if (ptr_ != nullptr) LOOM_CUDA_CHECK(cudaFreeAsync(ptr_, stream_));
 }
 
 void Scratch::upload(const void* host, size_t bytes) {
   if (bytes == 0) return;
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(ptr_, host, bytes, cudaMemcpyHostToDevice, current_stream()));
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(ptr_, host, bytes, cudaMemcpyHostToDevice, stream_));
 }
 
 }  // namespace loom::cuda

@@ -1,33 +1,36 @@
-// CUDA backend: device memory, the stream, and host<->device copies.
+// CUDA backend: device memory and host<->device copies.
 //
 // loom::cuda::init() registers cudaMalloc/cudaFree with loom::set_device_allocator, so that
-// Tensor::empty(shape, dtype, Device::kCuda) works; it is idempotent and thread-safe, and
-// to_device() calls it. Every Loom CUDA kernel, copy and cuBLAS call runs on current_stream().
+// Tensor::empty(shape, dtype, Device::cuda(i)) works; it is idempotent and thread-safe, and
+// device_context() and to_device() call it. Copies run on the stream of the device's context
+// (kernels/cuda/context.h), in order with the ops of every Exec of that device.
 #pragma once
 
 #include <cstddef>
 
 #include "core/tensor.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/context.h"
 #include "kernels/cuda/launch.h"
 
 namespace loom::cuda {
 
 void init();
 
-// Blocks until all work enqueued on current_stream() has finished (checks for errors).
-void synchronize();
+// Blocks until all work enqueued on the stream of `device`'s context has finished (checks for
+// errors).
+void synchronize(Device device = Device::kCuda);
 
-// Contiguous copies of a host tensor on the GPU and back (same shape and dtype). Both enqueue on
-// current_stream(); to_host() waits for the copy, so its result is ready on return.
-Tensor to_device(const Tensor& host);
+// Contiguous copies of a host tensor on a GPU and back (same shape and dtype). Both enqueue on the
+// stream of the device's context; to_host() waits for the copy, so its result is ready on return.
+Tensor to_device(const Tensor& host, Device device = Device::kCuda);
 Tensor to_host(const Tensor& dev);
 
-// A stream-ordered temporary device buffer (cudaMallocAsync / cudaFreeAsync on current_stream()),
-// for small uploads such as index lists; freeing it never synchronises the device.
+// A stream-ordered temporary device buffer (cudaMallocAsync / cudaFreeAsync on `stream`), for
+// small uploads such as index lists; freeing it never synchronises the device.
 class Scratch {
  public:
-  explicit Scratch(size_t bytes);
+  Scratch(size_t bytes, cudaStream_t stream);
   ~Scratch();
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
@@ -37,6 +40,7 @@ class Scratch {
 
  private:
   void* ptr_ = nullptr;
+  cudaStream_t stream_ = nullptr;
 };
 
 }  // namespace loom::cuda

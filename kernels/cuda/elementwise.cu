@@ -65,13 +65,12 @@ __global__ void fill_or_scale_kernel(float* x, int64_t n, float beta) {
 constexpr int kThreads = 256;
 
 template <typename Id>
-void launch_gather(const Id* ids, const float* table, float* out, int64_t n, int64_t V, int64_t d,
-                   int32_t* bad) {
+void launch_gather(cudaStream_t stream, const Id* ids, const float* table, float* out, int64_t n,
+                   int64_t V, int64_t d, int32_t* bad) {
   if (n == 0 || d == 0) return;
   LOOM_CHECK_GRID(n);
   const int threads = d >= 1024 ? 256 : (d >= 256 ? 128 : 64);
-  gather_kernel<Id>
-      <<<static_cast<unsigned>(n), threads, 0, current_stream()>>>(ids, table, out, V, d, bad);
+  gather_kernel<Id><<<static_cast<unsigned>(n), threads, 0, stream>>>(ids, table, out, V, d, bad);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
@@ -79,10 +78,10 @@ void launch_gather(const Id* ids, const float* table, float* out, int64_t n, int
 
 namespace launch {
 
-void pointwise(Unary op, float* x, const float* y, float* out, int64_t n) {
+void pointwise(cudaStream_t stream, Unary op, float* x, const float* y, float* out, int64_t n) {
   if (n == 0) return;
   const unsigned grid = dev::grid_for(n, kThreads);
-  cudaStream_t s = current_stream();
+  cudaStream_t s = stream;
   switch (op) {
     case Unary::kAdd:
       pointwise_kernel<Unary::kAdd><<<grid, kThreads, 0, s>>>(x, y, out, n);
@@ -103,41 +102,41 @@ void pointwise(Unary op, float* x, const float* y, float* out, int64_t n) {
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
-void add_bias(float* x, const float* bias, int64_t rows, int64_t cols) {
+void add_bias(cudaStream_t stream, float* x, const float* bias, int64_t rows, int64_t cols) {
   if (rows * cols == 0) return;
-  add_bias_kernel<<<dev::grid_for(rows * cols, kThreads), kThreads, 0, current_stream()>>>(
-      x, bias, rows, cols);
+  add_bias_kernel<<<dev::grid_for(rows * cols, kThreads), kThreads, 0, stream>>>(x, bias, rows,
+                                                                                 cols);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
-void mul_sigmoid_rows(float* x, const float* gate, int64_t rows, int64_t cols) {
+void mul_sigmoid_rows(cudaStream_t stream, float* x, const float* gate, int64_t rows,
+                      int64_t cols) {
   if (rows * cols == 0) return;
-  mul_sigmoid_rows_kernel<<<dev::grid_for(rows * cols, kThreads), kThreads, 0, current_stream()>>>(
+  mul_sigmoid_rows_kernel<<<dev::grid_for(rows * cols, kThreads), kThreads, 0, stream>>>(
       x, gate, rows, cols);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
-void copy_2d(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows,
-             int64_t cols) {
+void copy_2d(cudaStream_t stream, float* dst, int64_t dst_ld, const float* src, int64_t src_ld,
+             int64_t rows, int64_t cols) {
   if (rows == 0 || cols == 0) return;
   LOOM_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_ld * sizeof(float), src, src_ld * sizeof(float),
-                                    cols * sizeof(float), rows, cudaMemcpyDeviceToDevice,
-                                    current_stream()));
+                                    cols * sizeof(float), rows, cudaMemcpyDeviceToDevice, stream));
 }
 
-void gather_rows_i32(const int32_t* ids, const float* table, float* out, int64_t n, int64_t V,
-                     int64_t d, int32_t* bad) {
-  launch_gather(ids, table, out, n, V, d, bad);
+void gather_rows_i32(cudaStream_t stream, const int32_t* ids, const float* table, float* out,
+                     int64_t n, int64_t V, int64_t d, int32_t* bad) {
+  launch_gather(stream, ids, table, out, n, V, d, bad);
 }
 
-void gather_rows_i64(const int64_t* ids, const float* table, float* out, int64_t n, int64_t V,
-                     int64_t d, int32_t* bad) {
-  launch_gather(ids, table, out, n, V, d, bad);
+void gather_rows_i64(cudaStream_t stream, const int64_t* ids, const float* table, float* out,
+                     int64_t n, int64_t V, int64_t d, int32_t* bad) {
+  launch_gather(stream, ids, table, out, n, V, d, bad);
 }
 
-void fill_or_scale(float* x, int64_t n, float beta) {
+void fill_or_scale(cudaStream_t stream, float* x, int64_t n, float beta) {
   if (n == 0) return;
-  fill_or_scale_kernel<<<dev::grid_for(n, kThreads), kThreads, 0, current_stream()>>>(x, n, beta);
+  fill_or_scale_kernel<<<dev::grid_for(n, kThreads), kThreads, 0, stream>>>(x, n, beta);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 

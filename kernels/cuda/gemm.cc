@@ -1,4 +1,5 @@
-// CUDA GEMM through cuBLAS (f32, CUBLAS_DEFAULT_MATH: no TF32), one handle per process.
+// CUDA GEMM through cuBLAS (f32, CUBLAS_DEFAULT_MATH: no TF32), on the handle of the Exec's
+// device context (kernels/cuda/context.h).
 #include "kernels/cuda/gemm.h"
 
 #include <cublas_v2.h>
@@ -17,33 +18,18 @@ namespace {
                cublasGetStatusString(loom_cublas_st_), static_cast<int>(loom_cublas_st_));        \
   } while (0)
 
-// Created on first use and never destroyed (destruction at exit could follow driver shutdown).
-cublasHandle_t handle() {
-  static cublasHandle_t h = [] {
-    init();
-    cublasHandle_t c = nullptr;
-    LOOM_CUBLAS_CHECK(cublasCreate(&c));
-    // DEFAULT_MATH keeps cublasSgemm in true f32 (TF32 tensor cores only with TF32_TENSOR_OP).
-    LOOM_CUBLAS_CHECK(cublasSetMathMode(c, CUBLAS_DEFAULT_MATH));
-    LOOM_CUBLAS_CHECK(cublasSetPointerMode(c, CUBLAS_POINTER_MODE_HOST));
-    LOOM_CUBLAS_CHECK(cublasSetStream(c, current_stream()));
-    return c;
-  }();
-  return h;
-}
-
 // Row-major out[m, n] = alpha op(a) op(b) + beta out is column-major out^T = op(b)^T op(a)^T: a
 // row-major matrix with row length ld is the column-major transpose with leading dimension ld.
-void sgemm_rowmajor(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                    const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-                    int64_t ldc) {
+void sgemm_rowmajor(const Exec& ex, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                    float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
+                    float beta, float* c, int64_t ldc) {
   LOOM_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
                  ldc <= INT_MAX,
              "sgemm (CUDA): size beyond 32-bit cuBLAS indices (m=%d n=%d k=%d)", m, n, k);
   if (m == 0 || n == 0) return;
   if (k == 0) {  // out = beta * out, and beta = 0 must not read out
     LOOM_CHECK(ldc == n, "sgemm (CUDA): strided out with k = 0");
-    launch::fill_or_scale(c, m * n, beta);
+    launch::fill_or_scale(stream_of(ex), c, m * n, beta);
     return;
   }
   if (m == 1) {
@@ -54,25 +40,29 @@ void sgemm_rowmajor(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
     // the column-major n x k matrix with ld n (out = B' a). beta = 0 never reads out.
     const int inc_a = trans_a ? static_cast<int>(lda) : 1;
     if (trans_b && inc_a == 1 && ldb == k) {
-      launch::gemv_rows(b, a, c, n, k, alpha, beta);
+      launch::gemv_rows(stream_of(ex), b, a, c, n, k, alpha, beta);
     } else if (trans_b) {
-      LOOM_CUBLAS_CHECK(cublasSgemv(handle(), CUBLAS_OP_T, static_cast<int>(k), static_cast<int>(n),
-                                    &alpha, b, static_cast<int>(ldb), a, inc_a, &beta, c, 1));
+      LOOM_CUBLAS_CHECK(cublasSgemv(device_context(ex.device.index).blas, CUBLAS_OP_T,
+                                    static_cast<int>(k), static_cast<int>(n), &alpha, b,
+                                    static_cast<int>(ldb), a, inc_a, &beta, c, 1));
     } else {
-      LOOM_CUBLAS_CHECK(cublasSgemv(handle(), CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(k),
-                                    &alpha, b, static_cast<int>(ldb), a, inc_a, &beta, c, 1));
+      LOOM_CUBLAS_CHECK(cublasSgemv(device_context(ex.device.index).blas, CUBLAS_OP_N,
+                                    static_cast<int>(n), static_cast<int>(k), &alpha, b,
+                                    static_cast<int>(ldb), a, inc_a, &beta, c, 1));
     }
     return;
   }
-  LOOM_CUBLAS_CHECK(cublasSgemm(
-      handle(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-      static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
-      static_cast<int>(ldb), a, static_cast<int>(lda), &beta, c, static_cast<int>(ldc)));
+  LOOM_CUBLAS_CHECK(
+      cublasSgemm(device_context(ex.device.index).blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                  trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                  static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a, static_cast<int>(lda),
+                  &beta, c, static_cast<int>(ldc)));
 }
 
 }  // namespace
 
-void linear_forward(const Tensor& x, const Tensor& w, const Tensor& out, float beta) {
+void linear_forward(const Exec& ex, const Tensor& x, const Tensor& w, const Tensor& out,
+                    float beta) {
   LOOM_CHECK_CUDA_ARG("linear_forward", x);
   LOOM_CHECK_CUDA_ARG("linear_forward", w);
   LOOM_CHECK_CUDA_ARG("linear_forward", out);
@@ -90,12 +80,12 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& out, float b
                out.describe().c_str());
   }
   const int64_t m = k > 0 ? x.numel() / k : out.numel() / (n > 0 ? n : 1);
-  sgemm_rowmajor(false, true, m, n, k, 1.0f, x.data<float>(), k, w.data<float>(), k, beta,
+  sgemm_rowmajor(ex, false, true, m, n, k, 1.0f, x.data<float>(), k, w.data<float>(), k, beta,
                  out.data<float>(), n);
 }
 
-void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out,
-            float alpha, float beta) {
+void matmul(const Exec& ex, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+            const Tensor& out, float alpha, float beta) {
   LOOM_CHECK_CUDA_ARG("matmul", a);
   LOOM_CHECK_CUDA_ARG("matmul", b);
   LOOM_CHECK_CUDA_ARG("matmul", out);
@@ -111,7 +101,7 @@ void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
   LOOM_CHECK(k == kb && out.dim(0) == m && out.dim(1) == n, "matmul: a %s%s b %s%s out %s",
              a.describe().c_str(), trans_a ? "^T" : "", b.describe().c_str(), trans_b ? "^T" : "",
              out.describe().c_str());
-  sgemm_rowmajor(trans_a, trans_b, m, n, k, alpha, a.data<float>(), a.dim(1), b.data<float>(),
+  sgemm_rowmajor(ex, trans_a, trans_b, m, n, k, alpha, a.data<float>(), a.dim(1), b.data<float>(),
                  b.dim(1), beta, out.data<float>(), n);
 }
 

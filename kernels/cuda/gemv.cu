@@ -39,19 +39,19 @@ __global__ void __launch_bounds__(kWarps * 32)
 }  // namespace
 
 namespace launch {
-void gemv_rows(const float* w, const float* x, float* out, int64_t n, int64_t k, float alpha,
-               float beta) {
+void gemv_rows(cudaStream_t stream, const float* w, const float* x, float* out, int64_t n,
+               int64_t k, float alpha, float beta) {
   if (n == 0) return;
   const int64_t blocks = (n + kWarps - 1) / kWarps;
   LOOM_CHECK_GRID(blocks);
   const bool vec = k % 4 == 0 && (reinterpret_cast<uintptr_t>(w) & 15u) == 0 &&
                    (reinterpret_cast<uintptr_t>(x) & 15u) == 0;
   if (vec) {
-    gemv_rows_kernel<true><<<static_cast<unsigned>(blocks), kWarps * 32, 0, current_stream()>>>(
-        w, x, out, n, k, alpha, beta);
+    gemv_rows_kernel<true>
+        <<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(w, x, out, n, k, alpha, beta);
   } else {
-    gemv_rows_kernel<false><<<static_cast<unsigned>(blocks), kWarps * 32, 0, current_stream()>>>(
-        w, x, out, n, k, alpha, beta);
+    gemv_rows_kernel<false>
+        <<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(w, x, out, n, k, alpha, beta);
   }
   LOOM_CUDA_CHECK_LAUNCH();
 }

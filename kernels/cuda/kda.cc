@@ -5,8 +5,8 @@
 
 namespace loom::cuda {
 
-void kda_recurrent_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                           const Tensor& beta, float scale, const Tensor& state,
+void kda_recurrent_forward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
+                           const Tensor& g, const Tensor& beta, float scale, const Tensor& state,
                            const Tensor& out) {
   const char* fn = "kda_recurrent_forward";
   LOOM_CHECK_CUDA_ARG(fn, q);
@@ -39,12 +39,12 @@ void kda_recurrent_forward(const Tensor& q, const Tensor& k, const Tensor& v, co
   LOOM_CHECK(dk <= 256, "%s: dk %lld > 256 is not supported by the CUDA kernel", fn,
              static_cast<long long>(dk));
   const bool scalar_g = g.dim(2) == 1 && dk != 1;
-  launch::kda_recurrent(q.data<float>(), k.data<float>(), v.data<float>(), g.data<float>(),
-                        beta.data<float>(), scale, state.data<float>(), out.data<float>(), T, Hk,
-                        Hv, dk, dv, scalar_g);
+  launch::kda_recurrent(stream_of(ex), q.data<float>(), k.data<float>(), v.data<float>(),
+                        g.data<float>(), beta.data<float>(), scale, state.data<float>(),
+                        out.data<float>(), T, Hk, Hv, dk, dv, scalar_g);
 }
 
-void kda_gate_forward(const Tensor& f, const Tensor& A_log, const Tensor& dt_bias,
+void kda_gate_forward(const Exec& ex, const Tensor& f, const Tensor& A_log, const Tensor& dt_bias,
                       float lower_bound, const Tensor& g) {
   LOOM_CHECK_CUDA_ARG("kda_gate_forward", f);
   LOOM_CHECK_CUDA_ARG("kda_gate_forward", A_log);
@@ -68,8 +68,8 @@ void kda_gate_forward(const Tensor& f, const Tensor& A_log, const Tensor& dt_bia
                dt_bias.describe().c_str(), f.describe().c_str());
     bias = dt_bias.data<float>();
   }
-  launch::kda_gate(f.data<float>(), A_log.data<float>(), bias, lower_bound, g.data<float>(), T,
-                   width, H);
+  launch::kda_gate(stream_of(ex), f.data<float>(), A_log.data<float>(), bias, lower_bound,
+                   g.data<float>(), T, width, H);
 }
 
 }  // namespace loom::cuda

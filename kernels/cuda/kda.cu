@@ -124,18 +124,18 @@ __global__ void kda_gate_kernel(const float* __restrict__ f, const float* __rest
 
 namespace launch {
 
-void kda_gate(const float* f, const float* A_log, const float* dt_bias, float lower_bound, float* g,
-              int64_t T, int64_t width, int64_t H) {
+void kda_gate(cudaStream_t stream, const float* f, const float* A_log, const float* dt_bias,
+              float lower_bound, float* g, int64_t T, int64_t width, int64_t H) {
   const int64_t n = T * width;
   if (n == 0) return;
-  kda_gate_kernel<<<dev::grid_for(n, 256), 256, 0, current_stream()>>>(
-      f, A_log, dt_bias, lower_bound, g, n, width, width / H);
+  kda_gate_kernel<<<dev::grid_for(n, 256), 256, 0, stream>>>(f, A_log, dt_bias, lower_bound, g, n,
+                                                             width, width / H);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
-void kda_recurrent(const float* q, const float* k, const float* v, const float* g,
-                   const float* beta, float scale, float* state, float* out, int64_t T, int64_t Hk,
-                   int64_t Hv, int64_t dk, int64_t dv, bool scalar_g) {
+void kda_recurrent(cudaStream_t stream, const float* q, const float* k, const float* v,
+                   const float* g, const float* beta, float scale, float* state, float* out,
+                   int64_t T, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, bool scalar_g) {
   if (Hv == 0 || dv == 0) return;
   if (dk > kMaxDk || T > 2147483647LL || Hv > 65535 * 1024LL) {
     std::fprintf(stderr, "kda_recurrent (CUDA): dk %lld > %d or T/Hv too large\n",
@@ -144,7 +144,7 @@ void kda_recurrent(const float* q, const float* k, const float* v, const float* 
   }
   const dim3 grid(static_cast<unsigned>(Hv), static_cast<unsigned>((dv + kCols - 1) / kCols));
   const dim3 block(kCols, kRowGroups);
-  cudaStream_t s = current_stream();
+  cudaStream_t s = stream;
   const int iT = static_cast<int>(T), iHk = static_cast<int>(Hk), iHv = static_cast<int>(Hv);
   const int idk = static_cast<int>(dk), idv = static_cast<int>(dv);
   if (dk <= 4 * kRowGroups) {

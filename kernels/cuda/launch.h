@@ -1,8 +1,8 @@
 // Raw CUDA launchers behind the loom::cuda:: Tensor entry points. This header is shared by the
 // host-side .cc files (compiled by the C++ compiler; they check shapes and devices) and the .cu
 // files (compiled by nvcc; they hold the kernels). It deliberately includes no Loom or Abseil
-// header so that nvcc never parses Abseil. Every launcher enqueues on current_stream() and checks
-// the launch with LOOM_CUDA_CHECK(cudaGetLastError()); none synchronises.
+// header so that nvcc never parses Abseil. Every launcher enqueues on the stream it is given (the
+// Exec's) and checks the launch with LOOM_CUDA_CHECK(cudaGetLastError()); none synchronises.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -12,10 +12,6 @@
 #include <cstdlib>
 
 namespace loom::cuda {
-
-// The one stream every Loom CUDA kernel, copy and cuBLAS call is enqueued on (created on first
-// use; a blocking stream, so it also orders with work on the legacy default stream).
-cudaStream_t current_stream();
 
 namespace detail {
 [[noreturn]] inline void cuda_failed(cudaError_t e, const char* call, const char* file, int line) {
@@ -38,46 +34,48 @@ namespace detail {
 namespace loom::cuda::launch {
 
 // norm: out = (w_off + w) * x * rsqrt(mean x^2 + eps) (rms) or x * scale * rsqrt(sum x^2 + eps).
-void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int64_t d, float eps,
-             float weight_offset);
-void l2norm(const float* x, float* out, int64_t rows, int64_t d, float eps, float scale);
+void rmsnorm(cudaStream_t stream, const float* x, const float* w, float* out, int64_t rows,
+             int64_t d, float eps, float weight_offset);
+void l2norm(cudaStream_t stream, const float* x, float* out, int64_t rows, int64_t d, float eps,
+            float scale);
 
 // elementwise
 enum class Unary : int { kAdd, kMulSigmoid, kMulSilu, kSigmoid, kSiluMul };
 // kAdd: x += y; kMulSigmoid: x *= sigmoid(y); kMulSilu: x *= silu(y); kSigmoid: x = sigmoid(x);
 // kSiluMul: out = silu(x) * y (out may alias x).
-void pointwise(Unary op, float* x, const float* y, float* out, int64_t n);
-void add_bias(float* x, const float* bias, int64_t rows, int64_t cols);
-void mul_sigmoid_rows(float* x, const float* gate, int64_t rows, int64_t cols);
-void copy_2d(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows,
-             int64_t cols);
+void pointwise(cudaStream_t stream, Unary op, float* x, const float* y, float* out, int64_t n);
+void add_bias(cudaStream_t stream, float* x, const float* bias, int64_t rows, int64_t cols);
+void mul_sigmoid_rows(cudaStream_t stream, float* x, const float* gate, int64_t rows, int64_t cols);
+void copy_2d(cudaStream_t stream, float* dst, int64_t dst_ld, const float* src, int64_t src_ld,
+             int64_t rows, int64_t cols);
 // out[i, :] = table[ids[i], :]. Ids outside [0, V) write a zero row and lower *bad (if non-null)
 // to min(*bad, i) with atomicMin, so the host can report the first bad position.
-void gather_rows_i32(const int32_t* ids, const float* table, float* out, int64_t n, int64_t V,
-                     int64_t d, int32_t* bad);
-void gather_rows_i64(const int64_t* ids, const float* table, float* out, int64_t n, int64_t V,
-                     int64_t d, int32_t* bad);
-void fill_or_scale(float* x, int64_t n, float beta);  // x = beta == 0 ? 0 : beta * x
+void gather_rows_i32(cudaStream_t stream, const int32_t* ids, const float* table, float* out,
+                     int64_t n, int64_t V, int64_t d, int32_t* bad);
+void gather_rows_i64(cudaStream_t stream, const int64_t* ids, const float* table, float* out,
+                     int64_t n, int64_t V, int64_t d, int32_t* bad);
+void fill_or_scale(cudaStream_t stream, float* x, int64_t n,
+                   float beta);  // x = beta == 0 ? 0 : beta * x
 // out[i] = alpha * w[i, :] . x + beta * out[i] for row-major w [n, k]; beta = 0 never reads out.
-void gemv_rows(const float* w, const float* x, float* out, int64_t n, int64_t k, float alpha,
-               float beta);
+void gemv_rows(cudaStream_t stream, const float* w, const float* x, float* out, int64_t n,
+               int64_t k, float alpha, float beta);
 
 // conv
-void causal_conv1d_forward(const float* x, const float* w, float* state, float* out, int64_t T,
-                           int64_t C, int64_t W, bool silu);
-void causal_conv1d_step(const float* x, const float* w, float* states, float* out, int64_t B,
-                        int64_t C, int64_t W, bool silu);
+void causal_conv1d_forward(cudaStream_t stream, const float* x, const float* w, float* state,
+                           float* out, int64_t T, int64_t C, int64_t W, bool silu);
+void causal_conv1d_step(cudaStream_t stream, const float* x, const float* w, float* states,
+                        float* out, int64_t B, int64_t C, int64_t W, bool silu);
 
 // kda
-void kda_gate(const float* f, const float* A_log, const float* dt_bias, float lower_bound, float* g,
-              int64_t T, int64_t width, int64_t H);
-void kda_recurrent(const float* q, const float* k, const float* v, const float* g,
-                   const float* beta, float scale, float* state, float* out, int64_t T, int64_t Hk,
-                   int64_t Hv, int64_t dk, int64_t dv, bool scalar_g);
+void kda_gate(cudaStream_t stream, const float* f, const float* A_log, const float* dt_bias,
+              float lower_bound, float* g, int64_t T, int64_t width, int64_t H);
+void kda_recurrent(cudaStream_t stream, const float* q, const float* k, const float* v,
+                   const float* g, const float* beta, float scale, float* state, float* out,
+                   int64_t T, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, bool scalar_g);
 
 // rope: positions [T] i64 and inv_freq [rd/2] on the device.
-void rope(float* x, const int64_t* positions, const float* inv_freq, float attention_factor,
-          int64_t T, int64_t H, int64_t d, int64_t rotary_dim, int64_t dim_offset,
-          bool interleaved);
+void rope(cudaStream_t stream, float* x, const int64_t* positions, const float* inv_freq,
+          float attention_factor, int64_t T, int64_t H, int64_t d, int64_t rotary_dim,
+          int64_t dim_offset, bool interleaved);
 
 }  // namespace loom::cuda::launch

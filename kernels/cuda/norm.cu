@@ -58,17 +58,17 @@ __global__ void __launch_bounds__(256)
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 template <bool kRms>
-void launch_norm(const float* x, const float* w, float* out, int64_t rows, int64_t d, float eps,
-                 float p0) {
+void launch_norm(cudaStream_t stream, const float* x, const float* w, float* out, int64_t rows,
+                 int64_t d, float eps, float p0) {
   if (rows == 0 || d == 0) return;
   LOOM_CHECK_GRID(rows);
   const bool vec = d % 4 == 0 && aligned16(x) && aligned16(out) && (!kRms || aligned16(w));
   const int threads = d >= 2048 ? 256 : (d >= 512 ? 128 : 64);
   const dim3 grid(static_cast<unsigned>(rows));
   if (vec) {
-    norm_kernel<kRms, true><<<grid, threads, 0, current_stream()>>>(x, w, out, d, eps, p0, 0.f);
+    norm_kernel<kRms, true><<<grid, threads, 0, stream>>>(x, w, out, d, eps, p0, 0.f);
   } else {
-    norm_kernel<kRms, false><<<grid, threads, 0, current_stream()>>>(x, w, out, d, eps, p0, 0.f);
+    norm_kernel<kRms, false><<<grid, threads, 0, stream>>>(x, w, out, d, eps, p0, 0.f);
   }
   LOOM_CUDA_CHECK_LAUNCH();
 }
@@ -76,12 +76,13 @@ void launch_norm(const float* x, const float* w, float* out, int64_t rows, int64
 }  // namespace
 
 namespace launch {
-void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int64_t d, float eps,
-             float weight_offset) {
-  launch_norm<true>(x, w, out, rows, d, eps, weight_offset);
+void rmsnorm(cudaStream_t stream, const float* x, const float* w, float* out, int64_t rows,
+             int64_t d, float eps, float weight_offset) {
+  launch_norm<true>(stream, x, w, out, rows, d, eps, weight_offset);
 }
-void l2norm(const float* x, float* out, int64_t rows, int64_t d, float eps, float scale) {
-  launch_norm<false>(x, nullptr, out, rows, d, eps, scale);
+void l2norm(cudaStream_t stream, const float* x, float* out, int64_t rows, int64_t d, float eps,
+            float scale) {
+  launch_norm<false>(stream, x, nullptr, out, rows, d, eps, scale);
 }
 }  // namespace launch
 

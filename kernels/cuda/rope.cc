@@ -6,8 +6,8 @@
 
 namespace loom::cuda {
 
-void rope_forward(const Tensor& x, const std::vector<int64_t>& positions, const RopeTable& table,
-                  int64_t dim_offset) {
+void rope_forward(const Exec& ex, const Tensor& x, const std::vector<int64_t>& positions,
+                  const RopeTable& table, int64_t dim_offset) {
   LOOM_CHECK_CUDA_ARG("rope_forward", x);
   LOOM_CHECK_F32(x);
   LOOM_CHECK(x.ndim() == 3 && x.dim(0) == static_cast<int64_t>(positions.size()) &&
@@ -17,11 +17,11 @@ void rope_forward(const Tensor& x, const std::vector<int64_t>& positions, const 
              "rope_forward: x %s, %zu positions, rotary_dim %d", x.describe().c_str(),
              positions.size(), table.rotary_dim);
   if (positions.empty() || table.rotary_dim == 0 || x.dim(1) == 0) return;
-  Scratch pos(positions.size() * sizeof(int64_t));
+  Scratch pos(positions.size() * sizeof(int64_t), stream_of(ex));
   pos.upload(positions.data(), positions.size() * sizeof(int64_t));
-  Scratch freq(table.inv_freq.size() * sizeof(float));
+  Scratch freq(table.inv_freq.size() * sizeof(float), stream_of(ex));
   freq.upload(table.inv_freq.data(), table.inv_freq.size() * sizeof(float));
-  launch::rope(x.data<float>(), static_cast<const int64_t*>(pos.get()),
+  launch::rope(stream_of(ex), x.data<float>(), static_cast<const int64_t*>(pos.get()),
                static_cast<const float*>(freq.get()), table.attention_factor, x.dim(0), x.dim(1),
                x.dim(2), table.rotary_dim, dim_offset, table.style == RopeStyle::kInterleaved);
 }

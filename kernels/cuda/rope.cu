@@ -29,9 +29,9 @@ __global__ void rope_kernel(float* x, const int64_t* __restrict__ positions,
 }  // namespace
 
 namespace launch {
-void rope(float* x, const int64_t* positions, const float* inv_freq, float attention_factor,
-          int64_t T, int64_t H, int64_t d, int64_t rotary_dim, int64_t dim_offset,
-          bool interleaved) {
+void rope(cudaStream_t stream, float* x, const int64_t* positions, const float* inv_freq,
+          float attention_factor, int64_t T, int64_t H, int64_t d, int64_t rotary_dim,
+          int64_t dim_offset, bool interleaved) {
   if (T == 0 || H == 0 || rotary_dim == 0) return;
   LOOM_CHECK_GRID(T);
   if (H > 65535) {
@@ -47,9 +47,9 @@ void rope(float* x, const int64_t* positions, const float* inv_freq, float atten
                  static_cast<long long>(rotary_dim));
     std::abort();
   }
-  rope_kernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(H)), threads, smem,
-                current_stream()>>>(x, positions, inv_freq, attention_factor, H, d,
-                                    static_cast<int>(rotary_dim), dim_offset, interleaved);
+  rope_kernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(H)), threads, smem, stream>>>(
+      x, positions, inv_freq, attention_factor, H, d, static_cast<int>(rotary_dim), dim_offset,
+      interleaved);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 }  // namespace launch

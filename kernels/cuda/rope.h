@@ -1,5 +1,5 @@
 // CUDA twins of the same-named kernels/ header: same contracts, every tensor argument on the GPU
-// (f32 contiguous), enqueued on loom::cuda::current_stream() without synchronising.
+// (f32 contiguous), enqueued on the Exec's stream without synchronising.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +10,7 @@
 namespace loom::cuda {
 
 // positions and table.inv_freq are host vectors, uploaded per call to stream-ordered scratch.
-void rope_forward(const Tensor& x, const std::vector<int64_t>& positions, const RopeTable& table,
-                  int64_t dim_offset);
+void rope_forward(const Exec& ex, const Tensor& x, const std::vector<int64_t>& positions,
+                  const RopeTable& table, int64_t dim_offset);
 
 }  // namespace loom::cuda

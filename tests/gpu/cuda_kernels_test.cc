@@ -53,6 +53,11 @@ Tensor randn(Shape shape, float scale = 1.0f, float mean = 0.0f) {
 Tensor uniform(Shape shape, float lo, float hi) { return twin::uniform(rng(), shape, lo, hi); }
 
 Tensor dev(const Tensor& h) { return cuda::to_device(h); }
+// CUDA device 0 on its context's stream.
+const Exec& gpu() {
+  static const Exec ex = cuda::device_exec(0);
+  return ex;
+}
 Tensor host(const Tensor& d) { return cuda::to_host(d); }
 // A device tensor full of NaN: any element the kernel fails to write fails the comparison.
 Tensor poisoned(Shape shape) { return dev(Tensor::full(shape, std::nanf(""))); }
@@ -86,13 +91,13 @@ TEST_F(CudaKernels, RmsNorm) {
       const int64_t N = 37;
       Tensor x = randn({N, D}, 2.0f), w = randn({D}, 0.5f);
       Tensor ref = Tensor::empty({N, D});
-      rmsnorm_forward(x, w, 1e-6f, offset, ref);
+      rmsnorm_forward(host_exec(), x, w, 1e-6f, offset, ref);
       Tensor xd = dev(x), wd = dev(w), od = poisoned({N, D});
-      rmsnorm_forward(xd, wd, 1e-6f, offset, od);
+      rmsnorm_forward(gpu(), xd, wd, 1e-6f, offset, od);
       const double tol = twin::norm_tol(D);
       report("rmsnorm_D" + std::to_string(D) + "_off" + std::to_string(int(offset)),
              scaled_err(od, ref), tol);
-      rmsnorm_forward(xd, wd, 1e-6f, offset, xd);  // out aliases x
+      rmsnorm_forward(gpu(), xd, wd, 1e-6f, offset, xd);  // out aliases x
       report("rmsnorm_alias_D" + std::to_string(D), scaled_err(xd, ref), tol);
     }
   }
@@ -102,9 +107,9 @@ TEST_F(CudaKernels, L2Norm) {
   for (int64_t d : {129, 128}) {
     Tensor x = randn({61, 3, d}, 1.5f);
     Tensor ref = Tensor::empty(x.shape());
-    l2norm_forward(x, 1e-6f, 0.7f, ref);
+    l2norm_forward(host_exec(), x, 1e-6f, 0.7f, ref);
     Tensor xd = dev(x), od = poisoned(x.shape());
-    l2norm_forward(xd, 1e-6f, 0.7f, od);
+    l2norm_forward(gpu(), xd, 1e-6f, 0.7f, od);
     report("l2norm_d" + std::to_string(d), scaled_err(od, ref), twin::norm_tol(d));
   }
 }
@@ -125,57 +130,60 @@ TEST_F(CudaKernels, Elementwise) {
   };
   const Tensor bd = dev(b), biasd = dev(bias), growd = dev(grow);
   run(
-      "add_inplace", 0.0, [&](const Tensor& x) { add_inplace(x, b); },
-      [&](const Tensor& x) { add_inplace(x, bd); });
+      "add_inplace", 0.0, [&](const Tensor& x) { add_inplace(host_exec(), x, b); },
+      [&](const Tensor& x) { add_inplace(gpu(), x, bd); });
   run(
-      "add_bias", 0.0, [&](const Tensor& x) { add_bias(x, bias); },
-      [&](const Tensor& x) { add_bias(x, biasd); });
+      "add_bias", 0.0, [&](const Tensor& x) { add_bias(host_exec(), x, bias); },
+      [&](const Tensor& x) { add_bias(gpu(), x, biasd); });
   run(
-      "mul_sigmoid_inplace", 8 * twin::kEps, [&](const Tensor& x) { mul_sigmoid_inplace(x, b); },
-      [&](const Tensor& x) { mul_sigmoid_inplace(x, bd); });
+      "mul_sigmoid_inplace", 8 * twin::kEps,
+      [&](const Tensor& x) { mul_sigmoid_inplace(host_exec(), x, b); },
+      [&](const Tensor& x) { mul_sigmoid_inplace(gpu(), x, bd); });
   run(
-      "mul_sigmoid_rows", 8 * twin::kEps, [&](const Tensor& x) { mul_sigmoid_rows(x, grow); },
-      [&](const Tensor& x) { mul_sigmoid_rows(x, growd); });
+      "mul_sigmoid_rows", 8 * twin::kEps,
+      [&](const Tensor& x) { mul_sigmoid_rows(host_exec(), x, grow); },
+      [&](const Tensor& x) { mul_sigmoid_rows(gpu(), x, growd); });
   run(
-      "mul_silu_inplace", 8 * twin::kEps, [&](const Tensor& x) { mul_silu_inplace(x, b); },
-      [&](const Tensor& x) { mul_silu_inplace(x, bd); });
+      "mul_silu_inplace", 8 * twin::kEps,
+      [&](const Tensor& x) { mul_silu_inplace(host_exec(), x, b); },
+      [&](const Tensor& x) { mul_silu_inplace(gpu(), x, bd); });
   run(
-      "sigmoid_inplace", 8 * twin::kEps, [&](const Tensor& x) { sigmoid_inplace(x); },
-      [&](const Tensor& x) { sigmoid_inplace(x); });
+      "sigmoid_inplace", 8 * twin::kEps, [&](const Tensor& x) { sigmoid_inplace(host_exec(), x); },
+      [&](const Tensor& x) { sigmoid_inplace(gpu(), x); });
 
   // Column copies and row gathers: exact.
   const int64_t c0 = 17, cw = 45;
   Tensor ref = Tensor::empty({N, cw});
-  copy_columns(a, c0, ref);
+  copy_columns(host_exec(), a, c0, ref);
   Tensor cd = poisoned({N, cw});
-  copy_columns(dev(a), c0, cd);
+  copy_columns(gpu(), dev(a), c0, cd);
   report("copy_columns", scaled_err(cd, ref), 0.0);
 
   const Tensor small = randn({N, cw});
   Tensor sref = a.clone();
-  scatter_columns(small, c0, sref);
+  scatter_columns(host_exec(), small, c0, sref);
   Tensor sd = dev(a);
-  scatter_columns(dev(small), c0, sd);
+  scatter_columns(gpu(), dev(small), c0, sd);
   report("scatter_columns", scaled_err(sd, sref), 0.0);
 
   std::vector<int64_t> rows;
   std::uniform_int_distribution<int64_t> pick(0, N - 1);
   for (int i = 0; i < 53; ++i) rows.push_back(pick(rng()));
   Tensor gref = Tensor::empty({53, C});
-  gather_rows(a, rows, gref);
+  gather_rows(host_exec(), a, rows, gref);
   Tensor gd = poisoned({53, C});
-  gather_rows(dev(a), rows, gd);
+  gather_rows(gpu(), dev(a), rows, gd);
   report("gather_rows", scaled_err(gd, gref), 0.0);
 }
 
 TEST_F(CudaKernels, SiluMul) {
   const Tensor g = randn({61, 129}, 3.0f), u = randn({61, 129});
   Tensor ref = Tensor::empty(g.shape());
-  silu_mul_forward(g, u, ref);
+  silu_mul_forward(host_exec(), g, u, ref);
   Tensor gd = dev(g), ud = dev(u), od = poisoned(g.shape());
-  silu_mul_forward(gd, ud, od);
+  silu_mul_forward(gpu(), gd, ud, od);
   report("silu_mul", scaled_err(od, ref), 8 * twin::kEps);
-  silu_mul_forward(gd, ud, gd);  // out aliases gate
+  silu_mul_forward(gpu(), gd, ud, gd);  // out aliases gate
   report("silu_mul_alias", scaled_err(gd, ref), 8 * twin::kEps);
 }
 
@@ -196,13 +204,13 @@ TEST_F(CudaKernels, Embedding) {
       }
     }
     Tensor ref = Tensor::empty({T, D});
-    embedding_forward(ids, table, ref);
+    embedding_forward(host_exec(), ids, table, ref);
     const std::string n = dt == DType::kI32 ? "i32" : "i64";
     Tensor od = poisoned({T, D});
-    embedding_forward(dev(ids), table_d, od);
+    embedding_forward(gpu(), dev(ids), table_d, od);
     report("embedding_" + n + "_device_ids", scaled_err(od, ref), 0.0);
     Tensor oh = poisoned({T, D});
-    embedding_forward(ids, table_d, oh);
+    embedding_forward(gpu(), ids, table_d, oh);
     report("embedding_" + n + "_host_ids", scaled_err(oh, ref), 0.0);
   }
 }
@@ -218,7 +226,7 @@ TEST_F(CudaKernels, ChecksAbort) {
         ids.data<int64_t>()[0] = 1;
         ids.data<int64_t>()[1] = 7;
         ids.data<int64_t>()[2] = 2;
-        embedding_forward(cuda::to_device(ids), cuda::to_device(Tensor::full({5, 4}, 1.0f)),
+        embedding_forward(gpu(), cuda::to_device(ids), cuda::to_device(Tensor::full({5, 4}, 1.0f)),
                           cuda::to_device(Tensor::full({3, 4}, 0.0f)));
       },
       "ids\\[1\\] = 7 outside");
@@ -226,9 +234,9 @@ TEST_F(CudaKernels, ChecksAbort) {
       {
         cuda::init();
         Tensor x = cuda::to_device(Tensor::full({2, 4}, 1.0f));
-        rmsnorm_forward(x, Tensor::full({4}, 1.0f), 1e-6f, 0.0f, x);
+        rmsnorm_forward(gpu(), x, Tensor::full({4}, 1.0f), 1e-6f, 0.0f, x);
       },
-      "same device");
+      "must live on its execution device");
   report("checks_abort", HasFailure() ? 1.0 : 0.0, 0.0);
 }
 
@@ -243,14 +251,14 @@ void check_matmul(const std::string& name, int64_t M, int64_t N, int64_t K, bool
   Tensor absa = a.clone(), absb = b.clone(), cond = Tensor::empty({M, N});
   for (int64_t i = 0; i < absa.numel(); ++i) absa.data<float>()[i] = std::fabs(a.data<float>()[i]);
   for (int64_t i = 0; i < absb.numel(); ++i) absb.data<float>()[i] = std::fabs(b.data<float>()[i]);
-  matmul(absa, ta, absb, tb, cond, std::fabs(alpha), 0.0f);
+  matmul(host_exec(), absa, ta, absb, tb, cond, std::fabs(alpha), 0.0f);
   Tensor od = beta == 0.0f ? poisoned({M, N}) : dev(c0);
   if (linear) {
-    linear_forward(a, b, ref, beta);
-    linear_forward(dev(a), dev(b), od, beta);
+    linear_forward(host_exec(), a, b, ref, beta);
+    linear_forward(gpu(), dev(a), dev(b), od, beta);
   } else {
-    matmul(a, ta, b, tb, ref, alpha, beta);
-    matmul(dev(a), ta, dev(b), tb, od, alpha, beta);
+    matmul(host_exec(), a, ta, b, tb, ref, alpha, beta);
+    matmul(gpu(), dev(a), ta, dev(b), tb, od, alpha, beta);
   }
   const Tensor got = host(od);
   double err = 0.0;
@@ -283,11 +291,12 @@ TEST_F(CudaKernels, Gemm) {
   for (float beta : {0.0f, 0.5f}) {
     const Tensor c0 = randn({5, 7});
     Tensor ref = c0.clone();
-    matmul(Tensor::empty({5, 0}), false, Tensor::empty({0, 7}), false, ref, 1.0f, beta);
+    matmul(host_exec(), Tensor::empty({5, 0}), false, Tensor::empty({0, 7}), false, ref, 1.0f,
+           beta);
     Tensor od = beta == 0.0f ? poisoned({5, 7}) : dev(c0);
     Tensor a0 = Tensor::empty({5, 0}, DType::kF32, Device::kCuda);
     Tensor b0 = Tensor::empty({0, 7}, DType::kF32, Device::kCuda);
-    matmul(a0, false, b0, false, od, 1.0f, beta);
+    matmul(gpu(), a0, false, b0, false, od, 1.0f, beta);
     report(beta == 0.0f ? "matmul_K0_beta0" : "matmul_K0_beta05", scaled_err(od, ref), 0.0);
   }
 }
@@ -306,9 +315,9 @@ TEST_F(CudaKernels, CausalConv1d) {
     for (int64_t T : {61, 2}) {
       const Tensor x = randn({T, C}), w = randn({C, W}, 0.5f), st0 = randn({P, C});
       Tensor st = st0.clone(), ref = Tensor::empty({T, C});
-      causal_conv1d_forward(x, w, st, silu, ref);
+      causal_conv1d_forward(host_exec(), x, w, st, silu, ref);
       Tensor xd = dev(x), wd = dev(w), std_ = dev(st0), od = poisoned({T, C});
-      causal_conv1d_forward(xd, wd, std_, silu, od);
+      causal_conv1d_forward(gpu(), xd, wd, std_, silu, od);
       report("conv1d_fwd_T" + std::to_string(T) + tag, scaled_err(od, ref), tol);
       report("conv1d_fwd_state_T" + std::to_string(T) + tag, scaled_err(std_, st), 0.0);
     }
@@ -316,13 +325,13 @@ TEST_F(CudaKernels, CausalConv1d) {
     const int64_t T = 61;
     const Tensor x = randn({T, C}), w = randn({C, W}, 0.5f), st0 = randn({P, C});
     Tensor st = st0.clone(), ref = Tensor::empty({T, C});
-    causal_conv1d_forward(x, w, st, silu, ref);
+    causal_conv1d_forward(host_exec(), x, w, st, silu, ref);
     Tensor wd = dev(w), std_ = dev(st0), od = poisoned({T, C});
     int64_t t0 = 0;
     for (int64_t len : {17, 1, 43}) {
       Tensor part = Tensor::empty({len, C});
       part.copy_from(x.slice(0, t0, t0 + len));
-      causal_conv1d_forward(dev(part), wd, std_, silu, od.slice(0, t0, t0 + len));
+      causal_conv1d_forward(gpu(), dev(part), wd, std_, silu, od.slice(0, t0, t0 + len));
       t0 += len;
     }
     report("conv1d_fwd_split" + tag, scaled_err(od, ref), tol);
@@ -332,9 +341,9 @@ TEST_F(CudaKernels, CausalConv1d) {
     const int64_t B = 5;
     const Tensor xb = randn({B, C}), sb0 = randn({B, P, C});
     Tensor sb = sb0.clone(), rb = Tensor::empty({B, C});
-    causal_conv1d_step(xb, w, sb, silu, rb);
+    causal_conv1d_step(host_exec(), xb, w, sb, silu, rb);
     Tensor sbd = dev(sb0), obd = poisoned({B, C});
-    causal_conv1d_step(dev(xb), wd, sbd, silu, obd);
+    causal_conv1d_step(gpu(), dev(xb), wd, sbd, silu, obd);
     report("conv1d_step" + tag, scaled_err(obd, rb), tol);
     report("conv1d_step_state" + tag, scaled_err(sbd, sb), 0.0);
   }
@@ -351,9 +360,9 @@ TEST_F(CudaKernels, KdaGate) {
       for (bool with_bias : {true, false}) {
         Tensor ref = Tensor::empty(f.shape());
         const Tensor none;
-        kda_gate_forward(f, A_log, with_bias ? bias : none, lb, ref);
+        kda_gate_forward(host_exec(), f, A_log, with_bias ? bias : none, lb, ref);
         Tensor gd = poisoned(f.shape());
-        kda_gate_forward(dev(f), dev(A_log), with_bias ? dev(bias) : none, lb, gd);
+        kda_gate_forward(gpu(), dev(f), dev(A_log), with_bias ? dev(bias) : none, lb, gd);
         report(std::string("kda_gate_") + (lb == 0.0f ? "softplus" : "bounded") +
                    (width == H ? "_scalar" : "") + (with_bias ? "_bias" : ""),
                scaled_err(gd, ref), 16 * twin::kEps);
@@ -366,10 +375,11 @@ TEST_F(CudaKernels, KdaGate) {
 void check_kda(const twin::KdaCase& c) {
   const twin::KdaInputs in = twin::kda_inputs(rng(), c);
   Tensor s_ref = in.s0.clone(), o_ref = Tensor::empty({c.T, c.Hv, c.dv});
-  kda_recurrent_forward(in.q, in.k, in.v, in.g, in.beta, in.scale, s_ref, o_ref);
+  kda_recurrent_forward(host_exec(), in.q, in.k, in.v, in.g, in.beta, in.scale, s_ref, o_ref);
 
   Tensor sd = dev(in.s0), od = poisoned({c.T, c.Hv, c.dv});
-  kda_recurrent_forward(dev(in.q), dev(in.k), dev(in.v), dev(in.g), dev(in.beta), in.scale, sd, od);
+  kda_recurrent_forward(gpu(), dev(in.q), dev(in.k), dev(in.v), dev(in.g), dev(in.beta), in.scale,
+                        sd, od);
   const std::string name = "kda_recurrent_T" + std::to_string(c.T) + "_Hv" + std::to_string(c.Hv) +
                            "_dk" + std::to_string(c.dk) + "_dv" + std::to_string(c.dv) +
                            (c.scalar_g ? "_scalarg" : "") + (c.softplus ? "_softplus" : "_bounded");
@@ -401,9 +411,9 @@ TEST_F(CudaKernels, Rope) {
                : rope_table_default(1e6, 126, style);
       const Tensor x = randn({T, H, d});
       Tensor ref = x.clone();
-      rope_forward(ref, pos, table, yarn ? off : 0);
+      rope_forward(host_exec(), ref, pos, table, yarn ? off : 0);
       Tensor xd = dev(x);
-      rope_forward(xd, pos, table, yarn ? off : 0);
+      rope_forward(gpu(), xd, pos, table, yarn ? off : 0);
       report(std::string("rope_") + (style == RopeStyle::kHalf ? "half" : "interleaved") +
                  (yarn ? "_yarn" : ""),
              scaled_err(xd, ref), 8 * twin::kEps);

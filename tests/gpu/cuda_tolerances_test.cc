@@ -43,7 +43,7 @@ TEST(CudaTolerances, RmsNormBoundCatchesDroppedElementAndWrongScale) {
     const int64_t N = 37;
     const Tensor x = twin::randn(rng, {N, D}, 2.0f), w = twin::randn(rng, {D}, 0.5f);
     Tensor ref = Tensor::empty({N, D});
-    rmsnorm_forward(x, w, 1e-6f, 0.0f, ref);
+    rmsnorm_forward(host_exec(), x, w, 1e-6f, 0.0f, ref);
     // Per row: the element of median |x| left out of the sum of squares, or the mean taken over
     // D - 1; both rescale the row of the correct output.
     Tensor dropped = ref.clone(), wrong_mean = ref.clone();
@@ -75,7 +75,7 @@ TEST(CudaTolerances, GemmBoundCatchesDroppedTerm) {
     const int64_t M = 37, N = 61, k0 = K / 2;
     const Tensor a = twin::randn(rng, {M, K}), b = twin::randn(rng, {K, N});
     Tensor ref = Tensor::empty({M, N}), cond = Tensor::empty({M, N});
-    matmul(a, false, b, false, ref, 1.0f, 0.0f);
+    matmul(host_exec(), a, false, b, false, ref, 1.0f, 0.0f);
     Tensor absa = a.clone(), absb = b.clone();
     for (int64_t i = 0; i < absa.numel(); ++i) {
       absa.data<float>()[i] = std::fabs(a.data<float>()[i]);
@@ -83,7 +83,7 @@ TEST(CudaTolerances, GemmBoundCatchesDroppedTerm) {
     for (int64_t i = 0; i < absb.numel(); ++i) {
       absb.data<float>()[i] = std::fabs(b.data<float>()[i]);
     }
-    matmul(absa, false, absb, false, cond, 1.0f, 0.0f);
+    matmul(host_exec(), absa, false, absb, false, cond, 1.0f, 0.0f);
     // Leaving term k0 out of every dot product: the error is |a_i,k0 b_k0,j| in condition units.
     double err = 0.0;
     for (int64_t i = 0; i < M; ++i) {
@@ -103,9 +103,10 @@ TEST(CudaTolerances, KdaBoundCatchesWrongScale) {
                                  twin::KdaCase{61, 2, 2, 256, 256, false, true}}) {
     const twin::KdaInputs in = twin::kda_inputs(rng, c);
     Tensor s1 = in.s0.clone(), o1 = Tensor::empty({c.T, c.Hv, c.dv});
-    kda_recurrent_forward(in.q, in.k, in.v, in.g, in.beta, in.scale, s1, o1);
+    kda_recurrent_forward(host_exec(), in.q, in.k, in.v, in.g, in.beta, in.scale, s1, o1);
     Tensor s2 = in.s0.clone(), o2 = Tensor::empty({c.T, c.Hv, c.dv});
-    kda_recurrent_forward(in.q, in.k, in.v, in.g, in.beta, in.scale * (1.0f + 1e-3f), s2, o2);
+    kda_recurrent_forward(host_exec(), in.q, in.k, in.v, in.g, in.beta, in.scale * (1.0f + 1e-3f),
+                          s2, o2);
     expect_exceeds("kda_scale_1e-3_dk" + std::to_string(c.dk), twin::scaled_err(o2, o1),
                    twin::kda_tol(c.dk));
     // One element of one key left out (k[T/2, 0, 0] = 0): changes that token's state update and
@@ -113,7 +114,7 @@ TEST(CudaTolerances, KdaBoundCatchesWrongScale) {
     Tensor k3 = in.k.clone();
     k3.data<float>()[(c.T / 2) * c.Hk * c.dk] = 0.0f;
     Tensor s3 = in.s0.clone(), o3 = Tensor::empty({c.T, c.Hv, c.dv});
-    kda_recurrent_forward(in.q, k3, in.v, in.g, in.beta, in.scale, s3, o3);
+    kda_recurrent_forward(host_exec(), in.q, k3, in.v, in.g, in.beta, in.scale, s3, o3);
     expect_exceeds("kda_dropped_key_element_dk" + std::to_string(c.dk), twin::scaled_err(o3, o1),
                    twin::kda_tol(c.dk));
   }

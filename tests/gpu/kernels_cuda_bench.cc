@@ -30,7 +30,12 @@ Tensor random_device(Shape shape, float scale = 1.0f) {
   return cuda::to_device(h);
 }
 
-// Median milliseconds of `iters` launches of fn(i), each bracketed by events on current_stream.
+// Median milliseconds of `iters` launches of fn(i), each bracketed by events on the device stream.
+const Exec& gpu() {
+  static const Exec ex = cuda::device_exec(0);
+  return ex;
+}
+
 double median_ms(const std::function<void(int)>& fn, int iters, int warmup = 3) {
   for (int i = 0; i < warmup; ++i) fn(i);
   cuda::synchronize();
@@ -39,9 +44,9 @@ double median_ms(const std::function<void(int)>& fn, int iters, int warmup = 3) 
   LOOM_CUDA_CHECK(cudaEventCreate(&b));
   std::vector<double> ms;
   for (int i = 0; i < iters; ++i) {
-    LOOM_CUDA_CHECK(cudaEventRecord(a, cuda::current_stream()));
+    LOOM_CUDA_CHECK(cudaEventRecord(a, cuda::stream_of(gpu())));
     fn(i);
-    LOOM_CUDA_CHECK(cudaEventRecord(b, cuda::current_stream()));
+    LOOM_CUDA_CHECK(cudaEventRecord(b, cuda::stream_of(gpu())));
     LOOM_CUDA_CHECK(cudaEventSynchronize(b));
     float t = 0.0f;
     LOOM_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
@@ -65,7 +70,7 @@ void bench_copy() {
   const double ms = median_ms(
       [&](int) {
         LOOM_CUDA_CHECK(cudaMemcpyAsync(b.raw(), a.raw(), a.nbytes(), cudaMemcpyDeviceToDevice,
-                                        cuda::current_stream()));
+                                        cuda::stream_of(gpu())));
       },
       20);
   emit("d2d_copy_1GiB_read+write", 2.0 * a.nbytes() / (ms * 1e6), "GB/s", kHbmGBs, ms);
@@ -75,7 +80,7 @@ void bench_rmsnorm() {
   const int64_t N = 16384, D = 4096;  // 256 MiB in, 256 MiB out
   Tensor x = random_device({N, D}), w = random_device({D});
   Tensor out = Tensor::empty({N, D}, DType::kF32, Device::kCuda);
-  const double ms = median_ms([&](int) { rmsnorm_forward(x, w, 1e-6f, 0.0f, out); }, 30);
+  const double ms = median_ms([&](int) { rmsnorm_forward(gpu(), x, w, 1e-6f, 0.0f, out); }, 30);
   const double bytes = 2.0 * N * D * 4 + D * 4;
   emit("rmsnorm_N16384_D4096", bytes / (ms * 1e6), "GB/s", kHbmGBs, ms);
 }
@@ -85,7 +90,7 @@ void bench_gemm() {
     const int64_t M = 2048, K = 4096, N = 4096;
     Tensor x = random_device({M, K}), w = random_device({N, K}, 0.02f);
     Tensor out = Tensor::empty({M, N}, DType::kF32, Device::kCuda);
-    const double ms = median_ms([&](int) { linear_forward(x, w, out, 0.0f); }, 20);
+    const double ms = median_ms([&](int) { linear_forward(gpu(), x, w, out, 0.0f); }, 20);
     emit("linear_f32_M2048_K4096_N4096", 2.0 * M * N * K / (ms * 1e9), "TFLOP/s", kF32TFlops, ms);
   }
   {
@@ -96,7 +101,8 @@ void bench_gemm() {
     for (int i = 0; i < sets; ++i) ws.push_back(random_device({N, K}, 0.02f));
     Tensor x = random_device({1, K});
     Tensor out = Tensor::empty({1, N}, DType::kF32, Device::kCuda);
-    const double ms = median_ms([&](int i) { linear_forward(x, ws[i % sets], out, 0.0f); }, 40);
+    const double ms =
+        median_ms([&](int i) { linear_forward(gpu(), x, ws[i % sets], out, 0.0f); }, 40);
     const double bytes = 4.0 * (N * K + K + N);
     emit("linear_f32_M1_K4096_N4096_weight_bytes", bytes / (ms * 1e6), "GB/s", kHbmGBs, ms);
     emit("linear_f32_M1_K4096_N4096_flops", 2.0 * N * K / (ms * 1e9), "TFLOP/s", kF32TFlops, ms);
@@ -115,7 +121,8 @@ void bench_kda_decode(int64_t Hv, int64_t sets) {
   // g must be <= 0 and beta in (0, 1) only for the maths; timing does not depend on the values.
   Tensor out = Tensor::empty({T, Hv, dv}, DType::kF32, Device::kCuda);
   const double ms = median_ms(
-      [&](int i) { kda_recurrent_forward(q, k, v, g, beta, 0.088f, states[i % sets], out); }, 50);
+      [&](int i) { kda_recurrent_forward(gpu(), q, k, v, g, beta, 0.088f, states[i % sets], out); },
+      50);
   const double bytes = 2.0 * Hv * dk * dv * 4 + 4.0 * T * (2 * Hk * dk + Hv * (2 * dv + dk + 1));
   emit("kda_recurrent_decode_Hv" + std::to_string(Hv) + "_dk128_dv128_state_bytes",
        bytes / (ms * 1e6), "GB/s", kHbmGBs, ms);

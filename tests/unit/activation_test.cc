@@ -23,7 +23,7 @@ TEST(Activation, SiluMulMatchesDouble) {
   Tensor g = random_tensor({37, 129}, rng, -80.0f, 80.0f);
   Tensor u = random_tensor({37, 129}, rng, -3.0f, 3.0f);
   Tensor out = Tensor::empty({37, 129});
-  silu_mul_forward(g, u, out);
+  silu_mul_forward(host_exec(), g, u, out);
   double max_rel = 0.0;
   for (int64_t i = 0; i < g.numel(); ++i) {
     const double gd = g.data<float>()[i];
@@ -35,7 +35,7 @@ TEST(Activation, SiluMulMatchesDouble) {
   std::printf("silu_mul max rel err %.3g\n", max_rel);
   // In place (out aliases gate) gives the same bits.
   Tensor g2 = g.clone();
-  silu_mul_forward(g2, u, g2);
+  silu_mul_forward(host_exec(), g2, u, g2);
   for (int64_t i = 0; i < g.numel(); ++i) ASSERT_EQ(g2.data<float>()[i], out.data<float>()[i]);
 }
 
@@ -57,7 +57,7 @@ void check_embedding(DType dt) {
   ids.data<Id>()[0] = 0;
   ids.data<Id>()[1] = static_cast<Id>(v - 1);
   Tensor out = Tensor::empty({t, d});
-  embedding_forward(ids, table, out);
+  embedding_forward(host_exec(), ids, table, out);
   for (int64_t i = 0; i < t; ++i) {
     for (int64_t j = 0; j < d; ++j) {
       ASSERT_EQ(out.at<float>({i, j}), table.at<float>({int64_t{ids.data<Id>()[i]}, j}));
@@ -74,11 +74,12 @@ TEST(ActivationDeathTest, EmbeddingOutOfRangeAborts) {
   Tensor ids = Tensor::empty({2}, DType::kI64);
   ids.data<int64_t>()[0] = 3;
   ids.data<int64_t>()[1] = 10;
-  EXPECT_DEATH(embedding_forward(ids, table, out), "ids\\[1\\] = 10 outside \\[0, 10\\)");
+  EXPECT_DEATH(embedding_forward(host_exec(), ids, table, out),
+               "ids\\[1\\] = 10 outside \\[0, 10\\)");
   Tensor ids32 = Tensor::empty({1}, DType::kI32);
   ids32.data<int32_t>()[0] = -1;
   Tensor out1 = Tensor::empty({1, 4});
-  EXPECT_DEATH(embedding_forward(ids32, table, out1), "outside");
+  EXPECT_DEATH(embedding_forward(host_exec(), ids32, table, out1), "outside");
 }
 
 }  // namespace

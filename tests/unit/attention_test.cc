@@ -99,10 +99,10 @@ TEST_P(MlaTest, ExpandedAbsorbedNaiveAgree) {
       random_tensor({m.heads * (m.nope_dim + m.v_dim), m.latent_dim}, rng, -wscale, wscale);
   const float scale = 1.0f / std::sqrt(float(m.nope_dim + m.rope_dim)) * 2.0f;
   Tensor oe = Tensor::empty({p.t, m.heads, m.v_dim}), oa = Tensor::empty({p.t, m.heads, m.v_dim});
-  mla_attention_expanded(q, CacheView::contiguous(c), CacheView::contiguous(kr), kv_b, m, scale,
-                         oe);
-  mla_attention_absorbed(q, CacheView::contiguous(c), CacheView::contiguous(kr), kv_b, m, scale,
-                         oa);
+  mla_attention_expanded(host_exec(), q, CacheView::contiguous(c), CacheView::contiguous(kr), kv_b,
+                         m, scale, oe);
+  mla_attention_absorbed(host_exec(), q, CacheView::contiguous(c), CacheView::contiguous(kr), kv_b,
+                         m, scale, oa);
   const auto ref = naive_mla(q, c, kr, kv_b, m, scale);
   const double e_exp = max_abs_diff(oe, ref), e_abs = max_abs_diff(oa, ref),
                e_ea = max_abs_diff(oe, oa);
@@ -126,10 +126,10 @@ TEST(Mla, NoRopePart) {  // kimi_linear style dr may still exist; check dr = 0 i
   Tensor kr = Tensor::empty({30, 0});
   Tensor kv_b = random_tensor({3 * 28, 40}, rng, -0.3f, 0.3f);
   Tensor oe = Tensor::empty({9, 3, 12}), oa = Tensor::empty({9, 3, 12});
-  mla_attention_expanded(q, CacheView::contiguous(c), CacheView::contiguous(kr), kv_b, m, 0.25f,
-                         oe);
-  mla_attention_absorbed(q, CacheView::contiguous(c), CacheView::contiguous(kr), kv_b, m, 0.25f,
-                         oa);
+  mla_attention_expanded(host_exec(), q, CacheView::contiguous(c), CacheView::contiguous(kr), kv_b,
+                         m, 0.25f, oe);
+  mla_attention_absorbed(host_exec(), q, CacheView::contiguous(c), CacheView::contiguous(kr), kv_b,
+                         m, 0.25f, oa);
   const auto ref = naive_mla(q, c, kr, kv_b, m, 0.25);
   EXPECT_LT(max_abs_diff(oe, ref), kTol);
   EXPECT_LT(max_abs_diff(oa, ref), kTol);
@@ -175,7 +175,8 @@ TEST_P(GqaTest, MatchesNaive) {
   Tensor v = random_tensor({p.s, p.hkv, p.dv}, rng, -1, 1);
   Tensor out = Tensor::empty({p.t, p.hq, p.dv});
   const float scale = 2.0f / std::sqrt(float(p.d));
-  gqa_attention_forward(q, CacheView::contiguous(k), CacheView::contiguous(v), scale, out);
+  gqa_attention_forward(host_exec(), q, CacheView::contiguous(k), CacheView::contiguous(v), scale,
+                        out);
   const double err = max_abs_diff(out, naive_gqa(q, k, v, scale));
   std::printf("GQA T=%lld S=%lld Hq=%lld Hkv=%lld: max abs err %.3g\n", (long long)p.t,
               (long long)p.s, (long long)p.hq, (long long)p.hkv, err);
@@ -201,7 +202,8 @@ TEST(AttentionChunks, GqaManyQueryChunks) {
   const int64_t t = 3000, s = 3100;  // T * S = 9.3M scores per head -> 2 chunks
   Tensor q = random_tensor({t, 1, 8}, rng, -1, 1), k = random_tensor({s, 1, 8}, rng, -1, 1);
   Tensor v = random_tensor({s, 1, 5}, rng, -1, 1), out = Tensor::empty({t, 1, 5});
-  gqa_attention_forward(q, CacheView::contiguous(k), CacheView::contiguous(v), 0.9f, out);
+  gqa_attention_forward(host_exec(), q, CacheView::contiguous(k), CacheView::contiguous(v), 0.9f,
+                        out);
   EXPECT_LT(max_abs_diff(out, naive_gqa(q, k, v, 0.9)), kTol);
 }
 
@@ -213,8 +215,10 @@ TEST(AttentionChunks, MlaAbsorbedManyQueryChunks) {
   Tensor kr = random_tensor({s, 4}, rng, -1, 1),
          kv_b = random_tensor({5 * 16, 16}, rng, -0.4f, 0.4f);
   Tensor oa = Tensor::empty({t, 5, 8}), oe = Tensor::empty({t, 5, 8});
-  mla_attention_absorbed(q, CacheView::contiguous(c), CacheView::contiguous(kr), kv_b, m, 0.5f, oa);
-  mla_attention_expanded(q, CacheView::contiguous(c), CacheView::contiguous(kr), kv_b, m, 0.5f, oe);
+  mla_attention_absorbed(host_exec(), q, CacheView::contiguous(c), CacheView::contiguous(kr), kv_b,
+                         m, 0.5f, oa);
+  mla_attention_expanded(host_exec(), q, CacheView::contiguous(c), CacheView::contiguous(kr), kv_b,
+                         m, 0.5f, oe);
   const auto ref = naive_mla(q, c, kr, kv_b, m, 0.5);
   EXPECT_LT(max_abs_diff(oa, ref), kTol);
   EXPECT_LT(max_abs_diff(oe, ref), kTol);
@@ -242,7 +246,7 @@ CacheView scatter_to_pages(const Tensor& rows, int64_t page_size, int64_t num_pa
   v.pool = pool;
   v.pages = pages.data();
   v.length = s;
-  cache_write_rows(v, 0, rows);
+  cache_write_rows(host_exec(), v, 0, rows);
   return v;
 }
 
@@ -259,8 +263,8 @@ TEST(PagedAttention, MlaAndGqaMatchContiguous) {
                 vr = scatter_to_pages(kr, page, 20, rng, pr);
       const auto ref = naive_mla(q, c, kr, kv_b, m, 0.5);
       Tensor oa = Tensor::empty({t, 4, 10}), oe = Tensor::empty({t, 4, 10});
-      mla_attention_absorbed(q, vc, vr, kv_b, m, 0.5f, oa);
-      mla_attention_expanded(q, vc, vr, kv_b, m, 0.5f, oe);
+      mla_attention_absorbed(host_exec(), q, vc, vr, kv_b, m, 0.5f, oa);
+      mla_attention_expanded(host_exec(), q, vc, vr, kv_b, m, 0.5f, oe);
       EXPECT_LT(max_abs_diff(oa, ref), kTol) << "page " << page << " T " << t << " S " << s;
       EXPECT_LT(max_abs_diff(oe, ref), kTol) << "page " << page << " T " << t << " S " << s;
 
@@ -269,7 +273,7 @@ TEST(PagedAttention, MlaAndGqaMatchContiguous) {
       std::vector<int32_t> pk, pv;
       CacheView vk = scatter_to_pages(k, page, 20, rng, pk),
                 vv = scatter_to_pages(v, page, 20, rng, pv);
-      gqa_attention_forward(qg, vk, vv, 0.7f, og);
+      gqa_attention_forward(host_exec(), qg, vk, vv, 0.7f, og);
       EXPECT_LT(max_abs_diff(og, naive_gqa(qg, k, v, 0.7)), kTol) << "page " << page;
     }
   }

@@ -53,7 +53,7 @@ TEST(CausalConv1d, ForwardMatchesNaive) {
         std::vector<float> ref_state;
         naive(x, w, st, silu, ref, ref_state);
         Tensor out = Tensor::empty({T, C});
-        causal_conv1d_forward(x, w, st, silu, out);
+        causal_conv1d_forward(host_exec(), x, w, st, silu, out);
         double m = 0;
         for (int64_t i = 0; i < T * C; ++i)
           m = std::max(m, std::abs(out.data<float>()[i] - ref[i]));
@@ -74,7 +74,7 @@ TEST(CausalConv1d, LargeParallelForwardMatchesNaive) {
   std::vector<float> ref_state;
   naive(x, w, st, true, ref, ref_state);
   Tensor out = Tensor::empty({T, C});
-  causal_conv1d_forward(x, w, st, true, out);
+  causal_conv1d_forward(host_exec(), x, w, st, true, out);
   double m = 0;
   for (int64_t i = 0; i < T * C; ++i) m = std::max(m, std::abs(out.data<float>()[i] - ref[i]));
   EXPECT_LT(m, 1e-5);
@@ -86,7 +86,7 @@ TEST(CausalConv1d, SplitsEqualFullPrefillExactly) {
   const int64_t T = 211, C = 45, W = 4;
   Tensor x = randn({T, C}, rng), w = randn({C, W}, rng), st0 = randn({W - 1, C}, rng);
   Tensor full_state = st0.clone(), full_out = Tensor::empty({T, C});
-  causal_conv1d_forward(x, w, full_state, true, full_out);
+  causal_conv1d_forward(host_exec(), x, w, full_state, true, full_out);
   // Random pieces, including single tokens and pieces shorter than W - 1.
   for (int trial = 0; trial < 5; ++trial) {
     std::vector<int64_t> cuts{0};
@@ -94,7 +94,7 @@ TEST(CausalConv1d, SplitsEqualFullPrefillExactly) {
     while (cuts.back() < T) cuts.push_back(std::min(T, cuts.back() + len(rng)));
     Tensor state = st0.clone(), out = Tensor::empty({T, C});
     for (size_t i = 0; i + 1 < cuts.size(); ++i)
-      causal_conv1d_forward(x.slice(0, cuts[i], cuts[i + 1]), w, state, true,
+      causal_conv1d_forward(host_exec(), x.slice(0, cuts[i], cuts[i + 1]), w, state, true,
                             out.slice(0, cuts[i], cuts[i + 1]));
     EXPECT_TRUE(bit_equal(out, full_out)) << "trial " << trial;
     EXPECT_TRUE(bit_equal(state, full_state)) << "trial " << trial;
@@ -117,12 +117,12 @@ void batched_steps_check(int64_t B, int64_t T, int64_t C, int64_t W, uint32_t se
     for (int64_t b = 0; b < B; ++b) {
       full_state.push_back(states0[b].clone());
       full_out.push_back(Tensor::empty({T, C}));
-      causal_conv1d_forward(xs[b], w, full_state[b], silu, full_out[b]);
+      causal_conv1d_forward(host_exec(), xs[b], w, full_state[b], silu, full_out[b]);
     }
     Tensor xt = Tensor::empty({B, C}), ot = Tensor::empty({B, C});
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t b = 0; b < B; ++b) xt.select(b).copy_from(xs[b].select(t));
-      causal_conv1d_step(xt, w, st, silu, ot);
+      causal_conv1d_step(host_exec(), xt, w, st, silu, ot);
       for (int64_t b = 0; b < B; ++b)
         ASSERT_TRUE(bit_equal(ot.select(b), full_out[b].select(t))) << "t=" << t << " b=" << b;
     }

@@ -8,7 +8,6 @@
 #include <random>
 #include <vector>
 
-#include "kernels/batch_invariance.h"
 #include "kernels/cpu/gemm.h"
 
 namespace loom {
@@ -52,7 +51,7 @@ TEST(Gemm, LinearForwardOddSizes) {
   const int64_t m = 37, k = 129, n = 71;
   Tensor x = random_tensor({m, k}, rng), w = random_tensor({n, k}, rng);
   Tensor out = Tensor::full({m, n}, std::numeric_limits<float>::quiet_NaN());  // beta 0: ignored
-  linear_forward(x, w, out);
+  linear_forward(host_exec(), x, w, out);
   Tensor wt = w;  // reference uses b = w with trans_b
   auto ref = ref_matmul(x, false, wt, true, {}, m, n, k, 1.0, 0.0);
   double max_err = 0.0;
@@ -69,7 +68,7 @@ TEST(Gemm, LinearForwardAccumulatesAndLeadingDims) {
   Tensor x = random_tensor({b, s, k}, rng), w = random_tensor({n, k}, rng);
   Tensor out = random_tensor({b, s, n}, rng);
   std::vector<float> out0(out.data<float>(), out.data<float>() + out.numel());
-  linear_forward(x, w, out, 1.0f);
+  linear_forward(host_exec(), x, w, out, 1.0f);
   auto ref = ref_matmul(x, false, w, true, out0, b * s, n, k, 1.0, 1.0);
   for (int64_t i = 0; i < b * s * n; ++i) {
     ASSERT_NEAR(out.data<float>()[i], ref[i], tol_for(k)) << i;
@@ -79,7 +78,7 @@ TEST(Gemm, LinearForwardAccumulatesAndLeadingDims) {
 TEST(Gemm, EmptyM) {
   std::mt19937 rng(5);
   Tensor x = Tensor::empty({0, 16}), w = random_tensor({8, 16}, rng), out = Tensor::empty({0, 8});
-  linear_forward(x, w, out);  // no-op, must not crash
+  linear_forward(host_exec(), x, w, out);  // no-op, must not crash
   SUCCEED();
 }
 
@@ -92,7 +91,7 @@ TEST(Gemm, MatmulAllTransposes) {
       Tensor b = tb ? random_tensor({n, k}, rng) : random_tensor({k, n}, rng);
       Tensor out = random_tensor({m, n}, rng);
       std::vector<float> out0(out.data<float>(), out.data<float>() + out.numel());
-      matmul(a, ta, b, tb, out, 0.75f, 0.5f);
+      matmul(host_exec(), a, ta, b, tb, out, 0.75f, 0.5f);
       auto ref = ref_matmul(a, ta, b, tb, out0, m, n, k, 0.75, 0.5);
       for (int64_t i = 0; i < m * n; ++i) {
         ASSERT_NEAR(out.data<float>()[i], ref[i], tol_for(k)) << "ta " << ta << " tb " << tb;
@@ -112,7 +111,7 @@ TEST(Gemm, SingleRowAllTransposes) {  // the M = 1 (GEMV) path, with garbage out
         Tensor out = beta == 0.0f ? Tensor::full({m, n}, std::numeric_limits<float>::quiet_NaN())
                                   : random_tensor({m, n}, rng);
         std::vector<float> out0(out.data<float>(), out.data<float>() + out.numel());
-        matmul(a, ta, b, tb, out, 1.25f, beta);
+        matmul(host_exec(), a, ta, b, tb, out, 1.25f, beta);
         auto ref = ref_matmul(a, ta, b, tb, out0, m, n, k, 1.25, beta);
         for (int64_t i = 0; i < m * n; ++i) {
           ASSERT_NEAR(out.data<float>()[i], ref[i], tol_for(k)) << ta << tb << beta;
@@ -163,10 +162,10 @@ TEST(Gemm, FewRowsAllTransposesAndStrides) {
 TEST(Gemm, ZeroInnerDimensionScalesByBeta) {
   Tensor a = Tensor::empty({3, 0}), b = Tensor::empty({0, 4});
   Tensor out = Tensor::full({3, 4}, 2.0f);
-  matmul(a, false, b, false, out, 1.0f, 0.5f);
+  matmul(host_exec(), a, false, b, false, out, 1.0f, 0.5f);
   for (int64_t i = 0; i < 12; ++i) EXPECT_EQ(out.data<float>()[i], 1.0f);
   Tensor out2 = Tensor::full({3, 4}, std::numeric_limits<float>::quiet_NaN());
-  matmul(a, false, b, false, out2, 1.0f, 0.0f);
+  matmul(host_exec(), a, false, b, false, out2, 1.0f, 0.0f);
   for (int64_t i = 0; i < 12; ++i) EXPECT_EQ(out2.data<float>()[i], 0.0f);
 }
 
@@ -175,7 +174,7 @@ TEST(Gemm, ZeroInnerDimensionScalesByBeta) {
 // both sides of the few-row and row-block thresholds, and k, n not multiples of the vector width;
 // and the numbers stay within the f32 bound of the double reference.
 TEST(Gemm, BatchInvariantRowsBitIdentical) {
-  const ScopedBatchInvariance mode(true);
+  const cpu::RowInvariantScope mode(true);
   std::mt19937 rng(20261130);
   for (bool tb : {true, false}) {
     for (float beta : {0.0f, 1.0f}) {
@@ -215,7 +214,7 @@ TEST(Gemm, BatchInvariantRowsBitIdentical) {
 
 TEST(GemmDeathTest, ShapeMismatchAborts) {
   Tensor x = Tensor::zeros({4, 8}), w = Tensor::zeros({5, 7}), out = Tensor::zeros({4, 5});
-  EXPECT_DEATH(linear_forward(x, w, out), "linear_forward");
+  EXPECT_DEATH(linear_forward(host_exec(), x, w, out), "linear_forward");
 }
 
 }  // namespace

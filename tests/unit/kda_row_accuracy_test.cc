@@ -80,14 +80,14 @@ std::vector<double> oracle(const Inputs& in, double scale) {
   return out;
 }
 
-using KdaFn = void (*)(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                       float, const Tensor&, const Tensor&);
+using KdaFn = void (*)(const Exec&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                       const Tensor&, float, const Tensor&, const Tensor&);
 
 // RMS over rows of max_j |o_tj - ref_tj| / rms(ref_t): the error o_norm passes on.
 double row_relative_error(KdaFn fn, Inputs in, const std::vector<double>& ref, float scale) {
   const int64_t T = in.T, H = in.H, dk = in.dk, dv = in.dv;
   std::vector<float> state(H * dk * dv, 0.0f), out(T * H * dv);
-  fn(Tensor::wrap(in.q.data(), {T, H, dk}, DType::kF32),
+  fn(host_exec(), Tensor::wrap(in.q.data(), {T, H, dk}, DType::kF32),
      Tensor::wrap(in.k.data(), {T, H, dk}, DType::kF32),
      Tensor::wrap(in.v.data(), {T, H, dv}, DType::kF32),
      Tensor::wrap(in.g.data(), {T, H, dk}, DType::kF32),

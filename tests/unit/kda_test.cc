@@ -121,8 +121,8 @@ void oracle(const Problem& p, std::vector<double>& out, std::vector<double>& sta
   }
 }
 
-using KdaFn = void (*)(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                       float, const Tensor&, const Tensor&);
+using KdaFn = void (*)(const Exec&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                       const Tensor&, float, const Tensor&, const Tensor&);
 
 struct Result {
   Tensor out, state;
@@ -130,7 +130,7 @@ struct Result {
 
 Result run(KdaFn fn, const Problem& p) {
   Result r{Tensor::empty({p.T, p.Hv, p.dv}), p.state0.clone()};
-  fn(p.q, p.k, p.v, p.g, p.beta, p.scale, r.state, r.out);
+  fn(host_exec(), p.q, p.k, p.v, p.g, p.beta, p.scale, r.state, r.out);
   return r;
 }
 
@@ -140,8 +140,8 @@ Result run_split(const std::vector<KdaFn>& fns, const Problem& p,
   Result r{Tensor::empty({p.T, p.Hv, p.dv}), p.state0.clone()};
   for (size_t i = 0; i + 1 < cuts.size(); ++i) {
     const int64_t a = cuts[i], b = cuts[i + 1];
-    fns[i](p.q.slice(0, a, b), p.k.slice(0, a, b), p.v.slice(0, a, b), p.g.slice(0, a, b),
-           p.beta.slice(0, a, b), p.scale, r.state, r.out.slice(0, a, b));
+    fns[i](host_exec(), p.q.slice(0, a, b), p.k.slice(0, a, b), p.v.slice(0, a, b),
+           p.g.slice(0, a, b), p.beta.slice(0, a, b), p.scale, r.state, r.out.slice(0, a, b));
   }
   return r;
 }
@@ -371,7 +371,7 @@ void gate_check(int64_t T, int64_t H, int64_t per_head, float lower_bound, bool 
   Tensor a_log = randn({H}, rng);
   Tensor bias = with_bias ? randn({W}, rng) : Tensor();
   Tensor g = Tensor::empty({T, W});
-  kda_gate_forward(f, a_log, bias, lower_bound, g);
+  kda_gate_forward(host_exec(), f, a_log, bias, lower_bound, g);
   double max_rel = 0;
   for (int64_t t = 0; t < T; ++t)
     for (int64_t c = 0; c < W; ++c) {

@@ -36,7 +36,7 @@ Routed route(const std::vector<float>& logits, int64_t t, int64_t e, const std::
     std::copy(bias->begin(), bias->end(), b.data<float>());
   }
   Tensor ids = Tensor::empty({t, p.top_k}, DType::kI32), w = Tensor::empty({t, p.top_k});
-  moe_route(l, b, p, ids, w);
+  moe_route(host_exec(), l, b, p, ids, w);
   Routed r;
   r.ids.assign(ids.data<int32_t>(), ids.data<int32_t>() + t * p.top_k);
   r.w.assign(w.data<float>(), w.data<float>() + t * p.top_k);
@@ -242,7 +242,7 @@ TEST_P(ExpertsTest, MatchesNaivePerToken) {
     for (int64_t j = 0; j < c.k; ++j) ids.at<int32_t>({i, j}) = perm[j];
   }
   Tensor out = Tensor::full({c.t, c.d}, std::numeric_limits<float>::quiet_NaN());
-  moe_experts_forward(x, ids, w, wg, wu, wd, out);
+  moe_experts_forward(host_exec(), x, ids, w, wg, wu, wd, out);
   double max_err = 0.0;
   std::vector<double> h(c.inter);
   for (int64_t i = 0; i < c.t; ++i) {
@@ -272,7 +272,7 @@ TEST_P(ExpertsTest, MatchesNaivePerToken) {
   EXPECT_LT(max_err, 3e-6);
   // Repeatable bit for bit.
   Tensor out2 = Tensor::empty({c.t, c.d});
-  moe_experts_forward(x, ids, w, wg, wu, wd, out2);
+  moe_experts_forward(host_exec(), x, ids, w, wg, wu, wd, out2);
   for (int64_t i = 0; i < out.numel(); ++i) ASSERT_EQ(out.data<float>()[i], out2.data<float>()[i]);
 }
 
@@ -289,7 +289,7 @@ TEST(ExpertsDeathTest, BadExpertIdAborts) {
   ids.data<int32_t>()[0] = 0;
   ids.data<int32_t>()[1] = 3;
   Tensor out = Tensor::empty({2, 4});
-  EXPECT_DEATH(moe_experts_forward(x, ids, w, wg, wu, wd, out), "outside");
+  EXPECT_DEATH(moe_experts_forward(host_exec(), x, ids, w, wg, wu, wd, out), "outside");
 }
 
 }  // namespace

@@ -31,7 +31,7 @@ TEST_P(RmsNormTest, MatchesDouble) {
     Tensor w = random_tensor({d}, rng, -1.0f, 1.0f);
     Tensor out = Tensor::empty({n, d});
     const float eps = 1e-6f;
-    rmsnorm_forward(x, w, eps, offset, out);
+    rmsnorm_forward(host_exec(), x, w, eps, offset, out);
     for (int64_t r = 0; r < n; ++r) {
       double ss = 0.0;
       for (int64_t i = 0; i < d; ++i) ss += double(x.at<float>({r, i})) * x.at<float>({r, i});
@@ -43,7 +43,7 @@ TEST_P(RmsNormTest, MatchesDouble) {
     }
     // In place.
     Tensor y = x.clone();
-    rmsnorm_forward(y, w, eps, offset, y);
+    rmsnorm_forward(host_exec(), y, w, eps, offset, y);
     for (int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(y.data<float>()[i], out.data<float>()[i]);
   }
 }
@@ -56,7 +56,7 @@ TEST(L2Norm, MatchesDoubleAnyLeadingShape) {
   Tensor x = random_tensor({5, 7, d}, rng, -2.0f, 2.0f);
   Tensor out = Tensor::empty({5, 7, d});
   const float eps = 1e-6f, scale = 0.37f;
-  l2norm_forward(x, eps, scale, out);
+  l2norm_forward(host_exec(), x, eps, scale, out);
   for (int64_t r = 0; r < 35; ++r) {
     const float* xr = x.data<float>() + r * d;
     double ss = 0.0;
@@ -68,7 +68,7 @@ TEST(L2Norm, MatchesDoubleAnyLeadingShape) {
   }
   // A zero row stays finite (eps guards the division).
   Tensor z = Tensor::zeros({1, d});
-  l2norm_forward(z, eps, 1.0f, z);
+  l2norm_forward(host_exec(), z, eps, 1.0f, z);
   for (int64_t i = 0; i < d; ++i) ASSERT_EQ(z.data<float>()[i], 0.0f);
 }
 

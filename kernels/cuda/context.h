@@ -1,0 +1,42 @@
+// Per-device CUDA state: the stream every Loom op on that device is enqueued on and the cuBLAS
+// handle bound to it. One DeviceContext per device index, created on first use and never
+// destroyed (destroying streams and handles at exit can run after the driver has shut down).
+// An Exec for a device carries its context's stream (device_exec), so ops never reach for a
+// process-wide global.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "kernels/exec.h"
+
+namespace loom::cuda {
+
+struct DeviceContext {
+  int index = 0;
+  cudaStream_t stream = nullptr;  // a blocking stream: it also orders with the legacy stream
+  cublasHandle_t blas = nullptr;  // CUBLAS_DEFAULT_MATH (true f32), host pointer mode
+};
+
+// The context of CUDA device `index` (registers the device allocator on first use).
+const DeviceContext& device_context(int index);
+
+// An execution context on CUDA device `index`, on its context's stream.
+Exec device_exec(int index = 0, Workspace* workspace = nullptr);
+
+// The stream of a CUDA Exec (aborts for a host Exec).
+cudaStream_t stream_of(const Exec& ex);
+
+// Makes `index` the calling thread's current device until destruction (restores the previous).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int index);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+}  // namespace loom::cuda

@@ -1,0 +1,58 @@
+// Exec: where and how a kernel op runs. Every op in kernels/*.h takes one as its first argument;
+// its tensors must all live on `ex.device` (checked once, at dispatch in kernels/<family>.cc,
+// before the cpu:: or cuda:: twin runs).
+//
+// An Exec is cheap to copy and owns nothing: the CUDA stream belongs to the device's context
+// (kernels/cuda/context.h, cuda::device_exec), the workspace to whoever runs the step.
+#pragma once
+
+#include <initializer_list>
+
+#include "core/tensor.h"
+#include "core/workspace.h"
+
+namespace loom {
+
+struct Exec {
+  Device device = Device::kCpu;
+  // The device's cudaStream_t (as void*, so that this header needs no CUDA header); null on the
+  // host. Every kernel, copy and BLAS call of the op is enqueued on it.
+  void* stream = nullptr;
+  // Temporaries of ops that need them; null: such ops allocate (tools, tests).
+  Workspace* workspace = nullptr;
+  // Batch-invariant numerics (kernels/batch_invariance.h): each output row is computed by the
+  // same operations whatever else is in the call. The engine's --deterministic mode.
+  bool batch_invariant = false;
+};
+
+// The host, no workspace, default numerics: for tools, tests and one-off host work.
+const Exec& host_exec();
+
+// Aborts naming `op` and the offending tensor unless every defined tensor of `args` lives on
+// `ex.device`: a host pointer must never reach a device kernel, nor the reverse.
+void check_exec_device(const Exec& ex, const char* op, const char* names,
+                       std::initializer_list<const Tensor*> args);
+
+// Aborts: `op` has no kernel for `ex.device` in this build (a CUDA tensor in a CPU-only build, or
+// an op whose CUDA kernel does not exist yet).
+[[noreturn]] void no_kernel_for(const Exec& ex, const char* op);
+
+}  // namespace loom
+
+// &a, &b, ... for up to 8 arguments.
+#define LOOM_EXEC_ADDR_1(a) &(a)
+#define LOOM_EXEC_ADDR_2(a, ...) &(a), LOOM_EXEC_ADDR_1(__VA_ARGS__)
+#define LOOM_EXEC_ADDR_3(a, ...) &(a), LOOM_EXEC_ADDR_2(__VA_ARGS__)
+#define LOOM_EXEC_ADDR_4(a, ...) &(a), LOOM_EXEC_ADDR_3(__VA_ARGS__)
+#define LOOM_EXEC_ADDR_5(a, ...) &(a), LOOM_EXEC_ADDR_4(__VA_ARGS__)
+#define LOOM_EXEC_ADDR_6(a, ...) &(a), LOOM_EXEC_ADDR_5(__VA_ARGS__)
+#define LOOM_EXEC_ADDR_7(a, ...) &(a), LOOM_EXEC_ADDR_6(__VA_ARGS__)
+#define LOOM_EXEC_ADDR_8(a, ...) &(a), LOOM_EXEC_ADDR_7(__VA_ARGS__)
+#define LOOM_EXEC_NARG_(_1, _2, _3, _4, _5, _6, _7, _8, n, ...) n
+#define LOOM_EXEC_NARG(...) LOOM_EXEC_NARG_(__VA_ARGS__, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+#define LOOM_EXEC_ADDR_OF(...) \
+  LOOM_CONCAT(LOOM_EXEC_ADDR_, LOOM_EXEC_NARG(__VA_ARGS__))(__VA_ARGS__)
+
+// LOOM_ON_EXEC_DEVICE(ex, "op", x, w, out): every listed tensor is on ex.device.
+#define LOOM_ON_EXEC_DEVICE(ex, op, ...) \
+  ::loom::check_exec_device(ex, op, #__VA_ARGS__, {LOOM_EXEC_ADDR_OF(__VA_ARGS__)})
