@@ -30,13 +30,11 @@ void ReasoningStreamParser::run(bool eof, ReasoningSplit* out) {
   std::string_view s = held_;
   if (state_ == State::kStart) {
     const size_t n = std::min(s.size(), kThinkBegin.size());
-    if (s.substr(0, n) != kThinkBegin.substr(0, n)) {
-      state_ = State::kAnswer;
-    } else if (n == kThinkBegin.size()) {
+    const bool opens = s.substr(0, n) == kThinkBegin.substr(0, n);
+    if (opens && n < kThinkBegin.size() && !eof) return;  // a prefix of <think>: wait for the rest
+    if (opens && n == kThinkBegin.size()) {
       s.remove_prefix(n);
       state_ = State::kReasoning;
-    } else if (!eof) {
-      return;  // a prefix of <think>: wait for the rest
     } else {
       state_ = State::kAnswer;
     }
