@@ -16,15 +16,35 @@ void moe_route(const Exec& ex, const Tensor& logits, const Tensor& bias, const R
   no_kernel_for(ex, "moe_route");
 }
 
-void moe_experts_forward(const Exec& ex, const Tensor& x, const Tensor& expert_ids,
-                         const Tensor& weights, const Tensor& w_gate, const Tensor& w_up,
-                         const Tensor& w_down, const Tensor& out) {
-  LOOM_ON_EXEC_DEVICE(ex, "moe_experts_forward", x, expert_ids, weights, w_gate, w_up, w_down, out);
+void moe_permute(const Exec& ex, const Tensor& x, const Tensor& expert_ids, int64_t first_expert,
+                 int64_t num_experts, const Tensor& offsets, const Tensor& row_of_slot,
+                 const Tensor& x_sorted) {
+  LOOM_ON_EXEC_DEVICE(ex, "moe_permute", x, expert_ids, offsets, row_of_slot, x_sorted);
+  if (ex.device.is_cpu()) {
+    return cpu::moe_permute(x, expert_ids, first_expert, num_experts, offsets, row_of_slot,
+                            x_sorted);
+  }
+  no_kernel_for(ex, "moe_permute");
+}
+
+void moe_grouped_swiglu(const Exec& ex, const Tensor& x, const Tensor& offsets,
+                        const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down,
+                        const Tensor& y) {
+  LOOM_ON_EXEC_DEVICE(ex, "moe_grouped_swiglu", x, offsets, w_gate, w_up, w_down, y);
   if (ex.device.is_cpu()) {
     const cpu::RowInvariantScope numerics(ex.batch_invariant);
-    return cpu::moe_experts_forward(x, expert_ids, weights, w_gate, w_up, w_down, out);
+    return cpu::moe_grouped_swiglu(x, offsets, w_gate, w_up, w_down, y);
   }
-  no_kernel_for(ex, "moe_experts_forward");
+  no_kernel_for(ex, "moe_grouped_swiglu");
+}
+
+void moe_unpermute_combine(const Exec& ex, const Tensor& y, const Tensor& row_of_slot,
+                           const Tensor& weights, const Tensor& out) {
+  LOOM_ON_EXEC_DEVICE(ex, "moe_unpermute_combine", y, row_of_slot, weights, out);
+  if (ex.device.is_cpu()) {
+    return cpu::moe_unpermute_combine(y, row_of_slot, weights, out);
+  }
+  no_kernel_for(ex, "moe_unpermute_combine");
 }
 
 }  // namespace loom

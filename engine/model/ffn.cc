@@ -2,6 +2,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "engine/model/layers.h"
+#include "engine/parallel/local_expert_dispatcher.h"
 #include "kernels/activation.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
@@ -50,6 +51,13 @@ class MoeFfn final : public Ffn {
     LOOM_ASSIGN_OR_RETURN(w_gate_, w.load(p + "experts.gate", {e, i, d}));
     LOOM_ASSIGN_OR_RETURN(w_up_, w.load(p + "experts.up", {e, i, d}));
     LOOM_ASSIGN_OR_RETURN(w_down_, w.load(p + "experts.down", {e, d, i}));
+    dispatcher_ = std::make_unique<LocalExpertDispatcher>(e);
+    // The grouped GEMMs see only the owned experts' weights: the slice a rank keeps under expert
+    // parallelism.
+    const ExpertRange own = dispatcher_->owned();
+    w_gate_ = w_gate_.slice(0, own.first, own.first + own.count);
+    w_up_ = w_up_.slice(0, own.first, own.first + own.count);
+    w_down_ = w_down_.slice(0, own.first, own.first + own.count);
     if (m.num_shared_experts > 0) {
       auto shared = std::make_unique<DenseFfn>();
       LOOM_RETURN_IF_ERROR(shared->load(cfg, w, p + "shared.", m.shared_intermediate_size));
@@ -75,7 +83,10 @@ class MoeFfn final : public Ffn {
     Tensor ids = ctx.take({n, params_.top_k}, DType::kI32);
     Tensor weights = ctx.take({n, params_.top_k});
     moe_route(ctx.ex, logits, bias_, params_, ids, weights);
-    moe_experts_forward(ctx.ex, x, ids, weights, w_gate_, w_up_, w_down_, out);
+    const Dispatched routed = dispatcher_->dispatch(ctx.ex, x, ids, weights, ctx.ws());
+    Tensor y = ctx.take(routed.rows.shape());
+    moe_grouped_swiglu(ctx.ex, routed.rows, routed.offsets, w_gate_, w_up_, w_down_, y);
+    dispatcher_->combine(ctx.ex, y, routed, out);
     if (shared_) {
       Tensor s = ctx.take(out.shape());
       shared_->forward(ctx, x, s);
@@ -92,6 +103,7 @@ class MoeFfn final : public Ffn {
   RouterParams params_;
   Tensor router_, bias_, w_gate_, w_up_, w_down_, shared_gate_;
   std::unique_ptr<DenseFfn> shared_;
+  std::unique_ptr<ExpertDispatcher> dispatcher_;
 };
 
 }  // namespace

@@ -20,6 +20,11 @@ void top_k_indices(const float* v, int n, int k, int* idx_scratch, int* out) {
   std::copy(idx_scratch, idx_scratch + k, out);
 }
 
+void check_index_tensor(const Tensor& t, const char* op, const char* name) {
+  LOOM_CHECK(t.dtype() == DType::kI32 && t.is_contiguous(), "%s: %s %s", op, name,
+             t.describe().c_str());
+}
+
 }  // namespace
 
 void moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& params,
@@ -41,8 +46,7 @@ void moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& par
     LOOM_CHECK_F32(bias);
     LOOM_CHECK_SHAPE(bias, e);
   }
-  LOOM_CHECK(expert_ids.dtype() == DType::kI32 && expert_ids.is_contiguous(),
-             "moe_route: expert_ids %s", expert_ids.describe().c_str());
+  check_index_tensor(expert_ids, "moe_route", "expert_ids");
   LOOM_CHECK_SHAPE(expert_ids, t, k);
   LOOM_CHECK_F32(weights);
   LOOM_CHECK_SHAPE(weights, t, k);
@@ -116,99 +120,154 @@ void moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& par
   }
 }
 
-void moe_experts_forward(const Tensor& x, const Tensor& expert_ids, const Tensor& weights,
-                         const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down,
-                         const Tensor& out) {
+void moe_permute(const Tensor& x, const Tensor& expert_ids, int64_t first_expert,
+                 int64_t num_experts, const Tensor& offsets, const Tensor& row_of_slot,
+                 const Tensor& x_sorted) {
   LOOM_CHECK_F32(x);
-  LOOM_CHECK_F32(weights);
+  LOOM_CHECK_F32(x_sorted);
+  check_index_tensor(expert_ids, "moe_permute", "expert_ids");
+  check_index_tensor(offsets, "moe_permute", "offsets");
+  check_index_tensor(row_of_slot, "moe_permute", "row_of_slot");
+  LOOM_CHECK(x.ndim() == 2 && expert_ids.ndim() == 2 && offsets.ndim() == 1 && x_sorted.ndim() == 2,
+             "moe_permute: x %s expert_ids %s offsets %s x_sorted %s", x.describe().c_str(),
+             expert_ids.describe().c_str(), offsets.describe().c_str(),
+             x_sorted.describe().c_str());
+  const int64_t t = x.dim(0), d = x.dim(1), k = expert_ids.dim(1);
+  const int64_t ne = offsets.dim(0) - 1;
+  LOOM_CHECK_SHAPE(expert_ids, t, k);
+  LOOM_CHECK_SHAPE(row_of_slot, t, k);
+  LOOM_CHECK(ne >= 0 && first_expert >= 0 && first_expert + ne <= num_experts,
+             "moe_permute: experts [%d, %d) of %d", first_expert, first_expert + ne, num_experts);
+  LOOM_CHECK(x_sorted.dim(1) == d, "moe_permute: x %s x_sorted %s", x.describe().c_str(),
+             x_sorted.describe().c_str());
+  const int64_t slots = t * k;
+  LOOM_CHECK(slots <= std::numeric_limits<int32_t>::max(), "moe_permute: %d slots overflow i32",
+             slots);
+  const int32_t* ids = expert_ids.data<int32_t>();
+  int32_t* off = offsets.data<int32_t>();
+  int32_t* rows = row_of_slot.data<int32_t>();
+
+  // Counting sort of the owned slots by expert, slots ascending within an expert.
+  std::fill(off, off + ne + 1, 0);
+  for (int64_t j = 0; j < slots; ++j) {
+    const int64_t e = ids[j];
+    LOOM_CHECK(e >= 0 && e < num_experts, "moe_permute: expert_ids[%d] = %d outside [0, %d)", j, e,
+               num_experts);
+    if (e >= first_expert && e < first_expert + ne) ++off[e - first_expert + 1];
+  }
+  for (int64_t e = 0; e < ne; ++e) off[e + 1] += off[e];
+  LOOM_CHECK(off[ne] <= x_sorted.dim(0), "moe_permute: %d rows kept, x_sorted %s", off[ne],
+             x_sorted.describe().c_str());
+  std::vector<int32_t> next(off, off + ne);
+  for (int64_t j = 0; j < slots; ++j) {
+    const int64_t e = ids[j] - first_expert;
+    rows[j] = e >= 0 && e < ne ? next[e]++ : -1;
+  }
+
+  const float* xp = x.data<float>();
+  float* xs = x_sorted.data<float>();
+#pragma omp parallel for schedule(static) if (slots * d > 65536)
+  for (int64_t j = 0; j < slots; ++j) {
+    if (rows[j] < 0) continue;
+    const float* src = xp + (j / k) * d;
+    std::copy(src, src + d, xs + static_cast<int64_t>(rows[j]) * d);
+  }
+}
+
+void moe_grouped_swiglu(const Tensor& x, const Tensor& offsets, const Tensor& w_gate,
+                        const Tensor& w_up, const Tensor& w_down, const Tensor& y) {
+  LOOM_CHECK_F32(x);
   LOOM_CHECK_F32(w_gate);
   LOOM_CHECK_F32(w_up);
   LOOM_CHECK_F32(w_down);
-  LOOM_CHECK_F32(out);
-  LOOM_CHECK(x.ndim() == 2 && w_gate.ndim() == 3 && expert_ids.ndim() == 2,
-             "moe_experts_forward: x %s expert_ids %s w_gate %s", x.describe().c_str(),
-             expert_ids.describe().c_str(), w_gate.describe().c_str());
-  LOOM_CHECK(expert_ids.dtype() == DType::kI32 && expert_ids.is_contiguous(),
-             "moe_experts_forward: expert_ids %s", expert_ids.describe().c_str());
-  const int64_t t = x.dim(0), d = x.dim(1);
-  const int64_t k = expert_ids.dim(1);
+  LOOM_CHECK_F32(y);
+  check_index_tensor(offsets, "moe_grouped_swiglu", "offsets");
+  LOOM_CHECK(x.ndim() == 2 && w_gate.ndim() == 3, "moe_grouped_swiglu: x %s w_gate %s",
+             x.describe().c_str(), w_gate.describe().c_str());
+  const int64_t r = x.dim(0), d = x.dim(1);
   const int64_t ne = w_gate.dim(0), inter = w_gate.dim(1);
-  LOOM_CHECK_SHAPE(expert_ids, t, k);
-  LOOM_CHECK_SHAPE(weights, t, k);
+  LOOM_CHECK_SHAPE(offsets, ne + 1);
   LOOM_CHECK_SHAPE(w_gate, ne, inter, d);
   LOOM_CHECK_SHAPE(w_up, ne, inter, d);
   LOOM_CHECK_SHAPE(w_down, ne, d, inter);
-  LOOM_CHECK_SHAPE(out, t, d);
-  if (t == 0) return;
-  const int32_t* ids = expert_ids.data<int32_t>();
-  const float* wts = weights.data<float>();
-  const float* xp = x.data<float>();
-  float* op = out.data<float>();
-  const int64_t slots = t * k;
-
-  // Counting sort of the (token, i) slots by expert; slot order within an expert is ascending.
-  std::vector<int64_t> start(ne + 1, 0);
-  for (int64_t j = 0; j < slots; ++j) {
-    const int32_t ex = ids[j];
-    LOOM_CHECK(ex >= 0 && ex < ne, "moe_experts_forward: expert_ids[%d] = %d outside [0, %d)", j,
-               ex, ne);
-    ++start[ex + 1];
-  }
-  for (int64_t ex = 0; ex < ne; ++ex) start[ex + 1] += start[ex];
-  std::vector<int64_t> pos_of_slot(slots), slot_at(slots);
-  {
-    std::vector<int64_t> fill(start.begin(), start.end() - 1);
-    for (int64_t j = 0; j < slots; ++j) {
-      const int64_t pos = fill[ids[j]]++;
-      pos_of_slot[j] = pos;
-      slot_at[pos] = j;
-    }
-  }
-
-  // Gather the rows, then per expert: h = silu(xe @ Wg^T) * (xe @ Wu^T); y = h @ Wd^T. Experts
-  // run one after another, each GEMM threaded by OpenBLAS: calling (pthreads) OpenBLAS from inside
-  // an OpenMP region would oversubscribe the cores.
-  std::vector<float> xs(static_cast<size_t>(slots * d));
-#pragma omp parallel for schedule(static) if (slots * d > 65536)
-  for (int64_t pos = 0; pos < slots; ++pos) {
-    const float* src = xp + (slot_at[pos] / k) * d;
-    std::copy(src, src + d, xs.data() + pos * d);
-  }
+  LOOM_CHECK_SHAPE(y, r, d);
+  const int32_t* off = offsets.data<int32_t>();
   int64_t max_rows = 0;
-  for (int64_t ex = 0; ex < ne; ++ex) max_rows = std::max(max_rows, start[ex + 1] - start[ex]);
+  for (int64_t e = 0; e < ne; ++e) {
+    LOOM_CHECK(off[0] >= 0 && off[e] <= off[e + 1] && off[e + 1] <= r,
+               "moe_grouped_swiglu: offsets[%d..%d] = %d, %d with %d rows", e, e + 1, off[e],
+               off[e + 1], r);
+    max_rows = std::max<int64_t>(max_rows, off[e + 1] - off[e]);
+  }
+
+  // Per expert: h = silu(xe @ Wg^T) * (xe @ Wu^T); ye = h @ Wd^T. Experts run one after another,
+  // each GEMM threaded by OpenBLAS: calling (pthreads) OpenBLAS from inside an OpenMP region
+  // would oversubscribe the cores.
   std::vector<float> g(static_cast<size_t>(max_rows * inter)), u(g.size());
-  std::vector<float> ys(static_cast<size_t>(slots * d));
+  const float* xp = x.data<float>();
+  float* yp = y.data<float>();
   const float* wg = w_gate.data<float>();
   const float* wu = w_up.data<float>();
   const float* wd = w_down.data<float>();
-  for (int64_t ex = 0; ex < ne; ++ex) {
-    const int64_t n = start[ex + 1] - start[ex];
+  for (int64_t e = 0; e < ne; ++e) {
+    const int64_t n = off[e + 1] - off[e];
     if (n == 0) continue;
-    const float* xe = xs.data() + start[ex] * d;
-    sgemm(false, true, n, inter, d, 1.0f, xe, d, wg + ex * inter * d, d, 0.0f, g.data(), inter);
-    sgemm(false, true, n, inter, d, 1.0f, xe, d, wu + ex * inter * d, d, 0.0f, u.data(), inter);
+    const float* xe = xp + off[e] * d;
+    sgemm(false, true, n, inter, d, 1.0f, xe, d, wg + e * inter * d, d, 0.0f, g.data(), inter);
+    sgemm(false, true, n, inter, d, 1.0f, xe, d, wu + e * inter * d, d, 0.0f, u.data(), inter);
     silu_mul(g.data(), u.data(), g.data(), n * inter);
-    sgemm(false, true, n, d, inter, 1.0f, g.data(), inter, wd + ex * d * inter, inter, 0.0f,
-          ys.data() + start[ex] * d, d);
+    sgemm(false, true, n, d, inter, 1.0f, g.data(), inter, wd + e * d * inter, inter, 0.0f,
+          yp + off[e] * d, d);
   }
+}
 
-  // Combine per token in the order of its expert_ids columns: independent of thread count.
+void moe_unpermute_combine(const Tensor& y, const Tensor& row_of_slot, const Tensor& weights,
+                           const Tensor& out) {
+  LOOM_CHECK_F32(y);
+  LOOM_CHECK_F32(weights);
+  LOOM_CHECK_F32(out);
+  check_index_tensor(row_of_slot, "moe_unpermute_combine", "row_of_slot");
+  LOOM_CHECK(y.ndim() == 2 && row_of_slot.ndim() == 2 && out.ndim() == 2,
+             "moe_unpermute_combine: y %s row_of_slot %s out %s", y.describe().c_str(),
+             row_of_slot.describe().c_str(), out.describe().c_str());
+  const int64_t t = out.dim(0), d = out.dim(1), k = row_of_slot.dim(1), r = y.dim(0);
+  LOOM_CHECK_SHAPE(row_of_slot, t, k);
+  LOOM_CHECK_SHAPE(weights, t, k);
+  LOOM_CHECK(y.dim(1) == d, "moe_unpermute_combine: y %s out %s", y.describe().c_str(),
+             out.describe().c_str());
+  const int32_t* rows = row_of_slot.data<int32_t>();
+  for (int64_t j = 0; j < t * k; ++j) {
+    LOOM_CHECK(rows[j] >= -1 && rows[j] < r, "moe_unpermute_combine: row_of_slot[%d] = %d of %d", j,
+               rows[j], r);
+  }
+  const float* wts = weights.data<float>();
+  const float* yp = y.data<float>();
+  float* op = out.data<float>();
+
+  // out = w0 * y0, then += w * y for the later choices, in top-k order: a token's sum is the same
+  // whatever else is in the batch, and the first term is stored rather than added to zero.
 #pragma omp parallel for schedule(static) if (t * d > 32768)
   for (int64_t tok = 0; tok < t; ++tok) {
     float* o = op + tok * d;
-    for (int64_t i = 0; i < k; ++i) {
-      const int64_t slot = tok * k + i;
-      const float w = wts[slot];
-      const float* y = ys.data() + pos_of_slot[slot] * d;
-      if (i == 0) {
-#pragma omp simd
-        for (int64_t c = 0; c < d; ++c) o[c] = w * y[c];
-      } else {
-#pragma omp simd
-        for (int64_t c = 0; c < d; ++c) o[c] += w * y[c];
-      }
+    const int32_t* row = rows + tok * k;
+    const float* w = wts + tok * k;
+    int64_t i = 0;
+    while (i < k && row[i] < 0) ++i;
+    if (i == k) {
+      std::fill(o, o + d, 0.0f);
+      continue;
     }
-    if (k == 0) std::fill(o, o + d, 0.0f);
+    const float* y0 = yp + static_cast<int64_t>(row[i]) * d;
+    const float w0 = w[i];
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) o[c] = w0 * y0[c];
+    for (++i; i < k; ++i) {
+      if (row[i] < 0) continue;
+      const float* yi = yp + static_cast<int64_t>(row[i]) * d;
+      const float wi = w[i];
+#pragma omp simd
+      for (int64_t c = 0; c < d; ++c) o[c] += wi * yi[c];
+    }
   }
 }
 

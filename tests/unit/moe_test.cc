@@ -1,15 +1,23 @@
-// moe_route against a naive grouped top-k and hand-derived cases; moe_experts_forward against a
-// naive per-token double loop.
+// moe_route against a naive grouped top-k and hand-derived cases; the expert path (moe_permute,
+// moe_grouped_swiglu, moe_unpermute_combine, LocalExpertDispatcher) against counting and
+// double-precision per-token oracles, alone and composed, over the whole expert set and over an
+// owned range (expert parallelism's per-rank piece).
 #include "kernels/moe.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
+
+#include "core/workspace.h"
+#include "engine/parallel/local_expert_dispatcher.h"
 
 namespace loom {
 namespace {
@@ -218,78 +226,343 @@ TEST(RouterHand, MaskedExpertsAreMinusInfinity) {
   EXPECT_NEAR(r.w[0], 1.0f, 1e-6);  // renormalised single weight
 }
 
-// ---- experts ----
+// ---- experts: permute -> grouped SwiGLU -> unpermute and combine ----
 
-struct ExpertCase {
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+Tensor i32_tensor(Shape shape, int32_t value) {
+  Tensor t = Tensor::empty(shape, DType::kI32);
+  std::fill(t.data<int32_t>(), t.data<int32_t>() + t.numel(), value);
+  return t;
+}
+
+std::vector<int32_t> values(const Tensor& t) {
+  return std::vector<int32_t>(t.data<int32_t>(), t.data<int32_t>() + t.numel());
+}
+
+// k experts per token out of e: distinct like a router's, or with repeats (the kernels allow them).
+Tensor random_choices(int64_t t, int64_t k, int64_t e, bool distinct, std::mt19937& rng) {
+  Tensor ids = Tensor::empty({t, k}, DType::kI32);
+  std::vector<int> perm(e);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::uniform_int_distribution<int> any(0, static_cast<int>(e) - 1);
+  for (int64_t i = 0; i < t; ++i) {
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int64_t j = 0; j < k; ++j) ids.at<int32_t>({i, j}) = distinct ? perm[j] : any(rng);
+  }
+  return ids;
+}
+
+struct Experts {
+  Tensor gate, up, down;  // [E, I, D], [E, I, D], [E, D, I]
+
+  Experts range(int64_t first, int64_t count) const {  // owned copies, like a rank's shard
+    return {gate.slice(0, first, first + count).clone(), up.slice(0, first, first + count).clone(),
+            down.slice(0, first, first + count).clone()};
+  }
+};
+
+Experts random_experts(int64_t e, int64_t inter, int64_t d, std::mt19937& rng) {
+  const float sg = 1.5f / std::sqrt(float(d)), sd = 1.5f / std::sqrt(float(inter));
+  Experts w;
+  w.gate = random_tensor({e, inter, d}, rng, -sg, sg);
+  w.up = random_tensor({e, inter, d}, rng, -sg, sg);
+  w.down = random_tensor({e, d, inter}, rng, -sd, sd);
+  return w;
+}
+
+// down(silu(gate(x)) * up(x)) of expert `ex` on the row x[0..D), in double.
+std::vector<double> expert_ref(const Experts& w, int64_t ex, const float* x) {
+  const int64_t inter = w.gate.dim(1), d = w.gate.dim(2);
+  std::vector<double> h(inter), y(d, 0.0);
+  for (int64_t a = 0; a < inter; ++a) {
+    double g = 0.0, u = 0.0;
+    for (int64_t b = 0; b < d; ++b) {
+      g += double(w.gate.at<float>({ex, a, b})) * x[b];
+      u += double(w.up.at<float>({ex, a, b})) * x[b];
+    }
+    h[a] = g / (1.0 + std::exp(-g)) * u;
+  }
+  for (int64_t b = 0; b < d; ++b) {
+    for (int64_t a = 0; a < inter; ++a) y[b] += double(w.down.at<float>({ex, b, a})) * h[a];
+  }
+  return y;
+}
+
+// The routed-expert output per token, [T * D] in double, counting only the choices whose expert
+// is in [first, first + count).
+std::vector<double> layer_ref(const Tensor& x, const Tensor& ids, const Tensor& wts,
+                              const Experts& w, int64_t first, int64_t count) {
+  const int64_t t = x.dim(0), d = x.dim(1), k = ids.dim(1);
+  std::vector<double> out(t * d, 0.0);
+  for (int64_t i = 0; i < t; ++i) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t ex = ids.at<int32_t>({i, j});
+      if (ex < first || ex >= first + count) continue;
+      const std::vector<double> y = expert_ref(w, ex, x.data<float>() + i * d);
+      for (int64_t b = 0; b < d; ++b) out[i * d + b] += wts.at<float>({i, j}) * y[b];
+    }
+  }
+  return out;
+}
+
+double max_abs_diff(const Tensor& out, const std::vector<double>& ref) {
+  double m = 0.0;
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    const double diff = std::abs(out.data<float>()[i] - ref[i]);
+    m = std::isnan(diff) ? std::numeric_limits<double>::infinity() : std::max(m, diff);
+  }
+  return m;
+}
+
+bool rows_equal(const float* a, const float* b, int64_t d) {
+  return d == 0 || std::memcmp(a, b, d * sizeof(float)) == 0;
+}
+
+// Router -> LocalExpertDispatcher -> grouped GEMMs -> combine, as MoeFfn runs it.
+Tensor run_local_layer(const Exec& ex, const Tensor& x, const Tensor& ids, const Tensor& wts,
+                       const Experts& w) {
+  LocalExpertDispatcher dispatcher(w.gate.dim(0));
+  const Workspace::Mark scope(*ex.workspace);
+  const Dispatched d = dispatcher.dispatch(ex, x, ids, wts, *ex.workspace);
+  Tensor y = ex.workspace->take(d.rows.shape());
+  moe_grouped_swiglu(ex, d.rows, d.offsets, w.gate, w.up, w.down, y);
+  Tensor out = Tensor::full({x.dim(0), x.dim(1)}, kNaN);
+  dispatcher.combine(ex, y, d, out);
+  return out;
+}
+
+struct PermuteCase {
+  int64_t t, d, e, k, first, count;
+  bool distinct;
+};
+class PermuteTest : public ::testing::TestWithParam<PermuteCase> {};
+
+// Offsets and rows against a counting oracle (expert by expert, its slots in ascending order),
+// then the round trip: combining x_sorted with weight 1 on one owned choice per token (0 on the
+// others) gives x back bit for bit, and zeros for tokens with no owned choice.
+TEST_P(PermuteTest, MatchesCountingOracleAndRoundTrips) {
+  const PermuteCase c = GetParam();
+  std::mt19937 rng(static_cast<unsigned>(c.t * 17 + c.e * 5 + c.first));
+  const int64_t slots = c.t * c.k, spare = 3;
+  Tensor x = random_tensor({c.t, c.d}, rng, -2, 2);
+  Tensor ids = random_choices(c.t, c.k, c.e, c.distinct, rng);
+  Tensor offsets = i32_tensor({c.count + 1}, -7), rows = i32_tensor({c.t, c.k}, -7);
+  Tensor xs = Tensor::full({slots + spare, c.d}, kNaN);
+  moe_permute(host_exec(), x, ids, c.first, c.e, offsets, rows, xs);
+
+  std::vector<int32_t> want_offsets = {0}, want_rows(slots, -1);
+  int32_t next = 0;
+  for (int64_t e = 0; e < c.count; ++e) {
+    for (int64_t j = 0; j < slots; ++j) {
+      if (ids.data<int32_t>()[j] == c.first + e) want_rows[j] = next++;
+    }
+    want_offsets.push_back(next);
+  }
+  ASSERT_EQ(values(offsets), want_offsets);
+  ASSERT_EQ(values(rows), want_rows);
+  for (int64_t j = 0; j < slots; ++j) {
+    if (want_rows[j] < 0) continue;
+    ASSERT_TRUE(
+        rows_equal(xs.data<float>() + want_rows[j] * c.d, x.data<float>() + (j / c.k) * c.d, c.d))
+        << "slot " << j;
+  }
+  for (int64_t i = next * c.d; i < xs.numel(); ++i) ASSERT_TRUE(std::isnan(xs.data<float>()[i]));
+
+  Tensor one_hot = Tensor::zeros({c.t, c.k});
+  std::vector<bool> owned(c.t, false);
+  for (int64_t i = 0; i < c.t; ++i) {
+    std::vector<int64_t> mine;
+    for (int64_t j = 0; j < c.k; ++j) {
+      if (want_rows[i * c.k + j] >= 0) mine.push_back(j);
+    }
+    if (mine.empty()) continue;
+    owned[i] = true;
+    one_hot.at<float>({i, mine[rng() % mine.size()]}) = 1.0f;
+  }
+  Tensor back = Tensor::full({c.t, c.d}, kNaN);
+  moe_unpermute_combine(host_exec(), xs, rows, one_hot, back);
+  const std::vector<float> zeros(c.d, 0.0f);
+  for (int64_t i = 0; i < c.t; ++i) {
+    const float* want = owned[i] ? x.data<float>() + i * c.d : zeros.data();
+    ASSERT_TRUE(rows_equal(back.data<float>() + i * c.d, want, c.d)) << "token " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, PermuteTest,
+    ::testing::Values(PermuteCase{37, 13, 7, 3, 0, 7, true}, PermuteCase{1, 5, 4, 4, 0, 4, true},
+                      PermuteCase{53, 29, 11, 2, 0, 11, false},
+                      PermuteCase{53, 29, 11, 3, 3, 5, false}, PermuteCase{19, 7, 9, 5, 8, 1, true},
+                      PermuteCase{23, 6, 6, 3, 2, 0, true}, PermuteCase{0, 8, 3, 2, 0, 3, true}));
+
+struct GroupedCase {
+  int64_t d, inter;
+  std::vector<int32_t> rows_per_expert;
+};
+class GroupedTest : public ::testing::TestWithParam<GroupedCase> {};
+
+TEST_P(GroupedTest, MatchesNaiveDouble) {
+  const GroupedCase c = GetParam();
+  const int64_t ne = static_cast<int64_t>(c.rows_per_expert.size()), spare = 4;
+  std::mt19937 rng(static_cast<unsigned>(c.d * 7 + c.inter + ne));
+  Tensor offsets = Tensor::empty({ne + 1}, DType::kI32);
+  offsets.data<int32_t>()[0] = 0;
+  for (int64_t e = 0; e < ne; ++e) {
+    offsets.data<int32_t>()[e + 1] = offsets.data<int32_t>()[e] + c.rows_per_expert[e];
+  }
+  const int64_t kept = offsets.data<int32_t>()[ne], r = kept + spare;
+  Tensor x = random_tensor({r, c.d}, rng, -1, 1);
+  const Experts w = random_experts(ne, c.inter, c.d, rng);
+  Tensor y = Tensor::full({r, c.d}, kNaN);
+  moe_grouped_swiglu(host_exec(), x, offsets, w.gate, w.up, w.down, y);
+  double max_err = 0.0;
+  for (int64_t e = 0; e < ne; ++e) {
+    for (int64_t row = offsets.data<int32_t>()[e]; row < offsets.data<int32_t>()[e + 1]; ++row) {
+      const std::vector<double> want = expert_ref(w, e, x.data<float>() + row * c.d);
+      for (int64_t b = 0; b < c.d; ++b) {
+        max_err = std::max(max_err, std::abs(y.at<float>({row, b}) - want[b]));
+      }
+    }
+  }
+  std::printf("moe_grouped_swiglu D=%lld I=%lld rows=%lld: max abs err %.3g\n", (long long)c.d,
+              (long long)c.inter, (long long)kept, max_err);
+  // O(1) activations, f32 dot products of length <= 129 (measured <= 3e-7): 2e-6.
+  EXPECT_LT(max_err, 2e-6);
+  for (int64_t i = kept * c.d; i < y.numel(); ++i) ASSERT_TRUE(std::isnan(y.data<float>()[i]));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GroupedTest,
+                         ::testing::Values(GroupedCase{129, 71, {5, 0, 17, 1, 0, 9}},
+                                           GroupedCase{40, 24, {1}},
+                                           GroupedCase{33, 17, {0, 0, 64}},
+                                           GroupedCase{8, 5, {0, 0}}));
+
+struct LayerCase {
   int64_t t, d, inter, e, k;
 };
-class ExpertsTest : public ::testing::TestWithParam<ExpertCase> {};
+class LocalDispatcherTest : public ::testing::TestWithParam<LayerCase> {};
 
-TEST_P(ExpertsTest, MatchesNaivePerToken) {
-  const ExpertCase c = GetParam();
+TEST_P(LocalDispatcherTest, MatchesPerTokenReference) {
+  const LayerCase c = GetParam();
   std::mt19937 rng(static_cast<unsigned>(c.t * 13 + c.e));
   Tensor x = random_tensor({c.t, c.d}, rng, -1, 1);
-  const float sg = 1.5f / std::sqrt(float(c.d)), sd = 1.5f / std::sqrt(float(c.inter));
-  Tensor wg = random_tensor({c.e, c.inter, c.d}, rng, -sg, sg);
-  Tensor wu = random_tensor({c.e, c.inter, c.d}, rng, -sg, sg);
-  Tensor wd = random_tensor({c.e, c.d, c.inter}, rng, -sd, sd);
-  Tensor ids = Tensor::empty({c.t, c.k}, DType::kI32);
-  Tensor w = random_tensor({c.t, c.k}, rng, 0.0f, 1.0f);
-  std::vector<int> perm(c.e);
-  std::iota(perm.begin(), perm.end(), 0);
-  for (int64_t i = 0; i < c.t; ++i) {
-    std::shuffle(perm.begin(), perm.end(), rng);
-    for (int64_t j = 0; j < c.k; ++j) ids.at<int32_t>({i, j}) = perm[j];
-  }
-  Tensor out = Tensor::full({c.t, c.d}, std::numeric_limits<float>::quiet_NaN());
-  moe_experts_forward(host_exec(), x, ids, w, wg, wu, wd, out);
-  double max_err = 0.0;
-  std::vector<double> h(c.inter);
-  for (int64_t i = 0; i < c.t; ++i) {
-    std::vector<double> acc(c.d, 0.0);
-    for (int64_t j = 0; j < c.k; ++j) {
-      const int64_t ex = ids.at<int32_t>({i, j});
-      for (int64_t a = 0; a < c.inter; ++a) {
-        double g = 0.0, u = 0.0;
-        for (int64_t b = 0; b < c.d; ++b) {
-          g += double(wg.at<float>({ex, a, b})) * x.at<float>({i, b});
-          u += double(wu.at<float>({ex, a, b})) * x.at<float>({i, b});
-        }
-        h[a] = g / (1.0 + std::exp(-g)) * u;
-      }
-      for (int64_t b = 0; b < c.d; ++b) {
-        double y = 0.0;
-        for (int64_t a = 0; a < c.inter; ++a) y += double(wd.at<float>({ex, b, a})) * h[a];
-        acc[b] += w.at<float>({i, j}) * y;
-      }
-    }
-    for (int64_t b = 0; b < c.d; ++b) {
-      max_err = std::max(max_err, std::abs(out.at<float>({i, b}) - acc[b]));
-    }
-  }
-  std::printf("moe_experts T=%lld: max abs err %.3g\n", (long long)c.t, max_err);
-  // O(1) activations, dot products of length <= 129 in f32 (measured <= 3e-7), k <= 4 terms: 3e-6.
+  const Experts w = random_experts(c.e, c.inter, c.d, rng);
+  Tensor ids = random_choices(c.t, c.k, c.e, true, rng);
+  Tensor wts = random_tensor({c.t, c.k}, rng, 0.0f, 1.0f);
+  Workspace ws(Device::kCpu);
+  Exec ex;
+  ex.workspace = &ws;
+  Tensor out = run_local_layer(ex, x, ids, wts, w);
+  const double max_err = max_abs_diff(out, layer_ref(x, ids, wts, w, 0, c.e));
+  std::printf("moe layer T=%lld: max abs err %.3g\n", (long long)c.t, max_err);
+  // As GroupedTest, plus a sum of k <= 4 terms with weights in [0, 1]: 3e-6.
   EXPECT_LT(max_err, 3e-6);
   // Repeatable bit for bit.
-  Tensor out2 = Tensor::empty({c.t, c.d});
-  moe_experts_forward(host_exec(), x, ids, w, wg, wu, wd, out2);
+  Tensor out2 = run_local_layer(ex, x, ids, wts, w);
   for (int64_t i = 0; i < out.numel(); ++i) ASSERT_EQ(out.data<float>()[i], out2.data<float>()[i]);
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, ExpertsTest,
-                         ::testing::Values(ExpertCase{37, 129, 71, 7, 3},
-                                           ExpertCase{1, 40, 24, 6, 4},
-                                           ExpertCase{64, 33, 17, 5, 1}));
+// In batch-invariant mode a token's output does not depend on the tokens beside it: the rows of
+// a slice of the batch equal the full batch's bit for bit.
+TEST_P(LocalDispatcherTest, BatchInvariantRowsMatchAnySlice) {
+  const LayerCase c = GetParam();
+  std::mt19937 rng(static_cast<unsigned>(c.t * 29 + c.e));
+  Tensor x = random_tensor({c.t, c.d}, rng, -1, 1);
+  const Experts w = random_experts(c.e, c.inter, c.d, rng);
+  Tensor ids = random_choices(c.t, c.k, c.e, true, rng);
+  Tensor wts = random_tensor({c.t, c.k}, rng, 0.0f, 1.0f);
+  Workspace ws(Device::kCpu);
+  Exec ex;
+  ex.workspace = &ws;
+  ex.batch_invariant = true;
+  Tensor full = run_local_layer(ex, x, ids, wts, w);
+  const std::vector<std::pair<int64_t, int64_t>> slices = {
+      {0, 1}, {c.t / 2, c.t / 2 + 1}, {c.t - 1, c.t}, {c.t / 3, c.t}};
+  for (const auto& [b, e] : slices) {
+    Tensor part = run_local_layer(ex, x.slice(0, b, e), ids.slice(0, b, e), wts.slice(0, b, e), w);
+    for (int64_t i = b; i < e; ++i) {
+      ASSERT_TRUE(rows_equal(part.data<float>() + (i - b) * c.d, full.data<float>() + i * c.d, c.d))
+          << "row " << i << " of slice [" << b << ", " << e << ")";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, LocalDispatcherTest,
+                         ::testing::Values(LayerCase{37, 129, 71, 7, 3}, LayerCase{1, 40, 24, 6, 4},
+                                           LayerCase{64, 33, 17, 5, 1}));
+
+// Expert parallelism's per-rank piece: a rank holding only experts [first, first + count) keeps
+// only the slots routed to them, computes them with its weight shard, and contributes nothing
+// for the others; the ranks' partial outputs add up to the whole layer.
+TEST(ExpertRangeTest, RanksComputeOnlyTheirExpertsAndSumToTheLayer) {
+  const int64_t t = 41, d = 24, inter = 19, e = 7, k = 3;
+  std::mt19937 rng(4242);
+  Tensor x = random_tensor({t, d}, rng, -1, 1);
+  const Experts w = random_experts(e, inter, d, rng);
+  Tensor ids = random_choices(t, k, e, true, rng);
+  Tensor wts = random_tensor({t, k}, rng, 0.0f, 1.0f);
+  Workspace ws(Device::kCpu);
+  Exec ex;
+  ex.workspace = &ws;
+  const Tensor whole = run_local_layer(ex, x, ids, wts, w);
+
+  std::vector<double> sum(t * d, 0.0);
+  for (const auto& [first, count] : {std::pair<int64_t, int64_t>{0, 3}, {3, 1}, {4, 3}}) {
+    const Experts shard = w.range(first, count);
+    Tensor offsets = Tensor::empty({count + 1}, DType::kI32);
+    Tensor rows = Tensor::empty({t, k}, DType::kI32);
+    Tensor xs = Tensor::full({t * k, d}, kNaN);
+    moe_permute(ex, x, ids, first, e, offsets, rows, xs);
+    int64_t owned_slots = 0;
+    for (int64_t j = 0; j < t * k; ++j) {
+      const int32_t id = ids.data<int32_t>()[j];
+      owned_slots += id >= first && id < first + count;
+    }
+    EXPECT_EQ(offsets.data<int32_t>()[count], owned_slots);
+    Tensor y = Tensor::full({t * k, d}, kNaN);  // rows past the owned ones must never be read
+    moe_grouped_swiglu(ex, xs, offsets, shard.gate, shard.up, shard.down, y);
+    Tensor part = Tensor::full({t, d}, kNaN);
+    moe_unpermute_combine(ex, y, rows, wts, part);
+
+    const double err = max_abs_diff(part, layer_ref(x, ids, wts, w, first, count));
+    std::printf("experts [%lld, %lld): %lld slots, max abs err %.3g\n", (long long)first,
+                (long long)(first + count), (long long)owned_slots, err);
+    EXPECT_LT(err, 3e-6);
+    for (int64_t i = 0; i < t; ++i) {
+      bool any = false;
+      for (int64_t j = 0; j < k; ++j) any |= rows.at<int32_t>({i, j}) >= 0;
+      if (!any) {
+        for (int64_t b = 0; b < d; ++b) ASSERT_EQ(part.at<float>({i, b}), 0.0f);
+      }
+      for (int64_t b = 0; b < d; ++b) sum[i * d + b] += part.at<float>({i, b});
+    }
+  }
+  const double err = max_abs_diff(whole, sum);
+  std::printf("sum of ranks vs whole layer: max abs diff %.3g\n", err);
+  // Three partial f32 sums re-added in another order: a few ulps of O(1) values.
+  EXPECT_LT(err, 2e-6);
+}
 
 TEST(ExpertsDeathTest, BadExpertIdAborts) {
-  Tensor x = Tensor::zeros({2, 4}), w = Tensor::zeros({2, 1});
-  Tensor wg = Tensor::zeros({3, 5, 4}), wu = Tensor::zeros({3, 5, 4}),
-         wd = Tensor::zeros({3, 4, 5});
+  Tensor x = Tensor::zeros({2, 4});
   Tensor ids = Tensor::empty({2, 1}, DType::kI32);
   ids.data<int32_t>()[0] = 0;
   ids.data<int32_t>()[1] = 3;
-  Tensor out = Tensor::empty({2, 4});
-  EXPECT_DEATH(moe_experts_forward(host_exec(), x, ids, w, wg, wu, wd, out), "outside");
+  Tensor offsets = Tensor::empty({4}, DType::kI32), rows = Tensor::empty({2, 1}, DType::kI32);
+  Tensor xs = Tensor::empty({2, 4});
+  EXPECT_DEATH(moe_permute(host_exec(), x, ids, 0, 3, offsets, rows, xs), "outside");
+}
+
+TEST(ExpertsDeathTest, OffsetsPastTheRowsAbort) {
+  Tensor x = Tensor::zeros({3, 4}), y = Tensor::empty({3, 4});
+  Tensor wg = Tensor::zeros({2, 5, 4}), wu = Tensor::zeros({2, 5, 4}),
+         wd = Tensor::zeros({2, 4, 5});
+  Tensor offsets = Tensor::empty({3}, DType::kI32);
+  offsets.data<int32_t>()[0] = 0;
+  offsets.data<int32_t>()[1] = 2;
+  offsets.data<int32_t>()[2] = 4;
+  EXPECT_DEATH(moe_grouped_swiglu(host_exec(), x, offsets, wg, wu, wd, y), "offsets");
 }
 
 }  // namespace

@@ -1,0 +1,34 @@
+#include "engine/parallel/local_expert_dispatcher.h"
+
+#include "core/status.h"
+#include "kernels/moe.h"
+
+namespace loom {
+
+LocalExpertDispatcher::LocalExpertDispatcher(int64_t num_experts) : num_experts_(num_experts) {
+  LOOM_CHECK(num_experts >= 1, "LocalExpertDispatcher: %d experts", num_experts);
+}
+
+Dispatched LocalExpertDispatcher::dispatch(const Exec& ex, const Tensor& x,
+                                           const Tensor& expert_ids, const Tensor& weights,
+                                           Workspace& ws) {
+  LOOM_CHECK(x.ndim() == 2 && expert_ids.ndim() == 2,
+             "LocalExpertDispatcher::dispatch: x %s expert_ids %s", x.describe().c_str(),
+             expert_ids.describe().c_str());
+  const int64_t t = x.dim(0), k = expert_ids.dim(1);
+  Dispatched d;
+  // Every slot stays here, so the rows are exactly the T * K slots.
+  d.rows = ws.take({t * k, x.dim(1)}, x.dtype());
+  d.offsets = ws.take({num_experts_ + 1}, DType::kI32);
+  d.row_of_slot = ws.take({t, k}, DType::kI32);
+  d.weights = weights;
+  moe_permute(ex, x, expert_ids, 0, num_experts_, d.offsets, d.row_of_slot, d.rows);
+  return d;
+}
+
+void LocalExpertDispatcher::combine(const Exec& ex, const Tensor& y, const Dispatched& d,
+                                    const Tensor& out) {
+  moe_unpermute_combine(ex, y, d.row_of_slot, d.weights, out);
+}
+
+}  // namespace loom
