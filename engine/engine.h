@@ -12,13 +12,15 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "engine/model/model.h"
 #include "engine/request.h"
 #include "engine/request_stream.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace loom {
+
+class EngineInbox;
+class EngineLoop;
 
 struct EngineOptions {
   int64_t cache_budget_bytes = int64_t{1} << 30;  // KV pages + linear-state slots
@@ -77,33 +79,19 @@ class Engine {
   int32_t max_n() const { return options_.max_n; }  // the largest n submit() accepts
 
  private:
-  Engine() = default;
-  struct Loop;  // everything the loop thread owns (scheduler, runner, live requests)
-
-  void run_loop();
+  Engine();
 
   // Constant after create().
   std::unique_ptr<Model> model_;
   std::shared_ptr<const Tokenizer> tokenizer_;
   EngineOptions options_;
   int32_t max_model_len_ = 0;
-  int64_t kv_pages_ = 0;        // KV pool capacity (0: no attention layers)
-  std::unique_ptr<Loop> loop_;  // touched only by the loop thread after create()
+  int64_t kv_pages_ = 0;  // KV pool capacity (0: no attention layers)
+  // Shared by every thread (its own mutex): requests and cancellations in, stats out.
+  std::unique_ptr<EngineInbox> inbox_;
+  // Touched only by the loop thread after create(); declared after what it references.
+  std::unique_ptr<EngineLoop> loop_;
   std::thread thread_;
-
-  // The inbox: filled by any thread, drained by the loop.
-  mutable absl::Mutex mu_;
-  struct Pending {
-    uint64_t id;
-    Request request;
-    std::shared_ptr<RequestStream> stream;
-  };
-  std::vector<Pending> inbox_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint64_t> cancels_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t live_ ABSL_GUARDED_BY(mu_) = 0;  // submitted and not yet closed
-  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  EngineStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace loom

@@ -4,11 +4,11 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "engine/sampling/sampling_params.h"
-#include "scheduler/batch_plan.h"
 
 namespace loom {
 
@@ -18,6 +18,33 @@ struct Request {
   int32_t priority = 0;  // higher first; FCFS within a priority
   std::string tag;       // free text for logs (e.g. the HTTP request id)
 };
+
+// Why a choice ended. kStop: EOS, a stop token or a stop string; kLength: max_tokens; kCancelled:
+// Engine::cancel or shutdown; kError: the engine failed it (a bad step, a rejected admission).
+enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
+
+// The OpenAI finish_reason of `reason`: "stop", "length", "abort" (cancelled, as vLLM says it),
+// "error"; empty for kNone (not finished).
+// A template only while server/openai_response.{h,cc} still has its own `std::string
+// finish_reason_name(FinishReason)`: overload resolution prefers that non-template there, where a
+// second non-template differing only in return type would not compile. Drop the template line when
+// that copy goes.
+template <typename = void>
+constexpr std::string_view finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "abort";
+    case FinishReason::kError:
+      return "error";
+    case FinishReason::kNone:
+      break;
+  }
+  return "";
+}
 
 struct TokenLogprob {
   int32_t token = -1;

@@ -50,24 +50,26 @@ struct BatchPlan {
   std::vector<uint64_t> preempted;
 };
 
-// Why a request ended. kError: the engine failed it (a bad step, rejected input).
-enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
-
 // The engine's report of one scheduled sequence.
 struct SeqResult {
   uint64_t request_id = 0;
-  std::optional<int32_t> token;               // present iff the plan entry had sample == true
-  bool finished = false;                      // stop token, engine-side length/stop, or client gone
-  FinishReason reason = FinishReason::kStop;  // when finished
+  std::optional<int32_t> token;  // present iff the plan entry had sample == true
+  // The engine ends the sequence now (a stop token or string, a failed step). Why is the engine's
+  // business: the scheduler only frees what the sequence holds.
+  bool finished = false;
 };
 
 struct StepResult {
   std::vector<SeqResult> seqs;  // one per SeqPlan of the last plan (cancelled ones may be omitted)
 };
 
+// Why complete() ended a request. Reaching max_new_tokens is the only end the scheduler decides
+// itself; every other one the engine reported through SeqResult::finished and knows the reason of.
+enum class SchedFinish { kByEngine, kLength };
+
 struct FinishedRequest {
   uint64_t request_id = 0;
-  FinishReason reason = FinishReason::kNone;
+  SchedFinish cause = SchedFinish::kByEngine;
   int32_t num_output_tokens = 0;
 };
 

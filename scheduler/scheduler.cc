@@ -431,14 +431,9 @@ absl::StatusOr<std::vector<FinishedRequest>> Scheduler::complete(const StepResul
     }
     r->save.reset();
     if (res.token) r->tokens.push_back(*res.token);
-    FinishReason reason = FinishReason::kNone;
-    if (res.finished) {
-      reason = res.reason == FinishReason::kNone ? FinishReason::kStop : res.reason;
-    } else if (r->num_outputs() >= r->max_new_tokens) {
-      reason = FinishReason::kLength;
-    }
-    if (reason != FinishReason::kNone) {
-      finished.push_back({r->id, reason, r->num_outputs()});
+    if (res.finished || r->num_outputs() >= r->max_new_tokens) {
+      const SchedFinish cause = res.finished ? SchedFinish::kByEngine : SchedFinish::kLength;
+      finished.push_back({r->id, cause, r->num_outputs()});
       m.free_request(r);
     }
   }

@@ -332,7 +332,7 @@ class Driver {
                                             engine_.kind(), vocab_);
       if (want != stream) return absl::StrFormat("request %d: outputs differ from oracle", id);
       auto f = finished_.find(id);
-      if (f != finished_.end() && f->second.reason == FinishReason::kLength &&
+      if (f != finished_.end() && f->second.cause == SchedFinish::kLength &&
           static_cast<int32_t>(stream.size()) != max_new_.at(id)) {
         return absl::StrFormat("request %d: %d outputs, max_new_tokens %d", id, stream.size(),
                                max_new_.at(id));

@@ -29,8 +29,6 @@ absl::Status check_no_unknown_fields(const google::protobuf::Message& message);
 void response_from_output(const RequestOutput& out, v1::GenerateResponse* resp);
 
 v1::FinishReason finish_reason_to_proto(FinishReason reason);
-// "stop", "length", "cancelled", "error" (the Metrics label).
-const char* finish_reason_name(FinishReason reason);
 
 // absl::Status -> grpc::Status with the same canonical code and message.
 grpc::Status to_grpc_status(const absl::Status& status);

@@ -32,6 +32,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -315,8 +316,11 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     ticket_.reset();
     if (!s_.metrics || reported_) return;
     reported_ = true;
-    s_.metrics->on_request_finished(finish_reason_name(last_reason_), prompt_tokens_,
-                                    completion_tokens_);
+    // Metrics counts cancellations under its own label, "cancelled" (what cancel_locked() and the
+    // HTTP frontend's disconnects report), not OpenAI's "abort".
+    const std::string_view reason =
+        last_reason_ == FinishReason::kCancelled ? "cancelled" : finish_reason_name(last_reason_);
+    s_.metrics->on_request_finished(reason, prompt_tokens_, completion_tokens_);
     s_.metrics->observe_e2e(seconds_since(received_));
   }
 

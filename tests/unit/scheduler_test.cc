@@ -256,7 +256,7 @@ TEST(Scheduler, PreemptionRecomputeKeepsOutputs) {
     EXPECT_EQ(d.preemptions().count(1), 0u);  // the highest never does
     ASSERT_EQ(d.finished().size(), 3u);
     for (uint64_t id = 1; id <= 3; ++id) {
-      EXPECT_EQ(d.finished().at(id).reason, FinishReason::kLength);
+      EXPECT_EQ(d.finished().at(id).cause, SchedFinish::kLength);
       EXPECT_EQ(d.stream(id).size(), 150u);
     }
     EXPECT_EQ(d.check_outputs(), "");

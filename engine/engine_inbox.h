@@ -1,0 +1,61 @@
+// EngineInbox: the one place the engine's threads meet. Any thread queues requests and
+// cancellations and reads the stats snapshot; the loop thread takes what was queued and publishes
+// the snapshot. Everything here is guarded by one mutex, which the loop thread never holds while
+// it runs a step.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/engine.h"
+#include "engine/request.h"
+#include "engine/request_stream.h"
+
+namespace loom {
+
+class EngineInbox {
+ public:
+  struct Pending {
+    uint64_t id;
+    Request request;
+    std::shared_ptr<RequestStream> stream;
+  };
+  // Everything queued since the loop's previous take().
+  struct Intake {
+    std::vector<Pending> arrivals;  // in submission order
+    std::vector<uint64_t> cancels;  // request ids, in cancel() order
+    bool stopping = false;          // stop() was called: cancel everything and return
+  };
+
+  // Any thread. Queues `request` (already validated) under a new id and returns its stream;
+  // FailedPrecondition once stop() was called.
+  absl::StatusOr<std::shared_ptr<RequestStream>> push(Request request);
+  void cancel(uint64_t request_id);
+  // Any thread: from now on push() fails and the loop's next take() says stopping. Idempotent.
+  void stop();
+  // Any thread: waits until every pushed request's stream was closed and published as such.
+  void wait_idle();
+  // Any thread: the snapshot of the last publish().
+  EngineStats stats() const;
+
+  // The loop thread: waits for something to do (at once when `busy`: the scheduler still has
+  // requests), then takes everything queued.
+  Intake take(bool busy);
+  // The loop thread: publishes `stats` and retires `closed` streams (closed since the previous
+  // publish) from the live count together, so wait_idle() returns with final pool counts.
+  void publish(const EngineStats& stats, int64_t closed);
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<Pending> inbox_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> cancels_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t live_ ABSL_GUARDED_BY(mu_) = 0;  // pushed and not yet retired by publish()
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  EngineStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace loom

@@ -1,0 +1,329 @@
+#include "engine/engine_loop.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "core/status.h"
+#include "engine/choice_text.h"
+#include "engine/model/cache_store.h"
+#include "engine/model_runner.h"
+#include "engine/sampling/sampler.h"
+#include "scheduler/cache_sizing.h"
+#include "scheduler/scheduler.h"
+
+namespace loom {
+namespace {
+
+// Scheduler ids: request id * kMaxN + choice index, so one engine request maps to n scheduler
+// requests without a second table.
+uint64_t sched_id(uint64_t request_id, int32_t index) { return request_id * kMaxN + index; }
+uint64_t request_of(uint64_t sched_id) { return sched_id / kMaxN; }
+int32_t index_of(uint64_t sched_id) { return static_cast<int32_t>(sched_id % kMaxN); }
+
+bool contains(std::span<const int32_t> ids, int32_t token) {
+  return std::find(ids.begin(), ids.end(), token) != ids.end();
+}
+
+void count_finished(FinishReason reason, EngineStats& stats) {
+  switch (reason) {
+    case FinishReason::kStop:
+      ++stats.finished_stop;
+      break;
+    case FinishReason::kLength:
+      ++stats.finished_length;
+      break;
+    case FinishReason::kCancelled:
+      ++stats.finished_cancelled;
+      break;
+    case FinishReason::kError:
+      ++stats.finished_error;
+      break;
+    case FinishReason::kNone:
+      break;
+  }
+}
+
+}  // namespace
+
+// One choice (n > 1 gives several) of a live request.
+struct EngineLoop::Choice {
+  int32_t index = 0;
+  std::unique_ptr<SamplerState> sampler;
+  ChoiceText text;
+  int32_t generated = 0;
+  bool admitted = false;  // handed to the scheduler
+  bool seen = false;      // scheduled at least once (prefix-hit accounting)
+  bool done = false;
+  // Set when the engine tells the scheduler the sequence finished (a stop, a failed step): the
+  // scheduler reports only that the engine ended it.
+  FinishReason reason = FinishReason::kNone;
+  std::string error;
+};
+
+struct EngineLoop::LiveRequest {
+  uint64_t id = 0;
+  Request request;
+  std::shared_ptr<RequestStream> stream;
+  std::vector<Choice> choices;
+  int32_t open = 0;  // choices not yet finished
+};
+
+EngineLoop::EngineLoop(const EngineOptions& options, const Tokenizer* tokenizer, int64_t vocab,
+                       EngineInbox& inbox)
+    : options_(options), tokenizer_(tokenizer), vocab_(vocab), inbox_(inbox) {}
+
+EngineLoop::~EngineLoop() = default;
+
+absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::create(const Model& model,
+                                                               const Tokenizer* tokenizer,
+                                                               const EngineOptions& options,
+                                                               EngineInbox& inbox) {
+  const ModelConfig& cfg = model.config();
+  // Size the pools: per-token KV bytes of each attention layer, state bytes per slot.
+  std::vector<int64_t> kv_per_token;
+  for (MixerType m : cfg.mixers) {
+    if (m == MixerType::kMla)
+      kv_per_token.push_back(4LL * (cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim));
+    if (m == MixerType::kGqa) kv_per_token.push_back(8LL * cfg.gqa.num_kv_heads * cfg.gqa.head_dim);
+  }
+  CacheSizingInput sizing_in;
+  sizing_in.kv_bytes_per_token = kv_per_token;
+  sizing_in.state_bytes_per_slot = static_cast<int64_t>(CacheStore::slot_bytes(cfg));
+  sizing_in.budget_bytes = options.cache_budget_bytes;
+  sizing_in.page_size = options.page_size;
+  sizing_in.max_num_seqs = options.max_num_seqs;
+  sizing_in.num_checkpoint_slots = options.enable_prefix_cache ? -1 : 0;
+  LOOM_ASSIGN_OR_RETURN(CacheSizing sizing, cache_sizing_compute(sizing_in));
+
+  std::unique_ptr<EngineLoop> loop(new EngineLoop(options, tokenizer, cfg.vocab_size, inbox));
+  loop->store_ = std::make_unique<CacheStore>(
+      cfg, CacheStore::Options{sizing.num_pages, options.page_size, sizing.num_state_slots});
+  SchedulerConfig sc;
+  sc.max_num_batched_tokens = options.max_num_batched_tokens;
+  sc.max_num_seqs = options.max_num_seqs;
+  sc.page_size = options.page_size;
+  sc.has_attention_layers = loop->store_->has_attention();
+  sc.has_linear_layers = loop->store_->has_linear();
+  sc.num_pages = sizing.num_pages;
+  sc.num_state_slots = sizing.num_state_slots;
+  sc.enable_prefix_cache = options.enable_prefix_cache;
+  sc.checkpoint_interval = options.checkpoint_interval;
+  LOOM_ASSIGN_OR_RETURN(loop->sched_, Scheduler::create(sc));
+  if (cfg.eos_token_id >= 0) loop->eos_ids_.push_back(cfg.eos_token_id);
+  loop->seeds_.seed(options.seed != 0 ? options.seed : std::random_device{}());
+  loop->runner_ = std::make_unique<ModelRunner>(model, *loop->store_, options.deterministic);
+  // Totals count what requests can get: the scratch slot is never handed out.
+  loop->stats_.pages_total = loop->sched_->kv_pool().free_count();
+  loop->stats_.slots_total = loop->sched_->slot_pool().free_count();
+  loop->publish_stats();
+  return loop;
+}
+
+int64_t EngineLoop::kv_page_capacity() const {
+  return store_->has_attention() ? sched_->kv_pool().capacity() : 0;
+}
+
+void EngineLoop::run() {
+  for (;;) {
+    EngineInbox::Intake in = inbox_.take(sched_->has_unfinished());
+    for (EngineInbox::Pending& p : in.arrivals) add_request(std::move(p));
+    if (in.stopping) {
+      for (auto& [id, r] : live_) in.cancels.push_back(id);
+    }
+    for (uint64_t id : in.cancels) cancel_request(id);
+    if (in.stopping) break;
+    if (sched_->has_unfinished()) step();
+    publish_stats();
+  }
+  publish_stats();
+}
+
+void EngineLoop::add_request(EngineInbox::Pending pending) {
+  auto r = std::make_unique<LiveRequest>();
+  r->id = pending.id;
+  r->request = std::move(pending.request);
+  r->stream = std::move(pending.stream);
+  const SamplingParams& sp = r->request.params;
+  r->open = sp.n;
+  for (int32_t i = 0; i < sp.n; ++i) {
+    const uint64_t seed = sp.seed ? *sp.seed + static_cast<uint64_t>(i) : seeds_();
+    r->choices.push_back(Choice{.index = i,
+                                .sampler = std::make_unique<SamplerState>(seed, r->request.prompt),
+                                .text = ChoiceText(tokenizer_, sp.stop)});
+  }
+  // n > 1 shares one prefill: choice 0 goes first; the others follow once its prompt is in the
+  // prefix cache (after its first sampled token), and restore from there.
+  const bool defer = options_.enable_prefix_cache && sp.n > 1;
+  for (Choice& c : r->choices)
+    if (c.index == 0 || !defer) admit(*r, c);
+  stats_.prompt_tokens += static_cast<int64_t>(r->request.prompt.size());
+  if (r->open > 0) live_.emplace(r->id, std::move(r));
+}
+
+void EngineLoop::cancel_request(uint64_t request_id) {
+  auto it = live_.find(request_id);
+  if (it == live_.end()) return;
+  LiveRequest& r = *it->second;
+  for (Choice& c : r.choices) {
+    if (c.done) continue;
+    if (c.admitted) sched_->cancel(sched_id(r.id, c.index)).IgnoreError();
+    finish(r, c, FinishReason::kCancelled, "");
+  }
+  live_.erase(it);
+}
+
+void EngineLoop::admit(LiveRequest& r, Choice& c) {
+  SchedRequest sr;
+  sr.id = sched_id(r.id, c.index);
+  sr.prompt = r.request.prompt;
+  sr.max_new_tokens = r.request.params.max_tokens;
+  sr.priority = r.request.priority;
+  absl::Status st = sched_->add(std::move(sr));
+  c.admitted = st.ok();
+  if (!st.ok()) finish(r, c, FinishReason::kError, std::string(st.message()));
+}
+
+void EngineLoop::step() {
+  BatchPlan plan = sched_->schedule();
+  stats_.preemptions += static_cast<int64_t>(plan.preempted.size());
+  absl::StatusOr<Tensor> logits =
+      plan.seqs.empty() ? absl::StatusOr<Tensor>(Tensor::empty({0, vocab_})) : runner_->run(plan);
+  StepResult result;
+  if (logits.ok()) {
+    ++stats_.steps;
+    result = sample_and_emit(plan, *logits);
+  } else {
+    result = fail_step(plan, logits.status());
+  }
+  complete(result);
+}
+
+StepResult EngineLoop::sample_and_emit(const BatchPlan& plan, const Tensor& logits) {
+  StepResult result;
+  int64_t row = 0;  // logits rows: one per sampling sequence, in plan order
+  for (const SeqPlan& s : plan.seqs) {
+    SeqResult sr;
+    sr.request_id = s.request_id;
+    LiveRequest* r = find_request(s.request_id);
+    Choice* c = r ? &r->choices[index_of(s.request_id)] : nullptr;
+    if (c != nullptr && !c->seen) {
+      c->seen = true;
+      stats_.prefix_query_tokens += static_cast<int64_t>(r->request.prompt.size());
+      stats_.prefix_hit_tokens += s.start_pos;
+    }
+    if (!s.sample) {
+      result.seqs.push_back(sr);
+      continue;
+    }
+    std::span<float> row_logits(logits.data<float>() + row * vocab_, vocab_);
+    ++row;
+    if (c == nullptr || c->done) {  // cancelled meanwhile: the scheduler ignores the result
+      sr.token = 0;
+      result.seqs.push_back(sr);
+      continue;
+    }
+    const SamplingParams& sp = r->request.params;
+    const SampledToken tok =
+        c->sampler->sample(row_logits, sp, sp.ignore_eos ? std::span<const int32_t>() : eos_ids_);
+    ++c->generated;
+    ++stats_.generated_tokens;
+    sr.token = tok.token;
+    if (emit(*r, *c, tok)) {
+      sr.finished = true;
+      c->reason = FinishReason::kStop;
+    }
+    result.seqs.push_back(sr);
+    // First token of choice 0: the prompt is now in the prefix cache; admit the siblings.
+    if (c->index == 0 && c->generated == 1)
+      for (Choice& sib : r->choices)
+        if (!sib.admitted && !sib.done) admit(*r, sib);
+  }
+  return result;
+}
+
+bool EngineLoop::emit(LiveRequest& r, Choice& c, const SampledToken& token) {
+  const SamplingParams& sp = r.request.params;
+  RequestOutput out;
+  out.index = c.index;
+  out.token_ids.push_back(token.token);
+  if (sp.logprobs >= 0) out.logprobs.push_back({token.token, token.logprob, token.top_logprobs});
+  const bool past_min = c.generated > sp.min_tokens;
+  bool stop = past_min && ((!sp.ignore_eos && contains(eos_ids_, token.token)) ||
+                           contains(sp.stop_token_ids, token.token));
+  // A stopping token (EOS, a stop id) is reported as an id but its text is not output, as OpenAI
+  // and vLLM do: with a real tokenizer it would be `<|im_end|>` in the user's text.
+  if (!stop) out.text = c.text.push(token.token, past_min, &stop);
+  r.stream->push(std::move(out));
+  return stop;
+}
+
+StepResult EngineLoop::fail_step(const BatchPlan& plan, const absl::Status& error) {
+  StepResult result;
+  for (const SeqPlan& s : plan.seqs) {
+    SeqResult sr;
+    sr.request_id = s.request_id;
+    if (s.sample) sr.token = 0;
+    sr.finished = true;
+    result.seqs.push_back(sr);
+    if (LiveRequest* r = find_request(s.request_id)) {
+      Choice& c = r->choices[index_of(s.request_id)];
+      c.reason = FinishReason::kError;
+      c.error = std::string(error.message());
+    }
+  }
+  return result;
+}
+
+void EngineLoop::complete(const StepResult& result) {
+  absl::StatusOr<std::vector<FinishedRequest>> done = sched_->complete(result);
+  LOOM_CHECK(done.ok(), "scheduler rejected the engine's step result: %s",
+             std::string(done.status().message()).c_str());
+  for (const FinishedRequest& f : *done) {
+    LiveRequest* r = find_request(f.request_id);
+    if (r == nullptr) continue;
+    Choice& c = r->choices[index_of(f.request_id)];
+    // Only a length end is the scheduler's own; the engine recorded every other reason when it
+    // reported the sequence finished.
+    const FinishReason reason = c.reason != FinishReason::kNone   ? c.reason
+                                : f.cause == SchedFinish::kLength ? FinishReason::kLength
+                                                                  : FinishReason::kStop;
+    finish(*r, c, reason, c.error);
+    if (r->open == 0) live_.erase(r->id);
+  }
+}
+
+void EngineLoop::finish(LiveRequest& r, Choice& c, FinishReason reason, std::string error) {
+  if (c.done) return;
+  c.done = true;
+  RequestOutput out;
+  out.index = c.index;
+  // A cancelled or failed choice ends where it was cut: its held-back text is dropped.
+  if (reason != FinishReason::kCancelled && reason != FinishReason::kError)
+    out.text = c.text.finish();
+  out.finish = reason;
+  out.error = std::move(error);
+  out.prompt_tokens = static_cast<int32_t>(r.request.prompt.size());
+  out.completion_tokens = c.generated;
+  r.stream->push(std::move(out));
+  count_finished(reason, stats_);
+  if (--r.open == 0) {
+    r.stream->close();
+    ++closed_;  // the live count drops with the stats update, so wait_idle() sees final pool counts
+  }
+}
+
+void EngineLoop::publish_stats() {
+  stats_.waiting = sched_->num_waiting();
+  stats_.running = sched_->num_running();
+  stats_.pages_free = sched_->kv_pool().free_count();
+  stats_.slots_free = sched_->slot_pool().free_count();
+  inbox_.publish(stats_, closed_);
+  closed_ = 0;
+}
+
+EngineLoop::LiveRequest* EngineLoop::find_request(uint64_t sched_id) {
+  auto it = live_.find(request_of(sched_id));
+  return it == live_.end() ? nullptr : it->second.get();
+}
+
+}  // namespace loom

@@ -1,0 +1,100 @@
+// EngineLoop: what the engine's loop thread owns and does. Each pass of run() takes what other
+// threads queued (EngineInbox), then runs one step, each phase with one owner:
+//
+//   plan      Scheduler::schedule()         which sequences run and how many tokens each
+//   forward   ModelRunner::run()            state slots prepared, one Model::forward -> logits
+//   sample    SamplerState (per choice)     one token per sequence that ends its known tokens
+//   emit      ChoiceText, RequestStream     text deltas, stop tokens and strings, output events
+//   complete  Scheduler::complete()         positions advance, finished sequences free their memory
+//
+// and publishes the stats. Nothing here is thread-safe: only Engine::create (before the thread
+// starts) and the loop thread touch it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/tensor.h"
+#include "engine/engine.h"
+#include "engine/engine_inbox.h"
+#include "scheduler/batch_plan.h"
+
+namespace loom {
+
+class CacheStore;
+class ModelRunner;
+class Scheduler;
+struct SampledToken;
+
+class EngineLoop {
+ public:
+  // Sizes the KV page and state slot pools from options.cache_budget_bytes and builds the
+  // scheduler and the model runner. Fails when the budget cannot hold one request. `model`,
+  // `tokenizer` (may be null) and `inbox` must outlive the loop. Publishes the first stats.
+  static absl::StatusOr<std::unique_ptr<EngineLoop>> create(const Model& model,
+                                                            const Tokenizer* tokenizer,
+                                                            const EngineOptions& options,
+                                                            EngineInbox& inbox);
+  ~EngineLoop();
+
+  // The KV pool's size in pages, the most one request can ever hold (0: no attention layers).
+  int64_t kv_page_capacity() const;
+
+  // The loop thread's body: passes until the inbox says stopping, which cancels everything live.
+  void run();
+
+ private:
+  struct Choice;
+  struct LiveRequest;
+
+  EngineLoop(const EngineOptions& options, const Tokenizer* tokenizer, int64_t vocab,
+             EngineInbox& inbox);
+
+  // Intake: new requests become live (their first choices admitted), cancelled ones end.
+  void add_request(EngineInbox::Pending pending);
+  void cancel_request(uint64_t request_id);
+  // Hands a choice to the scheduler; a refusal ends it with kError.
+  void admit(LiveRequest& r, Choice& c);
+
+  // One step: plan, forward, then sample_and_emit() (or fail_step()), then complete().
+  void step();
+  StepResult sample_and_emit(const BatchPlan& plan, const Tensor& logits);
+  // Streams one token sampled for `c`; returns whether it stops the choice (a stop token, or a
+  // stop string completed by its text).
+  bool emit(LiveRequest& r, Choice& c, const SampledToken& token);
+  // A failed forward is a bug (the plan was validated): the step's choices end with `error` and
+  // the engine keeps serving.
+  StepResult fail_step(const BatchPlan& plan, const absl::Status& error);
+  void complete(const StepResult& result);
+
+  // Publishes a choice's final event; closes the stream after the request's last open choice.
+  void finish(LiveRequest& r, Choice& c, FinishReason reason, std::string error);
+  void publish_stats();
+
+  // The live request a scheduler id names; null once it is gone (finished or cancelled).
+  LiveRequest* find_request(uint64_t sched_id);
+
+  // Constant after create().
+  const EngineOptions options_;
+  const Tokenizer* const tokenizer_;  // may be null
+  const int64_t vocab_;
+  std::vector<int32_t> eos_ids_;
+  EngineInbox& inbox_;
+
+  // Owned by the loop thread (the store first, destroyed last: the runner writes into it).
+  std::unique_ptr<CacheStore> store_;
+  std::unique_ptr<Scheduler> sched_;
+  std::unique_ptr<ModelRunner> runner_;
+  absl::flat_hash_map<uint64_t, std::unique_ptr<LiveRequest>> live_;  // by request id
+  std::mt19937_64 seeds_;  // seeds choices whose request brings none
+  EngineStats stats_;      // counters and pool totals; publish_stats() adds the gauges
+  int64_t closed_ = 0;     // streams closed since the last publish_stats()
+};
+
+}  // namespace loom
