@@ -5,10 +5,15 @@
 namespace loom {
 
 absl::StatusOr<Tensor> ModelRunner::run(const BatchPlan& plan) {
-  ForwardBatch batch;
+  ForwardBatch& batch = batch_;
   batch.store = &store_;
   batch.batch_invariant = batch_invariant_;
-  for (const SeqPlan& s : plan.seqs) {
+  batch.workspace = &workspace_;
+  batch.step = &step_;
+  batch.token_ids.clear();
+  batch.seqs.resize(plan.seqs.size());
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const SeqPlan& s = plan.seqs[i];
     if (store_.has_linear()) {
       if (s.restore_from_slot >= 0) {
         store_.copy_slot(s.restore_from_slot, s.state_slot);
@@ -17,13 +22,13 @@ absl::StatusOr<Tensor> ModelRunner::run(const BatchPlan& plan) {
       }
     }
     batch.token_ids.insert(batch.token_ids.end(), s.tokens.begin(), s.tokens.end());
-    SequenceInput in;
+    SequenceInput& in = batch.seqs[i];
     in.num_tokens = static_cast<int64_t>(s.tokens.size());
     in.logits = s.sample ? LogitsMode::kLast : LogitsMode::kNone;
+    in.cache = nullptr;
     in.start = s.start_pos;
     in.slot = s.state_slot;
-    in.pages = s.page_table;
-    batch.seqs.push_back(std::move(in));
+    in.pages.assign(s.page_table.begin(), s.page_table.end());
   }
   LOOM_ASSIGN_OR_RETURN(Tensor logits, model_.forward(batch));
   if (store_.has_linear()) {

@@ -5,8 +5,10 @@
 
 #include "absl/status/statusor.h"
 #include "core/tensor.h"
+#include "core/workspace.h"
 #include "engine/model/cache_store.h"
 #include "engine/model/model.h"
+#include "engine/model/step_data.h"
 #include "scheduler/batch_plan.h"
 
 namespace loom {
@@ -18,13 +20,25 @@ class ModelRunner {
   ModelRunner(const Model& model, CacheStore& store, bool batch_invariant)
       : model_(model), store_(store), batch_invariant_(batch_invariant) {}
 
-  // Runs `plan`; returns logits [k, V] for the k entries with sample == true, in plan order.
+  // Runs `plan`; returns logits [k, V] for the k entries with sample == true, in plan order. The
+  // logits live in the runner's workspace: valid until the next run().
   absl::StatusOr<Tensor> run(const BatchPlan& plan);
+
+  // Sizes the step data for the largest step (the engine's limits), so that no step grows it.
+  void reserve(const StepShape& largest) { step_.reserve(largest); }
+
+  // The step memory every run() reuses: once both have seen the largest step, a step allocates
+  // nothing and packs its step data once (tests count both).
+  const Workspace& workspace() const { return workspace_; }
+  const StepData& step_data() const { return step_; }
 
  private:
   const Model& model_;
   CacheStore& store_;
   const bool batch_invariant_;
+  Workspace workspace_{Device::kCpu};
+  StepData step_{Device::kCpu};
+  ForwardBatch batch_;  // reused so its vectors keep their capacity from step to step
 };
 
 }  // namespace loom

@@ -8,7 +8,9 @@
 namespace loom {
 
 CacheView CacheView::contiguous(const Tensor& rows) {
-  static const int32_t kFirstPage = 0;
+  // One page holding every row: page table {0}, shared by every contiguous view.
+  static int32_t first_page = 0;
+  static const Tensor kFirstPage = Tensor::wrap(&first_page, {1}, DType::kI32);
   CacheView v;
   Shape s;
   s.push_back(1);
@@ -17,13 +19,13 @@ CacheView CacheView::contiguous(const Tensor& rows) {
   // A zero-row cache still needs a non-empty page dimension for the row arithmetic.
   if (rows.dim(0) == 0) s[1] = 1;
   v.pool = rows.dim(0) == 0 ? Tensor::zeros(s) : rows.reshape(s);
-  v.pages = &kFirstPage;
+  v.pages = kFirstPage;
   v.length = rows.dim(0);
   return v;
 }
 
 void cache_write_rows(const Exec& ex, const CacheView& view, int64_t start, const Tensor& rows) {
-  LOOM_ON_EXEC_DEVICE(ex, "cache_write_rows", view.pool, rows);
+  LOOM_ON_EXEC_DEVICE(ex, "cache_write_rows", view.pool, view.pages, rows);
   if (ex.device.is_cpu()) return cpu::cache_write_rows(view, start, rows);
   no_kernel_for(ex, "cache_write_rows");
 }
@@ -54,7 +56,8 @@ void mla_attention_absorbed(const Exec& ex, const Tensor& q, const CacheView& ca
 
 void gqa_attention_forward(const Exec& ex, const Tensor& q, const CacheView& k_cache,
                            const CacheView& v_cache, float scale, const Tensor& out) {
-  LOOM_ON_EXEC_DEVICE(ex, "gqa_attention_forward", q, k_cache.pool, v_cache.pool, out);
+  LOOM_ON_EXEC_DEVICE(ex, "gqa_attention_forward", q, k_cache.pool, k_cache.pages, v_cache.pool,
+                      v_cache.pages, out);
   if (ex.device.is_cpu()) {
     const cpu::RowInvariantScope numerics(ex.batch_invariant);
     return cpu::gqa_attention_forward(q, k_cache, v_cache, scale, out);

@@ -12,22 +12,22 @@ namespace loom {
 // One sequence's view of a cache laid out in fixed-size pages: position j is row j % page_size of
 // page pages[j / page_size] of `pool` ([num_pages, page_size, row...]). The serving engine's paged
 // pools and a private contiguous cache ([S, row...], one page holding every row) are both views.
-// The page table is borrowed: it must outlive the call.
 struct CacheView {
-  Tensor pool;                     // [num_pages, page_size, row dims...]
-  const int32_t* pages = nullptr;  // ceil(length / page_size) page ids
-  int64_t length = 0;              // visible positions S
+  Tensor pool;         // [num_pages, page_size, row dims...]
+  Tensor pages;        // i32 [>= ceil(length / page_size)] page ids, on the pool's device
+  int64_t length = 0;  // visible positions S
 
   static CacheView contiguous(const Tensor& rows);  // rows: [S, row...]; pages -> {0}
   int64_t page_size() const { return pool.dim(1); }
   int64_t row_elems() const { return pool.numel() / (pool.dim(0) * pool.dim(1)); }
-  // Start of position j's row (host pointer arithmetic; no bounds check beyond LOOM_CHECKs at
-  // kernel entry).
+  // Start of position j's row (host caches only; no bounds check beyond LOOM_CHECKs at kernel
+  // entry).
   float* row(int64_t j) const {
     return pool.data<float>() +
-           (static_cast<int64_t>(pages[j / page_size()]) * page_size() + j % page_size()) *
+           (static_cast<int64_t>(page_ids()[j / page_size()]) * page_size() + j % page_size()) *
                row_elems();
   }
+  const int32_t* page_ids() const { return pages.data<int32_t>(); }
 };
 
 // Writes rows[i] to position start + i of `view` (its page table must cover those positions).

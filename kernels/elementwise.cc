@@ -88,9 +88,8 @@ void scatter_columns(const Exec& ex, const Tensor& src, int64_t col_begin, const
 #endif
 }
 
-void gather_rows(const Exec& ex, const Tensor& src, const std::vector<int64_t>& rows,
-                 const Tensor& dst) {
-  LOOM_ON_EXEC_DEVICE(ex, "gather_rows", src, dst);
+void gather_rows(const Exec& ex, const Tensor& src, const Tensor& rows, const Tensor& dst) {
+  LOOM_ON_EXEC_DEVICE(ex, "gather_rows", src, rows, dst);
   if (ex.device.is_cpu()) return cpu::gather_rows(src, rows, dst);
 #ifdef LOOM_WITH_CUDA
   return cuda::gather_rows(ex, src, rows, dst);

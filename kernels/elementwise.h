@@ -26,8 +26,8 @@ void sigmoid_inplace(const Exec& ex, const Tensor& x);
 void copy_columns(const Exec& ex, const Tensor& src, int64_t col_begin, const Tensor& dst);
 // dst[r, col_begin : col_begin + src.dim(1)] = src[r, :]. The inverse of copy_columns.
 void scatter_columns(const Exec& ex, const Tensor& src, int64_t col_begin, const Tensor& dst);
-// dst[i, :] = src[rows[i], :]. src: [N, C]; dst: [rows.size(), C].
-void gather_rows(const Exec& ex, const Tensor& src, const std::vector<int64_t>& rows,
-                 const Tensor& dst);
+// dst[i, :] = src[rows[i], :]. src: [N, C]; rows: [n] i64 on ex.device, each in [0, N) (checked on
+// the host; step data on a GPU is built by the engine); dst: [n, C].
+void gather_rows(const Exec& ex, const Tensor& src, const Tensor& rows, const Tensor& dst);
 
 }  // namespace loom

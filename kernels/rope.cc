@@ -64,9 +64,9 @@ RopeTable rope_table_yarn(double theta, int rotary_dim, RopeStyle style, double 
   return t;
 }
 
-void rope_forward(const Exec& ex, const Tensor& x, const std::vector<int64_t>& positions,
-                  const RopeTable& table, int64_t dim_offset) {
-  LOOM_ON_EXEC_DEVICE(ex, "rope_forward", x);
+void rope_forward(const Exec& ex, const Tensor& x, const Tensor& positions, const RopeTable& table,
+                  int64_t dim_offset) {
+  LOOM_ON_EXEC_DEVICE(ex, "rope_forward", x, positions);
   if (ex.device.is_cpu()) return cpu::rope_forward(x, positions, table, dim_offset);
 #ifdef LOOM_WITH_CUDA
   return cuda::rope_forward(ex, x, positions, table, dim_offset);

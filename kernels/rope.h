@@ -37,8 +37,8 @@ RopeTable rope_table_yarn(double theta, int rotary_dim, RopeStyle style, double 
                           bool truncate);
 
 // Rotates dims [dim_offset, dim_offset + rotary_dim) of every head in place. x: [T, H, d] f32
-// contiguous; positions: T absolute positions.
-void rope_forward(const Exec& ex, const Tensor& x, const std::vector<int64_t>& positions,
-                  const RopeTable& table, int64_t dim_offset);
+// contiguous; positions: [T] i64 absolute positions (step data, on ex.device).
+void rope_forward(const Exec& ex, const Tensor& x, const Tensor& positions, const RopeTable& table,
+                  int64_t dim_offset);
 
 }  // namespace loom

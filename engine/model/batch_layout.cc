@@ -12,7 +12,7 @@ CacheView BatchLayout::attention(size_t i, int layer, int which) const {
   }
   CacheView v;
   v.pool = store->pool(layer, which);
-  v.pages = pages[i]->data();
+  v.pages = page_table.select(static_cast<int64_t>(i));
   v.length = total;
   return v;
 }

@@ -7,6 +7,7 @@
 #include "core/workspace.h"
 #include "engine/model/cache_store.h"
 #include "engine/model/sequence_cache.h"
+#include "engine/model/step_data.h"
 
 namespace loom {
 
@@ -42,6 +43,9 @@ struct ForwardBatch {
   // Step memory for every intermediate (reset by Model::forward); null: the call allocates its
   // own. The serving engine passes one that lives as long as it does.
   Workspace* workspace = nullptr;
+  // Where the step's integer inputs are packed (engine/model/step_data.h); null: the call packs
+  // into its own.
+  StepData* step = nullptr;
 };
 
 }  // namespace loom

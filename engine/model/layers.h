@@ -19,18 +19,21 @@
 
 namespace loom {
 
-// Where each sequence's rows sit in the flattened batch, and where its caches live.
+// Where each sequence's rows sit in the flattened batch, and where its caches live. The tensors
+// are views of the step's StepData (what kernels read); the vectors are host copies of the
+// per-sequence bounds for the loops that still run per sequence on the host.
 struct BatchLayout {
-  std::vector<int64_t> start;      // first row of sequence i
-  std::vector<int64_t> length;     // its number of new tokens
-  std::vector<int64_t> past;       // positions it already had cached
-  std::vector<int64_t> positions;  // absolute position of every row
+  std::vector<int64_t> start;   // first row of sequence i
+  std::vector<int64_t> length;  // its number of new tokens
+  std::vector<int64_t> past;    // positions it already had cached
+  Tensor positions;             // i64 [N] absolute position of every row
+  Tensor logit_rows;            // i64 [R] rows whose logits are computed
   int64_t num_rows = 0;
 
-  // Sequence i's cache: a private SequenceCache, or a slot and page table in `store`.
+  // Sequence i's cache: a private SequenceCache, or a slot and page-table row in `store`.
   std::vector<SequenceCache*> caches;
   std::vector<int32_t> slots;
-  std::vector<const std::vector<int32_t>*> pages;
+  Tensor page_table;  // i32 [B, P]
   CacheStore* store = nullptr;
 
   // Layer `layer`'s attention cache of sequence i, visible positions [0, past + length).

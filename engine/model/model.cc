@@ -1,5 +1,7 @@
 #include "engine/model/model.h"
 
+#include <algorithm>
+
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
@@ -72,7 +74,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::load(const ModelConfig& cfg, const
   return m;
 }
 
-absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch) const {
+absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch, StepData& step) const {
   BatchLayout layout;
   layout.store = batch.store;
   bool needs_slots = false, needs_pages = false;
@@ -80,6 +82,8 @@ absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch) const 
     needs_slots |= m == MixerType::kKda || m == MixerType::kGdn;
     needs_pages |= m == MixerType::kMla || m == MixerType::kGqa;
   }
+  StepShape shape;
+  shape.seqs = static_cast<int64_t>(batch.seqs.size());
   int64_t rows = 0;
   // Pages written this call (by any sequence) and slots used: no two sequences may share one.
   absl::flat_hash_set<int32_t> written_pages, used_slots;
@@ -126,6 +130,7 @@ absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch) const 
             return absl::InvalidArgumentError(
                 absl::StrCat("page ", id, " is written by two sequences in one batch"));
         }
+        shape.page_cols = std::max(shape.page_cols, need);
       }
     }
     layout.start.push_back(rows);
@@ -133,9 +138,10 @@ absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch) const 
     layout.past.push_back(past);
     layout.caches.push_back(in.cache);
     layout.slots.push_back(in.slot);
-    layout.pages.push_back(&in.pages);
-    for (int64_t i = 0; i < in.num_tokens; ++i) layout.positions.push_back(past + i);
     rows += in.num_tokens;
+    shape.logit_rows += in.logits == LogitsMode::kAll    ? in.num_tokens
+                        : in.logits == LogitsMode::kLast ? 1
+                                                         : 0;
   }
   if (rows != static_cast<int64_t>(batch.token_ids.size()))
     return absl::InvalidArgumentError(absl::StrCat("sequence lengths sum to ", rows, " but ",
@@ -147,27 +153,58 @@ absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch) const 
                                                      " is outside [0, ", cfg_.vocab_size, ")"));
   }
   layout.num_rows = rows;
+
+  // Valid: pack the step data once.
+  shape.tokens = rows;
+  step.begin(shape);
+  int32_t* ids = step.token_ids.data<int32_t>();
+  int64_t* positions = step.positions.data<int64_t>();
+  int64_t* logit_rows = step.logit_rows.data<int64_t>();
+  int64_t* cu = step.cu_seqlens.data<int64_t>();
+  int32_t* table = step.page_table.data<int32_t>();
+  std::copy(batch.token_ids.begin(), batch.token_ids.end(), ids);
+  int64_t r = 0;
+  for (size_t s = 0; s < batch.seqs.size(); ++s) {
+    const SequenceInput& in = batch.seqs[s];
+    const int64_t b = layout.start[s], n = in.num_tokens;
+    cu[s] = b;
+    step.past_lens.data<int64_t>()[s] = layout.past[s];
+    step.state_slots.data<int32_t>()[s] = in.cache != nullptr ? -1 : in.slot;
+    for (int64_t i = 0; i < n; ++i) positions[b + i] = layout.past[s] + i;
+    if (in.logits == LogitsMode::kAll) {
+      for (int64_t i = 0; i < n; ++i) logit_rows[r++] = b + i;
+    } else if (in.logits == LogitsMode::kLast) {
+      logit_rows[r++] = b + n - 1;
+    }
+    int32_t* row = table + static_cast<int64_t>(s) * shape.page_cols;
+    const int64_t used =
+        in.cache != nullptr ? 0 : std::min<int64_t>(shape.page_cols, in.pages.size());
+    std::copy(in.pages.begin(), in.pages.begin() + used, row);
+    std::fill(row + used, row + shape.page_cols, 0);
+  }
+  cu[batch.seqs.size()] = rows;
+  step.publish();
+  layout.positions = step.positions;
+  layout.logit_rows = step.logit_rows;
+  layout.page_table = step.page_table;
   return layout;
 }
 
 absl::StatusOr<Tensor> Model::forward(const ForwardBatch& batch,
                                       std::vector<Tensor>* hidden) const {
-  // Validate everything before touching any cache, so a bad batch changes nothing.
-  LOOM_ASSIGN_OR_RETURN(BatchLayout layout, make_layout(batch));
-  std::vector<int64_t> logit_rows;
-  for (size_t s = 0; s < batch.seqs.size(); ++s) {
-    const SequenceInput& in = batch.seqs[s];
-    if (in.logits == LogitsMode::kAll) {
-      for (int64_t i = 0; i < in.num_tokens; ++i) logit_rows.push_back(layout.start[s] + i);
-    } else if (in.logits == LogitsMode::kLast) {
-      logit_rows.push_back(layout.start[s] + in.num_tokens - 1);
-    }
+  // Without the caller's step data and workspace (tools, tests) the call uses its own, and the
+  // logits it returns own their memory.
+  std::unique_ptr<StepData> own_step;
+  StepData* step = batch.step;
+  if (step == nullptr) {
+    own_step = std::make_unique<StepData>(Device::kCpu);
+    step = own_step.get();
   }
+  // Validate everything before touching any cache, so a bad batch changes nothing.
+  LOOM_ASSIGN_OR_RETURN(BatchLayout layout, make_layout(batch, *step));
   const int64_t rows = layout.num_rows;
   if (rows == 0) return Tensor::empty({0, cfg_.vocab_size});
 
-  // Without the caller's workspace (tools, tests) the call uses its own, and the logits it
-  // returns own their memory.
   std::unique_ptr<Workspace> own_ws;
   Workspace* ws = batch.workspace;
   if (ws == nullptr) {
@@ -184,18 +221,17 @@ absl::StatusOr<Tensor> Model::forward(const ForwardBatch& batch,
   for (size_t s = 0; s < layout.caches.size(); ++s)
     if (layout.caches[s] != nullptr) layout.caches[s]->reserve(layout.length[s]);
 
-  Tensor ids = Tensor::wrap(const_cast<int32_t*>(batch.token_ids.data()), {rows}, DType::kI32);
   Tensor embedding = ctx.take({rows, d});
-  embedding_forward(ctx.ex, ids, embed_, embedding);
+  embedding_forward(ctx.ex, step->token_ids, embed_, embedding);
   // `normed`: the final normalised hidden state of every row.
   Tensor normed = cfg_.attnres_block_size > 0 ? run_block_attnres(ctx, embedding)
                                               : run_plain_residual(ctx, embedding, hidden);
   for (size_t s = 0; s < layout.caches.size(); ++s)
     if (layout.caches[s] != nullptr) layout.caches[s]->advance(layout.length[s]);
 
-  const int64_t m = static_cast<int64_t>(logit_rows.size());
+  const int64_t m = layout.logit_rows.dim(0);
   Tensor picked = ctx.take({m, d});
-  gather_rows(ctx.ex, normed, logit_rows, picked);
+  gather_rows(ctx.ex, normed, layout.logit_rows, picked);
   Tensor logits = ctx.take({m, cfg_.vocab_size});
   linear_forward(ctx.ex, picked, lm_head_, logits);
   return own_ws ? logits.clone() : logits;

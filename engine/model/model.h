@@ -44,7 +44,8 @@ class Model {
  private:
   explicit Model(ModelConfig cfg) : cfg_(std::move(cfg)) {}
 
-  absl::StatusOr<BatchLayout> make_layout(const ForwardBatch& batch) const;
+  // Validates the batch and packs its step data into `step`.
+  absl::StatusOr<BatchLayout> make_layout(const ForwardBatch& batch, StepData& step) const;
   // The two residual schemes: plain pre-norm residuals, or Block Attention Residuals.
   Tensor run_plain_residual(const ForwardContext& ctx, Tensor h, std::vector<Tensor>* hidden) const;
   Tensor run_block_attnres(const ForwardContext& ctx, const Tensor& embedding) const;

@@ -126,15 +126,18 @@ struct MlaShapes {
 
 void check_view(const char* fn, const char* what, const CacheView& v, int64_t row_elems) {
   LOOM_CHECK_F32(v.pool);
-  LOOM_CHECK(
-      v.pool.ndim() >= 2 && v.pages != nullptr && v.length >= 0 && v.row_elems() == row_elems,
-      "%s: %s view of %s (length %lld) needs rows of %lld values", fn, what,
-      v.pool.describe().c_str(), static_cast<long long>(v.length),
-      static_cast<long long>(row_elems));
+  LOOM_CHECK(v.pool.ndim() >= 2 && v.pages.dtype() == DType::kI32 && v.pages.ndim() == 1 &&
+                 v.length >= 0 && v.row_elems() == row_elems,
+             "%s: %s view of %s (length %lld) needs rows of %lld values", fn, what,
+             v.pool.describe().c_str(), static_cast<long long>(v.length),
+             static_cast<long long>(row_elems));
   const int64_t used_pages = (v.length + v.page_size() - 1) / v.page_size();
+  LOOM_CHECK(v.pages.dim(0) >= used_pages, "%s: %s page table of %lld for %lld positions", fn, what,
+             static_cast<long long>(v.pages.dim(0)), static_cast<long long>(v.length));
   for (int64_t i = 0; i < used_pages; ++i)
-    LOOM_CHECK(v.pages[i] >= 0 && v.pages[i] < v.pool.dim(0), "%s: %s page %d outside [0, %lld)",
-               fn, what, v.pages[i], static_cast<long long>(v.pool.dim(0)));
+    LOOM_CHECK(v.page_ids()[i] >= 0 && v.page_ids()[i] < v.pool.dim(0),
+               "%s: %s page %d outside [0, %lld)", fn, what, v.page_ids()[i],
+               static_cast<long long>(v.pool.dim(0)));
 }
 
 MlaShapes check_mla(const char* fn, const Tensor& q, const CacheView& cache_latent,
@@ -172,12 +175,16 @@ void cache_write_rows(const CacheView& view, int64_t start, const Tensor& rows) 
   const int64_t w = view.row_elems();
   LOOM_CHECK(n == 0 || rows.numel() / n == w, "cache_write_rows: rows %s into rows of %lld",
              rows.describe().c_str(), static_cast<long long>(w));
+  LOOM_CHECK(n == 0 || (start + n - 1) / view.page_size() < view.pages.dim(0),
+             "cache_write_rows: positions [%lld, %lld) beyond a page table of %lld",
+             static_cast<long long>(start), static_cast<long long>(start + n),
+             static_cast<long long>(view.pages.dim(0)));
   for (int64_t i = 0; i < n; ++i) {
     const int64_t j = start + i;
-    LOOM_CHECK(view.pages[j / view.page_size()] >= 0 &&
-                   view.pages[j / view.page_size()] < view.pool.dim(0),
+    LOOM_CHECK(view.page_ids()[j / view.page_size()] >= 0 &&
+                   view.page_ids()[j / view.page_size()] < view.pool.dim(0),
                "cache_write_rows: position %lld maps to page %d of %lld", static_cast<long long>(j),
-               view.pages[j / view.page_size()], static_cast<long long>(view.pool.dim(0)));
+               view.page_ids()[j / view.page_size()], static_cast<long long>(view.pool.dim(0)));
     std::memcpy(view.row(j), rows.data<float>() + i * w, w * sizeof(float));
   }
 }

@@ -110,15 +110,18 @@ void scatter_columns(const Tensor& src, int64_t col_begin, const Tensor& dst) {
   for (int64_t r = 0; r < n; ++r) std::memcpy(d + r * cd, s + r * cs, cs * sizeof(float));
 }
 
-void gather_rows(const Tensor& src, const std::vector<int64_t>& rows, const Tensor& dst) {
+void gather_rows(const Tensor& src, const Tensor& row_ids, const Tensor& dst) {
   LOOM_CHECK_F32(src);
   LOOM_CHECK_F32(dst);
+  LOOM_CHECK(row_ids.ndim() == 1 && row_ids.dtype() == DType::kI64 && row_ids.is_contiguous(),
+             "gather_rows: rows must be contiguous i64 [n], got %s", row_ids.describe().c_str());
   LOOM_CHECK(src.ndim() == 2 && dst.ndim() == 2 && src.dim(1) == dst.dim(1) &&
-                 dst.dim(0) == static_cast<int64_t>(rows.size()),
-             "gather_rows of %zu rows from %s into %s", rows.size(), src.describe().c_str(),
-             dst.describe().c_str());
+                 dst.dim(0) == row_ids.dim(0),
+             "gather_rows of %s from %s into %s", row_ids.describe().c_str(),
+             src.describe().c_str(), dst.describe().c_str());
   const int64_t c = src.dim(1);
-  for (size_t i = 0; i < rows.size(); ++i) {
+  const int64_t* rows = row_ids.data<int64_t>();
+  for (int64_t i = 0; i < row_ids.dim(0); ++i) {
     LOOM_CHECK(rows[i] >= 0 && rows[i] < src.dim(0), "gather_rows: row %lld of %lld",
                static_cast<long long>(rows[i]), static_cast<long long>(src.dim(0)));
     std::memcpy(dst.data<float>() + i * c, src.data<float>() + rows[i] * c, c * sizeof(float));

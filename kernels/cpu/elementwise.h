@@ -15,6 +15,6 @@ void mul_silu_inplace(const Tensor& x, const Tensor& gate);
 void sigmoid_inplace(const Tensor& x);
 void copy_columns(const Tensor& src, int64_t col_begin, const Tensor& dst);
 void scatter_columns(const Tensor& src, int64_t col_begin, const Tensor& dst);
-void gather_rows(const Tensor& src, const std::vector<int64_t>& rows, const Tensor& dst);
+void gather_rows(const Tensor& src, const Tensor& rows, const Tensor& dst);
 
 }  // namespace loom::cpu

@@ -7,7 +7,7 @@
 
 namespace loom::cpu {
 
-void rope_forward(const Tensor& x, const std::vector<int64_t>& positions, const RopeTable& table,
+void rope_forward(const Tensor& x, const Tensor& positions, const RopeTable& table,
                   int64_t dim_offset);
 
 }  // namespace loom::cpu

@@ -91,26 +91,21 @@ void scatter_columns(const Exec& ex, const Tensor& src, int64_t col_begin, const
                   src.dim(1), src.dim(0), src.dim(1));
 }
 
-void gather_rows(const Exec& ex, const Tensor& src, const std::vector<int64_t>& rows,
-                 const Tensor& dst) {
+void gather_rows(const Exec& ex, const Tensor& src, const Tensor& rows, const Tensor& dst) {
   LOOM_CHECK_CUDA_ARG("gather_rows", src);
+  LOOM_CHECK_CUDA_ARG("gather_rows", rows);
   LOOM_CHECK_CUDA_ARG("gather_rows", dst);
   LOOM_CHECK_F32(src);
   LOOM_CHECK_F32(dst);
-  LOOM_CHECK(src.ndim() == 2 && dst.ndim() == 2 && src.dim(1) == dst.dim(1) &&
-                 dst.dim(0) == static_cast<int64_t>(rows.size()),
-             "gather_rows of %zu rows from %s into %s", rows.size(), src.describe().c_str(),
-             dst.describe().c_str());
-  for (size_t i = 0; i < rows.size(); ++i) {
-    LOOM_CHECK(rows[i] >= 0 && rows[i] < src.dim(0), "gather_rows: row %lld of %lld",
-               static_cast<long long>(rows[i]), static_cast<long long>(src.dim(0)));
-  }
-  if (rows.empty()) return;
-  Scratch idx(rows.size() * sizeof(int64_t), stream_of(ex));
-  idx.upload(rows.data(), rows.size() * sizeof(int64_t));
-  launch::gather_rows_i64(stream_of(ex), static_cast<const int64_t*>(idx.get()), src.data<float>(),
-                          dst.data<float>(), static_cast<int64_t>(rows.size()), src.dim(0),
-                          src.dim(1), nullptr);
+  LOOM_CHECK(rows.ndim() == 1 && rows.dtype() == DType::kI64 && rows.is_contiguous(),
+             "gather_rows: rows must be contiguous i64 [n], got %s", rows.describe().c_str());
+  LOOM_CHECK(
+      src.ndim() == 2 && dst.ndim() == 2 && src.dim(1) == dst.dim(1) && dst.dim(0) == rows.dim(0),
+      "gather_rows of %s from %s into %s", rows.describe().c_str(), src.describe().c_str(),
+      dst.describe().c_str());
+  if (rows.dim(0) == 0) return;
+  launch::gather_rows_i64(stream_of(ex), rows.data<int64_t>(), src.data<float>(), dst.data<float>(),
+                          rows.dim(0), src.dim(0), src.dim(1), nullptr);
 }
 
 }  // namespace loom::cuda

@@ -19,9 +19,7 @@ void mul_silu_inplace(const Exec& ex, const Tensor& x, const Tensor& gate);
 void sigmoid_inplace(const Exec& ex, const Tensor& x);
 void copy_columns(const Exec& ex, const Tensor& src, int64_t col_begin, const Tensor& dst);
 void scatter_columns(const Exec& ex, const Tensor& src, int64_t col_begin, const Tensor& dst);
-// `rows` is a host vector: every row is checked on the host (abort like the CPU kernel) and the
-// list is uploaded to a stream-ordered scratch buffer.
-void gather_rows(const Exec& ex, const Tensor& src, const std::vector<int64_t>& rows,
-                 const Tensor& dst);
+// `rows` is device step data (i64); rows outside [0, N) write a zero row.
+void gather_rows(const Exec& ex, const Tensor& src, const Tensor& rows, const Tensor& dst);
 
 }  // namespace loom::cuda

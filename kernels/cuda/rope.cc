@@ -1,27 +1,28 @@
-// Host side of CUDA RoPE: checks as in kernels/cpu/rope.cc; positions and inv_freq are uploaded
-// to stream-ordered scratch for each call.
+// Host side of CUDA RoPE: checks as in kernels/cpu/rope.cc; positions are device step data;
+// inv_freq is uploaded to stream-ordered scratch for each call.
 #include "kernels/cuda/rope.h"
 
 #include "kernels/cuda/device.h"
 
 namespace loom::cuda {
 
-void rope_forward(const Exec& ex, const Tensor& x, const std::vector<int64_t>& positions,
-                  const RopeTable& table, int64_t dim_offset) {
+void rope_forward(const Exec& ex, const Tensor& x, const Tensor& positions, const RopeTable& table,
+                  int64_t dim_offset) {
   LOOM_CHECK_CUDA_ARG("rope_forward", x);
   LOOM_CHECK_F32(x);
-  LOOM_CHECK(x.ndim() == 3 && x.dim(0) == static_cast<int64_t>(positions.size()) &&
-                 dim_offset >= 0 && dim_offset + table.rotary_dim <= x.dim(2) &&
-                 table.rotary_dim % 2 == 0 &&
+  LOOM_CHECK_CUDA_ARG("rope_forward", positions);
+  LOOM_CHECK(positions.ndim() == 1 && positions.dtype() == DType::kI64 && positions.is_contiguous(),
+             "rope_forward: positions must be contiguous i64 [T], got %s",
+             positions.describe().c_str());
+  LOOM_CHECK(x.ndim() == 3 && x.dim(0) == positions.dim(0) && dim_offset >= 0 &&
+                 dim_offset + table.rotary_dim <= x.dim(2) && table.rotary_dim % 2 == 0 &&
                  static_cast<int>(table.inv_freq.size()) * 2 == table.rotary_dim,
              "rope_forward: x %s, %zu positions, rotary_dim %d", x.describe().c_str(),
-             positions.size(), table.rotary_dim);
-  if (positions.empty() || table.rotary_dim == 0 || x.dim(1) == 0) return;
-  Scratch pos(positions.size() * sizeof(int64_t), stream_of(ex));
-  pos.upload(positions.data(), positions.size() * sizeof(int64_t));
+             static_cast<size_t>(positions.dim(0)), table.rotary_dim);
+  if (positions.dim(0) == 0 || table.rotary_dim == 0 || x.dim(1) == 0) return;
   Scratch freq(table.inv_freq.size() * sizeof(float), stream_of(ex));
   freq.upload(table.inv_freq.data(), table.inv_freq.size() * sizeof(float));
-  launch::rope(stream_of(ex), x.data<float>(), static_cast<const int64_t*>(pos.get()),
+  launch::rope(stream_of(ex), x.data<float>(), positions.data<int64_t>(),
                static_cast<const float*>(freq.get()), table.attention_factor, x.dim(0), x.dim(1),
                x.dim(2), table.rotary_dim, dim_offset, table.style == RopeStyle::kInterleaved);
 }

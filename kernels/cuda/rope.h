@@ -10,7 +10,7 @@
 namespace loom::cuda {
 
 // positions and table.inv_freq are host vectors, uploaded per call to stream-ordered scratch.
-void rope_forward(const Exec& ex, const Tensor& x, const std::vector<int64_t>& positions,
-                  const RopeTable& table, int64_t dim_offset);
+void rope_forward(const Exec& ex, const Tensor& x, const Tensor& positions, const RopeTable& table,
+                  int64_t dim_offset);
 
 }  // namespace loom::cuda

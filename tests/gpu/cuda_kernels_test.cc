@@ -53,6 +53,12 @@ Tensor randn(Shape shape, float scale = 1.0f, float mean = 0.0f) {
 Tensor uniform(Shape shape, float lo, float hi) { return twin::uniform(rng(), shape, lo, hi); }
 
 Tensor dev(const Tensor& h) { return cuda::to_device(h); }
+// An i64 host tensor (positions, row ids) from a vector.
+Tensor i64_tensor(const std::vector<int64_t>& values) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(values.size())}, DType::kI64);
+  std::copy(values.begin(), values.end(), t.data<int64_t>());
+  return t;
+}
 // CUDA device 0 on its context's stream.
 const Exec& gpu() {
   static const Exec ex = cuda::device_exec(0);
@@ -170,9 +176,10 @@ TEST_F(CudaKernels, Elementwise) {
   std::uniform_int_distribution<int64_t> pick(0, N - 1);
   for (int i = 0; i < 53; ++i) rows.push_back(pick(rng()));
   Tensor gref = Tensor::empty({53, C});
-  gather_rows(host_exec(), a, rows, gref);
+  const Tensor row_ids = i64_tensor(rows);
+  gather_rows(host_exec(), a, row_ids, gref);
   Tensor gd = poisoned({53, C});
-  gather_rows(gpu(), dev(a), rows, gd);
+  gather_rows(gpu(), dev(a), dev(row_ids), gd);
   report("gather_rows", scaled_err(gd, gref), 0.0);
 }
 
@@ -411,9 +418,9 @@ TEST_F(CudaKernels, Rope) {
                : rope_table_default(1e6, 126, style);
       const Tensor x = randn({T, H, d});
       Tensor ref = x.clone();
-      rope_forward(host_exec(), ref, pos, table, yarn ? off : 0);
+      rope_forward(host_exec(), ref, i64_tensor(pos), table, yarn ? off : 0);
       Tensor xd = dev(x);
-      rope_forward(gpu(), xd, pos, table, yarn ? off : 0);
+      rope_forward(gpu(), xd, dev(i64_tensor(pos)), table, yarn ? off : 0);
       report(std::string("rope_") + (style == RopeStyle::kHalf ? "half" : "interleaved") +
                  (yarn ? "_yarn" : ""),
              scaled_err(xd, ref), 8 * twin::kEps);

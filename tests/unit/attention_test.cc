@@ -244,7 +244,7 @@ CacheView scatter_to_pages(const Tensor& rows, int64_t page_size, int64_t num_pa
   pages.assign(all.begin(), all.begin() + (s + page_size - 1) / page_size);
   CacheView v;
   v.pool = pool;
-  v.pages = pages.data();
+  v.pages = Tensor::wrap(pages.data(), {static_cast<int64_t>(pages.size())}, DType::kI32);
   v.length = s;
   cache_write_rows(host_exec(), v, 0, rows);
   return v;

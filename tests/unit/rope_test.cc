@@ -14,6 +14,13 @@
 namespace loom {
 namespace {
 
+// Positions as the kernel takes them: an i64 tensor.
+Tensor i64_tensor(const std::vector<int64_t>& values) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(values.size())}, DType::kI64);
+  std::copy(values.begin(), values.end(), t.data<int64_t>());
+  return t;
+}
+
 Tensor random_tensor(Shape shape, std::mt19937& rng) {
   Tensor t = Tensor::empty(shape);
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -96,7 +103,7 @@ TEST(Rope, MatchesDoubleOracle) {
       positions.push_back(t % 3 == 0 ? t : std::uniform_int_distribution<int64_t>(0, 40000)(rng));
     const Tensor x = random_tensor({c.T, c.H, c.d}, rng);
     Tensor y = x.clone();
-    rope_forward(host_exec(), y, positions, table, c.offset);
+    rope_forward(host_exec(), y, i64_tensor(positions), table, c.offset);
     const double e = check(y, x, oracle(x, positions, table, c.offset), c.offset, c.rotary_dim);
     worst = std::max(worst, e);
     EXPECT_LT(e, kTolUlps) << "T=" << c.T << " d=" << c.d << " offset=" << c.offset
@@ -115,8 +122,8 @@ TEST(Rope, DotProductDependsOnlyOnRelativePosition) {
     double first = 0;
     for (int64_t shift : {0, 1, 100, 1000}) {
       Tensor qr = q.clone(), kr = k.clone();
-      rope_forward(host_exec(), qr, {shift + 7}, table, 0);
-      rope_forward(host_exec(), kr, {shift}, table, 0);
+      rope_forward(host_exec(), qr, i64_tensor({shift + 7}), table, 0);
+      rope_forward(host_exec(), kr, i64_tensor({shift}), table, 0);
       double dot = 0;
       for (int i = 0; i < 32; ++i) dot += double(qr.data<float>()[i]) * kr.data<float>()[i];
       if (shift == 0) first = dot;

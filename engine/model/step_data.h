@@ -1,0 +1,58 @@
+// StepData: the integer inputs of one forward (token ids, positions, sequence bounds, state
+// slots, page tables, the rows that need logits), packed once per step into one block and made
+// visible to the kernels in one transfer. Kernels read them as tensors, never as host vectors.
+//
+// The block is sized by the largest step seen so far and grows only between steps (one counted
+// allocation), so a serving engine packs every decode step into the same memory.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "core/tensor.h"
+
+namespace loom {
+
+struct StepShape {
+  int64_t tokens = 0;      // T: rows of the flattened batch
+  int64_t seqs = 0;        // B
+  int64_t logit_rows = 0;  // R
+  int64_t page_cols = 0;   // P: width of the page table (the longest sequence's pages)
+};
+
+class StepData {
+ public:
+  // Host-resident for now: the CUDA forward (issue 13) adds the device mirror and its one
+  // asynchronous copy from this (then pinned) block.
+  explicit StepData(Device device = Device::kCpu);
+
+  // Sizes the block for the largest step the caller will run (the engine: its token budget, its
+  // sequence limit and the pages of its longest context), so no later step grows it.
+  void reserve(const StepShape& largest);
+  // Lays out the views below for `shape` (contents undefined until filled).
+  void begin(const StepShape& shape);
+  // Makes the filled views visible to the kernels: one host-to-device copy of the packed block
+  // on a GPU; on the host the packing itself is the transfer. Counted.
+  void publish();
+
+  Tensor token_ids;    // i32 [T]
+  Tensor positions;    // i64 [T] absolute position of each row
+  Tensor logit_rows;   // i64 [R] rows whose logits are computed, in sequence order
+  Tensor cu_seqlens;   // i64 [B + 1] first row of each sequence, then T
+  Tensor past_lens;    // i64 [B] positions each sequence already had cached
+  Tensor state_slots;  // i32 [B] linear-attention state slot (-1: private cache or none)
+  Tensor page_table;   // i32 [B, P] page ids per sequence, padded with 0 past its last page
+
+  uint64_t transfers() const { return transfers_; }
+  size_t capacity_bytes() const { return capacity_; }
+
+ private:
+  static size_t bytes_for(const StepShape& shape);
+
+  Device device_;
+  std::shared_ptr<void> block_;
+  size_t capacity_ = 0;
+  uint64_t transfers_ = 0;
+};
+
+}  // namespace loom
