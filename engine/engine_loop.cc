@@ -112,6 +112,21 @@ absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::create(const Model& mode
   if (cfg.eos_token_id >= 0) loop->eos_ids_.push_back(cfg.eos_token_id);
   loop->seeds_.seed(options.seed != 0 ? options.seed : std::random_device{}());
   loop->runner_ = std::make_unique<ModelRunner>(model, *loop->store_, options.deterministic);
+  // The largest step the scheduler can plan, so that no serving step grows the step data: the
+  // token budget, every running sequence asking for logits, and the longest context's pages.
+  StepShape largest;
+  largest.tokens = options.max_num_batched_tokens;
+  largest.seqs = options.max_num_seqs;
+  largest.logit_rows = options.max_num_seqs;
+  if (loop->store_->has_attention()) {
+    const int64_t context = options.max_model_len > 0 ? options.max_model_len
+                            : cfg.max_position_embeddings > 0
+                                ? cfg.max_position_embeddings
+                                : sizing.num_pages * options.page_size;
+    largest.page_cols =
+        std::min<int64_t>(sizing.num_pages, (context + options.page_size - 1) / options.page_size);
+  }
+  loop->runner_->reserve(largest);
   // Totals count what requests can get: the scratch slot is never handed out.
   loop->stats_.pages_total = loop->sched_->kv_pool().free_count();
   loop->stats_.slots_total = loop->sched_->slot_pool().free_count();

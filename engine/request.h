@@ -25,11 +25,6 @@ enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
 
 // The OpenAI finish_reason of `reason`: "stop", "length", "abort" (cancelled, as vLLM says it),
 // "error"; empty for kNone (not finished).
-// A template only while server/openai_response.{h,cc} still has its own `std::string
-// finish_reason_name(FinishReason)`: overload resolution prefers that non-template there, where a
-// second non-template differing only in return type would not compile. Drop the template line when
-// that copy goes.
-template <typename = void>
 constexpr std::string_view finish_reason_name(FinishReason reason) {
   switch (reason) {
     case FinishReason::kStop:

@@ -97,7 +97,7 @@ std::string Metrics::render(const EngineStats& s) const {
   {
     absl::MutexLock lock(&mu_);
     header(&out, "loom_requests_finished_total", "counter", "Requests finished, by reason.");
-    for (const char* r : {"stop", "length", "tool_calls", "cancelled", "error"}) {
+    for (const char* r : {"stop", "length", "tool_calls", "cancelled", "abort", "error"}) {
       auto it = finished_.find(std::string_view(r));
       absl::StrAppend(&out, "loom_requests_finished_total{reason=\"", r, "\"} ",
                       it == finished_.end() ? 0 : it->second, "\n");

@@ -35,8 +35,9 @@ class Metrics {
  public:
   Metrics();
 
-  // A request finished (any frontend). `reason`: "stop", "length", "tool_calls", "cancelled",
-  // "error" (one count per request; a request with n choices reports its last choice's reason).
+  // A request finished (any frontend). `reason`: "stop", "length", "tool_calls", "cancelled" (the
+  // client left), "abort" (the engine cancelled it, e.g. at the end of a drain), "error" (one count
+  // per request; a request with n choices reports its last choice's reason).
   void on_request_finished(std::string_view reason, int prompt_tokens, int completion_tokens);
   // A request was rejected before reaching the engine (`status` is e.g. "400", "429", "503").
   void on_request_rejected(std::string_view status);

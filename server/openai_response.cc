@@ -95,21 +95,6 @@ json tool_call_deltas_json(const std::vector<ToolCallDelta>& deltas) {
 
 }  // namespace
 
-std::string finish_reason_name(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kCancelled:
-      return "abort";
-    case FinishReason::kError:
-      return "error";
-    default:
-      return "stop";
-  }
-}
-
 struct OpenAiResponseBuilder::Choice {
   std::string text;  // everything generated (non-streaming: parsed at the end)
   std::vector<TokenLogprob> logprobs;
@@ -254,9 +239,9 @@ std::vector<std::string> OpenAiResponseBuilder::stream_event(Choice& c, int inde
     chunks.push_back(chat_chunk(std::move(d), std::move(lp), nullptr));
   }
   if (out.finish) {
-    std::string reason = *out.finish == FinishReason::kStop && c.any_tool_call
-                             ? "tool_calls"
-                             : finish_reason_name(*out.finish);
+    const std::string reason(*out.finish == FinishReason::kStop && c.any_tool_call
+                                 ? std::string_view("tool_calls")
+                                 : finish_reason_name(*out.finish));
     chunks.push_back(chat_chunk(json::object(), nullptr, reason));
   }
   return chunks;
@@ -280,7 +265,8 @@ std::string OpenAiResponseBuilder::final_json() const {
   json choices = json::array();
   for (size_t i = 0; i < choices_.size(); ++i) {
     const Choice& c = *choices_[i];
-    std::string reason = c.finish ? finish_reason_name(*c.finish) : "abort";
+    std::string reason(c.finish ? finish_reason_name(*c.finish)
+                                : finish_reason_name(FinishReason::kCancelled));
     if (!ctx_.chat) {
       json lp = nullptr;
       if (ctx_.logprobs) {

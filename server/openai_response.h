@@ -72,7 +72,4 @@ class OpenAiResponseBuilder {
   std::string last_reason_;
 };
 
-// The finish_reason string of an engine reason ("stop", "length", "abort", "error").
-std::string finish_reason_name(FinishReason reason);
-
 }  // namespace loom
