@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/cpu/rope.h"
 #ifdef LOOM_WITH_CUDA
@@ -11,15 +12,25 @@
 
 namespace loom {
 
+namespace {
+Tensor host_f32(const std::vector<float>& values) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(values.size())});
+  std::copy(values.begin(), values.end(), t.data<float>());
+  return t;
+}
+}  // namespace
+
 RopeTable rope_table_default(double theta, int rotary_dim, RopeStyle style) {
   RopeTable t;
+  std::vector<float> inv_freq;
   t.rotary_dim = rotary_dim;
   t.style = style;
   for (int i = 0; i < rotary_dim / 2; ++i) {
     // torch: 1.0 / (base ** (arange(0, dim, 2, dtype=float32) / dim)), all in f32.
     const float expo = static_cast<float>(2 * i) / static_cast<float>(rotary_dim);
-    t.inv_freq.push_back(1.0f / std::pow(static_cast<float>(theta), expo));
+    inv_freq.push_back(1.0f / std::pow(static_cast<float>(theta), expo));
   }
+  t.inv_freq = host_f32(inv_freq);
   return t;
 }
 
@@ -28,6 +39,7 @@ RopeTable rope_table_yarn(double theta, int rotary_dim, RopeStyle style, double 
                           double mscale, double mscale_all_dim, double attention_factor,
                           bool truncate) {
   RopeTable t;
+  std::vector<float> inv_freq;
   t.rotary_dim = rotary_dim;
   t.style = style;
   auto get_mscale = [](double scale, double m) {
@@ -58,15 +70,16 @@ RopeTable rope_table_yarn(double theta, int rotary_dim, RopeStyle style, double 
     const float interpolation = 1.0f / (static_cast<float>(factor) * pos_freq);
     const float ramp = std::clamp(static_cast<float>((i - low) / (high - low)), 0.0f, 1.0f);
     const float extrapolation_factor = 1.0f - ramp;
-    t.inv_freq.push_back(interpolation * (1.0f - extrapolation_factor) +
-                         extrapolation * extrapolation_factor);
+    inv_freq.push_back(interpolation * (1.0f - extrapolation_factor) +
+                       extrapolation * extrapolation_factor);
   }
+  t.inv_freq = host_f32(inv_freq);
   return t;
 }
 
 void rope_forward(const Exec& ex, const Tensor& x, const Tensor& positions, const RopeTable& table,
                   int64_t dim_offset) {
-  LOOM_ON_EXEC_DEVICE(ex, "rope_forward", x, positions);
+  LOOM_ON_EXEC_DEVICE(ex, "rope_forward", x, positions, table.inv_freq);
   if (ex.device.is_cpu()) return cpu::rope_forward(x, positions, table, dim_offset);
 #ifdef LOOM_WITH_CUDA
   return cuda::rope_forward(ex, x, positions, table, dim_offset);

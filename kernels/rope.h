@@ -2,7 +2,6 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "core/tensor.h"
 #include "kernels/exec.h"
@@ -21,7 +20,7 @@ enum class RopeStyle : uint8_t {
 // Inverse frequencies (rd/2 entries) and the cos/sin scale ("attention factor"), computed in f32
 // exactly as transformers' rope init functions do.
 struct RopeTable {
-  std::vector<float> inv_freq;
+  Tensor inv_freq;  // f32 [rd/2], on the device of the ops that use it (host as built)
   float attention_factor = 1.0f;
   int rotary_dim = 0;
   RopeStyle style = RopeStyle::kHalf;

@@ -1,5 +1,5 @@
-// Host side of CUDA RoPE: checks as in kernels/cpu/rope.cc; positions are device step data;
-// inv_freq is uploaded to stream-ordered scratch for each call.
+// Host side of CUDA RoPE: checks as in kernels/cpu/rope.cc; positions (step data) and the
+// table's inv_freq are already on the device: nothing is uploaded per call.
 #include "kernels/cuda/rope.h"
 
 #include "kernels/cuda/device.h"
@@ -16,15 +16,15 @@ void rope_forward(const Exec& ex, const Tensor& x, const Tensor& positions, cons
              positions.describe().c_str());
   LOOM_CHECK(x.ndim() == 3 && x.dim(0) == positions.dim(0) && dim_offset >= 0 &&
                  dim_offset + table.rotary_dim <= x.dim(2) && table.rotary_dim % 2 == 0 &&
-                 static_cast<int>(table.inv_freq.size()) * 2 == table.rotary_dim,
+                 table.inv_freq.dtype() == DType::kF32 && table.inv_freq.is_contiguous() &&
+                 table.inv_freq.numel() * 2 == table.rotary_dim,
              "rope_forward: x %s, %zu positions, rotary_dim %d", x.describe().c_str(),
              static_cast<size_t>(positions.dim(0)), table.rotary_dim);
   if (positions.dim(0) == 0 || table.rotary_dim == 0 || x.dim(1) == 0) return;
-  Scratch freq(table.inv_freq.size() * sizeof(float), stream_of(ex));
-  freq.upload(table.inv_freq.data(), table.inv_freq.size() * sizeof(float));
+  LOOM_CHECK_CUDA_ARG("rope_forward", table.inv_freq);
   launch::rope(stream_of(ex), x.data<float>(), positions.data<int64_t>(),
-               static_cast<const float*>(freq.get()), table.attention_factor, x.dim(0), x.dim(1),
-               x.dim(2), table.rotary_dim, dim_offset, table.style == RopeStyle::kInterleaved);
+               table.inv_freq.data<float>(), table.attention_factor, x.dim(0), x.dim(1), x.dim(2),
+               table.rotary_dim, dim_offset, table.style == RopeStyle::kInterleaved);
 }
 
 }  // namespace loom::cuda

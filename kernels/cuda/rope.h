@@ -3,13 +3,12 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "kernels/rope.h"
 
 namespace loom::cuda {
 
-// positions and table.inv_freq are host vectors, uploaded per call to stream-ordered scratch.
+// positions and table.inv_freq are device tensors (step data; the table copied once).
 void rope_forward(const Exec& ex, const Tensor& x, const Tensor& positions, const RopeTable& table,
                   int64_t dim_offset);
 

@@ -420,7 +420,9 @@ TEST_F(CudaKernels, Rope) {
       Tensor ref = x.clone();
       rope_forward(host_exec(), ref, i64_tensor(pos), table, yarn ? off : 0);
       Tensor xd = dev(x);
-      rope_forward(gpu(), xd, dev(i64_tensor(pos)), table, yarn ? off : 0);
+      RopeTable table_d = table;
+      table_d.inv_freq = dev(table.inv_freq);
+      rope_forward(gpu(), xd, dev(i64_tensor(pos)), table_d, yarn ? off : 0);
       report(std::string("rope_") + (style == RopeStyle::kHalf ? "half" : "interleaved") +
                  (yarn ? "_yarn" : ""),
              scaled_err(xd, ref), 8 * twin::kEps);

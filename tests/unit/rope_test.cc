@@ -40,7 +40,7 @@ std::vector<double> oracle(const Tensor& x, const std::vector<int64_t>& position
       const float* v = x.data<float>() + (t * H + h) * d + offset;
       double* o = out.data() + (t * H + h) * d + offset;
       for (int i = 0; i < half; ++i) {
-        const float angle = table.inv_freq[i] * static_cast<float>(positions[t]);
+        const float angle = table.inv_freq.data<float>()[i] * static_cast<float>(positions[t]);
         const double c = std::cos(double(angle)) * table.attention_factor;
         const double s = std::sin(double(angle)) * table.attention_factor;
         const bool half_style = table.style == RopeStyle::kHalf;
