@@ -93,16 +93,36 @@ void CacheStore::reset_slot(int64_t slot) {
   }
 }
 
-void CacheStore::copy_slot(int64_t src, int64_t dst) {
-  LOOM_CHECK(src >= 0 && src < options_.num_slots && dst >= 0 && dst < options_.num_slots,
+void CacheStore::copy_slot(const CacheStore& from, int64_t src, int64_t dst) {
+  LOOM_CHECK(src >= 0 && src < from.options_.num_slots && dst >= 0 && dst < options_.num_slots &&
+                 from.layers_.size() == layers_.size(),
              "CacheStore::copy_slot(%lld, %lld)", static_cast<long long>(src),
              static_cast<long long>(dst));
-  if (src == dst) return;
-  for (Layer& l : layers_) {
-    if (!l.recurrent.defined()) continue;
-    l.recurrent.select(dst).copy_from(l.recurrent.select(src));
-    l.conv.select(dst).copy_from(l.conv.select(src));
+  if (&from == this && src == dst) return;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& a = from.layers_[l];
+    Layer& b = layers_[l];
+    if (!b.recurrent.defined()) continue;
+    b.recurrent.select(dst).copy_from(a.recurrent.select(src));
+    b.conv.select(dst).copy_from(a.conv.select(src));
   }
+}
+
+void CacheStore::copy_page_rows(const CacheStore& from, int64_t src, int64_t dst, int64_t r0,
+                                int64_t r1) {
+  LOOM_CHECK(from.layers_.size() == layers_.size() && 0 <= r0 && r0 <= r1 &&
+                 (r0 == r1 || (src >= 0 && src < from.num_pages() && dst >= 0 &&
+                               dst < num_pages() && r1 <= from.page_size() && r1 <= page_size())),
+             "CacheStore::copy_page_rows(page %lld -> %lld, rows [%lld, %lld))",
+             static_cast<long long>(src), static_cast<long long>(dst), static_cast<long long>(r0),
+             static_cast<long long>(r1));
+  if (r0 == r1 || (&from == this && src == dst)) return;
+  for (size_t l = 0; l < layers_.size(); ++l)
+    for (int w = 0; w < 2; ++w) {
+      if (!layers_[l].pools[w].defined()) continue;
+      layers_[l].pools[w].select(dst).slice(0, r0, r1).copy_from(
+          from.layers_[l].pools[w].select(src).slice(0, r0, r1));
+    }
 }
 
 }  // namespace loom

@@ -47,7 +47,12 @@ class CacheStore {
   // Zeroes every linear layer's state in `slot` (a sequence starting fresh).
   void reset_slot(int64_t slot);
   // Copies every linear layer's state from `src` to `dst` (prefix-cache checkpoints).
-  void copy_slot(int64_t src, int64_t dst);
+  void copy_slot(int64_t src, int64_t dst) { copy_slot(*this, src, dst); }
+  // The same from slot `src` of `from`, a store of the same model (this one or another).
+  void copy_slot(const CacheStore& from, int64_t src, int64_t dst);
+  // Copies rows [r0, r1) of page `src` of `from` (a store of the same model) into the same rows
+  // of page `dst`, in every attention layer. Both stores' pages must hold r1 rows.
+  void copy_page_rows(const CacheStore& from, int64_t src, int64_t dst, int64_t r0, int64_t r1);
 
  private:
   struct Layer {

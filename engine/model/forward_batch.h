@@ -18,7 +18,8 @@ enum class LogitsMode : uint8_t {
 };
 
 // One sequence of the batch. Its cache is either a private SequenceCache (tools, tests) or a
-// state slot and page table in the batch's CacheStore (the serving engine).
+// state slot and page table in the batch's CacheStore (the serving engine); a batch uses one kind
+// for all its sequences.
 struct SequenceInput {
   int64_t num_tokens = 0;  // new tokens, consecutive in ForwardBatch::token_ids
   LogitsMode logits = LogitsMode::kLast;
@@ -36,7 +37,7 @@ struct SequenceInput {
 struct ForwardBatch {
   std::vector<int32_t> token_ids;   // sum of seqs[i].num_tokens entries
   std::vector<SequenceInput> seqs;  // in token order
-  CacheStore* store = nullptr;      // for store-backed sequences
+  CacheStore* store = nullptr;      // for store-backed sequences (ignored with private caches)
   // Compute every row the same way whatever else is in the batch and however the sequence was
   // split into steps (kernels/batch_invariance.h); slower. Set by the engine's --deterministic.
   bool batch_invariant = false;

@@ -91,52 +91,42 @@ absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch, StepDa
     const SequenceInput& in = batch.seqs[s];
     if (in.num_tokens <= 0)
       return absl::InvalidArgumentError(absl::StrCat("sequence ", s, " has no new tokens"));
-    int64_t past = 0;
-    if (in.cache != nullptr) {
-      for (size_t t = 0; t < s; ++t)
-        if (batch.seqs[t].cache == in.cache)
-          return absl::InvalidArgumentError(
-              absl::StrCat("sequences ", t, " and ", s, " share one cache"));
-      past = in.cache->num_tokens();
-    } else {
-      if (batch.store == nullptr)
+    if (batch.store == nullptr)
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", s, " has neither a cache nor a cache store"));
+    if (in.start < 0)
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s, " starts at ", in.start));
+    const int64_t past = in.start;
+    if (needs_slots) {
+      if (in.slot < 0 || in.slot >= batch.store->num_slots())
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": state slot ", in.slot,
+                                                       " outside [0, ", batch.store->num_slots(),
+                                                       ")"));
+      if (!used_slots.insert(in.slot).second)
         return absl::InvalidArgumentError(
-            absl::StrCat("sequence ", s, " has neither a cache nor a cache store"));
-      if (in.start < 0)
-        return absl::InvalidArgumentError(absl::StrCat("sequence ", s, " starts at ", in.start));
-      past = in.start;
-      if (needs_slots) {
-        if (in.slot < 0 || in.slot >= batch.store->num_slots())
-          return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": state slot ", in.slot,
-                                                         " outside [0, ", batch.store->num_slots(),
-                                                         ")"));
-        if (!used_slots.insert(in.slot).second)
+            absl::StrCat("state slot ", in.slot, " is used by two sequences"));
+    }
+    if (needs_pages) {
+      const int64_t ps = batch.store->page_size();
+      const int64_t need = (past + in.num_tokens + ps - 1) / ps;
+      if (static_cast<int64_t>(in.pages.size()) < need)
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": ", in.pages.size(),
+                                                       " pages cannot hold ", past + in.num_tokens,
+                                                       " positions"));
+      for (int64_t p = 0; p < need; ++p) {
+        const int32_t id = in.pages[p];
+        if (id < 0 || id >= batch.store->num_pages())
+          return absl::InvalidArgumentError(absl::StrCat(
+              "sequence ", s, ": page ", id, " outside [0, ", batch.store->num_pages(), ")"));
+        if (p >= past / ps && !written_pages.insert(id).second)
           return absl::InvalidArgumentError(
-              absl::StrCat("state slot ", in.slot, " is used by two sequences"));
+              absl::StrCat("page ", id, " is written by two sequences in one batch"));
       }
-      if (needs_pages) {
-        const int64_t ps = batch.store->page_size();
-        const int64_t need = (past + in.num_tokens + ps - 1) / ps;
-        if (static_cast<int64_t>(in.pages.size()) < need)
-          return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": ", in.pages.size(),
-                                                         " pages cannot hold ",
-                                                         past + in.num_tokens, " positions"));
-        for (int64_t p = 0; p < need; ++p) {
-          const int32_t id = in.pages[p];
-          if (id < 0 || id >= batch.store->num_pages())
-            return absl::InvalidArgumentError(absl::StrCat(
-                "sequence ", s, ": page ", id, " outside [0, ", batch.store->num_pages(), ")"));
-          if (p >= past / ps && !written_pages.insert(id).second)
-            return absl::InvalidArgumentError(
-                absl::StrCat("page ", id, " is written by two sequences in one batch"));
-        }
-        shape.page_cols = std::max(shape.page_cols, need);
-      }
+      shape.page_cols = std::max(shape.page_cols, need);
     }
     layout.start.push_back(rows);
     layout.length.push_back(in.num_tokens);
     layout.past.push_back(past);
-    layout.caches.push_back(in.cache);
     layout.slots.push_back(in.slot);
     rows += in.num_tokens;
     shape.logit_rows += in.logits == LogitsMode::kAll    ? in.num_tokens
@@ -169,7 +159,7 @@ absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch, StepDa
     const int64_t b = layout.start[s], n = in.num_tokens;
     cu[s] = b;
     step.past_lens.data<int64_t>()[s] = layout.past[s];
-    step.state_slots.data<int32_t>()[s] = in.cache != nullptr ? -1 : in.slot;
+    step.state_slots.data<int32_t>()[s] = in.slot;
     for (int64_t i = 0; i < n; ++i) positions[b + i] = layout.past[s] + i;
     if (in.logits == LogitsMode::kAll) {
       for (int64_t i = 0; i < n; ++i) logit_rows[r++] = b + i;
@@ -177,8 +167,7 @@ absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch, StepDa
       logit_rows[r++] = b + n - 1;
     }
     int32_t* row = table + static_cast<int64_t>(s) * shape.page_cols;
-    const int64_t used =
-        in.cache != nullptr ? 0 : std::min<int64_t>(shape.page_cols, in.pages.size());
+    const int64_t used = std::min<int64_t>(shape.page_cols, in.pages.size());
     std::copy(in.pages.begin(), in.pages.begin() + used, row);
     std::fill(row + used, row + shape.page_cols, 0);
   }
@@ -192,6 +181,81 @@ absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch, StepDa
 
 absl::StatusOr<Tensor> Model::forward(const ForwardBatch& batch,
                                       std::vector<Tensor>* hidden) const {
+  size_t private_caches = 0;
+  for (const SequenceInput& in : batch.seqs) private_caches += in.cache != nullptr;
+  if (private_caches == 0) return forward_store(batch, hidden);
+  if (private_caches != batch.seqs.size())
+    return absl::InvalidArgumentError(
+        "a batch mixes sequences with private caches and sequences in the cache store");
+  return forward_private(batch, hidden);
+}
+
+// Layers see only a store, so private caches are run as store sequences. One cache is its own
+// one-sequence store (SequenceCache). Several are staged in a store made for the call: sequence i
+// gets slot i and page i, a page as long as the longest context, so each sequence's cached rows
+// stay one contiguous block and the attention kernels make the same GEMM calls as on the cache
+// itself (identical numbers). Staging copies every cached row in and the new rows and states
+// back out: O(context) per call, which tools and tests can afford; the engine never stages.
+absl::StatusOr<Tensor> Model::forward_private(const ForwardBatch& batch,
+                                              std::vector<Tensor>* hidden) const {
+  const size_t n = batch.seqs.size();
+  for (size_t s = 0; s < n; ++s)
+    for (size_t t = 0; t < s; ++t)
+      if (batch.seqs[t].cache == batch.seqs[s].cache)
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequences ", t, " and ", s, " share one cache"));
+  ForwardBatch staged;
+  staged.token_ids = batch.token_ids;
+  staged.batch_invariant = batch.batch_invariant;
+  staged.workspace = batch.workspace;
+  staged.step = batch.step;
+  staged.seqs.resize(n);
+  for (size_t s = 0; s < n; ++s) {
+    const SequenceInput& in = batch.seqs[s];
+    SequenceInput& out = staged.seqs[s];
+    out.num_tokens = in.num_tokens;
+    out.logits = in.logits;
+    out.start = in.cache->num_tokens();
+    out.slot = n == 1 ? 0 : static_cast<int32_t>(s);
+    out.pages = {out.slot};
+  }
+
+  if (n == 1) {
+    SequenceCache& cache = *batch.seqs[0].cache;
+    cache.reserve(batch.seqs[0].num_tokens);
+    staged.store = &cache.store();
+    absl::StatusOr<Tensor> logits = forward_store(staged, hidden);
+    if (logits.ok()) cache.advance(batch.seqs[0].num_tokens);
+    return logits;
+  }
+
+  int64_t longest = 1;
+  for (const SequenceInput& in : batch.seqs)
+    longest = std::max(longest, in.cache->num_tokens() + in.num_tokens);
+  CacheStore store(cfg_, {.num_pages = static_cast<int64_t>(n),
+                          .page_size = longest,
+                          .num_slots = static_cast<int64_t>(n)});
+  for (size_t s = 0; s < n; ++s) {
+    const SequenceCache& cache = *batch.seqs[s].cache;
+    store.copy_slot(cache.store(), 0, static_cast<int64_t>(s));
+    store.copy_page_rows(cache.store(), 0, static_cast<int64_t>(s), 0, cache.num_tokens());
+  }
+  staged.store = &store;
+  absl::StatusOr<Tensor> logits = forward_store(staged, hidden);
+  if (!logits.ok()) return logits;
+  for (size_t s = 0; s < n; ++s) {
+    SequenceCache& cache = *batch.seqs[s].cache;
+    const int64_t past = cache.num_tokens(), added = batch.seqs[s].num_tokens;
+    cache.reserve(added);
+    cache.store().copy_slot(store, static_cast<int64_t>(s), 0);
+    cache.store().copy_page_rows(store, static_cast<int64_t>(s), 0, past, past + added);
+    cache.advance(added);
+  }
+  return logits;
+}
+
+absl::StatusOr<Tensor> Model::forward_store(const ForwardBatch& batch,
+                                            std::vector<Tensor>* hidden) const {
   // Without the caller's step data and workspace (tools, tests) the call uses its own, and the
   // logits it returns own their memory.
   std::unique_ptr<StepData> own_step;
@@ -218,17 +282,11 @@ absl::StatusOr<Tensor> Model::forward(const ForwardBatch& batch,
   const ForwardContext ctx{ex, layout};
 
   const int64_t d = cfg_.hidden_size;
-  for (size_t s = 0; s < layout.caches.size(); ++s)
-    if (layout.caches[s] != nullptr) layout.caches[s]->reserve(layout.length[s]);
-
   Tensor embedding = ctx.take({rows, d});
   embedding_forward(ctx.ex, step->token_ids, embed_, embedding);
   // `normed`: the final normalised hidden state of every row.
   Tensor normed = cfg_.attnres_block_size > 0 ? run_block_attnres(ctx, embedding)
                                               : run_plain_residual(ctx, embedding, hidden);
-  for (size_t s = 0; s < layout.caches.size(); ++s)
-    if (layout.caches[s] != nullptr) layout.caches[s]->advance(layout.length[s]);
-
   const int64_t m = layout.logit_rows.dim(0);
   Tensor picked = ctx.take({m, d});
   gather_rows(ctx.ex, normed, layout.logit_rows, picked);

@@ -31,9 +31,9 @@ class Model {
 
   // Runs the batch, extending each sequence's cache by its new tokens. Returns logits [rows, V]
   // for the rows each sequence asked for (LogitsMode), in sequence order. InvalidArgument for a
-  // malformed batch (token id out of range, lengths not matching token_ids, no cache, a slot or
-  // page out of range, a slot used twice, a page written by two sequences); the caches are
-  // untouched then.
+  // malformed batch (token id out of range, lengths not matching token_ids, no cache, private
+  // caches mixed with store-backed sequences, a cache, slot or page used twice, a slot or page out
+  // of range); the caches' contents are untouched then (a private cache may have grown).
   // If `hidden` is not null it receives L+1 tensors [N, D]: the input of every layer and the final
   // normalised output (for conformance diagnostics against the reference's hidden states).
   // With ForwardBatch::workspace set, the call resets that workspace first and the logits are a
@@ -44,7 +44,13 @@ class Model {
  private:
   explicit Model(ModelConfig cfg) : cfg_(std::move(cfg)) {}
 
-  // Validates the batch and packs its step data into `step`.
+  // The one forward: every sequence has a slot and a page table in batch.store.
+  absl::StatusOr<Tensor> forward_store(const ForwardBatch& batch,
+                                       std::vector<Tensor>* hidden) const;
+  // Runs private caches through forward_store (see there).
+  absl::StatusOr<Tensor> forward_private(const ForwardBatch& batch,
+                                         std::vector<Tensor>* hidden) const;
+  // Validates a store batch and packs its step data into `step`.
   absl::StatusOr<BatchLayout> make_layout(const ForwardBatch& batch, StepData& step) const;
   // The two residual schemes: plain pre-norm residuals, or Block Attention Residuals.
   Tensor run_plain_residual(const ForwardContext& ctx, Tensor h, std::vector<Tensor>* hidden) const;

@@ -1,61 +1,35 @@
 #include "engine/model/sequence_cache.h"
 
 #include <algorithm>
-#include <cstring>
 
 namespace loom {
+namespace {
 
-SequenceCache::SequenceCache(const ModelConfig& cfg) : mixers_(cfg.mixers) {
-  layers_.resize(cfg.num_layers);
-  const auto& la = cfg.linear;
-  for (int i = 0; i < cfg.num_layers; ++i) {
-    LayerCache& lc = layers_[i];
-    switch (cfg.mixers[i]) {
-      case MixerType::kKda:
-      case MixerType::kGdn: {
-        const int64_t conv_channels =
-            2LL * la.num_heads * la.head_dim + static_cast<int64_t>(la.num_v_heads) * la.v_head_dim;
-        lc.recurrent = Tensor::zeros({la.num_v_heads, la.head_dim, la.v_head_dim});
-        lc.conv = Tensor::zeros({la.conv_kernel - 1, conv_channels});
-        break;
-      }
-      case MixerType::kMla:
-        lc.latent = Tensor::zeros({0, cfg.mla.kv_lora_rank});
-        lc.rope = Tensor::zeros({0, cfg.mla.qk_rope_head_dim});
-        break;
-      case MixerType::kGqa:
-        lc.key = Tensor::zeros({0, cfg.gqa.num_kv_heads, cfg.gqa.head_dim});
-        lc.value = Tensor::zeros({0, cfg.gqa.num_kv_heads, cfg.gqa.head_dim});
-        break;
-    }
-  }
+CacheStore::Options one_sequence(int64_t capacity) {
+  // No page until the first reserve: a new cache holds only its (zero) linear states.
+  return {.num_pages = capacity > 0 ? 1 : 0,
+          .page_size = std::max<int64_t>(capacity, 1),
+          .num_slots = 1};
 }
+
+}  // namespace
+
+SequenceCache::SequenceCache(const ModelConfig& cfg) : cfg_(cfg), store_(cfg, one_sequence(0)) {}
 
 void SequenceCache::reserve(int64_t n) {
   const int64_t need = num_tokens_ + n;
-  if (need <= capacity_) return;
+  if (!store_.has_attention() || need <= capacity_) return;
   const int64_t cap = std::max<int64_t>({need, 2 * capacity_, 64});
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    if (mixers_[i] != MixerType::kMla && mixers_[i] != MixerType::kGqa) continue;
-    LayerCache& lc = layers_[i];
-    for (Tensor* t : {&lc.latent, &lc.rope, &lc.key, &lc.value}) {
-      if (!t->defined()) continue;
-      Shape shape = t->shape();
-      shape[0] = cap;
-      Tensor grown = Tensor::zeros(shape);
-      if (num_tokens_ > 0) grown.slice(0, 0, num_tokens_).copy_from(t->slice(0, 0, num_tokens_));
-      *t = grown;
-    }
-  }
+  CacheStore grown(cfg_, one_sequence(cap));
+  grown.copy_slot(store_, 0, 0);
+  grown.copy_page_rows(store_, 0, 0, 0, num_tokens_);
+  store_ = std::move(grown);
   capacity_ = cap;
 }
 
 size_t SequenceCache::nbytes() const {
-  size_t n = 0;
-  for (const LayerCache& lc : layers_)
-    for (const Tensor* t : {&lc.recurrent, &lc.conv, &lc.latent, &lc.rope, &lc.key, &lc.value})
-      if (t->defined()) n += t->nbytes();
-  return n;
+  return (capacity_ > 0 ? CacheStore::page_bytes(cfg_, capacity_) : 0) +
+         CacheStore::slot_bytes(cfg_);
 }
 
 }  // namespace loom

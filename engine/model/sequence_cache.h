@@ -1,31 +1,20 @@
-// SequenceCache: everything one sequence carries from one forward call to the next.
+// SequenceCache: everything one sequence carries from one forward call to the next, for tools and
+// tests that run sequences without a serving engine.
 //
-// Per layer, by mixer type:
-//   KDA / GDN: recurrent state [Hv, dk, dv] f32 and convolution tail [W-1, conv_channels] f32
-//              (the last W-1 inputs of the short convolution, oldest first);
-//   MLA:       latent cache rows [capacity, kv_lora_rank] (normalised c) and rope-key rows
-//              [capacity, qk_rope_head_dim] (rotated when the model uses RoPE);
-//   GQA:       key rows [capacity, Hkv, d] (rotated) and value rows [capacity, Hkv, dv].
-// Rows [0, num_tokens()) are valid. This is the contiguous per-sequence layout; the serving
-// engine's paged pools (scheduler/) present the same per-layer views.
+// It is a CacheStore of its own with one state slot (0) and, for models with attention layers, one
+// page (0) holding positions [0, capacity()): per layer the same states and cached rows as the
+// engine's store (CacheStore documents them). Model::forward runs it through the one store path
+// the engine uses, so layers and kernels never see a private cache. Rows [0, num_tokens()) are
+// valid.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
-#include <vector>
 
-#include "core/tensor.h"
+#include "engine/model/cache_store.h"
 #include "weights/model_config.h"
 
 namespace loom {
-
-struct LayerCache {
-  Tensor recurrent;  // KDA/GDN
-  Tensor conv;       // KDA/GDN
-  Tensor latent;     // MLA: [capacity, R]
-  Tensor rope;       // MLA: [capacity, dr]
-  Tensor key;        // GQA: [capacity, Hkv, d] (rotated)
-  Tensor value;      // GQA: [capacity, Hkv, dv]
-};
 
 class SequenceCache {
  public:
@@ -33,8 +22,13 @@ class SequenceCache {
 
   // Positions already processed (the next token's position).
   int64_t num_tokens() const { return num_tokens_; }
-  LayerCache& layer(int i) { return layers_[i]; }
-  // Makes room for `n` more positions in every attention layer (amortised doubling).
+  // Positions page 0 holds (0 until the first reserve, and for models without attention layers).
+  int64_t capacity() const { return capacity_; }
+  // Slot 0 and page 0 (the model writes through them).
+  CacheStore& store() { return store_; }
+  const CacheStore& store() const { return store_; }
+
+  // Makes room for `n` more positions (amortised doubling: a longer page, the rows copied over).
   void reserve(int64_t n);
   // Called by the model once all layers have consumed `n` new tokens.
   void advance(int64_t n) { num_tokens_ += n; }
@@ -42,8 +36,8 @@ class SequenceCache {
   size_t nbytes() const;
 
  private:
-  std::vector<LayerCache> layers_;
-  std::vector<MixerType> mixers_;
+  ModelConfig cfg_;  // to build the longer store in reserve()
+  CacheStore store_;
   int64_t num_tokens_ = 0;
   int64_t capacity_ = 0;
 };

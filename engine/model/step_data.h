@@ -40,7 +40,7 @@ class StepData {
   Tensor logit_rows;   // i64 [R] rows whose logits are computed, in sequence order
   Tensor cu_seqlens;   // i64 [B + 1] first row of each sequence, then T
   Tensor past_lens;    // i64 [B] positions each sequence already had cached
-  Tensor state_slots;  // i32 [B] linear-attention state slot (-1: private cache or none)
+  Tensor state_slots;  // i32 [B] linear-attention state slot (-1: the model has no linear layer)
   Tensor page_table;   // i32 [B, P] page ids per sequence, padded with 0 past its last page
 
   uint64_t transfers() const { return transfers_; }

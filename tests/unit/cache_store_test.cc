@@ -1,7 +1,8 @@
 // The paged CacheStore path of Model::forward: store-backed sequences (random page tables, state
 // slots) give the same logits as private contiguous caches, in prefill, chunked prefill and
 // decode, for every mixer type; a copied slot continues exactly like the original; malformed
-// store batches are rejected without touching the store.
+// store batches are rejected without touching the store, and malformed batches of private caches
+// (which the model runs as store sequences) without touching the caches.
 #include <algorithm>
 #include <numeric>
 #include <random>
@@ -168,6 +169,58 @@ TEST(CacheStore, RejectsBadStoreBatches) {
   EXPECT_FALSE(run([](ForwardBatch& b) { b.seqs[0].pages.clear(); }).ok());  // no page
   EXPECT_FALSE(run([](ForwardBatch& b) { b.store = nullptr; }).ok());
   EXPECT_FALSE(run([](ForwardBatch& b) { b.seqs[0].start = 64 * 2; }).ok());  // past the pages
+}
+
+// Private caches run through a store of their own (one cache) or one staged for the call (several);
+// a rejected batch must leave every cache as it was, so caches that also saw rejected batches
+// continue bit for bit like caches that never did.
+TEST(PrivateCaches, RejectedBatchesLeaveCachesUntouched) {
+  auto m = Model::load(kFixtures + "/kimi_linear_s1");  // KDA and MLA layers
+  ASSERT_TRUE(m.ok()) << m.status();
+  const Model& model = **m;
+  const int vocab = model.config().vocab_size;
+  std::mt19937 rng(9);
+  std::vector<SequenceCache> tried = {model.new_cache(), model.new_cache()};
+  std::vector<SequenceCache> clean = {model.new_cache(), model.new_cache()};
+  CacheStore store(model.config(), {.num_pages = 4, .page_size = 64, .num_slots = 2});
+  auto batch = [](std::vector<SequenceCache>& caches, const std::vector<int32_t>& ids, int64_t n0) {
+    ForwardBatch b;
+    b.token_ids = ids;
+    const int64_t n1 = static_cast<int64_t>(ids.size()) - n0;
+    b.seqs.push_back({.num_tokens = n0, .logits = LogitsMode::kAll, .cache = &caches[0]});
+    b.seqs.push_back({.num_tokens = n1, .logits = LogitsMode::kAll, .cache = &caches[1]});
+    return b;
+  };
+  // A prefill, then steps that grow the first cache past its capacity.
+  for (const auto& [n0, n1] : std::vector<std::pair<int, int>>{{70, 3}, {1, 1}, {2, 1}}) {
+    const std::vector<int32_t> ids = random_tokens(n0 + n1, vocab, rng);
+    const int64_t had0 = tried[0].num_tokens(), had1 = tried[1].num_tokens();
+
+    ForwardBatch mixed = batch(tried, ids, n0);  // a private cache beside a store sequence
+    mixed.store = &store;
+    mixed.seqs[1] = {.num_tokens = n1, .slot = 0, .pages = {0}};
+    EXPECT_EQ(model.forward(mixed).status().code(), absl::StatusCode::kInvalidArgument);
+    std::vector<int32_t> bad_ids = ids;
+    bad_ids.back() = vocab;
+    EXPECT_FALSE(model.forward(batch(tried, bad_ids, n0)).ok());
+    ForwardBatch shared = batch(tried, ids, n0);
+    shared.seqs[1].cache = &tried[0];
+    EXPECT_FALSE(model.forward(shared).ok());
+    // One cache alone is its own store: a rejected long batch may grow it, nothing else.
+    ForwardBatch alone;
+    alone.token_ids = std::vector<int32_t>(200, vocab);
+    alone.seqs.push_back({.num_tokens = 200, .cache = &tried[0]});
+    EXPECT_FALSE(model.forward(alone).ok());
+    EXPECT_EQ(tried[0].num_tokens(), had0);
+    EXPECT_EQ(tried[1].num_tokens(), had1);
+
+    absl::StatusOr<Tensor> a = model.forward(batch(tried, ids, n0));
+    absl::StatusOr<Tensor> b = model.forward(batch(clean, ids, n0));
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+    EXPECT_EQ(max_diff(*a, *b), 0.0);
+  }
+  EXPECT_EQ(tried[0].num_tokens(), 73);
+  EXPECT_EQ(tried[1].num_tokens(), 5);
 }
 
 }  // namespace
