@@ -1,9 +1,8 @@
-// Doorbell: what a frontend's pump thread sleeps on until there is something to do. Engine streams
-// ring it after every event (RequestStream::set_on_ready) and the frontend rings it on its own
-// events (a new request, a write done, a cancel, shutdown). The pump clears it before a pass over
-// its streams, so a ring during the pass makes the next wait() return at once: nothing is missed
-// and nothing polls. Shared through a shared_ptr, so a stream that outlives its frontend rings a
-// live object.
+// Doorbell: what a StreamPump thread (server/stream_pump.h) sleeps on until there is something to
+// do. Engine streams ring it after every event (RequestStream::set_on_ready) and the pump rings it
+// itself on a new stream and on stop(). The pump clears it before a pass over its streams, so a
+// ring during the pass makes the next wait() return at once: nothing is missed and nothing polls.
+// Shared through a shared_ptr, so a stream that outlives its pump rings a live object.
 #pragma once
 
 #include "absl/synchronization/mutex.h"

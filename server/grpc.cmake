@@ -8,14 +8,14 @@ find_package(gRPC CONFIG REQUIRED)  # imported targets are directory-scoped: fin
 
 add_library(loom_server_grpc ${CMAKE_SOURCE_DIR}/server/grpc_server.cc
   ${CMAKE_SOURCE_DIR}/server/grpc_convert.cc)
-# Metrics and AdmissionGate (server/metrics.*, admission.*) live in the HTTP frontend's library;
-# without it (built from proto/ before server/CMakeLists.txt existed) the gRPC library compiles
-# them in itself.
+# Metrics, AdmissionGate and StreamPump (server/metrics.*, admission.*, stream_pump.*) live in the
+# HTTP frontend's library; without it (built from proto/ before server/CMakeLists.txt existed) the
+# gRPC library compiles them in itself.
 if(TARGET loom_server_http)
   target_link_libraries(loom_server_grpc PUBLIC loom_server_http)
 else()
   target_sources(loom_server_grpc PRIVATE ${CMAKE_SOURCE_DIR}/server/metrics.cc
-    ${CMAKE_SOURCE_DIR}/server/admission.cc)
+    ${CMAKE_SOURCE_DIR}/server/admission.cc ${CMAKE_SOURCE_DIR}/server/stream_pump.cc)
 endif()
 target_include_directories(loom_server_grpc PUBLIC ${CMAKE_SOURCE_DIR})
 target_link_libraries(loom_server_grpc PUBLIC loom_proto loom_engine gRPC::grpc++

@@ -1,19 +1,23 @@
 // The gRPC frontend on gRPC's callback API.
 //
 // Threads. gRPC's own callback executor runs the handlers (unary calls finish inline; Generate
-// only validates and submits) and the reactions (OnWriteDone, OnCancel, OnDone). One pump thread
-// of ours moves engine events to the client: it scans the live streams that have no write in
-// flight, pops what is ready without blocking, and starts their writes; when nothing was ready it
-// sleeps on a Doorbell that the engine rings after every event of a live stream
-// (RequestStream::set_on_ready) and the reactions ring on a new call, a finished write or a
-// cancel. So an idle or slow stream holds no thread, a token goes out as soon as it is sampled,
-// and nothing polls.
+// only validates, submits and hands the request's stream to the StreamPump) and the reactions
+// (OnWriteDone, OnCancel, OnDone). Engine events reach a call through the StreamPump
+// (server/stream_pump.h; loom-server's one pump, shared with the HTTP frontend): the call is its
+// stream's sink. The sink queues the events and, when no write is in flight, starts one;
+// OnWriteDone starts the next. So a call has one write in flight at most, a slow client's events
+// wait in its call's queue and never hold up the pump, an idle or slow stream holds no thread, a
+// token goes out as soon as it is sampled, and nothing polls.
 //
-// Lifetime. Each Generate call is a GenerateReactor owned by gRPC (deleted in OnDone). Only the
-// pump calls StartWrite and Finish, and it unregisters a reactor (under mu_) before Finish, so no
-// other thread touches a reactor that gRPC may delete. OnCancel (client cancel, deadline, lost
-// connection) cancels the request in the engine at once; its pages and slot are freed at the
-// engine's next step, whether or not we drain the stream.
+// Lifetime. Each Generate call is a GenerateCall, shared by gRPC (from Generate until OnDone), the
+// pump (until the engine closes its stream) and `live` (until it finishes). What to do next (a
+// write, the Finish) is decided under the call's own lock, by whichever thread changed its state,
+// and gRPC is called outside that lock: StartWrite only when no write is in flight, Finish once,
+// also with no write in flight, after the call has left `live`. Once finished, a call touches
+// neither gRPC nor the server: what the pump brings it later is dropped, which is why the pump
+// may outlive the server. OnCancel (client cancel, deadline, lost connection) cancels the request
+// in the engine at once and finishes the call as soon as no write is in flight; the request's
+// pages and slot are freed at the engine's next step.
 //
 // The rules both frontends obey (server/admission.h). Every method but grpc.health.v1 needs the
 // API key: AuthInterceptor refuses the call with UNAUTHENTICATED before any handler sees it, which
@@ -28,12 +32,12 @@
 #include "server/grpc_server.h"
 
 #include <chrono>
-#include <list>
+#include <deque>
 #include <map>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -47,9 +51,9 @@
 #include "grpcpp/support/server_interceptor.h"
 #include "loom/v1/loom.grpc.pb.h"
 #include "server/admission.h"
-#include "server/doorbell.h"
 #include "server/grpc_convert.h"
 #include "server/metrics.h"
+#include "server/stream_pump.h"
 
 namespace loom {
 namespace {
@@ -150,7 +154,7 @@ using RawLoomService =
 
 }  // namespace
 
-class GenerateReactor;
+class GenerateCall;
 
 struct GrpcServer::Impl final : public RawLoomService {
   Impl(Engine& e, std::shared_ptr<const Tokenizer> tok, std::string name, Metrics* m,
@@ -163,7 +167,9 @@ struct GrpcServer::Impl final : public RawLoomService {
         own_gate(options.admission
                      ? nullptr
                      : std::make_unique<AdmissionGate>(options.max_running, options.max_queue)),
-        gate(options.admission ? options.admission : own_gate.get()) {}
+        gate(options.admission ? options.admission : own_gate.get()),
+        own_pump(options.pump ? nullptr : std::make_unique<StreamPump>(1)),
+        pump(options.pump ? options.pump : own_pump.get()) {}
 
   // The Loom service, raw (see the top of this file).
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* ctx,
@@ -188,9 +194,6 @@ struct GrpcServer::Impl final : public RawLoomService {
   grpc::ServerUnaryReactor* unary(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
                                   grpc::ByteBuffer* out, Handle handle);
 
-  void pump_loop();
-  void wake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { bell->ring(); }
-
   // Constant after start().
   Engine& engine;
   const std::shared_ptr<const Tokenizer> tokenizer;
@@ -201,94 +204,142 @@ struct GrpcServer::Impl final : public RawLoomService {
   AdmissionGate* const gate;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
-  std::thread pump;
+  // After `server`: the calls its jobs hold die before gRPC does.
+  const std::unique_ptr<StreamPump> own_pump;  // when the options bring none
+  StreamPump* const pump;
 
-  absl::Mutex mu;
-  std::list<GenerateReactor*> live ABSL_GUARDED_BY(mu);  // registered, not yet finished
+  absl::Mutex mu;  // never held with a call's own lock
+  // Generate calls by request id, registered until they finish.
+  std::map<uint64_t, std::shared_ptr<GenerateCall>> live ABSL_GUARDED_BY(mu);
   bool draining ABSL_GUARDED_BY(mu) = false;
-  bool stop_pump ABSL_GUARDED_BY(mu) = false;
-  const std::shared_ptr<Doorbell> bell = std::make_shared<Doorbell>();  // the pump sleeps on it
-  absl::Mutex shutdown_mu;                                              // serializes shutdown()
+  bool stopped ABSL_GUARDED_BY(mu) = false;  // shutdown() took its list of live calls
+  absl::Mutex shutdown_mu;                   // serializes shutdown()
   bool shut_down ABSL_GUARDED_BY(shutdown_mu) = false;
 };
 
-// One Generate call. Fields marked (mu) are guarded by Impl::mu; (pump) are touched only by the
-// pump thread once the reactor is registered.
-class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+// One Generate call: the reactor gRPC drives and the sink the pump feeds (see the top of this
+// file). Thread-safe: every method may run on any thread, at the same time as the others.
+class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  GenerateReactor(GrpcServer::Impl& s, std::shared_ptr<RequestStream> stream, absl::Time received,
-                  AdmissionGate::Ticket ticket)
+  GenerateCall(GrpcServer::Impl& s, uint64_t request_id, absl::Time received,
+               AdmissionGate::Ticket ticket)
       : s_(s),
-        stream_(std::move(stream)),
+        request_id_(request_id),
         received_(received),
         ticket_(std::move(ticket)),
         last_token_(received) {}
 
+  // Keeps the call alive for gRPC, which may call it until OnDone.
+  void hold_self(std::shared_ptr<GenerateCall> self) { self_ = std::move(self); }
+
+  // The pump's sink: queues the events, then writes or finishes whatever is due.
+  void on_events(std::vector<RequestOutput> events, bool closed) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!finished_ && !cancelled_) {
+        for (RequestOutput& e : events) queue_.push_back(std::move(e));
+        stream_closed_ = stream_closed_ || closed;
+      }
+    }
+    advance();
+  }
+
+  // The drain timeout passed: ends the call with UNAVAILABLE (after the write in flight, if any)
+  // and cancels the request.
+  void drain() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_ || cancelled_) return;
+      cancel_locked();
+      cancel_status_ =
+          grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                       absl::StrCat(kShuttingDown, ": the drain timeout ended this stream after ",
+                                    completion_tokens_, " tokens"));
+    }
+    advance();
+  }
+
   void OnWriteDone(bool ok) override {
-    absl::MutexLock lock(&s_.mu);
-    write_in_flight_ = false;
-    if (!ok && !cancelled_) cancel_locked();  // the client is gone
-    s_.wake();
+    {
+      absl::MutexLock lock(&mu_);
+      write_in_flight_ = false;
+      if (!ok && !cancelled_) cancel_locked();  // the client is gone
+    }
+    advance();
   }
   void OnCancel() override {
-    absl::MutexLock lock(&s_.mu);
-    if (!cancelled_) cancel_locked();
-    s_.wake();
-  }
-  void OnDone() override { delete this; }
-
-  // Pump side, under s_.mu: what to do next for this call. kWrite: resp_ holds the next message
-  // (start_write()); kFinish: finish_status_ is set (finish()). The pump makes those gRPC calls
-  // after releasing s_.mu.
-  enum class Action { kNone, kWrite, kFinish };
-  Action poll_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu) {
-    if (write_in_flight_) return Action::kNone;
-    if (cancelled_) {
-      finish_status_ = cancel_status_;
-      return Action::kFinish;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!cancelled_ && !finished_) cancel_locked();
     }
-    std::optional<RequestOutput> ev = stream_->next(absl::ZeroDuration());
-    if (!ev) {
-      if (!stream_->closed()) return Action::kNone;
-      finish_status_ =
-          error_.empty() ? grpc::Status::OK : grpc::Status(grpc::StatusCode::INTERNAL, error_);
-      return Action::kFinish;
-    }
-    observe(*ev);
-    response_from_output(*ev, &resp_);
-    if (grpc::Status st = serialize_response(resp_, &out_); !st.ok()) {
-      cancel_locked();
-      finish_status_ = st;
-      return Action::kFinish;
-    }
-    write_in_flight_ = true;
-    return Action::kWrite;
+    advance();
   }
-  void start_write() { StartWrite(&out_); }
-  void finish() { Finish(finish_status_); }  // may delete this
-
-  // The drain timeout passed: ends the call with UNAVAILABLE and cancels the request (under mu).
-  void drain_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu) {
-    if (cancelled_) return;
-    cancel_locked();
-    cancel_status_ =
-        grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                     absl::StrCat(kShuttingDown, ": the drain timeout ended this stream after ",
-                                  completion_tokens_, " tokens"));
-  }
+  void OnDone() override { self_.reset(); }  // may delete this
 
  private:
-  void cancel_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu) {
+  enum class Step { kNone, kWrite, kFinish };
+
+  // Makes the gRPC call that is due, if any, outside mu_: Finish may run OnDone inline.
+  void advance() {
+    Step step;
+    {
+      absl::MutexLock lock(&mu_);
+      step = next_locked();
+    }
+    if (step == Step::kWrite) {
+      StartWrite(&out_);
+    } else if (step == Step::kFinish) {
+      {
+        absl::MutexLock lock(&s_.mu);
+        s_.live.erase(request_id_);
+      }
+      Finish(finish_status_);  // the last thing this call does with gRPC or the server
+    }
+  }
+
+  // What is due now. kWrite: out_ holds the next message and a write is in flight. kFinish:
+  // finish_status_ is set and the call is finished (reported, admission given back).
+  Step next_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_ || write_in_flight_) return Step::kNone;
+    if (cancelled_) return finish_locked(cancel_status_);
+    if (!queue_.empty()) {
+      RequestOutput ev = std::move(queue_.front());
+      queue_.pop_front();
+      observe(ev);
+      response_from_output(ev, &resp_);
+      if (grpc::Status st = serialize_response(resp_, &out_); !st.ok()) {
+        cancel_locked();
+        return finish_locked(st);
+      }
+      write_in_flight_ = true;
+      return Step::kWrite;
+    }
+    if (!stream_closed_) return Step::kNone;
+    return finish_locked(error_.empty() ? grpc::Status::OK
+                                        : grpc::Status(grpc::StatusCode::INTERNAL, error_));
+  }
+
+  Step finish_locked(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    finished_ = true;
+    finish_status_ = std::move(status);
+    queue_.clear();
+    out_.Clear();  // no write in flight: gRPC holds no pointer into it
+    report_locked();
+    return Step::kFinish;
+  }
+
+  void cancel_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     cancelled_ = true;
-    s_.engine.cancel(stream_->id());
+    s_.engine.cancel(request_id_);
     if (s_.metrics && !reported_) {
       reported_ = true;
       s_.metrics->on_request_finished("cancelled", prompt_tokens_, completion_tokens_);
       s_.metrics->observe_e2e(seconds_since(received_));
     }
   }
-  // Metrics of one event (pump, under mu).
-  void observe(const RequestOutput& ev) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu) {
+
+  // Metrics of one event, as it goes out.
+  void observe(const RequestOutput& ev) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     completion_tokens_ += static_cast<int>(ev.token_ids.size());
     if (ev.finish && *ev.finish == FinishReason::kError && error_.empty())
       error_ = ev.error.empty() ? "the engine failed the request" : ev.error;
@@ -310,9 +361,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     }
   }
 
- public:
-  // Reports the request to metrics once and gives its admission back, at the end (pump, under mu).
-  void report_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu) {
+  // Reports the request to metrics once and gives its admission back, at the end.
+  void report_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ticket_.reset();
     if (!s_.metrics || reported_) return;
     reported_ = true;
@@ -324,23 +374,31 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     s_.metrics->observe_e2e(seconds_since(received_));
   }
 
- private:
   GrpcServer::Impl& s_;
-  const std::shared_ptr<RequestStream> stream_;
+  const uint64_t request_id_;
   const absl::Time received_;
-  AdmissionGate::Ticket ticket_;  // (mu) held until the stream finishes
-  v1::GenerateResponse resp_;     // (pump) the message being written
-  grpc::ByteBuffer out_;          // (pump) resp_ serialized
-  grpc::Status finish_status_;    // (pump)
-  bool write_in_flight_ = false;  // (mu)
-  bool cancelled_ = false;        // (mu)
-  grpc::Status cancel_status_{grpc::StatusCode::CANCELLED, "cancelled"};  // (mu)
-  bool reported_ = false;                                                 // (mu)
-  std::string error_;                               // (mu) the first choice error
-  bool first_token_seen_ = false;                   // (mu)
-  absl::Time last_token_;                           // (mu)
-  int prompt_tokens_ = 0, completion_tokens_ = 0;   // (mu)
-  FinishReason last_reason_ = FinishReason::kNone;  // (mu)
+  std::shared_ptr<GenerateCall> self_;  // set by Generate, reset by OnDone
+
+  absl::Mutex mu_;
+  std::deque<RequestOutput> queue_ ABSL_GUARDED_BY(mu_);  // from the pump, not yet written
+  bool stream_closed_ ABSL_GUARDED_BY(mu_) = false;       // the pump brought the last events
+  bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish is due or done: nothing more happens
+  grpc::Status cancel_status_ ABSL_GUARDED_BY(mu_){grpc::StatusCode::CANCELLED, "cancelled"};
+  AdmissionGate::Ticket ticket_ ABSL_GUARDED_BY(mu_);  // held until the call finishes
+  bool reported_ ABSL_GUARDED_BY(mu_) = false;
+  std::string error_ ABSL_GUARDED_BY(mu_);  // the first choice error
+  bool first_token_seen_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time last_token_ ABSL_GUARDED_BY(mu_);
+  int prompt_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  FinishReason last_reason_ ABSL_GUARDED_BY(mu_) = FinishReason::kNone;
+  // Written under mu_ when a write or the Finish is decided, read by gRPC (out_, until
+  // OnWriteDone) or by the thread that calls Finish: nobody writes them meanwhile.
+  v1::GenerateResponse resp_;
+  grpc::ByteBuffer out_;
+  grpc::Status finish_status_;
 };
 
 grpc::Status GrpcServer::Impl::admit_call(const grpc::CallbackServerContext& ctx) {
@@ -393,20 +451,25 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GrpcServer::Impl::Generate(
       return reject(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the engine is shutting down"));
     return reject(to_grpc_status(stream.status()));
   }
-  (*stream)->set_on_ready([b = bell] { b->ring(); });
   const uint64_t id = (*stream)->id();
+  std::shared_ptr<GenerateCall> call;
   {
     absl::MutexLock lock(&mu);
-    if (!stop_pump) {
-      auto* reactor = new GenerateReactor(*this, *std::move(stream), received, std::move(ticket));
-      live.push_back(reactor);
-      wake();
-      return reactor;
+    if (!stopped) {
+      call = std::make_shared<GenerateCall>(*this, id, received, std::move(ticket));
+      call->hold_self(call);
+      live.emplace(id, call);
     }
   }
-  // shutdown() got past its drain while we submitted: no pump would serve this call.
-  engine.cancel(id);
-  return reject(grpc::Status(grpc::StatusCode::UNAVAILABLE, kShuttingDown));
+  if (!call) {
+    // shutdown() got past its drain while we submitted: nobody would end this call.
+    engine.cancel(id);
+    return reject(grpc::Status(grpc::StatusCode::UNAVAILABLE, kShuttingDown));
+  }
+  pump->add(*std::move(stream), [call](std::vector<RequestOutput> events, bool closed) {
+    call->on_events(std::move(events), closed);
+  });
+  return call.get();
 }
 
 grpc::ServerUnaryReactor* GrpcServer::Impl::Tokenize(grpc::CallbackServerContext* ctx,
@@ -492,40 +555,6 @@ grpc::ServerUnaryReactor* GrpcServer::Impl::GetStats(grpc::CallbackServerContext
       });
 }
 
-void GrpcServer::Impl::pump_loop() {
-  std::vector<std::pair<GenerateReactor*, GenerateReactor::Action>> actions;
-  while (true) {
-    bell->clear();  // before the scan: an event during it rings again and we scan again
-    actions.clear();
-    {
-      absl::MutexLock lock(&mu);
-      if (stop_pump && live.empty()) return;
-      for (auto it = live.begin(); it != live.end();) {
-        GenerateReactor* r = *it;
-        GenerateReactor::Action a = r->poll_locked();
-        if (a == GenerateReactor::Action::kFinish) {
-          r->report_locked();
-          it = live.erase(it);  // unregistered before Finish: gRPC may delete it from then on
-        } else {
-          ++it;
-        }
-        if (a != GenerateReactor::Action::kNone) actions.emplace_back(r, a);
-      }
-    }
-    if (actions.empty()) {
-      bell->wait();
-      continue;
-    }
-    // gRPC calls without our lock: Finish may run OnDone inline.
-    for (auto& [r, a] : actions) {
-      if (a == GenerateReactor::Action::kWrite)
-        r->start_write();
-      else
-        r->finish();
-    }
-  }
-}
-
 GrpcServer::GrpcServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 GrpcServer::~GrpcServer() { shutdown(); }
@@ -555,7 +584,6 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::start(
   // Health: the server as a whole ("") and the service by name, both SERVING until shutdown().
   impl->server->GetHealthCheckService()->SetServingStatus(true);
   impl->server->GetHealthCheckService()->SetServingStatus(v1::Loom::service_full_name(), true);
-  impl->pump = std::thread([p = impl.get()] { p->pump_loop(); });
   return std::unique_ptr<GrpcServer>(new GrpcServer(std::move(impl)));
 }
 
@@ -582,17 +610,19 @@ void GrpcServer::shutdown() {
   if (s.shut_down) return;
   s.shut_down = true;
   begin_drain();
+  std::vector<std::shared_ptr<GenerateCall>> calls;
   {
     absl::MutexLock lock(&s.mu);
-    for (GenerateReactor* r : s.live) r->drain_locked();
-    s.stop_pump = true;
-    s.wake();
+    s.stopped = true;
+    for (const auto& [id, call] : s.live) calls.push_back(call);
   }
-  // Stops listening; calls still open after the grace (a client that stopped reading) are
-  // cancelled by gRPC, which reaches the pump through OnCancel / OnWriteDone(false).
+  for (const auto& call : calls) call->drain();  // takes s.mu to unregister: not under it
+  calls.clear();
+  // Stops listening; calls still open after the grace (a write to a client that stopped reading)
+  // are cancelled by gRPC, whose OnWriteDone(false) / OnCancel then finishes them.
   s.server->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
-  s.pump.join();
   s.server->Wait();
+  if (s.own_pump) s.own_pump->stop();
 }
 
 int GrpcServer::port() const { return impl_->port; }

@@ -15,6 +15,7 @@ namespace loom {
 
 class AdmissionGate;  // server/admission.h
 class Metrics;        // server/metrics.h (may be absent from the build; then pass null)
+class StreamPump;     // server/stream_pump.h
 
 struct GrpcServerOptions {
   std::string host = "127.0.0.1";
@@ -27,6 +28,11 @@ struct GrpcServerOptions {
   AdmissionGate* admission = nullptr;
   int max_running = 64;
   int max_queue = 256;
+  // The pump that moves engine outputs to the Generate streams, shared with the HTTP frontend
+  // (HttpServer::pump()): it must run until shutdown() returns. It may hold streams of ended calls
+  // after that, until the engine closes them; it then drops them without touching the server.
+  // Null: the server runs its own pump of one thread.
+  StreamPump* pump = nullptr;
 };
 
 class GrpcServer {

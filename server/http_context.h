@@ -11,9 +11,9 @@
 #include "engine/tokenizer/tokenizer.h"
 #include "server/admission.h"
 #include "server/chat_setup.h"
-#include "server/http_stream_pump.h"
 #include "server/metrics.h"
 #include "server/server_options.h"
+#include "server/stream_pump.h"
 
 namespace loom {
 
@@ -23,7 +23,7 @@ struct HttpContext {
   ChatSetup chat;  // how chat prompts are rendered and replies read
   Metrics* metrics = nullptr;
   HttpOptions options;
-  StreamPump* pump = nullptr;
+  StreamPump* pump = nullptr;          // the server's (HttpServer::pump())
   AdmissionGate* admission = nullptr;  // shared with the other frontends (main.cc)
   int64_t started_unix = 0;
 

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/http_context.h"
 #include "server/http_session.h"
-#include "server/http_stream_pump.h"
+#include "server/stream_pump.h"
 
 namespace loom {
 namespace {
@@ -100,6 +100,8 @@ void HttpServer::begin_drain() {
 }
 
 int64_t HttpServer::in_flight() const { return impl_->ctx.in_flight.load(); }
+
+StreamPump& HttpServer::pump() { return *impl_->pump; }
 
 void HttpServer::stop() {
   if (!impl_ || impl_->stopped) return;

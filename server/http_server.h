@@ -1,9 +1,10 @@
 // HttpServer: the OpenAI-compatible HTTP frontend (Boost.Beast). Threading: `io_threads` threads
 // run one io_context; every connection is a session on its own strand, so thousands of idle or
 // streaming connections cost a socket and a few buffers each, not a thread. Engine outputs reach
-// sessions through a StreamPump (http_stream_pump.h): `pump_threads` threads poll the request
-// streams and post events to the sessions' strands. No server code runs on the engine's loop
-// thread. Routes and formats: docs/api.md; flags and drain: docs/operations.md.
+// sessions through the server's StreamPump (stream_pump.h): `pump_threads` threads drain the
+// request streams the engine rang and post events to the sessions' strands; loom-server's gRPC
+// frontend shares that pump (pump()). No server code runs on the engine's loop thread. Routes and
+// formats: docs/api.md; flags and drain: docs/operations.md.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include "server/chat_setup.h"
 #include "server/metrics.h"
 #include "server/server_options.h"
+#include "server/stream_pump.h"
 
 namespace loom {
 
@@ -37,6 +39,9 @@ class HttpServer {
   void begin_drain();
   // Generations submitted and not yet fully written (or abandoned by their client).
   int64_t in_flight() const;
+  // The pump this server's sessions use, lent to the other frontends so that one set of pump
+  // threads serves them all: it runs until stop(), so a borrower must be done with it by then.
+  StreamPump& pump();
   // Stops listening, the pump and the I/O threads, and closes every connection. Idempotent.
   void stop();
 

@@ -104,6 +104,7 @@ int main(int argc, char** argv) {
     g.port = options->grpc_port;
     g.api_key = options->http.api_key;
     g.admission = &admission;
+    g.pump = &(*http)->pump();  // one set of --pump_threads for both frontends; HTTP stops it last
     auto started =
         loom::GrpcServer::start(**engine, tokenizer, options->http.served_model_name, &metrics, g);
     if (!started.ok()) return fail("starting gRPC", started.status());

@@ -41,7 +41,8 @@ ABSL_FLAG(int, max_queue, 256,
           "Generation requests admitted beyond --max_num_seqs, over HTTP and gRPC together; more "
           "get 429 (Retry-After) / RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, io_threads, 2, "Threads serving HTTP connections (asynchronous I/O).");
-ABSL_FLAG(int, pump_threads, 1, "Threads moving engine outputs to connections.");
+ABSL_FLAG(int, pump_threads, 1,
+          "Threads moving engine outputs to clients, HTTP and gRPC together.");
 ABSL_FLAG(double, header_timeout_s, 30, "Seconds a client has to send a whole request.");
 ABSL_FLAG(double, idle_timeout_s, 300, "Seconds an idle keep-alive connection is kept.");
 ABSL_FLAG(double, write_timeout_s, 60,

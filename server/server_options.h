@@ -17,7 +17,7 @@ struct HttpOptions {
   std::string host = "127.0.0.1";
   int port = 8000;                      // 0: pick a free port (printed at startup)
   int io_threads = 2;                   // Asio threads running every connection
-  int pump_threads = 1;                 // threads draining RequestStreams (see http_stream_pump.h)
+  int pump_threads = 1;                 // StreamPump threads, HTTP and gRPC (stream_pump.h)
   std::string api_key;                  // non-empty: Bearer token required but on /health, /metrics
   int64_t max_body_bytes = 4 << 20;     // 413 beyond
   int64_t max_header_bytes = 16 << 10;  // 431 beyond

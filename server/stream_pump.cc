@@ -1,6 +1,10 @@
-#include "server/http_stream_pump.h"
+#include "server/stream_pump.h"
 
+#include <algorithm>
+#include <optional>
 #include <utility>
+
+#include "absl/time/time.h"
 
 namespace loom {
 
@@ -19,9 +23,20 @@ void StreamPump::add(std::shared_ptr<RequestStream> stream, Sink sink) {
     ++active_;
   }
   stream->set_on_ready([bell = w->bell] { bell->ring(); });
+  std::optional<Job> dropped;
   {
     absl::MutexLock lock(&w->mu);
-    w->incoming.push_back({std::move(stream), std::move(sink)});
+    if (w->closed) {
+      dropped = Job{std::move(stream), std::move(sink)};
+    } else {
+      w->incoming.push_back(Job{std::move(stream), std::move(sink)});
+    }
+  }
+  if (dropped) {  // stopped: no thread would ever call the sink
+    dropped->stream->set_on_ready(nullptr);
+    absl::MutexLock lock(&mu_);
+    --active_;
+    return;  // the sink is destroyed here, outside every lock of ours
   }
   w->bell->ring();  // the first pass drains what was pushed before the callback was set
 }
@@ -32,7 +47,14 @@ int64_t StreamPump::active() const {
 }
 
 void StreamPump::stop() {
-  if (stopping_.exchange(true)) return;
+  if (stopping_.exchange(true)) {
+    // A concurrent stop() returns only once the threads are gone, as the first one does.
+    for (auto& w : workers_) {
+      absl::MutexLock lock(&w->mu);
+      w->mu.Await(absl::Condition(&w->closed));
+    }
+    return;
+  }
   for (auto& w : workers_) {
     w->bell->ring();
     if (w->thread.joinable()) w->thread.join();
@@ -69,9 +91,20 @@ void StreamPump::run(Worker* w) {
     }
     if (!stopping_.load()) w->bell->wait();  // stop() rings after setting stopping_
   }
+  {
+    absl::MutexLock lock(&w->mu);
+    for (Job& j : w->incoming) jobs.push_back(std::move(j));
+    w->incoming.clear();
+    w->closed = true;
+  }
   for (Job& j : jobs) j.stream->set_on_ready(nullptr);
-  absl::MutexLock lock(&w->mu);
-  for (Job& j : w->incoming) j.stream->set_on_ready(nullptr);
+  {
+    absl::MutexLock lock(&mu_);
+    active_ -= static_cast<int64_t>(jobs.size());
+  }
+  // The sinks die here, while whatever their frontend tears down after stop() is still alive
+  // (an HTTP session's socket needs its io_context).
+  jobs.clear();
 }
 
 }  // namespace loom
