@@ -73,6 +73,20 @@ void kda_recurrent(cudaStream_t stream, const float* q, const float* k, const fl
                    const float* g, const float* beta, float scale, float* state, float* out,
                    int64_t T, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, bool scalar_g);
 
+// Batched decode (kda_decode.cu): one token for each of B sequences, sequence b's state at slot
+// state_slots[b] of state_pool [num_slots, Hv, dk, dv] (updated in place; slots < 0 are padding:
+// out row zero, no state touched). q, k [B, Hk, dk], v and out [B, Hv, dv], g [B, Hv, dk] or
+// [B, Hv, 1] (scalar_g), beta [B, Hv]. layout 0 picks the block layout by shape; 1..7 force one
+// for tests and benchmarks: 1..5 shared-memory tiles of 16, 32, 64 (8 warps), 64 (4 warps) and
+// 128 columns (need dv % 4 == 0 and 16-byte aligned state, v and out), 6 register-resident
+// scalar (any dv), 7 register-resident 32 columns.
+inline constexpr int kKdaDecodeLayouts = 7;
+void kda_decode_batched(cudaStream_t stream, const float* q, const float* k, const float* v,
+                        const float* g, const float* beta, float scale, float* state_pool,
+                        const int32_t* state_slots, float* out, int64_t B, int64_t num_slots,
+                        int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, bool scalar_g,
+                        int layout = 0);
+
 // rope: positions [T] i64 and inv_freq [rd/2] on the device.
 void rope(cudaStream_t stream, float* x, const int64_t* positions, const float* inv_freq,
           float attention_factor, int64_t T, int64_t H, int64_t d, int64_t rotary_dim,

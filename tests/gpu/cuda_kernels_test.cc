@@ -15,13 +15,16 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/activation.h"
 #include "kernels/conv.h"
+#include "kernels/cpu/kda.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/kda_decode.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/kda.h"
@@ -401,6 +404,129 @@ TEST_F(CudaKernels, KdaRecurrent) {
   check_kda({61, 2, 2, 256, 256, false, true});
   check_kda({61, 1, 2, 37, 33, false, false});
   check_kda({1, 4, 8, 128, 128, false, false});  // one decode step
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batched KDA decode over a slot pool (cuda::kda_decode_batched) against cpu::kda_recurrent_forward
+// with T = 1 on each sequence's slot. Tolerance twin::kda_tol (one token of the same recurrence).
+// The pool has unused slots, the batch's slots are a random shuffle, and the whole pool comes back
+// to check that unused slots are bit-identical to what was uploaded.
+struct DecodeCase {
+  int64_t B, Hk, Hv, dk, dv;
+  bool scalar_g, softplus;
+};
+
+// layout 0: the host entry (layout picked by shape); 1..kKdaDecodeLayouts:
+// launch::kda_decode_batched forced to that block layout.
+void check_kda_decode(const DecodeCase& c, int layout = 0) {
+  // kda_inputs draws [T, ...] inputs; one token of each of B sequences has the same shapes.
+  const twin::KdaInputs in =
+      twin::kda_inputs(rng(), {c.B, c.Hk, c.Hv, c.dk, c.dv, c.scalar_g, c.softplus});
+  const int64_t num_slots = 2 * c.B + 3;
+  const Tensor pool = randn({num_slots, c.Hv, c.dk, c.dv}, 0.1f);
+  std::vector<int32_t> perm(static_cast<size_t>(num_slots));
+  for (int64_t i = 0; i < num_slots; ++i) perm[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  std::shuffle(perm.begin(), perm.end(), rng());
+  Tensor slots = Tensor::empty({c.B}, DType::kI32);
+  std::copy(perm.begin(), perm.begin() + c.B, slots.data<int32_t>());
+
+  Tensor pool_ref = pool.clone(), o_ref = Tensor::empty({c.B, c.Hv, c.dv});
+  for (int64_t b = 0; b < c.B; ++b) {
+    const auto row = [&](const Tensor& t) { return t.slice(0, b, b + 1); };
+    cpu::kda_recurrent_forward(row(in.q), row(in.k), row(in.v), row(in.g), row(in.beta), in.scale,
+                               pool_ref.select(slots.data<int32_t>()[b]), row(o_ref));
+  }
+
+  const Tensor qd = dev(in.q), kd = dev(in.k), vd = dev(in.v), gd = dev(in.g), bd = dev(in.beta);
+  Tensor pd = dev(pool), sd = dev(slots), od = poisoned({c.B, c.Hv, c.dv});
+  if (layout == 0) {
+    cuda::kda_decode_batched(gpu(), qd, kd, vd, gd, bd, in.scale, pd, sd, od);
+  } else {
+    cuda::launch::kda_decode_batched(cuda::stream_of(gpu()), qd.data<float>(), kd.data<float>(),
+                                     vd.data<float>(), gd.data<float>(), bd.data<float>(), in.scale,
+                                     pd.data<float>(), sd.data<int32_t>(), od.data<float>(), c.B,
+                                     num_slots, c.Hk, c.Hv, c.dk, c.dv, c.scalar_g, layout);
+  }
+  const Tensor pool_got = host(pd);
+  std::string name = "kda_decode_B" + std::to_string(c.B) + "_Hk" + std::to_string(c.Hk) + "_Hv" +
+                     std::to_string(c.Hv) + "_dk" + std::to_string(c.dk) + "_dv" +
+                     std::to_string(c.dv) + (c.scalar_g ? "_scalarg" : "") +
+                     (c.softplus ? "_softplus" : "_bounded");
+  if (layout != 0) name += "_layout" + std::to_string(layout);
+  report(name, scaled_err(od, o_ref), twin::kda_tol(c.dk));
+  report(name + "_state", scaled_err(pool_got, pool_ref), twin::kda_tol(c.dk));
+  // Unused slots: every bit as uploaded (error 1 if any differs).
+  const int64_t slot_floats = c.Hv * c.dk * c.dv;
+  double untouched = 0.0;
+  for (int64_t s = c.B; s < num_slots; ++s) {
+    const size_t off = static_cast<size_t>(perm[static_cast<size_t>(s)] * slot_floats);
+    if (std::memcmp(pool_got.data<float>() + off, pool.data<float>() + off,
+                    static_cast<size_t>(slot_floats) * sizeof(float)) != 0) {
+      untouched = 1.0;
+    }
+  }
+  report(name + "_unused_slots", untouched, 0.0);
+}
+
+TEST_F(CudaKernels, KdaDecodeBatched) {
+  check_kda_decode({1, 32, 32, 128, 128, false, false});  // one sequence, the heads
+  check_kda_decode({3, 4, 8, 128, 128, false, true});     // Hv = 2 Hk
+  check_kda_decode({37, 8, 16, 128, 128, false, false});  // enough blocks for 64-column tiles
+  check_kda_decode({3, 2, 4, 64, 64, true, true});        // GDN: g [B, Hv, 1]
+  check_kda_decode({37, 3, 6, 96, 72, false, false});     // dv not a multiple of the tile
+  check_kda_decode({37, 4, 4, 37, 33, true, false});      // dv % 4 != 0: scalar path, GDN
+  check_kda_decode({1, 1, 2, 37, 33, false, true});
+  check_kda_decode({3, 2, 2, 256, 256, false, true});  // the largest dk
+  check_kda_decode({3, 1, 2, 256, 33, false, false});  // scalar path at the largest dk
+  // Every block layout, including those the shape heuristic does not pick here.
+  for (int layout = 1; layout <= cuda::launch::kKdaDecodeLayouts; ++layout) {
+    check_kda_decode({3, 2, 4, 128, 128, false, false}, layout);
+    check_kda_decode({3, 1, 2, 96, 72, true, true}, layout);
+  }
+}
+
+// Padding and bad slots: a negative slot writes a zero out row, a slot past the pool a NaN row;
+// neither touches any state, and the valid rows around them are unaffected.
+TEST_F(CudaKernels, KdaDecodePaddingSlots) {
+  const DecodeCase c{4, 2, 4, 64, 40, false, false};
+  const twin::KdaInputs in = twin::kda_inputs(rng(), {c.B, c.Hk, c.Hv, c.dk, c.dv, false, false});
+  const int64_t num_slots = 5;
+  const Tensor pool = randn({num_slots, c.Hv, c.dk, c.dv}, 0.1f);
+  Tensor slots = Tensor::empty({c.B}, DType::kI32);
+  const int32_t ids[4] = {3, -1, 0, 7};
+  std::copy(ids, ids + 4, slots.data<int32_t>());
+  Tensor pool_ref = pool.clone(), o_ref = Tensor::empty({c.B, c.Hv, c.dv});
+  for (int64_t b : {0, 2}) {
+    const auto row = [&](const Tensor& t) { return t.slice(0, b, b + 1); };
+    cpu::kda_recurrent_forward(row(in.q), row(in.k), row(in.v), row(in.g), row(in.beta), in.scale,
+                               pool_ref.select(ids[b]), row(o_ref));
+  }
+  Tensor pd = dev(pool), od = poisoned({c.B, c.Hv, c.dv});
+  cuda::kda_decode_batched(gpu(), dev(in.q), dev(in.k), dev(in.v), dev(in.g), dev(in.beta),
+                           in.scale, pd, dev(slots), od);
+  const Tensor o = host(od), pool_got = host(pd);
+  double err = 0.0;
+  for (int64_t b : {0, 2}) {
+    err = std::max(
+        err, twin::scaled_err(o.slice(0, b, b + 1).clone(), o_ref.slice(0, b, b + 1).clone()));
+  }
+  bool pad_ok = true;
+  for (int64_t i = 0; i < c.Hv * c.dv; ++i) {
+    pad_ok = pad_ok && o.data<float>()[c.Hv * c.dv + i] == 0.0f &&
+             std::isnan(o.data<float>()[3 * c.Hv * c.dv + i]);
+  }
+  report("kda_decode_padding_valid_rows", err, twin::kda_tol(c.dk));
+  report("kda_decode_padding_zero_and_nan_rows", pad_ok ? 0.0 : 1.0, 0.0);
+  report("kda_decode_padding_state", scaled_err(pool_got, pool_ref), twin::kda_tol(c.dk));
+  const int64_t slot_floats = c.Hv * c.dk * c.dv;
+  double untouched = 0.0;
+  for (int64_t s : {1, 2, 4}) {
+    if (std::memcmp(pool_got.data<float>() + s * slot_floats, pool.data<float>() + s * slot_floats,
+                    static_cast<size_t>(slot_floats) * sizeof(float)) != 0) {
+      untouched = 1.0;
+    }
+  }
+  report("kda_decode_padding_unused_slots", untouched, 0.0);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -67,6 +67,18 @@ build-cuda/bin/kernels_cuda_bench >"$logs/bench.log" 2>&1
 bench_rc=$?
 echo "run.sh: benchmark exit $bench_rc in $(( $(date +%s) - t2 )) s"
 
+# Peer: flash-linear-attention's recurrent KDA decode at the shapes of Loom's kda_decode rows, in
+# the same run (its source, git-ignored, in .peers/fla; see bench/peers/fla_kda_decode.py).
+peer_rc=0
+if [ -d .peers/fla/fla ]; then
+  t3=$(date +%s)
+  PYTHONUNBUFFERED=1 PYTHONPATH=$root/.peers/fla${PYTHONPATH:+:$PYTHONPATH} \
+    python3 bench/peers/fla_kda_decode.py >"$logs/fla.log" 2>&1
+  peer_rc=$?
+  echo "run.sh: flash-linear-attention peer exit $peer_rc in $(( $(date +%s) - t3 )) s"
+  [ $peer_rc = 0 ] || tail -15 "$logs/fla.log"
+fi
+
 if [ "${LOOM_GPU_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool memcheck --error-exitcode 9 build-cuda/tests/cuda_kernels_test \
     --gtest_filter='-*ChecksAbort*' \
@@ -92,4 +104,17 @@ printf '| %-48s | %12s | %16s | %8s | %9s |\n' benchmark achieved roofline fract
 printf '|%s|%s|%s|%s|%s|\n' "$(printf -- '-%.0s' {1..50})" "--------------" "------------------" "----------" "-----------"
 grep '^GPUBENCH' "$logs/bench.log" | awk '{printf "| %-48s | %7s %-4s | %9s %-6s | %7.1f%% | %9s |\n", $2, $3, ($4=="TFLOP/s"?"TF/s":$4), $5, ($4=="TFLOP/s"?"TF/s":$4), 100*$6, $7}'
 [ $bench_rc = 0 ] || tail -5 "$logs/bench.log"
-[ $test_rc = 0 ] && [ $bench_rc = 0 ]
+if grep -q '^KDADECODE' "$logs/bench.log"; then
+  echo
+  echo "== Batched KDA decode (state bytes read + written; copy = this run's d2d copy)"
+  printf '| %-48s | %9s | %10s | %9s | %9s |\n' benchmark "us" "GB/s" "of copy" "of 4.8TB/s"
+  printf '|%s|%s|%s|%s|%s|\n' "$(printf -- '-%.0s' {1..50})" "-----------" "------------" "-----------" "-----------"
+  grep '^KDADECODE' "$logs/bench.log" | awk '{printf "| %-48s | %9s | %10s | %9s | %9s |\n", $2, $3, $5, $7, $10}'
+fi
+if [ -f "$logs/fla.log" ]; then
+  echo
+  echo "== flash-linear-attention fused_recurrent_kda_fwd, same shapes ($(head -1 "$logs/fla.log"))"
+  grep '^FLACHECK' "$logs/fla.log"
+  grep '^FLABENCH' "$logs/fla.log" | awk '{printf "| %-48s | %9s us | %10s GB/s |\n", $2, $3, $5}'
+fi
+[ $test_rc = 0 ] && [ $bench_rc = 0 ] && [ $peer_rc = 0 ]
