@@ -9,6 +9,8 @@
 #   bash tests/gpu/run.sh            # build only the GPU test and benchmark targets (and deps)
 #   LOOM_GPU_BUILD_ALL=1 bash ...    # build everything in the preset
 #   LOOM_GPU_SANITIZE=1 bash ...     # also run the tests (not the death tests) under memcheck
+# When .peers/fla holds flash-linear-attention's source (git-ignored), its recurrent KDA decode is
+# timed after Loom's benchmark at the same shapes (bench/peers/fla_kda_decode.py).
 # Logs go to $OUT (if set) or build-cuda/gpu-logs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
