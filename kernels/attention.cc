@@ -65,4 +65,49 @@ void gqa_attention_forward(const Exec& ex, const Tensor& q, const CacheView& k_c
   no_kernel_for(ex, "gqa_attention_forward");
 }
 
+MlaForm mla_attention_form(int64_t t, int64_t s, const MlaDims& dims, bool batch_invariant) {
+  const int64_t h = dims.heads, dn = dims.nope_dim, dr = dims.rope_dim, dv = dims.v_dim,
+                r = dims.latent_dim;
+  const double expanded =
+      static_cast<double>(s) * h * r * (dn + dv) + static_cast<double>(t) * s * h * (dn + dr + dv);
+  const double absorbed =
+      static_cast<double>(t) * h * r * (dn + dv) + static_cast<double>(t) * s * h * (2 * r + dr);
+  return absorbed <= expanded || batch_invariant ? MlaForm::kAbsorbed : MlaForm::kExpanded;
+}
+
+void cache_write_varlen(const Exec& ex, const Tensor& pool, const Tensor& page_table,
+                        const Tensor& cu_seqlens, const Tensor& past_lens, const Tensor& rows) {
+  LOOM_ON_EXEC_DEVICE(ex, "cache_write_varlen", pool, page_table, cu_seqlens, past_lens, rows);
+  if (ex.device.is_cpu())
+    return cpu::cache_write_varlen(pool, page_table, cu_seqlens, past_lens, rows);
+  no_kernel_for(ex, "cache_write_varlen");
+}
+
+void mla_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& latent_pool,
+                          const Tensor& rope_pool, const Tensor& page_table,
+                          const Tensor& cu_seqlens, const Tensor& past_lens, const Tensor& kv_b,
+                          const MlaDims& dims, float scale, const Tensor& out) {
+  LOOM_ON_EXEC_DEVICE(ex, "mla_attention_varlen", q, latent_pool, rope_pool, page_table, cu_seqlens,
+                      past_lens, kv_b, out);
+  if (ex.device.is_cpu()) {
+    const cpu::RowInvariantScope numerics(ex.batch_invariant);
+    return cpu::mla_attention_varlen(q, latent_pool, rope_pool, page_table, cu_seqlens, past_lens,
+                                     kv_b, dims, scale, ex.batch_invariant, out);
+  }
+  no_kernel_for(ex, "mla_attention_varlen");
+}
+
+void gqa_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& k_pool,
+                          const Tensor& v_pool, const Tensor& page_table, const Tensor& cu_seqlens,
+                          const Tensor& past_lens, float scale, const Tensor& out) {
+  LOOM_ON_EXEC_DEVICE(ex, "gqa_attention_varlen", q, k_pool, v_pool, page_table, cu_seqlens,
+                      past_lens, out);
+  if (ex.device.is_cpu()) {
+    const cpu::RowInvariantScope numerics(ex.batch_invariant);
+    return cpu::gqa_attention_varlen(q, k_pool, v_pool, page_table, cu_seqlens, past_lens, scale,
+                                     out);
+  }
+  no_kernel_for(ex, "gqa_attention_varlen");
+}
+
 }  // namespace loom

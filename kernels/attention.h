@@ -1,5 +1,6 @@
 // Softmax attention over one sequence's cache: multi-head latent attention (MLA) in its expanded
-// and absorbed forms, and grouped-query attention (GQA). Causal: query i of a chunk of T queries
+// and absorbed forms, and grouped-query attention (GQA); and their varlen forms, which run a
+// layer's whole batch in one call over the paged pools. Causal: query i of a chunk of T queries
 // sits at position S - T + i, where S is the number of cached positions including the chunk, and
 // attends positions 0 .. S - T + i.
 #pragma once
@@ -63,5 +64,40 @@ void mla_attention_absorbed(const Exec& ex, const Tensor& q, const CacheView& ca
 // Hq a multiple of Hkv (query head h reads kv head h / (Hq / Hkv)); out: [T, Hq, dv].
 void gqa_attention_forward(const Exec& ex, const Tensor& q, const CacheView& k_cache,
                            const CacheView& v_cache, float scale, const Tensor& out);
+
+// Varlen forms: the whole batch of a layer in one call. Sequence b is rows [cu_seqlens[b],
+// cu_seqlens[b + 1]) of the new rows, queries and outputs; it had past_lens[b] positions cached
+// before them, and its positions live in the pages of row b of page_table (the CacheView of
+// sequence b is {pool, page_table[b], past_lens[b] + its rows}). Each sequence gets exactly what
+// the per-sequence op above gives it.
+//   page_table: i32 [B, P]; cu_seqlens: i64 [B + 1], 0 first, N last, non-decreasing;
+//   past_lens: i64 [B].
+
+// cache_write_rows for every sequence: its rows go to positions past_lens[b] onwards. pool:
+// [num_pages, page_size, row...]; rows: [N, row...] f32. No page may be written by two sequences.
+void cache_write_varlen(const Exec& ex, const Tensor& pool, const Tensor& page_table,
+                        const Tensor& cu_seqlens, const Tensor& past_lens, const Tensor& rows);
+
+// The MLA form mla_attention_varlen takes for T queries over S cached positions: the one with
+// fewer multiply-adds. Expanded builds K/V once (S*H*R*(dn+dv)) then attends (T*S*H*(dn+dr+dv));
+// absorbed maps each query into latent space and back (T*H*R*(dn+dv)) and attends over the latent
+// (T*S*H*(2R+dr)). Batch-invariant numerics always take the absorbed form, as decode does: the two
+// forms round differently, so a prefill and a recompute of the same tokens must not switch.
+enum class MlaForm : uint8_t { kExpanded, kAbsorbed };
+MlaForm mla_attention_form(int64_t t, int64_t s, const MlaDims& dims, bool batch_invariant);
+
+// MLA for every sequence, in the form mla_attention_form(its rows, its S, dims,
+// ex.batch_invariant) picks. latent_pool: [num_pages, page_size, R]; rope_pool: [num_pages,
+// page_size, dr]; q: [N, H, dn + dr]; out: [N, H, dv].
+void mla_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& latent_pool,
+                          const Tensor& rope_pool, const Tensor& page_table,
+                          const Tensor& cu_seqlens, const Tensor& past_lens, const Tensor& kv_b,
+                          const MlaDims& dims, float scale, const Tensor& out);
+
+// GQA for every sequence. k_pool: [num_pages, page_size, Hkv, d]; v_pool: [num_pages, page_size,
+// Hkv, dv]; q: [N, Hq, d]; out: [N, Hq, dv].
+void gqa_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& k_pool,
+                          const Tensor& v_pool, const Tensor& page_table, const Tensor& cu_seqlens,
+                          const Tensor& past_lens, float scale, const Tensor& out);
 
 }  // namespace loom

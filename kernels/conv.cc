@@ -30,4 +30,15 @@ void causal_conv1d_step(const Exec& ex, const Tensor& x, const Tensor& weight,
 #endif
 }
 
+void causal_conv1d_varlen(const Exec& ex, const Tensor& x, const Tensor& weight,
+                          const Tensor& conv_states, const Tensor& state_slots,
+                          const Tensor& cu_seqlens, bool apply_silu, const Tensor& out) {
+  LOOM_ON_EXEC_DEVICE(ex, "causal_conv1d_varlen", x, weight, conv_states, state_slots, cu_seqlens,
+                      out);
+  if (ex.device.is_cpu())
+    return cpu::causal_conv1d_varlen(x, weight, conv_states, state_slots, cu_seqlens, apply_silu,
+                                     out);
+  no_kernel_for(ex, "causal_conv1d_varlen");
+}
+
 }  // namespace loom

@@ -28,6 +28,17 @@ void kda_chunked_forward(const Exec& ex, const Tensor& q, const Tensor& k, const
   no_kernel_for(ex, "kda_chunked_forward");
 }
 
+void kda_varlen_forward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& g, const Tensor& beta, float scale, const Tensor& states,
+                        const Tensor& state_slots, const Tensor& cu_seqlens, const Tensor& out) {
+  LOOM_ON_EXEC_DEVICE(ex, "kda_varlen_forward", q, k, v, g, beta, out);
+  LOOM_ON_EXEC_DEVICE(ex, "kda_varlen_forward", states, state_slots, cu_seqlens);
+  if (ex.device.is_cpu())
+    return cpu::kda_varlen_forward(q, k, v, g, beta, scale, states, state_slots, cu_seqlens,
+                                   ex.batch_invariant, out);
+  no_kernel_for(ex, "kda_varlen_forward");
+}
+
 void kda_gate_forward(const Exec& ex, const Tensor& f, const Tensor& A_log, const Tensor& dt_bias,
                       float lower_bound, const Tensor& g) {
   LOOM_ON_EXEC_DEVICE(ex, "kda_gate_forward", f, A_log, dt_bias, g);

@@ -1,12 +1,13 @@
 // Delta-rule linear attention with decay: KDA (per-channel decay) and Gated DeltaNet (scalar decay
-// per head), one sequence at a time.
+// per head), one sequence at a time or a whole varlen batch against a pool of states.
 //
 // Shapes (one sequence of T tokens):
-//   q, k:  [T, Hk, dk]   already L2-normalised (see l2norm_forward); q is multiplied by `scale`
-//   here v:     [T, Hv, dv]   Hv is a multiple of Hk; value head h reads key head h / (Hv / Hk) g:
-//   [T, Hv, dk]   per-channel log decay (KDA), or [T, Hv, 1] one per head (GDN); all <= 0 beta: [T,
-//   Hv] state: [Hv, dk, dv]  f32, updated in place (the documented state layout of every linear
-//   layer) out:   [T, Hv, dv]   must not alias any input
+//   q, k:  [T, Hk, dk]   already L2-normalised (see l2norm_forward); q is scaled by `scale` here
+//   v:     [T, Hv, dv]   Hv a multiple of Hk; value head h reads key head h / (Hv / Hk)
+//   g:     [T, Hv, dk]   per-channel log decay (KDA), or [T, Hv, 1] one per head (GDN); all <= 0
+//   beta:  [T, Hv]
+//   state: [Hv, dk, dv]  f32, updated in place (the state layout of every linear layer)
+//   out:   [T, Hv, dv]   must not alias any input
 // The recurrence, per value head and token t:
 //   S = diag(exp(g_t)) S;  S += k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T (scale * q_t)
 #pragma once
@@ -31,6 +32,27 @@ inline constexpr int kKdaChunk = 64;
 void kda_chunked_forward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
                          const Tensor& g, const Tensor& beta, float scale, const Tensor& state,
                          const Tensor& out);
+
+// The delta rule over the whole varlen batch of a layer in one call, each sequence against its
+// own state in a pool of slots. Sequence b is rows [cu_seqlens[b], cu_seqlens[b + 1]) of q, k, v,
+// g, beta and out, and its state is states[state_slots[b]]; it runs kda_recurrent_forward when
+// kda_varlen_takes_recurrence(its length, ex.batch_invariant), kda_chunked_forward otherwise, with
+// exactly that form's result.
+// q, k, v, g, beta, out: as above with T = N rows; states: [num_slots, Hv, dk, dv] f32 (the named
+// slots updated in place; no slot named twice); state_slots: i32 [B]; cu_seqlens: i64 [B + 1], 0
+// first, N last, non-decreasing.
+void kda_varlen_forward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& g, const Tensor& beta, float scale, const Tensor& states,
+                        const Tensor& state_slots, const Tensor& cu_seqlens, const Tensor& out);
+
+// Up to this many new tokens the recurrence beats the chunked form's fixed per-chunk work.
+inline constexpr int64_t kKdaRecurrentMaxTokens = 8;
+// The form kda_varlen_forward runs for a sequence of `tokens` new rows. The recurrence's result
+// for a token does not depend on how the sequence was cut into calls; the chunked form's does
+// (where its chunks start), so batch-invariant numerics never take it.
+inline bool kda_varlen_takes_recurrence(int64_t tokens, bool batch_invariant) {
+  return tokens <= kKdaRecurrentMaxTokens || batch_invariant;
+}
 
 // Decay gates from the raw projection f ([T, H * dk] or [T, H] for GDN; dt_bias has f's width):
 //   lower_bound == 0 (softplus form):  g = -exp(A_log[h]) * softplus(f + dt_bias)

@@ -85,6 +85,20 @@ Tensor CacheStore::conv(int layer, int64_t slot) const {
   return layers_[layer].conv.select(slot);
 }
 
+const Tensor& CacheStore::recurrent_states(int layer) const {
+  LOOM_CHECK(
+      layer >= 0 && layer < static_cast<int>(layers_.size()) && layers_[layer].recurrent.defined(),
+      "CacheStore::recurrent_states(%d): not a linear layer", layer);
+  return layers_[layer].recurrent;
+}
+
+const Tensor& CacheStore::conv_states(int layer) const {
+  LOOM_CHECK(
+      layer >= 0 && layer < static_cast<int>(layers_.size()) && layers_[layer].conv.defined(),
+      "CacheStore::conv_states(%d): not a linear layer", layer);
+  return layers_[layer].conv;
+}
+
 void CacheStore::reset_slot(int64_t slot) {
   for (Layer& l : layers_) {
     if (!l.recurrent.defined()) continue;

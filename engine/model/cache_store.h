@@ -43,6 +43,9 @@ class CacheStore {
   // Slot `slot`'s state of linear layer `layer`.
   Tensor recurrent(int layer, int64_t slot) const;  // [Hv, dk, dv]
   Tensor conv(int layer, int64_t slot) const;       // [W-1, C]
+  // Every slot's state of linear layer `layer` (what the varlen kernels index by slot id).
+  const Tensor& recurrent_states(int layer) const;  // [num_slots, Hv, dk, dv]
+  const Tensor& conv_states(int layer) const;       // [num_slots, W-1, C]
 
   // Zeroes every linear layer's state in `slot` (a sequence starting fresh).
   void reset_slot(int64_t slot);

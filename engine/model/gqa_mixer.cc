@@ -64,14 +64,12 @@ class GqaMixer final : public Mixer {
     }
     Tensor o = ctx.take({n, h, hd});
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    for (size_t s = 0; s < batch.start.size(); ++s) {
-      const int64_t b = batch.start[s], t = batch.length[s];
-      const CacheView keys = batch.attention(s, layer, 0), values = batch.attention(s, layer, 1);
-      cache_write_rows(ctx.ex, keys, batch.past[s], k.slice(0, b, b + t));
-      cache_write_rows(ctx.ex, values, batch.past[s], v.slice(0, b, b + t));
-      gqa_attention_forward(ctx.ex, q.slice(0, b, b + t), keys, values, scale,
-                            o.slice(0, b, b + t));
-    }
+    const Tensor& k_pool = batch.store->pool(layer, 0);
+    const Tensor& v_pool = batch.store->pool(layer, 1);
+    cache_write_varlen(ctx.ex, k_pool, batch.page_table, batch.cu_seqlens, batch.past_lens, k);
+    cache_write_varlen(ctx.ex, v_pool, batch.page_table, batch.cu_seqlens, batch.past_lens, v);
+    gqa_attention_varlen(ctx.ex, q, k_pool, v_pool, batch.page_table, batch.cu_seqlens,
+                         batch.past_lens, scale, o);
     if (gate_proj_.defined()) {
       Tensor gate = ctx.take({n, h * hd});
       linear_forward(ctx.ex, x, gate_proj_, gate);

@@ -1,45 +1,36 @@
 // The building blocks of a decoder layer: token mixers (KDA, MLA, ...) and FFNs (dense, MoE).
 // Each is built from ModelConfig plus the checkpoint (through WeightLoader's canonical names) and
 // runs on a whole varlen batch: token-parallel work (projections, norms, FFNs) over all rows at
-// once, sequence-ordered work (convolution, recurrence, attention) per sequence with its cache in
-// the step's CacheStore.
+// once, sequence-ordered work (convolution, recurrence, attention) in one varlen kernel call that
+// finds each sequence's cache in the step's CacheStore by slot id and page table.
 #pragma once
 
 #include <memory>
-#include <vector>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "core/tensor.h"
 #include "core/workspace.h"
 #include "engine/model/cache_store.h"
-#include "kernels/attention.h"
 #include "kernels/exec.h"
 #include "weights/model_config.h"
 #include "weights/weight_loader.h"
 
 namespace loom {
 
-// Where each sequence's rows sit in the flattened batch, and where its caches live: a state slot
-// and a page-table row of `store` (private caches are staged into a store too: Model::forward).
-// The tensors are views of the step's StepData (what kernels read); the vectors are host copies of
-// the per-sequence bounds for the loops that still run per sequence on the host.
+// Where each sequence's rows sit in the flattened batch and where its caches live: a state slot and
+// a page-table row of `store` (private caches are staged into a store too: Model::forward). Every
+// field is a view of the step's StepData, which the kernels read as it is: sequence-ordered work
+// (convolution, recurrence, attention, cache writes) is one varlen kernel call per layer.
 struct BatchLayout {
-  std::vector<int64_t> start;   // first row of sequence i
-  std::vector<int64_t> length;  // its number of new tokens
-  std::vector<int64_t> past;    // positions it already had cached
-  std::vector<int32_t> slots;   // its linear-attention state slot
-  Tensor positions;             // i64 [N] absolute position of every row
-  Tensor logit_rows;            // i64 [R] rows whose logits are computed
-  Tensor page_table;            // i32 [B, P]
+  Tensor positions;    // i64 [N] absolute position of every row
+  Tensor logit_rows;   // i64 [R] rows whose logits are computed
+  Tensor cu_seqlens;   // i64 [B + 1] first row of each sequence, then N
+  Tensor past_lens;    // i64 [B] positions each sequence had cached before this step
+  Tensor state_slots;  // i32 [B] linear-attention state slot of each sequence
+  Tensor page_table;   // i32 [B, P] attention pages of each sequence
   int64_t num_rows = 0;
   CacheStore* store = nullptr;  // never null in a forward
-
-  // Layer `layer`'s attention cache of sequence i, visible positions [0, past + length).
-  // which: MLA 0 latent / 1 rope; GQA 0 key / 1 value.
-  CacheView attention(size_t i, int layer, int which) const;
-  // Layer `layer`'s linear-attention state of sequence i.
-  Tensor recurrent(size_t i, int layer) const { return store->recurrent(layer, slots[i]); }
-  Tensor conv(size_t i, int layer) const { return store->conv(layer, slots[i]); }
 };
 
 // What every layer's forward receives for one step: where it runs (device, stream, numerics)

@@ -1,7 +1,8 @@
 // Multi-head latent attention mixer (MODELS.md, "MLA"). The cache keeps only the normalised latent
 // and the shared rope key; attention runs in the expanded form for long chunks and the absorbed
-// form for short ones (decode), picked by arithmetic cost. RoPE (DeepSeek: interleaved pairs, YaRN)
-// rotates the rope parts of queries and of the shared key before the key is cached.
+// form for short ones (decode), picked per sequence by arithmetic cost (mla_attention_form). RoPE
+// (DeepSeek: interleaved pairs, YaRN) rotates the rope parts of queries and of the shared key
+// before the key is cached.
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -88,27 +89,16 @@ class MlaMixer final : public Mixer {
     }
 
     const MlaDims dims{h, dn, dr, dv, r};
+    const Tensor& latent_pool = batch.store->pool(layer, 0);
+    const Tensor& rope_pool = batch.store->pool(layer, 1);
+    cache_write_varlen(ctx.ex, latent_pool, batch.page_table, batch.cu_seqlens, batch.past_lens,
+                       latent);
+    if (dr > 0)
+      cache_write_varlen(ctx.ex, rope_pool, batch.page_table, batch.cu_seqlens, batch.past_lens,
+                         rope);
     Tensor o = ctx.take({n, h, dv});
-    for (size_t s = 0; s < batch.start.size(); ++s) {
-      const int64_t b = batch.start[s], t = batch.length[s];
-      const int64_t total = batch.past[s] + t;
-      const CacheView c_all = batch.attention(s, layer, 0), kr_all = batch.attention(s, layer, 1);
-      cache_write_rows(ctx.ex, c_all, batch.past[s], latent.slice(0, b, b + t));
-      if (dr > 0) cache_write_rows(ctx.ex, kr_all, batch.past[s], rope.slice(0, b, b + t));
-      // Multiply-adds: expanded builds K/V once (S*H*R*(dn+dv)) then attends (T*S*H*(dn+dr+dv));
-      // absorbed maps each query into latent space and back (T*H*R*(dn+dv)) and attends over the
-      // latent (T*S*H*(2R+dr)).
-      const double expanded = static_cast<double>(total) * h * r * (dn + dv) +
-                              static_cast<double>(t) * total * h * (dn + dr + dv);
-      const double absorbed = static_cast<double>(t) * h * r * (dn + dv) +
-                              static_cast<double>(t) * total * h * (2 * r + dr);
-      // Batch-invariant mode always takes the absorbed form, as decode does: the two forms round
-      // differently, so a prefill and a recompute of the same tokens must not switch between them.
-      auto attend = absorbed <= expanded || ctx.ex.batch_invariant ? mla_attention_absorbed
-                                                                   : mla_attention_expanded;
-      attend(ctx.ex, q.slice(0, b, b + t), c_all, kr_all, kv_b_, dims, scale_,
-             o.slice(0, b, b + t));
-    }
+    mla_attention_varlen(ctx.ex, q, latent_pool, rope_pool, batch.page_table, batch.cu_seqlens,
+                         batch.past_lens, kv_b_, dims, scale_, o);
     if (gate_proj_.defined()) {
       Tensor gate = ctx.take({n, h * dv});
       linear_forward(ctx.ex, x, gate_proj_, gate);

@@ -86,6 +86,8 @@ absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch, StepDa
   shape.seqs = static_cast<int64_t>(batch.seqs.size());
   int64_t rows = 0;
   // Pages written this call (by any sequence) and slots used: no two sequences may share one.
+  // Attention writes every sequence's rows before any sequence attends, so a page one sequence
+  // reads may not be written by another either.
   absl::flat_hash_set<int32_t> written_pages, used_slots;
   for (size_t s = 0; s < batch.seqs.size(); ++s) {
     const SequenceInput& in = batch.seqs[s];
@@ -124,14 +126,20 @@ absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch, StepDa
       }
       shape.page_cols = std::max(shape.page_cols, need);
     }
-    layout.start.push_back(rows);
-    layout.length.push_back(in.num_tokens);
-    layout.past.push_back(past);
-    layout.slots.push_back(in.slot);
     rows += in.num_tokens;
     shape.logit_rows += in.logits == LogitsMode::kAll    ? in.num_tokens
                         : in.logits == LogitsMode::kLast ? 1
                                                          : 0;
+  }
+  if (needs_pages) {
+    const int64_t ps = batch.store->page_size();
+    for (size_t s = 0; s < batch.seqs.size(); ++s) {
+      const SequenceInput& in = batch.seqs[s];
+      for (int64_t p = 0; p < in.start / ps; ++p)
+        if (written_pages.contains(in.pages[p]))
+          return absl::InvalidArgumentError(absl::StrCat(
+              "page ", in.pages[p], " is read by sequence ", s, " and written by another"));
+    }
   }
   if (rows != static_cast<int64_t>(batch.token_ids.size()))
     return absl::InvalidArgumentError(absl::StrCat("sequence lengths sum to ", rows, " but ",
@@ -153,14 +161,14 @@ absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch, StepDa
   int64_t* cu = step.cu_seqlens.data<int64_t>();
   int32_t* table = step.page_table.data<int32_t>();
   std::copy(batch.token_ids.begin(), batch.token_ids.end(), ids);
-  int64_t r = 0;
+  int64_t r = 0, b = 0;
   for (size_t s = 0; s < batch.seqs.size(); ++s) {
     const SequenceInput& in = batch.seqs[s];
-    const int64_t b = layout.start[s], n = in.num_tokens;
+    const int64_t n = in.num_tokens;
     cu[s] = b;
-    step.past_lens.data<int64_t>()[s] = layout.past[s];
+    step.past_lens.data<int64_t>()[s] = in.start;
     step.state_slots.data<int32_t>()[s] = in.slot;
-    for (int64_t i = 0; i < n; ++i) positions[b + i] = layout.past[s] + i;
+    for (int64_t i = 0; i < n; ++i) positions[b + i] = in.start + i;
     if (in.logits == LogitsMode::kAll) {
       for (int64_t i = 0; i < n; ++i) logit_rows[r++] = b + i;
     } else if (in.logits == LogitsMode::kLast) {
@@ -170,11 +178,15 @@ absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch, StepDa
     const int64_t used = std::min<int64_t>(shape.page_cols, in.pages.size());
     std::copy(in.pages.begin(), in.pages.begin() + used, row);
     std::fill(row + used, row + shape.page_cols, 0);
+    b += n;
   }
   cu[batch.seqs.size()] = rows;
   step.publish();
   layout.positions = step.positions;
   layout.logit_rows = step.logit_rows;
+  layout.cu_seqlens = step.cu_seqlens;
+  layout.past_lens = step.past_lens;
+  layout.state_slots = step.state_slots;
   layout.page_table = step.page_table;
   return layout;
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/varlen.h"
 
 namespace loom::cpu {
 namespace {
@@ -297,6 +298,78 @@ void gqa_attention_forward(const Tensor& q, const CacheView& k_cache, const Cach
     HeadArgs a{qp + h * d, hq * d, Rows::of_view(k_cache, g * d),  d,  nullptr,     0,
                Rows{},     0,      Rows::of_view(v_cache, g * dv), dv, op + h * dv, hq * dv};
     attend_head(a, t, s, scale, scratch);
+  }
+}
+
+namespace {
+
+// The per-sequence views of a varlen call: checks its step data and returns B.
+struct VarlenViews {
+  const Tensor& page_table;
+  const int64_t* cu;
+  const int64_t* past;
+
+  CacheView view(const Tensor& pool, int64_t b) const {
+    CacheView v;
+    v.pool = pool;
+    v.pages = page_table.select(b);
+    v.length = past[b] + cu[b + 1] - cu[b];
+    return v;
+  }
+};
+
+VarlenViews check_varlen(const char* op, const Tensor& page_table, const Tensor& cu_seqlens,
+                         const Tensor& past_lens, int64_t rows) {
+  const int64_t b = check_cu_seqlens(op, cu_seqlens, rows);
+  LOOM_CHECK(page_table.dtype() == DType::kI32 && page_table.ndim() == 2 &&
+                 page_table.dim(0) == b && page_table.is_contiguous(),
+             "%s: page_table %s for %lld sequences", op, page_table.describe().c_str(),
+             static_cast<long long>(b));
+  check_past_lens(op, past_lens, b);
+  return VarlenViews{page_table, cu_seqlens.data<int64_t>(), past_lens.data<int64_t>()};
+}
+
+}  // namespace
+
+void cache_write_varlen(const Tensor& pool, const Tensor& page_table, const Tensor& cu_seqlens,
+                        const Tensor& past_lens, const Tensor& rows) {
+  LOOM_CHECK(rows.ndim() >= 1, "cache_write_varlen: rows %s", rows.describe().c_str());
+  const VarlenViews seq =
+      check_varlen("cache_write_varlen", page_table, cu_seqlens, past_lens, rows.dim(0));
+  for (int64_t b = 0; b + 1 < cu_seqlens.dim(0); ++b)
+    cache_write_rows(seq.view(pool, b), seq.past[b], rows.slice(0, seq.cu[b], seq.cu[b + 1]));
+}
+
+void mla_attention_varlen(const Tensor& q, const Tensor& latent_pool, const Tensor& rope_pool,
+                          const Tensor& page_table, const Tensor& cu_seqlens,
+                          const Tensor& past_lens, const Tensor& kv_b, const MlaDims& dims,
+                          float scale, bool batch_invariant, const Tensor& out) {
+  LOOM_CHECK(q.ndim() == 3 && out.ndim() == 3 && out.dim(0) == q.dim(0),
+             "mla_attention_varlen: q %s out %s", q.describe().c_str(), out.describe().c_str());
+  const VarlenViews seq =
+      check_varlen("mla_attention_varlen", page_table, cu_seqlens, past_lens, q.dim(0));
+  for (int64_t b = 0; b + 1 < cu_seqlens.dim(0); ++b) {
+    const CacheView latent = seq.view(latent_pool, b), rope = seq.view(rope_pool, b);
+    const int64_t r0 = seq.cu[b], r1 = seq.cu[b + 1];
+    const auto attend =
+        mla_attention_form(r1 - r0, latent.length, dims, batch_invariant) == MlaForm::kAbsorbed
+            ? mla_attention_absorbed
+            : mla_attention_expanded;
+    attend(q.slice(0, r0, r1), latent, rope, kv_b, dims, scale, out.slice(0, r0, r1));
+  }
+}
+
+void gqa_attention_varlen(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
+                          const Tensor& page_table, const Tensor& cu_seqlens,
+                          const Tensor& past_lens, float scale, const Tensor& out) {
+  LOOM_CHECK(q.ndim() == 3 && out.ndim() == 3 && out.dim(0) == q.dim(0),
+             "gqa_attention_varlen: q %s out %s", q.describe().c_str(), out.describe().c_str());
+  const VarlenViews seq =
+      check_varlen("gqa_attention_varlen", page_table, cu_seqlens, past_lens, q.dim(0));
+  for (int64_t b = 0; b + 1 < cu_seqlens.dim(0); ++b) {
+    const int64_t r0 = seq.cu[b], r1 = seq.cu[b + 1];
+    gqa_attention_forward(q.slice(0, r0, r1), seq.view(k_pool, b), seq.view(v_pool, b), scale,
+                          out.slice(0, r0, r1));
   }
 }
 

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kernels/activation.h"
+#include "kernels/cpu/varlen.h"
 
 namespace loom::cpu {
 namespace {
@@ -37,6 +38,37 @@ std::vector<float> transpose_weight(const Tensor& weight) {
 // Work is split into (row, channel block) items so that short inputs with many channels (decode,
 // small chunks) still spread over the threads.
 constexpr int64_t kChannelBlock = 512;
+
+// One token for each of B sequences: row b of x against the state at states + state_index(b) *
+// (W-1) * C, shifted in place. The batched decode step of causal_conv1d_step and of a varlen batch
+// of single tokens; per row the same conv_row as the prefill, so the results are bit-identical.
+template <typename StateIndex>
+void conv_step_rows(const float* xp, const std::vector<float>& wt, int64_t B, int64_t C, int64_t W,
+                    float* states, StateIndex state_index, bool apply_silu, float* op) {
+  const int64_t P = W - 1;
+  const int64_t nblk = (C + kChannelBlock - 1) / kChannelBlock;
+#pragma omp parallel for schedule(static) if (B * C * W > 65536)
+  for (int64_t item = 0; item < B * nblk; ++item) {
+    const int64_t b = item / nblk, c0 = (item % nblk) * kChannelBlock;
+    const int64_t c1 = std::min(C, c0 + kChannelBlock);
+    float* st = states + state_index(b) * P * C;
+    const float* xb = xp + b * C;
+    const float* rows[64];
+    std::vector<const float*> many;
+    const float** r = rows;
+    if (W > 64) {
+      many.resize(static_cast<size_t>(W));
+      r = many.data();
+    }
+    for (int64_t j = 0; j < P; ++j) r[j] = st + j * C;
+    r[P] = xb;
+    conv_row(r, wt.data(), W, C, c0, c1, apply_silu, op + b * C);
+    // Shift this block's window: drop the oldest row, append x.
+    for (int64_t j = 0; j + 1 < P; ++j)
+      std::copy(st + (j + 1) * C + c0, st + (j + 1) * C + c1, st + j * C + c0);
+    if (P > 0) std::copy(xb + c0, xb + c1, st + (P - 1) * C + c0);
+  }
+}
 
 }  // namespace
 
@@ -99,33 +131,44 @@ void causal_conv1d_step(const Tensor& x, const Tensor& weight, const Tensor& con
   LOOM_CHECK_SHAPE(conv_states, B, W - 1, C);
   LOOM_CHECK_SHAPE(out, B, C);
   LOOM_CHECK(out.raw() != x.raw() || B * C == 0, "causal_conv1d_step: out aliases x");
-  const std::vector<float> wt = transpose_weight(weight);
-  const int64_t P = W - 1;
-  const float* xp = x.data<float>();
-  float* sp = conv_states.data<float>();
-  float* op = out.data<float>();
-  const int64_t nblk = (C + kChannelBlock - 1) / kChannelBlock;
-#pragma omp parallel for schedule(static) if (B * C * W > 65536)
-  for (int64_t item = 0; item < B * nblk; ++item) {
-    const int64_t b = item / nblk, c0 = (item % nblk) * kChannelBlock;
-    const int64_t c1 = std::min(C, c0 + kChannelBlock);
-    float* st = sp + b * P * C;
-    const float* xb = xp + b * C;
-    const float* rows[64];
-    std::vector<const float*> many;
-    const float** r = rows;
-    if (W > 64) {
-      many.resize(static_cast<size_t>(W));
-      r = many.data();
-    }
-    for (int64_t j = 0; j < P; ++j) r[j] = st + j * C;
-    r[P] = xb;
-    conv_row(r, wt.data(), W, C, c0, c1, apply_silu, op + b * C);
-    // Shift this block's window: drop the oldest row, append x.
-    for (int64_t j = 0; j + 1 < P; ++j)
-      std::copy(st + (j + 1) * C + c0, st + (j + 1) * C + c1, st + j * C + c0);
-    if (P > 0) std::copy(xb + c0, xb + c1, st + (P - 1) * C + c0);
+  conv_step_rows(
+      x.data<float>(), transpose_weight(weight), B, C, W, conv_states.data<float>(),
+      [](int64_t b) { return b; }, apply_silu, out.data<float>());
+}
+
+void causal_conv1d_varlen(const Tensor& x, const Tensor& weight, const Tensor& conv_states,
+                          const Tensor& state_slots, const Tensor& cu_seqlens, bool apply_silu,
+                          const Tensor& out) {
+  LOOM_CHECK_F32(x);
+  LOOM_CHECK_F32(weight);
+  LOOM_CHECK_F32(conv_states);
+  LOOM_CHECK_F32(out);
+  LOOM_CHECK(x.ndim() == 2 && weight.ndim() == 2 && conv_states.ndim() == 3,
+             "causal_conv1d_varlen: x %s weight %s conv_states %s", x.describe().c_str(),
+             weight.describe().c_str(), conv_states.describe().c_str());
+  const int64_t N = x.dim(0), C = x.dim(1), W = weight.dim(1);
+  LOOM_CHECK(W >= 1, "causal_conv1d_varlen: width %lld", static_cast<long long>(W));
+  LOOM_CHECK_SHAPE(weight, C, W);
+  LOOM_CHECK_SHAPE(conv_states, conv_states.dim(0), W - 1, C);
+  LOOM_CHECK_SHAPE(out, N, C);
+  LOOM_CHECK(out.raw() != x.raw() || N * C == 0, "causal_conv1d_varlen: out aliases x");
+  const int64_t B = check_cu_seqlens("causal_conv1d_varlen", cu_seqlens, N);
+  check_state_slots("causal_conv1d_varlen", state_slots, B, conv_states.dim(0));
+  const int64_t* cu = cu_seqlens.data<int64_t>();
+  const int32_t* slots = state_slots.data<int32_t>();
+  // A decode batch (one token each) is one parallel step over all sequences.
+  bool decode = true;
+  for (int64_t b = 0; b < B; ++b) decode &= cu[b + 1] - cu[b] == 1;
+  if (decode) {
+    conv_step_rows(
+        x.data<float>(), transpose_weight(weight), B, C, W, conv_states.data<float>(),
+        [slots](int64_t b) { return static_cast<int64_t>(slots[b]); }, apply_silu,
+        out.data<float>());
+    return;
   }
+  for (int64_t b = 0; b < B; ++b)
+    causal_conv1d_forward(x.slice(0, cu[b], cu[b + 1]), weight, conv_states.select(slots[b]),
+                          apply_silu, out.slice(0, cu[b], cu[b + 1]));
 }
 
 }  // namespace loom::cpu

@@ -7,7 +7,13 @@ namespace loom::cpu {
 
 void causal_conv1d_forward(const Tensor& x, const Tensor& weight, const Tensor& conv_state,
                            bool apply_silu, const Tensor& out);
+void causal_conv1d_varlen(const Tensor& x, const Tensor& weight, const Tensor& conv_states,
+                          const Tensor& state_slots, const Tensor& cu_seqlens, bool apply_silu,
+                          const Tensor& out);
 void causal_conv1d_step(const Tensor& x, const Tensor& weight, const Tensor& conv_states,
                         bool apply_silu, const Tensor& out);
+void causal_conv1d_varlen(const Tensor& x, const Tensor& weight, const Tensor& conv_states,
+                          const Tensor& state_slots, const Tensor& cu_seqlens, bool apply_silu,
+                          const Tensor& out);
 
 }  // namespace loom::cpu

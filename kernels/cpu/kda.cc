@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "kernels/activation.h"
+#include "kernels/cpu/varlen.h"
 #include "kernels/kda.h"
 
 namespace loom::cpu {
@@ -469,88 +470,75 @@ void kda_chunked_head(const KdaDims& d, int64_t h, const float* qp, const float*
   }
 }
 
-}  // namespace
+// Scratch of one thread of the recurrence.
+struct RecurrentWork {
+  std::vector<float> kv, u, decay;
+  explicit RecurrentWork(const KdaDims& d)
+      : kv(static_cast<size_t>(d.dv)),
+        u(static_cast<size_t>(d.dv)),
+        decay(static_cast<size_t>(d.dk)) {}
+};
 
-void kda_recurrent_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                           const Tensor& beta, float scale, const Tensor& state,
-                           const Tensor& out) {
-  const KdaDims d = check_kda_args("kda_recurrent_forward", q, k, v, g, beta, state, out);
-  const float* qp = q.data<float>();
-  const float* kp = k.data<float>();
-  const float* vp = v.data<float>();
-  const float* gp = g.data<float>();
-  const float* bp = beta.data<float>();
-  float* sp = state.data<float>();
-  float* op = out.data<float>();
+// Value head h of the recurrence over one sequence's d.T tokens (q, k, v, g, beta and out point at
+// the sequence's first row); S: the head's state [dk, dv], updated in place.
+void kda_recurrent_head(const KdaDims& d, int64_t h, const float* qp, const float* kp,
+                        const float* vp, const float* gp, const float* bp, float scale, float* S,
+                        float* op, RecurrentWork& w) {
   const int64_t dk = d.dk, dv = d.dv, gw = d.scalar_g ? 1 : dk;
-  const int64_t group = d.Hv / d.Hk;
-#pragma omp parallel if (d.Hv > 1 && d.Hv * d.T * d.dk * d.dv > 65536)
-  {
-    std::vector<float> kv(static_cast<size_t>(dv)), u(static_cast<size_t>(dv));
-    std::vector<float> decay(static_cast<size_t>(dk));
-#pragma omp for schedule(static)
-    for (int64_t h = 0; h < d.Hv; ++h) {
-      const int64_t hk = h / group;
-      float* S = sp + h * dk * dv;
-      for (int64_t t = 0; t < d.T; ++t) {
-        const float* qt = qp + (t * d.Hk + hk) * dk;
-        const float* kt = kp + (t * d.Hk + hk) * dk;
-        const float* vt = vp + (t * d.Hv + h) * dv;
-        const float* gt = gp + (t * d.Hv + h) * gw;
-        const float bt = bp[t * d.Hv + h];
-        float* ot = op + (t * d.Hv + h) * dv;
-        // Pass 1: decay the state and form S^T k.
-        std::fill(kv.begin(), kv.end(), 0.0f);
-        if (d.scalar_g) {
-          std::fill(decay.begin(), decay.end(), fexp(gt[0]));
-        } else {
-          int64_t i = 0;
-          for (; i + 8 <= dk; i += 8) st8(decay.data() + i, fexp8(ld8(gt + i)));
-          for (; i < dk; ++i) decay[i] = fexp(gt[i]);
-        }
-        for (int64_t i = 0; i < dk; ++i) {
-          const float e = decay[i];
-          const float ki = kt[i];
-          float* Si = S + i * dv;
+  const int64_t hk = h / (d.Hv / d.Hk);
+  float* kv = w.kv.data();
+  float* u = w.u.data();
+  float* decay = w.decay.data();
+  for (int64_t t = 0; t < d.T; ++t) {
+    const float* qt = qp + (t * d.Hk + hk) * dk;
+    const float* kt = kp + (t * d.Hk + hk) * dk;
+    const float* vt = vp + (t * d.Hv + h) * dv;
+    const float* gt = gp + (t * d.Hv + h) * gw;
+    const float bt = bp[t * d.Hv + h];
+    float* ot = op + (t * d.Hv + h) * dv;
+    // Pass 1: decay the state and form S^T k.
+    std::fill(kv, kv + dv, 0.0f);
+    if (d.scalar_g) {
+      std::fill(decay, decay + dk, fexp(gt[0]));
+    } else {
+      int64_t i = 0;
+      for (; i + 8 <= dk; i += 8) st8(decay + i, fexp8(ld8(gt + i)));
+      for (; i < dk; ++i) decay[i] = fexp(gt[i]);
+    }
+    for (int64_t i = 0; i < dk; ++i) {
+      const float e = decay[i];
+      const float ki = kt[i];
+      float* Si = S + i * dv;
 #pragma omp simd
-          for (int64_t j = 0; j < dv; ++j) {
-            const float s = Si[j] * e;
-            Si[j] = s;
-            kv[j] += ki * s;
-          }
-        }
+      for (int64_t j = 0; j < dv; ++j) {
+        const float s = Si[j] * e;
+        Si[j] = s;
+        kv[j] += ki * s;
+      }
+    }
 #pragma omp simd
-        for (int64_t j = 0; j < dv; ++j) {
-          u[j] = bt * (vt[j] - kv[j]);
-          ot[j] = 0.0f;
-        }
-        // Pass 2: rank-1 update and the output o = S^T (scale q).
-        for (int64_t i = 0; i < dk; ++i) {
-          const float ki = kt[i], qi = qt[i] * scale;
-          float* Si = S + i * dv;
+    for (int64_t j = 0; j < dv; ++j) {
+      u[j] = bt * (vt[j] - kv[j]);
+      ot[j] = 0.0f;
+    }
+    // Pass 2: rank-1 update and the output o = S^T (scale q).
+    for (int64_t i = 0; i < dk; ++i) {
+      const float ki = kt[i], qi = qt[i] * scale;
+      float* Si = S + i * dv;
 #pragma omp simd
-          for (int64_t j = 0; j < dv; ++j) {
-            const float s = Si[j] + ki * u[j];
-            Si[j] = s;
-            ot[j] += qi * s;
-          }
-        }
+      for (int64_t j = 0; j < dv; ++j) {
+        const float s = Si[j] + ki * u[j];
+        Si[j] = s;
+        ot[j] += qi * s;
       }
     }
   }
 }
 
-void kda_chunked_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                         const Tensor& beta, float scale, const Tensor& state, const Tensor& out) {
-  const KdaDims d = check_kda_args("kda_chunked_forward", q, k, v, g, beta, state, out);
+// The chunked form over one sequence (tensors as kda_chunked_forward's), all heads.
+void kda_chunked_sequence(const KdaDims& d, const float* qp, const float* kp, const float* vp,
+                          const float* gp, const float* bp, float scale, float* sp, float* op) {
   if (d.T == 0) return;
-  const float* qp = q.data<float>();
-  const float* kp = k.data<float>();
-  const float* vp = v.data<float>();
-  const float* gp = g.data<float>();
-  const float* bp = beta.data<float>();
-  float* sp = state.data<float>();
-  float* op = out.data<float>();
 #pragma omp parallel if (d.Hv > 1 && d.T * d.dk * d.dv > 32768)
   {
     ChunkWork w(d.dk, d.dv);
@@ -564,6 +552,93 @@ void kda_chunked_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
       for (int64_t i = 0; i < d.dk; ++i)
         std::memcpy(Sh + i * d.dv, w.S.data() + i * w.Vp, d.dv * sizeof(float));
     }
+  }
+}
+
+}  // namespace
+
+void kda_recurrent_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                           const Tensor& beta, float scale, const Tensor& state,
+                           const Tensor& out) {
+  const KdaDims d = check_kda_args("kda_recurrent_forward", q, k, v, g, beta, state, out);
+  const float* qp = q.data<float>();
+  const float* kp = k.data<float>();
+  const float* vp = v.data<float>();
+  const float* gp = g.data<float>();
+  const float* bp = beta.data<float>();
+  float* sp = state.data<float>();
+  float* op = out.data<float>();
+#pragma omp parallel if (d.Hv > 1 && d.Hv * d.T * d.dk * d.dv > 65536)
+  {
+    RecurrentWork w(d);
+#pragma omp for schedule(static)
+    for (int64_t h = 0; h < d.Hv; ++h)
+      kda_recurrent_head(d, h, qp, kp, vp, gp, bp, scale, sp + h * d.dk * d.dv, op, w);
+  }
+}
+
+void kda_chunked_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                         const Tensor& beta, float scale, const Tensor& state, const Tensor& out) {
+  const KdaDims d = check_kda_args("kda_chunked_forward", q, k, v, g, beta, state, out);
+  kda_chunked_sequence(d, q.data<float>(), k.data<float>(), v.data<float>(), g.data<float>(),
+                       beta.data<float>(), scale, state.data<float>(), out.data<float>());
+}
+
+void kda_varlen_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                        const Tensor& beta, float scale, const Tensor& states,
+                        const Tensor& state_slots, const Tensor& cu_seqlens, bool batch_invariant,
+                        const Tensor& out) {
+  LOOM_CHECK_F32(states);
+  LOOM_CHECK(states.ndim() == 4 && states.dim(0) > 0, "kda_varlen_forward: states %s",
+             states.describe().c_str());
+  // The whole batch as one sequence checks every shape but the row count of the slot's state.
+  const KdaDims all = check_kda_args("kda_varlen_forward", q, k, v, g, beta, states.select(0), out);
+  const int64_t B = check_cu_seqlens("kda_varlen_forward", cu_seqlens, all.T);
+  check_state_slots("kda_varlen_forward", state_slots, B, states.dim(0));
+  const int64_t* cu = cu_seqlens.data<int64_t>();
+  const int32_t* slots = state_slots.data<int32_t>();
+  const int64_t gw = all.scalar_g ? 1 : all.dk;
+  const int64_t state_elems = all.Hv * all.dk * all.dv;
+  auto sequence = [&](int64_t b) {
+    KdaDims d = all;
+    d.T = cu[b + 1] - cu[b];
+    return d;
+  };
+  auto recurrent = [&](int64_t b) {
+    return kda_varlen_takes_recurrence(cu[b + 1] - cu[b], batch_invariant);
+  };
+  const float* qp = q.data<float>();
+  const float* kp = k.data<float>();
+  const float* vp = v.data<float>();
+  const float* gp = g.data<float>();
+  const float* bp = beta.data<float>();
+  float* sp = states.data<float>();
+  float* op = out.data<float>();
+  // Every (sequence, head) pair of the recurrent sequences in one parallel loop: a decode batch
+  // spreads over the threads even with few heads.
+  int64_t recurrent_work = 0;
+  for (int64_t b = 0; b < B; ++b)
+    if (recurrent(b)) recurrent_work += (cu[b + 1] - cu[b]) * state_elems;
+#pragma omp parallel if (B * all.Hv > 1 && recurrent_work > 65536)
+  {
+    RecurrentWork w(all);
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < B * all.Hv; ++item) {
+      const int64_t b = item / all.Hv, h = item % all.Hv;
+      if (!recurrent(b)) continue;
+      const int64_t r = cu[b];
+      kda_recurrent_head(sequence(b), h, qp + r * all.Hk * all.dk, kp + r * all.Hk * all.dk,
+                         vp + r * all.Hv * all.dv, gp + r * all.Hv * gw, bp + r * all.Hv, scale,
+                         sp + slots[b] * state_elems + h * all.dk * all.dv,
+                         op + r * all.Hv * all.dv, w);
+    }
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    if (recurrent(b)) continue;
+    const int64_t r = cu[b];
+    kda_chunked_sequence(sequence(b), qp + r * all.Hk * all.dk, kp + r * all.Hk * all.dk,
+                         vp + r * all.Hv * all.dv, gp + r * all.Hv * gw, bp + r * all.Hv, scale,
+                         sp + slots[b] * state_elems, op + r * all.Hv * all.dv);
   }
 }
 

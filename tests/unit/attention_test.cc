@@ -1,4 +1,5 @@
-// MLA (expanded and absorbed) and GQA attention against naive double-precision references.
+// MLA (expanded and absorbed) and GQA attention against naive double-precision references, and the
+// varlen forms against the per-sequence ops they run.
 #include "kernels/attention.h"
 
 #include <gtest/gtest.h>
@@ -276,6 +277,105 @@ TEST(PagedAttention, MlaAndGqaMatchContiguous) {
       gqa_attention_forward(host_exec(), qg, vk, vv, 0.7f, og);
       EXPECT_LT(max_abs_diff(og, naive_gqa(qg, k, v, 0.7)), kTol) << "page " << page;
     }
+  }
+}
+
+}  // namespace
+}  // namespace loom
+
+namespace loom {
+namespace {
+
+bool bit_equal(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() &&
+         std::equal(a.data<float>(), a.data<float>() + a.numel(), b.data<float>());
+}
+
+// A varlen batch over paged pools: sequence b adds lens[b] rows after past[b] cached positions, in
+// shuffled pages of 16 rows (a page table padded with 0, spare pages never named). Every varlen op
+// equals its per-sequence op on each sequence's view, bit for bit (the same code runs), cache
+// writes included; MLA takes both forms across the batch.
+TEST(VarlenAttention, EqualsPerSequenceOpsExactly) {
+  std::mt19937 rng(950);
+  const std::vector<int64_t> lens = {1, 7, 64, 65, 130, 1}, past = {0, 40, 3, 100, 0, 77};
+  const int64_t B = static_cast<int64_t>(lens.size()), page = 16;
+  std::vector<int64_t> cu{0};
+  int64_t cols = 0, used = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    cu.push_back(cu.back() + lens[b]);
+    const int64_t need = (past[b] + lens[b] + page - 1) / page;
+    cols = std::max(cols, need);
+    used += need;
+  }
+  const int64_t N = cu.back(), num_pages = used + 5;
+  std::vector<int32_t> ids(num_pages);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  Tensor table = Tensor::zeros({B, cols}, DType::kI32);
+  Tensor cu_t = Tensor::empty({B + 1}, DType::kI64), past_t = Tensor::empty({B}, DType::kI64);
+  std::copy(cu.begin(), cu.end(), cu_t.data<int64_t>());
+  std::copy(past.begin(), past.end(), past_t.data<int64_t>());
+  for (int64_t b = 0, next = 0; b < B; ++b)
+    for (int64_t p = 0; p < (past[b] + lens[b] + page - 1) / page; ++p)
+      table.data<int32_t>()[b * cols + p] = ids[next++];
+  auto view = [&](const Tensor& pool, int64_t b) {
+    CacheView v;
+    v.pool = pool;
+    v.pages = table.select(b);
+    v.length = past[b] + lens[b];
+    return v;
+  };
+  auto rows = [&](const Tensor& t, int64_t b) { return t.slice(0, cu[b], cu[b + 1]); };
+
+  const MlaDims m{3, 12, 6, 10, 20};
+  EXPECT_EQ(mla_attention_form(130, 130, m, false), MlaForm::kExpanded);
+  EXPECT_EQ(mla_attention_form(1, 78, m, false), MlaForm::kAbsorbed);
+  EXPECT_EQ(mla_attention_form(130, 130, m, true), MlaForm::kAbsorbed);
+  for (bool invariant : {false, true}) {
+    Exec ex = host_exec();
+    ex.batch_invariant = invariant;
+    // MLA: latent and rope rows written, then attention.
+    const Tensor latent = random_tensor({num_pages, page, 20}, rng, -1, 1),
+                 latent_want = latent.clone();
+    const Tensor rope = random_tensor({num_pages, page, 6}, rng, -1, 1), rope_want = rope.clone();
+    const Tensor c = random_tensor({N, 20}, rng, -1, 1), kr = random_tensor({N, 6}, rng, -1, 1);
+    const Tensor q = random_tensor({N, 3, 18}, rng, -1, 1);
+    const Tensor kv_b = random_tensor({3 * 22, 20}, rng, -0.4f, 0.4f);
+    Tensor want = Tensor::empty({N, 3, 10}), got = Tensor::empty({N, 3, 10});
+    for (int64_t b = 0; b < B; ++b) {
+      cache_write_rows(ex, view(latent_want, b), past[b], rows(c, b));
+      cache_write_rows(ex, view(rope_want, b), past[b], rows(kr, b));
+      const auto attend =
+          mla_attention_form(lens[b], past[b] + lens[b], m, invariant) == MlaForm::kAbsorbed
+              ? mla_attention_absorbed
+              : mla_attention_expanded;
+      attend(ex, rows(q, b), view(latent_want, b), view(rope_want, b), kv_b, m, 0.5f,
+             rows(want, b));
+    }
+    cache_write_varlen(ex, latent, table, cu_t, past_t, c);
+    cache_write_varlen(ex, rope, table, cu_t, past_t, kr);
+    mla_attention_varlen(ex, q, latent, rope, table, cu_t, past_t, kv_b, m, 0.5f, got);
+    EXPECT_TRUE(bit_equal(latent, latent_want)) << "invariant " << invariant;
+    EXPECT_TRUE(bit_equal(rope, rope_want)) << "invariant " << invariant;
+    EXPECT_TRUE(bit_equal(got, want)) << "MLA, invariant " << invariant;
+
+    // GQA: 6 query heads over 2 KV heads, d 9, dv 7.
+    const Tensor kp = random_tensor({num_pages, page, 2, 9}, rng, -1, 1), kp_want = kp.clone();
+    const Tensor vp = random_tensor({num_pages, page, 2, 7}, rng, -1, 1), vp_want = vp.clone();
+    const Tensor k = random_tensor({N, 2, 9}, rng, -1, 1), v = random_tensor({N, 2, 7}, rng, -1, 1);
+    const Tensor qg = random_tensor({N, 6, 9}, rng, -1, 1);
+    Tensor gwant = Tensor::empty({N, 6, 7}), ggot = Tensor::empty({N, 6, 7});
+    for (int64_t b = 0; b < B; ++b) {
+      cache_write_rows(ex, view(kp_want, b), past[b], rows(k, b));
+      cache_write_rows(ex, view(vp_want, b), past[b], rows(v, b));
+      gqa_attention_forward(ex, rows(qg, b), view(kp_want, b), view(vp_want, b), 0.7f,
+                            rows(gwant, b));
+    }
+    cache_write_varlen(ex, kp, table, cu_t, past_t, k);
+    cache_write_varlen(ex, vp, table, cu_t, past_t, v);
+    gqa_attention_varlen(ex, qg, kp, vp, table, cu_t, past_t, 0.7f, ggot);
+    EXPECT_TRUE(bit_equal(kp, kp_want) && bit_equal(vp, vp_want)) << "invariant " << invariant;
+    EXPECT_TRUE(bit_equal(ggot, gwant)) << "GQA, invariant " << invariant;
   }
 }
 

@@ -169,6 +169,15 @@ TEST(CacheStore, RejectsBadStoreBatches) {
   EXPECT_FALSE(run([](ForwardBatch& b) { b.seqs[0].pages.clear(); }).ok());  // no page
   EXPECT_FALSE(run([](ForwardBatch& b) { b.store = nullptr; }).ok());
   EXPECT_FALSE(run([](ForwardBatch& b) { b.seqs[0].start = 64 * 2; }).ok());  // past the pages
+  // Sequence 0 continues at position 64: it reads its first page and writes page 3.
+  auto reading = [](int32_t page) {
+    return [page](ForwardBatch& b) {
+      b.seqs[0].start = 64;
+      b.seqs[0].pages = {page, 3};
+    };
+  };
+  EXPECT_TRUE(run(reading(2)).ok());
+  EXPECT_FALSE(run(reading(1)).ok());  // page 1 is written by sequence 1
 }
 
 // Private caches run through a store of their own (one cache) or one staged for the call (several);

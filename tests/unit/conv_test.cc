@@ -1,9 +1,11 @@
-// Causal depthwise convolution: prefill against a naive loop, and every split of a sequence
-// (pieces, single tokens, batched decode steps) bit-identical to the full prefill.
+// Causal depthwise convolution: prefill against a naive loop, every split of a sequence (pieces,
+// single tokens, batched decode steps) bit-identical to the full prefill, and the varlen form
+// bit-identical to the per-sequence prefill.
 #include "kernels/conv.h"
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -135,6 +137,45 @@ TEST(CausalConv1d, BatchedStepsEqualPrefillExactly) {
   // Many channels: the step and the prefill split the channels into parallel blocks.
   batched_steps_check(3, 20, 3 * 1024 + 5, 4, 5);
   batched_steps_check(3, 7, 19, 2, 6);
+}
+
+// One causal_conv1d_varlen over sequences of `lens` rows (slots drawn at random from a pool with
+// unused slots) against causal_conv1d_forward per sequence on its slot: bit-identical outputs and
+// pool, unused slots untouched.
+void varlen_check(const std::vector<int64_t>& lens, int64_t C, int64_t W, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int64_t B = static_cast<int64_t>(lens.size());
+  std::vector<int64_t> cu{0};
+  for (int64_t n : lens) cu.push_back(cu.back() + n);
+  const int64_t N = cu.back(), num_slots = B + 3;
+  std::vector<int32_t> order(num_slots);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  Tensor slots = Tensor::empty({B}, DType::kI32), cu_t = Tensor::empty({B + 1}, DType::kI64);
+  std::copy(order.begin(), order.begin() + B, slots.data<int32_t>());
+  std::copy(cu.begin(), cu.end(), cu_t.data<int64_t>());
+  Tensor x = randn({N, C}, rng), w = randn({C, W}, rng);
+  for (bool silu : {false, true}) {
+    const Tensor pool = randn({num_slots, W - 1, C}, rng), want_pool = pool.clone();
+    Tensor want = Tensor::empty({N, C}), got = Tensor::empty({N, C});
+    for (int64_t b = 0; b < B; ++b)
+      causal_conv1d_forward(host_exec(), x.slice(0, cu[b], cu[b + 1]), w,
+                            want_pool.select(order[b]), silu, want.slice(0, cu[b], cu[b + 1]));
+    causal_conv1d_varlen(host_exec(), x, w, pool, slots, cu_t, silu, got);
+    EXPECT_TRUE(bit_equal(got, want)) << "C=" << C << " W=" << W << " silu=" << silu;
+    EXPECT_TRUE(bit_equal(pool, want_pool)) << "C=" << C << " W=" << W << " silu=" << silu;
+  }
+}
+
+TEST(CausalConv1dVarlen, EqualsPerSequencePrefillExactly) {
+  varlen_check({1, 7, 64, 65, 130}, 37, 4, 20);
+  varlen_check({130, 1, 65, 2, 64, 7, 1}, 45, 2, 21);
+  // Many channels: the prefill splits them into parallel blocks.
+  varlen_check({65, 1, 7}, 3 * 1024 + 5, 4, 22);
+  // Decode batches (one token each) run as one step over the slots.
+  varlen_check({1, 1, 1, 1, 1}, 37, 4, 23);
+  varlen_check(std::vector<int64_t>(9, 1), 3 * 1024 + 5, 4, 24);
+  varlen_check({1, 1}, 19, 1, 25);  // no state at all
 }
 
 }  // namespace

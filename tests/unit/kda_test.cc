@@ -1,10 +1,12 @@
-// KDA / Gated DeltaNet kernels against a double-precision recurrence written here, and the chunked
-// form against the token recurrence (long sequences, both gate forms, splits with carried state).
+// KDA / Gated DeltaNet kernels against a double-precision recurrence written here, the chunked
+// form against the token recurrence (long sequences, both gate forms, splits with carried state),
+// and the varlen form against the per-sequence forms it runs.
 #include "kernels/kda.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -355,6 +357,54 @@ TEST(KdaSplit, ChunkedPrefillThenRecurrentDecodeMatchesFull) {
   const Result split = run_split(fns, p, cuts);
   EXPECT_LT(ulps(split.out, full.out), kTolUlps);
   EXPECT_LT(ulps(split.state, full.state), kTolUlps);
+}
+
+// ---- Varlen ----
+
+// One kda_varlen_forward over sequences of `lens` rows (slots drawn at random from a pool with
+// unused slots) against the per-sequence form kda_varlen_takes_recurrence picks, each sequence
+// alone on its slot's state: the same code runs, so outputs and every slot agree bit for bit.
+void varlen_check(const std::vector<int64_t>& lens, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv,
+                  bool scalar_g, bool batch_invariant, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int64_t B = static_cast<int64_t>(lens.size());
+  std::vector<int64_t> cu{0};
+  for (int64_t n : lens) cu.push_back(cu.back() + n);
+  const int64_t N = cu.back(), num_slots = B + 3;
+  const Problem p = make_problem(N, Hk, Hv, dk, dv, scalar_g, Gate::kSoftplus, seed + 1);
+  std::vector<int32_t> order(num_slots);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  Tensor slots = Tensor::empty({B}, DType::kI32), cu_t = Tensor::empty({B + 1}, DType::kI64);
+  std::copy(order.begin(), order.begin() + B, slots.data<int32_t>());
+  std::copy(cu.begin(), cu.end(), cu_t.data<int64_t>());
+  const Tensor states = randn({num_slots, Hv, dk, dv}, rng, 0.0f, 0.5f);
+  const Tensor want_states = states.clone();
+  Tensor want = Tensor::empty({N, Hv, dv}), got = Tensor::empty({N, Hv, dv});
+  Exec ex = host_exec();
+  ex.batch_invariant = batch_invariant;
+  for (int64_t b = 0; b < B; ++b) {
+    auto fn = kda_varlen_takes_recurrence(lens[b], batch_invariant) ? kda_recurrent_forward
+                                                                    : kda_chunked_forward;
+    auto rows = [&](const Tensor& t) { return t.slice(0, cu[b], cu[b + 1]); };
+    fn(ex, rows(p.q), rows(p.k), rows(p.v), rows(p.g), rows(p.beta), p.scale,
+       want_states.select(order[b]), rows(want));
+  }
+  kda_varlen_forward(ex, p.q, p.k, p.v, p.g, p.beta, p.scale, states, slots, cu_t, got);
+  EXPECT_TRUE(bit_equal(got, want)) << "outputs, batch_invariant=" << batch_invariant;
+  EXPECT_TRUE(bit_equal(states, want_states)) << "states, batch_invariant=" << batch_invariant;
+}
+
+TEST(KdaVarlen, EqualsPerSequenceFormsExactly) {
+  // Recurrent (<= 8 tokens) and chunked sequences mixed; odd head sizes.
+  for (bool invariant : {false, true}) {
+    varlen_check({1, 7, 64, 65, 130}, 2, 4, 20, 36, false, invariant, 800);
+    varlen_check({130, 1, 65, 8, 9, 64, 1}, 1, 2, 37, 29, true, invariant, 801);  // GDN gates
+  }
+  // Decode batches: every (sequence, head) of the recurrence in one parallel loop.
+  varlen_check({1, 1, 1, 1, 1, 1}, 2, 4, 64, 32, false, false, 802);
+  varlen_check(std::vector<int64_t>(40, 1), 2, 2, 128, 128, false, false, 803);
+  varlen_check({1}, 1, 1, 16, 16, true, false, 804);
 }
 
 // ---- Gates ----
