@@ -60,6 +60,33 @@ struct Vec<1> {
   }
 };
 
+// Sums each column lane's NR partial sums over the block's rows: across the lanes of a warp that
+// share the column (xor shuffles), then across warps through shared memory. Every thread ends
+// with its column's totals. Both decode kernels reduce this way.
+template <int NR, int LPR, int WARPS>
+__device__ __forceinline__ void reduce_over_rows(float (&acc)[NR], int warp, int rl, int cl) {
+#pragma unroll
+  for (int o = LPR; o < 32; o <<= 1) {
+#pragma unroll
+    for (int x = 0; x < NR; ++x) acc[x] += __shfl_xor_sync(0xffffffffu, acc[x], o);
+  }
+  if constexpr (WARPS > 1) {
+    __shared__ float red[WARPS][NR][LPR];
+    if (rl == 0) {
+#pragma unroll
+      for (int x = 0; x < NR; ++x) red[warp][x][cl] = acc[x];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int x = 0; x < NR; ++x) {
+      float t = 0.0f;
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) t += red[w][x][cl];
+      acc[x] = t;
+    }
+  }
+}
+
 template <int VW, int LPR, int WARPS, int NI>
 __global__ void __launch_bounds__(WARPS * 32)
     kda_decode_kernel(const float* __restrict__ q, const float* __restrict__ k,
@@ -153,26 +180,7 @@ __global__ void __launch_bounds__(WARPS * 32)
     acc[2 * VW] = fmaf(qr[it], kr[it], acc[2 * VW]);
   }
 
-#pragma unroll
-  for (int o = LPR; o < 32; o <<= 1) {
-#pragma unroll
-    for (int x = 0; x < NR; ++x) acc[x] += __shfl_xor_sync(0xffffffffu, acc[x], o);
-  }
-  if constexpr (WARPS > 1) {
-    __shared__ float red[WARPS][NR][LPR];
-    if (rl == 0) {
-#pragma unroll
-      for (int x = 0; x < NR; ++x) red[warp][x][cl] = acc[x];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int x = 0; x < NR; ++x) {
-      float t = 0.0f;
-#pragma unroll
-      for (int w = 0; w < WARPS; ++w) t += red[w][x][cl];
-      acc[x] = t;
-    }
-  }
+  reduce_over_rows<NR, LPR, WARPS>(acc, warp, rl, cl);
 
   float u[VW], o[VW];
 #pragma unroll
@@ -275,26 +283,7 @@ __global__ void __launch_bounds__(WARPS * 32)
     }
   }  // column lanes past dv: their sums are never used
 
-#pragma unroll
-  for (int o = LPR; o < 32; o <<= 1) {
-#pragma unroll
-    for (int x = 0; x < NR; ++x) acc[x] += __shfl_xor_sync(0xffffffffu, acc[x], o);
-  }
-  if constexpr (WARPS > 1) {
-    __shared__ float red[WARPS][NR][LPR];
-    if (rl == 0) {
-#pragma unroll
-      for (int x = 0; x < NR; ++x) red[warp][x][cl] = acc[x];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int x = 0; x < NR; ++x) {
-      float t = 0.0f;
-#pragma unroll
-      for (int w = 0; w < WARPS; ++w) t += red[w][x][cl];
-      acc[x] = t;
-    }
-  }
+  reduce_over_rows<NR, LPR, WARPS>(acc, warp, rl, cl);
   if (!col_ok) return;
 
   float u[VW], o[VW];

@@ -26,11 +26,12 @@ inline void expect_same_output(const ParsedOutput& got, const ParsedOutput& want
   }
 }
 
-// `text` fed in pieces cut at `cuts` (sorted offsets), then finish(). A call's first delta names
-// it; later deltas of a call only add arguments; indices only grow.
-inline ParsedOutput stream_chat_output(const ChatOutputOptions& options, std::string_view text,
-                                       const std::vector<size_t>& cuts) {
-  ChatOutputParser parser(options);
+// Feeds `text` cut at `cuts` (sorted offsets) to `parser` (a ChatOutputParser or a
+// ToolCallStreamParser) and checks the delta protocol as it goes: a call's first delta names it and
+// carries its id; later deltas of a call only add arguments; indices only grow.
+template <typename StreamParser>
+ParsedOutput feed_checking_deltas(StreamParser& parser, std::string_view text,
+                                  const std::vector<size_t>& cuts) {
   ParsedOutput out;
   auto apply = [&](const ChatDelta& d) {
     out.reasoning += d.reasoning;
@@ -57,6 +58,13 @@ inline ParsedOutput stream_chat_output(const ChatOutputOptions& options, std::st
   apply(parser.feed(text.substr(prev)));
   apply(parser.finish());
   return out;
+}
+
+// The chat output parser fed `text` cut at `cuts`, checked as above.
+inline ParsedOutput stream_chat_output(const ChatOutputOptions& options, std::string_view text,
+                                       const std::vector<size_t>& cuts) {
+  ChatOutputParser parser(options);
+  return feed_checking_deltas(parser, text, cuts);
 }
 
 // The one-shot result, after checking that the stream cut at every single offset, and fed one

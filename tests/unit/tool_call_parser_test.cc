@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/unit/chat_output_test_support.h"
+
 namespace loom {
 namespace {
 
@@ -28,35 +30,11 @@ void expect_parsed(const ParsedOutput& got, const Expected& want, const std::str
   }
 }
 
-// Feeds `text` cut at `cuts` (sorted offsets) and checks the delta protocol as it goes: a call's
-// first delta names it, later deltas of a call only add arguments, and indices only grow.
+// The tool-call parser fed `text` cut at `cuts`, checking the delta protocol
+// (tests/unit/chat_output_test_support.h).
 ParsedOutput stream(ToolCallSyntax f, const std::string& text, const std::vector<size_t>& cuts) {
   ToolCallStreamParser parser(f);
-  ParsedOutput out;
-  size_t prev = 0;
-  auto apply = [&](const ChatDelta& d) {
-    out.content += d.content;
-    for (const ToolCallDelta& tc : d.tool_calls) {
-      if (tc.index >= out.tool_calls.size()) {
-        EXPECT_EQ(tc.index, out.tool_calls.size()) << "calls start in order";
-        EXPECT_FALSE(tc.name.empty()) << "first delta of a call carries its name";
-        EXPECT_FALSE(tc.id.empty()) << "first delta of a call carries its id";
-      } else {
-        EXPECT_TRUE(tc.name.empty()) << "name is sent once";
-        EXPECT_EQ(tc.index + 1, out.tool_calls.size()) << "only the last call grows";
-      }
-      ChatDelta one;
-      one.tool_calls.push_back(tc);
-      accumulate_delta(one, &out);
-    }
-  };
-  for (size_t cut : cuts) {
-    apply(parser.feed(std::string_view(text).substr(prev, cut - prev)));
-    prev = cut;
-  }
-  apply(parser.feed(std::string_view(text).substr(prev)));
-  apply(parser.finish());
-  return out;
+  return testing::feed_checking_deltas(parser, text, cuts);
 }
 
 void check_all_splits(ToolCallSyntax f, const std::string& text, const Expected& want) {
