@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/tensor.h"
+#include "engine/model/activation_tape.h"
 #include "engine/model/forward_batch.h"
 #include "engine/model/layers.h"
 #include "weights/model_config.h"
@@ -34,26 +35,23 @@ class Model {
   // malformed batch (token id out of range, lengths not matching token_ids, no cache, private
   // caches mixed with store-backed sequences, a cache, slot or page used twice, a slot or page out
   // of range); the caches' contents are untouched then (a private cache may have grown).
-  // If `hidden` is not null it receives L+1 tensors [N, D]: the input of every layer and the final
-  // normalised output (for conformance diagnostics against the reference's hidden states).
+  // If `tape` is not null, the forward records on it what it wants (activation_tape.h names
+  // them): a trainer's saved activations, or every layer's hidden state for conformance.
   // With ForwardBatch::workspace set, the call resets that workspace first and the logits are a
   // view into it, valid until its next reset; otherwise they own their memory.
-  absl::StatusOr<Tensor> forward(const ForwardBatch& batch,
-                                 std::vector<Tensor>* hidden = nullptr) const;
+  absl::StatusOr<Tensor> forward(const ForwardBatch& batch, ActivationTape* tape = nullptr) const;
 
  private:
   explicit Model(ModelConfig cfg) : cfg_(std::move(cfg)) {}
 
   // The one forward: every sequence has a slot and a page table in batch.store.
-  absl::StatusOr<Tensor> forward_store(const ForwardBatch& batch,
-                                       std::vector<Tensor>* hidden) const;
+  absl::StatusOr<Tensor> forward_store(const ForwardBatch& batch, ActivationTape* tape) const;
   // Runs private caches through forward_store (see there).
-  absl::StatusOr<Tensor> forward_private(const ForwardBatch& batch,
-                                         std::vector<Tensor>* hidden) const;
+  absl::StatusOr<Tensor> forward_private(const ForwardBatch& batch, ActivationTape* tape) const;
   // Validates a store batch and packs its step data into `step`.
   absl::StatusOr<BatchLayout> make_layout(const ForwardBatch& batch, StepData& step) const;
   // The two residual schemes: plain pre-norm residuals, or Block Attention Residuals.
-  Tensor run_plain_residual(const ForwardContext& ctx, Tensor h, std::vector<Tensor>* hidden) const;
+  Tensor run_plain_residual(const ForwardContext& ctx, Tensor h) const;
   Tensor run_block_attnres(const ForwardContext& ctx, const Tensor& embedding) const;
 
   struct Layer {
@@ -63,6 +61,7 @@ class Model {
     std::unique_ptr<Ffn> ffn;
   };
   ModelConfig cfg_;
+  DType act_dtype_ = DType::kF32;  // activations between ops (f32: the CPU backend computes in f32)
   Tensor embed_, final_norm_, lm_head_;
   Tensor final_res_proj_, final_res_norm_;  // AttnRes only
   std::vector<Layer> layers_;

@@ -174,7 +174,7 @@ absl::StatusOr<std::vector<Prompt>> load_prompts(const std::string& dir) {
 // Runs one step for the given sequences: seq i feeds tokens[i] with `mode` logits.
 absl::StatusOr<Tensor> step(const Model& model, std::vector<SequenceCache*> caches,
                             const std::vector<std::vector<int32_t>>& tokens, LogitsMode mode,
-                            std::vector<Tensor>* hidden = nullptr) {
+                            ActivationTape* tape = nullptr) {
   ForwardBatch b;
   b.batch_invariant = absl::GetFlag(FLAGS_deterministic);
   for (size_t i = 0; i < caches.size(); ++i) {
@@ -182,7 +182,7 @@ absl::StatusOr<Tensor> step(const Model& model, std::vector<SequenceCache*> cach
     b.seqs.push_back(
         {.num_tokens = static_cast<int64_t>(tokens[i].size()), .logits = mode, .cache = caches[i]});
   }
-  return model.forward(b, hidden);
+  return model.forward(b, tape);
 }
 
 // Evaluates the prompts in `group` together (one prompt when unbatched).
@@ -199,9 +199,17 @@ absl::Status run_group(const Model& model, std::vector<Prompt>& prompts,
     ptrs.push_back(&caches[k]);
     toks.push_back(prompts[group[k]].ids);
   }
-  std::vector<Tensor> hidden;
+  // The reference's hidden states: every layer's input, then the final normalised output.
+  ActivationTape tape({"residual", "final_normed"});
   LOOM_ASSIGN_OR_RETURN(Tensor logits,
-                        step(model, ptrs, toks, LogitsMode::kAll, want_hidden ? &hidden : nullptr));
+                        step(model, ptrs, toks, LogitsMode::kAll, want_hidden ? &tape : nullptr));
+  std::vector<const Tensor*> hidden;
+  for (int l = 0; l <= model.config().num_layers; ++l) {
+    const Tensor* h = tape.find(l < model.config().num_layers ? l : -1,
+                                l < model.config().num_layers ? "residual" : "final_normed");
+    if (h == nullptr) break;
+    hidden.push_back(h);
+  }
   int64_t row = 0;
   std::vector<int64_t> last_row;
   for (size_t k = 0; k < group.size(); ++k) {
@@ -213,7 +221,7 @@ absl::Status run_group(const Model& model, std::vector<Prompt>& prompts,
       const int64_t d = model.config().hidden_size;
       for (size_t j = 0; j < hidden.size() && j < static_cast<size_t>(p.hidden.dim(0)); ++j) {
         Diff hd;
-        hd.add(hidden[j].data<float>() + row * d, p.hidden.select(j).data<float>(), t * d);
+        hd.add(hidden[j]->data<float>() + row * d, p.hidden.select(j).data<float>(), t * d);
         results[group[k]].hidden_max_abs.push_back(hd.max_abs);
       }
     }

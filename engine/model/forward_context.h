@@ -1,0 +1,54 @@
+// ForwardContext: what every layer's forward receives for one step (where it runs, the step's
+// sequences and caches, the workspace, the activation dtype and an optional activation tape).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "core/tensor.h"
+#include "core/workspace.h"
+#include "engine/model/activation_tape.h"
+#include "engine/model/cache_store.h"
+#include "kernels/exec.h"
+
+namespace loom {
+
+// Where each sequence's rows sit in the flattened batch and where its caches live: a state slot and
+// a page-table row of `store` (private caches are staged into a store too: Model::forward). Every
+// field is a view of the step's StepData, which the kernels read as it is: sequence-ordered work
+// (convolution, recurrence, attention, cache writes) is one varlen kernel call per layer.
+struct BatchLayout {
+  Tensor positions;    // i64 [N] absolute position of every row
+  Tensor logit_rows;   // i64 [R] rows whose logits are computed
+  Tensor cu_seqlens;   // i64 [B + 1] first row of each sequence, then N
+  Tensor past_lens;    // i64 [B] positions each sequence had cached before this step
+  Tensor state_slots;  // i32 [B] linear-attention state slot of each sequence
+  Tensor page_table;   // i32 [B, P] attention pages of each sequence
+  int64_t num_rows = 0;
+  CacheStore* store = nullptr;  // never null in a forward
+};
+
+// What every layer's forward receives for one step: where it runs (device, stream, numerics)
+// with the step's workspace, and the step's sequences and caches. Layers take every
+// intermediate from the workspace inside a Workspace::Mark, so a layer reuses the memory of the
+// layer before and the step allocates nothing once the workspace is sized.
+struct ForwardContext {
+  Exec ex;  // ex.workspace is never null here
+  const BatchLayout& batch;
+  // The dtype of the activations passed between layers and ops (f32 on the CPU backend).
+  DType act_dtype = DType::kF32;
+  // Where layers keep what a backward pass (or a diagnostic) needs; null: keep nothing.
+  ActivationTape* tape = nullptr;
+
+  Workspace& ws() const { return *ex.workspace; }
+  // Step memory for an intermediate: of the activation dtype, or of `dtype` where the op needs
+  // its own (f32 gates and states whatever the activations are).
+  Tensor take(Shape shape) const { return ex.workspace->take(shape, act_dtype); }
+  Tensor take(Shape shape, DType dtype) const { return ex.workspace->take(shape, dtype); }
+  // Records `value` on the tape, if there is one and it wants `name` (activation_tape.h).
+  void record(int layer, std::string_view name, const Tensor& value) const {
+    if (tape != nullptr) tape->record(layer, name, value);
+  }
+};
+
+}  // namespace loom
