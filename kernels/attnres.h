@@ -5,15 +5,15 @@
 // aggregation). Both norms use `eps`. All f32.
 #pragma once
 
-#include <vector>
-
 #include "core/tensor.h"
 #include "kernels/exec.h"
 
 namespace loom {
 
-// sources: each [N, D]; query, key_norm, out_norm: [D]; out: [N, D] (may not alias a source).
-void attnres_aggregate(const Exec& ex, const std::vector<Tensor>& sources, const Tensor& query,
+// sources: [S, N, D] contiguous, S >= 1 (the model keeps its completed block sums and the running
+// partial sum stacked in one workspace tensor and passes its first S entries); query, key_norm,
+// out_norm: [D]; out: [N, D] (may not alias a source).
+void attnres_aggregate(const Exec& ex, const Tensor& sources, const Tensor& query,
                        const Tensor& key_norm, const Tensor& out_norm, float eps,
                        const Tensor& out);
 

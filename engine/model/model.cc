@@ -148,35 +148,41 @@ Tensor Model::run_plain_residual(const ForwardContext& ctx, Tensor h) const {
   return h;
 }
 
-// Sublayers are numbered attn = 2l, mlp = 2l + 1. `states` holds the completed block sums (the
-// embedding first), `partial` the running sum of the current block's sublayer outputs (undefined
-// right after a block boundary). Each sublayer's input is the softmax-over-depth aggregation of
-// states + [partial], normalised with the sublayer's own pre-norm weight.
+// Sublayers are numbered attn = 2l, mlp = 2l + 1. `stack` [S, N, D] holds the completed block
+// sums (the embedding first) followed by the running sum of the current block's sublayer outputs,
+// so every aggregation reads its sources as one tensor, stack[0, completed + partial). Each
+// sublayer's input is the softmax-over-depth aggregation of those, normalised with the sublayer's
+// own pre-norm weight; at a block boundary the running sum becomes a completed block.
 Tensor Model::run_block_attnres(const ForwardContext& ctx, const Tensor& embedding) const {
   const int64_t rows = embedding.dim(0), d = embedding.dim(1);
   const int block = cfg_.attnres_block_size;
   const float eps = cfg_.rms_norm_eps;
-  std::vector<Tensor> states = {embedding};
-  Tensor partial;
+  // The embedding, at most one completed block per `block` aggregated sublayers (1 .. 2L - 1),
+  // and the running sum.
+  const int64_t capacity = 2 + (2 * int64_t{cfg_.num_layers} - 1) / block;
+  Tensor stack = ctx.take({capacity, rows, d});
+  copy_columns(ctx.ex, embedding, 0, stack.select(0));
+  int64_t completed = 1;
+  bool has_partial = false;
   Tensor xn = ctx.take({rows, d});
   Tensor delta = ctx.take({rows, d});
   auto accumulate = [&]() {
-    if (partial.defined()) {
+    const Tensor partial = stack.select(completed);
+    if (has_partial) {
       add_inplace(ctx.ex, partial, delta);
     } else {
-      partial = ctx.take({rows, d});
-      partial.copy_from(delta);
+      copy_columns(ctx.ex, delta, 0, partial);
+      has_partial = true;
     }
   };
+  auto sources = [&]() { return stack.slice(0, 0, completed + (has_partial ? 1 : 0)); };
   auto aggregate_input = [&](int sublayer, const Tensor& query, const Tensor& key_norm,
                              const Tensor& pre_norm) {
-    std::vector<Tensor> sources = states;
-    sources.push_back(partial);
-    if (sublayer % block == 0) {
-      states = sources;
-      partial = Tensor();
+    attnres_aggregate(ctx.ex, sources(), query, key_norm, pre_norm, eps, xn);
+    if (sublayer % block == 0 && has_partial) {
+      ++completed;
+      has_partial = false;
     }
-    attnres_aggregate(ctx.ex, sources, query, key_norm, pre_norm, eps, xn);
   };
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const Layer& layer = layers_[l];
@@ -193,10 +199,8 @@ Tensor Model::run_block_attnres(const ForwardContext& ctx, const Tensor& embeddi
     layer.ffn->forward(ctx, xn, delta);
     accumulate();
   }
-  std::vector<Tensor> sources = states;
-  sources.push_back(partial);
   Tensor out = ctx.take({rows, d});
-  attnres_aggregate(ctx.ex, sources, final_res_proj_, final_res_norm_, final_norm_, eps, out);
+  attnres_aggregate(ctx.ex, sources(), final_res_proj_, final_res_norm_, final_norm_, eps, out);
   return out;
 }
 

@@ -21,6 +21,15 @@ Tensor random_tensor(Shape shape, std::mt19937& rng, float scale) {
   return t;
 }
 
+// The sources stacked as the model keeps them: [S, N, D], the first S entries of a workspace
+// tensor with room for more (the unused tail is poisoned: the kernel must not read it).
+Tensor stack(const std::vector<Tensor>& src) {
+  const int64_t n = src[0].dim(0), d = src[0].dim(1), s = static_cast<int64_t>(src.size());
+  Tensor room = Tensor::full({s + 2, n, d}, std::nanf(""));
+  for (int64_t i = 0; i < s; ++i) room.select(i).copy_from(src[i]);
+  return room.slice(0, 0, s);
+}
+
 // out[t] in double for row t.
 std::vector<double> oracle_row(const std::vector<Tensor>& src, const Tensor& w, const Tensor& r,
                                const Tensor& o, double eps, int64_t t) {
@@ -90,7 +99,7 @@ TEST(AttnRes, MatchesDoubleOracleAtOddSizes) {
       const Tensor r = random_tensor({d}, rng, 1.0f);
       const Tensor o = random_tensor({d}, rng, 1.0f);
       Tensor out = Tensor::empty({n, d});
-      attnres_aggregate(host_exec(), src, w, r, o, eps, out);
+      attnres_aggregate(host_exec(), stack(src), w, r, o, eps, out);
       const double err = max_row_error(out, src, w, r, o, eps);
       worst = std::max(worst, err);
       EXPECT_LT(err, kTol) << "d=" << d << " sources=" << m;
@@ -112,7 +121,7 @@ TEST(AttnRes, NearZeroSourcesFollowTheEpsOfTheReference) {
     const Tensor r = random_tensor({d}, rng, 1.0f);
     const Tensor o = random_tensor({d}, rng, 1.0f);
     Tensor out = Tensor::empty({n, d});
-    attnres_aggregate(host_exec(), src, w, r, o, eps, out);
+    attnres_aggregate(host_exec(), stack(src), w, r, o, eps, out);
     if (tiny == 0.0f) {
       for (int64_t i = 0; i < out.numel(); ++i) ASSERT_EQ(out.data<float>()[i], 0.0f);
       continue;
@@ -131,12 +140,12 @@ TEST(AttnRes, RowsAreIndependentOfTheBatch) {
   const Tensor r = random_tensor({d}, rng, 1.0f);
   const Tensor o = random_tensor({d}, rng, 1.0f);
   Tensor all = Tensor::empty({n, d});
-  attnres_aggregate(host_exec(), src, w, r, o, 1e-6f, all);
+  attnres_aggregate(host_exec(), stack(src), w, r, o, 1e-6f, all);
   for (int64_t t : {0, 17, 32}) {
     std::vector<Tensor> one;
     for (const Tensor& s : src) one.push_back(s.slice(0, t, t + 1).clone());
     Tensor row = Tensor::empty({1, d});
-    attnres_aggregate(host_exec(), one, w, r, o, 1e-6f, row);
+    attnres_aggregate(host_exec(), stack(one), w, r, o, 1e-6f, row);
     for (int64_t j = 0; j < d; ++j) ASSERT_EQ(row.data<float>()[j], all.data<float>()[t * d + j]);
   }
 }
