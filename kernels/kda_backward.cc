@@ -1,0 +1,87 @@
+// Contracts and device dispatch for kernels/kda_backward.h.
+#include "kernels/kda_backward.h"
+
+#include "kernels/cpu/kda_backward.h"
+
+namespace loom {
+namespace {
+
+void check_same_shape(const char* op, const Tensor& grad, const Tensor& of, const char* name) {
+  LOOM_CHECK_F32(grad);
+  LOOM_CHECK(grad.shape() == of.shape(), "%s: %s %s for %s", op, name, grad.describe().c_str(),
+             of.describe().c_str());
+}
+
+}  // namespace
+
+void kda_recurrent_backward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& g, const Tensor& beta, float scale,
+                            const Tensor& initial_state, const Tensor& d_out,
+                            const Tensor& d_final_state, const Tensor& dq, const Tensor& dk,
+                            const Tensor& dv, const Tensor& dg, const Tensor& dbeta,
+                            const Tensor& d_initial_state) {
+  static constexpr const char* kOp = "kda_recurrent_backward";
+  LOOM_ON_EXEC_DEVICE(ex, kOp, q, k, v, g, beta, initial_state, d_out);
+  LOOM_ON_EXEC_DEVICE(ex, kOp, dq, dk, dv, dg, dbeta);
+  for (const Tensor* t : {&q, &k, &v, &g, &beta, &initial_state, &d_out}) LOOM_CHECK_F32(*t);
+  LOOM_CHECK(q.ndim() == 3 && k.shape() == q.shape() && v.ndim() == 3 && v.dim(0) == q.dim(0),
+             "%s: q %s k %s v %s", kOp, q.describe().c_str(), k.describe().c_str(),
+             v.describe().c_str());
+  const int64_t T = q.dim(0), Hk = q.dim(1), dkk = q.dim(2), Hv = v.dim(1), dvv = v.dim(2);
+  LOOM_CHECK(Hk > 0 && Hv % Hk == 0, "%s: %lld value heads over %lld key heads", kOp,
+             static_cast<long long>(Hv), static_cast<long long>(Hk));
+  LOOM_CHECK(g.ndim() == 3 && g.dim(0) == T && g.dim(1) == Hv && (g.dim(2) == dkk || g.dim(2) == 1),
+             "%s: g %s, expected [%lld, %lld, %lld or 1]", kOp, g.describe().c_str(),
+             static_cast<long long>(T), static_cast<long long>(Hv), static_cast<long long>(dkk));
+  LOOM_CHECK(beta.ndim() == 2 && beta.dim(0) == T && beta.dim(1) == Hv, "%s: beta %s", kOp,
+             beta.describe().c_str());
+  LOOM_CHECK(initial_state.shape() == Shape({Hv, dkk, dvv}), "%s: initial_state %s", kOp,
+             initial_state.describe().c_str());
+  check_same_shape(kOp, d_out, v, "d_out");
+  check_same_shape(kOp, dq, q, "dq");
+  check_same_shape(kOp, dk, k, "dk");
+  check_same_shape(kOp, dv, v, "dv");
+  check_same_shape(kOp, dg, g, "dg");
+  check_same_shape(kOp, dbeta, beta, "dbeta");
+  if (d_final_state.defined()) {
+    LOOM_ON_EXEC_DEVICE(ex, kOp, d_final_state);
+    check_same_shape(kOp, d_final_state, initial_state, "d_final_state");
+  }
+  if (d_initial_state.defined()) {
+    LOOM_ON_EXEC_DEVICE(ex, kOp, d_initial_state);
+    check_same_shape(kOp, d_initial_state, initial_state, "d_initial_state");
+  }
+  if (ex.device.is_cpu())
+    return cpu::kda_recurrent_backward(q, k, v, g, beta, scale, initial_state, d_out, d_final_state,
+                                       dq, dk, dv, dg, dbeta, d_initial_state);
+  no_kernel_for(ex, kOp);
+}
+
+void kda_gate_backward(const Exec& ex, const Tensor& f, const Tensor& A_log, const Tensor& dt_bias,
+                       float lower_bound, const Tensor& d_g, const Tensor& d_f,
+                       const Tensor& d_A_log, const Tensor& d_dt_bias) {
+  static constexpr const char* kOp = "kda_gate_backward";
+  LOOM_ON_EXEC_DEVICE(ex, kOp, f, A_log, d_g, d_f, d_A_log);
+  LOOM_CHECK_F32(f);
+  LOOM_CHECK_F32(A_log);
+  LOOM_CHECK(f.ndim() == 2 && A_log.numel() > 0 && f.dim(1) % A_log.numel() == 0,
+             "%s: f %s with A_log %s", kOp, f.describe().c_str(), A_log.describe().c_str());
+  LOOM_CHECK(lower_bound <= 0.0f, "%s: lower_bound %g > 0", kOp, lower_bound);
+  check_same_shape(kOp, d_g, f, "d_g");
+  check_same_shape(kOp, d_f, f, "d_f");
+  check_same_shape(kOp, d_A_log, A_log, "d_A_log");
+  LOOM_CHECK(dt_bias.defined() == d_dt_bias.defined(), "%s: dt_bias %s but d_dt_bias %s", kOp,
+             dt_bias.defined() ? "given" : "absent", d_dt_bias.defined() ? "given" : "absent");
+  if (dt_bias.defined()) {
+    LOOM_ON_EXEC_DEVICE(ex, kOp, dt_bias, d_dt_bias);
+    LOOM_CHECK_F32(dt_bias);
+    LOOM_CHECK(dt_bias.numel() == f.dim(1), "%s: dt_bias %s for f %s", kOp,
+               dt_bias.describe().c_str(), f.describe().c_str());
+    check_same_shape(kOp, d_dt_bias, dt_bias, "d_dt_bias");
+  }
+  if (ex.device.is_cpu())
+    return cpu::kda_gate_backward(f, A_log, dt_bias, lower_bound, d_g, d_f, d_A_log, d_dt_bias);
+  no_kernel_for(ex, kOp);
+}
+
+}  // namespace loom

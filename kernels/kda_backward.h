@@ -1,0 +1,38 @@
+// Backward passes of the delta-rule family (kernels/kda.h), for the trainer. Tensors and the
+// recurrence are those of kda.h; every d_* tensor has the shape of the tensor it is the gradient
+// of and is overwritten.
+//
+// The forward keeps no per-token states (a [T, Hv, dk, dv] tape would be T times the state), so
+// the backward recomputes them: one forward sweep stores the state every kKdaBackwardSegment
+// tokens, then each segment, last first, replays its tokens' states and runs the reverse
+// recurrence through them. Memory: ceil(T / segment) + segment states per value head.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "kernels/exec.h"
+
+namespace loom {
+
+inline constexpr int64_t kKdaBackwardSegment = 64;
+
+// Gradients of o = kda_recurrent_forward(q, k, v, g, beta, scale, initial_state) and of its final
+// state. `initial_state` is the state before the first token (not modified). `d_final_state`
+// [Hv, dk, dv] may be undefined (the final state is not used); `d_initial_state` may be undefined
+// (not wanted). dq and dk sum over the value heads that share a key head, in head order, so the
+// result does not depend on the thread count.
+void kda_recurrent_backward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& g, const Tensor& beta, float scale,
+                            const Tensor& initial_state, const Tensor& d_out,
+                            const Tensor& d_final_state, const Tensor& dq, const Tensor& dk,
+                            const Tensor& dv, const Tensor& dg, const Tensor& dbeta,
+                            const Tensor& d_initial_state);
+
+// Gradients of g = kda_gate_forward(f, A_log, dt_bias, lower_bound): d_f, d_A_log [H] and
+// d_dt_bias (undefined when dt_bias is). Sums over tokens run in token order.
+void kda_gate_backward(const Exec& ex, const Tensor& f, const Tensor& A_log, const Tensor& dt_bias,
+                       float lower_bound, const Tensor& d_g, const Tensor& d_f,
+                       const Tensor& d_A_log, const Tensor& d_dt_bias);
+
+}  // namespace loom
