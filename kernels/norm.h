@@ -1,4 +1,10 @@
-// Normalisations. All compute in f32; inputs and outputs are contiguous f32 [N, D] unless noted.
+// Normalisations and their backward passes. All compute in f32; inputs and outputs are contiguous
+// f32 [N, D] unless noted.
+//
+// Backward convention (as in llm.c): a gradient of an activation is written (`dx = ...`), a
+// gradient of a parameter is accumulated (`dw += ...`) so that micro-batches and weights shared by
+// several calls (KDA's o_norm over heads) add up without a separate sum. Parameter gradients are
+// summed over rows in a fixed order: same inputs, same bits, whatever the thread count.
 #pragma once
 
 #include "core/tensor.h"
@@ -15,5 +21,19 @@ void rmsnorm_forward(const Exec& ex, const Tensor& x, const Tensor& w, float eps
 // Per-head L2 normalisation as KDA/GDN use it: out = x / sqrt(sum(x^2) + eps) * scale over the
 // last dimension. x, out: [..., d] contiguous (any leading shape); `out` may alias `x`.
 void l2norm_forward(const Exec& ex, const Tensor& x, float eps, float scale, const Tensor& out);
+
+// Backward of rmsnorm_forward at input x (the forward's input, not its output):
+//   dx = rstd * (g - xhat * mean(g * xhat)),  g = (weight_offset + w) * dout,  xhat = x * rstd;
+//   dw += sum over rows of dout * xhat.
+// x, dout, dx: [N, D] (any leading shape, D last); w, dw: [D]. dx may alias x or dout. Uses an
+// [N] f32 temporary (from ex.workspace when there is one).
+void rmsnorm_backward(const Exec& ex, const Tensor& x, const Tensor& w, float eps,
+                      float weight_offset, const Tensor& dout, const Tensor& dx, const Tensor& dw);
+
+// Backward of l2norm_forward at input x: with n = sqrt(sum(x^2) + eps) per row,
+//   dx = scale / n * (dout - x * (x . dout) / n^2).
+// x, dout, dx: [..., d]; dx may alias x or dout.
+void l2norm_backward(const Exec& ex, const Tensor& x, float eps, float scale, const Tensor& dout,
+                     const Tensor& dx);
 
 }  // namespace loom
