@@ -1,0 +1,54 @@
+// Quantile load balancing of an MoE layer's routing bias (MODELS.md): after every step, from each
+// expert's token count over the step (summed over all ranks), experts above the q_high quantile
+// of the counts get bias -= eta and experts below the q_low quantile get bias += eta. The bias
+// takes part in selection only (score + bias picks the top k; the gate weights use the score) and
+// never receives a gradient, so balance costs no auxiliary loss term.
+//
+// Routing health is reported per layer and step, with warnings when it crosses thresholds.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace loom {
+
+struct QuantileBalancerOptions {
+  double q_low = 0.25;   // experts with a count below this quantile get bias += eta
+  double q_high = 0.75;  // experts with a count above this quantile get bias -= eta
+  double eta = 1e-3;     // the bias step
+  // Warning thresholds (routing_warnings).
+  double warn_min_entropy = 0.9;         // normalised load entropy below this
+  double warn_max_violation = 1.0;       // (max load - mean) / mean above this
+  double warn_max_idle_fraction = 0.05;  // share of experts that got no token above this
+
+  absl::Status validate() const;
+};
+
+struct RoutingHealth {
+  double load_entropy = 0;    // entropy of the load distribution / log(E): 1 = uniform
+  double max_violation = 0;   // (max count - mean) / mean
+  double idle_fraction = 0;   // experts with no token / E
+  double bias_update_l1 = 0;  // sum |bias change| over the experts this step
+  int64_t raised = 0;         // experts given bias += eta
+  int64_t lowered = 0;        // experts given bias -= eta
+};
+
+// The q-quantile of `counts` with linear interpolation between order statistics (numpy's
+// default): q = 0 the smallest, q = 1 the largest.
+double count_quantile(std::span<const int64_t> counts, double q);
+
+// Updates `bias` (one entry per expert) from this step's `counts` and returns the step's health.
+// The counts must already be summed over every rank (data parallel), so every rank applies the
+// same update. Experts exactly at a quantile are left alone.
+RoutingHealth quantile_balance_step(const QuantileBalancerOptions& options,
+                                    std::span<const int64_t> counts, std::span<float> bias);
+
+// Human-readable warnings for the thresholds `health` crosses (empty when healthy).
+std::vector<std::string> routing_warnings(const QuantileBalancerOptions& options, int layer,
+                                          const RoutingHealth& health);
+
+}  // namespace loom
