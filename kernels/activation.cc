@@ -2,6 +2,7 @@
 #include "kernels/activation.h"
 
 #include "kernels/cpu/activation.h"
+#include "kernels/cpu/elementwise.h"
 #ifdef LOOM_WITH_CUDA
 #include "kernels/cuda/activation.h"
 #endif
@@ -26,6 +27,36 @@ void embedding_forward(const Exec& ex, const Tensor& ids, const Tensor& table, c
 #else
   no_kernel_for(ex, "embedding_forward");
 #endif
+}
+
+void silu_mul_backward(const Exec& ex, const Tensor& gate, const Tensor& up, const Tensor& dout,
+                       const Tensor& dgate, const Tensor& dup) {
+  LOOM_ON_EXEC_DEVICE(ex, "silu_mul_backward", gate, up, dout, dgate, dup);
+  for (const Tensor* t : {&gate, &up, &dout, &dgate, &dup}) {
+    LOOM_CHECK_F32(*t);
+    LOOM_CHECK(t->shape() == gate.shape(), "silu_mul_backward: gate %s vs %s",
+               gate.describe().c_str(), t->describe().c_str());
+  }
+  LOOM_CHECK(dgate.raw() != dup.raw() || gate.numel() == 0, "silu_mul_backward: dgate aliases dup");
+  if (ex.device.is_cpu()) return cpu::silu_mul_backward(gate, up, dout, dgate, dup);
+  no_kernel_for(ex, "silu_mul_backward");
+}
+
+void embedding_backward(const Exec& ex, const Tensor& ids, const Tensor& dout,
+                        const Tensor& dtable) {
+  LOOM_ON_EXEC_DEVICE(ex, "embedding_backward", ids, dout, dtable);
+  LOOM_CHECK(ids.ndim() == 1 && ids.is_contiguous() &&
+                 (ids.dtype() == DType::kI32 || ids.dtype() == DType::kI64),
+             "embedding_backward: ids must be contiguous i32/i64 [T], got %s",
+             ids.describe().c_str());
+  LOOM_CHECK_F32(dout);
+  LOOM_CHECK_F32(dtable);
+  LOOM_CHECK(dtable.ndim() == 2 && dout.ndim() == 2 && dout.dim(0) == ids.dim(0) &&
+                 dout.dim(1) == dtable.dim(1),
+             "embedding_backward: ids %s dout %s dtable %s", ids.describe().c_str(),
+             dout.describe().c_str(), dtable.describe().c_str());
+  if (ex.device.is_cpu()) return cpu::scatter_add_rows("embedding_backward", dout, ids, dtable);
+  no_kernel_for(ex, "embedding_backward");
 }
 
 }  // namespace loom

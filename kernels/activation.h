@@ -1,4 +1,6 @@
-// Elementwise activations and the embedding lookup. Contiguous f32 unless noted.
+// Elementwise activations and the embedding lookup, with their backward passes. Contiguous f32
+// unless noted. Backward convention (llm.c's): activation gradients are written, parameter
+// gradients (the embedding table's) accumulated.
 #pragma once
 
 #include <cmath>
@@ -19,5 +21,18 @@ void silu_mul_forward(const Exec& ex, const Tensor& gate, const Tensor& up, cons
 // out[t, :] = table[ids[t], :]. ids: [T] i32 or i64 (each in [0, V), checked); table: [V, D]
 // f32; out: [T, D].
 void embedding_forward(const Exec& ex, const Tensor& ids, const Tensor& table, const Tensor& out);
+
+// Backward of silu_mul_forward: dgate = dout * up * silu'(gate), dup = dout * silu(gate), with
+// silu'(g) = sigmoid(g) * (1 + g * (1 - sigmoid(g))). All the same shape; elementwise, so dgate and
+// dup may each alias gate, up or dout (not each other).
+void silu_mul_backward(const Exec& ex, const Tensor& gate, const Tensor& up, const Tensor& dout,
+                       const Tensor& dgate, const Tensor& dup);
+
+// Backward of embedding_forward: dtable[ids[t], :] += dout[t, :] for every t (a parameter
+// gradient: accumulated). Deterministic: every row of dtable receives its tokens' rows in token
+// order, whatever the thread count (threads split the columns). ids: [T] i32/i64 (checked in
+// [0, V) before anything is written); dout: [T, D]; dtable: [V, D].
+void embedding_backward(const Exec& ex, const Tensor& ids, const Tensor& dout,
+                        const Tensor& dtable);
 
 }  // namespace loom

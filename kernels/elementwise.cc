@@ -8,6 +8,18 @@
 
 namespace loom {
 
+namespace {
+// The tensors of an elementwise backward: contiguous f32, all of `numel` elements.
+void check_same_numel(const char* op, std::initializer_list<const Tensor*> ts) {
+  const Tensor& first = **ts.begin();
+  for (const Tensor* t : ts) {
+    LOOM_CHECK_F32(*t);
+    LOOM_CHECK(t->numel() == first.numel(), "%s: %s vs %s", op, first.describe().c_str(),
+               t->describe().c_str());
+  }
+}
+}  // namespace
+
 void add_inplace(const Exec& ex, const Tensor& dst, const Tensor& src) {
   LOOM_ON_EXEC_DEVICE(ex, "add_inplace", dst, src);
   if (ex.device.is_cpu()) return cpu::add_inplace(dst, src);
@@ -96,6 +108,70 @@ void gather_rows(const Exec& ex, const Tensor& src, const Tensor& rows, const Te
 #else
   no_kernel_for(ex, "gather_rows");
 #endif
+}
+
+void add_bias_backward(const Exec& ex, const Tensor& dx, const Tensor& dbias) {
+  LOOM_ON_EXEC_DEVICE(ex, "add_bias_backward", dx, dbias);
+  LOOM_CHECK_F32(dx);
+  LOOM_CHECK_F32(dbias);
+  LOOM_CHECK(dx.ndim() == 2 && dbias.numel() == dx.dim(1), "add_bias_backward: dx %s dbias %s",
+             dx.describe().c_str(), dbias.describe().c_str());
+  if (ex.device.is_cpu()) return cpu::add_bias_backward(dx, dbias);
+  no_kernel_for(ex, "add_bias_backward");
+}
+
+void mul_sigmoid_backward(const Exec& ex, const Tensor& x, const Tensor& gate, const Tensor& dout,
+                          const Tensor& dx, const Tensor& dgate) {
+  LOOM_ON_EXEC_DEVICE(ex, "mul_sigmoid_backward", x, gate, dout, dx, dgate);
+  check_same_numel("mul_sigmoid_backward", {&x, &gate, &dout, &dx, &dgate});
+  LOOM_CHECK(dx.raw() != dgate.raw() || x.numel() == 0, "mul_sigmoid_backward: dx aliases dgate");
+  if (ex.device.is_cpu()) return cpu::mul_gate_backward(x, gate, dout, dx, dgate, false);
+  no_kernel_for(ex, "mul_sigmoid_backward");
+}
+
+void mul_sigmoid_rows_backward(const Exec& ex, const Tensor& x, const Tensor& gate,
+                               const Tensor& dout, const Tensor& dx, const Tensor& dgate) {
+  LOOM_ON_EXEC_DEVICE(ex, "mul_sigmoid_rows_backward", x, gate, dout, dx, dgate);
+  check_same_numel("mul_sigmoid_rows_backward", {&x, &dout, &dx});
+  check_same_numel("mul_sigmoid_rows_backward", {&gate, &dgate});
+  LOOM_CHECK(x.ndim() == 2 && dout.shape() == x.shape() && dx.shape() == x.shape() &&
+                 gate.numel() == x.dim(0),
+             "mul_sigmoid_rows_backward: x %s gate %s dout %s dx %s", x.describe().c_str(),
+             gate.describe().c_str(), dout.describe().c_str(), dx.describe().c_str());
+  if (ex.device.is_cpu()) return cpu::mul_sigmoid_rows_backward(x, gate, dout, dx, dgate);
+  no_kernel_for(ex, "mul_sigmoid_rows_backward");
+}
+
+void mul_silu_backward(const Exec& ex, const Tensor& x, const Tensor& gate, const Tensor& dout,
+                       const Tensor& dx, const Tensor& dgate) {
+  LOOM_ON_EXEC_DEVICE(ex, "mul_silu_backward", x, gate, dout, dx, dgate);
+  check_same_numel("mul_silu_backward", {&x, &gate, &dout, &dx, &dgate});
+  LOOM_CHECK(dx.raw() != dgate.raw() || x.numel() == 0, "mul_silu_backward: dx aliases dgate");
+  if (ex.device.is_cpu()) return cpu::mul_gate_backward(x, gate, dout, dx, dgate, true);
+  no_kernel_for(ex, "mul_silu_backward");
+}
+
+void sigmoid_backward(const Exec& ex, const Tensor& y, const Tensor& dout, const Tensor& dx) {
+  LOOM_ON_EXEC_DEVICE(ex, "sigmoid_backward", y, dout, dx);
+  check_same_numel("sigmoid_backward", {&y, &dout, &dx});
+  if (ex.device.is_cpu()) return cpu::sigmoid_backward(y, dout, dx);
+  no_kernel_for(ex, "sigmoid_backward");
+}
+
+void gather_rows_backward(const Exec& ex, const Tensor& ddst, const Tensor& rows,
+                          const Tensor& dsrc) {
+  LOOM_ON_EXEC_DEVICE(ex, "gather_rows_backward", ddst, rows, dsrc);
+  LOOM_CHECK(rows.ndim() == 1 && rows.dtype() == DType::kI64 && rows.is_contiguous(),
+             "gather_rows_backward: rows must be contiguous i64 [n], got %s",
+             rows.describe().c_str());
+  LOOM_CHECK_F32(ddst);
+  LOOM_CHECK_F32(dsrc);
+  LOOM_CHECK(ddst.ndim() == 2 && dsrc.ndim() == 2 && ddst.dim(0) == rows.dim(0) &&
+                 ddst.dim(1) == dsrc.dim(1),
+             "gather_rows_backward: ddst %s rows %s dsrc %s", ddst.describe().c_str(),
+             rows.describe().c_str(), dsrc.describe().c_str());
+  if (ex.device.is_cpu()) return cpu::scatter_add_rows("gather_rows_backward", ddst, rows, dsrc);
+  no_kernel_for(ex, "gather_rows_backward");
 }
 
 }  // namespace loom

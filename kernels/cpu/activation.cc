@@ -25,6 +25,25 @@ void silu_mul_forward(const Tensor& gate, const Tensor& up, const Tensor& out) {
   silu_mul(gate.data<float>(), up.data<float>(), out.data<float>(), gate.numel());
 }
 
+void silu_mul_backward(const Tensor& gate, const Tensor& up, const Tensor& dout,
+                       const Tensor& dgate, const Tensor& dup) {
+  const float* g = gate.data<float>();
+  const float* u = up.data<float>();
+  const float* d = dout.data<float>();
+  float* dg = dgate.data<float>();
+  float* du = dup.data<float>();
+  const int64_t n = gate.numel();
+  // Element i reads gate, up and dout at i before writing i: the outputs may alias the inputs.
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i], ui = u[i], di = d[i];
+    const float s = 1.0f / (1.0f + std::exp(-gi));
+    const float sn = 1.0f / (1.0f + std::exp(gi));  // 1 - s without its cancellation near s = 1
+    dg[i] = di * ui * (s * (1.0f + gi * sn));
+    du[i] = di * (gi * s);
+  }
+}
+
 namespace {
 template <typename Id>
 void gather_rows(const Id* ids, int64_t t, const float* table, int64_t v, int64_t d, float* out) {

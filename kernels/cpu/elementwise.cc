@@ -1,5 +1,6 @@
 #include "kernels/cpu/elementwise.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -125,6 +126,117 @@ void gather_rows(const Tensor& src, const Tensor& row_ids, const Tensor& dst) {
     LOOM_CHECK(rows[i] >= 0 && rows[i] < src.dim(0), "gather_rows: row %lld of %lld",
                static_cast<long long>(rows[i]), static_cast<long long>(src.dim(0)));
     std::memcpy(dst.data<float>() + i * c, src.data<float>() + rows[i] * c, c * sizeof(float));
+  }
+}
+
+// Threads split the columns; each column is summed over the rows in order, so the sum is the same
+// whatever the thread count.
+void add_bias_backward(const Tensor& dx, const Tensor& dbias) {
+  const int64_t n = dx.dim(0), c = dx.dim(1);
+  const float* g = dx.data<float>();
+  float* db = dbias.data<float>();
+  constexpr int64_t kCols = 64;
+#pragma omp parallel for schedule(static) if (n * c > kParallelThreshold)
+  for (int64_t c0 = 0; c0 < c; c0 += kCols) {
+    const int64_t c1 = std::min(c, c0 + kCols);
+    float acc[kCols] = {};
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t i = c0; i < c1; ++i) acc[i - c0] += g[r * c + i];
+    for (int64_t i = c0; i < c1; ++i) db[i] += acc[i - c0];
+  }
+}
+
+void mul_gate_backward(const Tensor& x, const Tensor& gate, const Tensor& dout, const Tensor& dx,
+                       const Tensor& dgate, bool silu) {
+  const float* xp = x.data<float>();
+  const float* gp = gate.data<float>();
+  const float* dp = dout.data<float>();
+  float* dxp = dx.data<float>();
+  float* dgp = dgate.data<float>();
+  const int64_t n = x.numel();
+  if (silu) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelThreshold)
+    for (int64_t i = 0; i < n; ++i) {
+      const float xi = xp[i], gi = gp[i], di = dp[i];
+      const float s = 1.0f / (1.0f + std::exp(-gi));
+      const float sn = 1.0f / (1.0f + std::exp(gi));  // 1 - s without its cancellation near s = 1
+      dxp[i] = di * (gi * s);
+      dgp[i] = di * xi * (s * (1.0f + gi * sn));
+    }
+  } else {
+#pragma omp parallel for simd schedule(static) if (n > kParallelThreshold)
+    for (int64_t i = 0; i < n; ++i) {
+      const float xi = xp[i], gi = gp[i], di = dp[i];
+      const float s = 1.0f / (1.0f + std::exp(-gi));
+      const float sn = 1.0f / (1.0f + std::exp(gi));  // 1 - s without its cancellation near s = 1
+      dxp[i] = di * s;
+      dgp[i] = di * xi * (s * sn);
+    }
+  }
+}
+
+// Rows are independent: a row's dot product runs in order, then the row of dx is written (so dx
+// may alias x or dout, dgate may alias gate).
+void mul_sigmoid_rows_backward(const Tensor& x, const Tensor& gate, const Tensor& dout,
+                               const Tensor& dx, const Tensor& dgate) {
+  const int64_t n = x.dim(0), c = x.dim(1);
+  const float* xp = x.data<float>();
+  const float* gp = gate.data<float>();
+  const float* dp = dout.data<float>();
+  float* dxp = dx.data<float>();
+  float* dgp = dgate.data<float>();
+#pragma omp parallel for schedule(static) if (n * c > kParallelThreshold)
+  for (int64_t r = 0; r < n; ++r) {
+    const float s = 1.0f / (1.0f + std::exp(-gp[r]));
+    const float sn = 1.0f / (1.0f + std::exp(gp[r]));  // 1 - s without its cancellation
+    float dot = 0.0f;
+    for (int64_t i = 0; i < c; ++i) dot += dp[r * c + i] * xp[r * c + i];
+    for (int64_t i = 0; i < c; ++i) dxp[r * c + i] = dp[r * c + i] * s;
+    dgp[r] = dot * (s * sn);
+  }
+}
+
+// From the output only, as torch does: 1 - y loses relative precision as y nears 1 (the gradient is
+// then small in absolute terms).
+void sigmoid_backward(const Tensor& y, const Tensor& dout, const Tensor& dx) {
+  const float* yp = y.data<float>();
+  const float* dp = dout.data<float>();
+  float* dxp = dx.data<float>();
+  const int64_t n = y.numel();
+#pragma omp parallel for simd schedule(static) if (n > kParallelThreshold)
+  for (int64_t i = 0; i < n; ++i) dxp[i] = dp[i] * (yp[i] * (1.0f - yp[i]));
+}
+
+namespace {
+template <typename Id>
+void scatter_add(const char* op, const float* src, const Id* ids, int64_t n, int64_t c,
+                 int64_t rows, float* dst) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = static_cast<int64_t>(ids[i]);
+    LOOM_CHECK(id >= 0 && id < rows, "%s: ids[%lld] = %lld outside [0, %lld)", op,
+               static_cast<long long>(i), static_cast<long long>(id), static_cast<long long>(rows));
+  }
+  // Threads split the columns, never the indices: a row of dst named by several indices gets
+  // their rows added in index order, so the result is the same whatever the thread count.
+  constexpr int64_t kCols = 64;
+#pragma omp parallel for schedule(static) if (n * c > kParallelThreshold)
+  for (int64_t c0 = 0; c0 < c; c0 += kCols) {
+    const int64_t c1 = std::min(c, c0 + kCols);
+    for (int64_t i = 0; i < n; ++i) {
+      float* d = dst + static_cast<int64_t>(ids[i]) * c;
+      const float* s = src + i * c;
+      for (int64_t j = c0; j < c1; ++j) d[j] += s[j];
+    }
+  }
+}
+}  // namespace
+
+void scatter_add_rows(const char* op, const Tensor& src, const Tensor& ids, const Tensor& dst) {
+  const int64_t n = src.dim(0), c = src.dim(1), rows = dst.dim(0);
+  if (ids.dtype() == DType::kI32) {
+    scatter_add(op, src.data<float>(), ids.data<int32_t>(), n, c, rows, dst.data<float>());
+  } else {
+    scatter_add(op, src.data<float>(), ids.data<int64_t>(), n, c, rows, dst.data<float>());
   }
 }
 
