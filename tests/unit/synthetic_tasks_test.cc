@@ -1,0 +1,90 @@
+// The synthetic tasks (trainer/synthetic_tasks.h) produce what they claim: every scored position
+// of an MQAR example asks for the value its key had earlier, and a passkey example hides the key
+// at the requested depth and scores exactly the key's digits.
+#include "trainer/synthetic_tasks.h"
+
+#include <map>
+#include <random>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace loom {
+namespace {
+
+TEST(Mqar, EveryScoredPositionRecallsItsKeysValue) {
+  std::mt19937_64 rng(3);
+  MqarOptions o;
+  o.num_pairs = 16;
+  o.seq_len = 256;
+  ASSERT_TRUE(o.validate().ok());
+  for (int n = 0; n < 20; ++n) {
+    const Example ex = make_mqar(o, rng);
+    ASSERT_EQ(ex.tokens.size(), 256u);
+    ASSERT_EQ(ex.loss_mask.size(), 256u);
+    EXPECT_EQ(ex.scored(), 16);
+    std::map<int32_t, int32_t> value_of;
+    for (int i = 0; i < 2 * o.num_pairs; i += 2) {
+      const int32_t k = ex.tokens[i], v = ex.tokens[i + 1];
+      EXPECT_TRUE(k >= o.key_begin && k < o.key_begin + o.num_keys);
+      EXPECT_TRUE(v >= o.value_begin && v < o.value_begin + o.num_values);
+      EXPECT_TRUE(value_of.emplace(k, v).second) << "key " << k << " repeated";
+    }
+    for (size_t i = 0; i + 1 < ex.tokens.size(); ++i) {
+      if (!ex.loss_mask[i]) continue;
+      ASSERT_TRUE(value_of.contains(ex.tokens[i])) << i;
+      EXPECT_EQ(ex.tokens[i + 1], value_of[ex.tokens[i]]) << i;
+      EXPECT_GE(i, 2u * o.num_pairs);
+    }
+    EXPECT_EQ(ex.loss_mask.back(), 0);
+  }
+}
+
+TEST(Mqar, RejectsLayoutsThatCannotWork) {
+  MqarOptions o;
+  o.num_pairs = 100;
+  o.seq_len = 256;
+  EXPECT_NE(o.validate().message().find("pairs"), std::string::npos);
+  o = {};
+  o.value_begin = 100;  // overlaps the keys [1, 129)
+  EXPECT_NE(o.validate().message().find("disjoint"), std::string::npos);
+  o = {};
+  o.num_keys = 8;
+  EXPECT_NE(o.validate().message().find("keys"), std::string::npos);
+}
+
+TEST(Passkey, HidesTheKeyAtTheDepthAndScoresItsDigits) {
+  const auto tok = Tokenizer::byte_level();
+  for (double depth : {0.0, 0.3, 1.0}) {
+    std::mt19937_64 rng(7);
+    std::string key;
+    auto ex = make_passkey(*tok, {.context_tokens = 2000, .depth = depth, .digits = 5}, rng, &key);
+    ASSERT_TRUE(ex.ok()) << ex.status();
+    ASSERT_EQ(key.size(), 5u);
+    // The scored predictions are exactly " " + key (byte-level: one token per byte).
+    std::string answer;
+    for (size_t i = 0; i + 1 < ex->tokens.size(); ++i)
+      if (ex->loss_mask[i]) answer.push_back(static_cast<char>(ex->tokens[i + 1]));
+    EXPECT_EQ(answer, " " + key);
+    auto text = tok->decode(ex->tokens);
+    ASSERT_TRUE(text.ok());
+    EXPECT_NEAR(static_cast<double>(ex->tokens.size()), 2000, 80);
+    const size_t needle = text->find("The pass key is " + key);
+    ASSERT_NE(needle, std::string::npos);
+    const size_t question = text->find("What is the pass key?");
+    // Relative position of the needle in the filler, within one filler sentence (~75 bytes).
+    EXPECT_NEAR(static_cast<double>(needle) / question, depth, 0.06) << depth;
+  }
+}
+
+TEST(Passkey, RejectsImpossibleRequests) {
+  const auto tok = Tokenizer::byte_level();
+  std::mt19937_64 rng(1);
+  EXPECT_FALSE(make_passkey(*tok, {.context_tokens = 1000, .depth = 1.5}, rng).ok());
+  EXPECT_FALSE(make_passkey(*tok, {.context_tokens = 1000, .digits = 0}, rng).ok());
+  EXPECT_NE(make_passkey(*tok, {.context_tokens = 50}, rng).status().message().find("shorter"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,104 @@
+#include "trainer/synthetic_tasks.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+
+namespace loom {
+
+int64_t Example::scored() const {
+  return std::count(loss_mask.begin(), loss_mask.end(), uint8_t{1});
+}
+
+absl::Status MqarOptions::validate() const {
+  if (num_pairs < 1 || 4LL * num_pairs > seq_len)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mqar: ", num_pairs, " pairs need ", 4LL * num_pairs, " tokens; seq_len is ", seq_len));
+  if (num_keys < num_pairs || num_values < 1)
+    return absl::InvalidArgumentError(absl::StrCat("mqar: ", num_keys, " keys and ", num_values,
+                                                   " values for ", num_pairs, " pairs"));
+  const bool overlap = key_begin < value_begin + num_values && value_begin < key_begin + num_keys;
+  auto in = [](int32_t id, int32_t begin, int32_t n) { return id >= begin && id < begin + n; };
+  if (key_begin < 0 || value_begin < 0 || overlap || in(pad_id, key_begin, num_keys) ||
+      in(pad_id, value_begin, num_values))
+    return absl::InvalidArgumentError(
+        "mqar: key, value and pad ids must be non-negative and disjoint");
+  return absl::OkStatus();
+}
+
+Example make_mqar(const MqarOptions& o, std::mt19937_64& rng) {
+  std::vector<int32_t> keys(o.num_keys);
+  std::iota(keys.begin(), keys.end(), o.key_begin);
+  std::shuffle(keys.begin(), keys.end(), rng);
+  keys.resize(o.num_pairs);
+  std::uniform_int_distribution<int32_t> value(o.value_begin, o.value_begin + o.num_values - 1);
+  std::vector<int32_t> values(o.num_pairs);
+  for (int32_t& v : values) v = value(rng);
+  Example ex;
+  ex.tokens.reserve(o.seq_len);
+  for (int i = 0; i < o.num_pairs; ++i) {
+    ex.tokens.push_back(keys[i]);
+    ex.tokens.push_back(values[i]);
+  }
+  ex.loss_mask.assign(ex.tokens.size(), 0);
+  std::vector<int> order(o.num_pairs);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  for (int i : order) {
+    ex.tokens.push_back(keys[i]);
+    ex.loss_mask.push_back(1);  // from the key, predict its value
+    ex.tokens.push_back(values[i]);
+    ex.loss_mask.push_back(0);
+  }
+  while (static_cast<int>(ex.tokens.size()) < o.seq_len) {
+    ex.tokens.push_back(o.pad_id);
+    ex.loss_mask.push_back(0);
+  }
+  return ex;
+}
+
+absl::StatusOr<Example> make_passkey(const Tokenizer& tok, const PasskeyOptions& o,
+                                     std::mt19937_64& rng, std::string* passkey) {
+  if (!(o.depth >= 0.0 && o.depth <= 1.0))
+    return absl::InvalidArgumentError(absl::StrCat("passkey: depth ", o.depth, " outside [0, 1]"));
+  if (o.digits < 1 || o.digits > 9)
+    return absl::InvalidArgumentError(absl::StrCat("passkey: ", o.digits, " digits (1 to 9)"));
+  std::uniform_int_distribution<int> digit(0, 9);
+  std::string key;
+  for (int i = 0; i < o.digits; ++i) key.push_back(static_cast<char>('0' + digit(rng)));
+  if (passkey) *passkey = key;
+
+  const std::vector<int32_t> intro =
+      tok.encode("There is a pass key hidden in this text. Find it and remember it.", false);
+  const std::vector<int32_t> filler = tok.encode(
+      " The grass is green. The sky is blue. The sun is yellow. Here we go again.", false);
+  const std::vector<int32_t> needle = tok.encode(
+      absl::StrCat(" The pass key is ", key, ". Remember it. ", key, " is the pass key."), false);
+  const std::vector<int32_t> question = tok.encode(" What is the pass key? The pass key is", false);
+  const std::vector<int32_t> answer = tok.encode(absl::StrCat(" ", key), false);
+  const int64_t fixed = static_cast<int64_t>(intro.size() + needle.size() + question.size());
+  if (o.context_tokens < fixed + static_cast<int64_t>(filler.size()))
+    return absl::InvalidArgumentError(absl::StrCat("passkey: context of ", o.context_tokens,
+                                                   " tokens is shorter than the task's ",
+                                                   fixed + filler.size(), " fixed tokens"));
+  const int64_t repeats = (o.context_tokens - fixed) / static_cast<int64_t>(filler.size());
+  const int64_t before = static_cast<int64_t>(o.depth * static_cast<double>(repeats) + 0.5);
+  Example ex;
+  ex.tokens = intro;
+  for (int64_t r = 0; r < repeats; ++r) {
+    if (r == before) ex.tokens.insert(ex.tokens.end(), needle.begin(), needle.end());
+    ex.tokens.insert(ex.tokens.end(), filler.begin(), filler.end());
+  }
+  if (before >= repeats) ex.tokens.insert(ex.tokens.end(), needle.begin(), needle.end());
+  ex.tokens.insert(ex.tokens.end(), question.begin(), question.end());
+  ex.loss_mask.assign(ex.tokens.size(), 0);
+  ex.loss_mask.back() = 1;  // the question's last token predicts the answer's first
+  for (size_t i = 0; i < answer.size(); ++i) {
+    ex.tokens.push_back(answer[i]);
+    ex.loss_mask.push_back(i + 1 < answer.size() ? 1 : 0);
+  }
+  return ex;
+}
+
+}  // namespace loom

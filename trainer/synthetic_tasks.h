@@ -1,0 +1,52 @@
+// Built-in synthetic training and evaluation tasks. Each example is a token sequence with a loss
+// mask: mask[i] = 1 when predicting tokens[i + 1] from position i counts (the answers only).
+//
+// - MQAR (multi-query associative recall, Zoology): N key-value pairs, then every key again in a
+//   random order, each followed by its value; only the recalled values are scored. Token ids are
+//   drawn from two disjoint ranges of the vocabulary, so any model can train on it.
+// - Passkey retrieval: filler text with "The pass key is NNNNN. Remember it." at a chosen depth,
+//   then "What is the pass key? The pass key is" and the digits; only the digits are scored. Built
+//   with the model's tokenizer so the trained model retrieves passkeys in plain text.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/tokenizer/tokenizer.h"
+
+namespace loom {
+
+struct Example {
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> loss_mask;  // same length as tokens; the last entry is always 0
+  // Scored positions and what they must predict (tokens[i + 1] for each i with mask[i] = 1).
+  int64_t scored() const;
+};
+
+struct MqarOptions {
+  int num_pairs = 16;
+  int seq_len = 256;                      // padded with pad_id after the queries (unscored)
+  int32_t key_begin = 1, num_keys = 128;  // keys: ids [key_begin, key_begin + num_keys)
+  int32_t value_begin = 129, num_values = 128;
+  int32_t pad_id = 0;
+
+  // InvalidArgument when the pairs do not fit (4 tokens per pair), there are fewer keys than
+  // pairs, or the key and value ranges overlap or the pad id is in either.
+  absl::Status validate() const;
+};
+Example make_mqar(const MqarOptions& options, std::mt19937_64& rng);
+
+struct PasskeyOptions {
+  int64_t context_tokens = 1024;  // about this many tokens of prompt (filler included)
+  double depth = 0.5;             // where the passkey sentence sits, 0 = start, 1 = end
+  int digits = 5;
+};
+// InvalidArgument for a depth outside [0, 1], digits outside [1, 9] or a context too short for
+// the sentences themselves.
+absl::StatusOr<Example> make_passkey(const Tokenizer& tokenizer, const PasskeyOptions& options,
+                                     std::mt19937_64& rng, std::string* passkey = nullptr);
+
+}  // namespace loom
