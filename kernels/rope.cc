@@ -77,15 +77,40 @@ RopeTable rope_table_yarn(double theta, int rotary_dim, RopeStyle style, double 
   return t;
 }
 
+namespace {
+void check_rope_args(const char* op, const Tensor& x, const Tensor& positions,
+                     const RopeTable& table, int64_t dim_offset) {
+  LOOM_CHECK_F32(x);
+  LOOM_CHECK(positions.ndim() == 1 && positions.dtype() == DType::kI64 && positions.is_contiguous(),
+             "%s: positions must be contiguous i64 [T], got %s", op, positions.describe().c_str());
+  LOOM_CHECK(x.ndim() == 3 && x.dim(0) == positions.dim(0) && dim_offset >= 0 &&
+                 dim_offset + table.rotary_dim <= x.dim(2) && table.rotary_dim % 2 == 0 &&
+                 table.inv_freq.dtype() == DType::kF32 && table.inv_freq.is_contiguous() &&
+                 table.inv_freq.numel() * 2 == table.rotary_dim,
+             "%s: x %s, %zu positions, rotary_dim %d, dim_offset %lld", op, x.describe().c_str(),
+             static_cast<size_t>(positions.dim(0)), table.rotary_dim,
+             static_cast<long long>(dim_offset));
+}
+}  // namespace
+
 void rope_forward(const Exec& ex, const Tensor& x, const Tensor& positions, const RopeTable& table,
                   int64_t dim_offset) {
   LOOM_ON_EXEC_DEVICE(ex, "rope_forward", x, positions, table.inv_freq);
-  if (ex.device.is_cpu()) return cpu::rope_forward(x, positions, table, dim_offset);
+  check_rope_args("rope_forward", x, positions, table, dim_offset);
+  if (ex.device.is_cpu()) return cpu::rope_apply(x, positions, table, dim_offset, false);
 #ifdef LOOM_WITH_CUDA
   return cuda::rope_forward(ex, x, positions, table, dim_offset);
 #else
   no_kernel_for(ex, "rope_forward");
 #endif
+}
+
+void rope_backward(const Exec& ex, const Tensor& dx, const Tensor& positions,
+                   const RopeTable& table, int64_t dim_offset) {
+  LOOM_ON_EXEC_DEVICE(ex, "rope_backward", dx, positions, table.inv_freq);
+  check_rope_args("rope_backward", dx, positions, table, dim_offset);
+  if (ex.device.is_cpu()) return cpu::rope_apply(dx, positions, table, dim_offset, true);
+  no_kernel_for(ex, "rope_backward");
 }
 
 }  // namespace loom

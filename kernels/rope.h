@@ -40,4 +40,13 @@ RopeTable rope_table_yarn(double theta, int rotary_dim, RopeStyle style, double 
 void rope_forward(const Exec& ex, const Tensor& x, const Tensor& positions, const RopeTable& table,
                   int64_t dim_offset);
 
+// Backward of rope_forward, in place on the gradient: the forward is y = attention_factor * R x
+// with R orthogonal per pair (and, for kInterleaved, a fixed permutation of the rotary dims), so
+// dx = attention_factor * R^T dy: the inverse rotation (angle -theta), pairs read where the
+// forward wrote them and written where it read them. Dims outside the rotary range pass through.
+// YaRN changes only inv_freq and attention_factor, so the same code serves it. dx: [T, H, d] f32
+// contiguous, holding dy on entry; positions and table as for rope_forward.
+void rope_backward(const Exec& ex, const Tensor& dx, const Tensor& positions,
+                   const RopeTable& table, int64_t dim_offset);
+
 }  // namespace loom

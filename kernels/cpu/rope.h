@@ -1,4 +1,4 @@
-// CPU implementation of rope_forward (kernels/rope.h).
+// CPU implementation of rope_forward and rope_backward (kernels/rope.h).
 #pragma once
 
 #include <vector>
@@ -7,7 +7,9 @@
 
 namespace loom::cpu {
 
-void rope_forward(const Tensor& x, const Tensor& positions, const RopeTable& table,
-                  int64_t dim_offset);
+// rope_forward (inverse = false) and rope_backward (inverse = true: the transposed rotation), in
+// place on x. Contracts checked by kernels/rope.cc.
+void rope_apply(const Tensor& x, const Tensor& positions, const RopeTable& table,
+                int64_t dim_offset, bool inverse);
 
 }  // namespace loom::cpu
