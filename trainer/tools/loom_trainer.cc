@@ -1,0 +1,90 @@
+// loom-trainer: the training side of Loom (docs/trainer.md).
+//
+//   loom-trainer prepare-data --tokenizer PATH --out FILE [--split file|paragraph] INPUT...
+//       tokenizes text files into one token shard (trainer/token_shard.h) and prints a JSON line
+//       with the counts.
+//   loom-trainer shard-info FILE
+//       validates a shard and prints its counts as one JSON line.
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "trainer/prepare_data.h"
+#include "trainer/token_shard.h"
+
+ABSL_FLAG(std::string, tokenizer, "",
+          "prepare-data: a tokenizer.json, a model folder, or 'byte' (the byte-level tokenizer)");
+ABSL_FLAG(std::string, out, "", "prepare-data: the shard to write");
+ABSL_FLAG(std::string, split, "file",
+          "prepare-data: 'file' (one document per input) or 'paragraph' (blank lines separate "
+          "documents)");
+
+namespace {
+
+int fail(const std::string& message) {
+  std::fprintf(stderr, "loom-trainer: %s\n", message.c_str());
+  return 1;
+}
+
+int prepare_data(const std::vector<std::string>& inputs) {
+  const std::string path = absl::GetFlag(FLAGS_tokenizer), out = absl::GetFlag(FLAGS_out);
+  const std::string split = absl::GetFlag(FLAGS_split);
+  if (path.empty() || out.empty()) return fail("prepare-data needs --tokenizer and --out");
+  if (split != "file" && split != "paragraph")
+    return fail("--split must be 'file' or 'paragraph', not '" + split + "'");
+  std::unique_ptr<loom::Tokenizer> tokenizer;
+  if (path == "byte") {
+    tokenizer = loom::Tokenizer::byte_level();
+  } else {
+    std::error_code ec;
+    auto loaded = std::filesystem::is_directory(path, ec) ? loom::Tokenizer::from_dir(path)
+                                                          : loom::Tokenizer::from_file(path);
+    if (!loaded.ok()) return fail(std::string(loaded.status().message()));
+    tokenizer = std::move(*loaded);
+  }
+  auto stats = loom::prepare_token_shard(
+      *tokenizer, inputs,
+      split == "file" ? loom::DocumentSplit::kFile : loom::DocumentSplit::kParagraph, out);
+  if (!stats.ok()) return fail(std::string(stats.status().message()));
+  nlohmann::json line = {{"shard", out},
+                         {"files", stats->files},
+                         {"documents", stats->documents},
+                         {"tokens", stats->tokens},
+                         {"bytes", stats->bytes}};
+  std::printf("%s\n", line.dump().c_str());
+  return 0;
+}
+
+int shard_info(const std::vector<std::string>& args) {
+  if (args.size() != 1) return fail("shard-info takes one shard file");
+  auto shard = loom::TokenShard::open(args[0]);
+  if (!shard.ok()) return fail(std::string(shard.status().message()));
+  nlohmann::json line = {{"shard", args[0]},
+                         {"documents", shard->num_docs()},
+                         {"tokens", shard->num_tokens()},
+                         {"token_bytes", shard->token_bytes()},
+                         {"max_token", shard->max_token()}};
+  std::printf("%s\n", line.dump().c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "loom-trainer prepare-data --tokenizer PATH --out FILE [--split file|paragraph] INPUT...\n"
+      "       loom-trainer shard-info FILE");
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() < 2) return fail("a command is required (prepare-data, shard-info)");
+  const std::string command = positional[1];
+  const std::vector<std::string> args(positional.begin() + 2, positional.end());
+  if (command == "prepare-data") return prepare_data(args);
+  if (command == "shard-info") return shard_info(args);
+  return fail("unknown command '" + command + "' (prepare-data, shard-info)");
+}
