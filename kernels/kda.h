@@ -41,9 +41,16 @@ void kda_chunked_forward(const Exec& ex, const Tensor& q, const Tensor& k, const
 // q, k, v, g, beta, out: as above with T = N rows; states: [num_slots, Hv, dk, dv] f32 (the named
 // slots updated in place; no slot named twice); state_slots: i32 [B]; cu_seqlens: i64 [B + 1], 0
 // first, N last, non-decreasing.
+// max_seqlen: an upper bound on every sequence's length that the caller knows on the host, or 0
+// for none (cu_seqlens may live on the device, where the host cannot read it). It changes no
+// result, only which kernels run: on CUDA, 1 with N == B (a decode step) runs one batched decode
+// launch, and <= kKdaRecurrentMaxTokens skips the chunked launches. The CPU checks it.
+// On CUDA, q, k, v and out may also be bf16 (all four; beta f32 or bf16), with f32 arithmetic on
+// tensor cores and f32 states (kernels/cuda/kda_chunked.h).
 void kda_varlen_forward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& g, const Tensor& beta, float scale, const Tensor& states,
-                        const Tensor& state_slots, const Tensor& cu_seqlens, const Tensor& out);
+                        const Tensor& state_slots, const Tensor& cu_seqlens, const Tensor& out,
+                        int64_t max_seqlen = 0);
 
 // Up to this many new tokens the recurrence beats the chunked form's fixed per-chunk work.
 inline constexpr int64_t kKdaRecurrentMaxTokens = 8;

@@ -2,6 +2,7 @@
 #include "kernels/cuda/kda_decode.h"
 
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/kda_chunked_launch.h"
 
 namespace loom::cuda {
 
@@ -17,13 +18,20 @@ void kda_decode_batched(const Exec& ex, const Tensor& q, const Tensor& k, const 
   LOOM_CHECK_CUDA_ARG(fn, state_pool);
   LOOM_CHECK_CUDA_ARG(fn, state_slots);
   LOOM_CHECK_CUDA_ARG(fn, out);
-  LOOM_CHECK_F32(q);
-  LOOM_CHECK_F32(k);
-  LOOM_CHECK_F32(v);
+  // q, k, v, out: all f32 or all bf16; beta f32 or of their dtype; g and the pool f32.
+  const DType act = q.dtype();
+  LOOM_CHECK((act == DType::kF32 || act == DType::kBF16) && k.dtype() == act &&
+                 v.dtype() == act && out.dtype() == act &&
+                 (beta.dtype() == DType::kF32 || beta.dtype() == act),
+             "%s: q %s k %s v %s beta %s out %s: expected f32 or bf16 activations, beta f32 or "
+             "of their dtype",
+             fn, q.describe().c_str(), k.describe().c_str(), v.describe().c_str(),
+             beta.describe().c_str(), out.describe().c_str());
+  LOOM_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() && g.is_contiguous() &&
+                 beta.is_contiguous() && out.is_contiguous() && state_pool.is_contiguous(),
+             "%s: every tensor must be contiguous", fn);
   LOOM_CHECK_F32(g);
-  LOOM_CHECK_F32(beta);
   LOOM_CHECK_F32(state_pool);
-  LOOM_CHECK_F32(out);
   LOOM_CHECK(state_slots.dtype() == DType::kI32 && state_slots.is_contiguous(),
              "%s: state_slots %s, expected contiguous i32", fn, state_slots.describe().c_str());
   LOOM_CHECK(q.ndim() == 3 && v.ndim() == 3 && state_pool.ndim() == 4,
@@ -45,6 +53,13 @@ void kda_decode_batched(const Exec& ex, const Tensor& q, const Tensor& k, const 
   LOOM_CHECK(dk <= 256 && Hv <= 65535, "%s: dk %lld > 256 or Hv %lld > 65535 is not supported", fn,
              static_cast<long long>(dk), static_cast<long long>(Hv));
   const bool scalar_g = g.dim(2) == 1 && dk != 1;
+  if (act == DType::kBF16) {
+    launch::kda_decode_batched_bf16(stream_of(ex), q.raw(), k.raw(), v.raw(), g.data<float>(),
+                                    beta.raw(), beta.dtype() == DType::kBF16, scale,
+                                    state_pool.data<float>(), state_slots.data<int32_t>(),
+                                    out.raw(), B, num_slots, Hk, Hv, dk, dv, scalar_g);
+    return;
+  }
   launch::kda_decode_batched(stream_of(ex), q.data<float>(), k.data<float>(), v.data<float>(),
                              g.data<float>(), beta.data<float>(), scale, state_pool.data<float>(),
                              state_slots.data<int32_t>(), out.data<float>(), B, num_slots, Hk, Hv,

@@ -29,12 +29,27 @@
 // Slots: state_slots[b] < 0 marks a padding row (state untouched, out row zero), which lets a
 // captured graph run a padded batch; a slot >= num_slots is a caller bug and yields a NaN out row
 // (state untouched) rather than a write outside the pool.
+#include <cuda_bf16.h>
+
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kda_chunked_launch.h"
 
 namespace loom::cuda {
 namespace {
 
 constexpr int kMaxDk = 256;
+
+using bf16 = __nv_bfloat16;
+
+// Scalar loads and stores of the activations (q, k, v, out: f32 or bf16) and of beta (f32, or
+// bf16 with the flag).
+__device__ __forceinline__ float ld1(const float* p) { return *p; }
+__device__ __forceinline__ float ld1(const bf16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void st1(float* p, float x) { *p = x; }
+__device__ __forceinline__ void st1(bf16* p, float x) { *p = __float2bfloat16_rn(x); }
+__device__ __forceinline__ float ld_beta(const void* p, int64_t i, bool bf) {
+  return bf ? __bfloat162float(static_cast<const bf16*>(p)[i]) : static_cast<const float*>(p)[i];
+}
 
 template <int VW>
 struct Vec;
@@ -44,8 +59,21 @@ struct Vec<4> {
     const float4 t = *reinterpret_cast<const float4*>(p);
     x[0] = t.x, x[1] = t.y, x[2] = t.z, x[3] = t.w;
   }
+  static __device__ __forceinline__ void load(const bf16* p, float (&x)[4]) {
+    const uint2 t = *reinterpret_cast<const uint2*>(p);
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&t.x));
+    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&t.y));
+    x[0] = a.x, x[1] = a.y, x[2] = b.x, x[3] = b.y;
+  }
   static __device__ __forceinline__ void store(float* p, const float (&x)[4]) {
     *reinterpret_cast<float4*>(p) = make_float4(x[0], x[1], x[2], x[3]);
+  }
+  static __device__ __forceinline__ void store(bf16* p, const float (&x)[4]) {
+    const __nv_bfloat162 a = __floats2bfloat162_rn(x[0], x[1]), b = __floats2bfloat162_rn(x[2], x[3]);
+    uint2 t;
+    t.x = *reinterpret_cast<const uint32_t*>(&a);
+    t.y = *reinterpret_cast<const uint32_t*>(&b);
+    *reinterpret_cast<uint2*>(p) = t;
   }
   static __device__ __forceinline__ void store_state(float* p, const float (&x)[4]) {
     __stcs(reinterpret_cast<float4*>(p), make_float4(x[0], x[1], x[2], x[3]));
@@ -53,8 +81,14 @@ struct Vec<4> {
 };
 template <>
 struct Vec<1> {
-  static __device__ __forceinline__ void load(const float* p, float (&x)[1]) { x[0] = *p; }
-  static __device__ __forceinline__ void store(float* p, const float (&x)[1]) { *p = x[0]; }
+  template <class In>
+  static __device__ __forceinline__ void load(const In* p, float (&x)[1]) {
+    x[0] = ld1(p);
+  }
+  template <class In>
+  static __device__ __forceinline__ void store(In* p, const float (&x)[1]) {
+    st1(p, x[0]);
+  }
   static __device__ __forceinline__ void store_state(float* p, const float (&x)[1]) {
     __stcs(p, x[0]);
   }
@@ -87,13 +121,14 @@ __device__ __forceinline__ void reduce_over_rows(float (&acc)[NR], int warp, int
   }
 }
 
-template <int VW, int LPR, int WARPS, int NI>
+template <class In, int VW, int LPR, int WARPS, int NI>
 __global__ void __launch_bounds__(WARPS * 32)
-    kda_decode_kernel(const float* __restrict__ q, const float* __restrict__ k,
-                      const float* __restrict__ v, const float* __restrict__ g,
-                      const float* __restrict__ beta, float scale, float* __restrict__ pool,
-                      const int32_t* __restrict__ slots, float* __restrict__ out, int Hk, int Hv,
-                      int dk, int dv, int64_t num_slots, int tiles, bool scalar_g) {
+    kda_decode_kernel(const In* __restrict__ q, const In* __restrict__ k,
+                      const In* __restrict__ v, const float* __restrict__ g,
+                      const void* __restrict__ beta, bool beta_bf16, float scale,
+                      float* __restrict__ pool, const int32_t* __restrict__ slots,
+                      In* __restrict__ out, int Hk, int Hv, int dk, int dv, int64_t num_slots,
+                      int tiles, bool scalar_g) {
   constexpr int C = LPR * VW;
   constexpr int RPW = 32 / LPR;
   constexpr int RP = WARPS * RPW;
@@ -110,24 +145,24 @@ __global__ void __launch_bounds__(WARPS * 32)
   const int col = tile * C + cl * VW;
   const bool col_ok = col < dv;  // dv % VW == 0, so a vector is wholly in or out
   const bool out_lane = warp == 0 && rl == 0 && col_ok;
-  float* o_row = out + bh * dv + col;
+  In* o_row = out + bh * dv + col;
 
   const int row0 = warp * RPW + rl;
 
   // Per-row coefficients (shared by the LPR lanes of a row: broadcast loads, L1/L2 hits), issued
   // before the slot load so that their latency overlaps it.
-  const float* k_row = k + (b * Hk + hk) * dk;
-  const float* q_row = q + (b * Hk + hk) * dk;
+  const In* k_row = k + (b * Hk + hk) * dk;
+  const In* q_row = q + (b * Hk + hk) * dk;
   float kr[NI], qr[NI], er[NI];
 #pragma unroll
   for (int it = 0; it < NI; ++it) {
     const int r = row0 + it * RP;
     const bool ok = r < dk;
-    kr[it] = ok ? k_row[r] : 0.0f;
-    qr[it] = ok ? q_row[r] * scale : 0.0f;
+    kr[it] = ok ? ld1(k_row + r) : 0.0f;
+    qr[it] = ok ? ld1(q_row + r) * scale : 0.0f;
     er[it] = ok ? g[scalar_g ? bh : bh * dk + r] : -INFINITY;  // exp(-inf) = 0 on padding rows
   }
-  const float bt = beta[bh];
+  const float bt = ld_beta(beta, bh, beta_bf16);
   float vv[VW];
   if (col_ok) {
     Vec<VW>::load(v + bh * dv + col, vv);
@@ -212,13 +247,14 @@ __device__ __forceinline__ void cp_async16(float* smem, const float* gmem) {
 // and the decayed value s = e S is recomputed with the same rounding both times. Per-row k,
 // scale q and e = exp(g) are staged once per block. Dynamic shared memory: dk * C floats of
 // tile, then 3 * dk floats of coefficients.
-template <int LPR, int WARPS>
+template <class In, int LPR, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32)
-    kda_decode_smem_kernel(const float* __restrict__ q, const float* __restrict__ k,
-                           const float* __restrict__ v, const float* __restrict__ g,
-                           const float* __restrict__ beta, float scale, float* __restrict__ pool,
-                           const int32_t* __restrict__ slots, float* __restrict__ out, int Hk,
-                           int Hv, int dk, int dv, int64_t num_slots, int tiles, bool scalar_g) {
+    kda_decode_smem_kernel(const In* __restrict__ q, const In* __restrict__ k,
+                           const In* __restrict__ v, const float* __restrict__ g,
+                           const void* __restrict__ beta, bool beta_bf16, float scale,
+                           float* __restrict__ pool, const int32_t* __restrict__ slots,
+                           In* __restrict__ out, int Hk, int Hv, int dk, int dv,
+                           int64_t num_slots, int tiles, bool scalar_g) {
   constexpr int VW = 4, C = LPR * VW, RPW = 32 / LPR, RP = WARPS * RPW, NR = 2 * VW + 1;
   extern __shared__ float4 smem4[];
   float* tile_s = reinterpret_cast<float*>(smem4);
@@ -236,7 +272,7 @@ __global__ void __launch_bounds__(WARPS * 32)
   const int col = tile * C + cl * VW;
   const bool col_ok = col < dv;
   const bool out_lane = warp == 0 && rl == 0 && col_ok;
-  float* o_row = out + bh * dv + col;
+  In* o_row = out + bh * dv + col;
   const int row0 = warp * RPW + rl;
 
   const int64_t slot = slots[b];
@@ -252,14 +288,14 @@ __global__ void __launch_bounds__(WARPS * 32)
     for (int r = row0; r < dk; r += RP) cp_async16(tile_s + r * C + cl * VW, S_g + int64_t{r} * dv);
   }
 
-  const float* k_row = k + (b * Hk + hk) * dk;
-  const float* q_row = q + (b * Hk + hk) * dk;
+  const In* k_row = k + (b * Hk + hk) * dk;
+  const In* q_row = q + (b * Hk + hk) * dk;
   for (int i = threadIdx.x; i < dk; i += WARPS * 32) {
-    ks[i] = k_row[i];
-    qs[i] = q_row[i] * scale;
+    ks[i] = ld1(k_row + i);
+    qs[i] = ld1(q_row + i) * scale;
     es[i] = expf(g[scalar_g ? bh : bh * dk + i]);
   }
-  const float bt = beta[bh];
+  const float bt = ld_beta(beta, bh, beta_bf16);
   float vv[VW] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (col_ok) Vec<VW>::load(v + bh * dv + col, vv);
   asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -303,12 +339,16 @@ __global__ void __launch_bounds__(WARPS * 32)
   }
 }
 
+template <class In>
 struct Args {
-  const float *q, *k, *v, *g, *beta;
+  const In *q, *k, *v;
+  const float* g;
+  const void* beta;
+  bool beta_bf16;
   float scale;
   float* pool;
   const int32_t* slots;
-  float* out;
+  In* out;
   int Hk, Hv, dk, dv;
   int64_t num_slots, B;
   bool scalar_g;
@@ -317,8 +357,8 @@ struct Args {
 // Launches kda_decode_kernel<VW, LPR, WARPS, NI> with the smallest instantiated NI covering dk.
 // Register budget: NI * VW <= 64 state floats a thread (more spills); returns false when dk needs
 // more rows a thread than that.
-template <int VW, int LPR, int WARPS>
-bool launch_layout(cudaStream_t stream, const Args& a) {
+template <class In, int VW, int LPR, int WARPS>
+bool launch_layout(cudaStream_t stream, const Args<In>& a) {
   constexpr int C = LPR * VW, RP = WARPS * 32 / LPR;
   const int ni = (a.dk + RP - 1) / RP;
   const int64_t tiles = (a.dv + C - 1) / C;
@@ -326,27 +366,27 @@ bool launch_layout(cudaStream_t stream, const Args& a) {
   LOOM_CHECK_GRID(blocks);
   const auto go = [&](auto kernel) {
     kernel<<<static_cast<unsigned>(blocks), WARPS * 32, 0, stream>>>(
-        a.q, a.k, a.v, a.g, a.beta, a.scale, a.pool, a.slots, a.out, a.Hk, a.Hv, a.dk, a.dv,
-        a.num_slots, static_cast<int>(tiles), a.scalar_g);
+        a.q, a.k, a.v, a.g, a.beta, a.beta_bf16, a.scale, a.pool, a.slots, a.out, a.Hk, a.Hv,
+        a.dk, a.dv, a.num_slots, static_cast<int>(tiles), a.scalar_g);
     return true;
   };
-  if (ni <= 1) return go(kda_decode_kernel<VW, LPR, WARPS, 1>);
-  if (ni <= 2) return go(kda_decode_kernel<VW, LPR, WARPS, 2>);
-  if (ni <= 4) return go(kda_decode_kernel<VW, LPR, WARPS, 4>);
+  if (ni <= 1) return go(kda_decode_kernel<In, VW, LPR, WARPS, 1>);
+  if (ni <= 2) return go(kda_decode_kernel<In, VW, LPR, WARPS, 2>);
+  if (ni <= 4) return go(kda_decode_kernel<In, VW, LPR, WARPS, 4>);
   if constexpr (8 * VW <= 64) {
-    if (ni <= 8) return go(kda_decode_kernel<VW, LPR, WARPS, 8>);
+    if (ni <= 8) return go(kda_decode_kernel<In, VW, LPR, WARPS, 8>);
   }
   if constexpr (16 * VW <= 64) {
-    if (ni <= 16) return go(kda_decode_kernel<VW, LPR, WARPS, 16>);
+    if (ni <= 16) return go(kda_decode_kernel<In, VW, LPR, WARPS, 16>);
   }
   if constexpr (32 * VW <= 64) {
-    if (ni <= 32) return go(kda_decode_kernel<VW, LPR, WARPS, 32>);
+    if (ni <= 32) return go(kda_decode_kernel<In, VW, LPR, WARPS, 32>);
   }
   return false;
 }
 
-template <int LPR, int WARPS>
-bool launch_smem_layout(cudaStream_t stream, const Args& a) {
+template <class In, int LPR, int WARPS>
+bool launch_smem_layout(cudaStream_t stream, const Args<In>& a) {
   constexpr int C = LPR * 4;
   const int64_t tiles = (a.dv + C - 1) / C;
   const int64_t blocks = a.B * a.Hv * tiles;
@@ -354,16 +394,17 @@ bool launch_smem_layout(cudaStream_t stream, const Args& a) {
   const size_t smem = sizeof(float) * static_cast<size_t>(a.dk) * (C + 3);
   if (smem > 48 * 1024) {
     static const bool raised = [] {
-      LOOM_CUDA_CHECK(cudaFuncSetAttribute(kda_decode_smem_kernel<LPR, WARPS>,
+      LOOM_CUDA_CHECK(cudaFuncSetAttribute(kda_decode_smem_kernel<In, LPR, WARPS>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            sizeof(float) * kMaxDk * (C + 3)));
       return true;
     }();
     (void)raised;
   }
-  kda_decode_smem_kernel<LPR, WARPS><<<static_cast<unsigned>(blocks), WARPS * 32, smem, stream>>>(
-      a.q, a.k, a.v, a.g, a.beta, a.scale, a.pool, a.slots, a.out, a.Hk, a.Hv, a.dk, a.dv,
-      a.num_slots, static_cast<int>(tiles), a.scalar_g);
+  kda_decode_smem_kernel<In, LPR, WARPS>
+      <<<static_cast<unsigned>(blocks), WARPS * 32, smem, stream>>>(
+          a.q, a.k, a.v, a.g, a.beta, a.beta_bf16, a.scale, a.pool, a.slots, a.out, a.Hk, a.Hv,
+          a.dk, a.dv, a.num_slots, static_cast<int>(tiles), a.scalar_g);
   return true;
 }
 
@@ -377,14 +418,12 @@ int sm_count() {
   return n;
 }
 
-}  // namespace
-
-namespace launch {
-
-void kda_decode_batched(cudaStream_t stream, const float* q, const float* k, const float* v,
-                        const float* g, const float* beta, float scale, float* state_pool,
-                        const int32_t* state_slots, float* out, int64_t B, int64_t num_slots,
-                        int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, bool scalar_g, int layout) {
+// The launch of either activation type (In = float or bf16).
+template <class In>
+void decode_batched(cudaStream_t stream, const In* q, const In* k, const In* v, const float* g,
+                    const void* beta, bool beta_bf16, float scale, float* state_pool,
+                    const int32_t* state_slots, In* out, int64_t B, int64_t num_slots, int64_t Hk,
+                    int64_t Hv, int64_t dk, int64_t dv, bool scalar_g, int layout) {
   if (B == 0 || Hv == 0 || dv == 0) return;
   if (dk > kMaxDk || Hv > 65535 || dv > (int64_t{1} << 24)) {
     std::fprintf(stderr, "kda_decode_batched (CUDA): dk %lld > %d, Hv %lld or dv %lld too large\n",
@@ -392,12 +431,13 @@ void kda_decode_batched(cudaStream_t stream, const float* q, const float* k, con
                  static_cast<long long>(dv));
     std::abort();
   }
-  const Args a{q,
-               k,
-               v,
-               g,
-               beta,
-               scale,
+  const Args<In> a{q,
+                   k,
+                   v,
+                   g,
+                   beta,
+                   beta_bf16,
+                   scale,
                state_pool,
                state_slots,
                out,
@@ -408,7 +448,7 @@ void kda_decode_batched(cudaStream_t stream, const float* q, const float* k, con
                num_slots,
                B,
                scalar_g};
-  // float4 access needs every state row, v row and out row 16-byte aligned.
+  // Vector access needs every state row, v row and out row 16-byte aligned.
   const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
   const bool vec = dv % 4 == 0 && aligned(state_pool) && aligned(v) && aligned(out);
   if (layout == 0) {
@@ -430,25 +470,25 @@ void kda_decode_batched(cudaStream_t stream, const float* q, const float* k, con
   bool ok = false;
   switch (layout) {
     case 1:
-      ok = launch_smem_layout<4, 4>(stream, a);
+      ok = launch_smem_layout<In, 4, 4>(stream, a);
       break;
     case 2:
-      ok = launch_smem_layout<8, 4>(stream, a);
+      ok = launch_smem_layout<In, 8, 4>(stream, a);
       break;
     case 3:
-      ok = launch_smem_layout<16, 8>(stream, a);
+      ok = launch_smem_layout<In, 16, 8>(stream, a);
       break;
     case 4:
-      ok = launch_smem_layout<16, 4>(stream, a);
+      ok = launch_smem_layout<In, 16, 4>(stream, a);
       break;
     case 5:
-      ok = launch_smem_layout<32, 8>(stream, a);
+      ok = launch_smem_layout<In, 32, 8>(stream, a);
       break;
     case 6:
-      ok = launch_layout<1, 32, 8>(stream, a);
+      ok = launch_layout<In, 1, 32, 8>(stream, a);
       break;
     case 7:
-      ok = launch_layout<4, 8, 4>(stream, a);
+      ok = launch_layout<In, 4, 8, 4>(stream, a);
       break;
     default:
       break;
@@ -459,6 +499,29 @@ void kda_decode_batched(cudaStream_t stream, const float* q, const float* k, con
     std::abort();
   }
   LOOM_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+namespace launch {
+
+void kda_decode_batched(cudaStream_t stream, const float* q, const float* k, const float* v,
+                        const float* g, const float* beta, float scale, float* state_pool,
+                        const int32_t* state_slots, float* out, int64_t B, int64_t num_slots,
+                        int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, bool scalar_g, int layout) {
+  decode_batched<float>(stream, q, k, v, g, beta, false, scale, state_pool, state_slots, out, B,
+                        num_slots, Hk, Hv, dk, dv, scalar_g, layout);
+}
+
+void kda_decode_batched_bf16(cudaStream_t stream, const void* q, const void* k, const void* v,
+                             const float* g, const void* beta, bool beta_bf16, float scale,
+                             float* state_pool, const int32_t* state_slots, void* out, int64_t B,
+                             int64_t num_slots, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv,
+                             bool scalar_g, int layout) {
+  decode_batched<bf16>(stream, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
+                       static_cast<const bf16*>(v), g, beta, beta_bf16, scale, state_pool,
+                       state_slots, static_cast<bf16*>(out), B, num_slots, Hk, Hv, dk, dv,
+                       scalar_g, layout);
 }
 
 }  // namespace launch

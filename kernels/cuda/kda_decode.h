@@ -11,8 +11,10 @@ namespace loom::cuda {
 
 // One token for each of B sequences, the recurrence of cpu::kda_recurrent_forward with T = 1 on
 // each sequence's own state:
-//   q, k [B, Hk, dk] f32 (l2-normalised by the caller), v [B, Hv, dv], g [B, Hv, dk] (KDA) or
+//   q, k [B, Hk, dk] (l2-normalised by the caller), v [B, Hv, dv], g [B, Hv, dk] (KDA) or
 //   [B, Hv, 1] (GDN, one decay per head), beta [B, Hv], out [B, Hv, dv];
+//   q, k, v and out all f32 or all bf16 (arithmetic in f32 either way), beta f32 or of their
+//   dtype, g f32;
 //   state_pool [num_slots, Hv, dk, dv] f32, state_slots i32 [B]: sequence b reads and updates
 //   state_pool[state_slots[b]] in place; no other slot is touched.
 // Hv a multiple of Hk (value head h reads key head h / (Hv / Hk)); dk <= 256; any dv.

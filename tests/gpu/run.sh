@@ -9,8 +9,10 @@
 #   bash tests/gpu/run.sh            # build only the GPU test and benchmark targets (and deps)
 #   LOOM_GPU_BUILD_ALL=1 bash ...    # build everything in the preset
 #   LOOM_GPU_SANITIZE=1 bash ...     # also run the tests (not the death tests) under memcheck
-# When .peers/fla holds flash-linear-attention's source (git-ignored), its recurrent KDA decode is
-# timed after Loom's benchmark at the same shapes (bench/peers/fla_kda_decode.py).
+#   LOOM_GPU_SUITE=kda_chunked bash  # only the chunked KDA test, benchmark and peer
+# When .peers/fla holds flash-linear-attention's source (git-ignored), its recurrent KDA decode and
+# chunked KDA forward are timed after Loom's benchmarks at the same shapes
+# (bench/peers/fla_kda_decode.py, bench/peers/fla_chunk_kda.py).
 # Logs go to $OUT (if set) or build-cuda/gpu-logs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -48,7 +50,10 @@ t0=$(date +%s)
 if ! cmake --preset cuda -DLOOM_BENCH=OFF "${extra[@]}" >"$logs/configure.log" 2>&1; then
   tail -40 "$logs/configure.log"; echo "run.sh: configure FAILED"; exit 1
 fi
-targets=(--target cuda_kernels_test cuda_tolerances_test kernels_cuda_bench)
+suite=${LOOM_GPU_SUITE:-all}
+targets=(--target cuda_kernels_test cuda_tolerances_test kernels_cuda_bench kda_chunked_cuda_test
+         kda_chunked_bench)
+[ "$suite" = kda_chunked ] && targets=(--target kda_chunked_cuda_test kda_chunked_bench)
 [ "${LOOM_GPU_BUILD_ALL:-0}" = 1 ] && targets=()
 if ! cmake --build build-cuda -j "$jobs" "${targets[@]}" >"$logs/build.log" 2>&1; then
   grep -E "error|Error" "$logs/build.log" | head -40; echo "run.sh: build FAILED"; exit 1
@@ -57,28 +62,38 @@ grep -iE "warning" "$logs/build.log" | head -20
 echo "run.sh: configure + build $(( $(date +%s) - t0 )) s"
 
 t1=$(date +%s)
-build-cuda/tests/cuda_kernels_test --gtest_color=no >"$logs/test.log" 2>&1
-test_rc=$?
-# CPU-only: the bounds above exceed what a dropped element or a wrong scale gives (TOLCHECK lines).
-build-cuda/tests/cuda_tolerances_test --gtest_color=no >>"$logs/test.log" 2>&1 || test_rc=1
+test_rc=0
+: >"$logs/test.log"
+if [ "$suite" = all ]; then
+  build-cuda/tests/cuda_kernels_test --gtest_color=no >>"$logs/test.log" 2>&1 || test_rc=1
+  # CPU-only: the bounds above exceed what a dropped element or a wrong scale gives (TOLCHECK).
+  build-cuda/tests/cuda_tolerances_test --gtest_color=no >>"$logs/test.log" 2>&1 || test_rc=1
+fi
+build-cuda/tests/kda_chunked_cuda_test --gtest_color=no >>"$logs/test.log" 2>&1 || test_rc=1
 echo "run.sh: tests exit $test_rc in $(( $(date +%s) - t1 )) s"
 grep -E "^\[  FAILED|LOOM_CHECK|CUDA call|Failure" "$logs/test.log" | head -20
 
 t2=$(date +%s)
-build-cuda/bin/kernels_cuda_bench >"$logs/bench.log" 2>&1
-bench_rc=$?
+bench_rc=0
+: >"$logs/bench.log"
+if [ "$suite" = all ]; then
+  build-cuda/bin/kernels_cuda_bench >>"$logs/bench.log" 2>&1 || bench_rc=1
+fi
+build-cuda/bin/kda_chunked_bench >>"$logs/bench.log" 2>&1 || bench_rc=1
 echo "run.sh: benchmark exit $bench_rc in $(( $(date +%s) - t2 )) s"
 
-# Peer: flash-linear-attention's recurrent KDA decode at the shapes of Loom's kda_decode rows, in
-# the same run (its source, git-ignored, in .peers/fla; see bench/peers/fla_kda_decode.py).
+# Peers: flash-linear-attention's recurrent KDA decode and chunked KDA forward at the shapes of
+# Loom's rows, in the same run (its source, git-ignored, in .peers/fla; see bench/peers/).
 peer_rc=0
 if [ -d .peers/fla/fla ]; then
   t3=$(date +%s)
-  PYTHONUNBUFFERED=1 PYTHONPATH=$root/.peers/fla${PYTHONPATH:+:$PYTHONPATH} \
-    python3 bench/peers/fla_kda_decode.py >"$logs/fla.log" 2>&1
-  peer_rc=$?
-  echo "run.sh: flash-linear-attention peer exit $peer_rc in $(( $(date +%s) - t3 )) s"
-  [ $peer_rc = 0 ] || tail -15 "$logs/fla.log"
+  export PYTHONUNBUFFERED=1 PYTHONPATH=$root/.peers/fla${PYTHONPATH:+:$PYTHONPATH}
+  if [ "$suite" = all ]; then
+    python3 bench/peers/fla_kda_decode.py >"$logs/fla.log" 2>&1 || peer_rc=1
+  fi
+  python3 bench/peers/fla_chunk_kda.py >"$logs/fla_chunk.log" 2>&1 || peer_rc=1
+  echo "run.sh: flash-linear-attention peers exit $peer_rc in $(( $(date +%s) - t3 )) s"
+  [ $peer_rc = 0 ] || tail -15 "$logs"/fla*.log
 fi
 
 if [ "${LOOM_GPU_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
@@ -112,6 +127,21 @@ if grep -q '^KDADECODE' "$logs/bench.log"; then
   printf '| %-48s | %9s | %10s | %9s | %9s |\n' benchmark "us" "GB/s" "of copy" "of 4.8TB/s"
   printf '|%s|%s|%s|%s|%s|\n' "$(printf -- '-%.0s' {1..50})" "-----------" "------------" "-----------" "-----------"
   grep '^KDADECODE' "$logs/bench.log" | awk '{printf "| %-48s | %9s | %10s | %9s | %9s |\n", $2, $3, $5, $7, $10}'
+fi
+if grep -q '^KDACHUNK' "$logs/bench.log"; then
+  echo
+  echo "== Chunked KDA forward, Loom vs flash-linear-attention chunk_kda ($(head -1 "$logs/fla_chunk.log" 2>/dev/null))"
+  grep '^FLACHECK' "$logs/fla_chunk.log" 2>/dev/null
+  printf '| %-36s | %9s | %9s | %9s | %9s | %9s | %8s | %8s |\n' shape "Loom ms" "prep ms" \
+    "state ms" "fla ms" "fla/Loom" "TF/s" "GB/s"
+  printf '|%s|%s|%s|%s|%s|%s|%s|%s|\n' "$(printf -- '-%.0s' {1..38})" "-----------" "-----------" \
+    "-----------" "-----------" "-----------" "----------" "----------"
+  grep '^KDACHUNK' "$logs/bench.log" | while read -r _ name ms tf gb prep state; do
+    fla=$(grep "^FLACHUNK $name " "$logs/fla_chunk.log" 2>/dev/null | awk '{print $3}')
+    ratio=$( [ -n "$fla" ] && awk -v a="$fla" -v b="$ms" 'BEGIN{printf "%.2fx", a/b}' || echo -)
+    printf '| %-36s | %9s | %9s | %9s | %9s | %9s | %8s | %8s |\n' "$name" "$ms" "$prep" "$state" \
+      "${fla:--}" "$ratio" "$tf" "$gb"
+  done
 fi
 if [ -f "$logs/fla.log" ]; then
   echo

@@ -1,0 +1,1050 @@
+// Varlen KDA / Gated DeltaNet on CUDA: the chunked (WY/UT) prefill on tensor cores, and the token
+// recurrence for short sequences and batch-invariant numerics.
+//
+// Chunked form (the maths of kernels/cpu/kda.cc, per value head and chunk of L <= 64 tokens with
+// incoming state S0 [dk, dv]; gc_t = sum_{u <= t} g_u inside the chunk):
+//   A_ts  = beta_t sum_c k_tc k_sc exp(gc_tc - gc_sc)      (s < t)
+//   P_ts  = sum_c q_tc k_sc exp(gc_tc - gc_sc)              (s <= t; q scaled)
+//   TB    = (I + A)^-1 diag(beta)
+//   W     = TB (k exp(gc)),  U0 = TB v,  U = U0 - W S0
+//   O     = (q exp(gc)) S0 + P U
+//   S_L   = diag(exp(gc_L)) S0 + (k exp(gc_L - gc))^T U
+// Three launches:
+//  1. kda_chunk_table_kernel: per sequence, the index of its first chunk (a block-wide scan over
+//     the sequences on the device; cu_seqlens never goes to the host).
+//  2. kda_prep_kernel, one block per (chunk, value head), all chunks in parallel: everything that
+//     does not depend on the state. Writes QG = scale q exp(gc), KG = k exp(gc_L - gc), P, TB,
+//     W and exp(gc_L) for the chunk to a workspace.
+//  3. kda_state_kernel, one block per (sequence, value head, tile of BV value columns): the
+//     sequential pass over the sequence's chunks with the state tile in registers. Per chunk:
+//     U0 = TB V, v_new = U0 - W S, O = QG S + P v_new, S = decay S + KG^T v_new; the next chunk's
+//     operands stream into shared memory (cp.async) while this one computes.
+// Numerics: like the CPU twin, nothing of the form exp(-gc) over a chunk is formed. gc is kept as
+// a base per 16-token sub-chunk (gb_i = gc at its first token, in double) plus the local cumsum
+// gl_t = gc_t - gb_i (f32, |gl| <= 75 for bounded gates). P and A are built in 16x16 blocks (i, j)
+// as (x_t exp(gl_t)) . (k_s exp(gb_i - gc_s)): for j < i both factors are <= 1; on the diagonal
+// the second factor is up to e^{-gl_s}, used only when the sub-chunk's decay span is at most 80
+// nats in every channel (always, for bounded gates g >= -5); otherwise the diagonal block is
+// summed element by element with exp(gl_t - gl_s) <= 1. Every other exponent is <= 0.
+// Tensor cores: mma.sync m16n8k16 bf16 with f32 accumulation for bf16 inputs; f32 inputs run the
+// same kernels with f32 operands and CUDA-core FMAs in the same fragment layout (conformance).
+// The state is f32 throughout; its bf16 copy is only an mma operand.
+#include <cuda_bf16.h>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kda_chunked_launch.h"
+
+namespace loom::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+constexpr int kC = 64;         // chunk
+constexpr int kSub = 16;       // sub-chunk
+constexpr int kThreads = 256;  // 8 warps, both chunked kernels
+constexpr float kMaxFactorSpan = 80.0f;
+
+__device__ __forceinline__ int64_t imin64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// ---- scalar helpers ----------------------------------------------------------------------------
+
+__device__ __forceinline__ float ld_f(const float* p) { return *p; }
+__device__ __forceinline__ float ld_f(const bf16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void st_f(float* p, float x) { *p = x; }
+__device__ __forceinline__ void st_f(bf16* p, float x) { *p = __float2bfloat16_rn(x); }
+__device__ __forceinline__ void st2(float* p, float a, float b) {
+  *reinterpret_cast<float2*>(p) = make_float2(a, b);
+}
+__device__ __forceinline__ void st2(bf16* p, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+}
+__device__ __forceinline__ float ld_beta(const void* p, int64_t i, bool bf) {
+  return bf ? __bfloat162float(static_cast<const bf16*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// ---- async copies ------------------------------------------------------------------------------
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_size = valid ? 16 : 0;  // 0: zero-fill, nothing read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(src_size)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+// Rows [0, nrows) x columns [0, COLS) of a row-major global tile (row r at src + r * gstride)
+// into shared memory (row stride lds), 16 bytes per copy; rows >= rows_valid and 16-byte pieces
+// at columns >= cols_valid are zero-filled (cols_valid a multiple of 16 / sizeof(E)).
+template <class E, int COLS>
+__device__ __forceinline__ void tile_async(E* smem, int lds, const E* src, int64_t gstride,
+                                           int nrows, int rows_valid, int cols_valid) {
+  constexpr int kPer = 16 / static_cast<int>(sizeof(E));
+  constexpr int kPieces = COLS / kPer;
+  for (int i = threadIdx.x; i < nrows * kPieces; i += kThreads) {
+    const int r = i / kPieces, p = i - r * kPieces;
+    const bool ok = r < rows_valid && p * kPer < cols_valid;
+    cp_async16(smem + r * lds + p * kPer, ok ? src + r * gstride + p * kPer : src, ok);
+  }
+}
+
+// ---- warp-level GEMM on one m16 row tile -------------------------------------------------------
+// acc[nt] (the m16 x n8 accumulator tile at rows m0.., columns n0 + 8 nt..) += A[m0.., 0..K) B,
+// B row-major [K][n] in shared memory; A row-major (A[m * lda + k]) or, with AT, stored
+// transposed (A[k * lda + m]). Accumulator layout (mma.sync m16n8k16): lane = 4 g + q holds
+// rows g and g + 8, columns 2q and 2q + 1: acc[nt][r] is (g + 8 (r >> 1), 2q + (r & 1)).
+
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+__device__ __forceinline__ void ldsm4t(uint32_t (&r)[4], const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+__device__ __forceinline__ void ldsm2t(uint32_t (&r)[2], const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(a)
+               : "memory");
+}
+
+// A fragment (m16 x k16 at m0, k0). ldmatrix.x4 matrices in a0..a3 order: (m 0-7, k 0-7),
+// (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15); lanes 8i..8i+7 address matrix i's rows.
+template <bool AT>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* A, int lda, int m0, int k0) {
+  const int lane = threadIdx.x & 31;
+  if constexpr (!AT) {
+    ldsm4(a, A + (m0 + (lane & 15)) * lda + k0 + (lane >> 4) * 8);
+  } else {  // stored rows are k: transpose each 8x8 matrix on load
+    ldsm4t(a, A + (k0 + (lane & 7) + (lane >> 4) * 8) * lda + m0 + ((lane >> 3) & 1) * 8);
+  }
+}
+
+template <int NT, bool AT>
+__device__ __forceinline__ void warp_mma(float (&acc)[NT][4], const bf16* A, int lda, int m0,
+                                         const bf16* B, int ldb, int n0, int K) {
+  const int lane = threadIdx.x & 31;
+  // B row-major [k][n]: ldmatrix.trans gives b0b1 = (k 2q, 2q+1; n g); matrices (k 0-7, n 0-7),
+  // (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15).
+  const int brow = (lane & 7) + ((lane >> 3) & 1) * 8;
+  for (int k0 = 0; k0 < K; k0 += 16) {
+    uint32_t a[4];
+    load_a<AT>(a, A, lda, m0, k0);
+    const bf16* Bk = B + (k0 + brow) * ldb + n0;
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t b[4];
+      ldsm4t(b, Bk + np * 16 + (lane >> 4) * 8);
+      mma16816(acc[2 * np], a, b[0], b[1]);
+      mma16816(acc[2 * np + 1], a, b[2], b[3]);
+    }
+    if constexpr (NT % 2 == 1) {
+      uint32_t b[2];
+      ldsm2t(b, Bk + (NT - 1) * 8);
+      mma16816(acc[NT - 1], a, b[0], b[1]);
+    }
+  }
+}
+
+// The f32 twin: same tiles and accumulator layout, CUDA-core FMAs.
+template <int NT, bool AT>
+__device__ __forceinline__ void warp_mma(float (&acc)[NT][4], const float* A, int lda, int m0,
+                                         const float* B, int ldb, int n0, int K) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+#pragma unroll 4
+  for (int k = 0; k < K; ++k) {
+    const float alo = AT ? A[k * lda + m0 + g] : A[(m0 + g) * lda + k];
+    const float ahi = AT ? A[k * lda + m0 + g + 8] : A[(m0 + g + 8) * lda + k];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const float2 b = *reinterpret_cast<const float2*>(B + k * ldb + n0 + 8 * nt + 2 * q);
+      acc[nt][0] = fmaf(alo, b.x, acc[nt][0]);
+      acc[nt][1] = fmaf(alo, b.y, acc[nt][1]);
+      acc[nt][2] = fmaf(ahi, b.x, acc[nt][2]);
+      acc[nt][3] = fmaf(ahi, b.y, acc[nt][3]);
+    }
+  }
+}
+
+template <int NT>
+__device__ __forceinline__ void zero_acc(float (&acc)[NT][4]) {
+#pragma unroll
+  for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+}
+
+template <class E>
+constexpr int kPad = 16 / static_cast<int>(sizeof(E));  // one 16-byte piece per row
+
+// ---- 1. chunk table ----------------------------------------------------------------------------
+
+// off[b] = number of chunks of the sequences before b that run chunked (length > rmax);
+// off[B] = the total. One block of 1024 threads.
+__global__ void __launch_bounds__(1024)
+    kda_chunk_table_kernel(const int64_t* __restrict__ cu, int64_t B, int64_t rmax,
+                           int32_t* __restrict__ off) {
+  __shared__ int32_t part[1024];
+  const int t = threadIdx.x;
+  const int64_t per = (B + 1023) / 1024;
+  const int64_t b0 = imin64(B, t * per), b1 = imin64(B, b0 + per);
+  auto chunks = [&](int64_t b) {
+    const int64_t len = cu[b + 1] - cu[b];
+    return len > rmax ? static_cast<int32_t>((len + kC - 1) / kC) : 0;
+  };
+  int32_t s = 0;
+  for (int64_t b = b0; b < b1; ++b) s += chunks(b);
+  part[t] = s;
+  __syncthreads();
+  for (int o = 1; o < 1024; o <<= 1) {
+    const int32_t x = t >= o ? part[t - o] : 0;
+    __syncthreads();
+    part[t] += x;
+    __syncthreads();
+  }
+  int32_t run = part[t] - s;
+  for (int64_t b = b0; b < b1; ++b) {
+    off[b] = run;
+    run += chunks(b);
+  }
+  if (t == 1023) off[B] = part[1023];
+}
+
+// The sequence of global chunk ci: off[b] <= ci < off[b + 1] (ci < off[B]).
+__device__ __forceinline__ int64_t chunk_sequence(const int32_t* off, int64_t B, int32_t ci) {
+  int64_t lo = 0, hi = B;
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (off[mid] <= ci) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// Workspace of one (chunk, value head): W, QG, KG [64][DK], P, TB [64][64] (E), exp(gc_L) [DK]
+// (f32).
+template <class E, int DK>
+struct Work {
+  static constexpr size_t kW = 0, kQG = 64 * DK, kKG = 2 * 64 * DK, kP = 3 * 64 * DK,
+                          kTB = kP + 64 * 64, kElems = kTB + 64 * 64;
+  static constexpr size_t kDecayByte = kElems * sizeof(E);
+  static constexpr size_t kBytes = (kDecayByte + DK * sizeof(float) + 255) / 256 * 256;
+};
+
+struct Args {
+  const void *q, *k, *v;
+  const float* g;
+  const void* beta;
+  void* out;
+  float* pool;
+  const int32_t* slots;
+  const int64_t* cu;
+  const int32_t* off;
+  unsigned char* work;
+  float scale;
+  int64_t B, num_slots, rmax;
+  int Hk, Hv, dk, dv, ntiles;
+  bool scalar_g, beta_bf16;
+};
+
+// ---- 2. per-chunk preparation ------------------------------------------------------------------
+
+template <class E, int DK>
+struct PrepLayout {
+  static constexpr int P = kPad<E>;
+  static constexpr int LDK = DK + P;  // E rows: k, QN, KN, X
+  static constexpr int LDG = DK + 8;  // f32 rows: gl
+  static constexpr int LDA = 68;      // f32 rows: A, T
+  static constexpr int LDT = 64 + P;  // E rows: TB
+  static constexpr size_t kRowsE = 64 * LDK * sizeof(E);
+  static constexpr size_t kF64x64 = 64 * LDA * sizeof(float);
+  static constexpr size_t kScratch = (4 + 3) * 16 * 17 * sizeof(float);  // Tdiag, P blocks
+  static constexpr size_t cmax(size_t a, size_t b) { return a > b ? a : b; }
+  static constexpr size_t ks = 0;                                  // raw k
+  static constexpr size_t qn = ks + kRowsE;                        // raw q -> QN -> T (f32)
+  static constexpr size_t kn = qn + cmax(kRowsE, kF64x64);         // KN -> Tdiag, P -> X
+  static constexpr size_t gl = kn + cmax(kRowsE, kScratch);        // f32 [64][LDG]
+  static constexpr size_t gb = gl + 64 * LDG * sizeof(float);      // f64 [4][DK]
+  static constexpr size_t gL = gb + 4 * DK * sizeof(double);       // f64 [DK]
+  static constexpr size_t A = gL + DK * sizeof(double);            // first g (P0), A, TB (E)
+  static constexpr size_t beta = A + kF64x64;                      // f32 [64]
+  static constexpr size_t flags = beta + 64 * sizeof(float);       // int [4]
+  static constexpr size_t bytes = flags + 4 * sizeof(int);
+  static_assert(64 * LDT * sizeof(E) <= kF64x64, "TB fits the A buffer");
+};
+
+template <class E, int DK>
+__global__ void __launch_bounds__(kThreads) kda_prep_kernel(Args a) {
+  using Ly = PrepLayout<E, DK>;
+  using Wk = Work<E, DK>;
+  constexpr int LDK = Ly::LDK, LDG = Ly::LDG, LDA = Ly::LDA, LDT = Ly::LDT;
+  extern __shared__ __align__(16) unsigned char smem[];
+  E* ks = reinterpret_cast<E*>(smem + Ly::ks);
+  E* qn = reinterpret_cast<E*>(smem + Ly::qn);
+  E* kn = reinterpret_cast<E*>(smem + Ly::kn);
+  float* gl = reinterpret_cast<float*>(smem + Ly::gl);
+  double* gb = reinterpret_cast<double*>(smem + Ly::gb);
+  double* gL = reinterpret_cast<double*>(smem + Ly::gL);
+  float* As = reinterpret_cast<float*>(smem + Ly::A);
+  float* bs = reinterpret_cast<float*>(smem + Ly::beta);
+  int* flags = reinterpret_cast<int*>(smem + Ly::flags);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g8 = lane >> 2, q4 = lane & 3;
+  const int32_t ci = static_cast<int32_t>(blockIdx.x);
+  const int h = static_cast<int>(blockIdx.y);
+  if (ci >= a.off[a.B]) return;
+  const int64_t b = chunk_sequence(a.off, a.B, ci);
+  const int64_t seq0 = a.cu[b], len = a.cu[b + 1] - seq0;
+  const int64_t cc = ci - a.off[b];
+  const int64_t t0 = seq0 + cc * kC;
+  const int L = static_cast<int>(imin64(kC, len - cc * kC));
+  const int hk = h / (a.Hv / a.Hk);
+  const int dk = a.dk;
+  const E* qg_src = static_cast<const E*>(a.q) + (t0 * a.Hk + hk) * dk;
+  const E* kg_src = static_cast<const E*>(a.k) + (t0 * a.Hk + hk) * dk;
+  unsigned char* wbase = a.work + (static_cast<size_t>(ci) * a.Hv + h) * Wk::kBytes;
+  E* w_W = reinterpret_cast<E*>(wbase) + Wk::kW;
+  E* w_QG = reinterpret_cast<E*>(wbase) + Wk::kQG;
+  E* w_KG = reinterpret_cast<E*>(wbase) + Wk::kKG;
+  E* w_P = reinterpret_cast<E*>(wbase) + Wk::kP;
+  E* w_TB = reinterpret_cast<E*>(wbase) + Wk::kTB;
+  float* w_decay = reinterpret_cast<float*>(wbase + Wk::kDecayByte);
+
+  // P0: raw k and q rows (zero beyond L and dk), beta, and the decays.
+  tile_async<E, DK>(ks, LDK, kg_src, static_cast<int64_t>(a.Hk) * dk, kC, L, dk);
+  tile_async<E, DK>(qn, LDK, qg_src, static_cast<int64_t>(a.Hk) * dk, kC, L, dk);
+  cp_async_commit();
+  if (tid < 4) flags[tid] = 0;
+  if (tid < kC) bs[tid] = tid < L ? ld_beta(a.beta, (t0 + tid) * a.Hv + h, a.beta_bf16) : 0.0f;
+  __syncthreads();
+  float* first = As;  // [4][DK] until P2
+  const int gw = a.scalar_g ? 1 : dk;
+  for (int task = tid; task < 4 * DK; task += kThreads) {
+    const int i = task / DK, c = task - i * DK;
+    double run = 0.0, tot = 0.0;
+    float f0 = 0.0f;
+    for (int r = 0; r < kSub; ++r) {
+      const int t = i * kSub + r;
+      float gv = 0.0f;
+      if (t < L && c < dk) gv = a.g[((t0 + t) * a.Hv + h) * gw + (a.scalar_g ? 0 : c)];
+      if (r == 0) {
+        f0 = gv;
+      } else {
+        run += gv;
+      }
+      tot += gv;
+      gl[t * LDG + c] = static_cast<float>(run);
+    }
+    gb[i * DK + c] = tot;
+    first[i * DK + c] = f0;
+    if (-run > kMaxFactorSpan) atomicOr(&flags[i], 1);
+  }
+  __syncthreads();
+  for (int c = tid; c < DK; c += kThreads) {
+    double run = 0.0;
+    for (int i = 0; i < 4; ++i) {
+      const double tot = gb[i * DK + c];
+      gb[i * DK + c] = run + first[i * DK + c];
+      run += tot;
+    }
+    gL[c] = gb[((L - 1) / kSub) * DK + c] + static_cast<double>(gl[(L - 1) * LDG + c]);
+  }
+  cp_async_wait_all();
+  __syncthreads();
+
+  // P1: QN = scale q e^{gl}, KN = k e^{gl} (in place / shared); QG, KG and the decay to global.
+  const float scale = a.scale;
+  for (int idx = tid; idx < kC * (DK / 2); idx += kThreads) {
+    const int t = idx / (DK / 2), c = 2 * (idx - t * (DK / 2));
+    const int i = t / kSub;
+    float qv[2], kv[2], qgv[2], kgv[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float lt = gl[t * LDG + c + e];
+      const double gct = gb[i * DK + c + e] + static_cast<double>(lt);
+      const float e1 = __expf(lt);
+      const float e0 = __expf(static_cast<float>(gct));
+      const float ek = __expf(static_cast<float>(gL[c + e] - gct));
+      const float x = ld_f(qn + t * LDK + c + e) * scale, y = ld_f(ks + t * LDK + c + e);
+      qv[e] = x * e1;
+      kv[e] = y * e1;
+      qgv[e] = x * e0;
+      kgv[e] = y * ek;
+    }
+    st2(qn + t * LDK + c, qv[0], qv[1]);
+    st2(kn + t * LDK + c, kv[0], kv[1]);
+    st2(w_QG + t * DK + c, qgv[0], qgv[1]);
+    st2(w_KG + t * DK + c, kgv[0], kgv[1]);
+  }
+  for (int c = tid; c < DK; c += kThreads) w_decay[c] = __expf(static_cast<float>(gL[c]));
+  __syncthreads();
+
+  // P2: the 10 lower 16x16 blocks (i, j) of A (-> shared, times beta_t, s < t) and P (-> global,
+  // s <= t); warp w takes blocks w and w + 8. Warps 2..7 also zero one upper block of P each.
+  if (warp >= 2) {
+    constexpr int zi[6] = {0, 0, 0, 1, 1, 2}, zj[6] = {1, 2, 3, 2, 3, 3};
+    const int z = warp - 2;
+    const int r = lane >> 1, c0 = (lane & 1) * 8;
+    E* p = w_P + (16 * zi[z] + r) * 64 + 16 * zj[z] + c0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) st2(p + 2 * e, 0.0f, 0.0f);
+  }
+  for (int u = warp; u < 10; u += 8) {
+    int i = 0;
+    while ((i + 1) * (i + 2) / 2 <= u) ++i;
+    const int j = u - i * (i + 1) / 2;
+    const bool diag = i == j;
+    if (diag && flags[i] != 0) {
+      // Element-wise diagonal block: exp(gl_t - gl_s) <= 1, raw q from global memory.
+      for (int t = 16 * i; t < 16 * i + 16; ++t) {
+        for (int s = 16 * i; s < 16 * i + 16; ++s) {
+          float sk = 0.0f, sq = 0.0f;
+          if (s <= t) {
+            for (int c = lane; c < DK; c += 32) {
+              const float ex = __expf(gl[t * LDG + c] - gl[s * LDG + c]);
+              const float kse = ld_f(ks + s * LDK + c) * ex;
+              sk = fmaf(ld_f(ks + t * LDK + c), kse, sk);
+              const float qr = (t < L && c < dk) ? ld_f(qg_src + int64_t{t} * a.Hk * dk + c) : 0.0f;
+              sq = fmaf(qr * scale, kse, sq);
+            }
+            sk = dev::warp_sum(sk);
+            sq = dev::warp_sum(sq);
+          }
+          if (lane == 0) {
+            As[t * LDA + s] = s < t ? bs[t] * sk : 0.0f;
+            st_f(w_P + t * 64 + s, sq);
+          }
+        }
+      }
+      continue;
+    }
+    float ak[2][4], aq[2][4];
+    zero_acc(ak);
+    zero_acc(aq);
+    if constexpr (sizeof(E) == 2) {
+      for (int k0 = 0; k0 < DK; k0 += 16) {
+        uint32_t fk[4], fq[4];
+        load_a<false>(fk, reinterpret_cast<const bf16*>(kn), LDK, 16 * i, k0);
+        load_a<false>(fq, reinterpret_cast<const bf16*>(qn), LDK, 16 * i, k0);
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const int s = 16 * j + 8 * nt + g8;
+          uint32_t bb[2];
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int c = k0 + 8 * half + 2 * q4;
+            const float2 gs = *reinterpret_cast<const float2*>(gl + s * LDG + c);
+            const float d0 = diag ? 0.0f : static_cast<float>(gb[i * DK + c] - gb[j * DK + c]);
+            const float d1 =
+                diag ? 0.0f : static_cast<float>(gb[i * DK + c + 1] - gb[j * DK + c + 1]);
+            bb[half] = pack_bf16(ld_f(ks + s * LDK + c) * __expf(d0 - gs.x),
+                                 ld_f(ks + s * LDK + c + 1) * __expf(d1 - gs.y));
+          }
+          mma16816(ak[nt], fk, bb[0], bb[1]);
+          mma16816(aq[nt], fq, bb[0], bb[1]);
+        }
+      }
+    } else {
+      for (int c = 0; c < DK; ++c) {
+        const float klo = ld_f(kn + (16 * i + g8) * LDK + c);
+        const float khi = ld_f(kn + (16 * i + g8 + 8) * LDK + c);
+        const float qlo = ld_f(qn + (16 * i + g8) * LDK + c);
+        const float qhi = ld_f(qn + (16 * i + g8 + 8) * LDK + c);
+        const float d = diag ? 0.0f : static_cast<float>(gb[i * DK + c] - gb[j * DK + c]);
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const int s0 = 16 * j + 8 * nt + 2 * q4;
+          const float r0 = ld_f(ks + s0 * LDK + c) * __expf(d - gl[s0 * LDG + c]);
+          const float r1 = ld_f(ks + (s0 + 1) * LDK + c) * __expf(d - gl[(s0 + 1) * LDG + c]);
+          ak[nt][0] = fmaf(klo, r0, ak[nt][0]);
+          ak[nt][1] = fmaf(klo, r1, ak[nt][1]);
+          ak[nt][2] = fmaf(khi, r0, ak[nt][2]);
+          ak[nt][3] = fmaf(khi, r1, ak[nt][3]);
+          aq[nt][0] = fmaf(qlo, r0, aq[nt][0]);
+          aq[nt][1] = fmaf(qlo, r1, aq[nt][1]);
+          aq[nt][2] = fmaf(qhi, r0, aq[nt][2]);
+          aq[nt][3] = fmaf(qhi, r1, aq[nt][3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int t = 16 * i + g8 + 8 * hr;
+        const int s = 16 * j + 8 * nt + 2 * q4;
+        As[t * LDA + s] = s < t ? bs[t] * ak[nt][2 * hr] : 0.0f;
+        As[t * LDA + s + 1] = s + 1 < t ? bs[t] * ak[nt][2 * hr + 1] : 0.0f;
+        st2(w_P + t * 64 + s, s <= t ? aq[nt][2 * hr] : 0.0f,
+            s + 1 <= t ? aq[nt][2 * hr + 1] : 0.0f);
+      }
+    }
+  }
+  __syncthreads();
+
+  // P3: T = (I + A)^-1 (unit lower triangular), by 16x16 blocks: diagonal blocks by forward
+  // substitution, then T_ij = -T_ii sum_{j <= m < i} A_im T_mj by block distance.
+  float* Td = reinterpret_cast<float*>(smem + Ly::kn);  // [4][16][17]
+  float* Pb = Td + 4 * 16 * 17;                           // [3][16][17]
+  float* Tf = reinterpret_cast<float*>(smem + Ly::qn);  // [64][LDA]
+  if (tid < 64) {
+    const int blk = tid >> 4, j = tid & 15;
+    const float* Ab = As + (16 * blk) * LDA + 16 * blk;
+    float x[16];
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      float v = r == j ? 1.0f : 0.0f;
+      if (r > j) {
+#pragma unroll
+        for (int s = 0; s < r; ++s) v = fmaf(-Ab[r * LDA + s], x[s], v);
+      }
+      x[r] = v;
+    }
+#pragma unroll
+    for (int r = 0; r < 16; ++r) Td[(blk * 16 + r) * 17 + j] = x[r];
+  }
+  __syncthreads();
+  for (int idx = tid; idx < 64 * 64; idx += kThreads) {
+    const int t = idx >> 6, s = idx & 63;
+    const int bi = t >> 4, bj = s >> 4;
+    if (bi == bj) {
+      Tf[t * LDA + s] = Td[(bi * 16 + (t & 15)) * 17 + (s & 15)];
+    } else if (bj > bi) {
+      Tf[t * LDA + s] = 0.0f;
+    }
+  }
+  __syncthreads();
+  for (int d = 1; d < 4; ++d) {
+    for (int idx = tid; idx < (4 - d) * 256; idx += kThreads) {
+      const int n = idx >> 8, r = (idx >> 4) & 15, col = idx & 15;
+      const int i = n + d, j = n;
+      float acc = 0.0f;
+      for (int m = 16 * j; m < 16 * i; ++m)
+        acc = fmaf(As[(16 * i + r) * LDA + m], Tf[m * LDA + 16 * j + col], acc);
+      Pb[(n * 16 + r) * 17 + col] = acc;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < (4 - d) * 256; idx += kThreads) {
+      const int n = idx >> 8, r = (idx >> 4) & 15, col = idx & 15;
+      const int i = n + d, j = n;
+      float acc = 0.0f;
+      for (int m = 0; m <= r; ++m)
+        acc = fmaf(Td[(i * 16 + r) * 17 + m], Pb[(n * 16 + m) * 17 + col], acc);
+      Tf[(16 * i + r) * LDA + 16 * j + col] = -acc;
+    }
+    __syncthreads();
+  }
+  // TB = T diag(beta) (-> shared E in the A buffer, and global); X = k e^{gc} (-> KN buffer).
+  E* tbe = reinterpret_cast<E*>(smem + Ly::A);
+  E* X = kn;
+  for (int idx = tid; idx < 64 * 32; idx += kThreads) {
+    const int t = idx >> 5, s = 2 * (idx & 31);
+    const float v0 = Tf[t * LDA + s] * bs[s], v1 = Tf[t * LDA + s + 1] * bs[s + 1];
+    st2(tbe + t * LDT + s, v0, v1);
+    st2(w_TB + t * 64 + s, v0, v1);
+  }
+  for (int idx = tid; idx < kC * (DK / 2); idx += kThreads) {
+    const int t = idx / (DK / 2), c = 2 * (idx - t * (DK / 2));
+    const int i = t / kSub;
+    float xv[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const double gct = gb[i * DK + c + e] + static_cast<double>(gl[t * LDG + c + e]);
+      xv[e] = ld_f(ks + t * LDK + c + e) * __expf(static_cast<float>(gct));
+    }
+    st2(X + t * LDK + c, xv[0], xv[1]);
+  }
+  __syncthreads();
+
+  // P4: W = TB X; warp w: rows 16 (w % 4).., columns (w / 4) DK / 2...
+  {
+    constexpr int NT = DK / 16;
+    float acc[NT][4];
+    zero_acc(acc);
+    const int mt = warp & 3, n0 = (warp >> 2) * (DK / 2);
+    warp_mma<NT, false>(acc, tbe, LDT, 16 * mt, X, LDK, n0, 64);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int t = 16 * mt + g8, c = n0 + 8 * nt + 2 * q4;
+      st2(w_W + t * DK + c, acc[nt][0], acc[nt][1]);
+      st2(w_W + (t + 8) * DK + c, acc[nt][2], acc[nt][3]);
+    }
+  }
+}
+
+// ---- 3. the state pass -------------------------------------------------------------------------
+
+template <class E, int DK, int BV>
+struct StateLayout {
+  static constexpr int P = kPad<E>;
+  static constexpr int STAGES = sizeof(E) == 2 ? 2 : 1;
+  static constexpr int LDK = DK + P, LD64 = 64 + P, LDV = BV + P;
+  static constexpr size_t kRowsK = 64 * LDK * sizeof(E);
+  static constexpr size_t kRows64 = 64 * LD64 * sizeof(E);
+  static constexpr size_t kRowsV = 64 * LDV * sizeof(E);
+  static constexpr size_t sW = 0, sQ = sW + kRowsK, sK = sQ + kRowsK, sP = sK + kRowsK,
+                          sT = sP + kRows64, sV = sT + kRows64, sD = sV + kRowsV,
+                          stage = (sD + DK * sizeof(float) + 15) / 16 * 16;
+  static constexpr size_t Se = STAGES * stage;  // E [DK][LDV]: the state as an mma operand
+  static constexpr size_t Vn = Se + DK * LDV * sizeof(E);  // E [64][LDV]: v_new
+  static constexpr size_t bytes = Vn + kRowsV;
+};
+
+template <class E, int DK, int BV>
+__global__ void __launch_bounds__(kThreads, 1) kda_state_kernel(Args a) {
+  using Ly = StateLayout<E, DK, BV>;
+  using Wk = Work<E, DK>;
+  constexpr int LDK = Ly::LDK, LD64 = Ly::LD64, LDV = Ly::LDV;
+  constexpr int NT = BV / 8;             // n8 tiles of a value tile
+  constexpr int FPW = (DK / 16) * NT / 8;  // state fragments per warp
+  static_assert(FPW >= 1 && FPW <= NT, "state tiling");
+  extern __shared__ __align__(16) unsigned char smem[];
+  E* Se = reinterpret_cast<E*>(smem + Ly::Se);
+  E* Vn = reinterpret_cast<E*>(smem + Ly::Vn);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g8 = lane >> 2, q4 = lane & 3;
+  const int64_t bh = blockIdx.x / a.ntiles;
+  const int tile = static_cast<int>(blockIdx.x - bh * a.ntiles);
+  const int h = static_cast<int>(bh % a.Hv);
+  const int64_t b = bh / a.Hv;
+  const int64_t seq0 = a.cu[b], len = a.cu[b + 1] - seq0;
+  if (len <= a.rmax) return;
+  const int64_t slot = a.slots[b];
+  if (slot < 0 || slot >= a.num_slots) return;
+  const int dk = a.dk, dv = a.dv, v0 = tile * BV;
+  const int nc = static_cast<int>((len + kC - 1) / kC);
+  const int32_t ci0 = a.off[b];
+  float* Sg = a.pool + (slot * a.Hv + h) * static_cast<int64_t>(dk) * dv + v0;
+  const E* vsrc = static_cast<const E*>(a.v) + h * static_cast<int64_t>(dv) + v0;
+  E* osrc = static_cast<E*>(a.out) + h * static_cast<int64_t>(dv) + v0;
+  const int64_t vstride = static_cast<int64_t>(a.Hv) * dv;
+
+  auto load_stage = [&](int st, int c) {
+    unsigned char* s = smem + st * Ly::stage;
+    const unsigned char* w = a.work + (static_cast<size_t>(ci0 + c) * a.Hv + h) * Wk::kBytes;
+    const E* we = reinterpret_cast<const E*>(w);
+    tile_async<E, DK>(reinterpret_cast<E*>(s + Ly::sW), LDK, we + Wk::kW, DK, kC, kC, DK);
+    tile_async<E, DK>(reinterpret_cast<E*>(s + Ly::sQ), LDK, we + Wk::kQG, DK, kC, kC, DK);
+    tile_async<E, DK>(reinterpret_cast<E*>(s + Ly::sK), LDK, we + Wk::kKG, DK, kC, kC, DK);
+    tile_async<E, 64>(reinterpret_cast<E*>(s + Ly::sP), LD64, we + Wk::kP, 64, kC, kC, 64);
+    tile_async<E, 64>(reinterpret_cast<E*>(s + Ly::sT), LD64, we + Wk::kTB, 64, kC, kC, 64);
+    const int Lc = static_cast<int>(imin64(kC, len - int64_t{c} * kC));
+    tile_async<E, BV>(reinterpret_cast<E*>(s + Ly::sV), LDV, vsrc + (seq0 + int64_t{c} * kC) * vstride,
+                      vstride, kC, Lc, dv - v0);
+    for (int i = tid; i < DK / 4; i += kThreads)
+      cp_async16(s + Ly::sD + 16 * i, w + Wk::kDecayByte + 16 * i, true);
+  };
+
+  // The state tile in registers: warp's fragments at m-tile sm, n-tiles sn0 .. sn0 + FPW.
+  const int sm = (warp * FPW) / NT, sn0 = (warp * FPW) % NT;
+  float S[FPW][4];
+#pragma unroll
+  for (int f = 0; f < FPW; ++f) {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int c = 16 * sm + g8 + 8 * hr, j = 8 * (sn0 + f) + 2 * q4;
+      float2 x = make_float2(0.0f, 0.0f);
+      if (c < dk && v0 + j < dv) x = *reinterpret_cast<const float2*>(Sg + int64_t{c} * dv + j);
+      S[f][2 * hr] = x.x;
+      S[f][2 * hr + 1] = x.y;
+    }
+  }
+
+  load_stage(0, 0);
+  cp_async_commit();
+  for (int c = 0; c < nc; ++c) {
+    const int st = Ly::STAGES == 2 ? (c & 1) : 0;
+    const unsigned char* s = smem + st * Ly::stage;
+    const E* sW = reinterpret_cast<const E*>(s + Ly::sW);
+    const E* sQ = reinterpret_cast<const E*>(s + Ly::sQ);
+    const E* sK = reinterpret_cast<const E*>(s + Ly::sK);
+    const E* sP = reinterpret_cast<const E*>(s + Ly::sP);
+    const E* sT = reinterpret_cast<const E*>(s + Ly::sT);
+    const E* sV = reinterpret_cast<const E*>(s + Ly::sV);
+    const float* sD = reinterpret_cast<const float*>(s + Ly::sD);
+#pragma unroll
+    for (int f = 0; f < FPW; ++f) {
+      const int r0 = 16 * sm + g8, j = 8 * (sn0 + f) + 2 * q4;
+      st2(Se + r0 * LDV + j, S[f][0], S[f][1]);
+      st2(Se + (r0 + 8) * LDV + j, S[f][2], S[f][3]);
+    }
+    cp_async_wait_all();
+    __syncthreads();
+    if (Ly::STAGES == 2 && c + 1 < nc) {
+      load_stage(st ^ 1, c + 1);
+      cp_async_commit();
+    }
+    const int L = static_cast<int>(imin64(kC, len - int64_t{c} * kC));
+    float qs[NT][4];
+    zero_acc(qs);
+    if (warp < 4) {
+      // v_new = TB V - W S for rows 16 warp..
+      float u[NT][4], ws[NT][4];
+      zero_acc(u);
+      zero_acc(ws);
+      warp_mma<NT, false>(u, sT, LD64, 16 * warp, sV, LDV, 0, 64);
+      warp_mma<NT, false>(ws, sW, LDK, 16 * warp, Se, LDV, 0, DK);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int t = 16 * warp + g8, j = 8 * nt + 2 * q4;
+        st2(Vn + t * LDV + j, u[nt][0] - ws[nt][0], u[nt][1] - ws[nt][1]);
+        st2(Vn + (t + 8) * LDV + j, u[nt][2] - ws[nt][2], u[nt][3] - ws[nt][3]);
+      }
+    } else {
+      warp_mma<NT, false>(qs, sQ, LDK, 16 * (warp - 4), Se, LDV, 0, DK);
+    }
+    __syncthreads();
+    if (warp >= 4) {
+      // O = QG S + P v_new for rows 16 (warp - 4)..
+      const int m0 = 16 * (warp - 4);
+      warp_mma<NT, false>(qs, sP, LD64, m0, Vn, LDV, 0, 64);
+      const int64_t row0 = seq0 + int64_t{c} * kC;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int t = m0 + g8 + 8 * hr, j = 8 * nt + 2 * q4;
+          if (t < L && v0 + j < dv) st2(osrc + (row0 + t) * vstride + j, qs[nt][2 * hr], qs[nt][2 * hr + 1]);
+        }
+      }
+    }
+    // S = diag(decay) S + KG^T v_new.
+    const float dlo = sD[16 * sm + g8], dhi = sD[16 * sm + g8 + 8];
+#pragma unroll
+    for (int f = 0; f < FPW; ++f) {
+      S[f][0] *= dlo;
+      S[f][1] *= dlo;
+      S[f][2] *= dhi;
+      S[f][3] *= dhi;
+    }
+    warp_mma<FPW, true>(S, sK, LDK, 16 * sm, Vn, LDV, 8 * sn0, 64);
+    if (Ly::STAGES == 1) {
+      __syncthreads();  // every read of the stage done
+      if (c + 1 < nc) {
+        load_stage(0, c + 1);
+        cp_async_commit();
+      }
+    }
+  }
+#pragma unroll
+  for (int f = 0; f < FPW; ++f) {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int c = 16 * sm + g8 + 8 * hr, j = 8 * (sn0 + f) + 2 * q4;
+      if (c < dk && v0 + j < dv)
+        *reinterpret_cast<float2*>(Sg + int64_t{c} * dv + j) = make_float2(S[f][2 * hr], S[f][2 * hr + 1]);
+    }
+  }
+}
+
+// ---- the token recurrence over the varlen batch --------------------------------------------
+// kernels/cuda/kda.cu's kda_recurrent_kernel with the sequence from blockIdx.z, its state in the
+// pool, bf16 or f32 inputs. Lane x owns value column j0 + x, row group y rows y, y + 8, ...
+
+constexpr int kRCols = 32, kRRowGroups = 8, kRMaxDk = 256;
+
+template <class E, int kMaxI>
+__global__ void __launch_bounds__(kRCols* kRRowGroups, kMaxI <= 16 ? 4 : 2)
+    kda_recurrent_varlen_kernel(Args a) {
+  __shared__ float ks[2][kRMaxDk], qs[2][kRMaxDk], es[2][kRMaxDk];
+  __shared__ float vs[2][kRCols], bsh[2];
+  __shared__ float red1[kRRowGroups][kRCols], red2[kRRowGroups][kRCols];
+  const int h = blockIdx.x;
+  const int64_t b = blockIdx.z;
+  const int64_t seq0 = a.cu[b], T = a.cu[b + 1] - seq0;
+  if (T <= 0 || T > a.rmax) return;
+  const int64_t slot = a.slots[b];
+  if (slot < 0 || slot >= a.num_slots) return;
+  const int Hk = a.Hk, Hv = a.Hv, dk = a.dk, dv = a.dv;
+  const int hk = h / (Hv / Hk);
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int tid = ty * kRCols + tx;
+  const int col = blockIdx.y * kRCols + tx;
+  const bool col_ok = col < dv;
+  const E* q = static_cast<const E*>(a.q);
+  const E* k = static_cast<const E*>(a.k);
+  const E* v = static_cast<const E*>(a.v);
+  E* out = static_cast<E*>(a.out);
+  float* S_g = a.pool + (slot * Hv + h) * static_cast<int64_t>(dk) * dv;
+
+  float S[kMaxI];
+#pragma unroll
+  for (int ii = 0; ii < kMaxI; ++ii) {
+    const int i = ty + ii * kRRowGroups;
+    S[ii] = (i < dk && col_ok) ? S_g[static_cast<int64_t>(i) * dv + col] : 0.0f;
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    const int buf = static_cast<int>(t & 1);
+    const int64_t row = seq0 + t;
+    const int64_t kq_off = (row * Hk + hk) * dk;
+    const int64_t hv_row = row * Hv + h;
+    for (int i = tid; i < dk; i += kRCols * kRRowGroups) {
+      ks[buf][i] = ld_f(k + kq_off + i);
+      qs[buf][i] = ld_f(q + kq_off + i) * a.scale;
+      es[buf][i] = expf(a.scalar_g ? a.g[hv_row] : a.g[hv_row * dk + i]);
+    }
+    if (tid < kRCols) {
+      const int cc = blockIdx.y * kRCols + tid;
+      vs[buf][tid] = cc < dv ? ld_f(v + hv_row * dv + cc) : 0.0f;
+    }
+    if (tid == 0) bsh[buf] = ld_beta(a.beta, hv_row, a.beta_bf16);
+    __syncthreads();
+    float part = 0.0f;
+#pragma unroll
+    for (int ii = 0; ii < kMaxI; ++ii) {
+      const int i = ty + ii * kRRowGroups;
+      if (i < dk) {
+        const float s = S[ii] * es[buf][i];
+        S[ii] = s;
+        part += ks[buf][i] * s;
+      }
+    }
+    red1[ty][tx] = part;
+    __syncthreads();
+    float kv = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kRRowGroups; ++r) kv += red1[r][tx];
+    const float u = bsh[buf] * (vs[buf][tx] - kv);
+    float po = 0.0f;
+#pragma unroll
+    for (int ii = 0; ii < kMaxI; ++ii) {
+      const int i = ty + ii * kRRowGroups;
+      if (i < dk) {
+        const float s = S[ii] + ks[buf][i] * u;
+        S[ii] = s;
+        po += qs[buf][i] * s;
+      }
+    }
+    red2[ty][tx] = po;
+    __syncthreads();
+    if (ty == 0 && col_ok) {
+      float o = 0.0f;
+#pragma unroll
+      for (int r = 0; r < kRRowGroups; ++r) o += red2[r][tx];
+      st_f(out + hv_row * dv + col, o);
+    }
+  }
+#pragma unroll
+  for (int ii = 0; ii < kMaxI; ++ii) {
+    const int i = ty + ii * kRRowGroups;
+    if (i < dk && col_ok) S_g[static_cast<int64_t>(i) * dv + col] = S[ii];
+  }
+}
+
+// ---- self test of the warp GEMM ------------------------------------------------------------
+
+__global__ void kda_mma_selftest_kernel(const bf16* A, const bf16* B, float* C, float* Ct) {
+  __shared__ __align__(16) bf16 As[64 * 72];
+  __shared__ __align__(16) bf16 Bs[64 * 40];
+  for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) As[(i / 64) * 72 + i % 64] = A[i];
+  for (int i = threadIdx.x; i < 64 * 32; i += blockDim.x) Bs[(i / 32) * 40 + i % 32] = B[i];
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g8 = lane >> 2, q4 = lane & 3;
+  float c[4][4], ct[3][4];
+  zero_acc(c);
+  zero_acc(ct);
+  warp_mma<4, false>(c, As, 72, 16 * warp, Bs, 40, 0, 64);
+  warp_mma<3, true>(ct, As, 72, 16 * warp, Bs, 40, 8, 64);  // odd NT: the x2 path
+  for (int nt = 0; nt < 4; ++nt)
+    for (int r = 0; r < 4; ++r) {
+      const int row = 16 * warp + g8 + 8 * (r >> 1), col = 8 * nt + 2 * q4 + (r & 1);
+      C[row * 32 + col] = c[nt][r];
+      if (nt == 0) Ct[row * 32 + col] = 0.0f;
+      else Ct[row * 32 + col] = ct[nt - 1][r];
+    }
+}
+
+// ---- launch helpers --------------------------------------------------------------------------
+
+template <class Kernel>
+void set_smem(Kernel kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    LOOM_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+int round_dk(int dk) { return dk <= 32 ? 32 : dk <= 64 ? 64 : 128; }
+
+template <class E, int DK>
+size_t work_bytes_per_chunk_head() {
+  return Work<E, DK>::kBytes;
+}
+
+size_t per_chunk_head(const launch::KdaVarlenArgs& a) {
+  const int DK = round_dk(a.dk);
+  if (a.bf16) {
+    return DK == 32 ? Work<bf16, 32>::kBytes : DK == 64 ? Work<bf16, 64>::kBytes : Work<bf16, 128>::kBytes;
+  }
+  return DK == 32 ? Work<float, 32>::kBytes : DK == 64 ? Work<float, 64>::kBytes : Work<float, 128>::kBytes;
+}
+
+int64_t chunk_bound(const launch::KdaVarlenArgs& a) { return a.N / kC + a.B; }
+
+template <class E, int DK, int BV>
+void run_chunked(cudaStream_t stream, const Args& args, int64_t nchunks, int phases) {
+  using PL = PrepLayout<E, DK>;
+  using SL = StateLayout<E, DK, BV>;
+  static const bool once = [] {
+    set_smem(kda_prep_kernel<E, DK>, PL::bytes);
+    set_smem(kda_state_kernel<E, DK, BV>, SL::bytes);
+    return true;
+  }();
+  (void)once;
+  if (phases & 1) {
+    const dim3 pgrid(static_cast<unsigned>(nchunks), static_cast<unsigned>(args.Hv));
+    kda_prep_kernel<E, DK><<<pgrid, kThreads, PL::bytes, stream>>>(args);
+    LOOM_CUDA_CHECK_LAUNCH();
+  }
+  if (phases & 2) {
+    const int64_t blocks = args.B * args.Hv * args.ntiles;
+    LOOM_CHECK_GRID(blocks);
+    kda_state_kernel<E, DK, BV>
+        <<<static_cast<unsigned>(blocks), kThreads, SL::bytes, stream>>>(args);
+    LOOM_CUDA_CHECK_LAUNCH();
+  }
+}
+
+template <class E, int DK>
+void run_chunked_bv(cudaStream_t stream, Args args, int64_t nchunks, int bv, int phases) {
+  if (bv == 64) {
+    args.ntiles = (args.dv + 63) / 64;
+    run_chunked<E, DK, 64>(stream, args, nchunks, phases);
+  } else {
+    args.ntiles = (args.dv + 31) / 32;
+    run_chunked<E, DK, 32>(stream, args, nchunks, phases);
+  }
+}
+
+Args make_args(const launch::KdaVarlenArgs& a, int64_t rmax) {
+  Args r{};
+  r.q = a.q;
+  r.k = a.k;
+  r.v = a.v;
+  r.g = a.g;
+  r.beta = a.beta;
+  r.out = a.out;
+  r.pool = a.pool;
+  r.slots = a.slots;
+  r.cu = a.cu;
+  r.scale = a.scale;
+  r.B = a.B;
+  r.num_slots = a.num_slots;
+  r.rmax = rmax;
+  r.Hk = a.Hk;
+  r.Hv = a.Hv;
+  r.dk = a.dk;
+  r.dv = a.dv;
+  r.scalar_g = a.scalar_g && a.dk != 1;
+  r.beta_bf16 = a.beta_bf16;
+  return r;
+}
+
+}  // namespace
+
+namespace launch {
+
+bool kda_chunked_supported(const KdaVarlenArgs& a) {
+  const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  return a.dk >= 1 && a.dk <= 128 && a.dk % 8 == 0 && a.dv % 8 == 0 && a.Hk > 0 &&
+         a.Hv % a.Hk == 0 && aligned(a.q) && aligned(a.k) && aligned(a.v) && aligned(a.out) &&
+         aligned(a.pool) && a.N / kC + a.B < (int64_t{1} << 31) / (a.Hv > 0 ? a.Hv : 1);
+}
+
+size_t kda_chunked_workspace_bytes(const KdaVarlenArgs& a) {
+  const size_t table = (static_cast<size_t>(a.B + 1) * sizeof(int32_t) + 255) / 256 * 256;
+  return table + static_cast<size_t>(chunk_bound(a)) * a.Hv * per_chunk_head(a);
+}
+
+void kda_chunked_varlen(cudaStream_t stream, const KdaVarlenArgs& a, int64_t rmax, void* workspace,
+                        int bv, int phases) {
+  if (a.B == 0 || a.N == 0 || a.Hv == 0 || a.dv == 0) return;
+  if (!kda_chunked_supported(a)) {
+    std::fprintf(stderr, "kda_chunked_varlen (CUDA): unsupported shape or alignment (dk %d dv %d)\n",
+                 a.dk, a.dv);
+    std::abort();
+  }
+  Args args = make_args(a, rmax);
+  args.off = static_cast<int32_t*>(workspace);
+  const size_t table = (static_cast<size_t>(a.B + 1) * sizeof(int32_t) + 255) / 256 * 256;
+  args.work = static_cast<unsigned char*>(workspace) + table;
+  if (phases & 1) {
+    kda_chunk_table_kernel<<<1, 1024, 0, stream>>>(a.cu, a.B, rmax,
+                                                   const_cast<int32_t*>(args.off));
+    LOOM_CUDA_CHECK_LAUNCH();
+  }
+  const int64_t nchunks = chunk_bound(a);
+  if (bv == 0) bv = 32;
+  const int DK = round_dk(a.dk);
+  if (a.bf16) {
+    if (DK == 32) run_chunked_bv<bf16, 32>(stream, args, nchunks, bv, phases);
+    else if (DK == 64) run_chunked_bv<bf16, 64>(stream, args, nchunks, bv, phases);
+    else run_chunked_bv<bf16, 128>(stream, args, nchunks, bv, phases);
+  } else {
+    if (DK == 32) run_chunked_bv<float, 32>(stream, args, nchunks, bv, phases);
+    else if (DK == 64) run_chunked_bv<float, 64>(stream, args, nchunks, bv, phases);
+    else run_chunked_bv<float, 128>(stream, args, nchunks, bv, phases);
+  }
+}
+
+void kda_recurrent_varlen(cudaStream_t stream, const KdaVarlenArgs& a, int64_t rmax) {
+  if (a.B == 0 || a.N == 0 || a.Hv == 0 || a.dv == 0 || rmax <= 0) return;
+  if (a.dk > kRMaxDk || a.B > 65535 || a.Hv > 2147483647) {
+    std::fprintf(stderr, "kda_recurrent_varlen (CUDA): dk %d > %d or B %lld > 65535\n", a.dk,
+                 kRMaxDk, static_cast<long long>(a.B));
+    std::abort();
+  }
+  const Args args = make_args(a, rmax);
+  const dim3 grid(static_cast<unsigned>(a.Hv), static_cast<unsigned>((a.dv + kRCols - 1) / kRCols),
+                  static_cast<unsigned>(a.B));
+  const dim3 block(kRCols, kRRowGroups);
+  const auto go = [&](auto kernel) { kernel<<<grid, block, 0, stream>>>(args); };
+  if (a.bf16) {
+    if (a.dk <= 32) go(kda_recurrent_varlen_kernel<bf16, 4>);
+    else if (a.dk <= 64) go(kda_recurrent_varlen_kernel<bf16, 8>);
+    else if (a.dk <= 128) go(kda_recurrent_varlen_kernel<bf16, 16>);
+    else go(kda_recurrent_varlen_kernel<bf16, 32>);
+  } else {
+    if (a.dk <= 32) go(kda_recurrent_varlen_kernel<float, 4>);
+    else if (a.dk <= 64) go(kda_recurrent_varlen_kernel<float, 8>);
+    else if (a.dk <= 128) go(kda_recurrent_varlen_kernel<float, 16>);
+    else go(kda_recurrent_varlen_kernel<float, 32>);
+  }
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+void kda_mma_selftest(cudaStream_t stream, const uint16_t* A, const uint16_t* B, float* C,
+                      float* Ct) {
+  kda_mma_selftest_kernel<<<1, 128, 0, stream>>>(reinterpret_cast<const bf16*>(A),
+                                                 reinterpret_cast<const bf16*>(B), C, Ct);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace launch
+}  // namespace loom::cuda
