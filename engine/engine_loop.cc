@@ -79,16 +79,16 @@ absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::create(const Model& mode
                                                                const EngineOptions& options,
                                                                EngineInbox& inbox) {
   const ModelConfig& cfg = model.config();
-  // Size the pools: per-token KV bytes of each attention layer, state bytes per slot.
-  std::vector<int64_t> kv_per_token;
-  for (MixerType m : cfg.mixers) {
-    if (m == MixerType::kMla)
-      kv_per_token.push_back(4LL * (cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim));
-    if (m == MixerType::kGqa) kv_per_token.push_back(8LL * cfg.gqa.num_kv_heads * cfg.gqa.head_dim);
-  }
+  // Size the pools from the store's own byte counts: per-token KV bytes of each attention
+  // layer, state bytes per slot.
+  CacheStore::Options store_options;  // the host's pools, f32
+  store_options.page_size = options.page_size;
+  const std::vector<int64_t> kv_per_token =
+      CacheStore::kv_bytes_per_token(cfg, store_options.kv_dtype);
   CacheSizingInput sizing_in;
   sizing_in.kv_bytes_per_token = kv_per_token;
-  sizing_in.state_bytes_per_slot = static_cast<int64_t>(CacheStore::slot_bytes(cfg));
+  sizing_in.state_bytes_per_slot =
+      static_cast<int64_t>(CacheStore::slot_bytes(cfg, store_options.act_dtype));
   sizing_in.budget_bytes = options.cache_budget_bytes;
   sizing_in.page_size = options.page_size;
   sizing_in.max_num_seqs = options.max_num_seqs;
@@ -96,8 +96,9 @@ absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::create(const Model& mode
   LOOM_ASSIGN_OR_RETURN(CacheSizing sizing, cache_sizing_compute(sizing_in));
 
   std::unique_ptr<EngineLoop> loop(new EngineLoop(options, tokenizer, cfg.vocab_size, inbox));
-  loop->store_ = std::make_unique<CacheStore>(
-      cfg, CacheStore::Options{sizing.num_pages, options.page_size, sizing.num_state_slots});
+  store_options.num_pages = sizing.num_pages;
+  store_options.num_slots = sizing.num_state_slots;
+  LOOM_ASSIGN_OR_RETURN(loop->store_, CacheStore::create(cfg, store_options));
   SchedulerConfig sc;
   sc.max_num_batched_tokens = options.max_num_batched_tokens;
   sc.max_num_seqs = options.max_num_seqs;
@@ -127,7 +128,7 @@ absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::create(const Model& mode
         std::min<int64_t>(sizing.num_pages, (context + options.page_size - 1) / options.page_size);
   }
   loop->runner_->reserve(largest);
-  // Totals count what requests can get: the scratch slot is never handed out.
+  // Totals count what requests can get: the scratch page and slot are never handed out.
   loop->stats_.pages_total = loop->sched_->kv_pool().free_count();
   loop->stats_.slots_total = loop->sched_->slot_pool().free_count();
   loop->publish_stats();

@@ -1,8 +1,13 @@
 #include "engine/model_runner.h"
 
 #include "core/status.h"
+#include "scheduler/id_pool.h"
 
 namespace loom {
+
+// The store's padding target is the page and slot the scheduler never hands out.
+static_assert(CacheStore::kScratchPage == KvPagePool::kScratchPage);
+static_assert(CacheStore::kScratchSlot == StateSlotPool::kScratchSlot);
 
 absl::StatusOr<Tensor> ModelRunner::run(const BatchPlan& plan) {
   ForwardBatch& batch = batch_;
@@ -28,7 +33,7 @@ absl::StatusOr<Tensor> ModelRunner::run(const BatchPlan& plan) {
     in.cache = nullptr;
     in.start = s.start_pos;
     in.slot = s.state_slot;
-    in.pages.assign(s.page_table.begin(), s.page_table.end());
+    in.pages = s.page_table;  // a view: make_layout packs the one copy
   }
   LOOM_ASSIGN_OR_RETURN(Tensor logits, model_.forward(batch));
   if (store_.has_linear()) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <vector>
 
 namespace loom {
@@ -16,8 +17,11 @@ struct SeqPlan {
   int32_t state_slot = -1;
   // Page ids covering positions [0, start_pos + tokens.size()), page i holds positions
   // [i * page_size, (i + 1) * page_size). Empty when the model has no attention layers. Leading
-  // pages may be shared (prefix cache); pages this step writes are owned by this request alone.
-  std::vector<int32_t> page_table;
+  // pages may be shared (prefix cache); pages this step writes are owned by this request alone;
+  // never KvPagePool::kScratchPage. A view of the request's own table, which the scheduler keeps
+  // and appends to as the sequence grows (nothing is copied per step): valid until complete() of
+  // this plan, even for a request cancelled meanwhile.
+  std::span<const int32_t> page_table;
   int32_t start_pos = 0;        // tokens already in the cache for this request
   std::vector<int32_t> tokens;  // token ids to feed, at positions start_pos...
   bool is_decode = false;       // one token after a completed prefill

@@ -35,10 +35,10 @@ absl::StatusOr<CacheSizing> cache_sizing_compute(const CacheSizingInput& in) {
   if (kv_per_token > 0) {
     out.page_bytes = kv_per_token * in.page_size;
     const int64_t pages = (in.budget_bytes - slot_bytes) / out.page_bytes;
-    if (pages < 1) {
-      return absl::ResourceExhaustedError(
-          absl::StrFormat("cache sizing: budget %d leaves no room for one %d-byte page",
-                          in.budget_bytes, out.page_bytes));
+    if (pages < 2) {  // the scratch page and one a request can hold
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "cache sizing: budget %d leaves no room for one %d-byte page beside the scratch page",
+          in.budget_bytes, out.page_bytes));
     }
     out.num_pages =
         static_cast<int32_t>(std::min<int64_t>(pages, std::numeric_limits<int32_t>::max()));

@@ -22,16 +22,17 @@ struct CacheSizingInput {
 };
 
 struct CacheSizing {
-  int32_t num_pages = 0;        // 0 when there are no attention layers
+  int32_t num_pages = 0;        // incl. the scratch page 0; 0 when there are no attention layers
   int32_t num_state_slots = 0;  // incl. the scratch slot 0; 0 when there are no linear layers
   int64_t page_bytes = 0;
   int64_t used_bytes = 0;  // num_pages * page_bytes + num_state_slots * state_bytes_per_slot
 };
 
 // Slots are reserved first (1 scratch + max_num_seqs + checkpoint slots, exact); the remaining
-// budget becomes pages, rounded down (a partial page is never counted). Attention-only models get
-// no slots; linear-only models get no pages. ResourceExhausted if the budget does not cover the
-// slots plus one page (or the slots, without attention); InvalidArgument on negative inputs.
+// budget becomes pages, rounded down (a partial page is never counted), the scratch page among
+// them. Attention-only models get no slots; linear-only models get no pages. ResourceExhausted if
+// the budget does not cover the slots plus the scratch page and one page (or the slots, without
+// attention); InvalidArgument on negative inputs.
 absl::StatusOr<CacheSizing> cache_sizing_compute(const CacheSizingInput& input);
 
 }  // namespace loom

@@ -84,7 +84,7 @@ void IdPool::release(int32_t id) {
 }
 
 KvPagePool::KvPagePool(int32_t num_pages, int32_t page_size)
-    : IdPool(num_pages, 0), page_size_(page_size) {
+    : IdPool(std::max(num_pages - 1, 0), kScratchPage + 1), page_size_(page_size) {
   LOOM_CHECK(page_size > 0, "page_size %d", page_size);
 }
 

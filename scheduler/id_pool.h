@@ -70,10 +70,13 @@ class IdPool {
   std::vector<int32_t> free_;  // stack; back() is the next id handed out
 };
 
-// KV cache pages of `page_size` tokens each, ids [0, num_pages). One page id indexes the same page
-// in every attention layer's cache.
+// KV cache pages of `page_size` tokens each. One page id indexes the same page in every attention
+// layer's cache. The engine's pools have `num_pages` pages; page 0 (kScratchPage) is never handed
+// out: padded entries of a step's page table (and padded batch rows of a CUDA graph) point at it,
+// so they can never read or write a live request's rows. capacity() == max(num_pages - 1, 0).
 class KvPagePool : public IdPool {
  public:
+  static constexpr int32_t kScratchPage = 0;
   KvPagePool(int32_t num_pages, int32_t page_size);
   int32_t page_size() const { return page_size_; }
   // Pages covering `num_tokens` positions (ceil).

@@ -33,6 +33,9 @@ struct Req {
   int32_t num_computed = 0;  // tokens in cache
   int32_t prefill_len = 0;   // tokens known at (re)admission; prefill done at num_computed == it
   std::vector<IdPool::Handle> pages;
+  // The ids of `pages`, in order: the table a SeqPlan views. Appended in emit(), as pages only
+  // grow while a request runs.
+  std::vector<int32_t> page_ids;
   IdPool::Handle slot;
   IdPool::Handle restore;  // checkpoint share, from admission until the first chunk completes
   IdPool::Handle save;     // checkpoint slot the in-flight step writes
@@ -73,6 +76,8 @@ struct Scheduler::Impl {
   uint64_t step = 0;
   bool in_flight = false;
   std::vector<Inflight> inflight;
+  // Page tables of requests freed while their step is in flight: the plan still views them.
+  std::vector<std::vector<int32_t>> retired_tables;
 
   int32_t bs() const { return cfg.page_size; }
   bool use_ckpts() const { return cache && cfg.has_linear_layers; }
@@ -89,6 +94,7 @@ struct Scheduler::Impl {
 
   void release_resources(Req* r) {
     r->pages.clear();
+    r->page_ids.clear();
     r->slot.reset();
     r->restore.reset();
     r->save.reset();
@@ -97,6 +103,7 @@ struct Scheduler::Impl {
   }
 
   void free_request(Req* r) {
+    if (in_flight && r->scheduled_step == step) retired_tables.push_back(std::move(r->page_ids));
     release_resources(r);
     (r->running ? running : waiting).erase(r->key());
     reqs.erase(r->id);  // destroys r
@@ -158,8 +165,13 @@ struct Scheduler::Impl {
       LOOM_CHECK(static_cast<int32_t>(r->pages.size()) == kv->pages_for_tokens(end),
                  "request %d holds %zu pages for %d tokens", static_cast<int>(r->id),
                  r->pages.size(), end);
-      s.page_table.reserve(r->pages.size());
-      for (const IdPool::Handle& p : r->pages) s.page_table.push_back(p.id());
+      LOOM_CHECK(
+          r->page_ids.size() <= r->pages.size() &&
+              (r->page_ids.empty() || r->page_ids.back() == r->pages[r->page_ids.size() - 1].id()),
+          "request %d: page table out of step with its pages", static_cast<int>(r->id));
+      for (size_t i = r->page_ids.size(); i < r->pages.size(); ++i)
+        r->page_ids.push_back(r->pages[i].id());
+      s.page_table = r->page_ids;
     }
     s.start_pos = r->num_computed;
     s.tokens.assign(r->tokens.begin() + r->num_computed, r->tokens.begin() + end);
@@ -255,8 +267,9 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::create(const SchedulerConf
     return absl::InvalidArgumentError(
         "scheduler: the model has neither attention nor linear layers");
   }
-  if (c.has_attention_layers && c.num_pages < 1) {
-    return absl::InvalidArgumentError("scheduler: attention layers need num_pages >= 1");
+  if (c.has_attention_layers && c.num_pages < 2) {
+    return absl::InvalidArgumentError(
+        "scheduler: attention layers need num_pages >= 2 (page 0 is scratch)");
   }
   if (c.has_linear_layers && c.num_state_slots < 2) {
     return absl::InvalidArgumentError(
@@ -438,6 +451,7 @@ absl::StatusOr<std::vector<FinishedRequest>> Scheduler::complete(const StepResul
     }
   }
   m.inflight.clear();
+  m.retired_tables.clear();
   return finished;
 }
 

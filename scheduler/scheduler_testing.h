@@ -8,6 +8,7 @@
 // checkpoint at the wrong position or a write into a shared page changes the tokens.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -186,12 +187,18 @@ inline std::string audit(const Scheduler& s, const BatchPlan* plan) {
     ++slot_refs[id];
   };
   absl::flat_hash_map<int32_t, uint64_t> live_slot_owner;
+  absl::flat_hash_map<uint64_t, std::vector<int32_t>> held_pages;  // page ids of each request
   s.for_each_request([&](const RequestView& r) {
+    for (const IdPool::Handle& p : r.pages) held_pages[r.id].push_back(p.id());
     if (!r.running && (!r.pages.empty() || r.state_slot >= 0 || r.num_computed != 0)) {
       err += absl::StrFormat("waiting request %d holds resources; ", r.id);
     }
     absl::flat_hash_set<int32_t> own;
     for (const IdPool::Handle& p : r.pages) {
+      if (p.id() == KvPagePool::kScratchPage) {
+        err += absl::StrFormat("request %d holds the scratch page; ", r.id);
+        continue;
+      }
       ++page_refs[p.id()];
       if (!own.insert(p.id()).second) err += absl::StrFormat("request %d: page twice; ", r.id);
     }
@@ -254,7 +261,17 @@ inline std::string audit(const Scheduler& s, const BatchPlan* plan) {
       if (q.restore_from_slot >= 0 && q.start_pos % c.page_size != 0) err += "bad restore; ";
       if (c.has_attention_layers) {
         const int32_t want = (q.start_pos + n + c.page_size - 1) / c.page_size;
-        if (static_cast<int32_t>(q.page_table.size()) != want) {
+        const bool scratch = std::find(q.page_table.begin(), q.page_table.end(),
+                                       KvPagePool::kScratchPage) != q.page_table.end();
+        auto held = held_pages.find(q.request_id);
+        if (held == held_pages.end() || !std::equal(q.page_table.begin(), q.page_table.end(),
+                                                    held->second.begin(), held->second.end())) {
+          err +=
+              absl::StrFormat("request %d: page table is not the pages it holds; ", q.request_id);
+        }
+        if (scratch) {
+          err += absl::StrFormat("request %d: scratch page in its page table; ", q.request_id);
+        } else if (static_cast<int32_t>(q.page_table.size()) != want) {
           err += absl::StrFormat("request %d: page table %d pages, want %d; ", q.request_id,
                                  q.page_table.size(), want);
         } else {

@@ -1,8 +1,15 @@
 #include "engine/model/cache_store.h"
 
-#include <cstring>
+#include <numeric>
+#include <string>
+#include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/cache_ops.h"
+#ifdef LOOM_WITH_CUDA
+#include "kernels/cuda/context.h"
+#endif
 
 namespace loom {
 namespace {
@@ -13,52 +20,114 @@ int64_t conv_channels(const LinearAttentionConfig& la) {
 
 bool is_linear(MixerType m) { return m == MixerType::kKda || m == MixerType::kGdn; }
 
-}  // namespace
+bool is_float(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
 
-size_t CacheStore::page_bytes(const ModelConfig& cfg, int64_t page_size) {
-  size_t floats = 0;
-  for (MixerType m : cfg.mixers) {
-    if (m == MixerType::kMla) floats += cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim;
-    if (m == MixerType::kGqa)
-      floats += 2 * static_cast<size_t>(cfg.gqa.num_kv_heads) * cfg.gqa.head_dim;
-  }
-  return floats * sizeof(float) * static_cast<size_t>(page_size);
+Exec exec_on(Device device) {
+  if (device.is_cpu()) return host_exec();
+#ifdef LOOM_WITH_CUDA
+  return cuda::device_exec(device.index);
+#else
+  LOOM_CHECK(false, "CacheStore on %s in a build without CUDA", device_name(device).c_str());
+  return host_exec();
+#endif
 }
 
-size_t CacheStore::slot_bytes(const ModelConfig& cfg) {
+}  // namespace
+
+std::vector<int64_t> CacheStore::kv_bytes_per_token(const ModelConfig& cfg, DType kv_dtype) {
+  const int64_t es = static_cast<int64_t>(dtype_size(kv_dtype));
+  std::vector<int64_t> out;
+  for (MixerType m : cfg.mixers) {
+    if (m == MixerType::kMla) out.push_back(es * (cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim));
+    if (m == MixerType::kGqa) out.push_back(es * 2 * cfg.gqa.num_kv_heads * cfg.gqa.head_dim);
+  }
+  return out;
+}
+
+size_t CacheStore::page_bytes(const ModelConfig& cfg, int64_t page_size, DType kv_dtype) {
+  const std::vector<int64_t> per_token = kv_bytes_per_token(cfg, kv_dtype);
+  return static_cast<size_t>(std::accumulate(per_token.begin(), per_token.end(), int64_t{0}) *
+                             page_size);
+}
+
+size_t CacheStore::slot_bytes(const ModelConfig& cfg, DType act_dtype) {
   const LinearAttentionConfig& la = cfg.linear;
-  size_t floats = 0;
+  const size_t recurrent =
+      static_cast<size_t>(la.num_v_heads) * la.head_dim * la.v_head_dim * dtype_size(DType::kF32);
+  const size_t conv =
+      static_cast<size_t>(la.conv_kernel - 1) * conv_channels(la) * dtype_size(act_dtype);
+  size_t bytes = 0;
   for (MixerType m : cfg.mixers)
-    if (is_linear(m))
-      floats += static_cast<size_t>(la.num_v_heads) * la.head_dim * la.v_head_dim +
-                static_cast<size_t>(la.conv_kernel - 1) * conv_channels(la);
-  return floats * sizeof(float);
+    if (is_linear(m)) bytes += recurrent + conv;
+  return bytes;
+}
+
+absl::Status CacheStore::validate(const ModelConfig& cfg, const Options& o) {
+  if (o.page_size <= 0 || o.num_pages < 0 || o.num_slots < 0)
+    return absl::InvalidArgumentError(absl::StrCat("CacheStore: ", o.num_pages, " pages of ",
+                                                   o.page_size, " positions and ", o.num_slots,
+                                                   " slots"));
+  if (static_cast<int>(cfg.mixers.size()) != cfg.num_layers)
+    return absl::InvalidArgumentError(
+        absl::StrCat("CacheStore: ", cfg.mixers.size(), " mixers for ", cfg.num_layers, " layers"));
+  const std::pair<const char*, DType> dtypes[] = {{"kv_dtype", o.kv_dtype},
+                                                  {"act_dtype", o.act_dtype}};
+  for (const auto& [what, dtype] : dtypes) {
+    if (!is_float(dtype))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CacheStore: ", what, " ", std::string(dtype_name(dtype)), " is not a float type"));
+    // The CPU attention and convolution kernels read and write f32 pools only.
+    if (o.device.is_cpu() && dtype != DType::kF32)
+      return absl::InvalidArgumentError(
+          absl::StrCat("CacheStore: ", what, " ", std::string(dtype_name(dtype)),
+                       " on cpu: the CPU cache kernels read f32 pools only; use f32 on the host"));
+  }
+#ifndef LOOM_WITH_CUDA
+  if (o.device.is_cuda())
+    return absl::InvalidArgumentError(
+        absl::StrCat("CacheStore on ", device_name(o.device), ": this build has no CUDA backend"));
+#endif
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CacheStore>> CacheStore::create(const ModelConfig& cfg,
+                                                               const Options& options) {
+  if (absl::Status st = validate(cfg, options); !st.ok()) return st;
+  return std::make_unique<CacheStore>(cfg, options);
 }
 
 CacheStore::CacheStore(const ModelConfig& cfg, const Options& options) : options_(options) {
-  LOOM_CHECK(options.page_size > 0 && options.num_pages >= 0 && options.num_slots >= 0,
-             "CacheStore: bad options");
+  const absl::Status valid = validate(cfg, options);
+  LOOM_CHECK(valid.ok(), "%s", std::string(valid.message()).c_str());
+  ex_ = exec_on(options.device);
   layers_.resize(cfg.num_layers);
   const LinearAttentionConfig& la = cfg.linear;
+  const int64_t p = options.num_pages, ps = options.page_size, s = options.num_slots;
+  const Device dev = options.device;
+  // Zeroed by the kernels, on the device: nothing is staged through the host.
+  auto zeroed = [&](Shape shape, DType dtype) {
+    Tensor t = Tensor::empty(shape, dtype, dev);
+    cache_zero_slots(ex_, t, 0, shape[0]);
+    return t;
+  };
   for (int l = 0; l < cfg.num_layers; ++l) {
     Layer& layer = layers_[l];
-    const int64_t p = options.num_pages, ps = options.page_size, s = options.num_slots;
     switch (cfg.mixers[l]) {
       case MixerType::kMla:
         has_attention_ = true;
-        layer.pools[0] = Tensor::zeros({p, ps, cfg.mla.kv_lora_rank});
-        layer.pools[1] = Tensor::zeros({p, ps, cfg.mla.qk_rope_head_dim});
+        layer.pools[0] = zeroed({p, ps, cfg.mla.kv_lora_rank}, options.kv_dtype);
+        layer.pools[1] = zeroed({p, ps, cfg.mla.qk_rope_head_dim}, options.kv_dtype);
         break;
       case MixerType::kGqa:
         has_attention_ = true;
-        layer.pools[0] = Tensor::zeros({p, ps, cfg.gqa.num_kv_heads, cfg.gqa.head_dim});
-        layer.pools[1] = Tensor::zeros({p, ps, cfg.gqa.num_kv_heads, cfg.gqa.head_dim});
+        for (Tensor& pool : layer.pools)
+          pool = zeroed({p, ps, cfg.gqa.num_kv_heads, cfg.gqa.head_dim}, options.kv_dtype);
         break;
       case MixerType::kKda:
       case MixerType::kGdn:
         has_linear_ = true;
-        layer.recurrent = Tensor::zeros({s, la.num_v_heads, la.head_dim, la.v_head_dim});
-        layer.conv = Tensor::zeros({s, la.conv_kernel - 1, conv_channels(la)});
+        layer.recurrent = zeroed({s, la.num_v_heads, la.head_dim, la.v_head_dim}, DType::kF32);
+        layer.conv = zeroed({s, la.conv_kernel - 1, conv_channels(la)}, options.act_dtype);
         break;
     }
   }
@@ -99,43 +168,42 @@ const Tensor& CacheStore::conv_states(int layer) const {
   return layers_[layer].conv;
 }
 
+void CacheStore::check_peer(const CacheStore& from, const char* op) const {
+  LOOM_CHECK(from.layers_.size() == layers_.size() && from.options_.device == options_.device &&
+                 from.options_.kv_dtype == options_.kv_dtype &&
+                 from.options_.act_dtype == options_.act_dtype,
+             "CacheStore::%s: the stores differ in model, device or dtypes (%s, %s)", op,
+             device_name(from.options_.device).c_str(), device_name(options_.device).c_str());
+}
+
 void CacheStore::reset_slot(int64_t slot) {
+  LOOM_CHECK(slot >= 0 && slot < options_.num_slots, "CacheStore::reset_slot(%lld)",
+             static_cast<long long>(slot));
   for (Layer& l : layers_) {
     if (!l.recurrent.defined()) continue;
-    std::memset(l.recurrent.select(slot).raw(), 0, l.recurrent.select(slot).nbytes());
-    std::memset(l.conv.select(slot).raw(), 0, l.conv.select(slot).nbytes());
+    cache_zero_slots(ex_, l.recurrent, slot, slot + 1);
+    cache_zero_slots(ex_, l.conv, slot, slot + 1);
   }
 }
 
 void CacheStore::copy_slot(const CacheStore& from, int64_t src, int64_t dst) {
-  LOOM_CHECK(src >= 0 && src < from.options_.num_slots && dst >= 0 && dst < options_.num_slots &&
-                 from.layers_.size() == layers_.size(),
-             "CacheStore::copy_slot(%lld, %lld)", static_cast<long long>(src),
-             static_cast<long long>(dst));
-  if (&from == this && src == dst) return;
+  check_peer(from, "copy_slot");
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& a = from.layers_[l];
     Layer& b = layers_[l];
     if (!b.recurrent.defined()) continue;
-    b.recurrent.select(dst).copy_from(a.recurrent.select(src));
-    b.conv.select(dst).copy_from(a.conv.select(src));
+    cache_copy_slot(ex_, a.recurrent, src, b.recurrent, dst);
+    cache_copy_slot(ex_, a.conv, src, b.conv, dst);
   }
 }
 
 void CacheStore::copy_page_rows(const CacheStore& from, int64_t src, int64_t dst, int64_t r0,
                                 int64_t r1) {
-  LOOM_CHECK(from.layers_.size() == layers_.size() && 0 <= r0 && r0 <= r1 &&
-                 (r0 == r1 || (src >= 0 && src < from.num_pages() && dst >= 0 &&
-                               dst < num_pages() && r1 <= from.page_size() && r1 <= page_size())),
-             "CacheStore::copy_page_rows(page %lld -> %lld, rows [%lld, %lld))",
-             static_cast<long long>(src), static_cast<long long>(dst), static_cast<long long>(r0),
-             static_cast<long long>(r1));
-  if (r0 == r1 || (&from == this && src == dst)) return;
+  check_peer(from, "copy_page_rows");
   for (size_t l = 0; l < layers_.size(); ++l)
     for (int w = 0; w < 2; ++w) {
       if (!layers_[l].pools[w].defined()) continue;
-      layers_[l].pools[w].select(dst).slice(0, r0, r1).copy_from(
-          from.layers_[l].pools[w].select(src).slice(0, r0, r1));
+      cache_copy_page_rows(ex_, from.layers_[l].pools[w], src, layers_[l].pools[w], dst, r0, r1);
     }
 }
 

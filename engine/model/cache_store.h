@@ -3,37 +3,70 @@
 // GQA: rotated keys and values); linear-attention layers keep one state per slot (recurrent
 // [Hv, dk, dv] f32 and the convolution tail [W-1, C]). The scheduler hands out page and slot ids;
 // this class only owns the bytes and what they mean (TurboMind's cache-registry split).
+//
+// The pools live on the store's device, pages in the KV dtype, recurrent states always in f32
+// (they accumulate over the whole sequence) and convolution tails in the activation dtype (they
+// are activations). Resets and copies are kernel ops (kernels/cache_ops.h) on the device's
+// stream.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "core/tensor.h"
+#include "kernels/exec.h"
 #include "weights/model_config.h"
 
 namespace loom {
 
 class CacheStore {
  public:
+  // Page 0 and slot 0 of the engine's store are scratch: the scheduler never hands them to a
+  // request (KvPagePool::kScratchPage, StateSlotPool::kScratchSlot), so padded entries of a
+  // step's page table and state slots can point at them without touching a live sequence. Stores
+  // no scheduler manages (SequenceCache, the staged store of Model::forward) use them as real
+  // page and slot and never pad.
+  static constexpr int32_t kScratchPage = 0;
+  static constexpr int32_t kScratchSlot = 0;
+
   struct Options {
     int64_t num_pages = 0;   // pages of every attention layer's pool (ids 0 .. num_pages-1)
     int64_t page_size = 64;  // positions per page
     int64_t num_slots = 0;   // linear-state slots (ids 0 .. num_slots-1)
+    Device device = Device::kCpu;
+    DType kv_dtype = DType::kF32;   // the page pools
+    DType act_dtype = DType::kF32;  // the convolution tails
   };
 
-  // Allocates and zeroes every pool. Models without attention (or linear) layers hold no pages
-  // (or slots) whatever the options say.
+  // Validates the options (InvalidArgument naming what is wrong: a dtype the device's kernels
+  // cannot read, a CUDA device in a build without CUDA, negative sizes), then allocates and
+  // zeroes every pool. Models without attention (or linear) layers hold no pages (or slots)
+  // whatever the options say.
+  static absl::StatusOr<std::unique_ptr<CacheStore>> create(const ModelConfig& cfg,
+                                                            const Options& options);
+  static absl::Status validate(const ModelConfig& cfg, const Options& options);
+  // The same for options known to be valid (the defaults on the host); aborts otherwise.
   CacheStore(const ModelConfig& cfg, const Options& options);
 
+  // Bytes one cached position costs in each attention layer, in layer order: the one place that
+  // knows what a page holds. Cache sizing takes this vector; page_bytes is its sum times the page
+  // size.
+  static std::vector<int64_t> kv_bytes_per_token(const ModelConfig& cfg,
+                                                 DType kv_dtype = DType::kF32);
   // Bytes one page costs over all attention layers, and one slot over all linear layers: what the
   // engine divides its memory budget by.
-  static size_t page_bytes(const ModelConfig& cfg, int64_t page_size);
-  static size_t slot_bytes(const ModelConfig& cfg);
+  static size_t page_bytes(const ModelConfig& cfg, int64_t page_size, DType kv_dtype = DType::kF32);
+  static size_t slot_bytes(const ModelConfig& cfg, DType act_dtype = DType::kF32);
 
   int64_t num_pages() const { return options_.num_pages; }
   int64_t page_size() const { return options_.page_size; }
   int64_t num_slots() const { return options_.num_slots; }
+  Device device() const { return options_.device; }
+  DType kv_dtype() const { return options_.kv_dtype; }
   bool has_attention() const { return has_attention_; }
   bool has_linear() const { return has_linear_; }
 
@@ -51,10 +84,11 @@ class CacheStore {
   void reset_slot(int64_t slot);
   // Copies every linear layer's state from `src` to `dst` (prefix-cache checkpoints).
   void copy_slot(int64_t src, int64_t dst) { copy_slot(*this, src, dst); }
-  // The same from slot `src` of `from`, a store of the same model (this one or another).
+  // The same from slot `src` of `from`, a store of the same model on the same device.
   void copy_slot(const CacheStore& from, int64_t src, int64_t dst);
-  // Copies rows [r0, r1) of page `src` of `from` (a store of the same model) into the same rows
-  // of page `dst`, in every attention layer. Both stores' pages must hold r1 rows.
+  // Copies rows [r0, r1) of page `src` of `from` (a store of the same model on the same device)
+  // into the same rows of page `dst`, in every attention layer. Both stores' pages must hold r1
+  // rows.
   void copy_page_rows(const CacheStore& from, int64_t src, int64_t dst, int64_t r0, int64_t r1);
 
  private:
@@ -63,7 +97,10 @@ class CacheStore {
     Tensor recurrent;  // [num_slots, Hv, dk, dv]
     Tensor conv;       // [num_slots, W-1, C]
   };
+  void check_peer(const CacheStore& from, const char* op) const;
+
   Options options_;
+  Exec ex_;  // the device's: every reset and copy is enqueued on its stream
   std::vector<Layer> layers_;
   bool has_attention_ = false, has_linear_ = false;
 };

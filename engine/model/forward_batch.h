@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/workspace.h"
@@ -30,8 +31,11 @@ struct SequenceInput {
   // [start, start + num_tokens) into the pages of `pages` (which must cover them) and advances
   // the state in `slot`. The caller resets or restores the slot beforehand as needed.
   int64_t start = 0;
-  int32_t slot = -1;           // linear-attention state slot (models with KDA/GDN layers)
-  std::vector<int32_t> pages;  // page table (models with attention layers)
+  int32_t slot = -1;  // linear-attention state slot (models with KDA/GDN layers)
+  // Page table (models with attention layers): a view of the caller's table (the engine: the
+  // scheduler's per-request table), which must outlive the forward call. The step data gets the
+  // one copy of it.
+  std::span<const int32_t> pages;
 };
 
 struct ForwardBatch {

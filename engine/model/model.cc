@@ -49,7 +49,7 @@ absl::StatusOr<Tensor> Model::forward_private(const ForwardBatch& batch,
     out.logits = in.logits;
     out.start = in.cache->num_tokens();
     out.slot = n == 1 ? 0 : static_cast<int32_t>(s);
-    out.pages = {out.slot};
+    out.pages = std::span<const int32_t>(&out.slot, 1);  // page s is slot s: one id, kept in place
   }
 
   if (n == 1) {

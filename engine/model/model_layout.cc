@@ -110,7 +110,7 @@ absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch, StepDa
     int32_t* row = table + static_cast<int64_t>(s) * shape.page_cols;
     const int64_t used = std::min<int64_t>(shape.page_cols, in.pages.size());
     std::copy(in.pages.begin(), in.pages.begin() + used, row);
-    std::fill(row + used, row + shape.page_cols, 0);
+    std::fill(row + used, row + shape.page_cols, CacheStore::kScratchPage);
     b += n;
   }
   cu[batch.seqs.size()] = rows;

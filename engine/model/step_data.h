@@ -41,7 +41,9 @@ class StepData {
   Tensor cu_seqlens;   // i64 [B + 1] first row of each sequence, then T
   Tensor past_lens;    // i64 [B] positions each sequence already had cached
   Tensor state_slots;  // i32 [B] linear-attention state slot (-1: the model has no linear layer)
-  Tensor page_table;   // i32 [B, P] page ids per sequence, padded with 0 past its last page
+  // i32 [B, P] page ids per sequence, padded past its last page with CacheStore::kScratchPage
+  // (never handed to a request in the engine's store), so a padded entry can only reach scratch.
+  Tensor page_table;
 
   uint64_t transfers() const { return transfers_; }
   size_t capacity_bytes() const { return capacity_; }

@@ -155,9 +155,10 @@ TEST_P(DeterministicEngine, SameUnderPreemption) {
   opt.deterministic = true;
   opt.max_num_seqs = 8;
   opt.max_num_batched_tokens = 64;
-  // Slots: the scratch slot, one per live sequence, and as many prefix-cache checkpoints.
+  // Slots: the scratch slot, one per live sequence, and as many prefix-cache checkpoints; pages:
+  // the scratch page and 12.
   opt.cache_budget_bytes =
-      static_cast<int64_t>(17 * CacheStore::slot_bytes(cfg) + 12 * CacheStore::page_bytes(cfg, 64));
+      static_cast<int64_t>(17 * CacheStore::slot_bytes(cfg) + 13 * CacheStore::page_bytes(cfg, 64));
   auto e = make_engine(GetParam(), opt);
   std::vector<std::shared_ptr<RequestStream>> noise, targets;
   for (size_t i = 0; i < noise_.size(); ++i) {

@@ -62,9 +62,10 @@ TEST_P(EnginePressure, GreedyUnderTightMemoryWithPrefixHitsEqualsCleanRun) {
   tight.checkpoint_interval = 1;
   tight.max_num_seqs = 6;
   tight.max_num_batched_tokens = 96;
-  // The scratch slot, one per sequence and as many checkpoints; pages for about two requests.
+  // The scratch slot, one per sequence and as many checkpoints; the scratch page and pages for
+  // about two requests.
   tight.cache_budget_bytes =
-      static_cast<int64_t>(13 * CacheStore::slot_bytes(cfg) + 12 * CacheStore::page_bytes(cfg, 64));
+      static_cast<int64_t>(13 * CacheStore::slot_bytes(cfg) + 13 * CacheStore::page_bytes(cfg, 64));
   auto e = make_engine(fixture, tight);
   // The base first, alone, so its blocks are cached before the sharers arrive.
   EXPECT_EQ(tokens_of(**e->submit(reqs[0])), clean[0]);

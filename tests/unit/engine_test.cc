@@ -132,7 +132,8 @@ TEST(Engine, PreemptionKeepsOutputs) {
       CacheStore::page_bytes((*Model::load(kFixtures + "/kimi_linear_s1"))->config(), 64);
   const size_t slot =
       CacheStore::slot_bytes((*Model::load(kFixtures + "/kimi_linear_s1"))->config());
-  tight.cache_budget_bytes = static_cast<int64_t>(9 * slot + 14 * page);
+  // 9 slots (the scratch slot and one per sequence), 15 pages (the scratch page and 14).
+  tight.cache_budget_bytes = static_cast<int64_t>(9 * slot + 15 * page);
   auto e = make_engine("kimi_linear_s1", tight);
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (const Request& r : reqs) streams.push_back(*e->submit(r));
@@ -140,6 +141,9 @@ TEST(Engine, PreemptionKeepsOutputs) {
     EXPECT_EQ(collect(*streams[i]).tokens[0], expect[i]) << i;
   e->wait_idle();
   EXPECT_GT(e->stats().preemptions, 0);
+  // The totals count what requests can get: neither scratch page nor scratch slot.
+  EXPECT_EQ(e->stats().pages_total, 14);
+  EXPECT_EQ(e->stats().slots_total, 8);
   EXPECT_EQ(e->stats().pages_free, e->stats().pages_total);
   EXPECT_EQ(e->stats().slots_free, e->stats().slots_total);
 }

@@ -38,6 +38,7 @@ std::vector<float> run(const Model& m, const std::vector<Seq>& seqs, bool paged)
                                 .page_size = page,
                                 .num_slots = static_cast<int64_t>(seqs.size()) + 1});
   std::vector<SequenceCache> caches;
+  std::vector<std::vector<int32_t>> tables(seqs.size());  // page tables the inputs view
   for (size_t i = 0; i < seqs.size(); ++i) {
     caches.push_back(m.new_cache());
     if (paged && store.has_linear()) store.reset_slot(static_cast<int64_t>(i) + 1);
@@ -62,8 +63,10 @@ std::vector<float> run(const Model& m, const std::vector<Seq>& seqs, bool paged)
         in.start = static_cast<int64_t>(done[s]);
         in.slot = static_cast<int32_t>(s) + 1;  // slot 0 stays the scratch slot
         // Pages in reverse order, so page ids and positions do not line up.
-        for (int64_t p = 0; p < pages_per_seq; ++p)
-          in.pages.push_back(static_cast<int32_t>((s + 1) * pages_per_seq - 1 - p));
+        if (tables[s].empty())
+          for (int64_t p = 0; p < pages_per_seq; ++p)
+            tables[s].push_back(static_cast<int32_t>((s + 1) * pages_per_seq - 1 - p));
+        in.pages = tables[s];
       } else {
         in.cache = &caches[s];
       }

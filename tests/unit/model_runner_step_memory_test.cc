@@ -23,7 +23,7 @@ void check_decode_steps_allocate_nothing(const std::string& fixture) {
   const Model& model = **loaded;
   const int vocab = model.config().vocab_size;
   CacheStore::Options opt;
-  opt.num_pages = 24;
+  opt.num_pages = 25;  // the scratch page and 8 for each sequence
   opt.page_size = 16;
   opt.num_slots = 4;
   CacheStore store(model.config(), opt);
@@ -37,16 +37,19 @@ void check_decode_steps_allocate_nothing(const std::string& fixture) {
   BatchPlan plan;
   std::vector<SequenceCache> refs;
   std::vector<std::vector<int32_t>> history(3);
-  int32_t next_page = 0;
+  std::vector<std::vector<int32_t>> tables(3);  // the plan views them, as it views the scheduler's
+  int32_t next_page = CacheStore::kScratchPage + 1;
   for (int i = 0; i < 3; ++i) {
     SeqPlan s;
     s.request_id = i;
-    s.state_slot = store.has_linear() ? i : -1;
+    s.state_slot = store.has_linear() ? i + 1 : -1;  // slot 0 is scratch
     s.fresh_state = true;
     s.sample = true;
     for (int t = 0; t < prompt_lens[i]; ++t) s.tokens.push_back(tok(rng));
-    if (store.has_attention())
-      for (int p = 0; p < 8; ++p) s.page_table.push_back(next_page++);
+    if (store.has_attention()) {
+      for (int p = 0; p < 8; ++p) tables[i].push_back(next_page++);
+      s.page_table = tables[i];
+    }
     plan.seqs.push_back(s);
     refs.push_back(model.new_cache());
   }

@@ -13,7 +13,7 @@ namespace loom {
 namespace {
 
 TEST(SchedulerPool, AllocateIsAllOrNothing) {
-  KvPagePool pool(8, 64);
+  KvPagePool pool(9, 64);  // the scratch page and 8 more
   EXPECT_EQ(pool.capacity(), 8);
   std::vector<IdPool::Handle> a;
   ASSERT_TRUE(pool.allocate(5, &a));
@@ -32,8 +32,8 @@ TEST(SchedulerPool, AllocateIsAllOrNothing) {
   for (auto& h : a) ids.insert(h.id());
   for (auto& h : b) ids.insert(h.id());
   EXPECT_EQ(ids.size(), 8u);
-  EXPECT_EQ(*ids.begin(), 0);
-  EXPECT_EQ(*ids.rbegin(), 7);
+  EXPECT_EQ(*ids.begin(), 1);
+  EXPECT_EQ(*ids.rbegin(), 8);
   a.clear();
   b.clear();
   EXPECT_EQ(pool.free_count(), 8);
@@ -44,7 +44,7 @@ TEST(SchedulerPool, AllocateIsAllOrNothing) {
 }
 
 TEST(SchedulerPool, SharedReferencesFreeOnLastRelease) {
-  KvPagePool pool(2, 64);
+  KvPagePool pool(3, 64);  // 2 pages beside the scratch page
   IdPool::Handle h = pool.allocate_one();
   const int32_t id = h.id();
   IdPool::Handle s1 = h.share();
@@ -105,11 +105,43 @@ TEST(SchedulerPool, SlotZeroIsNeverHandedOut) {
   EXPECT_EQ(StateSlotPool(0).capacity(), 0);
 }
 
+// Page 0 is the scratch page padded page-table entries point at: no allocation returns it.
+TEST(SchedulerPool, PageZeroIsNeverHandedOut) {
+  KvPagePool pool(6, 64);
+  EXPECT_EQ(pool.capacity(), 5);
+  EXPECT_EQ(pool.first_id(), 1);
+  EXPECT_EQ(pool.end_id(), 6);
+  const uint32_t seed = scheduler_testing::test_seed();
+  SCOPED_TRACE(scheduler_testing::seed_note(seed));
+  std::mt19937 rng(seed);
+  std::vector<IdPool::Handle> live;
+  for (int i = 0; i < 2000; ++i) {
+    if (rng() % 2 && !live.empty()) {
+      live.erase(live.begin() + rng() % live.size());
+    } else {
+      const int32_t n = static_cast<int32_t>(rng() % 3);
+      const bool fits = static_cast<int32_t>(live.size()) + n <= pool.capacity();
+      ASSERT_EQ(pool.allocate(n, &live), fits);
+    }
+    std::set<int32_t> ids;
+    for (auto& h : live) {
+      ASSERT_NE(h.id(), KvPagePool::kScratchPage);
+      ASSERT_GE(h.id(), 1);
+      ASSERT_LT(h.id(), 6);
+      ids.insert(h.id());
+    }
+    ASSERT_EQ(ids.size(), live.size());
+    ASSERT_EQ(pool.free_count() + static_cast<int32_t>(live.size()), pool.capacity());
+  }
+  EXPECT_EQ(KvPagePool(1, 64).capacity(), 0);
+  EXPECT_EQ(KvPagePool(0, 64).capacity(), 0);
+}
+
 TEST(SchedulerPool, RandomRefcountsReconcile) {
   const uint32_t seed = scheduler_testing::test_seed();
   SCOPED_TRACE(scheduler_testing::seed_note(seed));
   std::mt19937 rng(seed);
-  KvPagePool pool(16, 64);
+  KvPagePool pool(17, 64);  // ids 1..16
   std::vector<IdPool::Handle> holders;
   for (int i = 0; i < 5000; ++i) {
     const int op = rng() % 3;
@@ -120,10 +152,10 @@ TEST(SchedulerPool, RandomRefcountsReconcile) {
     } else if (!holders.empty()) {
       holders.erase(holders.begin() + rng() % holders.size());
     }
-    std::vector<int32_t> refs(16, 0);
+    std::vector<int32_t> refs(17, 0);
     for (auto& h : holders) ++refs[h.id()];
     int32_t used = 0;
-    for (int32_t id = 0; id < 16; ++id) {
+    for (int32_t id = 1; id <= 16; ++id) {
       ASSERT_EQ(pool.ref_count(id), refs[id]);
       used += refs[id] > 0;
     }
@@ -156,7 +188,7 @@ TEST(SchedulerSizing, HybridRoundsPagesDown) {
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->num_state_slots, 13);  // 1 scratch + 8 live + 4 checkpoints
   EXPECT_EQ(s->page_bytes, page_bytes);
-  EXPECT_EQ(s->num_pages, 100);  // the partial page is dropped
+  EXPECT_EQ(s->num_pages, 100);  // the partial page is dropped; the scratch page counts
   EXPECT_EQ(s->used_bytes, 13 * (int64_t{1} << 20) + 100 * page_bytes);
   EXPECT_LE(s->used_bytes, in.budget_bytes);
 }
@@ -180,7 +212,14 @@ TEST(SchedulerSizing, PureModelsAndErrors) {
   auto att = cache_sizing_compute(at);
   ASSERT_TRUE(att.ok());
   EXPECT_EQ(att->num_state_slots, 0);
-  EXPECT_EQ(att->num_pages, 7);
+  EXPECT_EQ(att->num_pages, 7);  // the scratch page 0 and 6 a request can hold
+  EXPECT_EQ(att->used_bytes, 6400 * 7);
+  at.budget_bytes = 6400 * 2;  // the scratch page and one more: the least that can serve
+  att = cache_sizing_compute(at);
+  ASSERT_TRUE(att.ok());
+  EXPECT_EQ(att->num_pages, 2);
+  at.budget_bytes = 6400 * 2 - 1;  // only the scratch page fits
+  EXPECT_EQ(cache_sizing_compute(at).status().code(), absl::StatusCode::kResourceExhausted);
   at.budget_bytes = 6399;
   EXPECT_EQ(cache_sizing_compute(at).status().code(), absl::StatusCode::kResourceExhausted);
   at.budget_bytes = -1;

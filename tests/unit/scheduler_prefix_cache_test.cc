@@ -45,7 +45,7 @@ TEST(SchedulerPrefixCache, AttentionOnlyHitMiss) {
   const uint32_t seed = scheduler_testing::test_seed();
   SCOPED_TRACE(scheduler_testing::seed_note(seed));
   std::mt19937 rng(seed);
-  KvPagePool pages(64, kBs);
+  KvPagePool pages(65, kBs);  // 64 beside the scratch page
   PrefixCache cache({.block_size = kBs, .has_pages = true, .has_checkpoints = false});
   const auto prompt = random_tokens(rng, 5 * kBs + 17);
   EXPECT_EQ(cache.match(prompt).length, 0);  // empty cache
@@ -80,7 +80,7 @@ TEST(SchedulerPrefixCache, HybridNeedsCheckpointAtExactLength) {
   const uint32_t seed = scheduler_testing::test_seed();
   SCOPED_TRACE(scheduler_testing::seed_note(seed));
   std::mt19937 rng(seed);
-  KvPagePool pages(64, kBs);
+  KvPagePool pages(65, kBs);  // 64 beside the scratch page
   StateSlotPool slots(8);
   PrefixCache cache({.block_size = kBs, .has_pages = true, .has_checkpoints = true});
   const auto prompt = random_tokens(rng, 6 * kBs + 3);
@@ -132,7 +132,7 @@ TEST(SchedulerPrefixCache, EvictsLeastRecentlyUsedLeafFirst) {
   const uint32_t seed = scheduler_testing::test_seed();
   SCOPED_TRACE(scheduler_testing::seed_note(seed));
   std::mt19937 rng(seed);
-  KvPagePool pages(16, kBs);
+  KvPagePool pages(17, kBs);  // 16 beside the scratch page
   PrefixCache cache({.block_size = kBs, .has_pages = true, .has_checkpoints = false});
   const auto a = random_tokens(rng, kBs + 1), b = random_tokens(rng, kBs + 1),
              c = random_tokens(rng, 2 * kBs + 1);
@@ -166,7 +166,7 @@ TEST(SchedulerPrefixCache, CheckpointEvictionIsLruAndSkipsInUse) {
   const uint32_t seed = scheduler_testing::test_seed();
   SCOPED_TRACE(scheduler_testing::seed_note(seed));
   std::mt19937 rng(seed);
-  KvPagePool pages(16, kBs);
+  KvPagePool pages(17, kBs);  // 16 beside the scratch page
   StateSlotPool slots(4);
   PrefixCache cache({.block_size = kBs, .has_pages = true, .has_checkpoints = true});
   const auto a = random_tokens(rng, 2 * kBs + 1), b = random_tokens(rng, 2 * kBs + 1),
@@ -205,7 +205,7 @@ TEST(SchedulerPrefixCache, CollisionsNeverReturnWrongData) {
                               },
                               nullptr};
   for (BlockHashFn fn : weak) {
-    KvPagePool pages(512, kBs);
+    KvPagePool pages(513, kBs);  // 512 beside the scratch page
     PrefixCache cache({.block_size = kBs, .has_pages = true, .has_checkpoints = false, .hash = fn});
     absl::flat_hash_map<int32_t, std::vector<int32_t>> page_prefix;  // page -> tokens [0, end)
     // Few distinct values so prompts share prefixes and weak hashes collide.

@@ -31,7 +31,7 @@ void run_random(const Case& cs) {
   SchedulerConfig c;
   c.has_attention_layers = cs.attention;
   c.has_linear_layers = cs.linear;
-  c.num_pages = 40;  // 2560 positions; one request needs up to 12 pages
+  c.num_pages = 41;  // the scratch page + 40: 2560 positions; one request needs up to 12 pages
   c.num_state_slots = cs.num_state_slots;
   c.max_num_batched_tokens = cs.budget;
   c.max_num_seqs = 8;

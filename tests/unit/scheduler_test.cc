@@ -26,11 +26,13 @@ struct Kind {
 constexpr Kind kKinds[] = {
     {true, true, "hybrid"}, {true, false, "attention"}, {false, true, "linear"}};
 
+// `pages`: pages requests can hold; the pool has one more, the scratch page 0 (as `slots`
+// counts the scratch slot).
 SchedulerConfig make_config(Kind k, int32_t pages, int32_t slots, int32_t budget, int32_t seqs) {
   SchedulerConfig c;
   c.has_attention_layers = k.attention;
   c.has_linear_layers = k.linear;
-  c.num_pages = pages;
+  c.num_pages = pages + 1;
   c.num_state_slots = slots;
   c.max_num_batched_tokens = budget;
   c.max_num_seqs = seqs;
@@ -61,7 +63,12 @@ TEST(Scheduler, RejectsBadConfigsAndRequests) {
   SchedulerConfig c = make_config(kKinds[0], 4, 3, 64, 4);
   c.num_state_slots = 1;  // only the scratch slot
   EXPECT_FALSE(Scheduler::create(c).ok());
-  c = make_config(kKinds[0], 0, 3, 64, 4);
+  c = make_config(kKinds[0], 0, 3, 64, 4);  // only the scratch page
+  EXPECT_EQ(c.num_pages, 1);
+  EXPECT_FALSE(Scheduler::create(c).ok());
+  c.num_pages = 2;  // the scratch page and one page a request can hold
+  EXPECT_TRUE(Scheduler::create(c).ok());
+  c.num_pages = 0;
   EXPECT_FALSE(Scheduler::create(c).ok());
   c = make_config(kKinds[0], 4, 3, 0, 4);
   EXPECT_FALSE(Scheduler::create(c).ok());
@@ -337,7 +344,14 @@ TEST(Scheduler, CancelReturnsEveryPageAndSlot) {
     ASSERT_EQ(d.step(nullptr,
                      [&](const BatchPlan& p) {
                        for (const SeqPlan& q : p.seqs) {
-                         if (q.request_id == 2) in_flight_cancelled = d.cancel(2).ok();
+                         if (q.request_id != 2) continue;
+                         // The plan views the request's own page table: it must stay readable
+                         // (and unchanged) until complete(), though the request is gone.
+                         const std::vector<int32_t> before(q.page_table.begin(),
+                                                           q.page_table.end());
+                         in_flight_cancelled = d.cancel(2).ok();
+                         EXPECT_TRUE(std::equal(q.page_table.begin(), q.page_table.end(),
+                                                before.begin(), before.end()));
                        }
                      }),
               "");
