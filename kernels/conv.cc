@@ -19,6 +19,34 @@ void causal_conv1d_forward(const Exec& ex, const Tensor& x, const Tensor& weight
 #endif
 }
 
+void causal_conv1d_backward(const Exec& ex, const Tensor& x, const Tensor& weight,
+                            const Tensor& initial_state, bool apply_silu, const Tensor& dout,
+                            const Tensor& dfinal_state, const Tensor& dx, const Tensor& dweight,
+                            const Tensor& dinitial_state) {
+  LOOM_ON_EXEC_DEVICE(ex, "causal_conv1d_backward", x, weight, initial_state, dout, dfinal_state,
+                      dx, dweight, dinitial_state);
+  for (const Tensor* t : {&x, &weight, &dout, &dx, &dweight}) LOOM_CHECK_F32(*t);
+  LOOM_CHECK(x.ndim() == 2 && weight.ndim() == 2 && weight.dim(1) >= 1,
+             "causal_conv1d_backward: x %s weight %s", x.describe().c_str(),
+             weight.describe().c_str());
+  const int64_t T = x.dim(0), C = x.dim(1), W = weight.dim(1);
+  LOOM_CHECK_SHAPE(weight, C, W);
+  LOOM_CHECK_SHAPE(dweight, C, W);
+  LOOM_CHECK_SHAPE(dout, T, C);
+  LOOM_CHECK_SHAPE(dx, T, C);
+  for (const Tensor* t : {&initial_state, &dfinal_state, &dinitial_state}) {
+    if (!t->defined()) continue;
+    LOOM_CHECK_F32(*t);
+    LOOM_CHECK(t->shape() == Shape({W - 1, C}), "causal_conv1d_backward: state %s for [%lld, %lld]",
+               t->describe().c_str(), static_cast<long long>(W - 1), static_cast<long long>(C));
+  }
+  LOOM_CHECK(dx.raw() != x.raw() || T * C == 0, "causal_conv1d_backward: dx aliases x");
+  if (ex.device.is_cpu())
+    return cpu::causal_conv1d_backward(x, weight, initial_state, apply_silu, dout, dfinal_state, dx,
+                                       dweight, dinitial_state);
+  no_kernel_for(ex, "causal_conv1d_backward");
+}
+
 void causal_conv1d_step(const Exec& ex, const Tensor& x, const Tensor& weight,
                         const Tensor& conv_states, bool apply_silu, const Tensor& out) {
   LOOM_ON_EXEC_DEVICE(ex, "causal_conv1d_step", x, weight, conv_states, out);

@@ -17,6 +17,23 @@ namespace loom {
 void causal_conv1d_forward(const Exec& ex, const Tensor& x, const Tensor& weight,
                            const Tensor& conv_state, bool apply_silu, const Tensor& out);
 
+// Backward of causal_conv1d_forward over one sequence (depthwise: every channel on its own).
+// x: [T, C], the forward's input; weight: [C, W]; initial_state: [W-1, C], the conv_state as it
+// was *before* the forward (which updates it in place), or undefined for a sequence that started
+// from zeros; dout: [T, C]; dfinal_state: [W-1, C], the gradient reaching the state the forward
+// left (a later chunk of the same sequence), or undefined for none. Writes dx: [T, C] (must not
+// alias x; may alias dout) and dinitial_state: [W-1, C] (undefined: not wanted); accumulates
+// dweight: [C, W] += (a parameter gradient). With pre = the convolution before the activation,
+//   dpre = dout * silu'(pre) (or dout);  dxpad[p] = sum_j weight[:, j] * dpre[p - j];
+//   dweight[:, j] += sum_t dpre[t] * xpad[t + j]
+// where xpad = concat(initial_state, x) and dxpad = concat(dinitial_state, dx) (plus dfinal_state
+// on its last W-1 rows). Every sum runs in t order inside a channel; threads split channels: same
+// bits whatever the thread count.
+void causal_conv1d_backward(const Exec& ex, const Tensor& x, const Tensor& weight,
+                            const Tensor& initial_state, bool apply_silu, const Tensor& dout,
+                            const Tensor& dfinal_state, const Tensor& dx, const Tensor& dweight,
+                            const Tensor& dinitial_state);
+
 // One decode step for B sequences at once, each with its own state.
 // x, out: [B, C]; weight: [C, W]; conv_states: [B, W-1, C] (updated in place).
 void causal_conv1d_step(const Exec& ex, const Tensor& x, const Tensor& weight,

@@ -1,6 +1,7 @@
 #include "kernels/cpu/conv.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "kernels/activation.h"
@@ -114,6 +115,87 @@ void causal_conv1d_forward(const Tensor& x, const Tensor& weight, const Tensor& 
     const int64_t p = T + i;
     const float* src = xpad(p);
     if (src != sp + i * C) std::copy(src, src + C, sp + i * C);
+  }
+}
+
+// Per block of channels (threads split the blocks; inside one, every sum runs in t order, so the
+// result is the same whatever the thread count), four passes over the sequence, with dx holding
+// dpre until the last pass overwrites it row by row:
+//   1. dpre[t] = dout[t] * silu'(pre[t]) (or dout[t]), pre recomputed exactly as the forward does;
+//   2. dweight[:, j] += sum_t dpre[t] * xpad[t + j];
+//   3. dinitial_state[p] = sum_{j <= p, p - j < T} weight[:, j] * dpre[p - j] (+ dfinal_state);
+//   4. t ascending: dx[t] = sum_j weight[:, j] * dpre[t + P - j] (+ dfinal_state): row t of dpre
+//      is last needed by dx[t] itself, so the overwrite is safe.
+void causal_conv1d_backward(const Tensor& x, const Tensor& weight, const Tensor& initial_state,
+                            bool apply_silu, const Tensor& dout, const Tensor& dfinal_state,
+                            const Tensor& dx, const Tensor& dweight, const Tensor& dinitial_state) {
+  const int64_t T = x.dim(0), C = x.dim(1), W = weight.dim(1), P = W - 1;
+  const float* xp = x.data<float>();
+  const float* wp = weight.data<float>();  // [C, W]
+  const float* s0 = initial_state.defined() ? initial_state.data<float>() : nullptr;
+  const float* gp = dout.data<float>();
+  const float* dfin = dfinal_state.defined() ? dfinal_state.data<float>() : nullptr;
+  float* dxp = dx.data<float>();
+  float* dwp = dweight.data<float>();
+  float* ds0 = dinitial_state.defined() ? dinitial_state.data<float>() : nullptr;
+  // xpad[p][c], zero for a state row when there is no initial state.
+  auto xpad = [&](int64_t p, int64_t c) -> float {
+    if (p >= P) return xp[(p - P) * C + c];
+    return s0 ? s0[p * C + c] : 0.0f;
+  };
+  constexpr int64_t kBlock = 128;
+  const int64_t nblk = (C + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (T * C * W > 65536)
+  for (int64_t blk = 0; blk < nblk; ++blk) {
+    const int64_t c0 = blk * kBlock, c1 = std::min(C, c0 + kBlock);
+    // 1. dpre into dx (dx may alias dout: element (t, c) is read before it is written).
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t c = c0; c < c1; ++c) {
+        const float g = gp[t * C + c];
+        if (!apply_silu) {
+          dxp[t * C + c] = g;
+          continue;
+        }
+        float pre = 0.0f;  // conv_row's order: j = 0 .. W-1 from 0
+        for (int64_t j = 0; j < W; ++j) pre += wp[c * W + j] * xpad(t + j, c);
+        const float s = 1.0f / (1.0f + std::exp(-pre));
+        const float sn = 1.0f / (1.0f + std::exp(pre));  // 1 - s without its cancellation
+        dxp[t * C + c] = g * (s * (1.0f + pre * sn));
+      }
+    }
+    // 2. dweight.
+    for (int64_t c = c0; c < c1; ++c) {
+      for (int64_t j = 0; j < W; ++j) {
+        float acc = 0.0f;
+        for (int64_t t = 0; t < T; ++t) acc += dxp[t * C + c] * xpad(t + j, c);
+        dwp[c * W + j] += acc;
+      }
+    }
+    // 3. dinitial_state (rows p < P of dxpad).
+    if (ds0) {
+      for (int64_t p = 0; p < P; ++p) {
+        for (int64_t c = c0; c < c1; ++c) {
+          float acc = 0.0f;
+          for (int64_t j = 0; j <= p; ++j)
+            if (p - j < T) acc += wp[c * W + j] * dxp[(p - j) * C + c];
+          if (dfin && p >= T) acc += dfin[(p - T) * C + c];
+          ds0[p * C + c] = acc;
+        }
+      }
+    }
+    // 4. dx in place, t ascending (rows p = t + P of dxpad).
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t c = c0; c < c1; ++c) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < W; ++j) {
+          const int64_t q = t + P - j;  // dpre row; rows >= t are still dpre
+          if (q < T) acc += wp[c * W + j] * dxp[q * C + c];
+        }
+        const int64_t i = t + P - T;  // the final state's row i is xpad row T + i = t + P
+        if (dfin && i >= 0) acc += dfin[i * C + c];
+        dxp[t * C + c] = acc;
+      }
+    }
   }
 }
 
