@@ -17,4 +17,20 @@ void attnres_aggregate(const Exec& ex, const Tensor& sources, const Tensor& quer
                        const Tensor& key_norm, const Tensor& out_norm, float eps,
                        const Tensor& out);
 
+// Backward of attnres_aggregate, recomputing the forward per token (nothing saved but its inputs).
+// With g = dout * o, mhat = m / rms(m), u = r * w, vhat_i = v_i / rms(v_i) and s_i = vhat_i . u:
+//   dm = (g - mhat * mean(g * mhat)) / rms(m);  dp_i = dm . v_i;  ds_i = p_i (dp_i - sum_k p_k
+//   dp_k) dv_i = p_i dm + ds_i / rms(v_i) * (u - s_i * vhat_i / D) du = sum_i ds_i vhat_i;  dquery
+//   += du * r;  dkey_norm += du * w;  dout_norm += dout * mhat
+// (rms(y) = sqrt(mean(y^2) + eps)). sources, query, key_norm, out_norm, eps as for the forward;
+// dout: [N, D]; dsources: [S, N, D] contiguous, written (may alias sources: a token's rows are read
+// before they are written); dquery, dkey_norm, dout_norm: [D], accumulated (parameter gradients).
+// The parameter gradients are summed over fixed blocks of tokens, then over the blocks in order:
+// same bits whatever the thread count. Uses [ceil(N / 16), 6 D + 4 S] f32 of scratch (from
+// ex.workspace when there is one).
+void attnres_aggregate_backward(const Exec& ex, const Tensor& sources, const Tensor& query,
+                                const Tensor& key_norm, const Tensor& out_norm, float eps,
+                                const Tensor& dout, const Tensor& dsources, const Tensor& dquery,
+                                const Tensor& dkey_norm, const Tensor& dout_norm);
+
 }  // namespace loom
