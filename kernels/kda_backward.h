@@ -29,8 +29,9 @@ void kda_recurrent_backward(const Exec& ex, const Tensor& q, const Tensor& k, co
                             const Tensor& dv, const Tensor& dg, const Tensor& dbeta,
                             const Tensor& d_initial_state);
 
-// Gradients of g = kda_gate_forward(f, A_log, dt_bias, lower_bound): d_f, d_A_log [H] and
-// d_dt_bias (undefined when dt_bias is). Sums over tokens run in token order.
+// Gradients of g = kda_gate_forward(f, A_log, dt_bias, lower_bound): d_f is written; d_A_log [H]
+// and d_dt_bias (undefined when dt_bias is) are parameter gradients, accumulated. Sums over tokens
+// run in token order.
 void kda_gate_backward(const Exec& ex, const Tensor& f, const Tensor& A_log, const Tensor& dt_bias,
                        float lower_bound, const Tensor& d_g, const Tensor& d_f,
                        const Tensor& d_A_log, const Tensor& d_dt_bias);

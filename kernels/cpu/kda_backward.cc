@@ -219,12 +219,12 @@ void kda_gate_backward(const Tensor& f, const Tensor& A_log, const Tensor& dt_bi
       da += up * dalog;
     }
     da_col[c] = da;
-    if (bias) d_dt_bias.data<float>()[c] = db;
+    if (bias) d_dt_bias.data<float>()[c] += db;
   }
   for (int64_t h = 0; h < H; ++h) {
     float s = 0.0f;
     for (int64_t c = h * per_head; c < (h + 1) * per_head; ++c) s += da_col[c];
-    d_A_log.data<float>()[h] = s;
+    d_A_log.data<float>()[h] += s;
   }
 }
 

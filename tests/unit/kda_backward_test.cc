@@ -206,14 +206,21 @@ TEST(KdaGateBackward, MatchesFiniteDifferencesInBothForms) {
           }
         return l;
       };
-      Tensor d_f = Tensor::full({T, width}, NAN), d_a = Tensor::full({H}, NAN);
-      Tensor d_b = with_bias ? Tensor::full({width}, NAN) : Tensor();
+      // d_f is written (poisoned first); the parameter gradients accumulate onto what they hold.
+      Tensor d_f = Tensor::full({T, width}, NAN), d_a = Tensor::full({H}, 0.5f);
+      Tensor d_b = with_bias ? Tensor::full({width}, -0.25f) : Tensor();
       kda_gate_backward(host_exec(), to_tensor(f, {T, width}), to_tensor(a_log, {H}),
                         with_bias ? to_tensor(bias, {width}) : Tensor(), lower_bound,
                         to_tensor(r, {T, width}), d_f, d_a, d_b);
       EXPECT_LT(rel_l2(d_f, finite_difference(f, loss)), 1e-5) << lower_bound;
-      EXPECT_LT(rel_l2(d_a, finite_difference(a_log, loss)), 1e-5) << lower_bound;
-      if (with_bias) EXPECT_LT(rel_l2(d_b, finite_difference(bias, loss)), 1e-5) << lower_bound;
+      std::vector<double> fd_a = finite_difference(a_log, loss);
+      for (double& x : fd_a) x += 0.5;
+      EXPECT_LT(rel_l2(d_a, fd_a), 1e-5) << lower_bound;
+      if (with_bias) {
+        std::vector<double> fd_b = finite_difference(bias, loss);
+        for (double& x : fd_b) x -= 0.25;
+        EXPECT_LT(rel_l2(d_b, fd_b), 1e-5) << lower_bound;
+      }
     }
   }
 }
