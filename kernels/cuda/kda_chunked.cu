@@ -13,19 +13,24 @@
 //  1. kda_chunk_table_kernel: per sequence, the index of its first chunk (a block-wide scan over
 //     the sequences on the device; cu_seqlens never goes to the host).
 //  2. kda_prep_kernel, one block per (chunk, value head), all chunks in parallel: everything that
-//     does not depend on the state. Writes QG = scale q exp(gc), KG = k exp(gc_L - gc), P, TB,
-//     W and exp(gc_L) for the chunk to a workspace.
+//     does not depend on the state. Writes QG = scale q exp(gc), KG = k exp(gc_L - gc), P, W,
+//     U0 and exp(gc_L) for the chunk to a workspace.
 //  3. kda_state_kernel, one block per (sequence, value head, tile of BV value columns): the
 //     sequential pass over the sequence's chunks with the state tile in registers. Per chunk:
-//     U0 = TB V, v_new = U0 - W S, O = QG S + P v_new, S = decay S + KG^T v_new; the next chunk's
-//     operands stream into shared memory (cp.async) while this one computes.
+//     v_new = U0 - W S, O = QG S + P v_new, S = decay S + KG^T v_new; the next chunk's operands
+//     stream into shared memory (cp.async) while this one computes.
+// Head sizes: dk and dv are padded with zeros to one D in {32, 64, 128} (template parameter).
 // Numerics: like the CPU twin, nothing of the form exp(-gc) over a chunk is formed. gc is kept as
 // a base per 16-token sub-chunk (gb_i = gc at its first token, in double) plus the local cumsum
-// gl_t = gc_t - gb_i (f32, |gl| <= 75 for bounded gates). P and A are built in 16x16 blocks (i, j)
-// as (x_t exp(gl_t)) . (k_s exp(gb_i - gc_s)): for j < i both factors are <= 1; on the diagonal
-// the second factor is up to e^{-gl_s}, used only when the sub-chunk's decay span is at most 80
-// nats in every channel (always, for bounded gates g >= -5); otherwise the diagonal block is
-// summed element by element with exp(gl_t - gl_s) <= 1. Every other exponent is <= 0.
+// gl_t = gc_t - gb_i (f32, |gl| <= 75 for bounded gates). Per sub-chunk i and channel, a few
+// factors are formed once from the doubles (accurate expf): e^{gb_i}, e^{gc_L - gc_{e_i}} (e_i its
+// last row), e^{-gl_{e_i}} and, for j < i, e^{gc_{16i} - gc_{e_j}}; per element only
+// e^{gl_t} and f_t = e^{gl_{e_i} - gl_t} (both <= 1) are evaluated. Then q e^{gc} = (q e^{gl})
+// e^{gb}, k e^{gc_L - gc} = (k f) e^{gc_L - gc_e}, and P and A are built in 16x16 blocks (i, j) as
+// (x_t e^{gl_t}) . (k_s f_s) E_ij with E_ij = e^{gc_{16i} - gc_{e_j}} <= 1 for j < i; on the
+// diagonal E_ii = e^{-gl_{e_i}} is up to e^80, used only when the sub-chunk's decay span is at most
+// 80 nats in every channel (always, for bounded gates g >= -5); otherwise the diagonal block is
+// summed element by element with exp(gl_t - gl_s) <= 1.
 // Tensor cores: mma.sync m16n8k16 bf16 with f32 accumulation for bf16 inputs; f32 inputs run the
 // same kernels with f32 operands and CUDA-core FMAs in the same fragment layout (conformance).
 // The state is f32 throughout; its bf16 copy is only an mma operand.
@@ -96,6 +101,24 @@ __device__ __forceinline__ void tile_async(E* smem, int lds, const E* src, int64
   }
 }
 
+// A whole 64-row tile (no bounds), every size a compile-time constant: the offsets fold into the
+// instructions (the state pass issues ~16 of these copies a thread per chunk).
+template <class E, int COLS, int LDS, int GSTRIDE>
+__device__ __forceinline__ void tile_async_full(E* smem, const E* src) {
+  constexpr int kPer = 16 / static_cast<int>(sizeof(E));
+  constexpr int kPieces = COLS / kPer;
+  static_assert(kThreads % kPieces == 0, "pieces of a row divide the block");
+  constexpr int kRowStep = kThreads / kPieces;
+  const int r0 = static_cast<int>(threadIdx.x) / kPieces;
+  const int p = static_cast<int>(threadIdx.x) % kPieces;
+  E* d = smem + r0 * LDS + p * kPer;
+  const E* g = src + r0 * GSTRIDE + p * kPer;
+#pragma unroll
+  for (int r = 0; r < 64; r += kRowStep) {
+    if (kRowStep <= 64 || r0 < 64) cp_async16(d + r * LDS, g + r * GSTRIDE, true);
+  }
+}
+
 // ---- warp-level GEMM on one m16 row tile -------------------------------------------------------
 // acc[nt] (the m16 x n8 accumulator tile at rows m0.., columns n0 + 8 nt..) += A[m0.., 0..K) B,
 // B row-major [K][n] in shared memory; A row-major (A[m * lda + k]) or, with AT, stored
@@ -144,39 +167,38 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* A, int lda,
   }
 }
 
+// One k16 step: acc += A[m0.., k0..k0+16) B[k0..k0+16, n0..).
 template <int NT, bool AT>
-__device__ __forceinline__ void warp_mma(float (&acc)[NT][4], const bf16* A, int lda, int m0,
-                                         const bf16* B, int ldb, int n0, int K) {
+__device__ __forceinline__ void mma_kstep(float (&acc)[NT][4], const bf16* A, int lda, int m0,
+                                          const bf16* B, int ldb, int n0, int k0) {
   const int lane = threadIdx.x & 31;
   // B row-major [k][n]: ldmatrix.trans gives b0b1 = (k 2q, 2q+1; n g); matrices (k 0-7, n 0-7),
   // (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15).
   const int brow = (lane & 7) + ((lane >> 3) & 1) * 8;
-  for (int k0 = 0; k0 < K; k0 += 16) {
-    uint32_t a[4];
-    load_a<AT>(a, A, lda, m0, k0);
-    const bf16* Bk = B + (k0 + brow) * ldb + n0;
+  uint32_t a[4];
+  load_a<AT>(a, A, lda, m0, k0);
+  const bf16* Bk = B + (k0 + brow) * ldb + n0;
 #pragma unroll
-    for (int np = 0; np < NT / 2; ++np) {
-      uint32_t b[4];
-      ldsm4t(b, Bk + np * 16 + (lane >> 4) * 8);
-      mma16816(acc[2 * np], a, b[0], b[1]);
-      mma16816(acc[2 * np + 1], a, b[2], b[3]);
-    }
-    if constexpr (NT % 2 == 1) {
-      uint32_t b[2];
-      ldsm2t(b, Bk + (NT - 1) * 8);
-      mma16816(acc[NT - 1], a, b[0], b[1]);
-    }
+  for (int np = 0; np < NT / 2; ++np) {
+    uint32_t b[4];
+    ldsm4t(b, Bk + np * 16 + (lane >> 4) * 8);
+    mma16816(acc[2 * np], a, b[0], b[1]);
+    mma16816(acc[2 * np + 1], a, b[2], b[3]);
+  }
+  if constexpr (NT % 2 == 1) {
+    uint32_t b[2];
+    ldsm2t(b, Bk + (NT - 1) * 8);
+    mma16816(acc[NT - 1], a, b[0], b[1]);
   }
 }
 
 // The f32 twin: same tiles and accumulator layout, CUDA-core FMAs.
 template <int NT, bool AT>
-__device__ __forceinline__ void warp_mma(float (&acc)[NT][4], const float* A, int lda, int m0,
-                                         const float* B, int ldb, int n0, int K) {
+__device__ __forceinline__ void mma_kstep(float (&acc)[NT][4], const float* A, int lda, int m0,
+                                          const float* B, int ldb, int n0, int k0) {
   const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
 #pragma unroll 4
-  for (int k = 0; k < K; ++k) {
+  for (int k = k0; k < k0 + 16; ++k) {
     const float alo = AT ? A[k * lda + m0 + g] : A[(m0 + g) * lda + k];
     const float ahi = AT ? A[k * lda + m0 + g + 8] : A[(m0 + g + 8) * lda + k];
 #pragma unroll
@@ -194,6 +216,36 @@ template <int NT>
 __device__ __forceinline__ void zero_acc(float (&acc)[NT][4]) {
 #pragma unroll
   for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+}
+
+template <int NT, bool AT, class T>
+__device__ __forceinline__ void warp_mma(float (&acc)[NT][4], const T* A, int lda, int m0,
+                                         const T* B, int ldb, int n0, int K) {
+  for (int k0 = 0; k0 < K; k0 += 16) mma_kstep<NT, AT>(acc, A, lda, m0, B, ldb, n0, k0);
+}
+
+// The same product with even and odd k steps in two accumulator sets (half the dependent chain
+// of mma instructions), summed at the end. K a multiple of 32.
+template <int NT, bool AT, class T>
+__device__ __forceinline__ void warp_mma_split(float (&acc)[NT][4], const T* A, int lda, int m0,
+                                               const T* B, int ldb, int n0, int K) {
+  float odd[NT][4];
+  zero_acc(odd);
+#pragma unroll
+  for (int k0 = 0; k0 < K; k0 += 32) {
+    mma_kstep<NT, AT>(acc, A, lda, m0, B, ldb, n0, k0);
+    mma_kstep<NT, AT>(odd, A, lda, m0, B, ldb, n0, k0 + 16);
+  }
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[i][r] += odd[i][r];
+  }
+}
+
+__device__ __forceinline__ float2 ld2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+__device__ __forceinline__ float2 ld2(const bf16* p) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
 }
 
 template <class E>
@@ -246,14 +298,14 @@ __device__ __forceinline__ int64_t chunk_sequence(const int32_t* off, int64_t B,
   return lo;
 }
 
-// Workspace of one (chunk, value head): W, QG, KG [64][DK], P, TB [64][64] (E), exp(gc_L) [DK]
-// (f32).
-template <class E, int DK>
+// Workspace of one (chunk, value head): W, QG, KG [64][D], P [64][64], U0 [64][D] (E),
+// exp(gc_L) [D] (f32).
+template <class E, int D>
 struct Work {
-  static constexpr size_t kW = 0, kQG = 64 * DK, kKG = 2 * 64 * DK, kP = 3 * 64 * DK,
-                          kTB = kP + 64 * 64, kElems = kTB + 64 * 64;
+  static constexpr size_t kW = 0, kQG = 64 * D, kKG = 2 * 64 * D, kP = 3 * 64 * D,
+                          kU = kP + 64 * 64, kElems = kU + 64 * D;
   static constexpr size_t kDecayByte = kElems * sizeof(E);
-  static constexpr size_t kBytes = (kDecayByte + DK * sizeof(float) + 255) / 256 * 256;
+  static constexpr size_t kBytes = (kDecayByte + D * sizeof(float) + 255) / 256 * 256;
 };
 
 struct Args {
@@ -278,23 +330,26 @@ template <class E, int DK>
 struct PrepLayout {
   static constexpr int P = kPad<E>;
   static constexpr int LDK = DK + P;  // E rows: k, QN, KN, X
-  static constexpr int LDG = DK + 8;  // f32 rows: gl
+  static constexpr int LDG = DK;      // f32 rows: gl
   static constexpr int LDA = 68;      // f32 rows: A, T
   static constexpr int LDT = 64 + P;  // E rows: TB
   static constexpr size_t kRowsE = 64 * LDK * sizeof(E);
   static constexpr size_t kF64x64 = 64 * LDA * sizeof(float);
   static constexpr size_t kScratch = (4 + 3) * 16 * 17 * sizeof(float);  // Tdiag, P blocks
   static constexpr size_t cmax(size_t a, size_t b) { return a > b ? a : b; }
-  static constexpr size_t ks = 0;                                  // raw k
-  static constexpr size_t qn = ks + kRowsE;                        // raw q -> QN -> T (f32)
-  static constexpr size_t kn = qn + cmax(kRowsE, kF64x64);         // KN -> Tdiag, P -> X
-  static constexpr size_t gl = kn + cmax(kRowsE, kScratch);        // f32 [64][LDG]
-  static constexpr size_t gb = gl + 64 * LDG * sizeof(float);      // f64 [4][DK]
-  static constexpr size_t gL = gb + 4 * DK * sizeof(double);       // f64 [DK]
-  static constexpr size_t A = gL + DK * sizeof(double);            // first g (P0), A, TB (E)
-  static constexpr size_t beta = A + kF64x64;                      // f32 [64]
-  static constexpr size_t flags = beta + 64 * sizeof(float);       // int [4]
+  static constexpr size_t ks = 0;                              // raw k -> k f
+  static constexpr size_t qn = ks + kRowsE;                    // raw q -> QN -> T (f32)
+  static constexpr size_t kn = qn + cmax(kRowsE, kF64x64);     // KN -> X
+  static constexpr size_t gl = kn + kRowsE;                    // raw g -> gl -> Tdiag, P | V
+  static constexpr size_t kV = kScratch;                       // V's offset in the gl region
+  static constexpr size_t tab = gl + cmax(64 * LDG * sizeof(float), kV + kRowsE);  // f32 [18][DK]
+  static constexpr size_t A = tab + 18 * DK * sizeof(float);   // first, tot (P0), A, TB (E)
+  static constexpr size_t beta = A + kF64x64;                  // f32 [64]
+  static constexpr size_t gs = beta + 64 * sizeof(float);      // f32 [64]: scalar g
+  static constexpr size_t flags = gs + 64 * sizeof(float);     // int [4]
   static constexpr size_t bytes = flags + 4 * sizeof(int);
+  static_assert(kV % 16 == 0, "V rows 16-byte aligned");
+  static_assert(4 * DK * (sizeof(float) + sizeof(double)) <= kF64x64, "first, tot fit A");
   static_assert(64 * LDT * sizeof(E) <= kF64x64, "TB fits the A buffer");
 };
 
@@ -308,8 +363,10 @@ __global__ void __launch_bounds__(kThreads) kda_prep_kernel(Args a) {
   E* qn = reinterpret_cast<E*>(smem + Ly::qn);
   E* kn = reinterpret_cast<E*>(smem + Ly::kn);
   float* gl = reinterpret_cast<float*>(smem + Ly::gl);
-  double* gb = reinterpret_cast<double*>(smem + Ly::gb);
-  double* gL = reinterpret_cast<double*>(smem + Ly::gL);
+  float* Eb = reinterpret_cast<float*>(smem + Ly::tab);  // [4][DK] e^{gb_i}
+  float* Ee = Eb + 4 * DK;                                // [4][DK] e^{gc_L - gc_{e_i}}
+  float* Ed = Ee + 4 * DK;                                // [4][DK] e^{-gl_{e_i}}
+  float* Ex = Ed + 4 * DK;                                // [6][DK] e^{gc_{16i} - gc_{e_j}}
   float* As = reinterpret_cast<float*>(smem + Ly::A);
   float* bs = reinterpret_cast<float*>(smem + Ly::beta);
   int* flags = reinterpret_cast<int*>(smem + Ly::flags);
@@ -333,76 +390,93 @@ __global__ void __launch_bounds__(kThreads) kda_prep_kernel(Args a) {
   E* w_QG = reinterpret_cast<E*>(wbase) + Wk::kQG;
   E* w_KG = reinterpret_cast<E*>(wbase) + Wk::kKG;
   E* w_P = reinterpret_cast<E*>(wbase) + Wk::kP;
-  E* w_TB = reinterpret_cast<E*>(wbase) + Wk::kTB;
+  E* w_U = reinterpret_cast<E*>(wbase) + Wk::kU;
   float* w_decay = reinterpret_cast<float*>(wbase + Wk::kDecayByte);
+  float* gsc = reinterpret_cast<float*>(smem + Ly::gs);
 
-  // P0: raw k and q rows (zero beyond L and dk), beta, and the decays.
+  // P0: raw k, q and g rows (zero beyond L, dk), beta, then the decays.
   tile_async<E, DK>(ks, LDK, kg_src, static_cast<int64_t>(a.Hk) * dk, kC, L, dk);
   tile_async<E, DK>(qn, LDK, qg_src, static_cast<int64_t>(a.Hk) * dk, kC, L, dk);
+  if (!a.scalar_g)
+    tile_async<float, DK>(gl, LDG, a.g + (t0 * a.Hv + h) * dk, static_cast<int64_t>(a.Hv) * dk,
+                          kC, L, dk);
   cp_async_commit();
   if (tid < 4) flags[tid] = 0;
-  if (tid < kC) bs[tid] = tid < L ? ld_beta(a.beta, (t0 + tid) * a.Hv + h, a.beta_bf16) : 0.0f;
+  if (tid < kC) {
+    bs[tid] = tid < L ? ld_beta(a.beta, (t0 + tid) * a.Hv + h, a.beta_bf16) : 0.0f;
+    gsc[tid] = a.scalar_g && tid < L ? a.g[(t0 + tid) * a.Hv + h] : 0.0f;
+  }
+  cp_async_wait_all();
   __syncthreads();
-  float* first = As;  // [4][DK] until P2
-  const int gw = a.scalar_g ? 1 : dk;
+  float* first = As;                                                       // [4][DK] until P2
+  double* tot = reinterpret_cast<double*>(smem + Ly::A + 4 * DK * sizeof(float));  // [4][DK]
   for (int task = tid; task < 4 * DK; task += kThreads) {
     const int i = task / DK, c = task - i * DK;
-    double run = 0.0, tot = 0.0;
+    double run = 0.0, sum = 0.0;
     float f0 = 0.0f;
+#pragma unroll
     for (int r = 0; r < kSub; ++r) {
       const int t = i * kSub + r;
-      float gv = 0.0f;
-      if (t < L && c < dk) gv = a.g[((t0 + t) * a.Hv + h) * gw + (a.scalar_g ? 0 : c)];
+      const float gv = a.scalar_g ? (c < dk ? gsc[t] : 0.0f) : gl[t * LDG + c];
       if (r == 0) {
         f0 = gv;
       } else {
         run += gv;
       }
-      tot += gv;
+      sum += gv;
       gl[t * LDG + c] = static_cast<float>(run);
     }
-    gb[i * DK + c] = tot;
+    tot[i * DK + c] = sum;
     first[i * DK + c] = f0;
     if (-run > kMaxFactorSpan) atomicOr(&flags[i], 1);
   }
   __syncthreads();
+  // Per channel: the sub-chunk bases gb_i in double, then the factor tables and the decay.
+  const auto expd = [](double x) {  // e^x to f32 accuracy for |x| up to thousands
+    const float hi = static_cast<float>(x);
+    return expf(hi) * (1.0f + static_cast<float>(x - hi));
+  };
   for (int c = tid; c < DK; c += kThreads) {
-    double run = 0.0;
+    double gbv[4], gle[4], run = 0.0;
+#pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const double tot = gb[i * DK + c];
-      gb[i * DK + c] = run + first[i * DK + c];
-      run += tot;
+      gbv[i] = run + first[i * DK + c];
+      run += tot[i * DK + c];
+      gle[i] = gl[(16 * i + 15) * LDG + c];
     }
-    gL[c] = gb[((L - 1) / kSub) * DK + c] + static_cast<double>(gl[(L - 1) * LDG + c]);
+    const double gLv = gbv[(L - 1) / kSub] + static_cast<double>(gl[(L - 1) * LDG + c]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      Eb[i * DK + c] = expd(gbv[i]);
+      Ee[i * DK + c] = expd(gLv - (gbv[i] + gle[i]));
+      Ed[i * DK + c] = expf(static_cast<float>(-gle[i]));  // inf past 88 nats: flagged, unused
+#pragma unroll
+      for (int j = 0; j < i; ++j) Ex[(i * (i - 1) / 2 + j) * DK + c] = expd(gbv[i] - (gbv[j] + gle[j]));
+    }
+    w_decay[c] = expd(gLv);
   }
-  cp_async_wait_all();
   __syncthreads();
 
-  // P1: QN = scale q e^{gl}, KN = k e^{gl} (in place / shared); QG, KG and the decay to global.
+  // P1: QN = scale q e^{gl}, KN = k e^{gl}, k f (over raw k) in shared memory; QG, KG to global.
   const float scale = a.scale;
   for (int idx = tid; idx < kC * (DK / 2); idx += kThreads) {
     const int t = idx / (DK / 2), c = 2 * (idx - t * (DK / 2));
     const int i = t / kSub;
-    float qv[2], kv[2], qgv[2], kgv[2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const float lt = gl[t * LDG + c + e];
-      const double gct = gb[i * DK + c + e] + static_cast<double>(lt);
-      const float e1 = __expf(lt);
-      const float e0 = __expf(static_cast<float>(gct));
-      const float ek = __expf(static_cast<float>(gL[c + e] - gct));
-      const float x = ld_f(qn + t * LDK + c + e) * scale, y = ld_f(ks + t * LDK + c + e);
-      qv[e] = x * e1;
-      kv[e] = y * e1;
-      qgv[e] = x * e0;
-      kgv[e] = y * ek;
-    }
-    st2(qn + t * LDK + c, qv[0], qv[1]);
-    st2(kn + t * LDK + c, kv[0], kv[1]);
-    st2(w_QG + t * DK + c, qgv[0], qgv[1]);
-    st2(w_KG + t * DK + c, kgv[0], kgv[1]);
+    const float2 lt = *reinterpret_cast<const float2*>(gl + t * LDG + c);
+    const float2 le = *reinterpret_cast<const float2*>(gl + (16 * i + 15) * LDG + c);
+    const float2 eb = *reinterpret_cast<const float2*>(Eb + i * DK + c);
+    const float2 ee = *reinterpret_cast<const float2*>(Ee + i * DK + c);
+    const float2 x = ld2(qn + t * LDK + c), y = ld2(ks + t * LDK + c);
+    const float e1x = __expf(lt.x), e1y = __expf(lt.y);
+    const float fx = __expf(le.x - lt.x), fy = __expf(le.y - lt.y);
+    const float qx = x.x * scale * e1x, qy = x.y * scale * e1y;
+    const float kfx = y.x * fx, kfy = y.y * fy;
+    st2(qn + t * LDK + c, qx, qy);
+    st2(kn + t * LDK + c, y.x * e1x, y.y * e1y);
+    st2(ks + t * LDK + c, kfx, kfy);
+    st2(w_QG + t * DK + c, qx * eb.x, qy * eb.y);
+    st2(w_KG + t * DK + c, kfx * ee.x, kfy * ee.y);
   }
-  for (int c = tid; c < DK; c += kThreads) w_decay[c] = __expf(static_cast<float>(gL[c]));
   __syncthreads();
 
   // P2: the 10 lower 16x16 blocks (i, j) of A (-> shared, times beta_t, s < t) and P (-> global,
@@ -428,9 +502,12 @@ __global__ void __launch_bounds__(kThreads) kda_prep_kernel(Args a) {
           if (s <= t) {
             for (int c = lane; c < DK; c += 32) {
               const float ex = __expf(gl[t * LDG + c] - gl[s * LDG + c]);
-              const float kse = ld_f(ks + s * LDK + c) * ex;
-              sk = fmaf(ld_f(ks + t * LDK + c), kse, sk);
-              const float qr = (t < L && c < dk) ? ld_f(qg_src + int64_t{t} * a.Hk * dk + c) : 0.0f;
+              const bool ok = c < dk;  // s <= t < L
+              const int64_t row = static_cast<int64_t>(a.Hk) * dk;
+              const float kt = ok && t < L ? ld_f(kg_src + t * row + c) : 0.0f;
+              const float kse = ok && s < L ? ld_f(kg_src + s * row + c) * ex : 0.0f;
+              const float qr = ok && t < L ? ld_f(qg_src + t * row + c) : 0.0f;
+              sk = fmaf(kt, kse, sk);
               sq = fmaf(qr * scale, kse, sq);
             }
             sk = dev::warp_sum(sk);
@@ -447,27 +524,23 @@ __global__ void __launch_bounds__(kThreads) kda_prep_kernel(Args a) {
     float ak[2][4], aq[2][4];
     zero_acc(ak);
     zero_acc(aq);
+    // The right factor k_s e^{gc_{16i} - gc_s} = (k f)_s E_ij.
+    const float* Ef = diag ? Ed + i * DK : Ex + (i * (i - 1) / 2 + j) * DK;
     if constexpr (sizeof(E) == 2) {
       for (int k0 = 0; k0 < DK; k0 += 16) {
         uint32_t fk[4], fq[4];
         load_a<false>(fk, reinterpret_cast<const bf16*>(kn), LDK, 16 * i, k0);
         load_a<false>(fq, reinterpret_cast<const bf16*>(qn), LDK, 16 * i, k0);
+        const float2 ef0 = *reinterpret_cast<const float2*>(Ef + k0 + 2 * q4);
+        const float2 ef1 = *reinterpret_cast<const float2*>(Ef + k0 + 8 + 2 * q4);
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
-          const int s = 16 * j + 8 * nt + g8;
-          uint32_t bb[2];
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int c = k0 + 8 * half + 2 * q4;
-            const float2 gs = *reinterpret_cast<const float2*>(gl + s * LDG + c);
-            const float d0 = diag ? 0.0f : static_cast<float>(gb[i * DK + c] - gb[j * DK + c]);
-            const float d1 =
-                diag ? 0.0f : static_cast<float>(gb[i * DK + c + 1] - gb[j * DK + c + 1]);
-            bb[half] = pack_bf16(ld_f(ks + s * LDK + c) * __expf(d0 - gs.x),
-                                 ld_f(ks + s * LDK + c + 1) * __expf(d1 - gs.y));
-          }
-          mma16816(ak[nt], fk, bb[0], bb[1]);
-          mma16816(aq[nt], fq, bb[0], bb[1]);
+          const E* kr = ks + (16 * j + 8 * nt + g8) * LDK + k0 + 2 * q4;
+          const float2 k0v = ld2(kr), k1v = ld2(kr + 8);
+          const uint32_t b0 = pack_bf16(k0v.x * ef0.x, k0v.y * ef0.y);
+          const uint32_t b1 = pack_bf16(k1v.x * ef1.x, k1v.y * ef1.y);
+          mma16816(ak[nt], fk, b0, b1);
+          mma16816(aq[nt], fq, b0, b1);
         }
       }
     } else {
@@ -476,12 +549,12 @@ __global__ void __launch_bounds__(kThreads) kda_prep_kernel(Args a) {
         const float khi = ld_f(kn + (16 * i + g8 + 8) * LDK + c);
         const float qlo = ld_f(qn + (16 * i + g8) * LDK + c);
         const float qhi = ld_f(qn + (16 * i + g8 + 8) * LDK + c);
-        const float d = diag ? 0.0f : static_cast<float>(gb[i * DK + c] - gb[j * DK + c]);
+        const float ef = Ef[c];
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           const int s0 = 16 * j + 8 * nt + 2 * q4;
-          const float r0 = ld_f(ks + s0 * LDK + c) * __expf(d - gl[s0 * LDG + c]);
-          const float r1 = ld_f(ks + (s0 + 1) * LDK + c) * __expf(d - gl[(s0 + 1) * LDG + c]);
+          const float r0 = ld_f(ks + s0 * LDK + c) * ef;
+          const float r1 = ld_f(ks + (s0 + 1) * LDK + c) * ef;
           ak[nt][0] = fmaf(klo, r0, ak[nt][0]);
           ak[nt][1] = fmaf(klo, r1, ak[nt][1]);
           ak[nt][2] = fmaf(khi, r0, ak[nt][2]);
@@ -508,9 +581,23 @@ __global__ void __launch_bounds__(kThreads) kda_prep_kernel(Args a) {
   }
   __syncthreads();
 
+  // X = k e^{gc} (-> KN's buffer); gl is dead, so V streams into its buffer while T is formed.
+  E* X = kn;  // k e^{gc} = KN e^{gb}, in place
+  for (int idx = tid; idx < kC * (DK / 2); idx += kThreads) {
+    const int t = idx / (DK / 2), c = 2 * (idx - t * (DK / 2));
+    const float2 kv = ld2(X + t * LDK + c);
+    const float2 eb = *reinterpret_cast<const float2*>(Eb + (t / kSub) * DK + c);
+    st2(X + t * LDK + c, kv.x * eb.x, kv.y * eb.y);
+  }
+  __syncthreads();
+  E* Vs = reinterpret_cast<E*>(smem + Ly::gl + Ly::kV);
+  tile_async<E, DK>(Vs, LDK, static_cast<const E*>(a.v) + (t0 * a.Hv + h) * a.dv,
+                    static_cast<int64_t>(a.Hv) * a.dv, kC, L, a.dv);
+  cp_async_commit();
+
   // P3: T = (I + A)^-1 (unit lower triangular), by 16x16 blocks: diagonal blocks by forward
   // substitution, then T_ij = -T_ii sum_{j <= m < i} A_im T_mj by block distance.
-  float* Td = reinterpret_cast<float*>(smem + Ly::kn);  // [4][16][17]
+  float* Td = reinterpret_cast<float*>(smem + Ly::gl);  // [4][16][17]
   float* Pb = Td + 4 * 16 * 17;                           // [3][16][17]
   float* Tf = reinterpret_cast<float*>(smem + Ly::qn);  // [64][LDA]
   if (tid < 64) {
@@ -560,40 +647,28 @@ __global__ void __launch_bounds__(kThreads) kda_prep_kernel(Args a) {
     }
     __syncthreads();
   }
-  // TB = T diag(beta) (-> shared E in the A buffer, and global); X = k e^{gc} (-> KN buffer).
+  // TB = T diag(beta) (-> E in the A buffer).
   E* tbe = reinterpret_cast<E*>(smem + Ly::A);
-  E* X = kn;
   for (int idx = tid; idx < 64 * 32; idx += kThreads) {
     const int t = idx >> 5, s = 2 * (idx & 31);
-    const float v0 = Tf[t * LDA + s] * bs[s], v1 = Tf[t * LDA + s + 1] * bs[s + 1];
-    st2(tbe + t * LDT + s, v0, v1);
-    st2(w_TB + t * 64 + s, v0, v1);
+    st2(tbe + t * LDT + s, Tf[t * LDA + s] * bs[s], Tf[t * LDA + s + 1] * bs[s + 1]);
   }
-  for (int idx = tid; idx < kC * (DK / 2); idx += kThreads) {
-    const int t = idx / (DK / 2), c = 2 * (idx - t * (DK / 2));
-    const int i = t / kSub;
-    float xv[2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const double gct = gb[i * DK + c + e] + static_cast<double>(gl[t * LDG + c + e]);
-      xv[e] = ld_f(ks + t * LDK + c + e) * __expf(static_cast<float>(gct));
-    }
-    st2(X + t * LDK + c, xv[0], xv[1]);
-  }
+  cp_async_wait_all();
   __syncthreads();
 
-  // P4: W = TB X; warp w: rows 16 (w % 4).., columns (w / 4) DK / 2...
+  // P4: W = TB X (warps 0-3) and U0 = TB V (warps 4-7), rows 16 (w % 4)...
   {
-    constexpr int NT = DK / 16;
+    constexpr int NT = DK / 8;
     float acc[NT][4];
     zero_acc(acc);
-    const int mt = warp & 3, n0 = (warp >> 2) * (DK / 2);
-    warp_mma<NT, false>(acc, tbe, LDT, 16 * mt, X, LDK, n0, 64);
+    const int mt = warp & 3;
+    warp_mma_split<NT, false>(acc, tbe, LDT, 16 * mt, warp < 4 ? X : Vs, LDK, 0, 64);
+    E* dst = warp < 4 ? w_W : w_U;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      const int t = 16 * mt + g8, c = n0 + 8 * nt + 2 * q4;
-      st2(w_W + t * DK + c, acc[nt][0], acc[nt][1]);
-      st2(w_W + (t + 8) * DK + c, acc[nt][2], acc[nt][3]);
+      const int t = 16 * mt + g8, c = 8 * nt + 2 * q4;
+      st2(dst + t * DK + c, acc[nt][0], acc[nt][1]);
+      st2(dst + (t + 8) * DK + c, acc[nt][2], acc[nt][3]);
     }
   }
 }
@@ -609,7 +684,7 @@ struct StateLayout {
   static constexpr size_t kRows64 = 64 * LD64 * sizeof(E);
   static constexpr size_t kRowsV = 64 * LDV * sizeof(E);
   static constexpr size_t sW = 0, sQ = sW + kRowsK, sK = sQ + kRowsK, sP = sK + kRowsK,
-                          sT = sP + kRows64, sV = sT + kRows64, sD = sV + kRowsV,
+                          sU = sP + kRows64, sD = sU + kRowsV,
                           stage = (sD + DK * sizeof(float) + 15) / 16 * 16;
   static constexpr size_t Se = STAGES * stage;  // E [DK][LDV]: the state as an mma operand
   static constexpr size_t Vn = Se + DK * LDV * sizeof(E);  // E [64][LDV]: v_new
@@ -642,7 +717,6 @@ __global__ void __launch_bounds__(kThreads, 1) kda_state_kernel(Args a) {
   const int nc = static_cast<int>((len + kC - 1) / kC);
   const int32_t ci0 = a.off[b];
   float* Sg = a.pool + (slot * a.Hv + h) * static_cast<int64_t>(dk) * dv + v0;
-  const E* vsrc = static_cast<const E*>(a.v) + h * static_cast<int64_t>(dv) + v0;
   E* osrc = static_cast<E*>(a.out) + h * static_cast<int64_t>(dv) + v0;
   const int64_t vstride = static_cast<int64_t>(a.Hv) * dv;
 
@@ -650,14 +724,11 @@ __global__ void __launch_bounds__(kThreads, 1) kda_state_kernel(Args a) {
     unsigned char* s = smem + st * Ly::stage;
     const unsigned char* w = a.work + (static_cast<size_t>(ci0 + c) * a.Hv + h) * Wk::kBytes;
     const E* we = reinterpret_cast<const E*>(w);
-    tile_async<E, DK>(reinterpret_cast<E*>(s + Ly::sW), LDK, we + Wk::kW, DK, kC, kC, DK);
-    tile_async<E, DK>(reinterpret_cast<E*>(s + Ly::sQ), LDK, we + Wk::kQG, DK, kC, kC, DK);
-    tile_async<E, DK>(reinterpret_cast<E*>(s + Ly::sK), LDK, we + Wk::kKG, DK, kC, kC, DK);
-    tile_async<E, 64>(reinterpret_cast<E*>(s + Ly::sP), LD64, we + Wk::kP, 64, kC, kC, 64);
-    tile_async<E, 64>(reinterpret_cast<E*>(s + Ly::sT), LD64, we + Wk::kTB, 64, kC, kC, 64);
-    const int Lc = static_cast<int>(imin64(kC, len - int64_t{c} * kC));
-    tile_async<E, BV>(reinterpret_cast<E*>(s + Ly::sV), LDV, vsrc + (seq0 + int64_t{c} * kC) * vstride,
-                      vstride, kC, Lc, dv - v0);
+    tile_async_full<E, DK, LDK, DK>(reinterpret_cast<E*>(s + Ly::sW), we + Wk::kW);
+    tile_async_full<E, DK, LDK, DK>(reinterpret_cast<E*>(s + Ly::sQ), we + Wk::kQG);
+    tile_async_full<E, DK, LDK, DK>(reinterpret_cast<E*>(s + Ly::sK), we + Wk::kKG);
+    tile_async_full<E, 64, LD64, 64>(reinterpret_cast<E*>(s + Ly::sP), we + Wk::kP);
+    tile_async_full<E, BV, LDV, DK>(reinterpret_cast<E*>(s + Ly::sU), we + Wk::kU + v0);
     for (int i = tid; i < DK / 4; i += kThreads)
       cp_async16(s + Ly::sD + 16 * i, w + Wk::kDecayByte + 16 * i, true);
   };
@@ -686,8 +757,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_state_kernel(Args a) {
     const E* sQ = reinterpret_cast<const E*>(s + Ly::sQ);
     const E* sK = reinterpret_cast<const E*>(s + Ly::sK);
     const E* sP = reinterpret_cast<const E*>(s + Ly::sP);
-    const E* sT = reinterpret_cast<const E*>(s + Ly::sT);
-    const E* sV = reinterpret_cast<const E*>(s + Ly::sV);
+    const E* sU = reinterpret_cast<const E*>(s + Ly::sU);
     const float* sD = reinterpret_cast<const float*>(s + Ly::sD);
 #pragma unroll
     for (int f = 0; f < FPW; ++f) {
@@ -705,20 +775,19 @@ __global__ void __launch_bounds__(kThreads, 1) kda_state_kernel(Args a) {
     float qs[NT][4];
     zero_acc(qs);
     if (warp < 4) {
-      // v_new = TB V - W S for rows 16 warp..
-      float u[NT][4], ws[NT][4];
-      zero_acc(u);
+      // v_new = U0 - W S for rows 16 warp..
+      float ws[NT][4];
       zero_acc(ws);
-      warp_mma<NT, false>(u, sT, LD64, 16 * warp, sV, LDV, 0, 64);
-      warp_mma<NT, false>(ws, sW, LDK, 16 * warp, Se, LDV, 0, DK);
+      warp_mma_split<NT, false>(ws, sW, LDK, 16 * warp, Se, LDV, 0, DK);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const int t = 16 * warp + g8, j = 8 * nt + 2 * q4;
-        st2(Vn + t * LDV + j, u[nt][0] - ws[nt][0], u[nt][1] - ws[nt][1]);
-        st2(Vn + (t + 8) * LDV + j, u[nt][2] - ws[nt][2], u[nt][3] - ws[nt][3]);
+        const float2 u0 = ld2(sU + t * LDV + j), u1 = ld2(sU + (t + 8) * LDV + j);
+        st2(Vn + t * LDV + j, u0.x - ws[nt][0], u0.y - ws[nt][1]);
+        st2(Vn + (t + 8) * LDV + j, u1.x - ws[nt][2], u1.y - ws[nt][3]);
       }
     } else {
-      warp_mma<NT, false>(qs, sQ, LDK, 16 * (warp - 4), Se, LDV, 0, DK);
+      warp_mma_split<NT, false>(qs, sQ, LDK, 16 * (warp - 4), Se, LDV, 0, DK);
     }
     __syncthreads();
     if (warp >= 4) {
@@ -890,15 +959,14 @@ void set_smem(Kernel kernel, size_t bytes) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-int round_dk(int dk) { return dk <= 32 ? 32 : dk <= 64 ? 64 : 128; }
-
-template <class E, int DK>
-size_t work_bytes_per_chunk_head() {
-  return Work<E, DK>::kBytes;
+// The padded head size D of both dk and dv.
+int round_d(const launch::KdaVarlenArgs& a) {
+  const int d = a.dk > a.dv ? a.dk : a.dv;
+  return d <= 32 ? 32 : d <= 64 ? 64 : 128;
 }
 
 size_t per_chunk_head(const launch::KdaVarlenArgs& a) {
-  const int DK = round_dk(a.dk);
+  const int DK = round_d(a);
   if (a.bf16) {
     return DK == 32 ? Work<bf16, 32>::kBytes : DK == 64 ? Work<bf16, 64>::kBytes : Work<bf16, 128>::kBytes;
   }
@@ -972,9 +1040,10 @@ namespace launch {
 
 bool kda_chunked_supported(const KdaVarlenArgs& a) {
   const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-  return a.dk >= 1 && a.dk <= 128 && a.dk % 8 == 0 && a.dv % 8 == 0 && a.Hk > 0 &&
+  return a.dk >= 1 && a.dk <= 128 && a.dv <= 128 && a.dk % 8 == 0 && a.dv % 8 == 0 && a.Hk > 0 &&
          a.Hv % a.Hk == 0 && aligned(a.q) && aligned(a.k) && aligned(a.v) && aligned(a.out) &&
-         aligned(a.pool) && a.N / kC + a.B < (int64_t{1} << 31) / (a.Hv > 0 ? a.Hv : 1);
+         aligned(a.pool) && (a.scalar_g || aligned(a.g)) &&
+         a.N / kC + a.B < (int64_t{1} << 31) / (a.Hv > 0 ? a.Hv : 1);
 }
 
 size_t kda_chunked_workspace_bytes(const KdaVarlenArgs& a) {
@@ -1001,7 +1070,7 @@ void kda_chunked_varlen(cudaStream_t stream, const KdaVarlenArgs& a, int64_t rma
   }
   const int64_t nchunks = chunk_bound(a);
   if (bv == 0) bv = 32;
-  const int DK = round_dk(a.dk);
+  const int DK = round_d(a);
   if (a.bf16) {
     if (DK == 32) run_chunked_bv<bf16, 32>(stream, args, nchunks, bv, phases);
     else if (DK == 64) run_chunked_bv<bf16, 64>(stream, args, nchunks, bv, phases);

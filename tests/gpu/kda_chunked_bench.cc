@@ -262,12 +262,21 @@ int main() {
   LOOM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, %.0f MB L2\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize / 1e6);
-  loom::bench_ceilings();
+  // LOOM_KDA_BENCH_ONLY=<name>: that problem alone, 3 timed calls, no ceilings (for ncu).
+  const char* only = std::getenv("LOOM_KDA_BENCH_ONLY");
+  if (only == nullptr) loom::bench_ceilings();
   const std::vector<int64_t> mix = {4096, 2048, 1024, 512, 300, 65, 9, 3, 1000, 1};
-  loom::bench({.name = "kda_chunk_B1_H32_T8192_bf16", .lens = {8192}});
-  loom::bench({.name = "kda_chunk_B1_H32_T8192_bf16_bv64", .lens = {8192}, .bv = 64});
-  loom::bench({.name = "kda_chunk_B1_H32_T32768_bf16", .lens = {32768}, .iters = 10});
-  loom::bench({.name = "kda_chunk_varlen10_H32_N9058_bf16", .lens = mix});
-  loom::bench({.name = "kda_chunk_B1_H32_T8192_f32", .lens = {8192}, .bf16 = false, .iters = 5});
+  const std::vector<loom::Problem> problems = {
+      {.name = "kda_chunk_B1_H32_T8192_bf16", .lens = {8192}},
+      {.name = "kda_chunk_B1_H32_T8192_bf16_bv64", .lens = {8192}, .bv = 64},
+      {.name = "kda_chunk_B1_H32_T32768_bf16", .lens = {32768}, .iters = 10},
+      {.name = "kda_chunk_varlen10_H32_N9058_bf16", .lens = mix},
+      {.name = "kda_chunk_B1_H32_T8192_f32", .lens = {8192}, .bf16 = false, .iters = 5},
+  };
+  for (loom::Problem p : problems) {
+    if (only != nullptr && p.name != only) continue;
+    if (only != nullptr) p.iters = 3;
+    loom::bench(p);
+  }
   return 0;
 }

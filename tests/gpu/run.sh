@@ -10,6 +10,7 @@
 #   LOOM_GPU_BUILD_ALL=1 bash ...    # build everything in the preset
 #   LOOM_GPU_SANITIZE=1 bash ...     # also run the tests (not the death tests) under memcheck
 #   LOOM_GPU_SUITE=kda_chunked bash  # only the chunked KDA test, benchmark and peer
+#   LOOM_GPU_NO_PEER=1 bash ...      # skip the flash-linear-attention peers (Triton compiles ~2 min)
 # When .peers/fla holds flash-linear-attention's source (git-ignored), its recurrent KDA decode and
 # chunked KDA forward are timed after Loom's benchmarks at the same shapes
 # (bench/peers/fla_kda_decode.py, bench/peers/fla_chunk_kda.py).
@@ -85,7 +86,7 @@ echo "run.sh: benchmark exit $bench_rc in $(( $(date +%s) - t2 )) s"
 # Peers: flash-linear-attention's recurrent KDA decode and chunked KDA forward at the shapes of
 # Loom's rows, in the same run (its source, git-ignored, in .peers/fla; see bench/peers/).
 peer_rc=0
-if [ -d .peers/fla/fla ]; then
+if [ -d .peers/fla/fla ] && [ "${LOOM_GPU_NO_PEER:-0}" != 1 ]; then
   t3=$(date +%s)
   export PYTHONUNBUFFERED=1 PYTHONPATH=$root/.peers/fla${PYTHONPATH:+:$PYTHONPATH}
   if [ "$suite" = all ]; then
