@@ -7,7 +7,9 @@
 //   (-1, "embedding")     [N, D] the token embeddings
 //   (l,  "residual")      [N, D] the residual stream entering layer l (plain pre-norm residuals)
 //   (l,  "mixer_in")      [N, D] the normalised input of layer l's token mixer
+//   (l,  "mixer_out")     [N, D] layer l's token mixer output (what it adds to the residual)
 //   (l,  "ffn_in")        [N, D] the normalised input of layer l's FFN
+//   (l,  "ffn_out")       [N, D] layer l's FFN output
 //   (-1, "final_normed")  [N, D] the final normalised hidden state of every row
 #pragma once
 

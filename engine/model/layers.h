@@ -12,6 +12,7 @@
 #include "core/tensor.h"
 #include "core/workspace.h"
 #include "engine/model/forward_context.h"
+#include "engine/model/gradients.h"
 #include "kernels/exec.h"
 #include "weights/model_config.h"
 #include "weights/weight_loader.h"
@@ -24,6 +25,12 @@ class Mixer {
   // x: [N, D] normalised input; out: [N, D] (overwritten). `layer` indexes the caches.
   virtual void forward(const ForwardContext& ctx, const Tensor& x, int layer,
                        const Tensor& out) const = 0;
+  // Training: the gradient of forward(x) given d_out. Recomputes what it needs from x (nothing but
+  // the layer inputs is kept between forward and backward), writes d_x [N, D] and accumulates
+  // every parameter's gradient into `grads` under its canonical name. Every sequence of ctx.batch
+  // must start from a fresh state (past length 0). Mixers without a backward say so.
+  virtual absl::Status backward(const ForwardContext& ctx, const Tensor& x, int layer,
+                                const Tensor& d_out, const Tensor& d_x, Gradients& grads) const;
 };
 
 class Ffn {
@@ -31,6 +38,9 @@ class Ffn {
   virtual ~Ffn() = default;
   // x: [N, D]; out: [N, D] (overwritten).
   virtual void forward(const ForwardContext& ctx, const Tensor& x, const Tensor& out) const = 0;
+  // Training, as Mixer::backward.
+  virtual absl::Status backward(const ForwardContext& ctx, const Tensor& x, const Tensor& d_out,
+                                const Tensor& d_x, Gradients& grads) const;
 };
 
 absl::StatusOr<std::unique_ptr<Mixer>> make_kda_mixer(const ModelConfig& cfg, const WeightLoader& w,

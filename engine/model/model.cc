@@ -138,10 +138,12 @@ Tensor Model::run_plain_residual(const ForwardContext& ctx, Tensor h) const {
     rmsnorm_forward(ctx.ex, h, layer.mixer_norm, cfg_.rms_norm_eps, cfg_.norm_weight_offset, xn);
     ctx.record(l, "mixer_in", xn);
     layer.mixer->forward(ctx, xn, l, delta);
+    ctx.record(l, "mixer_out", delta);
     add_inplace(ctx.ex, h, delta);
     rmsnorm_forward(ctx.ex, h, layer.ffn_norm, cfg_.rms_norm_eps, cfg_.norm_weight_offset, xn);
     ctx.record(l, "ffn_in", xn);
     layer.ffn->forward(ctx, xn, delta);
+    ctx.record(l, "ffn_out", delta);
     add_inplace(ctx.ex, h, delta);
   }
   rmsnorm_forward(ctx.ex, h, final_norm_, cfg_.rms_norm_eps, cfg_.norm_weight_offset, h);
@@ -193,10 +195,12 @@ Tensor Model::run_block_attnres(const ForwardContext& ctx, const Tensor& embeddi
     }
     ctx.record(l, "mixer_in", xn);
     layer.mixer->forward(ctx, xn, l, delta);
+    ctx.record(l, "mixer_out", delta);
     accumulate();
     aggregate_input(2 * l + 1, layer.ffn_res_proj, layer.ffn_res_norm, layer.ffn_norm);
     ctx.record(l, "ffn_in", xn);
     layer.ffn->forward(ctx, xn, delta);
+    ctx.record(l, "ffn_out", delta);
     accumulate();
   }
   Tensor out = ctx.take({rows, d});

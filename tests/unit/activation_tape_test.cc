@@ -9,6 +9,7 @@
 
 #include "engine/model/model.h"
 #include "gtest/gtest.h"
+#include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
 #include "tests/unit/engine_test_support.h"
@@ -58,7 +59,7 @@ TEST(ActivationTape, RecordsEveryLayerWithoutChangingLogits) {
   expect_equal(taped, plain, "logits with a tape");
 
   const int L = cfg.num_layers;
-  ASSERT_EQ(tape.entries().size(), static_cast<size_t>(2 + 3 * L));
+  ASSERT_EQ(tape.entries().size(), static_cast<size_t>(2 + 5 * L));
   EXPECT_EQ(tape.entries().front().name, "embedding");
   EXPECT_EQ(tape.entries().back().name, "final_normed");
   const Tensor* embedding = tape.find(-1, "embedding");
@@ -74,6 +75,14 @@ TEST(ActivationTape, RecordsEveryLayerWithoutChangingLogits) {
     ASSERT_NE(mixer_in, nullptr) << l;
     ASSERT_NE(tape.find(l, "ffn_in"), nullptr) << l;
     EXPECT_EQ(residual->shape(), Shape({37, cfg.hidden_size}));
+    // The next layer's input is this one's plus both sublayer outputs, added in that order.
+    if (l + 1 < L) {
+      Tensor next = residual->clone();
+      add_inplace(ex, next, *tape.find(l, "mixer_out"));
+      add_inplace(ex, next, *tape.find(l, "ffn_out"));
+      expect_equal(*tape.find(l + 1, "residual"), next,
+                   "residual of layer " + std::to_string(l + 1));
+    }
     // The mixer's input is the pre-norm of the residual stream with layer l's weight: the norm
     // recomputed from the taped residual matches bit for bit.
     auto w = weights->load("layers." + std::to_string(l) + ".mixer_norm.weight", {cfg.hidden_size});
@@ -93,7 +102,7 @@ TEST(ActivationTape, RecordsEveryLayerWithoutChangingLogits) {
     ASSERT_NEAR(logits.data<float>()[i], plain.data<float>()[i],
                 1e-4f * (1.0f + std::fabs(plain.data<float>()[i])))
         << i;
-  EXPECT_GE(tape.bytes(), static_cast<size_t>(2 + 3 * L) * 37 * cfg.hidden_size * 4);
+  EXPECT_GE(tape.bytes(), static_cast<size_t>(2 + 5 * L) * 37 * cfg.hidden_size * 4);
 }
 
 TEST(ActivationTape, KeepsOnlyTheNamesAskedFor) {
@@ -129,7 +138,7 @@ TEST(ActivationTape, RecordsSublayerInputsUnderBlockAttentionResiduals) {
   const Tensor plain = prefill(**loaded, ids, nullptr);
   expect_equal(prefill(**loaded, ids, &tape), plain, "AttnRes logits with a tape");
   // No residual stream under AttnRes: each sublayer's input is its own aggregation.
-  ASSERT_EQ(tape.entries().size(), static_cast<size_t>(2 + 2 * cfg->num_layers));
+  ASSERT_EQ(tape.entries().size(), static_cast<size_t>(2 + 4 * cfg->num_layers));
   for (int l = 0; l < cfg->num_layers; ++l) {
     EXPECT_EQ(tape.find(l, "residual"), nullptr);
     ASSERT_NE(tape.find(l, "mixer_in"), nullptr);

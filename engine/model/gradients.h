@@ -1,0 +1,30 @@
+// Gradients: the parameter gradients of a backward pass, by canonical tensor name (the native
+// format's names, docs/native-format.md), f32, created as zeros on first use and accumulated into
+// by every op that reads the parameter (a tied or shared weight sums its uses).
+#pragma once
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace loom {
+
+class Gradients {
+ public:
+  // The gradient of `name`, zeros of `shape` the first time; later calls must ask for that shape.
+  const Tensor& get(const std::string& name, const Shape& shape);
+  // The gradient of `name`, or null when nothing has written it.
+  const Tensor* find(std::string_view name) const;
+  // Every name with a gradient, sorted.
+  std::vector<std::string> names() const;
+  // Sets every gradient to zero (the tensors stay, for the next step).
+  void zero();
+
+ private:
+  std::map<std::string, Tensor, std::less<>> grads_;
+};
+
+}  // namespace loom
