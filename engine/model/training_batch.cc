@@ -1,0 +1,25 @@
+#include "engine/model/training_batch.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace loom {
+
+absl::StatusOr<std::vector<RowSpan>> training_sequences(const BatchLayout& batch) {
+  if (!batch.cu_seqlens.device().is_cpu())
+    return absl::UnimplementedError("training: the backward runs on the CPU for now");
+  const int64_t b = batch.cu_seqlens.dim(0) - 1;
+  const int64_t* cu = batch.cu_seqlens.data<int64_t>();
+  const int64_t* past = batch.past_lens.data<int64_t>();
+  std::vector<RowSpan> out;
+  out.reserve(b);
+  for (int64_t s = 0; s < b; ++s) {
+    if (past[s] != 0)
+      return absl::FailedPreconditionError(
+          absl::StrCat("training: sequence ", s, " continues ", past[s],
+                       " cached positions; a training sequence starts from a fresh state"));
+    out.emplace_back(cu[s], cu[s + 1]);
+  }
+  return out;
+}
+
+}  // namespace loom
