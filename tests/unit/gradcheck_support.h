@@ -72,6 +72,16 @@ inline void expect_grad_close(const char* what, const Tensor& got, const std::ve
   EXPECT_LE(err, bound) << what;
 }
 
+// A parameter gradient is accumulated: `after` (the op run onto `base`) must be exactly
+// base + zero_based (the op run onto zeros) in f32, for ops that add one finished sum per element.
+inline void expect_accumulated(const char* what, const Tensor& base, const Tensor& zero_based,
+                               const Tensor& after) {
+  ASSERT_EQ(after.numel(), base.numel()) << what;
+  for (int64_t i = 0; i < after.numel(); ++i)
+    ASSERT_EQ(after.data<float>()[i], base.data<float>()[i] + zero_based.data<float>()[i])
+        << what << " at " << i;
+}
+
 // sum(out * r) in double.
 inline double project(const std::vector<double>& out, const Tensor& r) {
   double s = 0;
