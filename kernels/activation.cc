@@ -44,7 +44,9 @@ void silu_mul_backward(const Exec& ex, const Tensor& gate, const Tensor& up, con
 
 void embedding_backward(const Exec& ex, const Tensor& ids, const Tensor& dout,
                         const Tensor& dtable) {
-  LOOM_ON_EXEC_DEVICE(ex, "embedding_backward", ids, dout, dtable);
+  LOOM_ON_EXEC_DEVICE(ex, "embedding_backward", dout, dtable);
+  // ids may live on the host or on ex.device, as for embedding_forward; the CPU reads them here.
+  if (ex.device.is_cpu()) LOOM_ON_EXEC_DEVICE(ex, "embedding_backward", ids);
   LOOM_CHECK(ids.ndim() == 1 && ids.is_contiguous() &&
                  (ids.dtype() == DType::kI32 || ids.dtype() == DType::kI64),
              "embedding_backward: ids must be contiguous i32/i64 [T], got %s",

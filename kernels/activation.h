@@ -31,7 +31,8 @@ void silu_mul_backward(const Exec& ex, const Tensor& gate, const Tensor& up, con
 // Backward of embedding_forward: dtable[ids[t], :] += dout[t, :] for every t (a parameter
 // gradient: accumulated). Deterministic: every row of dtable receives its tokens' rows in token
 // order, whatever the thread count (threads split the columns). ids: [T] i32/i64 (checked in
-// [0, V) before anything is written); dout: [T, D]; dtable: [V, D].
+// [0, V) before anything is written; on the host or ex.device, as for embedding_forward);
+// dout: [T, D]; dtable: [V, D].
 void embedding_backward(const Exec& ex, const Tensor& ids, const Tensor& dout,
                         const Tensor& dtable);
 
