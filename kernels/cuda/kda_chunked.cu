@@ -45,7 +45,10 @@ namespace {
 using bf16 = __nv_bfloat16;
 constexpr int kC = 64;         // chunk
 constexpr int kSub = 16;       // sub-chunk
-constexpr int kThreads = 256;  // 8 warps, both chunked kernels
+constexpr int kThreads = 256;  // 8 warps: the state pass
+// The per-chunk preparation: 16 warps, two blocks per multiprocessor (shared memory allows two;
+// the registers, at most 64 a thread then, four warps per scheduler).
+constexpr int kPrepThreads = 512, kPrepWarps = kPrepThreads / 32;
 constexpr float kMaxFactorSpan = 80.0f;
 
 __device__ __forceinline__ int64_t imin64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -85,16 +88,21 @@ __device__ __forceinline__ void cp_async_commit() {
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
 // Rows [0, nrows) x columns [0, COLS) of a row-major global tile (row r at src + r * gstride)
 // into shared memory (row stride lds), 16 bytes per copy; rows >= rows_valid and 16-byte pieces
 // at columns >= cols_valid are zero-filled (cols_valid a multiple of 16 / sizeof(E)).
-template <class E, int COLS>
+template <class E, int COLS, int THREADS = kThreads>
 __device__ __forceinline__ void tile_async(E* smem, int lds, const E* src, int64_t gstride,
                                            int nrows, int rows_valid, int cols_valid) {
   constexpr int kPer = 16 / static_cast<int>(sizeof(E));
   constexpr int kPieces = COLS / kPer;
-  for (int i = threadIdx.x; i < nrows * kPieces; i += kThreads) {
+  for (int i = threadIdx.x; i < nrows * kPieces; i += THREADS) {
     const int r = i / kPieces, p = i - r * kPieces;
     const bool ok = r < rows_valid && p * kPer < cols_valid;
     cp_async16(smem + r * lds + p * kPer, ok ? src + r * gstride + p * kPer : src, ok);
@@ -354,7 +362,7 @@ struct PrepLayout {
 };
 
 template <class E, int DK>
-__global__ void __launch_bounds__(kThreads) kda_prep_kernel(Args a) {
+__global__ void __launch_bounds__(kPrepThreads, 2) kda_prep_kernel(Args a) {
   using Ly = PrepLayout<E, DK>;
   using Wk = Work<E, DK>;
   constexpr int LDK = Ly::LDK, LDG = Ly::LDG, LDA = Ly::LDA, LDT = Ly::LDT;
@@ -395,10 +403,10 @@ __global__ void __launch_bounds__(kThreads) kda_prep_kernel(Args a) {
   float* gsc = reinterpret_cast<float*>(smem + Ly::gs);
 
   // P0: raw k, q and g rows (zero beyond L, dk), beta, then the decays.
-  tile_async<E, DK>(ks, LDK, kg_src, static_cast<int64_t>(a.Hk) * dk, kC, L, dk);
-  tile_async<E, DK>(qn, LDK, qg_src, static_cast<int64_t>(a.Hk) * dk, kC, L, dk);
+  tile_async<E, DK, kPrepThreads>(ks, LDK, kg_src, static_cast<int64_t>(a.Hk) * dk, kC, L, dk);
+  tile_async<E, DK, kPrepThreads>(qn, LDK, qg_src, static_cast<int64_t>(a.Hk) * dk, kC, L, dk);
   if (!a.scalar_g)
-    tile_async<float, DK>(gl, LDG, a.g + (t0 * a.Hv + h) * dk, static_cast<int64_t>(a.Hv) * dk,
+    tile_async<float, DK, kPrepThreads>(gl, LDG, a.g + (t0 * a.Hv + h) * dk, static_cast<int64_t>(a.Hv) * dk,
                           kC, L, dk);
   cp_async_commit();
   if (tid < 4) flags[tid] = 0;
@@ -410,7 +418,7 @@ __global__ void __launch_bounds__(kThreads) kda_prep_kernel(Args a) {
   __syncthreads();
   float* first = As;                                                       // [4][DK] until P2
   double* tot = reinterpret_cast<double*>(smem + Ly::A + 4 * DK * sizeof(float));  // [4][DK]
-  for (int task = tid; task < 4 * DK; task += kThreads) {
+  for (int task = tid; task < 4 * DK; task += kPrepThreads) {
     const int i = task / DK, c = task - i * DK;
     double run = 0.0, sum = 0.0;
     float f0 = 0.0f;
@@ -436,7 +444,7 @@ __global__ void __launch_bounds__(kThreads) kda_prep_kernel(Args a) {
     const float hi = static_cast<float>(x);
     return expf(hi) * (1.0f + static_cast<float>(x - hi));
   };
-  for (int c = tid; c < DK; c += kThreads) {
+  for (int c = tid; c < DK; c += kPrepThreads) {
     double gbv[4], gle[4], run = 0.0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -459,7 +467,7 @@ __global__ void __launch_bounds__(kThreads) kda_prep_kernel(Args a) {
 
   // P1: QN = scale q e^{gl}, KN = k e^{gl}, k f (over raw k) in shared memory; QG, KG to global.
   const float scale = a.scale;
-  for (int idx = tid; idx < kC * (DK / 2); idx += kThreads) {
+  for (int idx = tid; idx < kC * (DK / 2); idx += kPrepThreads) {
     const int t = idx / (DK / 2), c = 2 * (idx - t * (DK / 2));
     const int i = t / kSub;
     const float2 lt = *reinterpret_cast<const float2*>(gl + t * LDG + c);
@@ -481,15 +489,15 @@ __global__ void __launch_bounds__(kThreads) kda_prep_kernel(Args a) {
 
   // P2: the 10 lower 16x16 blocks (i, j) of A (-> shared, times beta_t, s < t) and P (-> global,
   // s <= t); warp w takes blocks w and w + 8. Warps 2..7 also zero one upper block of P each.
-  if (warp >= 2) {
+  if (warp >= kPrepWarps - 6) {
     constexpr int zi[6] = {0, 0, 0, 1, 1, 2}, zj[6] = {1, 2, 3, 2, 3, 3};
-    const int z = warp - 2;
+    const int z = warp - (kPrepWarps - 6);
     const int r = lane >> 1, c0 = (lane & 1) * 8;
     E* p = w_P + (16 * zi[z] + r) * 64 + 16 * zj[z] + c0;
 #pragma unroll
     for (int e = 0; e < 4; ++e) st2(p + 2 * e, 0.0f, 0.0f);
   }
-  for (int u = warp; u < 10; u += 8) {
+  for (int u = warp; u < 10; u += kPrepWarps) {
     int i = 0;
     while ((i + 1) * (i + 2) / 2 <= u) ++i;
     const int j = u - i * (i + 1) / 2;
@@ -583,7 +591,7 @@ __global__ void __launch_bounds__(kThreads) kda_prep_kernel(Args a) {
 
   // X = k e^{gc} (-> KN's buffer); gl is dead, so V streams into its buffer while T is formed.
   E* X = kn;  // k e^{gc} = KN e^{gb}, in place
-  for (int idx = tid; idx < kC * (DK / 2); idx += kThreads) {
+  for (int idx = tid; idx < kC * (DK / 2); idx += kPrepThreads) {
     const int t = idx / (DK / 2), c = 2 * (idx - t * (DK / 2));
     const float2 kv = ld2(X + t * LDK + c);
     const float2 eb = *reinterpret_cast<const float2*>(Eb + (t / kSub) * DK + c);
@@ -591,7 +599,7 @@ __global__ void __launch_bounds__(kThreads) kda_prep_kernel(Args a) {
   }
   __syncthreads();
   E* Vs = reinterpret_cast<E*>(smem + Ly::gl + Ly::kV);
-  tile_async<E, DK>(Vs, LDK, static_cast<const E*>(a.v) + (t0 * a.Hv + h) * a.dv,
+  tile_async<E, DK, kPrepThreads>(Vs, LDK, static_cast<const E*>(a.v) + (t0 * a.Hv + h) * a.dv,
                     static_cast<int64_t>(a.Hv) * a.dv, kC, L, a.dv);
   cp_async_commit();
 
@@ -617,7 +625,7 @@ __global__ void __launch_bounds__(kThreads) kda_prep_kernel(Args a) {
     for (int r = 0; r < 16; ++r) Td[(blk * 16 + r) * 17 + j] = x[r];
   }
   __syncthreads();
-  for (int idx = tid; idx < 64 * 64; idx += kThreads) {
+  for (int idx = tid; idx < 64 * 64; idx += kPrepThreads) {
     const int t = idx >> 6, s = idx & 63;
     const int bi = t >> 4, bj = s >> 4;
     if (bi == bj) {
@@ -628,7 +636,7 @@ __global__ void __launch_bounds__(kThreads) kda_prep_kernel(Args a) {
   }
   __syncthreads();
   for (int d = 1; d < 4; ++d) {
-    for (int idx = tid; idx < (4 - d) * 256; idx += kThreads) {
+    for (int idx = tid; idx < (4 - d) * 256; idx += kPrepThreads) {
       const int n = idx >> 8, r = (idx >> 4) & 15, col = idx & 15;
       const int i = n + d, j = n;
       float acc = 0.0f;
@@ -637,7 +645,7 @@ __global__ void __launch_bounds__(kThreads) kda_prep_kernel(Args a) {
       Pb[(n * 16 + r) * 17 + col] = acc;
     }
     __syncthreads();
-    for (int idx = tid; idx < (4 - d) * 256; idx += kThreads) {
+    for (int idx = tid; idx < (4 - d) * 256; idx += kPrepThreads) {
       const int n = idx >> 8, r = (idx >> 4) & 15, col = idx & 15;
       const int i = n + d, j = n;
       float acc = 0.0f;
@@ -649,24 +657,26 @@ __global__ void __launch_bounds__(kThreads) kda_prep_kernel(Args a) {
   }
   // TB = T diag(beta) (-> E in the A buffer).
   E* tbe = reinterpret_cast<E*>(smem + Ly::A);
-  for (int idx = tid; idx < 64 * 32; idx += kThreads) {
+  for (int idx = tid; idx < 64 * 32; idx += kPrepThreads) {
     const int t = idx >> 5, s = 2 * (idx & 31);
     st2(tbe + t * LDT + s, Tf[t * LDA + s] * bs[s], Tf[t * LDA + s + 1] * bs[s + 1]);
   }
   cp_async_wait_all();
   __syncthreads();
 
-  // P4: W = TB X (warps 0-3) and U0 = TB V (warps 4-7), rows 16 (w % 4)...
+  // P4: W = TB X and U0 = TB V; warp w: rows 16 (w % 4).., W or U by bit 2, column half by bit 3.
   {
-    constexpr int NT = DK / 8;
+    static_assert(kPrepWarps == 16, "P4 tiling");
+    constexpr int NT = DK / 16;
     float acc[NT][4];
     zero_acc(acc);
-    const int mt = warp & 3;
-    warp_mma_split<NT, false>(acc, tbe, LDT, 16 * mt, warp < 4 ? X : Vs, LDK, 0, 64);
-    E* dst = warp < 4 ? w_W : w_U;
+    const int mt = warp & 3, n0 = (warp >> 3) * (DK / 2);
+    const bool w_part = ((warp >> 2) & 1) == 0;
+    warp_mma<NT, false>(acc, tbe, LDT, 16 * mt, w_part ? X : Vs, LDK, n0, 64);
+    E* dst = w_part ? w_W : w_U;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      const int t = 16 * mt + g8, c = 8 * nt + 2 * q4;
+      const int t = 16 * mt + g8, c = n0 + 8 * nt + 2 * q4;
       st2(dst + t * DK + c, acc[nt][0], acc[nt][1]);
       st2(dst + (t + 8) * DK + c, acc[nt][2], acc[nt][3]);
     }
@@ -678,7 +688,6 @@ __global__ void __launch_bounds__(kThreads) kda_prep_kernel(Args a) {
 template <class E, int DK, int BV>
 struct StateLayout {
   static constexpr int P = kPad<E>;
-  static constexpr int STAGES = sizeof(E) == 2 ? 2 : 1;
   static constexpr int LDK = DK + P, LD64 = 64 + P, LDV = BV + P;
   static constexpr size_t kRowsK = 64 * LDK * sizeof(E);
   static constexpr size_t kRows64 = 64 * LD64 * sizeof(E);
@@ -686,6 +695,12 @@ struct StateLayout {
   static constexpr size_t sW = 0, sQ = sW + kRowsK, sK = sQ + kRowsK, sP = sK + kRowsK,
                           sU = sP + kRows64, sD = sU + kRowsV,
                           stage = (sD + DK * sizeof(float) + 15) / 16 * 16;
+  // Operand stages in flight: as many as fit next to the state copies (3 for bf16 at 32 value
+  // columns, 2 at 64; f32 stages are twice the size: 1).
+  static constexpr size_t kFixed = DK * LDV * sizeof(E) + kRowsV;
+  static constexpr int STAGES = 3 * stage + kFixed <= 227 * 1024   ? 3
+                                : 2 * stage + kFixed <= 227 * 1024 ? 2
+                                                                   : 1;
   static constexpr size_t Se = STAGES * stage;  // E [DK][LDV]: the state as an mma operand
   static constexpr size_t Vn = Se + DK * LDV * sizeof(E);  // E [64][LDV]: v_new
   static constexpr size_t bytes = Vn + kRowsV;
@@ -748,10 +763,15 @@ __global__ void __launch_bounds__(kThreads, 1) kda_state_kernel(Args a) {
     }
   }
 
-  load_stage(0, 0);
-  cp_async_commit();
+  // Prologue: the first STAGES - 1 chunks' operands in flight (one commit group each, empty
+  // past the last chunk, so that the group count stays uniform).
+#pragma unroll
+  for (int c = 0; c < (Ly::STAGES > 1 ? Ly::STAGES - 1 : 1); ++c) {
+    if (c < nc) load_stage(c, c);
+    cp_async_commit();
+  }
   for (int c = 0; c < nc; ++c) {
-    const int st = Ly::STAGES == 2 ? (c & 1) : 0;
+    const int st = c % Ly::STAGES;
     const unsigned char* s = smem + st * Ly::stage;
     const E* sW = reinterpret_cast<const E*>(s + Ly::sW);
     const E* sQ = reinterpret_cast<const E*>(s + Ly::sQ);
@@ -765,10 +785,16 @@ __global__ void __launch_bounds__(kThreads, 1) kda_state_kernel(Args a) {
       st2(Se + r0 * LDV + j, S[f][0], S[f][1]);
       st2(Se + (r0 + 8) * LDV + j, S[f][2], S[f][3]);
     }
-    cp_async_wait_all();
+    if constexpr (Ly::STAGES > 1) {
+      cp_async_wait<Ly::STAGES - 2>();  // chunk c's group has landed
+    } else {
+      cp_async_wait_all();
+    }
     __syncthreads();
-    if (Ly::STAGES == 2 && c + 1 < nc) {
-      load_stage(st ^ 1, c + 1);
+    if constexpr (Ly::STAGES > 1) {
+      // Into the stage read during chunk c - 1 (every warp is past it: the barrier above).
+      const int cn = c + Ly::STAGES - 1;
+      if (cn < nc) load_stage(cn % Ly::STAGES, cn);
       cp_async_commit();
     }
     const int L = static_cast<int>(imin64(kC, len - int64_t{c} * kC));
@@ -814,7 +840,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_state_kernel(Args a) {
       S[f][3] *= dhi;
     }
     warp_mma<FPW, true>(S, sK, LDK, 16 * sm, Vn, LDV, 8 * sn0, 64);
-    if (Ly::STAGES == 1) {
+    if constexpr (Ly::STAGES == 1) {
       __syncthreads();  // every read of the stage done
       if (c + 1 < nc) {
         load_stage(0, c + 1);
@@ -987,7 +1013,7 @@ void run_chunked(cudaStream_t stream, const Args& args, int64_t nchunks, int pha
   (void)once;
   if (phases & 1) {
     const dim3 pgrid(static_cast<unsigned>(nchunks), static_cast<unsigned>(args.Hv));
-    kda_prep_kernel<E, DK><<<pgrid, kThreads, PL::bytes, stream>>>(args);
+    kda_prep_kernel<E, DK><<<pgrid, kPrepThreads, PL::bytes, stream>>>(args);
     LOOM_CUDA_CHECK_LAUNCH();
   }
   if (phases & 2) {
