@@ -111,7 +111,9 @@ __device__ __forceinline__ void tile_async(E* smem, int lds, const E* src, int64
 
 // A whole 64-row tile (no bounds), every size a compile-time constant: the offsets fold into the
 // instructions (the state pass issues ~16 of these copies a thread per chunk).
-template <class E, int COLS, int LDS, int GSTRIDE>
+// LOWER: only the 16-column blocks on or below the diagonal of a 64 x 64 tile (the rest of the
+// shared tile must hold zeros already).
+template <class E, int COLS, int LDS, int GSTRIDE, bool LOWER = false>
 __device__ __forceinline__ void tile_async_full(E* smem, const E* src) {
   constexpr int kPer = 16 / static_cast<int>(sizeof(E));
   constexpr int kPieces = COLS / kPer;
@@ -123,7 +125,8 @@ __device__ __forceinline__ void tile_async_full(E* smem, const E* src) {
   const E* g = src + r0 * GSTRIDE + p * kPer;
 #pragma unroll
   for (int r = 0; r < 64; r += kRowStep) {
-    if (kRowStep <= 64 || r0 < 64) cp_async16(d + r * LDS, g + r * GSTRIDE, true);
+    const bool lower_ok = !LOWER || p < (kPieces / 4) * ((r0 + r) / 16 + 1);
+    if ((kRowStep <= 64 || r0 < 64) && lower_ok) cp_async16(d + r * LDS, g + r * GSTRIDE, true);
   }
 }
 
@@ -340,13 +343,12 @@ struct PrepLayout {
   static constexpr int LDK = DK + P;  // E rows: k, QN, KN, X
   static constexpr int LDG = DK;      // f32 rows: gl
   static constexpr int LDA = 68;      // f32 rows: A, T
-  static constexpr int LDT = 64 + P;  // E rows: TB
   static constexpr size_t kRowsE = 64 * LDK * sizeof(E);
   static constexpr size_t kF64x64 = 64 * LDA * sizeof(float);
-  static constexpr size_t kScratch = (4 + 3) * 16 * 17 * sizeof(float);  // Tdiag, P blocks
+  static constexpr size_t kScratch = 4 * 16 * 17 * sizeof(float);  // diagonal inverses
   static constexpr size_t cmax(size_t a, size_t b) { return a > b ? a : b; }
   static constexpr size_t ks = 0;                              // raw k -> k f
-  static constexpr size_t qn = ks + kRowsE;                    // raw q -> QN -> T (f32)
+  static constexpr size_t qn = ks + kRowsE;                    // raw q -> QN -> A, T_ii (E)
   static constexpr size_t kn = qn + cmax(kRowsE, kF64x64);     // KN -> X
   static constexpr size_t gl = kn + kRowsE;                    // raw g -> gl -> Tdiag, P | V
   static constexpr size_t kV = kScratch;                       // V's offset in the gl region
@@ -358,14 +360,13 @@ struct PrepLayout {
   static constexpr size_t bytes = flags + 4 * sizeof(int);
   static_assert(kV % 16 == 0, "V rows 16-byte aligned");
   static_assert(4 * DK * (sizeof(float) + sizeof(double)) <= kF64x64, "first, tot fit A");
-  static_assert(64 * LDT * sizeof(E) <= kF64x64, "TB fits the A buffer");
 };
 
 template <class E, int DK>
 __global__ void __launch_bounds__(kPrepThreads, 2) kda_prep_kernel(Args a) {
   using Ly = PrepLayout<E, DK>;
   using Wk = Work<E, DK>;
-  constexpr int LDK = Ly::LDK, LDG = Ly::LDG, LDA = Ly::LDA, LDT = Ly::LDT;
+  constexpr int LDK = Ly::LDK, LDG = Ly::LDG, LDA = Ly::LDA;
   extern __shared__ __align__(16) unsigned char smem[];
   E* ks = reinterpret_cast<E*>(smem + Ly::ks);
   E* qn = reinterpret_cast<E*>(smem + Ly::qn);
@@ -444,24 +445,30 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_prep_kernel(Args a) {
     const float hi = static_cast<float>(x);
     return expf(hi) * (1.0f + static_cast<float>(x - hi));
   };
-  for (int c = tid; c < DK; c += kPrepThreads) {
+  // One thread per (sub-chunk i, channel c): gb_j (j <= 3) by a prefix over the totals, then
+  // sub-chunk i's factors.
+  for (int task = tid; task < 4 * DK; task += kPrepThreads) {
+    const int i = task / DK, c = task - i * DK;
     double gbv[4], gle[4], run = 0.0;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      gbv[i] = run + first[i * DK + c];
-      run += tot[i * DK + c];
-      gle[i] = gl[(16 * i + 15) * LDG + c];
+    for (int j = 0; j < 4; ++j) {
+      gbv[j] = run + first[j * DK + c];
+      run += tot[j * DK + c];
+      gle[j] = gl[(16 * j + 15) * LDG + c];
     }
-    const double gLv = gbv[(L - 1) / kSub] + static_cast<double>(gl[(L - 1) * LDG + c]);
+    const int iL = (L - 1) / kSub;
+    const double gbL = iL == 0 ? gbv[0] : iL == 1 ? gbv[1] : iL == 2 ? gbv[2] : gbv[3];
+    const double gLv = gbL + static_cast<double>(gl[(L - 1) * LDG + c]);
+    const double gbi = i == 0 ? gbv[0] : i == 1 ? gbv[1] : i == 2 ? gbv[2] : gbv[3];
+    const double glei = i == 0 ? gle[0] : i == 1 ? gle[1] : i == 2 ? gle[2] : gle[3];
+    Eb[i * DK + c] = expd(gbi);
+    Ee[i * DK + c] = expd(gLv - (gbi + glei));
+    Ed[i * DK + c] = expf(static_cast<float>(-glei));  // inf past 88 nats: flagged, unused
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      Eb[i * DK + c] = expd(gbv[i]);
-      Ee[i * DK + c] = expd(gLv - (gbv[i] + gle[i]));
-      Ed[i * DK + c] = expf(static_cast<float>(-gle[i]));  // inf past 88 nats: flagged, unused
-#pragma unroll
-      for (int j = 0; j < i; ++j) Ex[(i * (i - 1) / 2 + j) * DK + c] = expd(gbv[i] - (gbv[j] + gle[j]));
+    for (int j = 0; j < 3; ++j) {
+      if (j < i) Ex[(i * (i - 1) / 2 + j) * DK + c] = expd(gbi - (gbv[j] + gle[j]));
     }
-    w_decay[c] = expd(gLv);
+    if (i == 0) w_decay[c] = expd(gLv);
   }
   __syncthreads();
 
@@ -490,10 +497,11 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_prep_kernel(Args a) {
   // P2: the 10 lower 16x16 blocks (i, j) of A (-> shared, times beta_t, s < t) and P (-> global,
   // s <= t); warp w takes blocks w and w + 8. Warps 2..7 also zero one upper block of P each.
   if (warp >= kPrepWarps - 6) {
-    constexpr int zi[6] = {0, 0, 0, 1, 1, 2}, zj[6] = {1, 2, 3, 2, 3, 3};
+    // Upper block z: (0,1) (0,2) (0,3) (1,2) (1,3) (2,3).
     const int z = warp - (kPrepWarps - 6);
+    const int zi = z < 3 ? 0 : z < 5 ? 1 : 2, zj = z < 3 ? z + 1 : z < 5 ? z - 1 : 3;
     const int r = lane >> 1, c0 = (lane & 1) * 8;
-    E* p = w_P + (16 * zi[z] + r) * 64 + 16 * zj[z] + c0;
+    E* p = w_P + (16 * zi + r) * 64 + 16 * zj + c0;
 #pragma unroll
     for (int e = 0; e < 4; ++e) st2(p + 2 * e, 0.0f, 0.0f);
   }
@@ -589,25 +597,20 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_prep_kernel(Args a) {
   }
   __syncthreads();
 
-  // X = k e^{gc} (-> KN's buffer); gl is dead, so V streams into its buffer while T is formed.
-  E* X = kn;  // k e^{gc} = KN e^{gb}, in place
+  // gl is dead: V streams into its buffer while X = k e^{gc} = KN e^{gb} (in place) and the
+  // inverses of the diagonal 16x16 blocks of I + A (forward substitution, f32) are formed.
+  E* Vs = reinterpret_cast<E*>(smem + Ly::gl + Ly::kV);
+  tile_async<E, DK, kPrepThreads>(Vs, LDK, static_cast<const E*>(a.v) + (t0 * a.Hv + h) * a.dv,
+                                  static_cast<int64_t>(a.Hv) * a.dv, kC, L, a.dv);
+  cp_async_commit();
+  E* X = kn;
   for (int idx = tid; idx < kC * (DK / 2); idx += kPrepThreads) {
     const int t = idx / (DK / 2), c = 2 * (idx - t * (DK / 2));
     const float2 kv = ld2(X + t * LDK + c);
     const float2 eb = *reinterpret_cast<const float2*>(Eb + (t / kSub) * DK + c);
     st2(X + t * LDK + c, kv.x * eb.x, kv.y * eb.y);
   }
-  __syncthreads();
-  E* Vs = reinterpret_cast<E*>(smem + Ly::gl + Ly::kV);
-  tile_async<E, DK, kPrepThreads>(Vs, LDK, static_cast<const E*>(a.v) + (t0 * a.Hv + h) * a.dv,
-                    static_cast<int64_t>(a.Hv) * a.dv, kC, L, a.dv);
-  cp_async_commit();
-
-  // P3: T = (I + A)^-1 (unit lower triangular), by 16x16 blocks: diagonal blocks by forward
-  // substitution, then T_ij = -T_ii sum_{j <= m < i} A_im T_mj by block distance.
   float* Td = reinterpret_cast<float*>(smem + Ly::gl);  // [4][16][17]
-  float* Pb = Td + 4 * 16 * 17;                           // [3][16][17]
-  float* Tf = reinterpret_cast<float*>(smem + Ly::qn);  // [64][LDA]
   if (tid < 64) {
     const int blk = tid >> 4, j = tid & 15;
     const float* Ab = As + (16 * blk) * LDA + 16 * blk;
@@ -625,60 +628,78 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_prep_kernel(Args a) {
     for (int r = 0; r < 16; ++r) Td[(blk * 16 + r) * 17 + j] = x[r];
   }
   __syncthreads();
-  for (int idx = tid; idx < 64 * 64; idx += kPrepThreads) {
-    const int t = idx >> 6, s = idx & 63;
-    const int bi = t >> 4, bj = s >> 4;
-    if (bi == bj) {
-      Tf[t * LDA + s] = Td[(bi * 16 + (t & 15)) * 17 + (s & 15)];
-    } else if (bj > bi) {
-      Tf[t * LDA + s] = 0.0f;
+  // The mma operands of the substitution: A and the diagonal inverses, as E (bf16: a copy in
+  // QN's buffer; f32: the f32 buffers themselves).
+  constexpr bool kBf = sizeof(E) == 2;
+  constexpr int LDAe = kBf ? 64 + kPad<E> : LDA, LDTd = kBf ? 16 + kPad<E> : 17;
+  E* Ae = kBf ? qn : reinterpret_cast<E*>(As);
+  E* Tde = kBf ? qn + 64 * LDAe : reinterpret_cast<E*>(Td);
+  if constexpr (kBf) {
+    for (int idx = tid; idx < 64 * 32; idx += kPrepThreads) {
+      const int t = idx >> 5, s = 2 * (idx & 31);
+      st2(Ae + t * LDAe + s, As[t * LDA + s], As[t * LDA + s + 1]);
     }
-  }
-  __syncthreads();
-  for (int d = 1; d < 4; ++d) {
-    for (int idx = tid; idx < (4 - d) * 256; idx += kPrepThreads) {
-      const int n = idx >> 8, r = (idx >> 4) & 15, col = idx & 15;
-      const int i = n + d, j = n;
-      float acc = 0.0f;
-      for (int m = 16 * j; m < 16 * i; ++m)
-        acc = fmaf(As[(16 * i + r) * LDA + m], Tf[m * LDA + 16 * j + col], acc);
-      Pb[(n * 16 + r) * 17 + col] = acc;
+    for (int idx = tid; idx < 4 * 16 * 8; idx += kPrepThreads) {
+      const int blk = idx >> 7, r = (idx >> 3) & 15, s = 2 * (idx & 7);
+      st2(Tde + (blk * 16 + r) * LDTd + s, Td[(blk * 16 + r) * 17 + s], Td[(blk * 16 + r) * 17 + s + 1]);
     }
-    __syncthreads();
-    for (int idx = tid; idx < (4 - d) * 256; idx += kPrepThreads) {
-      const int n = idx >> 8, r = (idx >> 4) & 15, col = idx & 15;
-      const int i = n + d, j = n;
-      float acc = 0.0f;
-      for (int m = 0; m <= r; ++m)
-        acc = fmaf(Td[(i * 16 + r) * 17 + m], Pb[(n * 16 + m) * 17 + col], acc);
-      Tf[(16 * i + r) * LDA + 16 * j + col] = -acc;
-    }
-    __syncthreads();
-  }
-  // TB = T diag(beta) (-> E in the A buffer).
-  E* tbe = reinterpret_cast<E*>(smem + Ly::A);
-  for (int idx = tid; idx < 64 * 32; idx += kPrepThreads) {
-    const int t = idx >> 5, s = 2 * (idx & 31);
-    st2(tbe + t * LDT + s, Tf[t * LDA + s] * bs[s], Tf[t * LDA + s + 1] * bs[s + 1]);
   }
   cp_async_wait_all();
   __syncthreads();
 
-  // P4: W = TB X and U0 = TB V; warp w: rows 16 (w % 4).., W or U by bit 2, column half by bit 3.
+  // P3: [W | U0] = (I + A)^-1 diag(beta) [X | V] by blocked forward substitution, block row i:
+  //   Y_i = T_ii (beta_i [X | V]_i - sum_{j < i} A_ij Y_j).
+  // Each warp owns a slice of the 2 D columns for all 64 rows and overwrites [X | V] with Y in
+  // place: a slice depends only on itself, so the warps need no barrier.
   {
-    static_assert(kPrepWarps == 16, "P4 tiling");
-    constexpr int NT = DK / 16;
-    float acc[NT][4];
-    zero_acc(acc);
-    const int mt = warp & 3, n0 = (warp >> 3) * (DK / 2);
-    const bool w_part = ((warp >> 2) & 1) == 0;
-    warp_mma<NT, false>(acc, tbe, LDT, 16 * mt, w_part ? X : Vs, LDK, n0, 64);
-    E* dst = w_part ? w_W : w_U;
+    constexpr int NTW = DK >= 128 ? 2 : 1;  // n8 tiles per warp
+    constexpr int CW = 8 * NTW;
+    constexpr int kActive = 2 * DK / CW;
+    static_assert(kActive <= kPrepWarps, "column slices");
+    if (warp < kActive) {
+      const int col0 = warp * CW;
+      const bool in_v = col0 >= DK;
+      E* Y = in_v ? Vs : X;
+      const int n0 = in_v ? col0 - DK : col0;
+      E* dst = in_v ? w_U : w_W;
+      for (int i = 0; i < 4; ++i) {
+        float r[NTW][4], sub[NTW][4], y[NTW][4];
+        zero_acc(sub);
+        zero_acc(y);
+        for (int j = 0; j < i; ++j) mma_kstep<NTW, false>(sub, Ae, LDAe, 16 * i, Y, LDK, n0, 16 * j);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int t = 16 * mt + g8, c = n0 + 8 * nt + 2 * q4;
-      st2(dst + t * DK + c, acc[nt][0], acc[nt][1]);
-      st2(dst + (t + 8) * DK + c, acc[nt][2], acc[nt][3]);
+        for (int nt = 0; nt < NTW; ++nt) {
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            const int t = 16 * i + g8 + 8 * hr, n = n0 + 8 * nt + 2 * q4;
+            const float2 xv = ld2(Y + t * LDK + n);
+            r[nt][2 * hr] = bs[t] * xv.x - sub[nt][2 * hr];
+            r[nt][2 * hr + 1] = bs[t] * xv.y - sub[nt][2 * hr + 1];
+          }
+        }
+        __syncwarp();  // the slice's reads of rows 16i.. are done
+#pragma unroll
+        for (int nt = 0; nt < NTW; ++nt) {
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            const int t = 16 * i + g8 + 8 * hr, n = n0 + 8 * nt + 2 * q4;
+            st2(Y + t * LDK + n, r[nt][2 * hr], r[nt][2 * hr + 1]);
+          }
+        }
+        __syncwarp();
+        mma_kstep<NTW, false>(y, Tde + i * 16 * LDTd, LDTd, 0, Y + 16 * i * LDK, LDK, n0, 0);
+        __syncwarp();
+#pragma unroll
+        for (int nt = 0; nt < NTW; ++nt) {
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            const int t = 16 * i + g8 + 8 * hr, n = n0 + 8 * nt + 2 * q4;
+            st2(Y + t * LDK + n, y[nt][2 * hr], y[nt][2 * hr + 1]);
+            st2(dst + t * DK + n, y[nt][2 * hr], y[nt][2 * hr + 1]);
+          }
+        }
+        __syncwarp();
+      }
     }
   }
 }
@@ -742,7 +763,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_state_kernel(Args a) {
     tile_async_full<E, DK, LDK, DK>(reinterpret_cast<E*>(s + Ly::sW), we + Wk::kW);
     tile_async_full<E, DK, LDK, DK>(reinterpret_cast<E*>(s + Ly::sQ), we + Wk::kQG);
     tile_async_full<E, DK, LDK, DK>(reinterpret_cast<E*>(s + Ly::sK), we + Wk::kKG);
-    tile_async_full<E, 64, LD64, 64>(reinterpret_cast<E*>(s + Ly::sP), we + Wk::kP);
+    tile_async_full<E, 64, LD64, 64, true>(reinterpret_cast<E*>(s + Ly::sP), we + Wk::kP);
     tile_async_full<E, BV, LDV, DK>(reinterpret_cast<E*>(s + Ly::sU), we + Wk::kU + v0);
     for (int i = tid; i < DK / 4; i += kThreads)
       cp_async16(s + Ly::sD + 16 * i, w + Wk::kDecayByte + 16 * i, true);
@@ -763,6 +784,14 @@ __global__ void __launch_bounds__(kThreads, 1) kda_state_kernel(Args a) {
     }
   }
 
+  // P's blocks above the diagonal are zero: written once here, never loaded.
+  for (int st = 0; st < Ly::STAGES; ++st) {
+    E* sp = reinterpret_cast<E*>(smem + st * Ly::stage + Ly::sP);
+    for (int idx = tid; idx < 64 * 64; idx += kThreads) {
+      const int r = idx >> 6, col = idx & 63;
+      if (col >= 16 * (r / 16 + 1)) st_f(sp + r * LD64 + col, 0.0f);
+    }
+  }
   // Prologue: the first STAGES - 1 chunks' operands in flight (one commit group each, empty
   // past the last chunk, so that the group count stays uniform).
 #pragma unroll
