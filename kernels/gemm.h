@@ -1,4 +1,5 @@
-// Dense matrix products. f32 on the CPU through OpenBLAS (multithreaded by OpenBLAS itself).
+// Dense matrix products. f32 on the CPU through OpenBLAS (multithreaded by OpenBLAS itself); weight
+// matrices may be stored in bf16 (a Placement's dtype, weights/parameter_arena.h).
 #pragma once
 
 #include "core/tensor.h"
@@ -8,6 +9,10 @@ namespace loom {
 
 // out[M, N] = beta * out + x[M, K] @ w[N, K]^T: a linear layer with PyTorch's weight layout
 // ([out_features, in_features]). beta = 0 overwrites out (which may hold garbage), 1 accumulates.
+// x, out: contiguous f32 (any leading dims, flattened to M rows); w: contiguous [N, K], f32 or
+// bf16. A bf16 w is widened to f32 and accumulated in f32 (cpu::sgemm_bf16_bt): in batch-invariant
+// mode the same bits as the f32 weight holding the same values, otherwise within f32 rounding of
+// it. CUDA: f32 w only for now (bf16 weights come with issue 13).
 void linear_forward(const Exec& ex, const Tensor& x, const Tensor& w, const Tensor& out,
                     float beta = 0.0f);
 

@@ -31,6 +31,26 @@ void moe_grouped_swiglu(const Exec& ex, const Tensor& x, const Tensor& offsets,
                         const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down,
                         const Tensor& y) {
   LOOM_ON_EXEC_DEVICE(ex, "moe_grouped_swiglu", x, offsets, w_gate, w_up, w_down, y);
+  LOOM_CHECK_F32(x);
+  LOOM_CHECK_F32(y);
+  LOOM_CHECK(offsets.dtype() == DType::kI32 && offsets.is_contiguous(),
+             "moe_grouped_swiglu: offsets %s", offsets.describe().c_str());
+  const DType wt = w_gate.dtype();
+  for (const Tensor* w : {&w_gate, &w_up, &w_down}) {
+    LOOM_CHECK((wt == DType::kF32 || wt == DType::kBF16) && w->dtype() == wt && w->is_contiguous(),
+               "moe_grouped_swiglu: expert weights must be contiguous f32 or bf16, all one dtype: "
+               "w_gate %s w_up %s w_down %s",
+               w_gate.describe().c_str(), w_up.describe().c_str(), w_down.describe().c_str());
+  }
+  LOOM_CHECK(x.ndim() == 2 && w_gate.ndim() == 3, "moe_grouped_swiglu: x %s w_gate %s",
+             x.describe().c_str(), w_gate.describe().c_str());
+  const int64_t r = x.dim(0), d = x.dim(1);
+  const int64_t ne = w_gate.dim(0), inter = w_gate.dim(1);
+  LOOM_CHECK_SHAPE(offsets, ne + 1);
+  LOOM_CHECK_SHAPE(w_gate, ne, inter, d);
+  LOOM_CHECK_SHAPE(w_up, ne, inter, d);
+  LOOM_CHECK_SHAPE(w_down, ne, d, inter);
+  LOOM_CHECK_SHAPE(y, r, d);
   if (ex.device.is_cpu()) {
     const cpu::RowInvariantScope numerics(ex.batch_invariant);
     return cpu::moe_grouped_swiglu(x, offsets, w_gate, w_up, w_down, y);

@@ -50,8 +50,10 @@ void moe_permute(const Exec& ex, const Tensor& x, const Tensor& expert_ids, int6
 
 // y[r] = down_e(silu(gate_e(x[r])) * up_e(x[r])) for each owned expert e's rows
 // r in [offsets[e], offsets[e + 1]): one GEMM per projection per expert over its rows.
-// x, y: [R, D] (y's rows from offsets[E_local] on untouched); offsets: [E_local + 1] i32,
-// non-decreasing; w_gate, w_up: [E_local, I, D]; w_down: [E_local, D, I].
+// x, y: [R, D] f32 (y's rows from offsets[E_local] on untouched); offsets: [E_local + 1] i32,
+// non-decreasing; w_gate, w_up: [E_local, I, D]; w_down: [E_local, D, I], all three f32 or all
+// bf16 (widened to f32 and accumulated in f32, as linear_forward does: the same bits as f32
+// weights of the same values in batch-invariant mode, within f32 rounding otherwise).
 void moe_grouped_swiglu(const Exec& ex, const Tensor& x, const Tensor& offsets,
                         const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down,
                         const Tensor& y);

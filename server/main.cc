@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
@@ -29,6 +30,10 @@
 #ifdef LOOM_WITH_GRPC
 #include "server/grpc_server.h"
 #endif
+
+ABSL_FLAG(std::string, weight_dtype, "auto",
+          "Storage dtype of the weight matrices: auto (the checkpoint's own: bf16 for a bf16 "
+          "checkpoint, f32 otherwise), f32 or bf16. Compute stays f32 on the CPU.");
 
 namespace {
 
@@ -67,7 +72,9 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
 
   const std::string& dir = options->model_dir;
-  auto model = loom::Model::load(dir);
+  auto weight_dtype = loom::parse_weight_dtype(absl::GetFlag(FLAGS_weight_dtype));
+  if (!weight_dtype.ok()) return fail("bad flags", weight_dtype.status());
+  auto model = loom::Model::load(dir, loom::Placement{.dtype = *weight_dtype});
   if (!model.ok()) return fail(absl::StrCat("loading ", dir), model.status());
   const std::string model_type = (*model)->config().model_type;
   std::shared_ptr<const loom::Tokenizer> tokenizer;

@@ -1,5 +1,6 @@
 #include "weights/weight_loader.h"
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -18,20 +19,57 @@ Shape squeeze(const Shape& s) {
   return out;
 }
 
-// Converts a host tensor of any float dtype to a contiguous f32 tensor (zero-copy for f32).
-absl::StatusOr<Tensor> as_f32(const Tensor& t, std::string_view name) {
-  switch (t.dtype()) {
-    case DType::kF32:
-      return t.is_contiguous() ? t : t.clone();
-    case DType::kBF16:
-    case DType::kF16:
-      return t.to_f32();
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", absl_sv(name), "' has dtype ",
-                                                     absl_sv(dtype_name(t.dtype())),
-                                                     "; expected a float type"));
-  }
+bool is_float_storage(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
+
+absl::Status not_float(const Tensor& t, std::string_view name) {
+  return absl::InvalidArgumentError(absl::StrCat("tensor '", absl_sv(name), "' has dtype ",
+                                                 absl_sv(dtype_name(t.dtype())),
+                                                 "; expected a float type"));
 }
+
+// dst = src element by element, converted: same dtype is a copy of the bytes (bf16 stays bf16,
+// never through f32); widening to f32 is exact; narrowing to bf16 rounds once, to nearest even.
+// Both contiguous host tensors with the same element count; src f32/bf16/f16, dst f32/bf16
+// (checked by the callers before they allocate).
+void convert_into(const Tensor& src, const Tensor& dst) {
+  LOOM_CHECK(src.numel() == dst.numel() && src.is_contiguous() && dst.is_contiguous(),
+             "convert_into: %s into %s", src.describe().c_str(), dst.describe().c_str());
+  const int64_t n = src.numel();
+  if (src.dtype() == dst.dtype()) {
+    std::memcpy(dst.raw(), src.raw(), src.nbytes());
+    return;
+  }
+  const auto* in16 = static_cast<const uint16_t*>(src.raw());
+  if (dst.dtype() == DType::kF32) {
+    float* out = dst.data<float>();
+    if (src.dtype() == DType::kBF16) {
+      for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(in16[i]);
+      return;
+    }
+    if (src.dtype() == DType::kF16) {
+      for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(in16[i]);
+      return;
+    }
+  } else if (dst.dtype() == DType::kBF16) {
+    uint16_t* out = dst.data<uint16_t>();
+    if (src.dtype() == DType::kF32) {
+      const float* in = src.data<float>();
+      for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(in[i]);
+      return;
+    }
+    if (src.dtype() == DType::kF16) {
+      for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(f16_to_f32(in16[i]));
+      return;
+    }
+  }
+  LOOM_CHECK(false, "convert_into: %s into %s", src.describe().c_str(), dst.describe().c_str());
+}
+
+bool has_moe_layers(const ModelConfig& cfg) {
+  return std::find(cfg.ffns.begin(), cfg.ffns.end(), FfnType::kMoe) != cfg.ffns.end();
+}
+
+ExpertRange all_rows(const Shape& shape) { return {0, shape.ndim() > 0 ? shape[0] : 0}; }
 
 }  // namespace
 
@@ -55,9 +93,105 @@ WeightLoader WeightLoader::synthetic(const ModelConfig& cfg, uint64_t seed) {
   return w;
 }
 
+DType WeightLoader::natural_matrix_dtype() const {
+  if (!ckpt_) return DType::kF32;
+  bool any_bf16 = false;
+  for (const std::string& name : ckpt_->names()) {
+    const SafetensorsFile::Entry* e = ckpt_->find(name);
+    if (e == nullptr || e->shape.ndim() < 2) continue;
+    switch (e->dtype) {
+      case DType::kBF16:
+        any_bf16 = true;
+        break;
+      case DType::kF32:
+      case DType::kF16:
+      case DType::kF8E4M3:
+      case DType::kF8E5M2:
+        return DType::kF32;  // bf16 storage would round these
+      default:
+        break;  // integer tensors are not weights
+    }
+  }
+  return any_bf16 ? DType::kBF16 : DType::kF32;
+}
+
+absl::StatusOr<WeightLoader> WeightLoader::placed(ParameterArena& arena,
+                                                  const Placement& placement) const {
+  if (!placement.device.is_cpu())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "placement device ", device_name(placement.device),
+        ": weights load onto the CPU only in this build (the CUDA forward and the upload of "
+        "weights to the device come with issue 13)"));
+  if (arena.device() != placement.device)
+    return absl::InvalidArgumentError(
+        absl::StrCat("the parameter arena is on ", device_name(arena.device()),
+                     " but the placement on ", device_name(placement.device)));
+  if (arena.frozen())
+    return absl::InvalidArgumentError("the parameter arena is frozen (its load has ended)");
+  if (placement.experts) {
+    const ExpertRange r = *placement.experts;
+    const int64_t e = cfg_.moe.num_experts;
+    if (!has_moe_layers(cfg_) || e <= 0)
+      return absl::InvalidArgumentError(absl::StrCat("placement expert range [", r.begin, ", ",
+                                                     r.end, "): the model has no routed experts"));
+    if (r.begin < 0 || r.end > e || r.begin >= r.end)
+      return absl::InvalidArgumentError(
+          absl::StrCat("placement expert range [", r.begin, ", ", r.end,
+                       ") is not a non-empty range of the model's ", e, " experts"));
+  }
+  WeightLoader w = *this;
+  w.arena_ = &arena;
+  w.placement_ = placement;
+  if (placement.dtype == WeightDType::kAuto)
+    w.placement_.dtype =
+        natural_matrix_dtype() == DType::kBF16 ? WeightDType::kBF16 : WeightDType::kF32;
+  return w;
+}
+
+Tensor WeightLoader::destination(std::string_view canonical, const Shape& shape,
+                                 DType dtype) const {
+  return arena_ != nullptr ? arena_->allocate(canonical, shape, dtype)
+                           : Tensor::empty(shape, dtype);
+}
+
 absl::StatusOr<Tensor> WeightLoader::load(std::string_view canonical, const Shape& shape) const {
-  absl::StatusOr<Tensor> t =
-      ckpt_ ? load_from_checkpoint(canonical, shape) : invent(canonical, shape);
+  return load_as(canonical, shape, DType::kF32, all_rows(shape));
+}
+
+absl::StatusOr<Tensor> WeightLoader::load_matrix(std::string_view canonical,
+                                                 const Shape& shape) const {
+  return load_as(canonical, shape, placement_.matrix_dtype(), all_rows(shape));
+}
+
+absl::StatusOr<Tensor> WeightLoader::load_experts(std::string_view canonical,
+                                                  const Shape& shape) const {
+  if (shape.ndim() < 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat("experts '", absl_sv(canonical), "' need a leading expert dimension"));
+  const ExpertRange own = placement_.owned_experts(shape[0]);
+  if (own.begin < 0 || own.end > shape[0] || own.begin >= own.end)
+    return absl::InvalidArgumentError(absl::StrCat("experts [", own.begin, ", ", own.end, ") of '",
+                                                   absl_sv(canonical), "' with ", shape[0],
+                                                   " experts"));
+  return load_as(canonical, shape, placement_.matrix_dtype(), own);
+}
+
+absl::StatusOr<Tensor> WeightLoader::load_as(std::string_view canonical, const Shape& shape,
+                                             DType dtype, ExpertRange rows) const {
+  absl::StatusOr<Tensor> t;
+  if (ckpt_) {
+    t = load_from_checkpoint(canonical, shape, dtype, rows);
+  } else {
+    Tensor full = invent(canonical, shape);
+    if (arena_ == nullptr && dtype == DType::kF32 && rows == all_rows(shape)) {
+      t = full;
+    } else {
+      const Tensor part = rows == all_rows(shape) ? full : full.slice(0, rows.begin, rows.end);
+      Tensor dst = destination(canonical, part.shape(), dtype);
+      convert_into(part, dst);
+      t = dst;
+    }
+  }
   if (t.ok() && record_ != nullptr) record_->emplace_back(std::string(canonical), *t);
   return t;
 }
@@ -102,16 +236,37 @@ Tensor WeightLoader::invent(std::string_view canonical, const Shape& shape) cons
 }
 
 absl::StatusOr<Tensor> WeightLoader::load_from_checkpoint(std::string_view canonical,
-                                                          const Shape& shape) const {
+                                                          const Shape& shape, DType dtype,
+                                                          ExpertRange rows) const {
   LOOM_ASSIGN_OR_RETURN(TensorSource src, tensor_source(cfg_, canonical));
-  std::vector<Tensor> parts;
+  if (src.names.empty())
+    return absl::NotFoundError(absl::StrCat("no checkpoint tensor for ", absl_sv(canonical)));
   for (const std::string& n : src.names) {
     if (!ckpt_->contains(n))
       return absl::NotFoundError(
           absl::StrCat("checkpoint is missing tensor '", n, "' (for ", absl_sv(canonical), ")"));
+  }
+  const bool whole = rows == all_rows(shape);
+  // A stack of per-expert tensors is read only for the rows (experts) asked for.
+  const bool stacked_rows =
+      !whole && src.combine == TensorSource::Combine::kStack && !src.transform && shape.ndim() >= 1;
+  if (stacked_rows && static_cast<int64_t>(src.names.size()) != shape[0])
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", src.names[0], "' and its siblings stack ", src.names.size(),
+                     " tensors for ", absl_sv(canonical), "; expected ", shape.to_string()));
+  // Shapes come from the headers, so that parts not read are checked too.
+  std::vector<Shape> shapes;
+  for (const std::string& n : src.names) shapes.push_back(ckpt_->find(n)->shape);
+
+  const size_t first = stacked_rows ? static_cast<size_t>(rows.begin) : 0;
+  const size_t last = stacked_rows ? static_cast<size_t>(rows.end) : src.names.size();
+  std::vector<Tensor> parts;
+  for (size_t i = first; i < last; ++i) {
+    const std::string& n = src.names[i];
     LOOM_ASSIGN_OR_RETURN(Tensor t, ckpt_->get(n));
     if (t.dtype() == DType::kF8E4M3 || t.dtype() == DType::kF8E5M2) {
-      // Block-quantized FP8 (DeepSeek-V3): X.weight comes with X.weight_scale_inv.
+      // Block-quantized FP8 (DeepSeek-V3): X.weight comes with X.weight_scale_inv. Dequantized to
+      // f32 products; a bf16 placement rounds each product once.
       const std::string scale_name = n + "_scale_inv";
       if (!ckpt_->contains(scale_name))
         return absl::InvalidArgumentError(
@@ -120,50 +275,61 @@ absl::StatusOr<Tensor> WeightLoader::load_from_checkpoint(std::string_view canon
       LOOM_ASSIGN_OR_RETURN(
           t, dequantize_fp8_blocks(t, scale, cfg_.fp8_block_rows, cfg_.fp8_block_cols, n));
     }
-    LOOM_ASSIGN_OR_RETURN(Tensor f, as_f32(t, n));
-    parts.push_back(std::move(f));
+    if (!is_float_storage(t.dtype())) return not_float(t, n);
+    if (!t.is_contiguous()) t = t.clone();
+    parts.push_back(std::move(t));
   }
-  if (parts.empty())
-    return absl::NotFoundError(absl::StrCat("no checkpoint tensor for ", absl_sv(canonical)));
 
   // The combined shape, computed from the parts, is checked against `shape` before copying.
-  Shape combined = parts[0].shape();
-  for (size_t i = 1; i < parts.size(); ++i) {
-    if (parts[i].shape() != parts[0].shape() && src.combine == TensorSource::Combine::kStack)
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", src.names[i], "' has shape ", parts[i].shape().to_string(),
-                       "; expected ", parts[0].shape().to_string(), " like '", src.names[0],
-                       "' (for ", absl_sv(canonical), ")"));
+  Shape combined = shapes[0];
+  for (size_t i = 1; i < shapes.size(); ++i) {
+    if (shapes[i] != shapes[0] && src.combine == TensorSource::Combine::kStack)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", src.names[i], "' has shape ", shapes[i].to_string(), "; expected ",
+          shapes[0].to_string(), " like '", src.names[0], "' (for ", absl_sv(canonical), ")"));
   }
   if (src.combine == TensorSource::Combine::kStack) {
     Shape s;
-    s.push_back(static_cast<int64_t>(parts.size()));
+    s.push_back(static_cast<int64_t>(shapes.size()));
     for (int64_t d : combined) s.push_back(d);
     combined = s;
   } else if (src.combine == TensorSource::Combine::kConcat) {
-    for (size_t i = 1; i < parts.size(); ++i) {
-      const Shape& ps = parts[i].shape();
+    for (size_t i = 1; i < shapes.size(); ++i) {
+      const Shape& ps = shapes[i];
       bool same_tail = ps.ndim() == combined.ndim() && ps.ndim() >= 1;
       for (int d = 1; same_tail && d < ps.ndim(); ++d) same_tail = ps[d] == combined[d];
       if (!same_tail)
         return absl::InvalidArgumentError(
             absl::StrCat("tensor '", src.names[i], "' has shape ", ps.to_string(),
                          ", which cannot be concatenated with '", src.names[0], "' ",
-                         parts[0].shape().to_string(), " (for ", absl_sv(canonical), ")"));
+                         shapes[0].to_string(), " (for ", absl_sv(canonical), ")"));
       combined[0] += ps[0];
     }
   }
+
+  // Parts of one dtype are combined in it (bf16 stays bf16); mixed ones in f32.
+  DType part_dtype = parts[0].dtype();
+  for (const Tensor& p : parts)
+    if (p.dtype() != part_dtype) part_dtype = DType::kF32;
+  // The parts back to back, converted to `to`, into the contiguous `dst`.
+  auto concat_into = [&](const Tensor& dst) {
+    const Tensor flat = dst.reshape({dst.numel()});
+    int64_t off = 0;
+    for (const Tensor& p : parts) {
+      convert_into(p, flat.slice(0, off, off + p.numel()));
+      off += p.numel();
+    }
+  };
+  Shape out_shape = shape;
+  if (!whole) out_shape[0] = rows.count();
+
   if (src.transform) {
     // Transforms work on the combined tensor; combine first, then transform, then check.
-    Tensor whole = parts.size() == 1 ? parts[0].reshape(combined) : Tensor::empty(combined);
-    if (parts.size() > 1) {
-      char* dst = static_cast<char*>(whole.raw());
-      for (const Tensor& p : parts) {
-        std::memcpy(dst, p.raw(), p.nbytes());
-        dst += p.nbytes();
-      }
-    }
-    absl::StatusOr<Tensor> t = src.transform(whole);
+    Tensor all = parts.size() == 1 && parts[0].dtype() == part_dtype
+                     ? parts[0].reshape(combined)
+                     : Tensor::empty(combined, part_dtype);
+    if (parts.size() > 1 || parts[0].dtype() != part_dtype) concat_into(all);
+    absl::StatusOr<Tensor> t = src.transform(all);
     if (!t.ok())
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor '", src.names[0], "' (for ", absl_sv(canonical), "): ", t.status().message()));
@@ -171,7 +337,12 @@ absl::StatusOr<Tensor> WeightLoader::load_from_checkpoint(std::string_view canon
       return absl::InvalidArgumentError(
           absl::StrCat("tensor '", src.names[0], "' gives shape ", t->shape().to_string(), " for ",
                        absl_sv(canonical), "; expected ", shape.to_string()));
-    return t->reshape(shape);
+    Tensor full = t->is_contiguous() ? t->reshape(shape) : t->clone().reshape(shape);
+    if (arena_ == nullptr && whole && full.dtype() == dtype) return full;
+    const Tensor part = whole ? full : full.slice(0, rows.begin, rows.end);
+    Tensor dst = destination(canonical, out_shape, dtype);
+    convert_into(part, dst);
+    return dst;
   }
   if (squeeze(combined) != squeeze(shape) || combined.numel() != shape.numel())
     return absl::InvalidArgumentError(absl::StrCat(
@@ -179,14 +350,21 @@ absl::StatusOr<Tensor> WeightLoader::load_from_checkpoint(std::string_view canon
         " gives shape ", combined.to_string(), " for ", absl_sv(canonical), "; expected ",
         shape.to_string()));
 
-  if (parts.size() == 1) return parts[0].reshape(shape);
-  Tensor out = Tensor::empty(shape, DType::kF32);
-  char* dst = static_cast<char*>(out.raw());
-  for (const Tensor& p : parts) {
-    std::memcpy(dst, p.raw(), p.nbytes());
-    dst += p.nbytes();
+  // Unplaced loads keep single tensors of the asked dtype as views of the mapped file.
+  if (arena_ == nullptr && whole && parts.size() == 1 && parts[0].dtype() == dtype)
+    return parts[0].reshape(shape);
+  if (whole || stacked_rows) {
+    Tensor dst = destination(canonical, out_shape, dtype);
+    concat_into(dst);
+    return dst;
   }
-  return out;
+  // Rows of a single or concatenated tensor (a stacked expert tensor of a native checkpoint):
+  // only those rows are copied.
+  Tensor full = parts.size() == 1 ? parts[0].reshape(shape) : Tensor::empty(shape, part_dtype);
+  if (parts.size() > 1) concat_into(full);
+  Tensor dst = destination(canonical, out_shape, dtype);
+  convert_into(full.slice(0, rows.begin, rows.end), dst);
+  return dst;
 }
 
 }  // namespace loom

@@ -1,4 +1,5 @@
-// WeightLoader: canonical tensor names -> host f32 tensors, through the family adapter.
+// WeightLoader: canonical tensor names -> host tensors, through the family adapter, optionally
+// into a ParameterArena in the dtypes of a Placement.
 #pragma once
 
 #include <memory>
@@ -10,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "core/tensor.h"
 #include "weights/model_config.h"
+#include "weights/parameter_arena.h"
 #include "weights/safetensors.h"
 
 namespace loom {
@@ -18,32 +20,66 @@ class WeightLoader {
  public:
   static absl::StatusOr<WeightLoader> open(const std::string& dir, const ModelConfig& cfg);
   // A loader that invents deterministic random weights for whatever is asked (tests, the bundled
-  // untrained default model). Same seed, same name and shape: same values.
+  // untrained default model). Same seed, same name and shape: same values (f32; a bf16 placement
+  // rounds them).
   static WeightLoader synthetic(const ModelConfig& cfg, uint64_t seed);
 
-  // Every tensor a successful load() returns is appended here, under its canonical name (used to
+  // A copy of this loader that puts every tensor it loads into `arena` (not owned; it must
+  // outlive the copy's loads) with the placement's dtypes: load() gives f32, load_matrix() and
+  // load_experts() the placement's matrix dtype, load_experts() only the placement's experts.
+  // The returned loader's placement() has its dtype resolved (kAuto: bf16 when every matrix of
+  // the checkpoint is bf16, else f32). InvalidArgument, naming the field, for a placement this
+  // build cannot honour: a device other than the CPU (the CUDA forward and the upload of weights
+  // come with issue 13), an arena on another device, an expert range that is empty or outside the
+  // config's experts, or one given for a model without experts.
+  absl::StatusOr<WeightLoader> placed(ParameterArena& arena, const Placement& placement) const;
+  // The placement loads follow (the default one, f32 on the CPU, for an unplaced loader).
+  const Placement& placement() const { return placement_; }
+  // The dtype kAuto resolves to for this checkpoint: bf16 when every floating-point tensor of two
+  // or more dimensions in it is bf16, f32 otherwise (and for synthetic weights).
+  DType natural_matrix_dtype() const;
+
+  // Every tensor a successful load returns is appended here, under its canonical name (used to
   // write a native checkpoint of exactly what a model loaded). Not owned; may be null.
   using Record = std::vector<std::pair<std::string, Tensor>>;
   void set_recorder(Record* record) { record_ = record; }
 
-  // The tensor for `canonical` as contiguous f32 of exactly `shape`. The checkpoint tensor may
-  // differ only by size-1 dimensions (conv weights [C, 1, W] load as [C, W]). bf16/f16 are
-  // converted; f32 single tensors are zero-copy views of the mapped file. Errors name the
-  // canonical and checkpoint tensors and both shapes.
+  // The tensor for `canonical` as contiguous f32 of exactly `shape`: for norm weights, biases,
+  // gate parameters and anything else that stays f32 whatever the placement. The checkpoint
+  // tensor may differ only by size-1 dimensions (conv weights [C, 1, W] load as [C, W]).
+  // bf16/f16 are converted, FP8 dequantized; unplaced, f32 single tensors are zero-copy views of
+  // the mapped file. Errors name the canonical and checkpoint tensors and both shapes.
   absl::StatusOr<Tensor> load(std::string_view canonical, const Shape& shape) const;
+  // A GEMM weight matrix, stored in the placement's matrix dtype: a bf16 checkpoint tensor is
+  // copied as bf16 bytes for a bf16 placement (never through f32); f32, f16 and dequantized FP8
+  // values are rounded to bf16 once (round to nearest even).
+  absl::StatusOr<Tensor> load_matrix(std::string_view canonical, const Shape& shape) const;
+  // The routed experts' weights: `shape` is the whole layer's, [num_experts, ...]; the result is
+  // the placement's experts only, [owned.count(), ...], in the matrix dtype. Only the owned
+  // experts' bytes are read (per-expert checkpoint tensors) or copied (a stacked one).
+  absl::StatusOr<Tensor> load_experts(std::string_view canonical, const Shape& shape) const;
   // Whether the checkpoint holds (all parts of) `canonical`.
   bool has(std::string_view canonical) const;
 
  private:
   WeightLoader(std::shared_ptr<const Checkpoint> ckpt, ModelConfig cfg)
       : ckpt_(std::move(ckpt)), cfg_(std::move(cfg)) {}
-  absl::StatusOr<Tensor> load_from_checkpoint(std::string_view canonical, const Shape& shape) const;
+  // Loads rows [rows.begin, rows.end) of dimension 0 of `canonical` (whole shape `shape`) as
+  // `dtype`; `whole` when that is every row.
+  absl::StatusOr<Tensor> load_as(std::string_view canonical, const Shape& shape, DType dtype,
+                                 ExpertRange rows) const;
+  absl::StatusOr<Tensor> load_from_checkpoint(std::string_view canonical, const Shape& shape,
+                                              DType dtype, ExpertRange rows) const;
   Tensor invent(std::string_view canonical, const Shape& shape) const;
+  // Destination memory: from the arena when placed, else a fresh host tensor.
+  Tensor destination(std::string_view canonical, const Shape& shape, DType dtype) const;
 
   std::shared_ptr<const Checkpoint> ckpt_;  // null for a synthetic loader
   ModelConfig cfg_;
   uint64_t seed_ = 0;
   Record* record_ = nullptr;
+  ParameterArena* arena_ = nullptr;  // null: unplaced (fresh tensors and views of the file)
+  Placement placement_;
 };
 
 }  // namespace loom

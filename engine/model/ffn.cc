@@ -16,9 +16,9 @@ class DenseFfn final : public Ffn {
   absl::Status load(const ModelConfig& cfg, const WeightLoader& w, const std::string& prefix,
                     int width) {
     const int64_t d = cfg.hidden_size;
-    LOOM_ASSIGN_OR_RETURN(gate_, w.load(prefix + "gate_proj.weight", {width, d}));
-    LOOM_ASSIGN_OR_RETURN(up_, w.load(prefix + "up_proj.weight", {width, d}));
-    LOOM_ASSIGN_OR_RETURN(down_, w.load(prefix + "down_proj.weight", {d, width}));
+    LOOM_ASSIGN_OR_RETURN(gate_, w.load_matrix(prefix + "gate_proj.weight", {width, d}));
+    LOOM_ASSIGN_OR_RETURN(up_, w.load_matrix(prefix + "up_proj.weight", {width, d}));
+    LOOM_ASSIGN_OR_RETURN(down_, w.load_matrix(prefix + "down_proj.weight", {d, width}));
     width_ = width;
     return absl::OkStatus();
   }
@@ -48,16 +48,15 @@ class MoeFfn final : public Ffn {
     if (m.has_score_bias) {
       LOOM_ASSIGN_OR_RETURN(bias_, w.load(p + "router.bias", {e}));
     }
-    LOOM_ASSIGN_OR_RETURN(w_gate_, w.load(p + "experts.gate", {e, i, d}));
-    LOOM_ASSIGN_OR_RETURN(w_up_, w.load(p + "experts.up", {e, i, d}));
-    LOOM_ASSIGN_OR_RETURN(w_down_, w.load(p + "experts.down", {e, d, i}));
-    dispatcher_ = std::make_unique<LocalExpertDispatcher>(e);
-    // The grouped GEMMs see only the owned experts' weights: the slice a rank keeps under expert
-    // parallelism.
-    const ExpertRange own = dispatcher_->owned();
-    w_gate_ = w_gate_.slice(0, own.first, own.first + own.count);
-    w_up_ = w_up_.slice(0, own.first, own.first + own.count);
-    w_down_ = w_down_.slice(0, own.first, own.first + own.count);
+    // Only the placement's experts are loaded ([owned, I, D]); the router covers all of them and
+    // the dispatcher sends the grouped GEMMs only the slots routed to the owned ones.
+    LOOM_ASSIGN_OR_RETURN(w_gate_, w.load_experts(p + "experts.gate", {e, i, d}));
+    LOOM_ASSIGN_OR_RETURN(w_up_, w.load_experts(p + "experts.up", {e, i, d}));
+    LOOM_ASSIGN_OR_RETURN(w_down_, w.load_experts(p + "experts.down", {e, d, i}));
+    dispatcher_ = std::make_unique<LocalExpertDispatcher>(e, w.placement().owned_experts(e));
+    LOOM_CHECK(dispatcher_->owned().count() == w_gate_.dim(0),
+               "MoE layer %d: the dispatcher owns %d experts, the weights hold %d", layer,
+               dispatcher_->owned().count(), w_gate_.dim(0));
     if (m.num_shared_experts > 0) {
       auto shared = std::make_unique<DenseFfn>();
       LOOM_RETURN_IF_ERROR(shared->load(cfg, w, p + "shared.", m.shared_intermediate_size));

@@ -24,13 +24,14 @@ class GdnMixer final : public Mixer {
     ck_ = static_cast<int64_t>(cfg_.num_heads) * cfg_.head_dim;
     cv_ = hv * cfg_.v_head_dim;
     const std::string p = absl::StrCat("layers.", layer, ".gdn.");
-    LOOM_ASSIGN_OR_RETURN(qkvz_proj_, w.load(p + "qkvz_proj.weight", {2 * ck_ + 2 * cv_, d}));
-    LOOM_ASSIGN_OR_RETURN(ba_proj_, w.load(p + "ba_proj.weight", {2 * hv, d}));
+    LOOM_ASSIGN_OR_RETURN(qkvz_proj_,
+                          w.load_matrix(p + "qkvz_proj.weight", {2 * ck_ + 2 * cv_, d}));
+    LOOM_ASSIGN_OR_RETURN(ba_proj_, w.load_matrix(p + "ba_proj.weight", {2 * hv, d}));
     LOOM_ASSIGN_OR_RETURN(conv_, w.load(p + "conv.weight", {2 * ck_ + cv_, cfg_.conv_kernel}));
     LOOM_ASSIGN_OR_RETURN(a_log_, w.load(p + "A_log", {hv}));
     LOOM_ASSIGN_OR_RETURN(dt_bias_, w.load(p + "dt_bias", {hv}));
     LOOM_ASSIGN_OR_RETURN(norm_, w.load(p + "norm.weight", {cfg_.v_head_dim}));
-    LOOM_ASSIGN_OR_RETURN(o_proj_, w.load(p + "o_proj.weight", {d, cv_}));
+    LOOM_ASSIGN_OR_RETURN(o_proj_, w.load_matrix(p + "o_proj.weight", {d, cv_}));
     return absl::OkStatus();
   }
 

@@ -29,12 +29,12 @@ class GqaMixer final : public Mixer {
     const int64_t d = cfg.hidden_size, h = cfg_.num_heads, kvh = cfg_.num_kv_heads,
                   hd = cfg_.head_dim;
     const std::string p = absl::StrCat("layers.", layer, ".gqa.");
-    LOOM_ASSIGN_OR_RETURN(q_proj_, w.load(p + "q_proj.weight", {h * hd, d}));
-    LOOM_ASSIGN_OR_RETURN(k_proj_, w.load(p + "k_proj.weight", {kvh * hd, d}));
-    LOOM_ASSIGN_OR_RETURN(v_proj_, w.load(p + "v_proj.weight", {kvh * hd, d}));
-    LOOM_ASSIGN_OR_RETURN(o_proj_, w.load(p + "o_proj.weight", {d, h * hd}));
+    LOOM_ASSIGN_OR_RETURN(q_proj_, w.load_matrix(p + "q_proj.weight", {h * hd, d}));
+    LOOM_ASSIGN_OR_RETURN(k_proj_, w.load_matrix(p + "k_proj.weight", {kvh * hd, d}));
+    LOOM_ASSIGN_OR_RETURN(v_proj_, w.load_matrix(p + "v_proj.weight", {kvh * hd, d}));
+    LOOM_ASSIGN_OR_RETURN(o_proj_, w.load_matrix(p + "o_proj.weight", {d, h * hd}));
     if (cfg_.output_gate) {
-      LOOM_ASSIGN_OR_RETURN(gate_proj_, w.load(p + "gate_proj.weight", {h * hd, d}));
+      LOOM_ASSIGN_OR_RETURN(gate_proj_, w.load_matrix(p + "gate_proj.weight", {h * hd, d}));
     }
     if (cfg_.qk_norm) {
       LOOM_ASSIGN_OR_RETURN(q_norm_, w.load(p + "q_norm.weight", {hd}));

@@ -26,23 +26,28 @@ class KdaMixer final : public Mixer {
     ck_ = hk * dk;
     cv_ = hv * dv;
     const std::string p = absl::StrCat("layers.", layer, ".kda.");
+    // `get`: f32 parameters; `mat`: GEMM matrices, in the placement's dtype.
     auto get = [&](const char* name, Shape s, Tensor* t) -> absl::Status {
       LOOM_ASSIGN_OR_RETURN(*t, w.load(p + name, s));
       return absl::OkStatus();
     };
-    LOOM_RETURN_IF_ERROR(get("qkv_proj.weight", {2 * ck_ + cv_, d}, &qkv_proj_));
+    auto mat = [&](const char* name, Shape s, Tensor* t) -> absl::Status {
+      LOOM_ASSIGN_OR_RETURN(*t, w.load_matrix(p + name, s));
+      return absl::OkStatus();
+    };
+    LOOM_RETURN_IF_ERROR(mat("qkv_proj.weight", {2 * ck_ + cv_, d}, &qkv_proj_));
     LOOM_RETURN_IF_ERROR(get("conv.weight", {2 * ck_ + cv_, cfg_.conv_kernel}, &conv_));
     rank_ = cfg_.gate_rank > 0 ? cfg_.gate_rank : dk;
-    LOOM_RETURN_IF_ERROR(get("f_a.weight", {rank_, d}, &f_a_));
-    LOOM_RETURN_IF_ERROR(get("f_b.weight", {hv * dk, rank_}, &f_b_));
+    LOOM_RETURN_IF_ERROR(mat("f_a.weight", {rank_, d}, &f_a_));
+    LOOM_RETURN_IF_ERROR(mat("f_b.weight", {hv * dk, rank_}, &f_b_));
     LOOM_RETURN_IF_ERROR(get("dt_bias", {hv * dk}, &dt_bias_));
     LOOM_RETURN_IF_ERROR(get("A_log", {hv}, &a_log_));
-    LOOM_RETURN_IF_ERROR(get("b_proj.weight", {hv, d}, &b_proj_));
-    LOOM_RETURN_IF_ERROR(get("g_a.weight", {rank_, d}, &g_a_));
-    LOOM_RETURN_IF_ERROR(get("g_b.weight", {cv_, rank_}, &g_b_));
+    LOOM_RETURN_IF_ERROR(mat("b_proj.weight", {hv, d}, &b_proj_));
+    LOOM_RETURN_IF_ERROR(mat("g_a.weight", {rank_, d}, &g_a_));
+    LOOM_RETURN_IF_ERROR(mat("g_b.weight", {cv_, rank_}, &g_b_));
     if (cfg_.output_gate_bias) LOOM_RETURN_IF_ERROR(get("g_b.bias", {cv_}, &g_b_bias_));
     LOOM_RETURN_IF_ERROR(get("o_norm.weight", {dv}, &o_norm_));
-    LOOM_RETURN_IF_ERROR(get("o_proj.weight", {d, cv_}, &o_proj_));
+    LOOM_RETURN_IF_ERROR(mat("o_proj.weight", {d, cv_}, &o_proj_));
     return absl::OkStatus();
   }
 

@@ -35,26 +35,32 @@ class MlaMixer final : public Mixer {
     const int64_t d = cfg.hidden_size, h = cfg_.num_heads;
     const int64_t qk = cfg_.qk_nope_head_dim + cfg_.qk_rope_head_dim;
     const std::string p = absl::StrCat("layers.", layer, ".mla.");
+    // `get`: f32 parameters (norms; kv_b_proj, which mla_attention_varlen reads as f32);
+    // `mat`: GEMM matrices, in the placement's dtype.
     auto get = [&](const char* name, Shape s, Tensor* t) -> absl::Status {
       LOOM_ASSIGN_OR_RETURN(*t, w.load(p + name, s));
       return absl::OkStatus();
     };
+    auto mat = [&](const char* name, Shape s, Tensor* t) -> absl::Status {
+      LOOM_ASSIGN_OR_RETURN(*t, w.load_matrix(p + name, s));
+      return absl::OkStatus();
+    };
     if (cfg_.q_lora_rank > 0) {
-      LOOM_RETURN_IF_ERROR(get("q_a_proj.weight", {cfg_.q_lora_rank, d}, &q_a_));
+      LOOM_RETURN_IF_ERROR(mat("q_a_proj.weight", {cfg_.q_lora_rank, d}, &q_a_));
       LOOM_RETURN_IF_ERROR(get("q_a_norm.weight", {cfg_.q_lora_rank}, &q_a_norm_));
-      LOOM_RETURN_IF_ERROR(get("q_b_proj.weight", {h * qk, cfg_.q_lora_rank}, &q_b_));
+      LOOM_RETURN_IF_ERROR(mat("q_b_proj.weight", {h * qk, cfg_.q_lora_rank}, &q_b_));
     } else {
-      LOOM_RETURN_IF_ERROR(get("q_proj.weight", {h * qk, d}, &q_proj_));
+      LOOM_RETURN_IF_ERROR(mat("q_proj.weight", {h * qk, d}, &q_proj_));
     }
     LOOM_RETURN_IF_ERROR(
-        get("kv_a_proj.weight", {cfg_.kv_lora_rank + cfg_.qk_rope_head_dim, d}, &kv_a_));
+        mat("kv_a_proj.weight", {cfg_.kv_lora_rank + cfg_.qk_rope_head_dim, d}, &kv_a_));
     LOOM_RETURN_IF_ERROR(get("kv_a_norm.weight", {cfg_.kv_lora_rank}, &kv_a_norm_));
     LOOM_RETURN_IF_ERROR(get("kv_b_proj.weight",
                              {h * (cfg_.qk_nope_head_dim + cfg_.v_head_dim), cfg_.kv_lora_rank},
                              &kv_b_));
-    LOOM_RETURN_IF_ERROR(get("o_proj.weight", {d, h * cfg_.v_head_dim}, &o_proj_));
+    LOOM_RETURN_IF_ERROR(mat("o_proj.weight", {d, h * cfg_.v_head_dim}, &o_proj_));
     if (cfg_.output_gate)
-      LOOM_RETURN_IF_ERROR(get("gate_proj.weight", {h * cfg_.v_head_dim, d}, &gate_proj_));
+      LOOM_RETURN_IF_ERROR(mat("gate_proj.weight", {h * cfg_.v_head_dim, d}, &gate_proj_));
     scale_ = scale_multiplier_ / std::sqrt(static_cast<float>(qk));
     return absl::OkStatus();
   }

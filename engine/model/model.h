@@ -11,20 +11,30 @@
 #include "engine/model/forward_batch.h"
 #include "engine/model/layers.h"
 #include "weights/model_config.h"
+#include "weights/parameter_arena.h"
 #include "weights/weight_loader.h"
 
 namespace loom {
 
 class Model {
  public:
-  // Loads DIR/config.json and the checkpoint in DIR (any supported family), converting weights
-  // to f32 for the CPU backend. Errors name the field or tensor at fault.
-  static absl::StatusOr<std::unique_ptr<Model>> load(const std::string& dir);
+  // Loads DIR/config.json and the checkpoint in DIR (any supported family) into a parameter
+  // arena with `placement` (weights/parameter_arena.h: device, the matrices' storage dtype, the
+  // experts this rank holds; the default: the CPU, f32, every expert). Errors name the field or
+  // tensor at fault, or the part of the placement this build cannot honour.
   static absl::StatusOr<std::unique_ptr<Model>> load(const std::string& dir,
-                                                     const ModelConfig& cfg);
+                                                     const Placement& placement = {});
+  static absl::StatusOr<std::unique_ptr<Model>> load(const std::string& dir, const ModelConfig& cfg,
+                                                     const Placement& placement = {});
   // Builds the model from any weight source (a checkpoint, or WeightLoader::synthetic).
   static absl::StatusOr<std::unique_ptr<Model>> load(const ModelConfig& cfg,
-                                                     const WeightLoader& weights);
+                                                     const WeightLoader& weights,
+                                                     const Placement& placement = {});
+
+  // The placement the weights were loaded with (its dtype resolved: kF32 or kBF16) and the arena
+  // holding every parameter (frozen: immutable).
+  const Placement& placement() const { return placement_; }
+  const ParameterArena& parameters() const { return *arena_; }
 
   const ModelConfig& config() const { return cfg_; }
   // A fresh private cache for one sequence (position 0).
@@ -65,6 +75,8 @@ class Model {
   Tensor embed_, final_norm_, lm_head_;
   Tensor final_res_proj_, final_res_norm_;  // AttnRes only
   std::vector<Layer> layers_;
+  std::unique_ptr<ParameterArena> arena_;  // owns every tensor above (and the layers')
+  Placement placement_;
 };
 
 }  // namespace loom

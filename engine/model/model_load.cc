@@ -6,23 +6,33 @@
 
 namespace loom {
 
-absl::StatusOr<std::unique_ptr<Model>> Model::load(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<Model>> Model::load(const std::string& dir,
+                                                   const Placement& placement) {
   LOOM_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(dir));
-  return load(dir, cfg);
+  return load(dir, cfg, placement);
 }
 
-absl::StatusOr<std::unique_ptr<Model>> Model::load(const std::string& dir, const ModelConfig& cfg) {
+absl::StatusOr<std::unique_ptr<Model>> Model::load(const std::string& dir, const ModelConfig& cfg,
+                                                   const Placement& placement) {
   LOOM_ASSIGN_OR_RETURN(WeightLoader w, WeightLoader::open(dir, cfg));
-  return load(cfg, w);
+  return load(cfg, w, placement);
 }
 
-absl::StatusOr<std::unique_ptr<Model>> Model::load(const ModelConfig& cfg, const WeightLoader& w) {
+// Every parameter goes into the model's arena: the GEMM matrices (w.load_matrix, the routed
+// experts through w.load_experts) in the placement's dtype, everything else in f32 (w.load). The
+// list of which is which is in weights/parameter_arena.h (Placement).
+absl::StatusOr<std::unique_ptr<Model>> Model::load(const ModelConfig& cfg,
+                                                   const WeightLoader& weights,
+                                                   const Placement& placement) {
   LOOM_RETURN_IF_ERROR(cfg.validate());
   std::unique_ptr<Model> m(new Model(cfg));
+  m->arena_ = std::make_unique<ParameterArena>(placement.device);
+  LOOM_ASSIGN_OR_RETURN(const WeightLoader w, weights.placed(*m->arena_, placement));
+  m->placement_ = w.placement();
   const int64_t d = cfg.hidden_size, v = cfg.vocab_size;
-  LOOM_ASSIGN_OR_RETURN(m->embed_, w.load("embed.weight", {v, d}));
+  LOOM_ASSIGN_OR_RETURN(m->embed_, w.load("embed.weight", {v, d}));  // embedding_forward: f32
   LOOM_ASSIGN_OR_RETURN(m->final_norm_, w.load("final_norm.weight", {d}));
-  LOOM_ASSIGN_OR_RETURN(m->lm_head_, w.load("lm_head.weight", {v, d}));
+  LOOM_ASSIGN_OR_RETURN(m->lm_head_, w.load_matrix("lm_head.weight", {v, d}));
   if (cfg.attnres_block_size > 0) {
     LOOM_ASSIGN_OR_RETURN(m->final_res_proj_, w.load("final_res_proj.weight", {d}));
     LOOM_ASSIGN_OR_RETURN(m->final_res_norm_, w.load("final_res_norm.weight", {d}));
@@ -63,6 +73,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::load(const ModelConfig& cfg, const
       LOOM_ASSIGN_OR_RETURN(layer.ffn, make_moe_ffn(cfg, w, l));
     }
   }
+  m->arena_->freeze();
   return m;
 }
 

@@ -9,21 +9,17 @@
 #include "core/tensor.h"
 #include "core/workspace.h"
 #include "kernels/exec.h"
+#include "weights/parameter_arena.h"  // ExpertRange: the same type as the weights' Placement
 
 namespace loom {
-
-// Experts [first, first + count) of the layer: those whose weights a rank holds.
-struct ExpertRange {
-  int64_t first = 0;
-  int64_t count = 0;
-};
 
 // What dispatch hands the rank: the rows to run through its experts, grouped by expert (the
 // input of moe_grouped_swiglu), and what combine needs to bring the results back. The tensors are
 // views of the workspace passed to dispatch: valid until the caller's Workspace::Mark ends.
 struct Dispatched {
   Tensor rows;     // [R, D]
-  Tensor offsets;  // [owned().count + 1] i32: owned expert e's rows are [offsets[e], offsets[e+1])
+  Tensor offsets;  // [owned().count() + 1] i32: owned expert begin + e has rows
+                   // [offsets[e], offsets[e + 1])
   // For combine: where the output of slot (token t, choice i) will be found (-1: nowhere on this
   // rank), and the router's gate weights [T, K] f32.
   Tensor row_of_slot;
@@ -34,6 +30,8 @@ class ExpertDispatcher {
  public:
   virtual ~ExpertDispatcher() = default;
 
+  // The experts whose weights this rank holds ([begin, end) of the layer's experts): the model
+  // loads exactly these (Placement::experts), so the two always agree.
   virtual ExpertRange owned() const = 0;
 
   // Sends each (token, choice) slot of x [T, D] to the rank owning expert_ids[t, i]; returns the

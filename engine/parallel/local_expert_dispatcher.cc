@@ -5,8 +5,14 @@
 
 namespace loom {
 
-LocalExpertDispatcher::LocalExpertDispatcher(int64_t num_experts) : num_experts_(num_experts) {
+LocalExpertDispatcher::LocalExpertDispatcher(int64_t num_experts)
+    : LocalExpertDispatcher(num_experts, ExpertRange{0, num_experts}) {}
+
+LocalExpertDispatcher::LocalExpertDispatcher(int64_t num_experts, ExpertRange owned)
+    : num_experts_(num_experts), owned_(owned) {
   LOOM_CHECK(num_experts >= 1, "LocalExpertDispatcher: %d experts", num_experts);
+  LOOM_CHECK(owned.begin >= 0 && owned.begin < owned.end && owned.end <= num_experts,
+             "LocalExpertDispatcher: experts [%d, %d) of %d", owned.begin, owned.end, num_experts);
 }
 
 Dispatched LocalExpertDispatcher::dispatch(const Exec& ex, const Tensor& x,
@@ -17,12 +23,13 @@ Dispatched LocalExpertDispatcher::dispatch(const Exec& ex, const Tensor& x,
              expert_ids.describe().c_str());
   const int64_t t = x.dim(0), k = expert_ids.dim(1);
   Dispatched d;
-  // Every slot stays here, so the rows are exactly the T * K slots.
+  // The slots routed to owned experts stay here (all T * K of them when every expert is owned);
+  // the rows are sized for all, the kept ones end at offsets[owned().count()].
   d.rows = ws.take({t * k, x.dim(1)}, x.dtype());
-  d.offsets = ws.take({num_experts_ + 1}, DType::kI32);
+  d.offsets = ws.take({owned_.count() + 1}, DType::kI32);
   d.row_of_slot = ws.take({t, k}, DType::kI32);
   d.weights = weights;
-  moe_permute(ex, x, expert_ids, 0, num_experts_, d.offsets, d.row_of_slot, d.rows);
+  moe_permute(ex, x, expert_ids, owned_.begin, num_experts_, d.offsets, d.row_of_slot, d.rows);
   return d;
 }
 

@@ -1,5 +1,13 @@
-// The dispatcher of a single rank that holds every expert: dispatch is a permutation of the
-// slots by expert, combine its inverse with the weighted sum. No communication.
+// The dispatcher of a single rank, no communication: dispatch is a permutation of the slots by
+// expert, combine its inverse with the weighted sum.
+//
+// Owning every expert (the default), it computes the whole layer. Owning a sub-range [begin, end)
+// (a Placement with experts; the model then holds only those experts' weights), it is one rank's
+// share of expert parallelism: slots routed to experts outside the range are not sent to the
+// grouped GEMMs (row -1 in Dispatched::row_of_slot) and add nothing in combine, so each token gets
+// the weighted sum over its owned choices only (zeros when it has none). The shares of ranks that
+// cover every expert sum to the layer's routed output; the dispatcher that moves the other slots
+// to their owners and back (NCCL all-to-all) is expert parallelism's, not built yet.
 #pragma once
 
 #include "engine/parallel/expert_dispatcher.h"
@@ -8,15 +16,19 @@ namespace loom {
 
 class LocalExpertDispatcher final : public ExpertDispatcher {
  public:
+  // Owns experts `owned` of `num_experts` (every one by default). Aborts on an empty range or one
+  // outside [0, num_experts).
   explicit LocalExpertDispatcher(int64_t num_experts);
+  LocalExpertDispatcher(int64_t num_experts, ExpertRange owned);
 
-  ExpertRange owned() const override { return {0, num_experts_}; }
+  ExpertRange owned() const override { return owned_; }
   Dispatched dispatch(const Exec& ex, const Tensor& x, const Tensor& expert_ids,
                       const Tensor& weights, Workspace& ws) override;
   void combine(const Exec& ex, const Tensor& y, const Dispatched& d, const Tensor& out) override;
 
  private:
   int64_t num_experts_;
+  ExpertRange owned_;
 };
 
 }  // namespace loom

@@ -4,13 +4,20 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 
 namespace loom::cpu {
 namespace {
+
+// bf16 weights: up to this many rows the row-invariant kernel on widened panels beats widening
+// for OpenBLAS (2048 x 2048, 2 threads, min of 7: Xeon with OpenBLAS's Haswell kernels, 9-32
+// rows 0.77-2.0 ms against 2.2-3.2 ms; Zen 3, one thread, even to 1.1x either way up to 64 rows).
+constexpr int64_t kBf16RowKernelRows = 32;
 
 // Products of a few rows (decode batches, MoE experts with few tokens) are computed here rather
 // than by OpenBLAS 0.3.21, whose sgemm packs all of op(b) on every call: for a 2048 x 2048 weight
@@ -28,6 +35,22 @@ inline v8f load8(const float* p) {
   return v;
 }
 
+// Eight bf16 weights widened to f32 in registers (exact: a bf16 is the upper half of an f32), so
+// the arithmetic after the load is the f32 kernel's, operation for operation.
+typedef uint16_t v8u16 __attribute__((vector_size(16)));
+typedef uint32_t v8u32 __attribute__((vector_size(32)));
+inline v8f load8(const uint16_t* p) {
+  v8u16 h;
+  __builtin_memcpy(&h, p, sizeof h);
+  const v8u32 w = __builtin_convertvector(h, v8u32) << 16;
+  v8f v;
+  __builtin_memcpy(&v, &w, sizeof v);
+  return v;
+}
+
+inline float widen(float v) { return v; }
+inline float widen(uint16_t v) { return bf16_to_f32(v); }
+
 inline float sum8(v8f v) {
   return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
@@ -35,8 +58,8 @@ inline float sum8(v8f v) {
 // out[r * C + c] = dot(a[r], b[c]) over k for an R x C tile: R rows of a against C rows of b
 // (b transposed, [n, k]). Each step loads R + C vectors for R * C multiply-adds, so with R = C =
 // 4 the loads no longer bound the loop.
-template <int R, int C>
-inline void dot_tile(const float* const* a, const float* const* b, int64_t k, float* out) {
+template <int R, int C, typename B>
+inline void dot_tile(const float* const* a, const B* const* b, int64_t k, float* out) {
   v8f acc[R][C];
   for (int r = 0; r < R; ++r) {
     for (int c = 0; c < C; ++c) acc[r][c] = v8f{};
@@ -53,7 +76,10 @@ inline void dot_tile(const float* const* a, const float* const* b, int64_t k, fl
   for (int r = 0; r < R; ++r) {
     for (int c = 0; c < C; ++c) {
       float s = sum8(acc[r][c]);
-      for (int64_t t = l; t < k; ++t) s += a[r][t] * b[c][t];
+      // An explicit fma: left to itself the compiler contracted a * b + s for some (row,
+      // column) pairs of a tile and not others, so a row's tail depended on its tile position
+      // and on the instantiation.
+      for (int64_t t = l; t < k; ++t) s = std::fma(a[r][t], widen(b[c][t]), s);
       out[r * C + c] = s;
     }
   }
@@ -61,6 +87,56 @@ inline void dot_tile(const float* const* a, const float* const* b, int64_t k, fl
 
 void store(float* c, float v, float alpha, float beta) {
   *c = beta == 0.0f ? alpha * v : alpha * v + beta * *c;  // beta = 0 never reads c (may be NaN)
+}
+
+// Rows per pass over b: 64 rows of a (k = 2048: 512 KiB) stay in L2 while b's tiles stream.
+constexpr int64_t kRowBlock = 64;
+
+// The b: [n, k] case of row_invariant_sgemm (below): c[i, j] = dot(a row i, b row j), in 4 x 4
+// tiles, for f32 or bf16 b (widened in registers: the same f32 operations on the same values).
+// `threaded`: false when the caller already runs it inside its own parallel loop.
+template <typename B>
+void row_invariant_bt(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                      const B* b, int64_t ldb, float beta, float* c, int64_t ldc,
+                      bool threaded = true) {
+  const bool parallel = threaded && n * k >= (int64_t{1} << 15);
+  constexpr int64_t kCols = 4;
+  const int64_t col_tiles = (n + kCols - 1) / kCols;
+  for (int64_t i0 = 0; i0 < m; i0 += kRowBlock) {
+    const int64_t i1 = std::min(m, i0 + kRowBlock);
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t t = 0; t < col_tiles; ++t) {
+      const int64_t j0 = t * kCols;
+      const int64_t nc = std::min(kCols, n - j0);
+      const B* cols[kCols];
+      for (int64_t q = 0; q < kCols; ++q) cols[q] = b + (j0 + std::min(q, nc - 1)) * ldb;
+      float tile[4 * kCols];
+      // Tiles of 4 rows suit the few-row (bandwidth-bound) case; past that, 3 x 4 tiles keep
+      // the 12 accumulators and 4 b vectors in AVX2's 16 registers (measured 20% faster on the
+      // 2-core Zen 3 at 192 x 1536 x 2048, one thread). Each element's arithmetic is the same.
+      const int64_t tile_rows = m > kSmallM ? 3 : 4;
+      for (int64_t i = i0; i < i1; i += tile_rows) {
+        const int64_t nr = std::min<int64_t>(tile_rows, i1 - i);
+        const float* rows[4];
+        for (int64_t r = 0; r < 4; ++r) rows[r] = a + (i + std::min(r, nr - 1)) * lda;
+        // Short tiles repeat their last row/column (cheap, from cache) and drop the copies.
+        if (nr == 4) {
+          dot_tile<4, kCols>(rows, cols, k, tile);
+        } else if (nr == 2) {
+          dot_tile<2, kCols>(rows, cols, k, tile);
+        } else if (nr == 1) {
+          dot_tile<1, kCols>(rows, cols, k, tile);
+        } else {
+          dot_tile<3, kCols>(rows, cols, k, tile);
+        }
+        for (int64_t r = 0; r < nr; ++r) {
+          for (int64_t q = 0; q < nc; ++q) {
+            store(c + (i + r) * ldc + j0 + q, tile[r * kCols + q], alpha, beta);
+          }
+        }
+      }
+    }
+  }
 }
 
 // c[m, n] = alpha * a[m, k] @ op(b) + beta * c with a not transposed, for any m. Every element
@@ -71,49 +147,11 @@ void store(float* c, float v, float alpha, float beta) {
 void row_invariant_sgemm(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                          int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                          int64_t ldc) {
-  const bool parallel = n * k >= (int64_t{1} << 15);
-  // Rows per pass over b: 64 rows of a (k = 2048: 512 KiB) stay in L2 while b's tiles stream.
-  constexpr int64_t kRowBlock = 64;
-  if (trans_b) {  // b: [n, k]; c[i, j] = dot(a row i, b row j), in 4 x 4 tiles
-    constexpr int64_t kCols = 4;
-    const int64_t col_tiles = (n + kCols - 1) / kCols;
-    for (int64_t i0 = 0; i0 < m; i0 += kRowBlock) {
-      const int64_t i1 = std::min(m, i0 + kRowBlock);
-#pragma omp parallel for schedule(static) if (parallel)
-      for (int64_t t = 0; t < col_tiles; ++t) {
-        const int64_t j0 = t * kCols;
-        const int64_t nc = std::min(kCols, n - j0);
-        const float* cols[kCols];
-        for (int64_t q = 0; q < kCols; ++q) cols[q] = b + (j0 + std::min(q, nc - 1)) * ldb;
-        float tile[4 * kCols];
-        // Tiles of 4 rows suit the few-row (bandwidth-bound) case; past that, 3 x 4 tiles keep
-        // the 12 accumulators and 4 b vectors in AVX2's 16 registers (measured 20% faster on the
-        // 2-core Zen 3 at 192 x 1536 x 2048, one thread). Each element's arithmetic is the same.
-        const int64_t tile_rows = m > kSmallM ? 3 : 4;
-        for (int64_t i = i0; i < i1; i += tile_rows) {
-          const int64_t nr = std::min<int64_t>(tile_rows, i1 - i);
-          const float* rows[4];
-          for (int64_t r = 0; r < 4; ++r) rows[r] = a + (i + std::min(r, nr - 1)) * lda;
-          // Short tiles repeat their last row/column (cheap, from cache) and drop the copies.
-          if (nr == 4) {
-            dot_tile<4, kCols>(rows, cols, k, tile);
-          } else if (nr == 2) {
-            dot_tile<2, kCols>(rows, cols, k, tile);
-          } else if (nr == 1) {
-            dot_tile<1, kCols>(rows, cols, k, tile);
-          } else {
-            dot_tile<3, kCols>(rows, cols, k, tile);
-          }
-          for (int64_t r = 0; r < nr; ++r) {
-            for (int64_t q = 0; q < nc; ++q) {
-              store(c + (i + r) * ldc + j0 + q, tile[r * kCols + q], alpha, beta);
-            }
-          }
-        }
-      }
-    }
+  if (trans_b) {
+    row_invariant_bt(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
+  const bool parallel = n * k >= (int64_t{1} << 15);
   // b: [k, n]; row i of c is sum_l a[i, l] * b[l, :] in order of l. Blocks of columns keep up to
   // kSmallM partial rows in registers/L1 while b streams by.
   constexpr int64_t kBlock = 256;
@@ -204,24 +242,83 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
               c, static_cast<int>(ldc));
 }
 
+void sgemm_bf16_bt(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b,
+                   int64_t ldb, float beta, float* c, int64_t ldc) {
+  LOOM_CHECK(m >= 0 && n >= 0 && k >= 0, "sgemm_bf16_bt: negative size m=%d n=%d k=%d", m, n, k);
+  LOOM_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
+                 ldc <= INT_MAX,
+             "sgemm_bf16_bt: size beyond 32-bit BLAS indices (m=%d n=%d k=%d)", m, n, k);
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // b is not read: sgemm's handling of c (beta = 0 writes zeros)
+    return sgemm(false, true, m, n, 0, 1.0f, a, lda, nullptr, ldb, beta, c, ldc);
+  }
+  if (m <= kSmallM) {
+    // Few rows are bound by reading b: the row-invariant kernel reads the bf16 directly (half the
+    // bytes) and widens in registers; its products are the f32 kernel's exactly.
+    return row_invariant_bt(m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+  }
+  // More rows are bound by arithmetic: panels of b are widened once into per-thread scratch
+  // (reused from call to call) and each panel runs the f32 product of the mode.
+  auto widen_rows = [&](int64_t j0, int64_t rows, float* dst) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint16_t* src = b + (j0 + r) * ldb;
+      for (int64_t l = 0; l < k; ++l) dst[r * k + l] = bf16_to_f32(src[l]);
+    }
+  };
+  if (t_row_invariant || m <= kBf16RowKernelRows) {
+    // The row-invariant kernel, whose arithmetic per element does not depend on n (in
+    // batch-invariant mode the same bits as f32 weights), on L2-sized panels (256 KiB, or 4 rows
+    // of b if longer), one thread per panel: widened, then multiplied while still in cache.
+    constexpr int64_t kL2PanelFloats = int64_t{1} << 16;
+    const int64_t panel = std::max<int64_t>(4, kL2PanelFloats / k / 4 * 4);
+    const int64_t panels = (n + panel - 1) / panel;
+#pragma omp parallel for schedule(static) if (n * k >= (int64_t{1} << 15))
+    for (int64_t p = 0; p < panels; ++p) {
+      thread_local std::vector<float> scratch;
+      const int64_t j0 = p * panel, np = std::min(panel, n - j0);
+      if (scratch.size() < static_cast<size_t>(np * k)) scratch.resize(np * k);
+      widen_rows(j0, np, scratch.data());
+      row_invariant_bt(m, np, k, 1.0f, a, lda, static_cast<const float*>(scratch.data()), k, beta,
+                       c + j0, ldc, /*threaded=*/false);
+    }
+    return;
+  }
+  // OpenBLAS re-packs a once per panel: panels of 8 rows of b per row of a (at least 64, so few
+  // rows get L2-sized panels; at most 4 MiB, or 16 rows of b if longer) keep that re-packing small
+  // next to the product.
+  constexpr int64_t kPanelFloats = int64_t{1} << 20;
+  const int64_t panel =
+      std::min({n, std::max<int64_t>(16, kPanelFloats / k), std::max<int64_t>(64, 8 * m)});
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < static_cast<size_t>(panel * k)) scratch.resize(panel * k);
+  float* w = scratch.data();
+  for (int64_t j0 = 0; j0 < n; j0 += panel) {
+    const int64_t np = std::min(panel, n - j0);
+    const int64_t chunk = 8;  // rows of b per task of the widening
+#pragma omp parallel for schedule(static) if (np * k >= (int64_t{1} << 16))
+    for (int64_t r = 0; r < np; r += chunk) widen_rows(j0 + r, std::min(chunk, np - r), w + r * k);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(np),
+                static_cast<int>(k), 1.0f, a, static_cast<int>(lda), w, static_cast<int>(k), beta,
+                c + j0, static_cast<int>(ldc));
+  }
+}
+
+void sgemm_weight(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const void* w,
+                  DType w_dtype, int64_t ldw, float beta, float* c, int64_t ldc) {
+  if (w_dtype == DType::kBF16) {
+    return sgemm_bf16_bt(m, n, k, a, lda, static_cast<const uint16_t*>(w), ldw, beta, c, ldc);
+  }
+  LOOM_CHECK(w_dtype == DType::kF32, "sgemm_weight: %s weights",
+             std::string(dtype_name(w_dtype)).c_str());
+  sgemm(false, true, m, n, k, 1.0f, a, lda, static_cast<const float*>(w), ldw, beta, c, ldc);
+}
+
+// Contracts: kernels/gemm.cc.
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& out, float beta) {
-  LOOM_CHECK_F32(x);
-  LOOM_CHECK_F32(w);
-  LOOM_CHECK_F32(out);
-  LOOM_CHECK(w.ndim() == 2 && x.ndim() >= 1 && out.ndim() == x.ndim(),
-             "linear_forward: x %s w %s out %s", x.describe().c_str(), w.describe().c_str(),
-             out.describe().c_str());
   const int64_t n = w.dim(0);
   const int64_t k = w.dim(1);
-  LOOM_CHECK(x.dim(-1) == k && out.dim(-1) == n, "linear_forward: x %s w %s out %s",
-             x.describe().c_str(), w.describe().c_str(), out.describe().c_str());
-  for (int i = 0; i + 1 < x.ndim(); ++i) {
-    LOOM_CHECK(x.dim(i) == out.dim(i), "linear_forward: x %s vs out %s", x.describe().c_str(),
-               out.describe().c_str());
-  }
   const int64_t m = k > 0 ? x.numel() / k : out.numel() / (n > 0 ? n : 1);
-  sgemm(false, true, m, n, k, 1.0f, x.data<float>(), k, w.data<float>(), k, beta, out.data<float>(),
-        n);
+  sgemm_weight(m, n, k, x.data<float>(), k, w.raw(), w.dtype(), k, beta, out.data<float>(), n);
 }
 
 void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out,

@@ -7,6 +7,7 @@
 
 namespace loom::cpu {
 
+// w f32 or bf16 (contracts checked in kernels/gemm.cc).
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& out, float beta);
 void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out,
             float alpha, float beta);
@@ -16,6 +17,22 @@ void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
 // Must not be called from inside an OpenMP parallel region (OpenBLAS threads itself).
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// c[m, n] = a[m, k] @ b^T + beta * c with b [n, k] bf16 (row stride ldb): f32 activations, f32
+// accumulation. Up to 8 rows the row-invariant kernel reads b as bf16 and widens it in registers
+// (bandwidth-bound: half the bytes of f32 weights). More rows widen panels of b into bounded
+// per-thread scratch and multiply them in f32: with the row-invariant kernel (256 KiB panels) in
+// batch-invariant mode and up to 32 rows, with OpenBLAS (at most 4 MiB panels) beyond.
+// Batch-invariant mode gives exactly the bits sgemm gives for b widened to f32 (so do 2 to 8
+// rows); otherwise the result is within f32 rounding of it (sgemm uses sgemv for one row and
+// OpenBLAS from 9 rows; OpenBLAS blocks panels rather than the whole b). Same threading rule as
+// sgemm.
+void sgemm_bf16_bt(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b,
+                   int64_t ldb, float beta, float* c, int64_t ldc);
+// c = a @ w^T + beta * c for a weight w [n, k] (row stride ldw) stored as f32 (sgemm) or bf16
+// (sgemm_bf16_bt): the GEMM of a linear layer or an expert.
+void sgemm_weight(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const void* w,
+                  DType w_dtype, int64_t ldw, float beta, float* c, int64_t ldc);
 
 // The BLAS in use and how it threads, for startup logs: "OpenBLAS 0.3.21 ... (OpenMP, 2 threads)".
 // While one is alive on a thread, every sgemm of that thread uses the row-invariant kernel

@@ -36,7 +36,12 @@ ABSL_FLAG(std::string, golden, "",
           "directory holding golden.json and golden.safetensors (default: the fixture itself; "
           "set it to check a converted checkpoint against the original's goldens)");
 ABSL_FLAG(std::string, device, "cpu", "backend: cpu");
-ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32");
+ABSL_FLAG(std::string, dtype, "f32",
+          "compute (activation) dtype: f32 (the CPU backend computes in f32; see --weight_dtype)");
+ABSL_FLAG(std::string, weight_dtype, "auto",
+          "storage dtype of the weight matrices: auto (the checkpoint's: bf16 for a bf16 "
+          "checkpoint, f32 otherwise), f32 or bf16; bf16 weights are widened to f32 in the GEMMs, "
+          "so the f32 bounds hold");
 ABSL_FLAG(bool, batch, false, "run all prompts together in one varlen batch");
 ABSL_FLAG(bool, hidden, false, "also report per-layer hidden-state differences (full prefill)");
 ABSL_FLAG(bool, deterministic, false,
@@ -297,14 +302,24 @@ int run() {
     return 2;
   }
   if (absl::GetFlag(FLAGS_dtype) != "f32") {
-    std::fprintf(stderr, "loom-conformance: --dtype %s is not supported on the CPU (f32 only)\n",
+    std::fprintf(stderr,
+                 "loom-conformance: --dtype %s is not supported on the CPU (f32 only; "
+                 "--weight_dtype bf16 stores the weights in bf16)\n",
                  absl::GetFlag(FLAGS_dtype).c_str());
+    return 2;
+  }
+  const absl::StatusOr<WeightDType> weight_dtype =
+      parse_weight_dtype(absl::GetFlag(FLAGS_weight_dtype));
+  if (!weight_dtype.ok()) {
+    std::fprintf(stderr, "loom-conformance: --weight_dtype: %s\n",
+                 std::string(weight_dtype.status().message()).c_str());
     return 2;
   }
   if (const int rc = check_blas_coretype(); rc != 0) return rc;
   const bool batched = absl::GetFlag(FLAGS_batch);
   const auto t0 = std::chrono::steady_clock::now();
-  absl::StatusOr<std::unique_ptr<Model>> model = Model::load(dir);
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      Model::load(dir, Placement{.dtype = *weight_dtype});
   if (!model.ok()) {
     std::fprintf(stderr, "loom-conformance: %s\n", std::string(model.status().message()).c_str());
     return 2;
@@ -362,6 +377,8 @@ int run() {
   nlohmann::json summary = {{"fixture", name},
                             {"model_type", (*model)->config().model_type},
                             {"batch", batched},
+                            {"weight_dtype", weight_dtype_name((*model)->placement().dtype)},
+                            {"parameter_bytes", (*model)->parameters().bytes()},
                             {"prompts", results.size()},
                             {"worst_max_abs", worst_abs},
                             {"worst_rel_l2", worst_rel},
@@ -379,7 +396,8 @@ int run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Checks Loom's forward pass against a fixture's golden outputs.\n"
-      "usage: loom-conformance --fixture DIR [--golden DIR] [--device cpu] [--dtype f32] [--batch] "
+      "usage: loom-conformance --fixture DIR [--golden DIR] [--device cpu] [--dtype f32] "
+      "[--weight_dtype auto|f32|bf16] [--batch] "
       "[--hidden]");
   absl::ParseCommandLine(argc, argv);
   return loom::run();

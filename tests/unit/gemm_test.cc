@@ -1,9 +1,11 @@
-// linear_forward / matmul against double-precision references.
+// linear_forward / matmul against double-precision references; bf16 weights against f32 weights
+// of the same values.
 #include "kernels/gemm.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -210,6 +212,112 @@ TEST(Gemm, BatchInvariantRowsBitIdentical) {
       }
     }
   }
+}
+
+// A weight matrix of bf16-representable values, as bf16 and as f32 (the same numbers).
+struct Bf16Weight {
+  Tensor bf16, f32;
+};
+Bf16Weight random_bf16_weight(Shape shape, std::mt19937& rng) {
+  Bf16Weight w{Tensor::empty(shape, DType::kBF16), Tensor::empty(shape)};
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (int64_t i = 0; i < w.f32.numel(); ++i) {
+    const uint16_t b = f32_to_bf16(dist(rng));
+    w.bf16.data<uint16_t>()[i] = b;
+    w.f32.data<float>()[i] = bf16_to_f32(b);
+  }
+  return w;
+}
+
+int64_t count_differing(const Tensor& a, const Tensor& b) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < a.numel(); ++i)
+    n += std::memcmp(a.data<float>() + i, b.data<float>() + i, sizeof(float)) != 0;
+  return n;
+}
+
+// bf16 weights with f32 activations: the product of the f32 weight holding the same values. Row
+// counts cover the GEMV row, the few-row kernel (<= 8, bit-identical to the f32 weight: the same
+// kernel widening in registers) and OpenBLAS on widened panels (more rows); odd n and k leave
+// vector tails. Both are checked against the double reference with the f32 bound, and against
+// each other: with f32 accumulation of the same values they may differ only by the rounding of
+// differently blocked sums (the bound of one f32 GEMM, 2 * tol_for(k)).
+TEST(Gemm, LinearForwardBf16WeightsMatchF32Weights) {
+  std::mt19937 rng(777);
+  for (int64_t k : {1, 7, 33, 260}) {
+    for (int64_t n : {1, 5, 37, 131}) {
+      const Bf16Weight w = random_bf16_weight({n, k}, rng);
+      for (int64_t m : {1, 3, 8, 9, 17, 70}) {
+        Tensor x = random_tensor({m, k}, rng);
+        Tensor o16 = Tensor::full({m, n}, std::numeric_limits<float>::quiet_NaN());
+        Tensor o32 = Tensor::full({m, n}, std::numeric_limits<float>::quiet_NaN());
+        linear_forward(host_exec(), x, w.bf16, o16);
+        linear_forward(host_exec(), x, w.f32, o32);
+        const auto ref = ref_matmul(x, false, w.f32, true, {}, m, n, k, 1.0, 0.0);
+        double err16 = 0, err32 = 0, diff = 0;
+        for (int64_t i = 0; i < m * n; ++i) {
+          err16 = std::max(err16, std::abs(o16.data<float>()[i] - ref[i]));
+          err32 = std::max(err32, std::abs(o32.data<float>()[i] - ref[i]));
+          diff = std::max(diff, std::abs(double(o16.data<float>()[i]) - o32.data<float>()[i]));
+        }
+        ASSERT_LT(err16, tol_for(k)) << "m=" << m << " n=" << n << " k=" << k;
+        ASSERT_LT(err32, tol_for(k));
+        ASSERT_LE(diff, 2 * tol_for(k));
+        if (m >= 2 && m <= 8) {
+          ASSERT_EQ(count_differing(o16, o32), 0) << "m=" << m << " n=" << n << " k=" << k;
+        }
+      }
+    }
+  }
+}
+
+// Enough columns for several widened panels (panels of 2^20 / k rows), and beta = 1 accumulating.
+TEST(Gemm, LinearForwardBf16WeightsPanelsAndBeta) {
+  std::mt19937 rng(4321);
+  const int64_t m = 11, k = 40000, n = 61;  // panels of 26 rows: 26 + 26 + 9
+  const Bf16Weight w = random_bf16_weight({n, k}, rng);
+  Tensor x = random_tensor({m, k}, rng);
+  Tensor o16 = random_tensor({m, n}, rng);
+  std::vector<float> out0(o16.data<float>(), o16.data<float>() + o16.numel());
+  linear_forward(host_exec(), x, w.bf16, o16, 1.0f);
+  const auto ref = ref_matmul(x, false, w.f32, true, out0, m, n, k, 1.0, 1.0);
+  double err = 0;
+  for (int64_t i = 0; i < m * n; ++i) err = std::max(err, std::abs(o16.data<float>()[i] - ref[i]));
+  std::printf("bf16 weights, 3 panels, beta 1: max abs err %.3g\n", err);
+  // Sums of 40000 products of magnitude <= 1 grow like sqrt(k): the error is far below the
+  // worst-case 4 * k * eps.
+  EXPECT_LT(err, tol_for(k));
+}
+
+// Batch-invariant mode with bf16 weights: every row is bit-identical whatever the row count, and
+// bit-identical to the f32 weight of the same values (one kernel: bf16 widened in registers up to
+// 8 rows, widened into L2-sized panels of b beyond; k = 1000 gives panels of 64 rows, 3 of them).
+TEST(Gemm, Bf16WeightsBatchInvariantBitIdentical) {
+  std::mt19937 rng(31);
+  for (const auto& [k, n] : {std::pair<int64_t, int64_t>{131, 77}, {1000, 150}}) {
+    const int64_t rows = 150;
+    const Bf16Weight w = random_bf16_weight({n, k}, rng);
+    Tensor x = random_tensor({rows, k}, rng);
+    Exec ex;
+    ex.batch_invariant = true;
+    Tensor all16 = Tensor::empty({rows, n}), all32 = Tensor::empty({rows, n});
+    linear_forward(ex, x, w.bf16, all16);
+    linear_forward(ex, x, w.f32, all32);
+    EXPECT_EQ(count_differing(all16, all32), 0) << "k=" << k;
+    for (int64_t m : {1, 2, 5, 8, 9, 64, 65, 149}) {
+      const int64_t first = std::uniform_int_distribution<int64_t>(0, rows - m)(rng);
+      Tensor part = Tensor::empty({m, n});
+      linear_forward(ex, x.slice(0, first, first + m), w.bf16, part);
+      EXPECT_EQ(count_differing(part, all16.slice(0, first, first + m).clone()), 0)
+          << "k=" << k << " m=" << m << " first=" << first;
+    }
+  }
+}
+
+TEST(GemmDeathTest, F16WeightsAbort) {
+  Tensor x = Tensor::zeros({4, 8}), w = Tensor::empty({5, 8}, DType::kF16);
+  Tensor out = Tensor::zeros({4, 5});
+  EXPECT_DEATH(linear_forward(host_exec(), x, w, out), "contiguous f32 or bf16");
 }
 
 TEST(GemmDeathTest, ShapeMismatchAborts) {

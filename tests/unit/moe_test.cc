@@ -544,6 +544,130 @@ TEST(ExpertRangeTest, RanksComputeOnlyTheirExpertsAndSumToTheLayer) {
   EXPECT_LT(err, 2e-6);
 }
 
+// The experts' weights rounded to bf16-representable values, as bf16 tensors and as f32 ones.
+struct Bf16Experts {
+  Experts f32;
+  Tensor gate, up, down;  // bf16, the same values
+};
+Tensor to_bf16(const Tensor& t) {  // of bf16-representable f32 values: exact
+  Tensor b = Tensor::empty(t.shape(), DType::kBF16);
+  for (int64_t i = 0; i < t.numel(); ++i) b.data<uint16_t>()[i] = f32_to_bf16(t.data<float>()[i]);
+  return b;
+}
+Bf16Experts random_bf16_experts(int64_t e, int64_t inter, int64_t d, std::mt19937& rng) {
+  Bf16Experts w{random_experts(e, inter, d, rng), {}, {}, {}};
+  for (Tensor* t : {&w.f32.gate, &w.f32.up, &w.f32.down}) {
+    for (int64_t i = 0; i < t->numel(); ++i)
+      t->data<float>()[i] = bf16_to_f32(f32_to_bf16(t->data<float>()[i]));
+  }
+  w.gate = to_bf16(w.f32.gate);
+  w.up = to_bf16(w.f32.up);
+  w.down = to_bf16(w.f32.down);
+  return w;
+}
+
+// bf16 expert weights with f32 rows: the f32-weight numbers of the same values, against the
+// double oracle and against the f32 weights (experts with 0, 1, few and many rows: the few-row
+// kernel, which gives the f32 weights' bits for 2 to 8 rows, and OpenBLAS on widened panels,
+// within f32 rounding); in batch-invariant mode bit-identical to the f32 weights.
+TEST(GroupedBf16Test, MatchesF32WeightsOfTheSameValues) {
+  std::mt19937 rng(2024);
+  const int64_t d = 67, inter = 45;
+  const std::vector<int32_t> rows_per_expert = {5, 0, 17, 1, 0, 9, 40};
+  const int64_t ne = static_cast<int64_t>(rows_per_expert.size());
+  Tensor offsets = Tensor::empty({ne + 1}, DType::kI32);
+  offsets.data<int32_t>()[0] = 0;
+  for (int64_t e = 0; e < ne; ++e)
+    offsets.data<int32_t>()[e + 1] = offsets.data<int32_t>()[e] + rows_per_expert[e];
+  const int64_t r = offsets.data<int32_t>()[ne];
+  Tensor x = random_tensor({r, d}, rng, -1, 1);
+  const Bf16Experts w = random_bf16_experts(ne, inter, d, rng);
+  for (bool invariant : {false, true}) {
+    Exec ex;
+    ex.batch_invariant = invariant;
+    Tensor y16 = Tensor::full({r, d}, kNaN), y32 = Tensor::full({r, d}, kNaN);
+    moe_grouped_swiglu(ex, x, offsets, w.gate, w.up, w.down, y16);
+    moe_grouped_swiglu(ex, x, offsets, w.f32.gate, w.f32.up, w.f32.down, y32);
+    double err = 0.0, diff = 0.0;
+    int64_t differ = 0;
+    for (int64_t e = 0; e < ne; ++e) {
+      for (int64_t row = offsets.data<int32_t>()[e]; row < offsets.data<int32_t>()[e + 1]; ++row) {
+        const std::vector<double> want = expert_ref(w.f32, e, x.data<float>() + row * d);
+        for (int64_t b = 0; b < d; ++b) {
+          err = std::max(err, std::abs(y16.at<float>({row, b}) - want[b]));
+          diff =
+              std::max(diff, std::abs(double(y16.at<float>({row, b})) - y32.at<float>({row, b})));
+        }
+        // 2 to 8 rows: the few-row kernel for both dtypes (one row is sgemv for f32 weights).
+        const bool few_rows = rows_per_expert[e] >= 2 && rows_per_expert[e] <= 8;
+        if (invariant || few_rows)
+          differ += !rows_equal(y16.data<float>() + row * d, y32.data<float>() + row * d, d);
+      }
+    }
+    std::printf("grouped swiglu bf16 weights (invariant %d): max abs err %.3g, vs f32 %.3g\n",
+                invariant, err, diff);
+    EXPECT_LT(err, 2e-6);  // GroupedTest's bound
+    EXPECT_LT(diff, 2e-6);
+    EXPECT_EQ(differ, 0) << "rows differing from the f32 weights where the kernel is the same";
+  }
+}
+
+TEST(ExpertsDeathTest, MixedWeightDtypesAbort) {
+  Tensor x = Tensor::zeros({3, 4}), y = Tensor::empty({3, 4});
+  Tensor wg = Tensor::zeros({1, 5, 4}), wu = Tensor::empty({1, 5, 4}, DType::kBF16),
+         wd = Tensor::zeros({1, 4, 5});
+  Tensor offsets = Tensor::empty({2}, DType::kI32);
+  offsets.data<int32_t>()[0] = 0;
+  offsets.data<int32_t>()[1] = 3;
+  EXPECT_DEATH(moe_grouped_swiglu(host_exec(), x, offsets, wg, wu, wd, y), "all one dtype");
+}
+
+// A LocalExpertDispatcher over a sub-range (the dispatcher of a model loaded with
+// Placement::experts): dispatch keeps only the slots of its experts (offsets per owned expert,
+// row -1 for the others), the grouped GEMMs run on those rows with the owned weights only, and
+// combine gives each token the sum over its owned choices (zeros with none). The shares of ranges
+// covering every expert add up to the whole layer.
+TEST(ExpertRangeTest, SubRangeDispatcherComputesItsShare) {
+  const int64_t t = 29, d = 20, inter = 13, e = 6, k = 2;
+  std::mt19937 rng(99);
+  Tensor x = random_tensor({t, d}, rng, -1, 1);
+  const Experts w = random_experts(e, inter, d, rng);
+  Tensor ids = random_choices(t, k, e, true, rng);
+  Tensor wts = random_tensor({t, k}, rng, 0.0f, 1.0f);
+  Workspace ws(Device::kCpu);
+  Exec ex;
+  ex.workspace = &ws;
+  const Tensor whole = run_local_layer(ex, x, ids, wts, w);
+  std::vector<double> sum(t * d, 0.0);
+  for (const ExpertRange r : {ExpertRange{0, 2}, ExpertRange{2, 5}, ExpertRange{5, 6}}) {
+    LocalExpertDispatcher dispatcher(e, r);
+    ASSERT_EQ(dispatcher.owned(), r);
+    const Experts shard = w.range(r.begin, r.count());
+    const Workspace::Mark scope(ws);
+    const Dispatched dd = dispatcher.dispatch(ex, x, ids, wts, ws);
+    ASSERT_EQ(dd.offsets.dim(0), r.count() + 1);
+    int64_t owned_slots = 0;
+    for (int64_t j = 0; j < t * k; ++j) {
+      const bool mine = r.contains(ids.data<int32_t>()[j]);
+      owned_slots += mine;
+      ASSERT_EQ(dd.row_of_slot.data<int32_t>()[j] >= 0, mine) << "slot " << j;
+    }
+    ASSERT_EQ(dd.offsets.data<int32_t>()[r.count()], owned_slots);
+    Tensor y = ws.take(dd.rows.shape());
+    moe_grouped_swiglu(ex, dd.rows, dd.offsets, shard.gate, shard.up, shard.down, y);
+    Tensor part = Tensor::full({t, d}, kNaN);
+    dispatcher.combine(ex, y, dd, part);
+    EXPECT_LT(max_abs_diff(part, layer_ref(x, ids, wts, w, r.begin, r.count())), 3e-6);
+    for (int64_t i = 0; i < t * d; ++i) sum[i] += part.data<float>()[i];
+  }
+  EXPECT_LT(max_abs_diff(whole, sum), 2e-6);
+}
+
+TEST(ExpertsDeathTest, DispatcherRangeOutsideTheExpertsAborts) {
+  EXPECT_DEATH(LocalExpertDispatcher(4, ExpertRange{2, 5}), "experts");
+  EXPECT_DEATH(LocalExpertDispatcher(4, ExpertRange{2, 2}), "experts");
+}
+
 TEST(ExpertsDeathTest, BadExpertIdAborts) {
   Tensor x = Tensor::zeros({2, 4});
   Tensor ids = Tensor::empty({2, 1}, DType::kI32);

@@ -23,8 +23,9 @@ struct TensorSource {
   };
   Combine combine = Combine::kSingle;
   std::vector<std::string> names;
-  // Applied to the combined f32 tensor before its shape is checked (e.g. regrouping or splitting
-  // the rows of a fused projection into the canonical layout).
+  // Applied to the combined tensor (in the checkpoint's dtype; f32 for mixed or FP8 parts) before
+  // its shape is checked (e.g. regrouping or splitting the rows of a fused projection into the
+  // canonical layout).
   std::function<absl::StatusOr<Tensor>(const Tensor&)> transform;
 };
 

@@ -57,8 +57,8 @@ absl::Status not_found(std::string_view family, std::string_view canonical) {
 
 std::function<absl::StatusOr<Tensor>(const Tensor&)> gather_rows_transform(RowRanges ranges) {
   return [ranges = std::move(ranges)](const Tensor& t) -> absl::StatusOr<Tensor> {
-    if (t.ndim() < 1 || t.dtype() != DType::kF32 || !t.is_contiguous())
-      return absl::InvalidArgumentError("row regrouping needs a contiguous f32 tensor");
+    if (t.ndim() < 1 || !t.is_contiguous())
+      return absl::InvalidArgumentError("row regrouping needs a contiguous tensor");
     int64_t rows = 0;
     for (const auto& [b, e] : ranges) {
       if (b < 0 || e < b || e > t.dim(0))
@@ -68,7 +68,7 @@ std::function<absl::StatusOr<Tensor>(const Tensor&)> gather_rows_transform(RowRa
     }
     Shape shape = t.shape();
     shape[0] = rows;
-    Tensor out = Tensor::empty(shape, DType::kF32);
+    Tensor out = Tensor::empty(shape, t.dtype());  // any dtype: rows are moved, not converted
     int64_t dst = 0;
     for (const auto& [b, e] : ranges) {
       out.slice(0, dst, dst + (e - b)).copy_from(t.slice(0, b, e));

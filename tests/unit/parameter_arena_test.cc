@@ -1,0 +1,249 @@
+// ParameterArena (chunked, aligned, named, frozen read-only) and WeightLoader into it: dtypes by
+// role, bf16 bytes copied without an f32 round trip, one rounding for f32/FP8 sources, expert
+// ranges from per-expert and stacked checkpoints, and the placements this build refuses.
+#include "weights/parameter_arena.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include "engine/model/model.h"
+#include "weights/model_config.h"
+#include "weights/safetensors.h"
+#include "weights/weight_loader.h"
+
+namespace loom {
+namespace {
+
+const std::string kFixtures = LOOM_FIXTURES_DIR;
+
+TEST(ParameterArena, CarvesAlignedParametersFromFewChunks) {
+  ParameterArena arena(Device::kCpu, /*chunk_bytes=*/1 << 20);
+  for (int i = 0; i < 100; ++i) {
+    Tensor t =
+        arena.allocate("p" + std::to_string(i), {3, 7 + i}, i % 2 ? DType::kBF16 : DType::kF32);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw()) % ParameterArena::kAlignment, 0u);
+    EXPECT_TRUE(t.is_contiguous());
+  }
+  EXPECT_EQ(arena.num_chunks(), 1u);  // 100 small tensors, one allocation
+  // A parameter larger than a chunk gets its own; the next small one a fresh chunk.
+  Tensor big = arena.allocate("big", {1 << 19}, DType::kF32);  // 2 MiB
+  EXPECT_EQ(arena.num_chunks(), 2u);
+  arena.allocate("after", {4}, DType::kF32);
+  EXPECT_EQ(arena.num_chunks(), 3u);
+
+  size_t f32 = 0, bf16 = 0;
+  for (int i = 0; i < 100; ++i) (i % 2 ? bf16 : f32) += 3 * (7 + i) * (i % 2 ? 2 : 4);
+  f32 += (size_t{1} << 19) * 4 + 16;
+  EXPECT_EQ(arena.bytes(DType::kF32), f32);
+  EXPECT_EQ(arena.bytes(DType::kBF16), bf16);
+  EXPECT_EQ(arena.bytes(), f32 + bf16);
+  EXPECT_GE(arena.reserved_bytes(), arena.bytes());
+  EXPECT_EQ(arena.entries().size(), 102u);
+  EXPECT_EQ(arena.entries()[100].name, "big");
+  ASSERT_NE(arena.find("p3"), nullptr);
+  EXPECT_EQ(arena.find("p3")->shape(), Shape({3, 10}));
+  EXPECT_EQ(arena.find("p3")->dtype(), DType::kBF16);
+  EXPECT_EQ(arena.find("nope"), nullptr);
+}
+
+TEST(ParameterArena, TensorsOutliveTheArena) {
+  Tensor t;
+  {
+    ParameterArena arena(Device::kCpu);
+    t = arena.allocate("w", {5}, DType::kF32);
+    for (int i = 0; i < 5; ++i) t.data<float>()[i] = float(i);
+    arena.freeze();
+  }
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(t.data<float>()[i], float(i));
+}
+
+TEST(ParameterArenaDeathTest, ImmutableAfterFreeze) {
+  ParameterArena arena(Device::kCpu);
+  Tensor t = arena.allocate("w", {16}, DType::kF32);
+  t.fill(1.0f);
+  arena.freeze();
+  EXPECT_EQ(t.data<float>()[3], 1.0f);  // readable
+  EXPECT_DEATH(arena.allocate("x", {4}, DType::kF32), "immutable");
+  EXPECT_DEATH(t.data<float>()[3] = 2.0f, "");  // read-only pages: the write faults
+}
+
+TEST(ParameterArenaDeathTest, NameGivenTwiceAborts) {
+  ParameterArena arena(Device::kCpu);
+  arena.allocate("w", {4}, DType::kF32);
+  EXPECT_DEATH(arena.allocate("w", {4}, DType::kF32), "twice");
+}
+
+TEST(WeightDType, ParsesFlagValues) {
+  EXPECT_EQ(*parse_weight_dtype("auto"), WeightDType::kAuto);
+  EXPECT_EQ(*parse_weight_dtype("f32"), WeightDType::kF32);
+  EXPECT_EQ(*parse_weight_dtype("bf16"), WeightDType::kBF16);
+  for (const char* bad : {"f16", "fp8", "BF16", ""}) {
+    const auto r = parse_weight_dtype(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("auto, f32 or bf16"), std::string::npos);
+  }
+}
+
+struct Opened {
+  ModelConfig cfg;
+  WeightLoader loader;
+};
+Opened open_fixture(const std::string& name) {
+  auto cfg = load_model_config(kFixtures + "/" + name);
+  EXPECT_TRUE(cfg.ok()) << cfg.status();
+  auto w = WeightLoader::open(kFixtures + "/" + name, *cfg);
+  EXPECT_TRUE(w.ok()) << w.status();
+  return {*cfg, *w};
+}
+
+TEST(PlacedLoader, AutoResolvesToTheCheckpointsPrecision) {
+  for (const auto& [fixture, want] :
+       {std::pair<const char*, WeightDType>{"kimi_linear_b0", WeightDType::kBF16},
+        {"qwen3_next_b0", WeightDType::kBF16},
+        {"kimi_linear_s0", WeightDType::kF32},
+        {"deepseek_v3_fp8", WeightDType::kF32}}) {
+    Opened o = open_fixture(fixture);
+    ParameterArena arena(Device::kCpu);
+    auto placed = o.loader.placed(arena, {.dtype = WeightDType::kAuto});
+    ASSERT_TRUE(placed.ok()) << placed.status();
+    EXPECT_EQ(placed->placement().dtype, want) << fixture;
+  }
+  ModelConfig cfg = open_fixture("kimi_linear_s0").cfg;
+  ParameterArena arena(Device::kCpu);
+  EXPECT_EQ(WeightLoader::synthetic(cfg, 1)
+                .placed(arena, {.dtype = WeightDType::kAuto})
+                ->placement()
+                .dtype,
+            WeightDType::kF32);
+}
+
+// A bf16 checkpoint tensor with a bf16 placement: the arena holds the file's bytes; f32 roles
+// widen them exactly.
+TEST(PlacedLoader, Bf16CheckpointBytesAreCopiedAsIs) {
+  Opened o = open_fixture("kimi_linear_b0");
+  auto ckpt = Checkpoint::open(kFixtures + "/kimi_linear_b0");
+  ASSERT_TRUE(ckpt.ok());
+  ParameterArena arena(Device::kCpu);
+  auto w = o.loader.placed(arena, {.dtype = WeightDType::kBF16});
+  ASSERT_TRUE(w.ok());
+  const int64_t v = o.cfg.vocab_size, d = o.cfg.hidden_size;
+  auto lm = w->load_matrix("lm_head.weight", {v, d});
+  ASSERT_TRUE(lm.ok()) << lm.status();
+  auto file = ckpt->get("lm_head.weight");
+  ASSERT_TRUE(file.ok());
+  ASSERT_EQ(lm->dtype(), DType::kBF16);
+  ASSERT_EQ(file->dtype(), DType::kBF16);
+  EXPECT_EQ(std::memcmp(lm->raw(), file->raw(), file->nbytes()), 0);
+  EXPECT_EQ(arena.find("lm_head.weight")->raw(), lm->raw());
+  // The same tensor in an f32 role (a second name: the arena keeps one entry per name).
+  auto norm = w->load("final_norm.weight", {d});
+  ASSERT_TRUE(norm.ok());
+  EXPECT_EQ(norm->dtype(), DType::kF32);
+  auto norm_file = ckpt->get("model.norm.weight");
+  ASSERT_TRUE(norm_file.ok());
+  for (int64_t i = 0; i < d; ++i)
+    ASSERT_EQ(norm->data<float>()[i], bf16_to_f32(norm_file->data<uint16_t>()[i]));
+}
+
+// Every bf16 value the placed loader gives equals the f32 load of the same tensor rounded once:
+// for bf16 sources (exact, through an adapter transform: qwen3_next regroups rows), for f32
+// sources, and for FP8 sources (the dequantized f32 product, rounded to bf16; its scale never).
+TEST(PlacedLoader, Bf16IsTheF32ValueRoundedOnce) {
+  struct Case {
+    const char* fixture;
+    const char* name;
+  };
+  for (const Case c : {Case{"qwen3_next_b0", "layers.0.gdn.qkvz_proj.weight"},
+                       Case{"qwen3_next_b0", "layers.3.gqa.q_proj.weight"},
+                       Case{"kimi_linear_s0", "layers.0.kda.qkv_proj.weight"},
+                       Case{"deepseek_v3_fp8", "layers.0.mla.q_b_proj.weight"}}) {
+    Opened o = open_fixture(c.fixture);
+    auto cfg = o.cfg;
+    ParameterArena arena(Device::kCpu);
+    auto w = o.loader.placed(arena, {.dtype = WeightDType::kBF16});
+    ASSERT_TRUE(w.ok());
+    // The shape from the model's own load: take it from an f32 model's arena.
+    auto f32_model = Model::load(kFixtures + "/" + c.fixture);
+    ASSERT_TRUE(f32_model.ok()) << f32_model.status();
+    const Tensor* ref = f32_model->get()->parameters().find(c.name);
+    ASSERT_NE(ref, nullptr) << c.name;
+    ASSERT_EQ(ref->dtype(), DType::kF32);
+    auto got = w->load_matrix(c.name, ref->shape());
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->dtype(), DType::kBF16);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < ref->numel(); ++i)
+      differ += got->data<uint16_t>()[i] != f32_to_bf16(ref->data<float>()[i]);
+    EXPECT_EQ(differ, 0) << c.fixture << " " << c.name;
+  }
+}
+
+// Experts [2, 5) of 8: per-expert checkpoint tensors (only those experts are read) and a stacked
+// native tensor (only those rows copied) both give the rows of the whole load.
+TEST(PlacedLoader, ExpertRangeFromPerExpertAndStackedCheckpoints) {
+  Opened o = open_fixture("kimi_linear_b0");
+  const int64_t e = o.cfg.moe.num_experts, i = o.cfg.moe.intermediate_size, d = o.cfg.hidden_size;
+  ASSERT_EQ(e, 8);
+  const std::string name = "layers.1.moe.experts.down";
+  auto whole = o.loader.load(name, {e, d, i});
+  ASSERT_TRUE(whole.ok()) << whole.status();
+
+  // A native checkpoint storing the layer's experts as one [E, D, I] tensor.
+  const std::string dir = std::string(LOOM_TEST_TMPDIR) + "/parameter_arena_stacked";
+  std::filesystem::create_directories(dir);
+  ASSERT_TRUE(write_safetensors(dir + "/model.safetensors", {{name, *whole}}).ok());
+  ModelConfig native = o.cfg;
+  native.model_type = "loom";
+  auto stacked = WeightLoader::open(dir, native);
+  ASSERT_TRUE(stacked.ok()) << stacked.status();
+
+  for (const WeightLoader* src : {&o.loader, &*stacked}) {
+    for (WeightDType dt : {WeightDType::kF32, WeightDType::kBF16}) {
+      ParameterArena arena(Device::kCpu);
+      auto w = src->placed(arena, {.dtype = dt, .experts = ExpertRange{2, 5}});
+      ASSERT_TRUE(w.ok()) << w.status();
+      auto part = w->load_experts(name, {e, d, i});
+      ASSERT_TRUE(part.ok()) << part.status();
+      ASSERT_EQ(part->shape(), Shape({3, d, i}));
+      EXPECT_EQ(arena.bytes(), static_cast<size_t>(3 * d * i) * (dt == WeightDType::kBF16 ? 2 : 4));
+      const float* want = whole->data<float>() + 2 * d * i;
+      for (int64_t j = 0; j < 3 * d * i; ++j) {
+        const float got = dt == WeightDType::kBF16 ? bf16_to_f32(part->data<uint16_t>()[j])
+                                                   : part->data<float>()[j];
+        ASSERT_EQ(got, want[j]) << j;
+      }
+    }
+  }
+}
+
+TEST(PlacedLoader, RefusesPlacementsItCannotHonour) {
+  Opened o = open_fixture("kimi_linear_b0");
+  auto message = [&](const Placement& p, Device arena_device = Device::kCpu) {
+    ParameterArena arena(arena_device);
+    auto w = o.loader.placed(arena, p);
+    EXPECT_FALSE(w.ok()) << p.describe();
+    return w.ok() ? std::string() : std::string(w.status().message());
+  };
+  EXPECT_NE(message({.device = Device::kCuda}, Device::kCuda).find("CPU only"), std::string::npos);
+  EXPECT_NE(message({}, Device::kCuda).find("arena is on cuda:0"), std::string::npos);
+  for (ExpertRange r :
+       {ExpertRange{3, 3}, ExpertRange{-1, 2}, ExpertRange{6, 9}, ExpertRange{5, 2}})
+    EXPECT_NE(message({.experts = r}).find("not a non-empty range of the model's 8 experts"),
+              std::string::npos)
+        << r.begin << ", " << r.end;
+  Opened dense = open_fixture("fla_kda_s0");
+  ParameterArena arena(Device::kCpu);
+  auto w = dense.loader.placed(arena, {.experts = ExpertRange{0, 1}});
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("no routed experts"), std::string::npos);
+  // Through Model::load too, before anything is loaded.
+  auto m = Model::load(kFixtures + "/kimi_linear_b0", Placement{.device = Device::kCuda});
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("issue 13"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,124 @@
+// Where a model's weights live: a Placement (device, the storage dtype of the weight matrices, the
+// experts this rank holds) and the ParameterArena that owns the memory of every loaded parameter.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "core/tensor.h"
+
+namespace loom {
+
+// Experts [begin, end) of every MoE layer: those whose weights a rank holds and computes.
+struct ExpertRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+
+  int64_t count() const { return end - begin; }
+  bool contains(int64_t expert) const { return expert >= begin && expert < end; }
+  friend bool operator==(const ExpertRange&, const ExpertRange&) = default;
+};
+
+// The storage dtype of the weight matrices. kAuto keeps the checkpoint's precision: bf16 when
+// every matrix of the checkpoint is stored in bf16 (so storing them in bf16 loses nothing), f32
+// otherwise (f32, f16 and FP8 checkpoints, synthetic weights).
+enum class WeightDType : uint8_t { kAuto, kF32, kBF16 };
+
+// "auto", "f32" or "bf16" (flags); InvalidArgument naming the accepted values otherwise.
+absl::StatusOr<WeightDType> parse_weight_dtype(std::string_view name);
+std::string_view weight_dtype_name(WeightDType dtype);
+
+// Where and how a model's parameters are stored. Which tensors follow `dtype`:
+//  - the matrices of linear_forward and moe_grouped_swiglu (the GEMM weights): every projection of
+//    the mixers, the dense and shared-expert FFNs, the routed experts, lm_head;
+//  - everything else stays f32: norm weights, biases, gate parameters (A_log, dt_bias, the router
+//    weight and its score bias, the shared-expert gate), the short-convolution weights, the
+//    Block-AttnRes vectors, the embedding table (read by embedding_forward, f32 only) and MLA's
+//    kv_b_proj (read inside mla_attention_varlen, f32 only).
+// The CPU kernels widen bf16 matrices to f32 in registers or bounded scratch and accumulate in
+// f32 (kernels/gemm.h), so a bf16 checkpoint stored in bf16 computes the same numbers as stored in
+// f32, in half the memory.
+struct Placement {
+  Device device = Device::kCpu;
+  WeightDType dtype = WeightDType::kF32;
+  // The routed experts this rank loads and computes; nullopt: all of them. The router always
+  // covers every expert (engine/parallel: a LocalExpertDispatcher over this range).
+  std::optional<ExpertRange> experts;
+
+  // The owned range for a layer of `num_experts` experts.
+  ExpertRange owned_experts(int64_t num_experts) const {
+    return experts ? *experts : ExpertRange{0, num_experts};
+  }
+  // The dtype matrices are stored in once kAuto is resolved (kF32 or kBF16; kAuto gives kF32).
+  DType matrix_dtype() const { return dtype == WeightDType::kBF16 ? DType::kBF16 : DType::kF32; }
+  // "cpu, bf16 matrices, experts [0, 8)" (or "all experts").
+  std::string describe() const;
+};
+
+// Owns the memory of a model's parameters on one device. Parameters are carved, aligned, from
+// large chunks (one allocation per chunk, never one per tensor; a parameter larger than a chunk
+// gets a chunk of its own size), kept under their canonical names, and immutable once freeze()
+// is called at the end of the load: on the host the chunks then become read-only pages, so a
+// stray write faults instead of silently changing the model. Tensors handed out keep their chunk
+// alive, so views outlive the arena safely.
+class ParameterArena {
+ public:
+  static constexpr size_t kDefaultChunkBytes = size_t{64} << 20;
+  static constexpr size_t kAlignment = 256;  // every parameter's first byte
+
+  explicit ParameterArena(Device device, size_t chunk_bytes = kDefaultChunkBytes);
+  ParameterArena(const ParameterArena&) = delete;
+  ParameterArena& operator=(const ParameterArena&) = delete;
+  ~ParameterArena();
+
+  Device device() const { return device_; }
+
+  // Uninitialised contiguous memory for the parameter `name`. Aborts after freeze() (parameters
+  // are immutable after the load) and for a name given twice.
+  Tensor allocate(std::string_view name, const Shape& shape, DType dtype);
+  // Ends the load: no allocation afterwards; host chunks become read-only.
+  void freeze();
+  bool frozen() const { return frozen_; }
+
+  // Bytes of the parameters themselves (all, or those of one dtype).
+  size_t bytes() const { return bytes_; }
+  size_t bytes(DType dtype) const;
+  // Bytes of the chunks (parameters plus alignment padding and the last chunk's unused tail; on
+  // the host, untouched pages of that tail are never resident).
+  size_t reserved_bytes() const { return reserved_; }
+  size_t num_chunks() const { return chunks_.size(); }
+
+  struct Entry {
+    std::string name;
+    Tensor tensor;
+  };
+  // Every parameter in load order.
+  const std::vector<Entry>& entries() const { return entries_; }
+  // The parameter loaded under `name`, or null.
+  const Tensor* find(std::string_view name) const;
+
+ private:
+  struct Chunk {
+    std::shared_ptr<void> memory;
+    size_t size = 0;
+  };
+  std::shared_ptr<void> allocate_chunk(size_t bytes);
+
+  Device device_;
+  size_t chunk_bytes_;
+  std::vector<Chunk> chunks_;
+  size_t used_ = 0;  // bytes carved from the last chunk
+  size_t bytes_ = 0, reserved_ = 0;
+  bool frozen_ = false;
+  std::vector<Entry> entries_;
+  absl::flat_hash_map<std::string, size_t> index_;  // name -> entries_ index
+};
+
+}  // namespace loom
