@@ -94,18 +94,25 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// Rows [0, nrows) x columns [0, COLS) of a row-major global tile (row r at src + r * gstride)
-// into shared memory (row stride lds), 16 bytes per copy; rows >= rows_valid and 16-byte pieces
-// at columns >= cols_valid are zero-filled (cols_valid a multiple of 16 / sizeof(E)).
-template <class E, int COLS, int THREADS = kThreads>
-__device__ __forceinline__ void tile_async(E* smem, int lds, const E* src, int64_t gstride,
-                                           int nrows, int rows_valid, int cols_valid) {
+// 64 rows of a tile with bounds (rows >= rows_valid, 16-byte pieces at columns >= cols_valid are
+// zero-filled), the loop unrolled over a compile-time count.
+template <class E, int COLS, int LDS, int THREADS>
+__device__ __forceinline__ void tile_async_rows(E* smem, const E* src, int64_t gstride,
+                                                int rows_valid, int cols_valid) {
   constexpr int kPer = 16 / static_cast<int>(sizeof(E));
   constexpr int kPieces = COLS / kPer;
-  for (int i = threadIdx.x; i < nrows * kPieces; i += THREADS) {
-    const int r = i / kPieces, p = i - r * kPieces;
-    const bool ok = r < rows_valid && p * kPer < cols_valid;
-    cp_async16(smem + r * lds + p * kPer, ok ? src + r * gstride + p * kPer : src, ok);
+  static_assert(THREADS % kPieces == 0, "pieces of a row divide the block");
+  constexpr int kRowStep = THREADS / kPieces;
+  const int r0 = static_cast<int>(threadIdx.x) / kPieces;
+  const int p = static_cast<int>(threadIdx.x) % kPieces;
+  const bool col_ok = p * kPer < cols_valid;
+#pragma unroll
+  for (int k = 0; k < (64 + kRowStep - 1) / kRowStep; ++k) {
+    const int r = r0 + k * kRowStep;
+    if (kRowStep * (k + 1) <= 64 || r < 64) {
+      const bool ok = col_ok && r < rows_valid;
+      cp_async16(smem + r * LDS + p * kPer, ok ? src + r * gstride + p * kPer : src, ok);
+    }
   }
 }
 
@@ -258,6 +265,23 @@ __device__ __forceinline__ float2 ld2(const float* p) { return *reinterpret_cast
 __device__ __forceinline__ float2 ld2(const bf16* p) {
   return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
 }
+// Four consecutive elements (16-byte aligned f32, 8-byte aligned bf16).
+__device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 ld4(const bf16* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+__device__ __forceinline__ void st4(float* p, float a, float b, float c, float d) {
+  *reinterpret_cast<float4*>(p) = make_float4(a, b, c, d);
+}
+__device__ __forceinline__ void st4(bf16* p, float a, float b, float c, float d) {
+  uint2 u;
+  u.x = pack_bf16(a, b);
+  u.y = pack_bf16(c, d);
+  *reinterpret_cast<uint2*>(p) = u;
+}
 
 template <class E>
 constexpr int kPad = 16 / static_cast<int>(sizeof(E));  // one 16-byte piece per row
@@ -404,11 +428,11 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_prep_kernel(Args a) {
   float* gsc = reinterpret_cast<float*>(smem + Ly::gs);
 
   // P0: raw k, q and g rows (zero beyond L, dk), beta, then the decays.
-  tile_async<E, DK, kPrepThreads>(ks, LDK, kg_src, static_cast<int64_t>(a.Hk) * dk, kC, L, dk);
-  tile_async<E, DK, kPrepThreads>(qn, LDK, qg_src, static_cast<int64_t>(a.Hk) * dk, kC, L, dk);
+  tile_async_rows<E, DK, LDK, kPrepThreads>(ks, kg_src, static_cast<int64_t>(a.Hk) * dk, L, dk);
+  tile_async_rows<E, DK, LDK, kPrepThreads>(qn, qg_src, static_cast<int64_t>(a.Hk) * dk, L, dk);
   if (!a.scalar_g)
-    tile_async<float, DK, kPrepThreads>(gl, LDG, a.g + (t0 * a.Hv + h) * dk, static_cast<int64_t>(a.Hv) * dk,
-                          kC, L, dk);
+    tile_async_rows<float, DK, LDG, kPrepThreads>(gl, a.g + (t0 * a.Hv + h) * dk,
+                                                  static_cast<int64_t>(a.Hv) * dk, L, dk);
   cp_async_commit();
   if (tid < 4) flags[tid] = 0;
   if (tid < kC) {
@@ -474,23 +498,23 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_prep_kernel(Args a) {
 
   // P1: QN = scale q e^{gl}, KN = k e^{gl}, k f (over raw k) in shared memory; QG, KG to global.
   const float scale = a.scale;
-  for (int idx = tid; idx < kC * (DK / 2); idx += kPrepThreads) {
-    const int t = idx / (DK / 2), c = 2 * (idx - t * (DK / 2));
+  for (int idx = tid; idx < kC * (DK / 4); idx += kPrepThreads) {
+    const int t = idx / (DK / 4), c = 4 * (idx - t * (DK / 4));
     const int i = t / kSub;
-    const float2 lt = *reinterpret_cast<const float2*>(gl + t * LDG + c);
-    const float2 le = *reinterpret_cast<const float2*>(gl + (16 * i + 15) * LDG + c);
-    const float2 eb = *reinterpret_cast<const float2*>(Eb + i * DK + c);
-    const float2 ee = *reinterpret_cast<const float2*>(Ee + i * DK + c);
-    const float2 x = ld2(qn + t * LDK + c), y = ld2(ks + t * LDK + c);
-    const float e1x = __expf(lt.x), e1y = __expf(lt.y);
-    const float fx = __expf(le.x - lt.x), fy = __expf(le.y - lt.y);
-    const float qx = x.x * scale * e1x, qy = x.y * scale * e1y;
-    const float kfx = y.x * fx, kfy = y.y * fy;
-    st2(qn + t * LDK + c, qx, qy);
-    st2(kn + t * LDK + c, y.x * e1x, y.y * e1y);
-    st2(ks + t * LDK + c, kfx, kfy);
-    st2(w_QG + t * DK + c, qx * eb.x, qy * eb.y);
-    st2(w_KG + t * DK + c, kfx * ee.x, kfy * ee.y);
+    const float4 lt = ld4(gl + t * LDG + c), le = ld4(gl + (16 * i + 15) * LDG + c);
+    const float4 eb = ld4(Eb + i * DK + c), ee = ld4(Ee + i * DK + c);
+    const float4 x = ld4(qn + t * LDK + c), y = ld4(ks + t * LDK + c);
+    const float e0 = __expf(lt.x), e1 = __expf(lt.y), e2 = __expf(lt.z), e3 = __expf(lt.w);
+    const float f0 = __expf(le.x - lt.x), f1 = __expf(le.y - lt.y), f2 = __expf(le.z - lt.z),
+                f3 = __expf(le.w - lt.w);
+    const float q0 = x.x * scale * e0, q1 = x.y * scale * e1, q2 = x.z * scale * e2,
+                q3 = x.w * scale * e3;
+    const float k0 = y.x * f0, k1 = y.y * f1, k2 = y.z * f2, k3 = y.w * f3;
+    st4(qn + t * LDK + c, q0, q1, q2, q3);
+    st4(kn + t * LDK + c, y.x * e0, y.y * e1, y.z * e2, y.w * e3);
+    st4(ks + t * LDK + c, k0, k1, k2, k3);
+    st4(w_QG + t * DK + c, q0 * eb.x, q1 * eb.y, q2 * eb.z, q3 * eb.w);
+    st4(w_KG + t * DK + c, k0 * ee.x, k1 * ee.y, k2 * ee.z, k3 * ee.w);
   }
   __syncthreads();
 
@@ -600,15 +624,14 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_prep_kernel(Args a) {
   // gl is dead: V streams into its buffer while X = k e^{gc} = KN e^{gb} (in place) and the
   // inverses of the diagonal 16x16 blocks of I + A (forward substitution, f32) are formed.
   E* Vs = reinterpret_cast<E*>(smem + Ly::gl + Ly::kV);
-  tile_async<E, DK, kPrepThreads>(Vs, LDK, static_cast<const E*>(a.v) + (t0 * a.Hv + h) * a.dv,
-                                  static_cast<int64_t>(a.Hv) * a.dv, kC, L, a.dv);
+  tile_async_rows<E, DK, LDK, kPrepThreads>(Vs, static_cast<const E*>(a.v) + (t0 * a.Hv + h) * a.dv,
+                                            static_cast<int64_t>(a.Hv) * a.dv, L, a.dv);
   cp_async_commit();
   E* X = kn;
-  for (int idx = tid; idx < kC * (DK / 2); idx += kPrepThreads) {
-    const int t = idx / (DK / 2), c = 2 * (idx - t * (DK / 2));
-    const float2 kv = ld2(X + t * LDK + c);
-    const float2 eb = *reinterpret_cast<const float2*>(Eb + (t / kSub) * DK + c);
-    st2(X + t * LDK + c, kv.x * eb.x, kv.y * eb.y);
+  for (int idx = tid; idx < kC * (DK / 4); idx += kPrepThreads) {
+    const int t = idx / (DK / 4), c = 4 * (idx - t * (DK / 4));
+    const float4 kv = ld4(X + t * LDK + c), eb = ld4(Eb + (t / kSub) * DK + c);
+    st4(X + t * LDK + c, kv.x * eb.x, kv.y * eb.y, kv.z * eb.z, kv.w * eb.w);
   }
   float* Td = reinterpret_cast<float*>(smem + Ly::gl);  // [4][16][17]
   if (tid < 64) {
