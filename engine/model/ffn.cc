@@ -6,6 +6,7 @@
 #include "kernels/activation.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_backward.h"
 #include "kernels/moe.h"
 
 namespace loom {
@@ -20,6 +21,7 @@ class DenseFfn final : public Ffn {
     LOOM_ASSIGN_OR_RETURN(up_, w.load_matrix(prefix + "up_proj.weight", {width, d}));
     LOOM_ASSIGN_OR_RETURN(down_, w.load_matrix(prefix + "down_proj.weight", {d, width}));
     width_ = width;
+    prefix_ = prefix;
     return absl::OkStatus();
   }
 
@@ -33,7 +35,31 @@ class DenseFfn final : public Ffn {
     linear_forward(ctx.ex, g, down_, out);
   }
 
+  absl::Status backward(const ForwardContext& ctx, const Tensor& x, const Tensor& d_out,
+                        const Tensor& d_x, Gradients& grads) const override {
+    if (gate_.dtype() != DType::kF32)
+      return absl::UnimplementedError("training: the dense FFN's weights must be f32");
+    const Workspace::Mark scope(ctx.ws());
+    const int64_t n = x.dim(0);
+    // Recompute the gate and up projections and their product.
+    Tensor g = ctx.take({n, width_}), u = ctx.take({n, width_}), h = ctx.take({n, width_});
+    linear_forward(ctx.ex, x, gate_, g);
+    linear_forward(ctx.ex, x, up_, u);
+    silu_mul_forward(ctx.ex, g, u, h);
+    Tensor d_h = ctx.take({n, width_});
+    linear_backward(ctx.ex, h, down_, d_out, d_h, 0.0f,
+                    grads.get(prefix_ + "down_proj.weight", down_.shape()));
+    // d_gate and d_up overwrite g and u (each element is read before it is written).
+    silu_mul_backward(ctx.ex, g, u, d_h, g, u);
+    linear_backward(ctx.ex, x, gate_, g, d_x, 0.0f,
+                    grads.get(prefix_ + "gate_proj.weight", gate_.shape()));
+    linear_backward(ctx.ex, x, up_, u, d_x, 1.0f,
+                    grads.get(prefix_ + "up_proj.weight", up_.shape()));
+    return absl::OkStatus();
+  }
+
  private:
+  std::string prefix_;  // canonical name prefix of the weights ("layers.3.mlp.")
   int64_t width_ = 0;
   Tensor gate_, up_, down_;
 };

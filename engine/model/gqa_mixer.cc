@@ -7,10 +7,14 @@
 #include "core/status.h"
 #include "engine/model/layers.h"
 #include "engine/model/rope_table.h"
+#include "engine/model/training_batch.h"
 #include "kernels/attention.h"
+#include "kernels/attention_backward.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_backward.h"
 #include "kernels/norm.h"
+#include "kernels/rope.h"
 
 namespace loom {
 namespace {
@@ -76,6 +80,92 @@ class GqaMixer final : public Mixer {
       mul_sigmoid_inplace(ctx.ex, o, gate);
     }
     linear_forward(ctx.ex, o.reshape({n, h * hd}), o_proj_, out);
+  }
+
+  absl::Status backward(const ForwardContext& ctx, const Tensor& x, int layer, const Tensor& d_out,
+                        const Tensor& d_x, Gradients& grads) const override {
+    for (const Tensor* w : {&q_proj_, &k_proj_, &v_proj_, &o_proj_})
+      if (w->dtype() != DType::kF32)
+        return absl::UnimplementedError(
+            absl::StrCat("training: layer ", layer, "'s attention weights must be f32"));
+    LOOM_ASSIGN_OR_RETURN(const std::vector<RowSpan> seqs, training_sequences(ctx.batch));
+    const Workspace::Mark scope(ctx.ws());
+    const Exec& ex = ctx.ex;
+    const int64_t n = x.dim(0), h = cfg_.num_heads, kvh = cfg_.num_kv_heads, hd = cfg_.head_dim;
+    const std::string p = absl::StrCat("layers.", layer, ".gqa.");
+    auto grad = [&](const char* name, const Tensor& of) -> const Tensor& {
+      return grads.get(p + name, of.shape());
+    };
+    // Recompute: projections, q/k norms (their inputs kept), RoPE, attention per sequence with
+    // each query's log-sum-exp, the gate.
+    Tensor q_lin = ctx.take({n, h, hd}), k_lin = ctx.take({n, kvh, hd});
+    Tensor q = ctx.take({n, h, hd}), k = ctx.take({n, kvh, hd}), v = ctx.take({n, kvh, hd});
+    linear_forward(ex, x, q_proj_, q_lin.reshape({n, h * hd}));
+    linear_forward(ex, x, k_proj_, k_lin.reshape({n, kvh * hd}));
+    linear_forward(ex, x, v_proj_, v.reshape({n, kvh * hd}));
+    if (q_norm_.defined()) {
+      rmsnorm_forward(ex, q_lin.reshape({n * h, hd}), q_norm_, eps_, norm_offset_,
+                      q.reshape({n * h, hd}));
+      rmsnorm_forward(ex, k_lin.reshape({n * kvh, hd}), k_norm_, eps_, norm_offset_,
+                      k.reshape({n * kvh, hd}));
+    } else {
+      copy_columns(ex, q_lin.reshape({n, h * hd}), 0, q.reshape({n, h * hd}));
+      copy_columns(ex, k_lin.reshape({n, kvh * hd}), 0, k.reshape({n, kvh * hd}));
+    }
+    if (use_rope_) {
+      rope_forward(ex, q, ctx.batch.positions, rope_, 0);
+      rope_forward(ex, k, ctx.batch.positions, rope_, 0);
+    }
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    Tensor o = ctx.take({n, h, hd}), lse = ctx.take({n, h}, DType::kF32);
+    for (const auto& [b, e] : seqs)
+      causal_attention_forward(ex, q.slice(0, b, e), k.slice(0, b, e), v.slice(0, b, e), scale,
+                               o.slice(0, b, e), lse.slice(0, b, e));
+    Tensor y = ctx.take({n, h * hd}), gate;
+    copy_columns(ex, o.reshape({n, h * hd}), 0, y);
+    if (gate_proj_.defined()) {
+      gate = ctx.take({n, h * hd});
+      linear_forward(ex, x, gate_proj_, gate);
+      mul_sigmoid_inplace(ex, y, gate);
+    }
+
+    // Backward.
+    Tensor d_y = ctx.take({n, h * hd});
+    linear_backward(ex, y, o_proj_, d_out, d_y, 0.0f, grad("o_proj.weight", o_proj_));
+    Tensor d_o = ctx.take({n, h, hd});
+    float beta_x = 0.0f;  // the first projection's d_x overwrites, the others add
+    if (gate_proj_.defined()) {
+      Tensor d_gate = ctx.take({n, h * hd});
+      mul_sigmoid_backward(ex, o.reshape({n, h * hd}), gate, d_y, d_o.reshape({n, h * hd}), d_gate);
+      linear_backward(ex, x, gate_proj_, d_gate, d_x, beta_x, grad("gate_proj.weight", gate_proj_));
+      beta_x = 1.0f;
+    } else {
+      copy_columns(ex, d_y, 0, d_o.reshape({n, h * hd}));
+    }
+    Tensor d_q = ctx.take({n, h, hd}), d_k = ctx.take({n, kvh, hd}), d_v = ctx.take({n, kvh, hd});
+    for (const auto& [b, e] : seqs)
+      causal_attention_backward(ex, q.slice(0, b, e), k.slice(0, b, e), v.slice(0, b, e),
+                                o.slice(0, b, e), lse.slice(0, b, e), d_o.slice(0, b, e), scale,
+                                d_q.slice(0, b, e), d_k.slice(0, b, e), d_v.slice(0, b, e));
+    if (use_rope_) {
+      rope_backward(ex, d_q, ctx.batch.positions, rope_, 0);
+      rope_backward(ex, d_k, ctx.batch.positions, rope_, 0);
+    }
+    if (q_norm_.defined()) {
+      rmsnorm_backward(ex, q_lin.reshape({n * h, hd}), q_norm_, eps_, norm_offset_,
+                       d_q.reshape({n * h, hd}), d_q.reshape({n * h, hd}),
+                       grad("q_norm.weight", q_norm_));
+      rmsnorm_backward(ex, k_lin.reshape({n * kvh, hd}), k_norm_, eps_, norm_offset_,
+                       d_k.reshape({n * kvh, hd}), d_k.reshape({n * kvh, hd}),
+                       grad("k_norm.weight", k_norm_));
+    }
+    linear_backward(ex, x, q_proj_, d_q.reshape({n, h * hd}), d_x, beta_x,
+                    grad("q_proj.weight", q_proj_));
+    linear_backward(ex, x, k_proj_, d_k.reshape({n, kvh * hd}), d_x, 1.0f,
+                    grad("k_proj.weight", k_proj_));
+    linear_backward(ex, x, v_proj_, d_v.reshape({n, kvh * hd}), d_x, 1.0f,
+                    grad("v_proj.weight", v_proj_));
+    return absl::OkStatus();
   }
 
  private:

@@ -9,7 +9,9 @@
 #include "kernels/activation.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_backward.h"
 #include "kernels/kda.h"
+#include "kernels/kda_backward.h"
 #include "kernels/norm.h"
 
 namespace loom {
@@ -87,6 +89,86 @@ class KdaMixer final : public Mixer {
     rmsnorm_forward(ctx.ex, o_rows, o_norm_, eps_, 0.0f, o_rows);
     mul_sigmoid_inplace(ctx.ex, o_rows, gate);
     linear_forward(ctx.ex, o.reshape({n, cv_}), o_proj_, out);
+  }
+
+  absl::Status backward(const ForwardContext& ctx, const Tensor& x, int layer, const Tensor& d_out,
+                        const Tensor& d_x, Gradients& grads) const override {
+    for (const Tensor* w : {&qkv_proj_, &f_a_, &f_b_, &b_proj_, &g_a_, &g_b_, &o_proj_})
+      if (w->dtype() != DType::kF32)
+        return absl::UnimplementedError(
+            absl::StrCat("training: layer ", layer, "'s KDA weights must be f32"));
+    LOOM_ASSIGN_OR_RETURN(const std::vector<RowSpan> seqs, training_sequences(ctx.batch));
+    const Workspace::Mark scope(ctx.ws());
+    const Exec& ex = ctx.ex;
+    const int64_t n = x.dim(0);
+    const int64_t hk = cfg_.num_heads, hv = cfg_.num_v_heads, dk = cfg_.head_dim,
+                  dv = cfg_.v_head_dim;
+    const int64_t channels = 2 * ck_ + cv_;
+    const std::string p = absl::StrCat("layers.", layer, ".kda.");
+    auto grad = [&](const char* name, const Tensor& of) -> const Tensor& {
+      return grads.get(p + name, of.shape());
+    };
+
+    // Recompute the forward (every sequence from zero states), keeping what the backward reads.
+    Tensor qkv = ctx.take({n, channels});
+    linear_forward(ex, x, qkv_proj_, qkv);
+    Tensor q_raw = ctx.take({n, hk, dk}), k_raw = ctx.take({n, hk, dk});
+    Tensor q = ctx.take({n, hk, dk}), k = ctx.take({n, hk, dk}), v = ctx.take({n, hv, dv});
+    linear_attention_conv_qkv_recompute(ctx, seqs, qkv, conv_, q_raw, k_raw, q, k, v);
+    Tensor fa = ctx.take({n, rank_});
+    linear_forward(ex, x, f_a_, fa);
+    Tensor f = ctx.take({n, hv * dk});
+    linear_forward(ex, fa, f_b_, f);
+    Tensor g = ctx.take({n, hv, dk});
+    kda_gate_forward(ex, f, a_log_, dt_bias_, cfg_.gate_lower_bound, g.reshape({n, hv * dk}));
+    Tensor beta = ctx.take({n, hv});
+    linear_forward(ex, x, b_proj_, beta);
+    sigmoid_inplace(ex, beta);
+    Tensor o = ctx.take({n, hv, dv});
+    linear_attention_delta_rule_recompute(ctx, seqs, q, k, v, g, beta, o);
+    Tensor ga = ctx.take({n, rank_});
+    linear_forward(ex, x, g_a_, ga);
+    Tensor gate = ctx.take({n, cv_});
+    linear_forward(ex, ga, g_b_, gate);
+    if (g_b_bias_.defined()) add_bias(ex, gate, g_b_bias_);
+    const Tensor o_rows = o.reshape({n * hv, dv});
+    Tensor o_normed = ctx.take({n * hv, dv});
+    rmsnorm_forward(ex, o_rows, o_norm_, eps_, 0.0f, o_normed);
+    Tensor y = ctx.take({n, cv_});
+    copy_columns(ex, o_normed, 0, y.reshape({n * hv, dv}));
+    mul_sigmoid_inplace(ex, y.reshape({n * hv, dv}), gate);
+
+    // Backward, last op first; d_x sums the gradients of the four projections that read x.
+    Tensor d_y = ctx.take({n, cv_});
+    linear_backward(ex, y, o_proj_, d_out, d_y, 0.0f, grad("o_proj.weight", o_proj_));
+    Tensor d_onormed = ctx.take({n * hv, dv}), d_gate = ctx.take({n, cv_});
+    mul_sigmoid_backward(ex, o_normed, gate, d_y.reshape({n * hv, dv}), d_onormed, d_gate);
+    Tensor d_o = ctx.take({n, hv, dv});
+    rmsnorm_backward(ex, o_rows, o_norm_, eps_, 0.0f, d_onormed, d_o.reshape({n * hv, dv}),
+                     grad("o_norm.weight", o_norm_));
+    if (g_b_bias_.defined()) add_bias_backward(ex, d_gate, grad("g_b.bias", g_b_bias_));
+    Tensor d_ga = ctx.take({n, rank_});
+    linear_backward(ex, ga, g_b_, d_gate, d_ga, 0.0f, grad("g_b.weight", g_b_));
+    linear_backward(ex, x, g_a_, d_ga, d_x, 0.0f, grad("g_a.weight", g_a_));
+
+    Tensor d_q = ctx.take({n, hk, dk}), d_k = ctx.take({n, hk, dk}), d_v = ctx.take({n, hv, dv});
+    Tensor d_g = ctx.take({n, hv, dk}), d_beta = ctx.take({n, hv});
+    linear_attention_delta_rule_backward(ctx, seqs, q, k, v, g, beta, d_o, d_q, d_k, d_v, d_g,
+                                         d_beta);
+    sigmoid_backward(ex, beta, d_beta, d_beta);
+    linear_backward(ex, x, b_proj_, d_beta, d_x, 1.0f, grad("b_proj.weight", b_proj_));
+    Tensor d_f = ctx.take({n, hv * dk});
+    kda_gate_backward(ex, f, a_log_, dt_bias_, cfg_.gate_lower_bound, d_g.reshape({n, hv * dk}),
+                      d_f, grad("A_log", a_log_), grad("dt_bias", dt_bias_));
+    Tensor d_fa = ctx.take({n, rank_});
+    linear_backward(ex, fa, f_b_, d_f, d_fa, 0.0f, grad("f_b.weight", f_b_));
+    linear_backward(ex, x, f_a_, d_fa, d_x, 1.0f, grad("f_a.weight", f_a_));
+
+    Tensor d_qkv = ctx.take({n, channels});
+    linear_attention_conv_qkv_backward(ctx, seqs, qkv, conv_, q_raw, k_raw, d_q, d_k, d_v, d_qkv,
+                                       grad("conv.weight", conv_));
+    linear_backward(ex, x, qkv_proj_, d_qkv, d_x, 1.0f, grad("qkv_proj.weight", qkv_proj_));
+    return absl::OkStatus();
   }
 
  private:

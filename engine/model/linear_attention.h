@@ -3,8 +3,11 @@
 // recurrent state, each one varlen kernel call over the layer's whole batch and state pools.
 #pragma once
 
+#include <vector>
+
 #include "core/tensor.h"
 #include "engine/model/layers.h"
+#include "engine/model/training_batch.h"
 
 namespace loom {
 
@@ -20,5 +23,35 @@ void linear_attention_conv_qkv(const ForwardContext& ctx, const Tensor& qkv,
 void linear_attention_delta_rule(const ForwardContext& ctx, const Tensor& q, const Tensor& k,
                                  const Tensor& v, const Tensor& g, const Tensor& beta, int layer,
                                  const Tensor& o);
+
+// Training (Mixer::backward): the same two halves over sequences that start from zero states, with
+// what their backward needs kept, and their backward.
+//
+// Recomputes the convolution of qkv per sequence in `seqs` and splits it: q_raw, k_raw [N, Hk, dk]
+// (before the L2 norm), q, k (after it) and v [N, Hv, dv].
+void linear_attention_conv_qkv_recompute(const ForwardContext& ctx,
+                                         const std::vector<RowSpan>& seqs, const Tensor& qkv,
+                                         const Tensor& conv_weight, const Tensor& q_raw,
+                                         const Tensor& k_raw, const Tensor& q, const Tensor& k,
+                                         const Tensor& v);
+// Backward of the above from d_q, d_k (overwritten: they become the gradients before the norm)
+// and d_v: writes d_qkv [N, C] and accumulates d_conv_weight [C, W].
+void linear_attention_conv_qkv_backward(const ForwardContext& ctx, const std::vector<RowSpan>& seqs,
+                                        const Tensor& qkv, const Tensor& conv_weight,
+                                        const Tensor& q_raw, const Tensor& k_raw, const Tensor& d_q,
+                                        const Tensor& d_k, const Tensor& d_v, const Tensor& d_qkv,
+                                        const Tensor& d_conv_weight);
+// The delta rule per sequence from a zero state (the token recurrence), and its backward: d_o in,
+// d_q, d_k, d_v, d_g, d_beta written.
+void linear_attention_delta_rule_recompute(const ForwardContext& ctx,
+                                           const std::vector<RowSpan>& seqs, const Tensor& q,
+                                           const Tensor& k, const Tensor& v, const Tensor& g,
+                                           const Tensor& beta, const Tensor& o);
+void linear_attention_delta_rule_backward(const ForwardContext& ctx,
+                                          const std::vector<RowSpan>& seqs, const Tensor& q,
+                                          const Tensor& k, const Tensor& v, const Tensor& g,
+                                          const Tensor& beta, const Tensor& d_o, const Tensor& d_q,
+                                          const Tensor& d_k, const Tensor& d_v, const Tensor& d_g,
+                                          const Tensor& d_beta);
 
 }  // namespace loom

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "core/tensor.h"
 #include "engine/model/activation_tape.h"
 #include "engine/model/forward_batch.h"
+#include "engine/model/gradients.h"
 #include "engine/model/layers.h"
 #include "weights/model_config.h"
 #include "weights/parameter_arena.h"
@@ -51,6 +53,13 @@ class Model {
   // view into it, valid until its next reset; otherwise they own their memory.
   absl::StatusOr<Tensor> forward(const ForwardBatch& batch, ActivationTape* tape = nullptr) const;
 
+  // Training (CPU, f32): the mean next-token cross-entropy of `tokens` (position t predicts token
+  // t + 1, from a fresh state) and its gradient with respect to every parameter, accumulated into
+  // `grads` under canonical names (model_backward.cc). Unimplemented for layers without a
+  // backward yet, naming the layer.
+  absl::StatusOr<double> loss_and_gradients(std::span<const int32_t> tokens,
+                                            Gradients& grads) const;
+
  private:
   explicit Model(ModelConfig cfg) : cfg_(std::move(cfg)) {}
 
@@ -63,6 +72,14 @@ class Model {
   // The two residual schemes: plain pre-norm residuals, or Block Attention Residuals.
   Tensor run_plain_residual(const ForwardContext& ctx, Tensor h) const;
   Tensor run_block_attnres(const ForwardContext& ctx, const Tensor& embedding) const;
+  // The backward of each residual scheme, from the gradient of the final normalised rows to the
+  // embedding's (written into d_embedding).
+  absl::Status backward_plain_residual(const ForwardContext& ctx, const ActivationTape& tape,
+                                       const Tensor& d_normed, const Tensor& d_embedding,
+                                       Gradients& grads) const;
+  absl::Status backward_block_attnres(const ForwardContext& ctx, const ActivationTape& tape,
+                                      const Tensor& d_normed, const Tensor& d_embedding,
+                                      Gradients& grads) const;
 
   struct Layer {
     Tensor mixer_norm, ffn_norm;

@@ -5,6 +5,10 @@
 //       with the counts.
 //   loom-trainer shard-info FILE
 //       validates a shard and prints its counts as one JSON line.
+//   loom-trainer gradcheck --fixture DIR [--device cpu]
+//       the loss and every parameter's gradient on the fixture's prompt 1 against its
+//       grads.safetensors and loss_1: one JSON line per tensor, then {"fixture", "ok", ...}.
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -15,6 +19,7 @@
 #include "absl/flags/usage.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "trainer/gradcheck.h"
 #include "trainer/prepare_data.h"
 #include "trainer/token_shard.h"
 
@@ -24,6 +29,11 @@ ABSL_FLAG(std::string, out, "", "prepare-data: the shard to write");
 ABSL_FLAG(std::string, split, "file",
           "prepare-data: 'file' (one document per input) or 'paragraph' (blank lines separate "
           "documents)");
+
+ABSL_FLAG(std::string, fixture, "", "gradcheck: the fixture folder (with grads.safetensors)");
+ABSL_FLAG(std::string, device, "cpu", "gradcheck: cpu (the backward runs on the CPU for now)");
+ABSL_FLAG(double, max_rel_l2, 1e-3,
+          "gradcheck: the per-tensor relative L2 bound (docs/trainer.md: why 1e-3 in f32)");
 
 namespace {
 
@@ -74,17 +84,53 @@ int shard_info(const std::vector<std::string>& args) {
   return 0;
 }
 
+int gradcheck() {
+  const std::string fixture = absl::GetFlag(FLAGS_fixture);
+  if (fixture.empty()) return fail("gradcheck needs --fixture DIR");
+  if (absl::GetFlag(FLAGS_device) != "cpu")
+    return fail("gradcheck: --device " + absl::GetFlag(FLAGS_device) +
+                " is not supported yet (the backward runs on the CPU)");
+  auto report = loom::gradcheck_fixture(fixture);
+  if (!report.ok()) return fail(std::string(report.status().message()));
+  const double bound = absl::GetFlag(FLAGS_max_rel_l2);
+  double worst = 0;
+  bool ok = std::fabs(report->loss - report->ref_loss) <= 1e-5 * std::fabs(report->ref_loss);
+  for (const loom::GradcheckTensor& t : report->tensors) {
+    const bool pass = t.rel_l2 <= bound;
+    ok &= pass;
+    worst = std::max(worst, t.rel_l2);
+    nlohmann::json line = {{"tensor", t.name},
+                           {"rel_l2", t.rel_l2},
+                           {"max_abs", t.max_abs},
+                           {"ref_norm", t.ref_norm},
+                           {"ok", pass}};
+    std::printf("%s\n", line.dump().c_str());
+  }
+  nlohmann::json last = {{"fixture", fixture},
+                         {"ok", ok},
+                         {"loss", report->loss},
+                         {"ref_loss", report->ref_loss},
+                         {"tensors", report->tensors.size()},
+                         {"worst_rel_l2", worst},
+                         {"bound", bound}};
+  std::printf("%s\n", last.dump().c_str());
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "loom-trainer prepare-data --tokenizer PATH --out FILE [--split file|paragraph] INPUT...\n"
-      "       loom-trainer shard-info FILE");
+      "       loom-trainer shard-info FILE\n"
+      "       loom-trainer gradcheck --fixture DIR [--device cpu]");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
-  if (positional.size() < 2) return fail("a command is required (prepare-data, shard-info)");
+  if (positional.size() < 2)
+    return fail("a command is required (prepare-data, shard-info, gradcheck)");
   const std::string command = positional[1];
   const std::vector<std::string> args(positional.begin() + 2, positional.end());
   if (command == "prepare-data") return prepare_data(args);
   if (command == "shard-info") return shard_info(args);
-  return fail("unknown command '" + command + "' (prepare-data, shard-info)");
+  if (command == "gradcheck") return gradcheck();
+  return fail("unknown command '" + command + "' (prepare-data, shard-info, gradcheck)");
 }
