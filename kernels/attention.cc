@@ -1,9 +1,13 @@
-// Device dispatch for kernels/attention.h. CPU only until the CUDA MLA/GQA kernels land (issue
-// 13); a CUDA execution stops with a message naming the op.
+// Device dispatch for kernels/attention.h. CPU only, but for cache_write_varlen, until the CUDA
+// MLA/GQA kernels land (issue 13); a CUDA execution of the others stops with a message naming the
+// op.
 #include "kernels/attention.h"
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gemm.h"
+#ifdef LOOM_WITH_CUDA
+#include "kernels/cuda/cache_write.h"
+#endif
 
 namespace loom {
 
@@ -80,7 +84,11 @@ void cache_write_varlen(const Exec& ex, const Tensor& pool, const Tensor& page_t
   LOOM_ON_EXEC_DEVICE(ex, "cache_write_varlen", pool, page_table, cu_seqlens, past_lens, rows);
   if (ex.device.is_cpu())
     return cpu::cache_write_varlen(pool, page_table, cu_seqlens, past_lens, rows);
+#ifdef LOOM_WITH_CUDA
+  return cuda::cache_write_varlen(ex, pool, page_table, cu_seqlens, past_lens, rows);
+#else
   no_kernel_for(ex, "cache_write_varlen");
+#endif
 }
 
 void mla_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& latent_pool,

@@ -4,6 +4,7 @@
 #include "kernels/cpu/conv.h"
 #ifdef LOOM_WITH_CUDA
 #include "kernels/cuda/conv.h"
+#include "kernels/cuda/conv_varlen.h"
 #endif
 
 namespace loom {
@@ -66,7 +67,12 @@ void causal_conv1d_varlen(const Exec& ex, const Tensor& x, const Tensor& weight,
   if (ex.device.is_cpu())
     return cpu::causal_conv1d_varlen(x, weight, conv_states, state_slots, cu_seqlens, apply_silu,
                                      out);
+#ifdef LOOM_WITH_CUDA
+  return cuda::causal_conv1d_varlen(ex, x, weight, conv_states, state_slots, cu_seqlens, apply_silu,
+                                    out);
+#else
   no_kernel_for(ex, "causal_conv1d_varlen");
+#endif
 }
 
 }  // namespace loom

@@ -54,6 +54,7 @@ fi
 suite=${LOOM_GPU_SUITE:-all}
 targets=(--target cuda_kernels_test cuda_tolerances_test kernels_cuda_bench kda_chunked_cuda_test
          kda_chunked_bench)
+targets+=(varlen_ops_cuda_test)
 [ "$suite" = kda_chunked ] && targets=(--target kda_chunked_cuda_test kda_chunked_bench)
 [ "${LOOM_GPU_BUILD_ALL:-0}" = 1 ] && targets=()
 if ! cmake --build build-cuda -j "$jobs" "${targets[@]}" >"$logs/build.log" 2>&1; then
@@ -67,6 +68,7 @@ test_rc=0
 : >"$logs/test.log"
 if [ "$suite" = all ]; then
   build-cuda/tests/cuda_kernels_test --gtest_color=no >>"$logs/test.log" 2>&1 || test_rc=1
+  build-cuda/tests/varlen_ops_cuda_test --gtest_color=no >>"$logs/test.log" 2>&1 || test_rc=1
   # CPU-only: the bounds above exceed what a dropped element or a wrong scale gives (TOLCHECK).
   build-cuda/tests/cuda_tolerances_test --gtest_color=no >>"$logs/test.log" 2>&1 || test_rc=1
 fi

@@ -1,0 +1,53 @@
+// Host side of the varlen CUDA cache write: the checks of kernels/cpu/attention.cc that need no
+// values from the device (shapes, dtypes, devices), then one launch.
+#include "kernels/cuda/cache_write.h"
+
+#include <cstdint>
+
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/varlen_launch.h"
+
+namespace loom::cuda {
+
+void cache_write_varlen(const Exec& ex, const Tensor& pool, const Tensor& page_table,
+                        const Tensor& cu_seqlens, const Tensor& past_lens, const Tensor& rows) {
+  const char* fn = "cache_write_varlen";
+  LOOM_CHECK_CUDA_ARG(fn, pool);
+  LOOM_CHECK_CUDA_ARG(fn, page_table);
+  LOOM_CHECK_CUDA_ARG(fn, cu_seqlens);
+  LOOM_CHECK_CUDA_ARG(fn, past_lens);
+  LOOM_CHECK_CUDA_ARG(fn, rows);
+  LOOM_CHECK_F32(pool);
+  LOOM_CHECK_F32(rows);
+  LOOM_CHECK(pool.ndim() >= 2 && pool.is_contiguous() && rows.ndim() >= 1 && rows.is_contiguous(),
+             "%s: pool %s rows %s, expected a contiguous [num_pages, page_size, row...] pool and "
+             "contiguous [N, row...] rows",
+             fn, pool.describe().c_str(), rows.describe().c_str());
+  const int64_t num_pages = pool.dim(0), page_size = pool.dim(1);
+  const int64_t N = rows.dim(0);
+  const int64_t row_elems = num_pages * page_size > 0 ? pool.numel() / (num_pages * page_size) : 0;
+  LOOM_CHECK(N == 0 || (page_size > 0 && rows.numel() == N * row_elems),
+             "%s: rows %s into rows of %lld", fn, rows.describe().c_str(),
+             static_cast<long long>(row_elems));
+  LOOM_CHECK(cu_seqlens.dtype() == DType::kI64 && cu_seqlens.ndim() == 1 &&
+                 cu_seqlens.dim(0) >= 1 && cu_seqlens.is_contiguous(),
+             "%s: cu_seqlens %s, expected contiguous i64 [B + 1]", fn,
+             cu_seqlens.describe().c_str());
+  const int64_t B = cu_seqlens.dim(0) - 1;
+  LOOM_CHECK(page_table.dtype() == DType::kI32 && page_table.ndim() == 2 &&
+                 page_table.dim(0) == B && page_table.is_contiguous(),
+             "%s: page_table %s for %lld sequences", fn, page_table.describe().c_str(),
+             static_cast<long long>(B));
+  LOOM_CHECK(past_lens.dtype() == DType::kI64 && past_lens.ndim() == 1 && past_lens.dim(0) == B &&
+                 past_lens.is_contiguous(),
+             "%s: past_lens %s for %lld sequences", fn, past_lens.describe().c_str(),
+             static_cast<long long>(B));
+  const bool vec4 = row_elems % 4 == 0 && reinterpret_cast<uintptr_t>(pool.raw()) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(rows.raw()) % 16 == 0;
+  launch::cache_write_varlen(stream_of(ex), rows.data<float>(), pool.data<float>(),
+                             page_table.data<int32_t>(), cu_seqlens.data<int64_t>(),
+                             past_lens.data<int64_t>(), N, B, page_table.dim(1), num_pages,
+                             page_size, row_elems, vec4);
+}
+
+}  // namespace loom::cuda
