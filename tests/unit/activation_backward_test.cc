@@ -7,7 +7,6 @@
 // and the f32 backward (sums of at most 4 rows of O(1) values) is within a few u: 1e-6 as well; it
 // is also checked bit for bit against a serial f32 sum in token order.
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -17,15 +16,8 @@
 #include "kernels/activation.h"
 #include "tests/unit/gradcheck_support.h"
 
-namespace loom {
+namespace loom::gradcheck {
 namespace {
-
-using gradcheck::central_diff;
-using gradcheck::expect_forward_close;
-using gradcheck::expect_grad_close;
-using gradcheck::project;
-using gradcheck::random_tensor;
-using gradcheck::to_double;
 
 constexpr double kGradTol = 1e-6;
 constexpr double kForwardTol = 1e-6;
@@ -113,14 +105,12 @@ TEST(EmbeddingBackward, SameBitsForAnyThreadCount) {
   for (int64_t i = 0; i < t; ++i)
     for (int64_t c = 0; c < d; ++c)
       serial.at<float>({ids.data<int64_t>()[i], c}) += g.at<float>({i, c});
-  const int saved = omp_get_max_threads();
-  for (int threads : {1, 2, 3}) {
-    omp_set_num_threads(threads);
+  expect_same_bits_for_any_thread_count([&](int threads) {
     Tensor dtable = Tensor::zeros({v, d});
     embedding_backward(host_exec(), ids, g, dtable);
     EXPECT_EQ(std::memcmp(serial.raw(), dtable.raw(), dtable.nbytes()), 0) << threads;
-  }
-  omp_set_num_threads(saved);
+    return std::vector<Tensor>{dtable};
+  });
 }
 
 TEST(EmbeddingBackwardDeathTest, RejectsIdOutOfRangeBeforeWriting) {
@@ -133,4 +123,4 @@ TEST(EmbeddingBackwardDeathTest, RejectsIdOutOfRangeBeforeWriting) {
 }
 
 }  // namespace
-}  // namespace loom
+}  // namespace loom::gradcheck

@@ -6,14 +6,13 @@
 
 #include <cmath>
 #include <cstdio>
-#include <functional>
 #include <random>
 #include <vector>
 
-#include "gtest/gtest.h"
 #include "kernels/attention.h"
+#include "tests/unit/gradcheck_support.h"
 
-namespace loom {
+namespace loom::gradcheck {
 namespace {
 
 struct Case {
@@ -44,36 +43,8 @@ std::vector<double> forward_double(const Case& c, const std::vector<double>& q,
   return out;
 }
 
-Tensor to_tensor(const std::vector<double>& x, Shape shape) {
-  Tensor t = Tensor::empty(shape);
-  for (size_t i = 0; i < x.size(); ++i) t.data<float>()[i] = static_cast<float>(x[i]);
-  return t;
-}
-
-double rel_l2(const Tensor& got, const std::vector<double>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double e = got.data<float>()[i] - want[i];
-    num += e * e;
-    den += want[i] * want[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
-std::vector<double> finite_difference(std::vector<double>& x, const std::function<double()>& loss) {
-  const double h = 1e-6;
-  std::vector<double> grad(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double keep = x[i];
-    x[i] = keep + h;
-    const double up = loss();
-    x[i] = keep - h;
-    const double down = loss();
-    x[i] = keep;
-    grad[i] = (up - down) / (2 * h);
-  }
-  return grad;
-}
+// The central-difference step (central_diff's default is 1e-5).
+constexpr double kH = 1e-6;
 
 class CausalAttention : public ::testing::TestWithParam<Case> {};
 
@@ -116,9 +87,9 @@ TEST_P(CausalAttention, ForwardAndBackwardMatchTheDoubleOracle) {
     for (size_t i = 0; i < o.size(); ++i) l += o[i] * r[i];
     return l;
   };
-  const double eq = rel_l2(dq, finite_difference(q, loss));
-  const double ek = rel_l2(dk, finite_difference(k, loss));
-  const double ev = rel_l2(dv, finite_difference(v, loss));
+  const double eq = rel_l2(dq, central_diff(loss, q, kH));
+  const double ek = rel_l2(dk, central_diff(loss, k, kH));
+  const double ev = rel_l2(dv, central_diff(loss, v, kH));
   std::printf("[attention backward] T=%lld Hq=%lld Hkv=%lld: dq %.3g dk %.3g dv %.3g\n",
               static_cast<long long>(c.T), static_cast<long long>(c.Hq),
               static_cast<long long>(c.Hkv), eq, ek, ev);
@@ -132,4 +103,4 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CausalAttention,
                                            Case{13, 3, 3, 6, 4}, Case{41, 2, 1, 4, 5}));
 
 }  // namespace
-}  // namespace loom
+}  // namespace loom::gradcheck

@@ -9,7 +9,6 @@
 // typically; the parameter gradients add a sum over N <= 37 tokens. 2e-6 relative L2, ~6x the
 // worst measured (3.4e-7).
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -19,15 +18,8 @@
 #include "kernels/attnres.h"
 #include "tests/unit/gradcheck_support.h"
 
-namespace loom {
+namespace loom::gradcheck {
 namespace {
-
-using gradcheck::central_diff;
-using gradcheck::expect_forward_close;
-using gradcheck::expect_grad_close;
-using gradcheck::project;
-using gradcheck::random_tensor;
-using gradcheck::to_double;
 
 constexpr double kGradTol = 2e-6;
 constexpr double kForwardTol = 2e-6;  // attnres_test's bound for the forward
@@ -110,9 +102,9 @@ TEST_P(AttnResBackward, MatchesFiniteDifferences) {
   Tensor dw2 = base.select(0).clone(), dr2 = base.select(1).clone(), do2 = base.select(2).clone();
   attnres_aggregate_backward(host_exec(), alias, w, r, o, eps, proj, alias, dw2, dr2, do2);
   EXPECT_EQ(std::memcmp(alias.raw(), dsrc.raw(), dsrc.nbytes()), 0);
-  gradcheck::expect_accumulated("attnres dquery", base.select(0), dw, dw2);
-  gradcheck::expect_accumulated("attnres dkey_norm", base.select(1), dr, dr2);
-  gradcheck::expect_accumulated("attnres dout_norm", base.select(2), dout_norm, do2);
+  expect_accumulated("attnres dquery", base.select(0), dw, dw2);
+  expect_accumulated("attnres dkey_norm", base.select(1), dr, dr2);
+  expect_accumulated("attnres dout_norm", base.select(2), dout_norm, do2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, AttnResBackward,
@@ -126,21 +118,13 @@ TEST(AttnResBackward, SameBitsForAnyThreadCount) {
   Tensor src = random_tensor({s, n, d}, rng), w = random_tensor({d}, rng);
   Tensor r = random_tensor({d}, rng, 0.5f, 1.5f), o = random_tensor({d}, rng, 0.5f, 1.5f);
   Tensor g = random_tensor({n, d}, rng);
-  std::vector<Tensor> ds, dp;
-  const int saved = omp_get_max_threads();
-  for (int threads : {1, 2, 3}) {
-    omp_set_num_threads(threads);
-    ds.push_back(Tensor::empty({s, n, d}));
-    dp.push_back(Tensor::zeros({3, d}));
-    attnres_aggregate_backward(host_exec(), src, w, r, o, 1e-6f, g, ds.back(), dp.back().select(0),
-                               dp.back().select(1), dp.back().select(2));
-  }
-  omp_set_num_threads(saved);
-  for (size_t i = 1; i < ds.size(); ++i) {
-    EXPECT_EQ(std::memcmp(ds[i].raw(), ds[0].raw(), ds[0].nbytes()), 0);
-    EXPECT_EQ(std::memcmp(dp[i].raw(), dp[0].raw(), dp[0].nbytes()), 0);
-  }
+  expect_same_bits_for_any_thread_count([&](int) {
+    Tensor ds = Tensor::empty({s, n, d}), dp = Tensor::zeros({3, d});
+    attnres_aggregate_backward(host_exec(), src, w, r, o, 1e-6f, g, ds, dp.select(0), dp.select(1),
+                               dp.select(2));
+    return std::vector<Tensor>{ds, dp};
+  });
 }
 
 }  // namespace
-}  // namespace loom
+}  // namespace loom::gradcheck

@@ -8,7 +8,6 @@
 // ~(2W + T + 8) u ~ 1.6e-6 worst case per element, ~sqrt of that count ~ 5 u = 3e-7 typically, and
 // random data cancels only O(1): 1e-6 relative L2, ~8x the worst measured (1.2e-7).
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -18,15 +17,8 @@
 #include "kernels/conv.h"
 #include "tests/unit/gradcheck_support.h"
 
-namespace loom {
+namespace loom::gradcheck {
 namespace {
-
-using gradcheck::central_diff;
-using gradcheck::expect_forward_close;
-using gradcheck::expect_grad_close;
-using gradcheck::project;
-using gradcheck::random_tensor;
-using gradcheck::to_double;
 
 constexpr double kGradTol = 1e-6;
 constexpr double kForwardTol = 1e-6;
@@ -105,7 +97,7 @@ TEST_P(ConvBackward, MatchesFiniteDifferences) {
   causal_conv1d_backward(host_exec(), x, w, k.with_state ? state : Tensor(), k.silu, alias,
                          k.with_state ? r_final : Tensor(), alias, dw2, Tensor());
   EXPECT_EQ(std::memcmp(alias.raw(), dx.raw(), dx.nbytes()), 0);
-  gradcheck::expect_accumulated("conv dweight", base, dw, dw2);
+  expect_accumulated("conv dweight", base, dw, dw2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, ConvBackward,
@@ -122,23 +114,12 @@ TEST(ConvBackward, SameBitsForAnyThreadCount) {
   const int64_t T = 301, C = 517, W = 4;
   Tensor x = random_tensor({T, C}, rng), w = random_tensor({C, W}, rng);
   Tensor s0 = random_tensor({W - 1, C}, rng), g = random_tensor({T, C}, rng);
-  std::vector<Tensor> dx, dw, ds;
-  const int saved = omp_get_max_threads();
-  for (int threads : {1, 2, 3}) {
-    omp_set_num_threads(threads);
-    dx.push_back(Tensor::empty({T, C}));
-    dw.push_back(Tensor::zeros({C, W}));
-    ds.push_back(Tensor::empty({W - 1, C}));
-    causal_conv1d_backward(host_exec(), x, w, s0, true, g, Tensor(), dx.back(), dw.back(),
-                           ds.back());
-  }
-  omp_set_num_threads(saved);
-  for (size_t i = 1; i < dx.size(); ++i) {
-    EXPECT_EQ(std::memcmp(dx[i].raw(), dx[0].raw(), dx[0].nbytes()), 0);
-    EXPECT_EQ(std::memcmp(dw[i].raw(), dw[0].raw(), dw[0].nbytes()), 0);
-    EXPECT_EQ(std::memcmp(ds[i].raw(), ds[0].raw(), ds[0].nbytes()), 0);
-  }
+  expect_same_bits_for_any_thread_count([&](int) {
+    Tensor dx = Tensor::empty({T, C}), dw = Tensor::zeros({C, W}), ds = Tensor::empty({W - 1, C});
+    causal_conv1d_backward(host_exec(), x, w, s0, true, g, Tensor(), dx, dw, ds);
+    return std::vector<Tensor>{dx, dw, ds};
+  });
 }
 
 }  // namespace
-}  // namespace loom
+}  // namespace loom::gradcheck

@@ -5,24 +5,20 @@
 #include <cmath>
 #include <random>
 
-#include "gtest/gtest.h"
+#include "tests/unit/gradcheck_support.h"
 
-namespace loom {
+namespace loom::gradcheck {
 namespace {
-
-Tensor random(Shape s, std::mt19937& rng) {
-  Tensor t = Tensor::empty(s);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = n(rng);
-  return t;
-}
 
 TEST(LinearBackward, MatchesTheDoubleProducts) {
   std::mt19937 rng(4);
+  // Each tensor draws from a fresh copy of the standard normal.
+  const std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto random = [&](Shape s) { return random_tensor(std::move(s), rng, normal); };
   for (float beta : {0.0f, 1.0f}) {
     const int64_t M = 37, K = 19, N = 23;
-    const Tensor x = random({M, K}, rng), w = random({N, K}, rng), dy = random({M, N}, rng);
-    Tensor dx = random({M, K}, rng), dw = random({N, K}, rng);
+    const Tensor x = random({M, K}), w = random({N, K}), dy = random({M, N});
+    Tensor dx = random({M, K}), dw = random({N, K});
     const Tensor dx0 = dx.clone(), dw0 = dw.clone();
     linear_backward(host_exec(), x, w, dy, dx, beta, dw);
     for (int64_t m = 0; m < M; ++m)
@@ -41,11 +37,11 @@ TEST(LinearBackward, MatchesTheDoubleProducts) {
       }
   }
   // Without d_x only the weight gradient is formed.
-  const Tensor x = random({3, 4}, rng), w = random({5, 4}, rng), dy = random({3, 5}, rng);
+  const Tensor x = random({3, 4}), w = random({5, 4}), dy = random({3, 5});
   Tensor dw = Tensor::zeros({5, 4});
   linear_backward(host_exec(), x, w, dy, Tensor(), 0.0f, dw);
   EXPECT_NE(dw.data<float>()[0], 0.0f);
 }
 
 }  // namespace
-}  // namespace loom
+}  // namespace loom::gradcheck

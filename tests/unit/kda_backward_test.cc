@@ -8,14 +8,13 @@
 
 #include <cmath>
 #include <cstdio>
-#include <functional>
 #include <random>
 #include <vector>
 
-#include "gtest/gtest.h"
 #include "kernels/kda.h"
+#include "tests/unit/gradcheck_support.h"
 
-namespace loom {
+namespace loom::gradcheck {
 namespace {
 
 struct Case {
@@ -58,41 +57,11 @@ void forward_double(const Case& c, const Inputs& in, double scale, std::vector<d
   }
 }
 
-Tensor to_tensor(const std::vector<double>& x, Shape shape) {
-  Tensor t = Tensor::empty(shape);
-  for (size_t i = 0; i < x.size(); ++i) t.data<float>()[i] = static_cast<float>(x[i]);
-  return t;
-}
-
-// ||got - want|| / ||want||.
-double rel_l2(const Tensor& got, const std::vector<double>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double e = got.data<float>()[i] - want[i];
-    num += e * e;
-    den += want[i] * want[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
-// Central differences of `loss` in every element of `x` (perturbed in place).
-std::vector<double> finite_difference(std::vector<double>& x, const std::function<double()>& loss) {
-  const double h = 1e-6;
-  std::vector<double> grad(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double keep = x[i];
-    x[i] = keep + h;
-    const double up = loss();
-    x[i] = keep - h;
-    const double down = loss();
-    x[i] = keep;
-    grad[i] = (up - down) / (2 * h);
-  }
-  return grad;
-}
-
 // The inputs are rounded to f32 first, so the f32 kernel and the double oracle see the same values.
 double round_f32(double x) { return static_cast<float>(x); }
+
+// The central-difference step (central_diff's default is 1e-5).
+constexpr double kH = 1e-6;
 
 class KdaRecurrentBackward : public ::testing::TestWithParam<Case> {};
 
@@ -159,7 +128,7 @@ TEST_P(KdaRecurrentBackward, MatchesFiniteDifferencesOfTheDoubleForward) {
       {"q", {&in.q, &dq}}, {"k", {&in.k, &dk}},          {"v", {&in.v, &dv}},
       {"g", {&in.g, &dg}}, {"beta", {&in.beta, &dbeta}}, {"initial_state", {&in.s0, &ds0}}};
   for (const auto& [name, pair] : grads) {
-    const std::vector<double> fd = finite_difference(*pair.first, loss);
+    const std::vector<double> fd = central_diff(loss, *pair.first, kH);
     const double err = rel_l2(*pair.second, fd);
     std::printf("[kda backward] T=%lld Hv=%lld %s: rel L2 %.3g\n", static_cast<long long>(c.T),
                 static_cast<long long>(c.Hv), name, err);
@@ -173,7 +142,7 @@ TEST_P(KdaRecurrentBackward, MatchesFiniteDifferencesOfTheDoubleForward) {
   kda_recurrent_backward(host_exec(), q, k, v, g, beta, static_cast<float>(scale), s0,
                          to_tensor(r_out, vs), Tensor(), dq2, dk2, dv2, dg2, db2, Tensor());
   std::fill(r_state.begin(), r_state.end(), 0.0);
-  EXPECT_LT(rel_l2(dv2, finite_difference(in.v, loss)), kTol);
+  EXPECT_LT(rel_l2(dv2, central_diff(loss, in.v, kH)), kTol);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, KdaRecurrentBackward,
@@ -212,12 +181,12 @@ TEST(KdaGateBackward, MatchesFiniteDifferencesInBothForms) {
       kda_gate_backward(host_exec(), to_tensor(f, {T, width}), to_tensor(a_log, {H}),
                         with_bias ? to_tensor(bias, {width}) : Tensor(), lower_bound,
                         to_tensor(r, {T, width}), d_f, d_a, d_b);
-      EXPECT_LT(rel_l2(d_f, finite_difference(f, loss)), 1e-5) << lower_bound;
-      std::vector<double> fd_a = finite_difference(a_log, loss);
+      EXPECT_LT(rel_l2(d_f, central_diff(loss, f, kH)), 1e-5) << lower_bound;
+      std::vector<double> fd_a = central_diff(loss, a_log, kH);
       for (double& x : fd_a) x += 0.5;
       EXPECT_LT(rel_l2(d_a, fd_a), 1e-5) << lower_bound;
       if (with_bias) {
-        std::vector<double> fd_b = finite_difference(bias, loss);
+        std::vector<double> fd_b = central_diff(loss, bias, kH);
         for (double& x : fd_b) x -= 0.25;
         EXPECT_LT(rel_l2(d_b, fd_b), 1e-5) << lower_bound;
       }
@@ -226,4 +195,4 @@ TEST(KdaGateBackward, MatchesFiniteDifferencesInBothForms) {
 }
 
 }  // namespace
-}  // namespace loom
+}  // namespace loom::gradcheck

@@ -7,7 +7,6 @@
 // cancellation beyond O(1), so 1e-6 relative L2 is ~3x the typical error and ~10x the worst
 // measured (1.1e-7, printed as [gradcheck] lines).
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -17,15 +16,8 @@
 #include "kernels/norm.h"
 #include "tests/unit/gradcheck_support.h"
 
-namespace loom {
+namespace loom::gradcheck {
 namespace {
-
-using gradcheck::central_diff;
-using gradcheck::expect_forward_close;
-using gradcheck::expect_grad_close;
-using gradcheck::project;
-using gradcheck::random_tensor;
-using gradcheck::to_double;
 
 constexpr double kGradTol = 1e-6;
 constexpr double kForwardTol = 1e-6;  // D + 3 roundings of O(1) values, D <= 33
@@ -91,7 +83,7 @@ TEST_P(RmsNormBackward, MatchesFiniteDifferences) {
     rmsnorm_backward(host_exec(), which == 1 ? alias : x, w, eps, c.offset, which == 0 ? alias : r,
                      alias, dw2);
     EXPECT_EQ(std::memcmp(alias.raw(), dx.raw(), dx.nbytes()), 0) << "alias " << which;
-    gradcheck::expect_accumulated("rmsnorm dw", base, dw, dw2);
+    expect_accumulated("rmsnorm dw", base, dw, dw2);
   }
 }
 
@@ -128,23 +120,13 @@ TEST(NormBackward, SameBitsForAnyThreadCount) {
   Tensor x = random_tensor({n, d}, rng, -2.0f, 2.0f);
   Tensor w = random_tensor({d}, rng);
   Tensor g = random_tensor({n, d}, rng);
-  std::vector<Tensor> dx, dw, dl;
-  const int saved = omp_get_max_threads();
-  for (int threads : {1, 2, 3}) {
-    omp_set_num_threads(threads);
-    dx.push_back(Tensor::empty({n, d}));
-    dw.push_back(Tensor::zeros({d}));
-    dl.push_back(Tensor::empty({n, d}));
-    rmsnorm_backward(host_exec(), x, w, 1e-6f, 1.0f, g, dx.back(), dw.back());
-    l2norm_backward(host_exec(), x, 1e-6f, 0.5f, g, dl.back());
-  }
-  omp_set_num_threads(saved);
-  for (size_t i = 1; i < dx.size(); ++i) {
-    EXPECT_EQ(std::memcmp(dx[i].raw(), dx[0].raw(), dx[0].nbytes()), 0);
-    EXPECT_EQ(std::memcmp(dw[i].raw(), dw[0].raw(), dw[0].nbytes()), 0);
-    EXPECT_EQ(std::memcmp(dl[i].raw(), dl[0].raw(), dl[0].nbytes()), 0);
-  }
+  expect_same_bits_for_any_thread_count([&](int) {
+    Tensor dx = Tensor::empty({n, d}), dw = Tensor::zeros({d}), dl = Tensor::empty({n, d});
+    rmsnorm_backward(host_exec(), x, w, 1e-6f, 1.0f, g, dx, dw);
+    l2norm_backward(host_exec(), x, 1e-6f, 0.5f, g, dl);
+    return std::vector<Tensor>{dx, dw, dl};
+  });
 }
 
 }  // namespace
-}  // namespace loom
+}  // namespace loom::gradcheck

@@ -16,15 +16,8 @@
 #include "kernels/rope.h"
 #include "tests/unit/gradcheck_support.h"
 
-namespace loom {
+namespace loom::gradcheck {
 namespace {
-
-using gradcheck::central_diff;
-using gradcheck::expect_forward_close;
-using gradcheck::expect_grad_close;
-using gradcheck::project;
-using gradcheck::random_tensor;
-using gradcheck::to_double;
 
 constexpr double kGradTol = 1e-6;
 constexpr double kForwardTol = 1e-6;
@@ -121,4 +114,4 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return std::to_string(info.index); });
 
 }  // namespace
-}  // namespace loom
+}  // namespace loom::gradcheck
