@@ -1,8 +1,6 @@
 #include "weights/safetensors.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -123,66 +121,49 @@ bool regular_file_exists(const std::filesystem::path& p) {
 // SafetensorsFile
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno_status(errno, "cannot open safetensors file", path);
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return errno_status(err, "cannot stat", path);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return bad_file(path, "not a regular file");
-  }
-  const size_t size = static_cast<size_t>(st.st_size);
-  if (size < 8) {
-    ::close(fd);
-    return bad_file(path, absl::StrCat("file is ", size,
-                                       " bytes, shorter than the 8-byte header length field"));
-  }
-  void* base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int mmap_err = errno;
-  ::close(fd);  // the mapping stays valid after close
-  if (base == MAP_FAILED) return errno_status(mmap_err, "cannot mmap", path);
-
-  std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
-  file->path_ = path;
-  file->mapping_ = std::shared_ptr<void>(base, [size](void* p) { ::munmap(p, size); });
-  LOOM_RETURN_IF_ERROR(file->parse(static_cast<const char*>(base), size));
-  return file;
+  absl::StatusOr<MappedFile> file = MappedFile::open(path);
+  // MappedFile's error names the path; the prefix names the format ("safetensors PATH: not a
+  // regular file", "safetensors cannot open PATH: ...").
+  if (!file.ok())
+    return absl::Status(file.status().code(),
+                        absl::StrCat("safetensors ", file.status().message()));
+  return from_mapped(*std::move(file));
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::from_bytes(std::string bytes,
                                                                              std::string name) {
-  auto owned = std::make_shared<std::string>(std::move(bytes));
+  return from_mapped(MappedFile::from_bytes(std::move(bytes), std::move(name)));
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::from_mapped(MappedFile mapped) {
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
-  file->path_ = std::move(name);
-  // Aliasing constructor: the pointer is the bytes, the ownership is the string.
-  file->mapping_ = std::shared_ptr<void>(owned, owned->data());
-  LOOM_RETURN_IF_ERROR(file->parse(owned->data(), owned->size()));
+  file->file_ = std::move(mapped);
+  LOOM_RETURN_IF_ERROR(file->parse());
   return file;
 }
 
-absl::Status SafetensorsFile::parse(const char* base, size_t size) {
+absl::Status SafetensorsFile::parse() {
+  const std::string& path = file_.name();
+  const char* base = file_.data();
+  const size_t size = file_.size();
   if (size < 8)
-    return bad_file(path_, absl::StrCat("file is ", size,
-                                        " bytes, shorter than the 8-byte header length field"));
+    return bad_file(path, absl::StrCat("file is ", size,
+                                       " bytes, shorter than the 8-byte header length field"));
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i)
     header_len = (header_len << 8) | static_cast<unsigned char>(base[i]);  // little endian
   if (header_len > kMaxSafetensorsHeaderBytes)
-    return bad_file(path_, absl::StrCat("header length ", header_len, " exceeds the limit of ",
-                                        kMaxSafetensorsHeaderBytes, " bytes"));
+    return bad_file(path, absl::StrCat("header length ", header_len, " exceeds the limit of ",
+                                       kMaxSafetensorsHeaderBytes, " bytes"));
   if (header_len > size - 8)
-    return bad_file(path_, absl::StrCat("header length ", header_len, " exceeds the ", size - 8,
-                                        " bytes after the length field (truncated file?)"));
+    return bad_file(path, absl::StrCat("header length ", header_len, " exceeds the ", size - 8,
+                                       " bytes after the length field (truncated file?)"));
 
   json header;
   std::string json_error;
   if (!parse_json_strict(base + 8, base + 8 + header_len, &header, &json_error))
-    return bad_file(path_, absl::StrCat("header: ", json_error));
-  if (!header.is_object()) return bad_file(path_, "header is not a JSON object");
+    return bad_file(path, absl::StrCat("header: ", json_error));
+  if (!header.is_object()) return bad_file(path, "header is not a JSON object");
 
   const uint64_t data_size = size - 8 - header_len;
   std::map<std::string, Entry, std::less<>> entries;
@@ -190,47 +171,47 @@ absl::Status SafetensorsFile::parse(const char* base, size_t size) {
 
   for (const auto& [name, value] : header.items()) {
     if (name == "__metadata__") {
-      if (!value.is_object()) return bad_file(path_, "__metadata__ is not a JSON object");
+      if (!value.is_object()) return bad_file(path, "__metadata__ is not a JSON object");
       for (const auto& [key, v] : value.items()) {
         if (!v.is_string())
-          return bad_file(path_, absl::StrCat("__metadata__ value of '", key, "' is not a string"));
+          return bad_file(path, absl::StrCat("__metadata__ value of '", key, "' is not a string"));
         metadata[key] = v.get<std::string>();
       }
       continue;
     }
-    if (!value.is_object()) return bad_tensor(path_, name, "entry is not a JSON object");
+    if (!value.is_object()) return bad_tensor(path, name, "entry is not a JSON object");
 
     Entry entry;
     // dtype
     const auto dt = value.find("dtype");
-    if (dt == value.end()) return bad_tensor(path_, name, "missing dtype");
-    if (!dt->is_string()) return bad_tensor(path_, name, "dtype is not a string");
+    if (dt == value.end()) return bad_tensor(path, name, "missing dtype");
+    if (!dt->is_string()) return bad_tensor(path, name, "dtype is not a string");
     auto dtype = dtype_from_safetensors(dt->get_ref<const std::string&>());
-    if (!dtype.ok()) return bad_tensor(path_, name, std::string(dtype.status().message()));
+    if (!dtype.ok()) return bad_tensor(path, name, std::string(dtype.status().message()));
     entry.dtype = *dtype;
     const uint64_t esize = dtype_size(entry.dtype);
 
     // shape: at most kMaxDims non-negative integers whose product (ignoring zeros) times the
     // element size fits in int64, so that numel, strides and byte sizes never overflow.
     const auto sh = value.find("shape");
-    if (sh == value.end()) return bad_tensor(path_, name, "missing shape");
-    if (!sh->is_array()) return bad_tensor(path_, name, "shape is not an array");
+    if (sh == value.end()) return bad_tensor(path, name, "missing shape");
+    if (!sh->is_array()) return bad_tensor(path, name, "shape is not an array");
     if (sh->size() > static_cast<size_t>(kMaxDims))
       return bad_tensor(
-          path_, name, absl::StrCat("shape has ", sh->size(), " dimensions, more than ", kMaxDims));
+          path, name, absl::StrCat("shape has ", sh->size(), " dimensions, more than ", kMaxDims));
     uint64_t nonzero_product = esize;
     bool has_zero = false;
     for (const json& d : *sh) {
       uint64_t dim = 0;
       if (!json_to_u64(d, &dim))
-        return bad_tensor(path_, name, "shape entries must be non-negative integers");
+        return bad_tensor(path, name, "shape entries must be non-negative integers");
       if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-        return bad_tensor(path_, name, "shape dimension too large");
+        return bad_tensor(path, name, "shape dimension too large");
       if (dim == 0) {
         has_zero = true;
       } else if (__builtin_mul_overflow(nonzero_product, dim, &nonzero_product) ||
                  nonzero_product > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        return bad_tensor(path_, name, "shape element count overflows");
+        return bad_tensor(path, name, "shape element count overflows");
       }
       entry.shape.push_back(static_cast<int64_t>(dim));
     }
@@ -238,22 +219,22 @@ absl::Status SafetensorsFile::parse(const char* base, size_t size) {
 
     // data_offsets
     const auto off = value.find("data_offsets");
-    if (off == value.end()) return bad_tensor(path_, name, "missing data_offsets");
+    if (off == value.end()) return bad_tensor(path, name, "missing data_offsets");
     if (!off->is_array() || off->size() != 2)
-      return bad_tensor(path_, name, "data_offsets is not an array of two integers");
+      return bad_tensor(path, name, "data_offsets is not an array of two integers");
     if (!json_to_u64((*off)[0], &entry.begin) || !json_to_u64((*off)[1], &entry.end))
-      return bad_tensor(path_, name, "data_offsets must be non-negative integers");
+      return bad_tensor(path, name, "data_offsets must be non-negative integers");
     if (entry.begin > entry.end)
-      return bad_tensor(path_, name,
+      return bad_tensor(path, name,
                         absl::StrCat("data_offsets begin ", entry.begin, " > end ", entry.end));
     if (entry.end > data_size)
       return bad_tensor(
-          path_, name,
+          path, name,
           absl::StrCat("data_offsets end ", entry.end, " is out of range: the data section has ",
                        data_size, " bytes"));
     if (entry.end - entry.begin != nbytes)
       return bad_tensor(
-          path_, name,
+          path, name,
           absl::StrCat("byte size mismatch: data_offsets span ", entry.end - entry.begin,
                        " bytes but ", absl_sv(dtype_to_safetensors(entry.dtype)),
                        entry.shape.to_string(), " needs ", nbytes));
@@ -270,7 +251,7 @@ absl::Status SafetensorsFile::parse(const char* base, size_t size) {
     const auto& [pb, pe, pname] = ranges[i - 1];
     const auto& [cb, ce, cname] = ranges[i];
     if (cb < pe)
-      return bad_tensor(path_, *cname,
+      return bad_tensor(path, *cname,
                         absl::StrCat("data range [", cb, ", ", ce, ") overlaps tensor '", *pname,
                                      "' at [", pb, ", ", pe, ")"));
   }
@@ -301,7 +282,7 @@ absl::StatusOr<Tensor> SafetensorsFile::get(std::string_view name) const {
   const Entry* e = find(name);
   if (e == nullptr)
     return absl::NotFoundError(
-        absl::StrCat("safetensors ", path_, ": no tensor '", absl_sv(name), "'"));
+        absl::StrCat("safetensors ", path(), ": no tensor '", absl_sv(name), "'"));
   const char* ptr = data_ + e->begin;
   const size_t esize = dtype_size(e->dtype);
   // The official writer pads the header so that the data section starts 8-byte aligned, and
@@ -313,7 +294,8 @@ absl::StatusOr<Tensor> SafetensorsFile::get(std::string_view name) const {
     std::memcpy(copy.raw(), ptr, e->end - e->begin);
     return copy;
   }
-  return Tensor::wrap(const_cast<char*>(ptr), e->shape, e->dtype, Device::kCpu, mapping_);
+  return Tensor::wrap(const_cast<char*>(ptr), e->shape, e->dtype, Device::kCpu,
+                      std::const_pointer_cast<void>(file_.owner()));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/mapped_file.h"
 #include "core/tensor.h"
 
 namespace loom {
@@ -37,7 +38,7 @@ class SafetensorsFile {
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> from_bytes(std::string bytes,
                                                                      std::string name = "<memory>");
 
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return file_.name(); }
   std::vector<std::string> names() const;  // sorted
   bool contains(std::string_view name) const;
   const Entry* find(std::string_view name) const;  // null when absent
@@ -48,11 +49,11 @@ class SafetensorsFile {
 
  private:
   SafetensorsFile() = default;
-  absl::Status parse(const char* base, size_t size);
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> from_mapped(MappedFile file);
+  absl::Status parse();  // of file_
 
-  std::string path_;
-  std::shared_ptr<void> mapping_;  // keeps the bytes alive (munmap or free on release)
-  const char* data_ = nullptr;     // start of the data section
+  MappedFile file_;             // the bytes (tensors from get() share their ownership)
+  const char* data_ = nullptr;  // start of the data section
   std::map<std::string, Entry, std::less<>> entries_;
   std::map<std::string, std::string> metadata_;
 };
