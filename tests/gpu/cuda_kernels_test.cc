@@ -30,23 +30,14 @@
 #include "kernels/kda.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
+#include "tests/gpu/gpu_test_support.h"
 #include "tests/gpu/twin_tolerances.h"
 
 namespace loom {
 namespace {
 
-uint64_t test_seed() {
-  static const uint64_t seed = [] {
-    const char* env = std::getenv("LOOM_GPU_TEST_SEED");
-    const uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
-    std::printf("LOOM_GPU_TEST_SEED=%llu\n", static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
-}
-
 std::mt19937_64& rng() {
-  static std::mt19937_64 r(test_seed());
+  static std::mt19937_64 r(gpu_test_seed());
   return r;
 }
 
@@ -88,7 +79,7 @@ class CudaKernels : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     cuda::init();
-    (void)test_seed();
+    (void)gpu_test_seed();
   }
 };
 

@@ -39,6 +39,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/kda.h"
 #include "kernels/norm.h"
+#include "tests/gpu/gpu_test_support.h"
 
 namespace loom {
 namespace {
@@ -50,31 +51,12 @@ const Exec& gpu() {
 cudaStream_t stream() { return cuda::stream_of(gpu()); }
 
 double median_ms(const std::function<void()>& fn, int iters, int warmup = 2) {
-  for (int i = 0; i < warmup; ++i) fn();
-  cuda::synchronize();
-  cudaEvent_t a, b;
-  LOOM_CUDA_CHECK(cudaEventCreate(&a));
-  LOOM_CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<double> ms;
-  for (int i = 0; i < iters; ++i) {
-    LOOM_CUDA_CHECK(cudaEventRecord(a, stream()));
-    fn();
-    LOOM_CUDA_CHECK(cudaEventRecord(b, stream()));
-    LOOM_CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0.0f;
-    LOOM_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  LOOM_CUDA_CHECK(cudaEventDestroy(a));
-  LOOM_CUDA_CHECK(cudaEventDestroy(b));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return median_event_ms(
+      stream(), [&](int) { fn(); }, iters, warmup);
 }
 
 void emit(const std::string& name, double achieved, const char* unit, double roof, double ms) {
-  std::printf("GPUBENCH %s %.1f %s %.1f %.3f %.4f\n", name.c_str(), achieved, unit, roof,
-              achieved / roof, ms);
-  std::fflush(stdout);
+  emit_gpubench(name.c_str(), achieved, unit, roof, ms);
 }
 
 double g_copy_gbs = 0.0, g_gemm_tflops = 0.0;
@@ -87,8 +69,8 @@ void bench_ceilings() {
     LOOM_CUDA_CHECK(cudaMemsetAsync(a.raw(), 0x3f, a.nbytes(), stream()));
     const double ms = median_ms(
         [&] {
-          LOOM_CUDA_CHECK(cudaMemcpyAsync(b.raw(), a.raw(), a.nbytes(), cudaMemcpyDeviceToDevice,
-                                          stream()));
+          LOOM_CUDA_CHECK(
+              cudaMemcpyAsync(b.raw(), a.raw(), a.nbytes(), cudaMemcpyDeviceToDevice, stream()));
         },
         20);
     g_copy_gbs = 2.0 * a.nbytes() / (ms * 1e6);
@@ -134,7 +116,8 @@ Tensor tiled(const Tensor& tile, Shape shape) {
   const size_t total = d.nbytes(), piece = td.nbytes();
   for (size_t o = 0; o < total; o += piece)
     LOOM_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(d.raw()) + o, td.raw(),
-                                    std::min(piece, total - o), cudaMemcpyDeviceToDevice, stream()));
+                                    std::min(piece, total - o), cudaMemcpyDeviceToDevice,
+                                    stream()));
   return d;
 }
 
@@ -217,14 +200,14 @@ void bench(const Problem& p) {
       },
       p.iters);
   // The phases alone (same workspace: the state pass re-reads what the last full call left).
-  void* w = ws.take({static_cast<int64_t>(cuda::launch::kda_chunked_workspace_bytes(a))},
-                    DType::kU8)
-                .raw();
+  void* w =
+      ws.take({static_cast<int64_t>(cuda::launch::kda_chunked_workspace_bytes(a))}, DType::kU8)
+          .raw();
   const int64_t rmax = kKdaRecurrentMaxTokens;
-  const double prep_ms = median_ms(
-      [&] { cuda::launch::kda_chunked_varlen(stream(), a, rmax, w, p.bv, 1); }, p.iters);
-  const double state_ms = median_ms(
-      [&] { cuda::launch::kda_chunked_varlen(stream(), a, rmax, w, p.bv, 2); }, p.iters);
+  const double prep_ms =
+      median_ms([&] { cuda::launch::kda_chunked_varlen(stream(), a, rmax, w, p.bv, 1); }, p.iters);
+  const double state_ms =
+      median_ms([&] { cuda::launch::kda_chunked_varlen(stream(), a, rmax, w, p.bv, 2); }, p.iters);
   ws.reset();
   // Counts (sequences of <= 8 rows run the recurrence and are counted like the others).
   double flops = 0.0;

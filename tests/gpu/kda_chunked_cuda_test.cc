@@ -36,23 +36,14 @@
 #include "kernels/elementwise.h"
 #include "kernels/kda.h"
 #include "kernels/norm.h"
+#include "tests/gpu/gpu_test_support.h"
 #include "tests/gpu/twin_tolerances.h"
 
 namespace loom {
 namespace {
 
-uint64_t test_seed() {
-  static const uint64_t seed = [] {
-    const char* env = std::getenv("LOOM_GPU_TEST_SEED");
-    const uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
-    std::printf("LOOM_GPU_TEST_SEED=%llu\n", static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
-}
-
 std::mt19937_64& rng() {
-  static std::mt19937_64 r(test_seed() ^ 0x6b6461ULL);
+  static std::mt19937_64 r(gpu_test_seed() ^ 0x6b6461ULL);
   return r;
 }
 
@@ -99,7 +90,7 @@ struct Case {
   std::vector<int64_t> lens;
   int64_t Hk = 2, Hv = 4, dk = 128, dv = 128;
   bool scalar_g = false;
-  float lower_bound = -5.0f;  // 0: softplus gate
+  float lower_bound = -5.0f;        // 0: softplus gate
   float a_lo = -2.0f, a_hi = 0.5f;  // A_log range
   bool bf16 = false, beta_bf16 = false;
   bool batch_invariant = false;
@@ -108,10 +99,10 @@ struct Case {
 };
 
 struct Inputs {
-  Tensor q, k, v, g, beta;  // f32 (bf16-rounded values for bf16 cases)
+  Tensor q, k, v, g, beta;    // f32 (bf16-rounded values for bf16 cases)
   Tensor qd, kd, vd, gd, bd;  // device, in the case's dtypes
-  Tensor pool0;             // initial pool (host)
-  Tensor slots, cu;         // host
+  Tensor pool0;               // initial pool (host)
+  Tensor slots, cu;           // host
   int64_t N = 0, B = 0, num_slots = 0;
   float scale = 1.0f;
   int fallback_subchunks = 0;  // 16-token sub-chunks whose decay span exceeds 80 nats
@@ -215,11 +206,11 @@ void run_case(const Case& c) {
   double out_l2 = 0.0, state_l2 = 0.0;
   for (int64_t b = 0; b < in.B; ++b) {
     if (cu[b + 1] > cu[b])
-      out_l2 = std::max(out_l2, rel_l2(out.data<float>(), out_ref.data<float>(), cu[b] * row,
-                                       cu[b + 1] * row));
+      out_l2 = std::max(
+          out_l2, rel_l2(out.data<float>(), out_ref.data<float>(), cu[b] * row, cu[b + 1] * row));
     const int64_t s = in.slots.data<int32_t>()[b];
-    state_l2 = std::max(state_l2, rel_l2(pool.data<float>(), pool_ref.data<float>(),
-                                         s * slot_elems, (s + 1) * slot_elems));
+    state_l2 = std::max(state_l2, rel_l2(pool.data<float>(), pool_ref.data<float>(), s * slot_elems,
+                                         (s + 1) * slot_elems));
   }
   // Slots not named must be bit-identical to the upload.
   std::vector<bool> named(static_cast<size_t>(in.num_slots), false);
@@ -227,8 +218,9 @@ void run_case(const Case& c) {
   int64_t changed = 0;
   for (int64_t s = 0; s < in.num_slots; ++s) {
     if (named[static_cast<size_t>(s)]) continue;
-    changed += std::memcmp(pool.data<float>() + s * slot_elems,
-                           in.pool0.data<float>() + s * slot_elems, slot_elems * sizeof(float)) != 0;
+    changed +=
+        std::memcmp(pool.data<float>() + s * slot_elems, in.pool0.data<float>() + s * slot_elems,
+                    slot_elems * sizeof(float)) != 0;
   }
   std::printf("CASE %s: N %lld, B %lld, %d fallback sub-chunk heads\n", c.name.c_str(),
               static_cast<long long>(in.N), static_cast<long long>(in.B), in.fallback_subchunks);
@@ -244,7 +236,7 @@ class KdaChunkedCuda : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     cuda::init();
-    (void)test_seed();
+    (void)gpu_test_seed();
   }
 };
 
@@ -390,10 +382,7 @@ TEST_F(KdaChunkedCuda, BatchInvariantAndDecode) {
               .beta_bf16 = bf,
               .max_seqlen = 1});
     // Short sequences only, with the hint: recurrent launch alone.
-    run_case({.name = "kda_varlen_short_" + t,
-              .lens = {3, 8, 1, 5},
-              .bf16 = bf,
-              .max_seqlen = 8});
+    run_case({.name = "kda_varlen_short_" + t, .lens = {3, 8, 1, 5}, .bf16 = bf, .max_seqlen = 8});
   }
 }
 
@@ -413,8 +402,7 @@ TEST_F(KdaChunkedCuda, ChunkedForward) {
       const std::string name =
           "kda_chunked_forward_T" + std::to_string(T) + (bf ? "_bf16" : "_f32");
       const double tol = bf ? 1e-2 : 1e-4;
-      report(name + "_out_rel_l2", rel_l2(o.data<float>(), o_ref.data<float>(), 0, o.numel()),
-             tol);
+      report(name + "_out_rel_l2", rel_l2(o.data<float>(), o_ref.data<float>(), 0, o.numel()), tol);
       report(name + "_state_rel_l2", rel_l2(s.data<float>(), s_ref.data<float>(), 0, s.numel()),
              tol);
     }

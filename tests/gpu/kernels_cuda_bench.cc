@@ -19,6 +19,7 @@
 #include "kernels/gemm.h"
 #include "kernels/kda.h"
 #include "kernels/norm.h"
+#include "tests/gpu/gpu_test_support.h"
 
 namespace loom {
 namespace {
@@ -40,35 +41,13 @@ const Exec& gpu() {
   return ex;
 }
 
-// `pad`, if given, runs before each start event (not timed).
 double median_ms(const std::function<void(int)>& fn, int iters, int warmup = 3,
                  const std::function<void()>& pad = nullptr) {
-  for (int i = 0; i < warmup; ++i) fn(i);
-  cuda::synchronize();
-  cudaEvent_t a, b;
-  LOOM_CUDA_CHECK(cudaEventCreate(&a));
-  LOOM_CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<double> ms;
-  for (int i = 0; i < iters; ++i) {
-    if (pad) pad();
-    LOOM_CUDA_CHECK(cudaEventRecord(a, cuda::stream_of(gpu())));
-    fn(i);
-    LOOM_CUDA_CHECK(cudaEventRecord(b, cuda::stream_of(gpu())));
-    LOOM_CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0.0f;
-    LOOM_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  LOOM_CUDA_CHECK(cudaEventDestroy(a));
-  LOOM_CUDA_CHECK(cudaEventDestroy(b));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return median_event_ms(cuda::stream_of(gpu()), fn, iters, warmup, pad);
 }
 
 void emit(const std::string& name, double achieved, const char* unit, double roof, double ms) {
-  std::printf("GPUBENCH %s %.1f %s %.1f %.3f %.4f\n", name.c_str(), achieved, unit, roof,
-              achieved / roof, ms);
-  std::fflush(stdout);
+  emit_gpubench(name.c_str(), achieved, unit, roof, ms);
 }
 
 double g_copy_gbs = 0.0;  // this run's device-to-device copy: the practical bandwidth ceiling

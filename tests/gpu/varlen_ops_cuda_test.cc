@@ -35,23 +35,14 @@
 #include "kernels/conv.h"
 #include "kernels/cuda/conv_varlen.h"
 #include "kernels/cuda/device.h"
+#include "tests/gpu/gpu_test_support.h"
 #include "tests/gpu/twin_tolerances.h"
 
 namespace loom {
 namespace {
 
-uint64_t test_seed() {
-  static const uint64_t seed = [] {
-    const char* env = std::getenv("LOOM_GPU_TEST_SEED");
-    const uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
-    std::printf("LOOM_GPU_TEST_SEED=%llu\n", static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
-}
-
 std::mt19937_64& rng() {
-  static std::mt19937_64 r(test_seed());
+  static std::mt19937_64 r(gpu_test_seed());
   return r;
 }
 
@@ -113,7 +104,7 @@ class VarlenOpsCuda : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     cuda::init();
-    (void)test_seed();
+    (void)gpu_test_seed();
   }
 };
 
@@ -280,25 +271,8 @@ Tensor filled_device(Shape shape) {
 
 template <typename F>
 double median_ms(F&& f, int reps = 50) {
-  const cudaStream_t s = cuda::stream_of(gpu());
-  for (int i = 0; i < 3; ++i) f();
-  cudaEvent_t a, b;
-  LOOM_CUDA_CHECK(cudaEventCreate(&a));
-  LOOM_CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    LOOM_CUDA_CHECK(cudaEventRecord(a, s));
-    f();
-    LOOM_CUDA_CHECK(cudaEventRecord(b, s));
-    LOOM_CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0.0f;
-    LOOM_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  LOOM_CUDA_CHECK(cudaEventDestroy(a));
-  LOOM_CUDA_CHECK(cudaEventDestroy(b));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return median_event_ms(
+      cuda::stream_of(gpu()), [&](int) { f(); }, reps, 3);
 }
 
 void bench_line(const std::string& name, double ms, double bytes, double copy_gbs) {
