@@ -3,16 +3,21 @@
 // form for short ones (decode), picked per sequence by arithmetic cost (mla_attention_form). RoPE
 // (DeepSeek: interleaved pairs, YaRN) rotates the rope parts of queries and of the shared key
 // before the key is cached.
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "engine/model/layers.h"
 #include "engine/model/rope_table.h"
+#include "engine/model/training_batch.h"
 #include "kernels/attention.h"
+#include "kernels/attention_backward.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_backward.h"
 #include "kernels/norm.h"
+#include "kernels/rope.h"
 
 namespace loom {
 namespace {
@@ -111,6 +116,132 @@ class MlaMixer final : public Mixer {
       mul_sigmoid_inplace(ctx.ex, o, gate);
     }
     linear_forward(ctx.ex, o.reshape({n, h * dv}), o_proj_, out);
+  }
+
+  // Training runs MLA in its expanded form over each whole sequence: per head the key is
+  // [k_nope_h | k_rope] (the rope key shared by every head) and the value v_h, both from the
+  // normalised latent through kv_b; causal_attention_* then treat it as attention with as many
+  // key heads as query heads.
+  absl::Status backward(const ForwardContext& ctx, const Tensor& x, int layer, const Tensor& d_out,
+                        const Tensor& d_x, Gradients& grads) const override {
+    for (const Tensor* w : {&q_proj_, &q_a_, &q_b_, &kv_a_, &o_proj_, &gate_proj_})
+      if (w->defined() && w->dtype() != DType::kF32)
+        return absl::UnimplementedError(
+            absl::StrCat("training: layer ", layer, "'s MLA weights must be f32"));
+    LOOM_ASSIGN_OR_RETURN(const std::vector<RowSpan> seqs, training_sequences(ctx.batch));
+    const Workspace::Mark scope(ctx.ws());
+    const Exec& ex = ctx.ex;
+    const int64_t n = x.dim(0), h = cfg_.num_heads;
+    const int64_t dn = cfg_.qk_nope_head_dim, dr = cfg_.qk_rope_head_dim, dv = cfg_.v_head_dim;
+    const int64_t r = cfg_.kv_lora_rank, qk = dn + dr, ql = cfg_.q_lora_rank;
+    const std::string p = absl::StrCat("layers.", layer, ".mla.");
+    auto grad = [&](const char* name, const Tensor& of) -> const Tensor& {
+      return grads.get(p + name, of.shape());
+    };
+
+    // Recompute the forward, keeping what the backward reads.
+    Tensor q = ctx.take({n, h, qk}), qa_pre, qa;
+    if (q_proj_.defined()) {
+      linear_forward(ex, x, q_proj_, q.reshape({n, h * qk}));
+    } else {
+      qa_pre = ctx.take({n, ql});
+      qa = ctx.take({n, ql});
+      linear_forward(ex, x, q_a_, qa_pre);
+      rmsnorm_forward(ex, qa_pre, q_a_norm_, kLatentNormEps, 0.0f, qa);
+      linear_forward(ex, qa, q_b_, q.reshape({n, h * qk}));
+    }
+    Tensor kv = ctx.take({n, r + dr});
+    linear_forward(ex, x, kv_a_, kv);
+    Tensor latent_pre = ctx.take({n, r}), latent = ctx.take({n, r});
+    copy_columns(ex, kv, 0, latent_pre);
+    rmsnorm_forward(ex, latent_pre, kv_a_norm_, kLatentNormEps, 0.0f, latent);
+    Tensor k_rope = ctx.take({n, dr});
+    copy_columns(ex, kv, r, k_rope);
+    if (use_rope_) {
+      rope_forward(ex, q, ctx.batch.positions, rope_, /*dim_offset=*/dn);
+      rope_forward(ex, k_rope.reshape({n, 1, dr}), ctx.batch.positions, rope_, 0);
+    }
+    Tensor expanded = ctx.take({n, h, dn + dv});  // [k_nope_h | v_h] per head
+    linear_forward(ex, latent, kv_b_, expanded.reshape({n, h * (dn + dv)}));
+    Tensor k = ctx.take({n, h, qk}), v = ctx.take({n, h, dv});
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t hh = 0; hh < h; ++hh) {
+        const float* e = expanded.data<float>() + (t * h + hh) * (dn + dv);
+        float* kr = k.data<float>() + (t * h + hh) * qk;
+        std::copy(e, e + dn, kr);
+        std::copy(k_rope.data<float>() + t * dr, k_rope.data<float>() + (t + 1) * dr, kr + dn);
+        std::copy(e + dn, e + dn + dv, v.data<float>() + (t * h + hh) * dv);
+      }
+    Tensor o = ctx.take({n, h, dv}), lse = ctx.take({n, h}, DType::kF32);
+    for (const auto& [b, e] : seqs)
+      causal_attention_forward(ex, q.slice(0, b, e), k.slice(0, b, e), v.slice(0, b, e), scale_,
+                               o.slice(0, b, e), lse.slice(0, b, e));
+    Tensor y = ctx.take({n, h * dv}), gate;
+    copy_columns(ex, o.reshape({n, h * dv}), 0, y);
+    if (gate_proj_.defined()) {
+      gate = ctx.take({n, h * dv});
+      linear_forward(ex, x, gate_proj_, gate);
+      mul_sigmoid_inplace(ex, y, gate);
+    }
+
+    // Backward.
+    Tensor d_y = ctx.take({n, h * dv});
+    linear_backward(ex, y, o_proj_, d_out, d_y, 0.0f, grad("o_proj.weight", o_proj_));
+    Tensor d_o = ctx.take({n, h, dv});
+    float beta_x = 0.0f;  // the first projection's d_x overwrites, the others add
+    if (gate_proj_.defined()) {
+      Tensor d_gate = ctx.take({n, h * dv});
+      mul_sigmoid_backward(ex, o.reshape({n, h * dv}), gate, d_y, d_o.reshape({n, h * dv}), d_gate);
+      linear_backward(ex, x, gate_proj_, d_gate, d_x, beta_x, grad("gate_proj.weight", gate_proj_));
+      beta_x = 1.0f;
+    } else {
+      copy_columns(ex, d_y, 0, d_o.reshape({n, h * dv}));
+    }
+    Tensor d_q = ctx.take({n, h, qk}), d_k = ctx.take({n, h, qk}), d_v = ctx.take({n, h, dv});
+    for (const auto& [b, e] : seqs)
+      causal_attention_backward(ex, q.slice(0, b, e), k.slice(0, b, e), v.slice(0, b, e),
+                                o.slice(0, b, e), lse.slice(0, b, e), d_o.slice(0, b, e), scale_,
+                                d_q.slice(0, b, e), d_k.slice(0, b, e), d_v.slice(0, b, e));
+    // Split the key and value gradients back: k_nope_h and v_h into the expanded layout, the
+    // shared rope key summing every head's share in head order.
+    Tensor d_expanded = ctx.take({n, h, dn + dv}), d_rope = ctx.take({n, 1, dr});
+    for (int64_t t = 0; t < n; ++t) {
+      float* dr_row = d_rope.data<float>() + t * dr;
+      std::fill(dr_row, dr_row + dr, 0.0f);
+      for (int64_t hh = 0; hh < h; ++hh) {
+        const float* dk = d_k.data<float>() + (t * h + hh) * qk;
+        float* de = d_expanded.data<float>() + (t * h + hh) * (dn + dv);
+        std::copy(dk, dk + dn, de);
+        std::copy(d_v.data<float>() + (t * h + hh) * dv, d_v.data<float>() + (t * h + hh + 1) * dv,
+                  de + dn);
+        for (int64_t c = 0; c < dr; ++c) dr_row[c] += dk[dn + c];
+      }
+    }
+    Tensor d_latent = ctx.take({n, r});
+    linear_backward(ex, latent, kv_b_, d_expanded.reshape({n, h * (dn + dv)}), d_latent, 0.0f,
+                    grad("kv_b_proj.weight", kv_b_));
+    if (use_rope_) {
+      rope_backward(ex, d_rope, ctx.batch.positions, rope_, 0);
+      rope_backward(ex, d_q, ctx.batch.positions, rope_, /*dim_offset=*/dn);
+    }
+    Tensor d_kv = ctx.take({n, r + dr});
+    rmsnorm_backward(ex, latent_pre, kv_a_norm_, kLatentNormEps, 0.0f, d_latent, d_latent,
+                     grad("kv_a_norm.weight", kv_a_norm_));
+    scatter_columns(ex, d_latent, 0, d_kv);
+    scatter_columns(ex, d_rope.reshape({n, dr}), r, d_kv);
+    linear_backward(ex, x, kv_a_, d_kv, d_x, beta_x, grad("kv_a_proj.weight", kv_a_));
+    if (q_proj_.defined()) {
+      linear_backward(ex, x, q_proj_, d_q.reshape({n, h * qk}), d_x, 1.0f,
+                      grad("q_proj.weight", q_proj_));
+    } else {
+      Tensor d_qa = ctx.take({n, ql});
+      linear_backward(ex, qa, q_b_, d_q.reshape({n, h * qk}), d_qa, 0.0f,
+                      grad("q_b_proj.weight", q_b_));
+      rmsnorm_backward(ex, qa_pre, q_a_norm_, kLatentNormEps, 0.0f, d_qa, d_qa,
+                       grad("q_a_norm.weight", q_a_norm_));
+      linear_backward(ex, x, q_a_, d_qa, d_x, 1.0f, grad("q_a_proj.weight", q_a_));
+    }
+    return absl::OkStatus();
   }
 
  private:

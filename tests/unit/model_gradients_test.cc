@@ -39,59 +39,95 @@ TEST(ModelGradients, MatchTorchAutogradOnFlaKda) {
               report->ref_loss, worst);
 }
 
-// A plain-residual model of KDA mixers and dense FFNs (synthetic weights): the derivative of the
-// loss along the unit gradient direction, by central differences of the f32 loss, equals the
-// gradient's norm.
-TEST(ModelGradients, PlainResidualsMatchTheLossAlongTheGradient) {
-  auto cfg = load_model_config(loom::testing::kFixtures + "/kimi_linear_s1");
-  ASSERT_TRUE(cfg.ok()) << cfg.status();
-  for (MixerType& m : cfg->mixers) m = MixerType::kKda;
-  for (FfnType& f : cfg->ffns) f = FfnType::kDense;
-  cfg->attnres_block_size = 0;
-  auto model = Model::load(*cfg, WeightLoader::synthetic(*cfg, 5));
-  ASSERT_TRUE(model.ok()) << model.status();
+// The derivative of the loss along the unit gradient of one weight, by central differences of the
+// f32 loss (each side a native checkpoint of the synthetic weights with that tensor moved, loaded
+// back), next to the gradient's norm. Truncation error shrinks as h^2 (measured 1.5e-3 relative at
+// h = 1e-2, 1.6e-4 at h / 3 on the plain model); the f32 loss's rounding (~5e-7) divided by 2h adds
+// up to ~7.5e-5 absolute, which dominates for small gradients (a norm weight's 0.025). Hence the
+// bound kRel * |g| + kAbs.
+constexpr double kRel = 1e-3, kAbs = 1.5e-4;
+struct Directional {
+  double norm = 0, central_difference = 0;
+};
+Directional directional_check(const ModelConfig& cfg, const std::string& tensor,
+                              const std::string& dir) {
   std::mt19937 rng(2);
-  std::uniform_int_distribution<int> tok(0, cfg->vocab_size - 1);
+  std::uniform_int_distribution<int> tok(0, cfg.vocab_size - 1);
   std::vector<int32_t> tokens(29);
   for (int32_t& t : tokens) t = tok(rng);
-  Gradients grads;
-  auto loss = (*model)->loss_and_gradients(tokens, grads);
-  ASSERT_TRUE(loss.ok()) << loss.status();
-  const Tensor& g = *grads.find("layers.1.mlp.down_proj.weight");
-  double norm = 0;
-  for (int64_t i = 0; i < g.numel(); ++i) norm += double{g.data<float>()[i]} * g.data<float>()[i];
-  norm = std::sqrt(norm);
-  ASSERT_GT(norm, 0);
-  // Move that weight along the unit gradient by +-h: a native checkpoint of the synthetic weights
-  // with that one tensor moved, loaded back.
-  WeightLoader w = WeightLoader::synthetic(*cfg, 5);
+  WeightLoader w = WeightLoader::synthetic(cfg, 5);
   WeightLoader::Record record;
   w.set_recorder(&record);
-  ASSERT_TRUE(Model::load(*cfg, w).ok());
-  const std::string dir = std::string(LOOM_TEST_TMPDIR) + "/gradients_plain";
+  auto model = Model::load(cfg, w);
+  EXPECT_TRUE(model.ok()) << model.status();
+  Gradients grads;
+  auto loss = (*model)->loss_and_gradients(tokens, grads);
+  EXPECT_TRUE(loss.ok()) << loss.status();
+  if (!loss.ok()) return {};
+  const Tensor* g = grads.find(tensor);
+  EXPECT_NE(g, nullptr) << tensor;
+  if (g == nullptr) return {};
+  Directional out;
+  for (int64_t i = 0; i < g->numel(); ++i)
+    out.norm += double{g->data<float>()[i]} * g->data<float>()[i];
+  out.norm = std::sqrt(out.norm);
   auto loss_at = [&](double h) {
     WeightLoader::Record moved;
     for (const auto& [name, t] : record) {
       Tensor c = t.to_f32().clone();
-      if (name == "layers.1.mlp.down_proj.weight")
+      if (name == tensor)
         for (int64_t i = 0; i < c.numel(); ++i)
-          c.data<float>()[i] += static_cast<float>(h * g.data<float>()[i] / norm);
+          c.data<float>()[i] += static_cast<float>(h * g->data<float>()[i] / out.norm);
       moved.emplace_back(name, c);
     }
-    EXPECT_TRUE(write_native_checkpoint(*cfg, moved, dir).ok());
+    EXPECT_TRUE(write_native_checkpoint(cfg, moved, dir).ok());
     auto m = Model::load(dir);
     EXPECT_TRUE(m.ok()) << m.status();
     Gradients unused;
     return *(*m)->loss_and_gradients(tokens, unused);
   };
   // The unmoved checkpoint gives the same loss: the round trip is exact.
-  ASSERT_EQ(loss_at(0.0), *loss);
-  // Truncation error shrinks as h^2 (measured 1.5e-3 relative at h = 1e-2, 1.6e-4 at h / 3);
-  // the f32 loss's rounding adds ~4e-5 at this h. 1e-3 holds both; a wrong term is far outside.
+  EXPECT_EQ(loss_at(0.0), *loss);
   const double h = 1e-2 / 3;
-  const double fd = (loss_at(h) - loss_at(-h)) / (2 * h);
-  std::printf("[model gradients] plain residuals: |g| %.6g, central difference %.6g\n", norm, fd);
-  EXPECT_NEAR(fd, norm, 1e-3 * norm);
+  out.central_difference = (loss_at(h) - loss_at(-h)) / (2 * h);
+  std::printf("[model gradients] %s: |g| %.6g, central difference %.6g\n", tensor.c_str(), out.norm,
+              out.central_difference);
+  return out;
+}
+
+ModelConfig synthetic_config(bool keep_mla) {
+  auto cfg = load_model_config(loom::testing::kFixtures + "/kimi_linear_s1");
+  EXPECT_TRUE(cfg.ok()) << cfg.status();
+  for (MixerType& m : cfg->mixers)
+    if (!keep_mla || m != MixerType::kMla) m = MixerType::kKda;
+  for (FfnType& f : cfg->ffns) f = FfnType::kDense;
+  cfg->attnres_block_size = 0;
+  return *cfg;
+}
+
+// A plain-residual model of KDA mixers and dense FFNs (synthetic weights).
+TEST(ModelGradients, PlainResidualsMatchTheLossAlongTheGradient) {
+  const Directional d = directional_check(synthetic_config(false), "layers.1.mlp.down_proj.weight",
+                                          std::string(LOOM_TEST_TMPDIR) + "/gradients_plain");
+  ASSERT_GT(d.norm, 0);
+  EXPECT_NEAR(d.central_difference, d.norm, kRel * d.norm + kAbs);
+}
+
+// The same model with its MLA layer (low-rank queries, YaRN RoPE on the shared rope key): every
+// MLA weight's gradient.
+TEST(ModelGradients, MlaLayersMatchTheLossAlongTheGradient) {
+  const ModelConfig cfg = synthetic_config(true);
+  int mla = -1;
+  for (int l = 0; l < cfg.num_layers; ++l)
+    if (cfg.mixers[l] == MixerType::kMla) mla = l;
+  ASSERT_GE(mla, 0);
+  for (const char* name : {"q_a_proj.weight", "q_b_proj.weight", "kv_a_proj.weight",
+                           "kv_b_proj.weight", "o_proj.weight", "kv_a_norm.weight"}) {
+    const Directional d = directional_check(cfg, "layers." + std::to_string(mla) + ".mla." + name,
+                                            std::string(LOOM_TEST_TMPDIR) + "/gradients_mla");
+    ASSERT_GT(d.norm, 0) << name;
+    EXPECT_NEAR(d.central_difference, d.norm, kRel * d.norm + kAbs) << name;
+  }
 }
 
 TEST(ModelGradients, AreTheSameBitsEveryTime) {
