@@ -9,7 +9,9 @@
 #include "engine/model/linear_attention.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_backward.h"
 #include "kernels/kda.h"
+#include "kernels/kda_backward.h"
 #include "kernels/norm.h"
 
 namespace loom {
@@ -66,6 +68,80 @@ class GdnMixer final : public Mixer {
     rmsnorm_forward(ctx.ex, o_rows, norm_, eps_, 0.0f, o_rows);
     mul_silu_inplace(ctx.ex, o_rows, z);
     linear_forward(ctx.ex, o.reshape({n, cv_}), o_proj_, out);
+  }
+
+  absl::Status backward(const ForwardContext& ctx, const Tensor& x, int layer, const Tensor& d_out,
+                        const Tensor& d_x, Gradients& grads) const override {
+    for (const Tensor* w : {&qkvz_proj_, &ba_proj_, &o_proj_})
+      if (w->dtype() != DType::kF32)
+        return absl::UnimplementedError(
+            absl::StrCat("training: layer ", layer, "'s Gated DeltaNet weights must be f32"));
+    LOOM_ASSIGN_OR_RETURN(const std::vector<RowSpan> seqs, training_sequences(ctx.batch));
+    const Workspace::Mark scope(ctx.ws());
+    const Exec& ex = ctx.ex;
+    const int64_t n = x.dim(0);
+    const int64_t hk = cfg_.num_heads, hv = cfg_.num_v_heads, dk = cfg_.head_dim,
+                  dv = cfg_.v_head_dim;
+    const int64_t channels = 2 * ck_ + cv_;
+    const std::string p = absl::StrCat("layers.", layer, ".gdn.");
+    auto grad = [&](const char* name, const Tensor& of) -> const Tensor& {
+      return grads.get(p + name, of.shape());
+    };
+
+    // Recompute the forward (every sequence from zero states), keeping what the backward reads.
+    Tensor qkvz = ctx.take({n, channels + cv_});
+    linear_forward(ex, x, qkvz_proj_, qkvz);
+    Tensor qkv = ctx.take({n, channels}), z = ctx.take({n, cv_});
+    copy_columns(ex, qkvz, 0, qkv);
+    copy_columns(ex, qkvz, channels, z);
+    Tensor q_raw = ctx.take({n, hk, dk}), k_raw = ctx.take({n, hk, dk});
+    Tensor q = ctx.take({n, hk, dk}), k = ctx.take({n, hk, dk}), v = ctx.take({n, hv, dv});
+    linear_attention_conv_qkv_recompute(ctx, seqs, qkv, conv_, q_raw, k_raw, q, k, v);
+    Tensor ba = ctx.take({n, 2 * hv});
+    linear_forward(ex, x, ba_proj_, ba);
+    Tensor beta = ctx.take({n, hv}), a = ctx.take({n, hv});
+    copy_columns(ex, ba, 0, beta);
+    copy_columns(ex, ba, hv, a);
+    sigmoid_inplace(ex, beta);
+    Tensor g = ctx.take({n, hv, 1});
+    kda_gate_forward(ex, a, a_log_, dt_bias_, /*lower_bound=*/0.0f, g.reshape({n, hv}));
+    Tensor o = ctx.take({n, hv, dv});
+    linear_attention_delta_rule_recompute(ctx, seqs, q, k, v, g, beta, o);
+    const Tensor o_rows = o.reshape({n * hv, dv});
+    Tensor o_normed = ctx.take({n * hv, dv});
+    rmsnorm_forward(ex, o_rows, norm_, eps_, 0.0f, o_normed);
+    Tensor y = ctx.take({n, cv_});
+    copy_columns(ex, o_normed, 0, y.reshape({n * hv, dv}));
+    mul_silu_inplace(ex, y.reshape({n * hv, dv}), z);
+
+    // Backward, last op first.
+    Tensor d_y = ctx.take({n, cv_});
+    linear_backward(ex, y, o_proj_, d_out, d_y, 0.0f, grad("o_proj.weight", o_proj_));
+    Tensor d_onormed = ctx.take({n * hv, dv});
+    Tensor d_qkvz = ctx.take({n, channels + cv_}), d_z = ctx.take({n, cv_});
+    mul_silu_backward(ex, o_normed, z, d_y.reshape({n * hv, dv}), d_onormed, d_z);
+    Tensor d_o = ctx.take({n, hv, dv});
+    rmsnorm_backward(ex, o_rows, norm_, eps_, 0.0f, d_onormed, d_o.reshape({n * hv, dv}),
+                     grad("norm.weight", norm_));
+    Tensor d_q = ctx.take({n, hk, dk}), d_k = ctx.take({n, hk, dk}), d_v = ctx.take({n, hv, dv});
+    Tensor d_g = ctx.take({n, hv, 1}), d_beta = ctx.take({n, hv});
+    linear_attention_delta_rule_backward(ctx, seqs, q, k, v, g, beta, d_o, d_q, d_k, d_v, d_g,
+                                         d_beta);
+    sigmoid_backward(ex, beta, d_beta, d_beta);
+    Tensor d_a = ctx.take({n, hv});
+    kda_gate_backward(ex, a, a_log_, dt_bias_, /*lower_bound=*/0.0f, d_g.reshape({n, hv}), d_a,
+                      grad("A_log", a_log_), grad("dt_bias", dt_bias_));
+    Tensor d_ba = ctx.take({n, 2 * hv});
+    scatter_columns(ex, d_beta, 0, d_ba);
+    scatter_columns(ex, d_a, hv, d_ba);
+    linear_backward(ex, x, ba_proj_, d_ba, d_x, 0.0f, grad("ba_proj.weight", ba_proj_));
+    Tensor d_qkv = ctx.take({n, channels});
+    linear_attention_conv_qkv_backward(ctx, seqs, qkv, conv_, q_raw, k_raw, d_q, d_k, d_v, d_qkv,
+                                       grad("conv.weight", conv_));
+    scatter_columns(ex, d_qkv, 0, d_qkvz);
+    scatter_columns(ex, d_z, channels, d_qkvz);
+    linear_backward(ex, x, qkvz_proj_, d_qkvz, d_x, 1.0f, grad("qkvz_proj.weight", qkvz_proj_));
+    return absl::OkStatus();
   }
 
  private:
