@@ -74,10 +74,10 @@ Tensor ParameterArena::allocate(std::string_view name, const Shape& shape, DType
   return t;
 }
 
-void ParameterArena::freeze() {
+void ParameterArena::freeze(bool read_only) {
   if (frozen_) return;
   frozen_ = true;
-  if (!device_.is_cpu()) return;
+  if (!read_only || !device_.is_cpu()) return;
   for (const Chunk& c : chunks_) {
     LOOM_CHECK(mprotect(c.memory.get(), c.size, PROT_READ) == 0,
                "parameter arena: mprotect of %zu bytes failed", c.size);

@@ -51,6 +51,9 @@ struct Placement {
   // The routed experts this rank loads and computes; nullopt: all of them. The router always
   // covers every expert (engine/parallel: a LocalExpertDispatcher over this range).
   std::optional<ExpertRange> experts;
+  // The trainer updates the parameters in place (f32 master weights): the arena stays writable
+  // after the load instead of becoming read-only pages. Needs f32 matrices.
+  bool trainable = false;
 
   // The owned range for a layer of `num_experts` experts.
   ExpertRange owned_experts(int64_t num_experts) const {
@@ -83,8 +86,9 @@ class ParameterArena {
   // Uninitialised contiguous memory for the parameter `name`. Aborts after freeze() (parameters
   // are immutable after the load) and for a name given twice.
   Tensor allocate(std::string_view name, const Shape& shape, DType dtype);
-  // Ends the load: no allocation afterwards; host chunks become read-only.
-  void freeze();
+  // Ends the load: no allocation afterwards; with `read_only`, host chunks become read-only
+  // pages (a model being trained keeps them writable).
+  void freeze(bool read_only = true);
   bool frozen() const { return frozen_; }
 
   // Bytes of the parameters themselves (all, or those of one dtype).

@@ -54,11 +54,11 @@ class Model {
   absl::StatusOr<Tensor> forward(const ForwardBatch& batch, ActivationTape* tape = nullptr) const;
 
   // Training (CPU, f32): the mean next-token cross-entropy of `tokens` (position t predicts token
-  // t + 1, from a fresh state) and its gradient with respect to every parameter, accumulated into
-  // `grads` under canonical names (model_backward.cc). Unimplemented for layers without a
-  // backward yet, naming the layer.
-  absl::StatusOr<double> loss_and_gradients(std::span<const int32_t> tokens,
-                                            Gradients& grads) const;
+  // t + 1, from a fresh state) over the scored positions (all, or those with loss_mask[t] != 0;
+  // the mask has one entry per token, the last never scored) and its gradient with respect to
+  // every parameter, accumulated into `grads` under canonical names (model_backward.cc).
+  absl::StatusOr<double> loss_and_gradients(std::span<const int32_t> tokens, Gradients& grads,
+                                            std::span<const uint8_t> loss_mask = {}) const;
 
  private:
   explicit Model(ModelConfig cfg) : cfg_(std::move(cfg)) {}

@@ -42,10 +42,15 @@ Tensor copy_of(const ForwardContext& ctx, const Tensor& t) {
 
 }  // namespace
 
-absl::StatusOr<double> Model::loss_and_gradients(std::span<const int32_t> tokens,
-                                                 Gradients& grads) const {
+absl::StatusOr<double> Model::loss_and_gradients(std::span<const int32_t> tokens, Gradients& grads,
+                                                 std::span<const uint8_t> loss_mask) const {
   const int64_t n = static_cast<int64_t>(tokens.size());
-  if (n < 2)
+  if (!loss_mask.empty() && static_cast<int64_t>(loss_mask.size()) != n)
+    return absl::InvalidArgumentError(
+        absl::StrCat("training: a loss mask of ", loss_mask.size(), " entries for ", n, " tokens"));
+  int64_t scored = 0;
+  for (int64_t t = 0; t + 1 < n; ++t) scored += loss_mask.empty() || loss_mask[t] != 0;
+  if (scored == 0)
     return absl::InvalidArgumentError(
         absl::StrCat("training: a sequence of ", n, " tokens has nothing to predict"));
   // 1. The forward, keeping what the backward reads.
@@ -65,7 +70,8 @@ absl::StatusOr<double> Model::loss_and_gradients(std::span<const int32_t> tokens
   Tensor past = Tensor::zeros({1}, DType::kI64), slots = Tensor::zeros({1}, DType::kI32);
   for (int64_t t = 0; t < n; ++t) {
     ids.data<int32_t>()[t] = tokens[t];
-    targets.data<int64_t>()[t] = t + 1 < n ? tokens[t + 1] : kIgnoreTarget;
+    const bool counts = t + 1 < n && (loss_mask.empty() || loss_mask[t] != 0);
+    targets.data<int64_t>()[t] = counts ? tokens[t + 1] : kIgnoreTarget;
     positions.data<int64_t>()[t] = t;
   }
   cu.data<int64_t>()[0] = 0;

@@ -25,6 +25,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::load(const ModelConfig& cfg,
                                                    const WeightLoader& weights,
                                                    const Placement& placement) {
   LOOM_RETURN_IF_ERROR(cfg.validate());
+  if (placement.trainable && placement.dtype == WeightDType::kBF16)
+    return absl::InvalidArgumentError(
+        "a trainable model keeps f32 master weights: load it with f32 (or auto) matrices");
   std::unique_ptr<Model> m(new Model(cfg));
   m->arena_ = std::make_unique<ParameterArena>(placement.device);
   LOOM_ASSIGN_OR_RETURN(const WeightLoader w, weights.placed(*m->arena_, placement));
@@ -73,7 +76,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::load(const ModelConfig& cfg,
       LOOM_ASSIGN_OR_RETURN(layer.ffn, make_moe_ffn(cfg, w, l));
     }
   }
-  m->arena_->freeze();
+  m->arena_->freeze(/*read_only=*/!placement.trainable);
   return m;
 }
 

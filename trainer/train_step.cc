@@ -1,0 +1,83 @@
+#include "trainer/train_step.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "kernels/optim.h"
+
+namespace loom {
+
+absl::Status OptimizerOptions::validate() const {
+  LOOM_RETURN_IF_ERROR(lr.validate());
+  if (!(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1 && eps > 0 && weight_decay >= 0))
+    return absl::InvalidArgumentError(absl::StrCat("optimizer: beta1 ", beta1, " beta2 ", beta2,
+                                                   " eps ", eps, " weight_decay ", weight_decay,
+                                                   " (betas in [0, 1), eps > 0, decay >= 0)"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainStep> TrainStep::create(const Model& model, const OptimizerOptions& options) {
+  LOOM_RETURN_IF_ERROR(options.validate());
+  if (!model.placement().trainable)
+    return absl::FailedPreconditionError(
+        "training: load the model with Placement::trainable (its weights are read-only)");
+  TrainStep t(model, options);
+  for (const ParameterArena::Entry& e : model.parameters().entries()) {
+    if (e.tensor.dtype() != DType::kF32)
+      return absl::FailedPreconditionError(
+          absl::StrCat("training: parameter ", e.name, " is not f32"));
+    Moments mo;
+    mo.param = e.tensor;
+    mo.m = Tensor::zeros(e.tensor.shape());
+    mo.v = Tensor::zeros(e.tensor.shape());
+    mo.decay = e.tensor.ndim() >= 2;
+    t.moments_.emplace_back(e.name, std::move(mo));
+  }
+  return t;
+}
+
+absl::StatusOr<StepStats> TrainStep::run(std::span<const Example> batch) {
+  if (batch.empty()) return absl::InvalidArgumentError("training: an empty batch");
+  grads_.zero();
+  StepStats stats;
+  for (const Example& ex : batch) {
+    LOOM_ASSIGN_OR_RETURN(const double loss,
+                          model_->loss_and_gradients(ex.tokens, grads_, ex.loss_mask));
+    stats.loss += loss / static_cast<double>(batch.size());
+    stats.tokens += static_cast<int64_t>(ex.tokens.size());
+  }
+  // Global norm of the mean gradient, summed in the arena's order.
+  const double mean = 1.0 / static_cast<double>(batch.size());
+  Tensor sq = Tensor::empty({1});
+  double total = 0;
+  for (const auto& [name, mo] : moments_) {
+    const Tensor* g = grads_.find(name);
+    if (g == nullptr) continue;
+    sum_of_squares(host_exec(), *g, sq);
+    total += sq.data<float>()[0];
+  }
+  stats.grad_norm = std::sqrt(total) * mean;
+  double scale = mean;
+  if (options_.clip_norm > 0 && stats.grad_norm > options_.clip_norm)
+    scale *= options_.clip_norm / stats.grad_norm;
+  ++step_;
+  stats.step = step_;
+  stats.lr = options_.lr.at(step_);
+  AdamWStep s;
+  s.lr = static_cast<float>(stats.lr);
+  s.beta1 = options_.beta1;
+  s.beta2 = options_.beta2;
+  s.eps = options_.eps;
+  s.step = step_;
+  s.grad_scale = static_cast<float>(scale);
+  for (auto& [name, mo] : moments_) {
+    const Tensor* g = grads_.find(name);
+    if (g == nullptr) continue;  // no gradient (a routing bias): not an optimizer parameter
+    s.weight_decay = mo.decay ? options_.weight_decay : 0.0f;
+    adamw_update(host_exec(), s, mo.param, *g, mo.m, mo.v);
+  }
+  return stats;
+}
+
+}  // namespace loom

@@ -1,0 +1,60 @@
+// One optimizer step of the trainer: gradients of a micro-batch of examples (accumulated), the
+// global norm and its clipping, then AdamW on every parameter that received a gradient. f32
+// master weights and moments on the CPU; the model must be loaded with Placement::trainable.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/gradients.h"
+#include "engine/model/model.h"
+#include "trainer/lr_schedule.h"
+#include "trainer/synthetic_tasks.h"
+
+namespace loom {
+
+struct OptimizerOptions {
+  LrSchedule lr;
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+  float weight_decay = 0.1f;  // matrices only: norms, biases and gate parameters (1-D) get none
+  double clip_norm = 1.0;     // global gradient norm bound; <= 0: no clipping
+
+  absl::Status validate() const;
+};
+
+struct StepStats {
+  int64_t step = 0;      // 1 for the first update
+  double loss = 0;       // mean over the micro-batch of each example's mean loss
+  double grad_norm = 0;  // global norm of the mean gradient, before clipping
+  double lr = 0;
+  int64_t tokens = 0;  // tokens run through the model
+};
+
+class TrainStep {
+ public:
+  // FailedPrecondition unless `model` was loaded trainable; InvalidArgument for bad options.
+  static absl::StatusOr<TrainStep> create(const Model& model, const OptimizerOptions& options);
+
+  // One update from `batch` (each example's gradient averaged over the batch).
+  absl::StatusOr<StepStats> run(std::span<const Example> batch);
+  int64_t steps() const { return step_; }
+
+ private:
+  TrainStep(const Model& model, const OptimizerOptions& options)
+      : model_(&model), options_(options) {}
+
+  struct Moments {
+    Tensor param, m, v;
+    bool decay = false;
+  };
+  const Model* model_;
+  OptimizerOptions options_;
+  std::vector<std::pair<std::string, Moments>> moments_;  // canonical name order of the arena
+  Gradients grads_;
+  int64_t step_ = 0;
+};
+
+}  // namespace loom
