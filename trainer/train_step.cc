@@ -80,4 +80,42 @@ absl::StatusOr<StepStats> TrainStep::run(std::span<const Example> batch) {
   return stats;
 }
 
+std::vector<std::pair<std::string, Tensor>> TrainStep::state() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  Tensor step = Tensor::empty({1}, DType::kI64);
+  step.data<int64_t>()[0] = step_;
+  out.emplace_back("step", step);
+  for (const auto& [name, mo] : moments_) {
+    out.emplace_back("adam_m." + name, mo.m);
+    out.emplace_back("adam_v." + name, mo.v);
+  }
+  return out;
+}
+
+absl::Status TrainStep::restore(const std::vector<std::pair<std::string, Tensor>>& state) {
+  auto find = [&](const std::string& name) -> const Tensor* {
+    for (const auto& [n, t] : state)
+      if (n == name) return &t;
+    return nullptr;
+  };
+  const Tensor* step = find("step");
+  if (step == nullptr || step->dtype() != DType::kI64 || step->numel() != 1 ||
+      step->data<int64_t>()[0] < 0)
+    return absl::InvalidArgumentError("trainer state: no valid 'step'");
+  for (auto& [name, mo] : moments_) {
+    for (auto [prefix, dst] : {std::pair{"adam_m.", &mo.m}, std::pair{"adam_v.", &mo.v}}) {
+      const Tensor* t = find(prefix + name);
+      if (t == nullptr || t->shape() != dst->shape() || t->dtype() != DType::kF32)
+        return absl::InvalidArgumentError(
+            absl::StrCat("trainer state: ", prefix, name, " missing or not f32 ", dst->describe()));
+    }
+  }
+  for (auto& [name, mo] : moments_) {
+    mo.m.copy_from(*find("adam_m." + name));
+    mo.v.copy_from(*find("adam_v." + name));
+  }
+  step_ = step->data<int64_t>()[0];
+  return absl::OkStatus();
+}
+
 }  // namespace loom

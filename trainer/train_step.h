@@ -42,6 +42,12 @@ class TrainStep {
   absl::StatusOr<StepStats> run(std::span<const Example> batch);
   int64_t steps() const { return step_; }
 
+  // The optimizer state (step count and both moments of every parameter, by canonical name) as
+  // tensors, and back: what a checkpoint saves so a resumed run continues the same updates.
+  std::vector<std::pair<std::string, Tensor>> state() const;
+  // InvalidArgument naming a missing or misshapen moment, or a bad step count.
+  absl::Status restore(const std::vector<std::pair<std::string, Tensor>>& state);
+
  private:
   TrainStep(const Model& model, const OptimizerOptions& options)
       : model_(&model), options_(options) {}
