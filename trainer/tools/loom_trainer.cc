@@ -5,6 +5,9 @@
 //       with the counts.
 //   loom-trainer shard-info FILE
 //       validates a shard and prints its counts as one JSON line.
+//   loom-trainer train --config RUN.json
+//       trains as the run config says (docs/trainer.md): metrics.jsonl, progress on stderr,
+//       checkpoints in the run folder.
 //   loom-trainer gradcheck --fixture DIR [--device cpu]
 //       the loss and every parameter's gradient on the fixture's prompt 1 against its
 //       grads.safetensors and loss_1: one JSON line per tensor, then {"fixture", "ok", ...}.
@@ -21,7 +24,9 @@
 #include "nlohmann/json.hpp"
 #include "trainer/gradcheck.h"
 #include "trainer/prepare_data.h"
+#include "trainer/run_config.h"
 #include "trainer/token_shard.h"
+#include "trainer/train_run.h"
 
 ABSL_FLAG(std::string, tokenizer, "",
           "prepare-data: a tokenizer.json, a model folder, or 'byte' (the byte-level tokenizer)");
@@ -30,6 +35,7 @@ ABSL_FLAG(std::string, split, "file",
           "prepare-data: 'file' (one document per input) or 'paragraph' (blank lines separate "
           "documents)");
 
+ABSL_FLAG(std::string, config, "", "train: the run config (RUN.json)");
 ABSL_FLAG(std::string, fixture, "", "gradcheck: the fixture folder (with grads.safetensors)");
 ABSL_FLAG(std::string, device, "cpu", "gradcheck: cpu (the backward runs on the CPU for now)");
 ABSL_FLAG(double, max_rel_l2, 1e-3,
@@ -117,20 +123,37 @@ int gradcheck() {
   return ok ? 0 : 1;
 }
 
+int train() {
+  const std::string path = absl::GetFlag(FLAGS_config);
+  if (path.empty()) return fail("train needs --config RUN.json");
+  auto config = loom::load_run_config(path);
+  if (!config.ok()) return fail(std::string(config.status().message()));
+  auto summary = loom::run_training(*config, stderr);
+  if (!summary.ok()) return fail(std::string(summary.status().message()));
+  nlohmann::json line = {{"steps", summary->steps},
+                         {"first_loss", summary->first_loss},
+                         {"last_loss", summary->last_loss},
+                         {"checkpoint", summary->last_checkpoint}};
+  std::printf("%s\n", line.dump().c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "loom-trainer prepare-data --tokenizer PATH --out FILE [--split file|paragraph] INPUT...\n"
       "       loom-trainer shard-info FILE\n"
+      "       loom-trainer train --config RUN.json\n"
       "       loom-trainer gradcheck --fixture DIR [--device cpu]");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() < 2)
-    return fail("a command is required (prepare-data, shard-info, gradcheck)");
+    return fail("a command is required (prepare-data, shard-info, train, gradcheck)");
   const std::string command = positional[1];
   const std::vector<std::string> args(positional.begin() + 2, positional.end());
   if (command == "prepare-data") return prepare_data(args);
   if (command == "shard-info") return shard_info(args);
   if (command == "gradcheck") return gradcheck();
-  return fail("unknown command '" + command + "' (prepare-data, shard-info, gradcheck)");
+  if (command == "train") return train();
+  return fail("unknown command '" + command + "' (prepare-data, shard-info, train, gradcheck)");
 }

@@ -1,0 +1,18 @@
+// libFuzzer target: arbitrary bytes as a loom-trainer run config (parse_run_config). An accepted
+// config must satisfy every bound the parser promises.
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "trainer/run_config.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  auto c = loom::parse_run_config(std::string_view(reinterpret_cast<const char*>(data), size));
+  if (!c.ok()) return 0;
+  if (c->batch_size < 1 || c->steps < 1 || c->seq_len < 2 || c->out.empty()) __builtin_trap();
+  if (c->model_config.empty() == c->model_checkpoint.empty()) __builtin_trap();
+  if (c->task == "mqar" && !c->mqar.validate().ok()) __builtin_trap();
+  if (c->task == "shards" && c->shards.empty()) __builtin_trap();
+  if (!c->optimizer.validate().ok()) __builtin_trap();
+  return 0;
+}

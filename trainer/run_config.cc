@@ -1,0 +1,150 @@
+#include "trainer/run_config.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "nlohmann/json.hpp"
+
+namespace loom {
+namespace {
+
+using json = nlohmann::json;
+
+absl::Status bad(std::string_view field, std::string_view why) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("run config: ", absl_sv(field), ": ", absl_sv(why)));
+}
+
+// Every key of `obj` must be one of `known`.
+absl::Status only_keys(const json& obj, std::string_view where,
+                       const std::set<std::string>& known) {
+  if (!obj.is_object()) return bad(where, "must be an object");
+  for (const auto& [key, value] : obj.items())
+    if (!known.contains(key)) return bad(absl::StrCat(absl_sv(where), ".", key), "unknown field");
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status read(const json& obj, const char* key, std::string_view where, T& out) {
+  if (!obj.contains(key)) return absl::OkStatus();
+  const json& v = obj[key];
+  const std::string field = absl::StrCat(absl_sv(where), ".", key);
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) return bad(field, "must be a string");
+    out = v.get<std::string>();
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!v.is_number()) return bad(field, "must be a number");
+    out = v.get<T>();
+  } else {
+    if (!v.is_number_integer()) return bad(field, "must be an integer");
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      return bad(field, "out of range");
+    const int64_t x = v.get<int64_t>();
+    const bool fits = std::is_unsigned_v<T>
+                          ? x >= 0 && static_cast<uint64_t>(x) <=
+                                          static_cast<uint64_t>(std::numeric_limits<T>::max())
+                          : x >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+                                x <= static_cast<int64_t>(std::numeric_limits<T>::max());
+    if (!fits) return bad(field, "out of range");
+    out = static_cast<T>(x);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<RunConfig> parse_run_config(std::string_view text) {
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("run config: not valid JSON");
+  LOOM_RETURN_IF_ERROR(only_keys(
+      j, "run",
+      {"model", "data", "batch_size", "steps", "optimizer", "out", "checkpoint_every", "seed"}));
+  RunConfig c;
+  if (!j.contains("model")) return bad("run.model", "required");
+  const json& m = j["model"];
+  LOOM_RETURN_IF_ERROR(only_keys(m, "model", {"config", "seed", "checkpoint"}));
+  LOOM_RETURN_IF_ERROR(read(m, "config", "model", c.model_config));
+  LOOM_RETURN_IF_ERROR(read(m, "seed", "model", c.model_seed));
+  LOOM_RETURN_IF_ERROR(read(m, "checkpoint", "model", c.model_checkpoint));
+  if (c.model_config.empty() == c.model_checkpoint.empty())
+    return bad("model", "give exactly one of config and checkpoint");
+
+  if (!j.contains("data")) return bad("run.data", "required");
+  const json& d = j["data"];
+  LOOM_RETURN_IF_ERROR(only_keys(d, "data", {"task", "mqar", "shards", "seq_len"}));
+  LOOM_RETURN_IF_ERROR(read(d, "task", "data", c.task));
+  LOOM_RETURN_IF_ERROR(read(d, "seq_len", "data", c.seq_len));
+  if (c.task == "mqar") {
+    if (d.contains("mqar")) {
+      const json& q = d["mqar"];
+      LOOM_RETURN_IF_ERROR(
+          only_keys(q, "data.mqar",
+                    {"num_pairs", "key_begin", "num_keys", "value_begin", "num_values", "pad_id"}));
+      LOOM_RETURN_IF_ERROR(read(q, "num_pairs", "data.mqar", c.mqar.num_pairs));
+      LOOM_RETURN_IF_ERROR(read(q, "key_begin", "data.mqar", c.mqar.key_begin));
+      LOOM_RETURN_IF_ERROR(read(q, "num_keys", "data.mqar", c.mqar.num_keys));
+      LOOM_RETURN_IF_ERROR(read(q, "value_begin", "data.mqar", c.mqar.value_begin));
+      LOOM_RETURN_IF_ERROR(read(q, "num_values", "data.mqar", c.mqar.num_values));
+      LOOM_RETURN_IF_ERROR(read(q, "pad_id", "data.mqar", c.mqar.pad_id));
+    }
+    c.mqar.seq_len = c.seq_len;
+    LOOM_RETURN_IF_ERROR(c.mqar.validate());
+  } else if (c.task == "shards") {
+    if (!d.contains("shards") || !d["shards"].is_array() || d["shards"].empty())
+      return bad("data.shards", "a non-empty list of shard files is required");
+    for (const json& s : d["shards"]) {
+      if (!s.is_string()) return bad("data.shards", "entries must be strings");
+      c.shards.push_back(s.get<std::string>());
+    }
+  } else {
+    return bad("data.task", absl::StrCat("'", c.task, "' (mqar or shards)"));
+  }
+  if (c.seq_len < 2 || c.seq_len > (1 << 20)) return bad("data.seq_len", "must be in [2, 2^20]");
+
+  LOOM_RETURN_IF_ERROR(read(j, "batch_size", "run", c.batch_size));
+  if (c.batch_size < 1 || c.batch_size > 4096) return bad("run.batch_size", "must be in [1, 4096]");
+  LOOM_RETURN_IF_ERROR(read(j, "steps", "run", c.steps));
+  if (c.steps < 1) return bad("run.steps", "must be >= 1");
+  LOOM_RETURN_IF_ERROR(read(j, "out", "run", c.out));
+  if (c.out.empty()) return bad("run.out", "required (the run folder)");
+  LOOM_RETURN_IF_ERROR(read(j, "checkpoint_every", "run", c.checkpoint_every));
+  if (c.checkpoint_every < 0) return bad("run.checkpoint_every", "must be >= 0");
+  LOOM_RETURN_IF_ERROR(read(j, "seed", "run", c.seed));
+
+  c.optimizer.lr.total_steps = c.steps;
+  // Unless given, warmup is a tenth of the run (at most the schedule's default).
+  c.optimizer.lr.warmup_steps = std::min(c.optimizer.lr.warmup_steps, c.steps / 10);
+  if (j.contains("optimizer")) {
+    const json& o = j["optimizer"];
+    LOOM_RETURN_IF_ERROR(only_keys(o, "optimizer",
+                                   {"peak_lr", "min_lr", "warmup_steps", "total_steps", "beta1",
+                                    "beta2", "eps", "weight_decay", "clip_norm"}));
+    LOOM_RETURN_IF_ERROR(read(o, "peak_lr", "optimizer", c.optimizer.lr.peak_lr));
+    LOOM_RETURN_IF_ERROR(read(o, "min_lr", "optimizer", c.optimizer.lr.min_lr));
+    LOOM_RETURN_IF_ERROR(read(o, "warmup_steps", "optimizer", c.optimizer.lr.warmup_steps));
+    LOOM_RETURN_IF_ERROR(read(o, "total_steps", "optimizer", c.optimizer.lr.total_steps));
+    LOOM_RETURN_IF_ERROR(read(o, "beta1", "optimizer", c.optimizer.beta1));
+    LOOM_RETURN_IF_ERROR(read(o, "beta2", "optimizer", c.optimizer.beta2));
+    LOOM_RETURN_IF_ERROR(read(o, "eps", "optimizer", c.optimizer.eps));
+    LOOM_RETURN_IF_ERROR(read(o, "weight_decay", "optimizer", c.optimizer.weight_decay));
+    LOOM_RETURN_IF_ERROR(read(o, "clip_norm", "optimizer", c.optimizer.clip_norm));
+  }
+  LOOM_RETURN_IF_ERROR(c.optimizer.validate());
+  return c;
+}
+
+absl::StatusOr<RunConfig> load_run_config(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return absl::NotFoundError(absl::StrCat("run config: cannot read ", path));
+  std::ostringstream text;
+  text << f.rdbuf();
+  return parse_run_config(text.str());
+}
+
+}  // namespace loom

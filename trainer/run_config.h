@@ -1,0 +1,39 @@
+// The run config of `loom-trainer train --config RUN.json` (every field in docs/trainer.md).
+// Unknown fields and values of the wrong type are errors naming the field: nothing is ignored.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "trainer/synthetic_tasks.h"
+#include "trainer/train_step.h"
+
+namespace loom {
+
+struct RunConfig {
+  // The model: a fresh one from a config with deterministic random weights, or a checkpoint
+  // (a trainer checkpoint resumes its optimizer state and data position too).
+  std::string model_config;  // "model": {"config": PATH, "seed": N}
+  uint64_t model_seed = 1;
+  std::string model_checkpoint;  // "model": {"checkpoint": DIR}
+  // The data: a synthetic task, or token shards cut into sequences of seq_len.
+  std::string task;  // "mqar" or "shards"
+  MqarOptions mqar;
+  std::vector<std::string> shards;
+  int seq_len = 256;
+  int batch_size = 8;
+  int64_t steps = 100;  // optimizer steps to run (the LR schedule's total_steps by default)
+  OptimizerOptions optimizer;
+  std::string out;               // run folder: metrics.jsonl, checkpoint-N/
+  int64_t checkpoint_every = 0;  // 0: only at the end
+  uint64_t seed = 0;             // data order and synthetic examples
+};
+
+// Parses and validates RUN.json text. InvalidArgument naming the field at fault.
+absl::StatusOr<RunConfig> parse_run_config(std::string_view json_text);
+absl::StatusOr<RunConfig> load_run_config(const std::string& path);
+
+}  // namespace loom

@@ -1,0 +1,24 @@
+// `loom-trainer train`: the training loop over a RunConfig. Each step draws a micro-batch (MQAR
+// examples, or windows of seq_len + 1 tokens drawn uniformly from the shards), runs TrainStep,
+// appends a JSON line to RUN/metrics.jsonl and redraws a progress line (loss, tokens/s, ETA);
+// checkpoints go to RUN/checkpoint-<step> every checkpoint_every steps and at the end. A run whose
+// model is a trainer checkpoint resumes its optimizer state and data RNG.
+#pragma once
+
+#include <cstdio>
+
+#include "absl/status/status.h"
+#include "trainer/run_config.h"
+
+namespace loom {
+
+struct RunSummary {
+  int64_t steps = 0;  // steps run by this call
+  double first_loss = 0, last_loss = 0;
+  std::string last_checkpoint;
+};
+
+// `progress`: where the progress line goes (stderr for the tool, null for none).
+absl::StatusOr<RunSummary> run_training(const RunConfig& config, std::FILE* progress);
+
+}  // namespace loom
