@@ -1,5 +1,6 @@
 // Device dispatch for kernels/moe.h. CPU only: the CUDA MoE kernels (router, permute, grouped GEMM,
-// combine) are issue 13's; a CUDA tensor here stops with a message naming the op.
+// combine) are issue 13's, their backwards issue 14's; a CUDA tensor here stops with a message
+// naming the op.
 #include "kernels/moe.h"
 
 #include "kernels/cpu/gemm.h"
@@ -16,6 +17,28 @@ void moe_route(const Exec& ex, const Tensor& logits, const Tensor& bias, const R
   no_kernel_for(ex, "moe_route");
 }
 
+void moe_route_backward(const Exec& ex, const Tensor& logits, const Tensor& expert_ids,
+                        const RouterParams& params, const Tensor& d_weights,
+                        const Tensor& d_logits) {
+  static constexpr const char* kOp = "moe_route_backward";
+  LOOM_ON_EXEC_DEVICE(ex, kOp, logits, expert_ids, d_weights, d_logits);
+  for (const Tensor* t : {&logits, &d_weights, &d_logits}) LOOM_CHECK_F32(*t);
+  LOOM_CHECK(logits.ndim() == 2 && expert_ids.dtype() == DType::kI32 &&
+                 expert_ids.is_contiguous() && expert_ids.ndim() == 2,
+             "%s: logits %s expert_ids %s", kOp, logits.describe().c_str(),
+             expert_ids.describe().c_str());
+  const int64_t t = logits.dim(0), e = logits.dim(1);
+  LOOM_CHECK(params.top_k >= 1 && params.top_k <= e, "%s: top_k=%d with %d experts", kOp,
+             params.top_k, e);
+  LOOM_CHECK_SHAPE(expert_ids, t, params.top_k);
+  LOOM_CHECK_SHAPE(d_weights, t, params.top_k);
+  LOOM_CHECK_SHAPE(d_logits, t, e);
+  if (ex.device.is_cpu()) {
+    return cpu::moe_route_backward(logits, expert_ids, params, d_weights, d_logits);
+  }
+  no_kernel_for(ex, kOp);
+}
+
 void moe_permute(const Exec& ex, const Tensor& x, const Tensor& expert_ids, int64_t first_expert,
                  int64_t num_experts, const Tensor& offsets, const Tensor& row_of_slot,
                  const Tensor& x_sorted) {
@@ -27,10 +50,27 @@ void moe_permute(const Exec& ex, const Tensor& x, const Tensor& expert_ids, int6
   no_kernel_for(ex, "moe_permute");
 }
 
+void moe_permute_backward(const Exec& ex, const Tensor& d_x_sorted, const Tensor& row_of_slot,
+                          const Tensor& d_x) {
+  static constexpr const char* kOp = "moe_permute_backward";
+  LOOM_ON_EXEC_DEVICE(ex, kOp, d_x_sorted, row_of_slot, d_x);
+  LOOM_CHECK_F32(d_x_sorted);
+  LOOM_CHECK_F32(d_x);
+  LOOM_CHECK(d_x_sorted.ndim() == 2 && d_x.ndim() == 2 && row_of_slot.ndim() == 2 &&
+                 row_of_slot.dtype() == DType::kI32 && row_of_slot.is_contiguous() &&
+                 row_of_slot.dim(0) == d_x.dim(0) && d_x_sorted.dim(1) == d_x.dim(1),
+             "%s: d_x_sorted %s row_of_slot %s d_x %s", kOp, d_x_sorted.describe().c_str(),
+             row_of_slot.describe().c_str(), d_x.describe().c_str());
+  if (ex.device.is_cpu()) {
+    return cpu::moe_permute_backward(d_x_sorted, row_of_slot, d_x);
+  }
+  no_kernel_for(ex, kOp);
+}
+
 void moe_grouped_swiglu(const Exec& ex, const Tensor& x, const Tensor& offsets,
                         const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down,
-                        const Tensor& y) {
-  LOOM_ON_EXEC_DEVICE(ex, "moe_grouped_swiglu", x, offsets, w_gate, w_up, w_down, y);
+                        const Tensor& y, const Tensor& gate_up) {
+  LOOM_ON_EXEC_DEVICE(ex, "moe_grouped_swiglu", x, offsets, w_gate, w_up, w_down, y, gate_up);
   LOOM_CHECK_F32(x);
   LOOM_CHECK_F32(y);
   LOOM_CHECK(offsets.dtype() == DType::kI32 && offsets.is_contiguous(),
@@ -51,11 +91,57 @@ void moe_grouped_swiglu(const Exec& ex, const Tensor& x, const Tensor& offsets,
   LOOM_CHECK_SHAPE(w_up, ne, inter, d);
   LOOM_CHECK_SHAPE(w_down, ne, d, inter);
   LOOM_CHECK_SHAPE(y, r, d);
+  if (gate_up.defined()) {
+    LOOM_CHECK_F32(gate_up);
+    LOOM_CHECK_SHAPE(gate_up, 2, r, inter);
+  }
   if (ex.device.is_cpu()) {
     const cpu::RowInvariantScope numerics(ex.batch_invariant);
-    return cpu::moe_grouped_swiglu(x, offsets, w_gate, w_up, w_down, y);
+    return cpu::moe_grouped_swiglu(x, offsets, w_gate, w_up, w_down, y, gate_up);
   }
   no_kernel_for(ex, "moe_grouped_swiglu");
+}
+
+void moe_grouped_swiglu_backward(const Exec& ex, const Tensor& x, const Tensor& offsets,
+                                 const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down,
+                                 const Tensor& gate_up, const Tensor& d_y, const Tensor& d_x,
+                                 const Tensor& d_w_gate, const Tensor& d_w_up,
+                                 const Tensor& d_w_down) {
+  static constexpr const char* kOp = "moe_grouped_swiglu_backward";
+  LOOM_ON_EXEC_DEVICE(ex, kOp, x, offsets, w_gate, w_up, w_down, gate_up, d_y, d_x);
+  LOOM_ON_EXEC_DEVICE(ex, kOp, d_w_gate, d_w_up, d_w_down);
+  LOOM_CHECK(
+      w_gate.dtype() == DType::kF32 && w_up.dtype() == DType::kF32 && w_down.dtype() == DType::kF32,
+      "%s: training needs f32 expert weights (load the model with an f32 placement): "
+      "w_gate %s w_up %s w_down %s",
+      kOp, w_gate.describe().c_str(), w_up.describe().c_str(), w_down.describe().c_str());
+  for (const Tensor* t : {&x, &w_gate, &w_up, &w_down, &d_y, &d_x, &d_w_gate, &d_w_up, &d_w_down})
+    LOOM_CHECK_F32(*t);
+  LOOM_CHECK(offsets.dtype() == DType::kI32 && offsets.is_contiguous(), "%s: offsets %s", kOp,
+             offsets.describe().c_str());
+  LOOM_CHECK(x.ndim() == 2 && w_gate.ndim() == 3, "%s: x %s w_gate %s", kOp, x.describe().c_str(),
+             w_gate.describe().c_str());
+  const int64_t r = x.dim(0), d = x.dim(1);
+  const int64_t ne = w_gate.dim(0), inter = w_gate.dim(1);
+  LOOM_CHECK_SHAPE(offsets, ne + 1);
+  LOOM_CHECK_SHAPE(w_gate, ne, inter, d);
+  LOOM_CHECK_SHAPE(w_up, ne, inter, d);
+  LOOM_CHECK_SHAPE(w_down, ne, d, inter);
+  LOOM_CHECK_SHAPE(d_w_gate, ne, inter, d);
+  LOOM_CHECK_SHAPE(d_w_up, ne, inter, d);
+  LOOM_CHECK_SHAPE(d_w_down, ne, d, inter);
+  LOOM_CHECK_SHAPE(d_y, r, d);
+  LOOM_CHECK_SHAPE(d_x, r, d);
+  if (gate_up.defined()) {
+    LOOM_CHECK_F32(gate_up);
+    LOOM_CHECK_SHAPE(gate_up, 2, r, inter);
+  }
+  if (ex.device.is_cpu()) {
+    const cpu::RowInvariantScope numerics(ex.batch_invariant);
+    return cpu::moe_grouped_swiglu_backward(x, offsets, w_gate, w_up, w_down, gate_up, d_y, d_x,
+                                            d_w_gate, d_w_up, d_w_down);
+  }
+  no_kernel_for(ex, kOp);
 }
 
 void moe_unpermute_combine(const Exec& ex, const Tensor& y, const Tensor& row_of_slot,
@@ -65,6 +151,28 @@ void moe_unpermute_combine(const Exec& ex, const Tensor& y, const Tensor& row_of
     return cpu::moe_unpermute_combine(y, row_of_slot, weights, out);
   }
   no_kernel_for(ex, "moe_unpermute_combine");
+}
+
+void moe_unpermute_combine_backward(const Exec& ex, const Tensor& y, const Tensor& row_of_slot,
+                                    const Tensor& weights, const Tensor& d_out, const Tensor& d_y,
+                                    const Tensor& d_weights) {
+  static constexpr const char* kOp = "moe_unpermute_combine_backward";
+  LOOM_ON_EXEC_DEVICE(ex, kOp, y, row_of_slot, weights, d_out, d_y, d_weights);
+  for (const Tensor* t : {&y, &weights, &d_out, &d_y, &d_weights}) LOOM_CHECK_F32(*t);
+  LOOM_CHECK(y.ndim() == 2 && d_out.ndim() == 2 && row_of_slot.ndim() == 2 &&
+                 row_of_slot.dtype() == DType::kI32 && row_of_slot.is_contiguous() &&
+                 y.dim(1) == d_out.dim(1),
+             "%s: y %s row_of_slot %s d_out %s", kOp, y.describe().c_str(),
+             row_of_slot.describe().c_str(), d_out.describe().c_str());
+  const int64_t t = d_out.dim(0), k = row_of_slot.dim(1);
+  LOOM_CHECK_SHAPE(row_of_slot, t, k);
+  LOOM_CHECK_SHAPE(weights, t, k);
+  LOOM_CHECK_SHAPE(d_weights, t, k);
+  LOOM_CHECK_SHAPE(d_y, y.dim(0), y.dim(1));
+  if (ex.device.is_cpu()) {
+    return cpu::moe_unpermute_combine_backward(y, row_of_slot, weights, d_out, d_y, d_weights);
+  }
+  no_kernel_for(ex, kOp);
 }
 
 }  // namespace loom

@@ -29,6 +29,22 @@ struct RouterParams {
 void moe_route(const Exec& ex, const Tensor& logits, const Tensor& bias, const RouterParams& params,
                const Tensor& expert_ids, const Tensor& weights);
 
+// Training: the gradient of moe_route's `weights` with respect to `logits`. The selection (top-k,
+// groups, bias) is piecewise constant in the logits, so it is taken as given (the forward's
+// expert_ids) and only the chosen experts' scores carry gradient; the bias gets none. With the
+// chosen scores a_i = s[e_i], c = routed_scaling and, renormalised, w_i = c * a_i / S,
+// S = sum_j a_j + eps (eps = 1e-20 for sigmoid, 0 for softmax, as the forward):
+//   d_a_i = (c * d_w_i - sum_j d_w_j * w_j) / S      (renormalised; else d_a_i = c * d_w_i),
+// d_s = d_a scattered to the chosen experts (zero elsewhere), then d_logits = s * (1 - s) * d_s
+// (sigmoid: zero at unchosen experts) or s * (d_s - sum(s * d_s)) (softmax: every expert). The
+// scores are recomputed from the logits by the forward's formulas; the sums run in f32, in order.
+// logits: [T, E] f32; expert_ids: [T, K] i32 in [0, E) (the forward's); d_weights: [T, K] f32;
+// d_logits: [T, E] f32 (written, every element; may be logits itself: a row is read before it is
+// written). Rows are independent: the same bits for any thread count.
+void moe_route_backward(const Exec& ex, const Tensor& logits, const Tensor& expert_ids,
+                        const RouterParams& params, const Tensor& d_weights,
+                        const Tensor& d_logits);
+
 // An MoE layer's routed experts run as permute -> grouped expert GEMMs -> unpermute and combine.
 // A (token, choice) pair is a "slot", numbered t * K + i. Expert parallelism splits the chain
 // between ranks (engine/parallel/expert_dispatcher.h): each rank runs the grouped GEMMs of the
@@ -48,15 +64,42 @@ void moe_permute(const Exec& ex, const Tensor& x, const Tensor& expert_ids, int6
                  int64_t num_experts, const Tensor& offsets, const Tensor& row_of_slot,
                  const Tensor& x_sorted);
 
+// Training: the backward of moe_permute at x: d_x[t] += sum over i = 0..K-1, in that order, of
+// d_x_sorted[row_of_slot[t, i]], skipping rows of -1 (accumulated: the router's gradient or the
+// shared expert's may already be there; one finished sum is added per element, and a token none of
+// whose slots is owned is left as it is). The same bits for any thread count.
+// d_x_sorted: [R, D] f32; row_of_slot: [T, K] i32 in [-1, R); d_x: [T, D] f32.
+void moe_permute_backward(const Exec& ex, const Tensor& d_x_sorted, const Tensor& row_of_slot,
+                          const Tensor& d_x);
+
 // y[r] = down_e(silu(gate_e(x[r])) * up_e(x[r])) for each owned expert e's rows
 // r in [offsets[e], offsets[e + 1]): one GEMM per projection per expert over its rows.
 // x, y: [R, D] f32 (y's rows from offsets[E_local] on untouched); offsets: [E_local + 1] i32,
 // non-decreasing; w_gate, w_up: [E_local, I, D]; w_down: [E_local, D, I], all three f32 or all
 // bf16 (widened to f32 and accumulated in f32, as linear_forward does: the same bits as f32
 // weights of the same values in batch-invariant mode, within f32 rounding otherwise).
+// gate_up: undefined (the default), or [2, R, I] f32: training keeps the gate (gate_up[0]) and up
+// (gate_up[1]) pre-activations of every row there for moe_grouped_swiglu_backward (rows from
+// offsets[E_local] on untouched); y is the same bits either way.
 void moe_grouped_swiglu(const Exec& ex, const Tensor& x, const Tensor& offsets,
                         const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down,
-                        const Tensor& y);
+                        const Tensor& y, const Tensor& gate_up = Tensor());
+
+// Training: the backward of moe_grouped_swiglu given d_y, per owned expert over its rows:
+//   d_h = d_y @ W_down;  d_W_down += d_y^T @ h;  (d_g, d_u) = silu_mul_backward(g, u, d_h);
+//   d_x = d_g @ W_gate + d_u @ W_up;  d_W_gate += d_g^T @ x;  d_W_up += d_u^T @ x.
+// x, offsets, w_*: as the forward, the weights f32 only (bf16 expert weights abort: train on an f32
+// placement); gate_up: the forward's kept pre-activations [2, R, I], or undefined to recompute
+// them (two more GEMMs per expert); d_y: [R, D]; d_x: [R, D] (written for rows
+// [0, offsets[E_local]), later rows untouched); d_w_gate, d_w_up, d_w_down: shaped as the weights,
+// accumulated. One GEMM per product per expert, experts in order: the same bits at a fixed
+// OpenBLAS thread count. Batch-invariant mode aborts, as linear_backward does: the weight
+// gradients' products transpose their left operand, which the row-invariant kernel does not take.
+void moe_grouped_swiglu_backward(const Exec& ex, const Tensor& x, const Tensor& offsets,
+                                 const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down,
+                                 const Tensor& gate_up, const Tensor& d_y, const Tensor& d_x,
+                                 const Tensor& d_w_gate, const Tensor& d_w_up,
+                                 const Tensor& d_w_down);
 
 // out[t] = sum over i = 0..K-1, in that order, of weights[t, i] * y[row_of_slot[t, i]], skipping
 // slots with row -1 (another rank's experts); a token with none gets zeros. The fixed order makes
@@ -64,5 +107,16 @@ void moe_grouped_swiglu(const Exec& ex, const Tensor& x, const Tensor& offsets,
 // y: [R, D]; row_of_slot: [T, K] i32; weights: [T, K] f32; out: [T, D] (overwritten).
 void moe_unpermute_combine(const Exec& ex, const Tensor& y, const Tensor& row_of_slot,
                            const Tensor& weights, const Tensor& out);
+
+// Training: the backward of moe_unpermute_combine given d_out [T, D]:
+//   d_y[row_of_slot[t, i]] = weights[t, i] * d_out[t]   (written; rows no slot names untouched)
+//   d_weights[t, i] = d_out[t] . y[row_of_slot[t, i]]   (written; 0 for a slot of row -1, so the
+//                                                         shares of ranks covering every expert
+//                                                         sum to the whole gradient)
+// Dot products accumulate in double, in column order. y, d_y: [R, D]; row_of_slot: [T, K] i32, the
+// owned slots' rows distinct (as moe_permute writes them); weights, d_weights: [T, K] f32.
+void moe_unpermute_combine_backward(const Exec& ex, const Tensor& y, const Tensor& row_of_slot,
+                                    const Tensor& weights, const Tensor& d_out, const Tensor& d_y,
+                                    const Tensor& d_weights);
 
 }  // namespace loom

@@ -70,6 +70,7 @@ class MoeFfn final : public Ffn {
     const MoeConfig& m = cfg.moe;
     const int64_t d = cfg.hidden_size, e = m.num_experts, i = m.intermediate_size;
     const std::string p = absl::StrCat("layers.", layer, ".moe.");
+    prefix_ = p;
     LOOM_ASSIGN_OR_RETURN(router_, w.load(p + "router.weight", {e, d}));
     if (m.has_score_bias) {
       LOOM_ASSIGN_OR_RETURN(bias_, w.load(p + "router.bias", {e}));
@@ -124,7 +125,73 @@ class MoeFfn final : public Ffn {
     }
   }
 
+  // Recomputes the router, the routing and the routed experts from x (the gate and up
+  // pre-activations and the expert outputs kept for their backwards), then runs the backward:
+  // combine (d_y and the gate weights' gradient), the grouped SwiGLU (expert weights), the router
+  // (its weight; the selection and the bias get no gradient), dispatch (the rows' gradient back to
+  // their tokens), and the shared expert with its optional sigmoid gate. d_x sums, in this order,
+  // the router's, the routed experts', the shared gate's and the shared expert's parts.
+  absl::Status backward(const ForwardContext& ctx, const Tensor& x, const Tensor& d_out,
+                        const Tensor& d_x, Gradients& grads) const override {
+    for (const Tensor* t : {&router_, &w_gate_, &w_up_, &w_down_})
+      if (t->dtype() != DType::kF32)
+        return absl::UnimplementedError(absl::StrCat(
+            "training: the MoE's router and expert weights must be f32 (", prefix_, ")"));
+    if (shared_gate_.defined() && shared_gate_.dtype() != DType::kF32)
+      return absl::UnimplementedError("training: the MoE's shared-expert gate must be f32");
+    const Workspace::Mark scope(ctx.ws());
+    const Exec& ex = ctx.ex;
+    const int64_t n = x.dim(0), e = router_.dim(0), k = params_.top_k;
+    const int64_t inter = w_gate_.dim(1);
+    auto grad = [&](const char* name, const Tensor& of) -> const Tensor& {
+      return grads.get(prefix_ + name, of.shape());
+    };
+
+    // The forward's routed path, keeping what the backward reads (combine's output is not needed).
+    Tensor logits = ctx.take({n, e});
+    linear_forward(ex, x, router_, logits);
+    Tensor ids = ctx.take({n, k}, DType::kI32), weights = ctx.take({n, k});
+    moe_route(ex, logits, bias_, params_, ids, weights);
+    const Dispatched routed = dispatcher_->dispatch(ex, x, ids, weights, ctx.ws());
+    const int64_t rows = routed.rows.dim(0);
+    Tensor y = ctx.take(routed.rows.shape());
+    Tensor gate_up = ctx.take({2, rows, inter});
+    moe_grouped_swiglu(ex, routed.rows, routed.offsets, w_gate_, w_up_, w_down_, y, gate_up);
+
+    // Backward of the routed path.
+    Tensor d_y = ctx.take(routed.rows.shape()), d_weights = ctx.take({n, k});
+    dispatcher_->combine_backward(ex, y, routed, d_out, d_y, d_weights);
+    Tensor d_rows = y;  // y is read only by combine_backward: its memory takes the rows' gradient
+    moe_grouped_swiglu_backward(ex, routed.rows, routed.offsets, w_gate_, w_up_, w_down_, gate_up,
+                                d_y, d_rows, grad("experts.gate", w_gate_),
+                                grad("experts.up", w_up_), grad("experts.down", w_down_));
+    Tensor d_logits = logits;  // read by nothing after moe_route_backward's own per-row reads
+    moe_route_backward(ex, logits, ids, params_, d_weights, d_logits);
+    linear_backward(ex, x, router_, d_logits, d_x, 0.0f, grad("router.weight", router_));
+    dispatcher_->dispatch_backward(ex, d_rows, routed, d_x);
+
+    if (shared_) {
+      Tensor d_shared = d_out;
+      if (shared_gate_.defined()) {
+        // out += s * sigmoid(x . gate): the gate's gradient, and the shared expert's d_out.
+        Tensor s = ctx.take(d_out.shape());
+        shared_->forward(ctx, x, s);
+        Tensor g = ctx.take({n, 1}), d_g = ctx.take({n, 1});
+        linear_forward(ex, x, shared_gate_, g);
+        d_shared = ctx.take(d_out.shape());
+        mul_sigmoid_rows_backward(ex, s, g, d_out, d_shared, d_g);
+        linear_backward(ex, x, shared_gate_, d_g, d_x, 1.0f,
+                        grad("shared_gate.weight", shared_gate_));
+      }
+      Tensor d_xs = ctx.take(d_x.shape());
+      LOOM_RETURN_IF_ERROR(shared_->backward(ctx, x, d_shared, d_xs, grads));
+      add_inplace(ex, d_x, d_xs);
+    }
+    return absl::OkStatus();
+  }
+
  private:
+  std::string prefix_;  // "layers.L.moe."
   RouterParams params_;
   Tensor router_, bias_, w_gate_, w_up_, w_down_, shared_gate_;
   std::unique_ptr<DenseFfn> shared_;

@@ -43,6 +43,24 @@ class ExpertDispatcher {
   // out[t] = sum of weights[t, i] * output of slot (t, i), summed in top-k order (batch
   // invariance: a token's sum never depends on where its experts ran).
   virtual void combine(const Exec& ex, const Tensor& y, const Dispatched& d, const Tensor& out) = 0;
+
+  // Training: the backwards of combine and dispatch, called with the Dispatched of the step's
+  // (recomputed) forward, combine_backward first. Every rank calls both (collectives): a
+  // dispatcher that moved the slots moves their gradients the same way back.
+  //
+  // combine_backward: d_out [T, D], the gradient of combine's `out` on this rank's tokens. Writes
+  // d_y [R, D], the gradient of y (weights[t, i] * d_out[t] at the row of slot (t, i); rows no
+  // slot names untouched), and d_weights [T, K], the gradient of the gate weights
+  // (d_out[t] . output of slot (t, i); zero for a slot no rank computed, as combine adds nothing
+  // for it). A dispatcher that moves slots brings d_out to the rows' ranks and d_weights back.
+  virtual void combine_backward(const Exec& ex, const Tensor& y, const Dispatched& d,
+                                const Tensor& d_out, const Tensor& d_y,
+                                const Tensor& d_weights) = 0;
+
+  // dispatch_backward: d_rows [R, D], the gradient of d.rows. Adds to d_x [T, D] (accumulated)
+  // the gradient of each token's slots, in top-k order (the same bits wherever the rows ran).
+  virtual void dispatch_backward(const Exec& ex, const Tensor& d_rows, const Dispatched& d,
+                                 const Tensor& d_x) = 0;
 };
 
 }  // namespace loom

@@ -38,4 +38,15 @@ void LocalExpertDispatcher::combine(const Exec& ex, const Tensor& y, const Dispa
   moe_unpermute_combine(ex, y, d.row_of_slot, d.weights, out);
 }
 
+void LocalExpertDispatcher::combine_backward(const Exec& ex, const Tensor& y, const Dispatched& d,
+                                             const Tensor& d_out, const Tensor& d_y,
+                                             const Tensor& d_weights) {
+  moe_unpermute_combine_backward(ex, y, d.row_of_slot, d.weights, d_out, d_y, d_weights);
+}
+
+void LocalExpertDispatcher::dispatch_backward(const Exec& ex, const Tensor& d_rows,
+                                              const Dispatched& d, const Tensor& d_x) {
+  moe_permute_backward(ex, d_rows, d.row_of_slot, d_x);
+}
+
 }  // namespace loom

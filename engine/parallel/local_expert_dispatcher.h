@@ -25,6 +25,14 @@ class LocalExpertDispatcher final : public ExpertDispatcher {
   Dispatched dispatch(const Exec& ex, const Tensor& x, const Tensor& expert_ids,
                       const Tensor& weights, Workspace& ws) override;
   void combine(const Exec& ex, const Tensor& y, const Dispatched& d, const Tensor& out) override;
+  // moe_unpermute_combine_backward: over a sub-range, d_weights holds this rank's share (zeros at
+  // the slots of experts it does not own), and the shares of ranks covering every expert sum to
+  // the layer's gradient, as the outputs do.
+  void combine_backward(const Exec& ex, const Tensor& y, const Dispatched& d, const Tensor& d_out,
+                        const Tensor& d_y, const Tensor& d_weights) override;
+  // moe_permute_backward: only the owned slots add to d_x.
+  void dispatch_backward(const Exec& ex, const Tensor& d_rows, const Dispatched& d,
+                         const Tensor& d_x) override;
 
  private:
   int64_t num_experts_;

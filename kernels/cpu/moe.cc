@@ -25,6 +25,46 @@ void check_index_tensor(const Tensor& t, const char* op, const char* name) {
              t.describe().c_str());
 }
 
+// Checks the grouped GEMMs' offsets against r rows; returns the largest expert's row count.
+int64_t checked_max_rows(const Tensor& offsets, int64_t ne, int64_t r, const char* op) {
+  const int32_t* off = offsets.data<int32_t>();
+  int64_t max_rows = 0;
+  for (int64_t e = 0; e < ne; ++e) {
+    LOOM_CHECK(off[0] >= 0 && off[e] <= off[e + 1] && off[e + 1] <= r,
+               "%s: offsets[%d..%d] = %d, %d with %d rows", op, e, e + 1, off[e], off[e + 1], r);
+    max_rows = std::max<int64_t>(max_rows, off[e + 1] - off[e]);
+  }
+  return max_rows;
+}
+
+// Checks that every row index of row_of_slot is -1 or in [0, r) and, when `distinct`, that no row
+// is named twice (the backward ops below write rows in parallel), before anything is written.
+void check_slot_rows(const Tensor& row_of_slot, int64_t r, bool distinct, const char* op) {
+  const int32_t* rows = row_of_slot.data<int32_t>();
+  std::vector<char> seen(distinct ? r : 0, 0);
+  for (int64_t j = 0; j < row_of_slot.numel(); ++j) {
+    LOOM_CHECK(rows[j] >= -1 && rows[j] < r, "%s: row_of_slot[%d] = %d of %d rows", op, j, rows[j],
+               r);
+    if (!distinct || rows[j] < 0) continue;
+    LOOM_CHECK(!seen[rows[j]], "%s: row %d is named by two slots (the second: %d)", op, rows[j], j);
+    seen[rows[j]] = 1;
+  }
+}
+
+// silu_mul's backward (cpu::silu_mul_backward's formula on raw pointers): dg = dh * u * silu'(g),
+// du = dh * silu(g). Element i is read before it is written: dg may alias dh.
+void silu_mul_grad(const float* gate, const float* up, const float* dh, float* dg, float* du,
+                   int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = gate[i], ui = up[i], di = dh[i];
+    const float s = 1.0f / (1.0f + std::exp(-gi));
+    const float sn = 1.0f / (1.0f + std::exp(gi));  // 1 - s without its cancellation near s = 1
+    dg[i] = di * ui * (s * (1.0f + gi * sn));
+    du[i] = di * (gi * s);
+  }
+}
+
 }  // namespace
 
 void moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& params,
@@ -120,6 +160,70 @@ void moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& par
   }
 }
 
+// Shapes and dtypes are checked in kernels/moe.cc; the expert ids (data) here.
+void moe_route_backward(const Tensor& logits, const Tensor& expert_ids, const RouterParams& params,
+                        const Tensor& d_weights, const Tensor& d_logits) {
+  const int64_t t = logits.dim(0);
+  const int e = static_cast<int>(logits.dim(1));
+  const int k = params.top_k;
+  const int32_t* idp = expert_ids.data<int32_t>();
+  for (int64_t j = 0; j < t * k; ++j)
+    LOOM_CHECK(idp[j] >= 0 && idp[j] < e, "moe_route_backward: expert_ids[%d] = %d outside [0, %d)",
+               j, idp[j], e);
+  const float* lp = logits.data<float>();
+  const float* dwp = d_weights.data<float>();
+  float* dlp = d_logits.data<float>();
+  const bool sigmoid = params.score == RouterScore::kSigmoid;
+  const float c = params.routed_scaling;
+
+#pragma omp parallel if (t * e > 16384)
+  {
+    std::vector<float> s(e), ds(e), da(k);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < t; ++i) {
+      const float* l = lp + i * e;
+      const int32_t* id = idp + i * k;
+      const float* dw = dwp + i * k;
+      float* dl = dlp + i * e;
+      // The scores, as moe_route computes them.
+      if (sigmoid) {
+        for (int j = 0; j < e; ++j) s[j] = 1.0f / (1.0f + std::exp(-l[j]));
+      } else {
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int j = 0; j < e; ++j) mx = std::max(mx, l[j]);
+        float sum = 0.0f;
+        for (int j = 0; j < e; ++j) {
+          s[j] = std::exp(l[j] - mx);
+          sum += s[j];
+        }
+        for (int j = 0; j < e; ++j) s[j] /= sum;
+      }
+      // The gradient of the chosen scores a_j = s[id_j].
+      if (params.renormalize) {
+        float sum = 0.0f;
+        for (int j = 0; j < k; ++j) sum += s[id[j]];
+        const float denom = sigmoid ? sum + 1e-20f : sum;
+        float dot = 0.0f;  // sum_j d_w_j * w_j
+        for (int j = 0; j < k; ++j) dot += dw[j] * (s[id[j]] / denom * c);
+        for (int j = 0; j < k; ++j) da[j] = (c * dw[j] - dot) / denom;
+      } else {
+        for (int j = 0; j < k; ++j) da[j] = c * dw[j];
+      }
+      std::fill(ds.begin(), ds.end(), 0.0f);
+      for (int j = 0; j < k; ++j) ds[id[j]] += da[j];
+      if (sigmoid) {
+        // s * (1 - s), with 1 - s = sigmoid(-l) (no cancellation near s = 1).
+        for (int j = 0; j < e; ++j)
+          dl[j] = ds[j] == 0.0f ? 0.0f : ds[j] * (s[j] * (1.0f / (1.0f + std::exp(l[j]))));
+      } else {
+        float dot = 0.0f;  // sum(s * d_s) over the chosen experts (d_s is zero elsewhere)
+        for (int j = 0; j < k; ++j) dot += s[id[j]] * da[j];
+        for (int j = 0; j < e; ++j) dl[j] = s[j] * (ds[j] - dot);
+      }
+    }
+  }
+}
+
 void moe_permute(const Tensor& x, const Tensor& expert_ids, int64_t first_expert,
                  int64_t num_experts, const Tensor& offsets, const Tensor& row_of_slot,
                  const Tensor& x_sorted) {
@@ -174,27 +278,59 @@ void moe_permute(const Tensor& x, const Tensor& expert_ids, int64_t first_expert
   }
 }
 
+// Shapes and dtypes are checked in kernels/moe.cc; the rows (data) here.
+void moe_permute_backward(const Tensor& d_x_sorted, const Tensor& row_of_slot, const Tensor& d_x) {
+  const int64_t t = d_x.dim(0), d = d_x.dim(1), k = row_of_slot.dim(1);
+  check_slot_rows(row_of_slot, d_x_sorted.dim(0), false, "moe_permute_backward");
+  const int32_t* rows = row_of_slot.data<int32_t>();
+  const float* src = d_x_sorted.data<float>();
+  float* dst = d_x.data<float>();
+  // Per token: the first owned slot's row, plus the later ones in slot order, then one add into
+  // d_x (so d_x gets one finished sum per element).
+#pragma omp parallel if (t * k * d > 65536)
+  {
+    std::vector<float> acc(d);
+#pragma omp for schedule(static)
+    for (int64_t tok = 0; tok < t; ++tok) {
+      const int32_t* row = rows + tok * k;
+      int64_t i = 0;
+      while (i < k && row[i] < 0) ++i;
+      if (i == k) continue;
+      const float* g0 = src + static_cast<int64_t>(row[i]) * d;
+      std::copy(g0, g0 + d, acc.data());
+      for (++i; i < k; ++i) {
+        if (row[i] < 0) continue;
+        const float* g = src + static_cast<int64_t>(row[i]) * d;
+#pragma omp simd
+        for (int64_t c = 0; c < d; ++c) acc[c] += g[c];
+      }
+      float* o = dst + tok * d;
+#pragma omp simd
+      for (int64_t c = 0; c < d; ++c) o[c] += acc[c];
+    }
+  }
+}
+
 // Shapes and dtypes are checked in kernels/moe.cc; the offsets (data) here.
 void moe_grouped_swiglu(const Tensor& x, const Tensor& offsets, const Tensor& w_gate,
-                        const Tensor& w_up, const Tensor& w_down, const Tensor& y) {
+                        const Tensor& w_up, const Tensor& w_down, const Tensor& y,
+                        const Tensor& gate_up) {
   const int64_t r = x.dim(0), d = x.dim(1);
   const int64_t ne = w_gate.dim(0), inter = w_gate.dim(1);
+  const int64_t max_rows = checked_max_rows(offsets, ne, r, "moe_grouped_swiglu");
   const int32_t* off = offsets.data<int32_t>();
-  int64_t max_rows = 0;
-  for (int64_t e = 0; e < ne; ++e) {
-    LOOM_CHECK(off[0] >= 0 && off[e] <= off[e + 1] && off[e + 1] <= r,
-               "moe_grouped_swiglu: offsets[%d..%d] = %d, %d with %d rows", e, e + 1, off[e],
-               off[e + 1], r);
-    max_rows = std::max<int64_t>(max_rows, off[e + 1] - off[e]);
-  }
 
   // Per expert: h = silu(xe @ Wg^T) * (xe @ Wu^T); ye = h @ Wd^T. Experts run one after another,
   // each GEMM threaded by OpenBLAS: calling (pthreads) OpenBLAS from inside an OpenMP region
   // would oversubscribe the cores. f32 or bf16 weights (sgemm_weight: bf16 widened to f32,
-  // accumulated in f32).
-  std::vector<float> g(static_cast<size_t>(max_rows * inter)), u(g.size());
+  // accumulated in f32). With gate_up, the gate and up GEMMs write there (the same GEMMs, so the
+  // same bits) and h goes to scratch instead of over the gate.
+  const bool keep = gate_up.defined();
+  std::vector<float> g(static_cast<size_t>(max_rows * inter)), u(keep ? 0 : g.size());
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
+  float* gp = keep ? gate_up.data<float>() : nullptr;
+  float* up = keep ? gp + r * inter : nullptr;
   const DType wt = w_gate.dtype();
   const size_t es = dtype_size(wt);
   const char* wg = static_cast<const char*>(w_gate.raw());
@@ -205,11 +341,64 @@ void moe_grouped_swiglu(const Tensor& x, const Tensor& offsets, const Tensor& w_
     if (n == 0) continue;
     const float* xe = xp + off[e] * d;
     const size_t expert_bytes = static_cast<size_t>(inter * d) * es;
-    sgemm_weight(n, inter, d, xe, d, wg + e * expert_bytes, wt, d, 0.0f, g.data(), inter);
-    sgemm_weight(n, inter, d, xe, d, wu + e * expert_bytes, wt, d, 0.0f, u.data(), inter);
-    silu_mul(g.data(), u.data(), g.data(), n * inter);
+    float* ge = keep ? gp + off[e] * inter : g.data();
+    float* ue = keep ? up + off[e] * inter : u.data();
+    sgemm_weight(n, inter, d, xe, d, wg + e * expert_bytes, wt, d, 0.0f, ge, inter);
+    sgemm_weight(n, inter, d, xe, d, wu + e * expert_bytes, wt, d, 0.0f, ue, inter);
+    silu_mul(ge, ue, g.data(), n * inter);
     sgemm_weight(n, d, inter, g.data(), inter, wd + e * expert_bytes, wt, inter, 0.0f,
                  yp + off[e] * d, d);
+  }
+}
+
+// Shapes and dtypes are checked in kernels/moe.cc; the offsets (data) here.
+void moe_grouped_swiglu_backward(const Tensor& x, const Tensor& offsets, const Tensor& w_gate,
+                                 const Tensor& w_up, const Tensor& w_down, const Tensor& gate_up,
+                                 const Tensor& d_y, const Tensor& d_x, const Tensor& d_w_gate,
+                                 const Tensor& d_w_up, const Tensor& d_w_down) {
+  const int64_t r = x.dim(0), d = x.dim(1);
+  const int64_t ne = w_gate.dim(0), inter = w_gate.dim(1);
+  const int64_t max_rows = checked_max_rows(offsets, ne, r, "moe_grouped_swiglu_backward");
+  const int32_t* off = offsets.data<int32_t>();
+  const bool kept = gate_up.defined();
+  const size_t block = static_cast<size_t>(max_rows * inter);
+  // g, u: recomputed pre-activations (unless kept); h = silu(g) * u; dg, du their gradients (dg
+  // first holds d_h).
+  std::vector<float> g(kept ? 0 : block), u(kept ? 0 : block), h(block), dg(block), du(block);
+  const float* xp = x.data<float>();
+  const float* dyp = d_y.data<float>();
+  float* dxp = d_x.data<float>();
+  const float* gp = kept ? gate_up.data<float>() : nullptr;
+  const float* upp = kept ? gp + r * inter : nullptr;
+  const int64_t expert = inter * d;  // elements of one expert's matrix (each of the three)
+  for (int64_t e = 0; e < ne; ++e) {
+    const int64_t n = off[e + 1] - off[e];
+    if (n == 0) continue;
+    const float* xe = xp + off[e] * d;
+    const float* dye = dyp + off[e] * d;
+    float* dxe = dxp + off[e] * d;
+    const float* wg = w_gate.data<float>() + e * expert;
+    const float* wu = w_up.data<float>() + e * expert;
+    const float* wd = w_down.data<float>() + e * expert;
+    float* dwg = d_w_gate.data<float>() + e * expert;
+    float* dwu = d_w_up.data<float>() + e * expert;
+    float* dwd = d_w_down.data<float>() + e * expert;
+    const float* ge = gp ? gp + off[e] * inter : g.data();
+    const float* ue = upp ? upp + off[e] * inter : u.data();
+    if (!kept) {  // the forward's GEMMs: the same bits
+      sgemm(false, true, n, inter, d, 1.0f, xe, d, wg, d, 0.0f, g.data(), inter);
+      sgemm(false, true, n, inter, d, 1.0f, xe, d, wu, d, 0.0f, u.data(), inter);
+    }
+    silu_mul(ge, ue, h.data(), n * inter);
+    // d_h = d_ye @ Wd ([n, D] x [D, I]); d_Wd += d_ye^T @ h.
+    sgemm(false, false, n, inter, d, 1.0f, dye, d, wd, inter, 0.0f, dg.data(), inter);
+    sgemm(true, false, d, inter, n, 1.0f, dye, d, h.data(), inter, 1.0f, dwd, inter);
+    silu_mul_grad(ge, ue, dg.data(), dg.data(), du.data(), n * inter);
+    // d_xe = dg @ Wg + du @ Wu; d_Wg += dg^T @ xe; d_Wu += du^T @ xe.
+    sgemm(false, false, n, d, inter, 1.0f, dg.data(), inter, wg, d, 0.0f, dxe, d);
+    sgemm(false, false, n, d, inter, 1.0f, du.data(), inter, wu, d, 1.0f, dxe, d);
+    sgemm(true, false, inter, d, n, 1.0f, dg.data(), inter, xe, d, 1.0f, dwg, d);
+    sgemm(true, false, inter, d, n, 1.0f, du.data(), inter, xe, d, 1.0f, dwu, d);
   }
 }
 
@@ -259,6 +448,40 @@ void moe_unpermute_combine(const Tensor& y, const Tensor& row_of_slot, const Ten
       const float wi = w[i];
 #pragma omp simd
       for (int64_t c = 0; c < d; ++c) o[c] += wi * yi[c];
+    }
+  }
+}
+
+// Shapes and dtypes are checked in kernels/moe.cc; the rows (data) here.
+void moe_unpermute_combine_backward(const Tensor& y, const Tensor& row_of_slot,
+                                    const Tensor& weights, const Tensor& d_out, const Tensor& d_y,
+                                    const Tensor& d_weights) {
+  const int64_t t = d_out.dim(0), d = d_out.dim(1), k = row_of_slot.dim(1);
+  check_slot_rows(row_of_slot, y.dim(0), true, "moe_unpermute_combine_backward");
+  const int32_t* rows = row_of_slot.data<int32_t>();
+  const float* wts = weights.data<float>();
+  const float* yp = y.data<float>();
+  const float* gp = d_out.data<float>();
+  float* dyp = d_y.data<float>();
+  float* dwp = d_weights.data<float>();
+#pragma omp parallel for schedule(static) if (t * k * d > 32768)
+  for (int64_t tok = 0; tok < t; ++tok) {
+    const float* g = gp + tok * d;
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t j = tok * k + i;
+      if (rows[j] < 0) {
+        dwp[j] = 0.0f;
+        continue;
+      }
+      const float* yr = yp + static_cast<int64_t>(rows[j]) * d;
+      float* dy = dyp + static_cast<int64_t>(rows[j]) * d;
+      const float w = wts[j];
+      double dot = 0.0;
+      for (int64_t c = 0; c < d; ++c) {
+        dot += double{g[c]} * yr[c];
+        dy[c] = w * g[c];
+      }
+      dwp[j] = static_cast<float>(dot);
     }
   }
 }
