@@ -56,8 +56,8 @@ void kda_varlen_forward(const Exec& ex, const Tensor& q, const Tensor& k, const 
                                    ex.batch_invariant, out);
   }
 #ifdef LOOM_WITH_CUDA
-  return cuda::kda_varlen_forward(ex, q, k, v, g, beta, scale, states, state_slots, cu_seqlens,
-                                  out, max_seqlen);
+  return cuda::kda_varlen_forward(ex, q, k, v, g, beta, scale, states, state_slots, cu_seqlens, out,
+                                  max_seqlen);
 #else
   no_kernel_for(ex, "kda_varlen_forward");
 #endif

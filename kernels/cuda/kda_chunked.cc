@@ -16,9 +16,9 @@ namespace {
 
 // Checks every argument (states as [num_slots, Hv, dk, dv]) and fills the launch arguments but
 // for the device pointers of the slots and cu_seqlens.
-launch::KdaVarlenArgs check_args(const char* fn, const Tensor& q, const Tensor& k,
-                                 const Tensor& v, const Tensor& g, const Tensor& beta,
-                                 float scale, const Tensor& states, const Tensor& out) {
+launch::KdaVarlenArgs check_args(const char* fn, const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& g, const Tensor& beta, float scale,
+                                 const Tensor& states, const Tensor& out) {
   LOOM_CHECK_CUDA_ARG(fn, q);
   LOOM_CHECK_CUDA_ARG(fn, k);
   LOOM_CHECK_CUDA_ARG(fn, v);
@@ -27,9 +27,8 @@ launch::KdaVarlenArgs check_args(const char* fn, const Tensor& q, const Tensor& 
   LOOM_CHECK_CUDA_ARG(fn, states);
   LOOM_CHECK_CUDA_ARG(fn, out);
   const DType act = q.dtype();
-  LOOM_CHECK((act == DType::kF32 || act == DType::kBF16) && k.dtype() == act &&
-                 v.dtype() == act && out.dtype() == act &&
-                 (beta.dtype() == DType::kF32 || beta.dtype() == act),
+  LOOM_CHECK((act == DType::kF32 || act == DType::kBF16) && k.dtype() == act && v.dtype() == act &&
+                 out.dtype() == act && (beta.dtype() == DType::kF32 || beta.dtype() == act),
              "%s: q %s k %s v %s beta %s out %s: expected f32 or bf16 activations, beta f32 or "
              "of their dtype",
              fn, q.describe().c_str(), k.describe().c_str(), v.describe().c_str(),

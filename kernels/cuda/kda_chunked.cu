@@ -261,12 +261,16 @@ __device__ __forceinline__ void warp_mma_split(float (&acc)[NT][4], const T* A, 
   }
 }
 
-__device__ __forceinline__ float2 ld2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+__device__ __forceinline__ float2 ld2(const float* p) {
+  return *reinterpret_cast<const float2*>(p);
+}
 __device__ __forceinline__ float2 ld2(const bf16* p) {
   return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
 }
 // Four consecutive elements (16-byte aligned f32, 8-byte aligned bf16).
-__device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 ld4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
 __device__ __forceinline__ float4 ld4(const bf16* p) {
   const uint2 u = *reinterpret_cast<const uint2*>(p);
   const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
@@ -371,16 +375,16 @@ struct PrepLayout {
   static constexpr size_t kF64x64 = 64 * LDA * sizeof(float);
   static constexpr size_t kScratch = 4 * 16 * 17 * sizeof(float);  // diagonal inverses
   static constexpr size_t cmax(size_t a, size_t b) { return a > b ? a : b; }
-  static constexpr size_t ks = 0;                              // raw k -> k f
-  static constexpr size_t qn = ks + kRowsE;                    // raw q -> QN -> A, T_ii (E)
-  static constexpr size_t kn = qn + cmax(kRowsE, kF64x64);     // KN -> X
-  static constexpr size_t gl = kn + kRowsE;                    // raw g -> gl -> Tdiag, P | V
-  static constexpr size_t kV = kScratch;                       // V's offset in the gl region
+  static constexpr size_t ks = 0;                           // raw k -> k f
+  static constexpr size_t qn = ks + kRowsE;                 // raw q -> QN -> A, T_ii (E)
+  static constexpr size_t kn = qn + cmax(kRowsE, kF64x64);  // KN -> X
+  static constexpr size_t gl = kn + kRowsE;                 // raw g -> gl -> Tdiag, P | V
+  static constexpr size_t kV = kScratch;                    // V's offset in the gl region
   static constexpr size_t tab = gl + cmax(64 * LDG * sizeof(float), kV + kRowsE);  // f32 [18][DK]
-  static constexpr size_t A = tab + 18 * DK * sizeof(float);   // first, tot (P0), A, TB (E)
-  static constexpr size_t beta = A + kF64x64;                  // f32 [64]
-  static constexpr size_t gs = beta + 64 * sizeof(float);      // f32 [64]: scalar g
-  static constexpr size_t flags = gs + 64 * sizeof(float);     // int [4]
+  static constexpr size_t A = tab + 18 * DK * sizeof(float);  // first, tot (P0), A, TB (E)
+  static constexpr size_t beta = A + kF64x64;                 // f32 [64]
+  static constexpr size_t gs = beta + 64 * sizeof(float);     // f32 [64]: scalar g
+  static constexpr size_t flags = gs + 64 * sizeof(float);    // int [4]
   static constexpr size_t bytes = flags + 4 * sizeof(int);
   static_assert(kV % 16 == 0, "V rows 16-byte aligned");
   static_assert(4 * DK * (sizeof(float) + sizeof(double)) <= kF64x64, "first, tot fit A");
@@ -397,9 +401,9 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_prep_kernel(Args a) {
   E* kn = reinterpret_cast<E*>(smem + Ly::kn);
   float* gl = reinterpret_cast<float*>(smem + Ly::gl);
   float* Eb = reinterpret_cast<float*>(smem + Ly::tab);  // [4][DK] e^{gb_i}
-  float* Ee = Eb + 4 * DK;                                // [4][DK] e^{gc_L - gc_{e_i}}
-  float* Ed = Ee + 4 * DK;                                // [4][DK] e^{-gl_{e_i}}
-  float* Ex = Ed + 4 * DK;                                // [6][DK] e^{gc_{16i} - gc_{e_j}}
+  float* Ee = Eb + 4 * DK;                               // [4][DK] e^{gc_L - gc_{e_i}}
+  float* Ed = Ee + 4 * DK;                               // [4][DK] e^{-gl_{e_i}}
+  float* Ex = Ed + 4 * DK;                               // [6][DK] e^{gc_{16i} - gc_{e_j}}
   float* As = reinterpret_cast<float*>(smem + Ly::A);
   float* bs = reinterpret_cast<float*>(smem + Ly::beta);
   int* flags = reinterpret_cast<int*>(smem + Ly::flags);
@@ -441,7 +445,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_prep_kernel(Args a) {
   }
   cp_async_wait_all();
   __syncthreads();
-  float* first = As;                                                       // [4][DK] until P2
+  float* first = As;  // [4][DK] until P2
   double* tot = reinterpret_cast<double*>(smem + Ly::A + 4 * DK * sizeof(float));  // [4][DK]
   for (int task = tid; task < 4 * DK; task += kPrepThreads) {
     const int i = task / DK, c = task - i * DK;
@@ -664,7 +668,8 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_prep_kernel(Args a) {
     }
     for (int idx = tid; idx < 4 * 16 * 8; idx += kPrepThreads) {
       const int blk = idx >> 7, r = (idx >> 3) & 15, s = 2 * (idx & 7);
-      st2(Tde + (blk * 16 + r) * LDTd + s, Td[(blk * 16 + r) * 17 + s], Td[(blk * 16 + r) * 17 + s + 1]);
+      st2(Tde + (blk * 16 + r) * LDTd + s, Td[(blk * 16 + r) * 17 + s],
+          Td[(blk * 16 + r) * 17 + s + 1]);
     }
   }
   cp_async_wait_all();
@@ -689,7 +694,8 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_prep_kernel(Args a) {
         float r[NTW][4], sub[NTW][4], y[NTW][4];
         zero_acc(sub);
         zero_acc(y);
-        for (int j = 0; j < i; ++j) mma_kstep<NTW, false>(sub, Ae, LDAe, 16 * i, Y, LDK, n0, 16 * j);
+        for (int j = 0; j < i; ++j)
+          mma_kstep<NTW, false>(sub, Ae, LDAe, 16 * i, Y, LDK, n0, 16 * j);
 #pragma unroll
         for (int nt = 0; nt < NTW; ++nt) {
 #pragma unroll
@@ -755,7 +761,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_state_kernel(Args a) {
   using Ly = StateLayout<E, DK, BV>;
   using Wk = Work<E, DK>;
   constexpr int LDK = Ly::LDK, LD64 = Ly::LD64, LDV = Ly::LDV;
-  constexpr int NT = BV / 8;             // n8 tiles of a value tile
+  constexpr int NT = BV / 8;               // n8 tiles of a value tile
   constexpr int FPW = (DK / 16) * NT / 8;  // state fragments per warp
   static_assert(FPW >= 1 && FPW <= NT, "state tiling");
   extern __shared__ __align__(16) unsigned char smem[];
@@ -878,7 +884,8 @@ __global__ void __launch_bounds__(kThreads, 1) kda_state_kernel(Args a) {
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const int t = m0 + g8 + 8 * hr, j = 8 * nt + 2 * q4;
-          if (t < L && v0 + j < dv) st2(osrc + (row0 + t) * vstride + j, qs[nt][2 * hr], qs[nt][2 * hr + 1]);
+          if (t < L && v0 + j < dv)
+            st2(osrc + (row0 + t) * vstride + j, qs[nt][2 * hr], qs[nt][2 * hr + 1]);
         }
       }
     }
@@ -906,7 +913,8 @@ __global__ void __launch_bounds__(kThreads, 1) kda_state_kernel(Args a) {
     for (int hr = 0; hr < 2; ++hr) {
       const int c = 16 * sm + g8 + 8 * hr, j = 8 * (sn0 + f) + 2 * q4;
       if (c < dk && v0 + j < dv)
-        *reinterpret_cast<float2*>(Sg + int64_t{c} * dv + j) = make_float2(S[f][2 * hr], S[f][2 * hr + 1]);
+        *reinterpret_cast<float2*>(Sg + int64_t{c} * dv + j) =
+            make_float2(S[f][2 * hr], S[f][2 * hr + 1]);
     }
   }
 }
@@ -1023,8 +1031,10 @@ __global__ void kda_mma_selftest_kernel(const bf16* A, const bf16* B, float* C, 
     for (int r = 0; r < 4; ++r) {
       const int row = 16 * warp + g8 + 8 * (r >> 1), col = 8 * nt + 2 * q4 + (r & 1);
       C[row * 32 + col] = c[nt][r];
-      if (nt == 0) Ct[row * 32 + col] = 0.0f;
-      else Ct[row * 32 + col] = ct[nt - 1][r];
+      if (nt == 0)
+        Ct[row * 32 + col] = 0.0f;
+      else
+        Ct[row * 32 + col] = ct[nt - 1][r];
     }
 }
 
@@ -1033,8 +1043,8 @@ __global__ void kda_mma_selftest_kernel(const bf16* A, const bf16* B, float* C, 
 template <class Kernel>
 void set_smem(Kernel kernel, size_t bytes) {
   if (bytes > 48 * 1024)
-    LOOM_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(bytes)));
 }
 
 // The padded head size D of both dk and dv.
@@ -1046,9 +1056,13 @@ int round_d(const launch::KdaVarlenArgs& a) {
 size_t per_chunk_head(const launch::KdaVarlenArgs& a) {
   const int DK = round_d(a);
   if (a.bf16) {
-    return DK == 32 ? Work<bf16, 32>::kBytes : DK == 64 ? Work<bf16, 64>::kBytes : Work<bf16, 128>::kBytes;
+    return DK == 32   ? Work<bf16, 32>::kBytes
+           : DK == 64 ? Work<bf16, 64>::kBytes
+                      : Work<bf16, 128>::kBytes;
   }
-  return DK == 32 ? Work<float, 32>::kBytes : DK == 64 ? Work<float, 64>::kBytes : Work<float, 128>::kBytes;
+  return DK == 32   ? Work<float, 32>::kBytes
+         : DK == 64 ? Work<float, 64>::kBytes
+                    : Work<float, 128>::kBytes;
 }
 
 int64_t chunk_bound(const launch::KdaVarlenArgs& a) { return a.N / kC + a.B; }
@@ -1133,8 +1147,9 @@ void kda_chunked_varlen(cudaStream_t stream, const KdaVarlenArgs& a, int64_t rma
                         int bv, int phases) {
   if (a.B == 0 || a.N == 0 || a.Hv == 0 || a.dv == 0) return;
   if (!kda_chunked_supported(a)) {
-    std::fprintf(stderr, "kda_chunked_varlen (CUDA): unsupported shape or alignment (dk %d dv %d)\n",
-                 a.dk, a.dv);
+    std::fprintf(stderr,
+                 "kda_chunked_varlen (CUDA): unsupported shape or alignment (dk %d dv %d)\n", a.dk,
+                 a.dv);
     std::abort();
   }
   Args args = make_args(a, rmax);
@@ -1142,21 +1157,26 @@ void kda_chunked_varlen(cudaStream_t stream, const KdaVarlenArgs& a, int64_t rma
   const size_t table = (static_cast<size_t>(a.B + 1) * sizeof(int32_t) + 255) / 256 * 256;
   args.work = static_cast<unsigned char*>(workspace) + table;
   if (phases & 1) {
-    kda_chunk_table_kernel<<<1, 1024, 0, stream>>>(a.cu, a.B, rmax,
-                                                   const_cast<int32_t*>(args.off));
+    kda_chunk_table_kernel<<<1, 1024, 0, stream>>>(a.cu, a.B, rmax, const_cast<int32_t*>(args.off));
     LOOM_CUDA_CHECK_LAUNCH();
   }
   const int64_t nchunks = chunk_bound(a);
   if (bv == 0) bv = 32;
   const int DK = round_d(a);
   if (a.bf16) {
-    if (DK == 32) run_chunked_bv<bf16, 32>(stream, args, nchunks, bv, phases);
-    else if (DK == 64) run_chunked_bv<bf16, 64>(stream, args, nchunks, bv, phases);
-    else run_chunked_bv<bf16, 128>(stream, args, nchunks, bv, phases);
+    if (DK == 32)
+      run_chunked_bv<bf16, 32>(stream, args, nchunks, bv, phases);
+    else if (DK == 64)
+      run_chunked_bv<bf16, 64>(stream, args, nchunks, bv, phases);
+    else
+      run_chunked_bv<bf16, 128>(stream, args, nchunks, bv, phases);
   } else {
-    if (DK == 32) run_chunked_bv<float, 32>(stream, args, nchunks, bv, phases);
-    else if (DK == 64) run_chunked_bv<float, 64>(stream, args, nchunks, bv, phases);
-    else run_chunked_bv<float, 128>(stream, args, nchunks, bv, phases);
+    if (DK == 32)
+      run_chunked_bv<float, 32>(stream, args, nchunks, bv, phases);
+    else if (DK == 64)
+      run_chunked_bv<float, 64>(stream, args, nchunks, bv, phases);
+    else
+      run_chunked_bv<float, 128>(stream, args, nchunks, bv, phases);
   }
 }
 
@@ -1173,15 +1193,23 @@ void kda_recurrent_varlen(cudaStream_t stream, const KdaVarlenArgs& a, int64_t r
   const dim3 block(kRCols, kRRowGroups);
   const auto go = [&](auto kernel) { kernel<<<grid, block, 0, stream>>>(args); };
   if (a.bf16) {
-    if (a.dk <= 32) go(kda_recurrent_varlen_kernel<bf16, 4>);
-    else if (a.dk <= 64) go(kda_recurrent_varlen_kernel<bf16, 8>);
-    else if (a.dk <= 128) go(kda_recurrent_varlen_kernel<bf16, 16>);
-    else go(kda_recurrent_varlen_kernel<bf16, 32>);
+    if (a.dk <= 32)
+      go(kda_recurrent_varlen_kernel<bf16, 4>);
+    else if (a.dk <= 64)
+      go(kda_recurrent_varlen_kernel<bf16, 8>);
+    else if (a.dk <= 128)
+      go(kda_recurrent_varlen_kernel<bf16, 16>);
+    else
+      go(kda_recurrent_varlen_kernel<bf16, 32>);
   } else {
-    if (a.dk <= 32) go(kda_recurrent_varlen_kernel<float, 4>);
-    else if (a.dk <= 64) go(kda_recurrent_varlen_kernel<float, 8>);
-    else if (a.dk <= 128) go(kda_recurrent_varlen_kernel<float, 16>);
-    else go(kda_recurrent_varlen_kernel<float, 32>);
+    if (a.dk <= 32)
+      go(kda_recurrent_varlen_kernel<float, 4>);
+    else if (a.dk <= 64)
+      go(kda_recurrent_varlen_kernel<float, 8>);
+    else if (a.dk <= 128)
+      go(kda_recurrent_varlen_kernel<float, 16>);
+    else
+      go(kda_recurrent_varlen_kernel<float, 32>);
   }
   LOOM_CUDA_CHECK_LAUNCH();
 }

@@ -20,9 +20,8 @@ void kda_decode_batched(const Exec& ex, const Tensor& q, const Tensor& k, const 
   LOOM_CHECK_CUDA_ARG(fn, out);
   // q, k, v, out: all f32 or all bf16; beta f32 or of their dtype; g and the pool f32.
   const DType act = q.dtype();
-  LOOM_CHECK((act == DType::kF32 || act == DType::kBF16) && k.dtype() == act &&
-                 v.dtype() == act && out.dtype() == act &&
-                 (beta.dtype() == DType::kF32 || beta.dtype() == act),
+  LOOM_CHECK((act == DType::kF32 || act == DType::kBF16) && k.dtype() == act && v.dtype() == act &&
+                 out.dtype() == act && (beta.dtype() == DType::kF32 || beta.dtype() == act),
              "%s: q %s k %s v %s beta %s out %s: expected f32 or bf16 activations, beta f32 or "
              "of their dtype",
              fn, q.describe().c_str(), k.describe().c_str(), v.describe().c_str(),

@@ -69,7 +69,8 @@ struct Vec<4> {
     *reinterpret_cast<float4*>(p) = make_float4(x[0], x[1], x[2], x[3]);
   }
   static __device__ __forceinline__ void store(bf16* p, const float (&x)[4]) {
-    const __nv_bfloat162 a = __floats2bfloat162_rn(x[0], x[1]), b = __floats2bfloat162_rn(x[2], x[3]);
+    const __nv_bfloat162 a = __floats2bfloat162_rn(x[0], x[1]),
+                         b = __floats2bfloat162_rn(x[2], x[3]);
     uint2 t;
     t.x = *reinterpret_cast<const uint32_t*>(&a);
     t.y = *reinterpret_cast<const uint32_t*>(&b);
@@ -123,10 +124,9 @@ __device__ __forceinline__ void reduce_over_rows(float (&acc)[NR], int warp, int
 
 template <class In, int VW, int LPR, int WARPS, int NI>
 __global__ void __launch_bounds__(WARPS * 32)
-    kda_decode_kernel(const In* __restrict__ q, const In* __restrict__ k,
-                      const In* __restrict__ v, const float* __restrict__ g,
-                      const void* __restrict__ beta, bool beta_bf16, float scale,
-                      float* __restrict__ pool, const int32_t* __restrict__ slots,
+    kda_decode_kernel(const In* __restrict__ q, const In* __restrict__ k, const In* __restrict__ v,
+                      const float* __restrict__ g, const void* __restrict__ beta, bool beta_bf16,
+                      float scale, float* __restrict__ pool, const int32_t* __restrict__ slots,
                       In* __restrict__ out, int Hk, int Hv, int dk, int dv, int64_t num_slots,
                       int tiles, bool scalar_g) {
   constexpr int C = LPR * VW;
@@ -253,8 +253,8 @@ __global__ void __launch_bounds__(WARPS * 32)
                            const In* __restrict__ v, const float* __restrict__ g,
                            const void* __restrict__ beta, bool beta_bf16, float scale,
                            float* __restrict__ pool, const int32_t* __restrict__ slots,
-                           In* __restrict__ out, int Hk, int Hv, int dk, int dv,
-                           int64_t num_slots, int tiles, bool scalar_g) {
+                           In* __restrict__ out, int Hk, int Hv, int dk, int dv, int64_t num_slots,
+                           int tiles, bool scalar_g) {
   constexpr int VW = 4, C = LPR * VW, RPW = 32 / LPR, RP = WARPS * RPW, NR = 2 * VW + 1;
   extern __shared__ float4 smem4[];
   float* tile_s = reinterpret_cast<float*>(smem4);
@@ -366,8 +366,8 @@ bool launch_layout(cudaStream_t stream, const Args<In>& a) {
   LOOM_CHECK_GRID(blocks);
   const auto go = [&](auto kernel) {
     kernel<<<static_cast<unsigned>(blocks), WARPS * 32, 0, stream>>>(
-        a.q, a.k, a.v, a.g, a.beta, a.beta_bf16, a.scale, a.pool, a.slots, a.out, a.Hk, a.Hv,
-        a.dk, a.dv, a.num_slots, static_cast<int>(tiles), a.scalar_g);
+        a.q, a.k, a.v, a.g, a.beta, a.beta_bf16, a.scale, a.pool, a.slots, a.out, a.Hk, a.Hv, a.dk,
+        a.dv, a.num_slots, static_cast<int>(tiles), a.scalar_g);
     return true;
   };
   if (ni <= 1) return go(kda_decode_kernel<In, VW, LPR, WARPS, 1>);
@@ -438,16 +438,16 @@ void decode_batched(cudaStream_t stream, const In* q, const In* k, const In* v, 
                    beta,
                    beta_bf16,
                    scale,
-               state_pool,
-               state_slots,
-               out,
-               static_cast<int>(Hk),
-               static_cast<int>(Hv),
-               static_cast<int>(dk),
-               static_cast<int>(dv),
-               num_slots,
-               B,
-               scalar_g};
+                   state_pool,
+                   state_slots,
+                   out,
+                   static_cast<int>(Hk),
+                   static_cast<int>(Hv),
+                   static_cast<int>(dk),
+                   static_cast<int>(dv),
+                   num_slots,
+                   B,
+                   scalar_g};
   // Vector access needs every state row, v row and out row 16-byte aligned.
   const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
   const bool vec = dv % 4 == 0 && aligned(state_pool) && aligned(v) && aligned(out);
@@ -520,8 +520,8 @@ void kda_decode_batched_bf16(cudaStream_t stream, const void* q, const void* k, 
                              bool scalar_g, int layout) {
   decode_batched<bf16>(stream, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
                        static_cast<const bf16*>(v), g, beta, beta_bf16, scale, state_pool,
-                       state_slots, static_cast<bf16*>(out), B, num_slots, Hk, Hv, dk, dv,
-                       scalar_g, layout);
+                       state_slots, static_cast<bf16*>(out), B, num_slots, Hk, Hv, dk, dv, scalar_g,
+                       layout);
 }
 
 }  // namespace launch
