@@ -127,6 +127,18 @@ absl::StatusOr<RunSummary> run_training(const RunConfig& c, std::FILE* progress)
                            {"grad_norm", stats.grad_norm}, {"lr", stats.lr},
                            {"tokens", stats.tokens},       {"tokens_per_s", tps},
                            {"elapsed_s", elapsed}};
+    for (const StepStats::Routing& r : stats.routing) {
+      line["routing"].push_back({{"bias", r.bias},
+                                 {"load_entropy", r.health.load_entropy},
+                                 {"max_violation", r.health.max_violation},
+                                 {"idle_fraction", r.health.idle_fraction},
+                                 {"bias_update_l1", r.health.bias_update_l1}});
+      int layer = -1;
+      std::sscanf(r.bias.c_str(), "layers.%d.", &layer);
+      if (progress != nullptr)
+        for (const std::string& w : routing_warnings(c.optimizer.balancer, layer, r.health))
+          std::fprintf(progress, "\nrouting warning: %s", w.c_str());
+    }
     metrics << line.dump() << "\n";
     metrics.flush();
     if (i == 0) summary.first_loss = stats.loss;

@@ -10,6 +10,7 @@ namespace loom {
 
 absl::Status OptimizerOptions::validate() const {
   LOOM_RETURN_IF_ERROR(lr.validate());
+  LOOM_RETURN_IF_ERROR(balancer.validate());
   if (!(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1 && eps > 0 && weight_decay >= 0))
     return absl::InvalidArgumentError(absl::StrCat("optimizer: beta1 ", beta1, " beta2 ", beta2,
                                                    " eps ", eps, " weight_decay ", weight_decay,
@@ -76,6 +77,17 @@ absl::StatusOr<StepStats> TrainStep::run(std::span<const Example> batch) {
     if (g == nullptr) continue;  // no gradient (a routing bias): not an optimizer parameter
     s.weight_decay = mo.decay ? options_.weight_decay : 0.0f;
     adamw_update(host_exec(), s, mo.param, *g, mo.m, mo.v);
+  }
+  if (options_.balance_experts) {
+    for (const auto& [bias_name, counts] : grads_.expert_counts()) {
+      const Tensor* bias = model_->parameters().find(bias_name);
+      if (bias == nullptr || bias->numel() != static_cast<int64_t>(counts.size()))
+        return absl::InternalError(
+            absl::StrCat("training: no selection bias ", bias_name, " for its expert counts"));
+      const RoutingHealth health = quantile_balance_step(
+          options_.balancer, counts, std::span<float>(bias->data<float>(), counts.size()));
+      stats.routing.push_back({bias_name, counts, health});
+    }
   }
   return stats;
 }

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "engine/model/gradients.h"
 #include "engine/model/model.h"
+#include "trainer/load_balancer.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/synthetic_tasks.h"
 
@@ -21,6 +22,9 @@ struct OptimizerOptions {
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
   float weight_decay = 0.1f;  // matrices only: norms, biases and gate parameters (1-D) get none
   double clip_norm = 1.0;     // global gradient norm bound; <= 0: no clipping
+  // Quantile load balancing of every MoE layer's selection bias after each step (no gradient).
+  bool balance_experts = true;
+  QuantileBalancerOptions balancer;
 
   absl::Status validate() const;
 };
@@ -31,6 +35,14 @@ struct StepStats {
   double grad_norm = 0;  // global norm of the mean gradient, before clipping
   double lr = 0;
   int64_t tokens = 0;  // tokens run through the model
+  // Per MoE selection bias (canonical name): the step's expert counts and routing health, after
+  // the quantile balancer moved the bias (empty without MoE layers or with balancing off).
+  struct Routing {
+    std::string bias;
+    std::vector<int64_t> counts;
+    RoutingHealth health;
+  };
+  std::vector<Routing> routing;
 };
 
 class TrainStep {
@@ -38,7 +50,8 @@ class TrainStep {
   // FailedPrecondition unless `model` was loaded trainable; InvalidArgument for bad options.
   static absl::StatusOr<TrainStep> create(const Model& model, const OptimizerOptions& options);
 
-  // One update from `batch` (each example's gradient averaged over the batch).
+  // One update from `batch` (each example's gradient averaged over the batch), then the quantile
+  // balancer on every MoE selection bias from the batch's expert counts.
   absl::StatusOr<StepStats> run(std::span<const Example> batch);
   int64_t steps() const { return step_; }
 

@@ -152,6 +152,13 @@ class MoeFfn final : public Ffn {
     linear_forward(ex, x, router_, logits);
     Tensor ids = ctx.take({n, k}, DType::kI32), weights = ctx.take({n, k});
     moe_route(ex, logits, bias_, params_, ids, weights);
+    if (bias_.defined()) {
+      // What the quantile balancer tunes the bias from: this pass's tokens per expert.
+      std::vector<int64_t> counts(static_cast<size_t>(router_.dim(0)), 0);
+      const int32_t* id = ids.data<int32_t>();
+      for (int64_t i = 0; i < ids.numel(); ++i) ++counts[static_cast<size_t>(id[i])];
+      grads.add_expert_counts(prefix_ + "router.bias", counts);
+    }
     const Dispatched routed = dispatcher_->dispatch(ex, x, ids, weights, ctx.ws());
     const int64_t rows = routed.rows.dim(0);
     Tensor y = ctx.take(routed.rows.shape());

@@ -25,6 +25,16 @@ std::vector<std::string> Gradients::names() const {
 
 void Gradients::zero() {
   for (auto& [name, t] : grads_) t.fill(0.0f);
+  counts_.clear();
+}
+
+void Gradients::add_expert_counts(const std::string& bias_name,
+                                  const std::vector<int64_t>& counts) {
+  std::vector<int64_t>& sum = counts_[bias_name];
+  if (sum.empty()) sum.assign(counts.size(), 0);
+  LOOM_CHECK(sum.size() == counts.size(), "Gradients: %zu expert counts for %s, had %zu",
+             counts.size(), bias_name.c_str(), sum.size());
+  for (size_t e = 0; e < counts.size(); ++e) sum[e] += counts[e];
 }
 
 }  // namespace loom

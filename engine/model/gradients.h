@@ -20,11 +20,18 @@ class Gradients {
   const Tensor* find(std::string_view name) const;
   // Every name with a gradient, sorted.
   std::vector<std::string> names() const;
-  // Sets every gradient to zero (the tensors stay, for the next step).
+  // Sets every gradient to zero (the tensors stay, for the next step) and clears the counts.
   void zero();
+
+  // The routing of the same pass, for quantile load balancing (trainer/load_balancer.h): tokens
+  // routed to each expert, summed over the pass, under the canonical name of the selection bias
+  // they tune ("layers.L.moe.router.bias"). MoE layers without a bias report nothing.
+  void add_expert_counts(const std::string& bias_name, const std::vector<int64_t>& counts);
+  const std::map<std::string, std::vector<int64_t>>& expert_counts() const { return counts_; }
 
  private:
   std::map<std::string, Tensor, std::less<>> grads_;
+  std::map<std::string, std::vector<int64_t>> counts_;
 };
 
 }  // namespace loom

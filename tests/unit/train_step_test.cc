@@ -59,6 +59,54 @@ TEST(TrainStep, LowersTheLossOnMqar) {
   EXPECT_LT(last, 0.65 * first);
 }
 
+// MoE layers (sigmoid router with a selection bias): each step's expert counts come back with the
+// gradients, and the quantile balancer moves each layer's bias exactly as its rule says for those
+// counts; the bias gets no AdamW update.
+TEST(TrainStep, BalancesEveryMoeLayersBias) {
+  auto cfg = load_model_config(loom::testing::kFixtures + "/kimi_linear_s1");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  for (MixerType& m : cfg->mixers) m = MixerType::kKda;
+  auto model = Model::load(*cfg, WeightLoader::synthetic(*cfg, 3), Placement{.trainable = true});
+  ASSERT_TRUE(model.ok()) << model.status();
+  OptimizerOptions opt;
+  opt.lr = {.peak_lr = 1e-3, .min_lr = 1e-4, .warmup_steps = 1, .total_steps = 10};
+  opt.balancer.eta = 0.05;
+  auto step = TrainStep::create(**model, opt);
+  ASSERT_TRUE(step.ok()) << step.status();
+  MqarOptions task;
+  task.num_pairs = 4;
+  task.seq_len = 24;
+  task.num_keys = 32;
+  task.value_begin = 33;
+  task.num_values = 32;
+  std::mt19937_64 rng(4);
+  int moe_layers = 0;
+  for (FfnType f : cfg->ffns) moe_layers += f == FfnType::kMoe;
+  for (int s = 0; s < 3; ++s) {
+    std::vector<std::vector<float>> before;
+    for (int l = 0; l < cfg->num_layers; ++l) {
+      const Tensor* b =
+          (*model)->parameters().find("layers." + std::to_string(l) + ".moe.router.bias");
+      if (b != nullptr) before.emplace_back(b->data<float>(), b->data<float>() + b->numel());
+    }
+    std::vector<Example> batch = {make_mqar(task, rng), make_mqar(task, rng)};
+    auto stats = step->run(batch);
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    ASSERT_EQ(stats->routing.size(), static_cast<size_t>(moe_layers));
+    for (size_t i = 0; i < stats->routing.size(); ++i) {
+      const StepStats::Routing& r = stats->routing[i];
+      int64_t total = 0;
+      for (int64_t c : r.counts) total += c;
+      EXPECT_EQ(total, 2 * 24 * cfg->moe.top_k) << r.bias;  // every token routes top_k times
+      std::vector<float> want = before[i];
+      quantile_balance_step(opt.balancer, r.counts, want);
+      const Tensor* b = (*model)->parameters().find(r.bias);
+      ASSERT_NE(b, nullptr);
+      for (int64_t e = 0; e < b->numel(); ++e) EXPECT_EQ(b->data<float>()[e], want[e]) << r.bias;
+    }
+  }
+}
+
 TEST(TrainStep, RefusesAReadOnlyModel) {
   const ModelConfig cfg = small_hybrid();
   auto model = Model::load(cfg, WeightLoader::synthetic(cfg, 3));
