@@ -5,11 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "engine/model/attention_training.h"
 #include "engine/model/layers.h"
 #include "engine/model/rope_table.h"
 #include "engine/model/training_batch.h"
 #include "kernels/attention.h"
-#include "kernels/attention_backward.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_backward.h"
@@ -117,36 +117,12 @@ class GqaMixer final : public Mixer {
       rope_forward(ex, k, ctx.batch.positions, rope_, 0);
     }
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    Tensor o = ctx.take({n, h, hd}), lse = ctx.take({n, h}, DType::kF32);
-    for (const auto& [b, e] : seqs)
-      causal_attention_forward(ex, q.slice(0, b, e), k.slice(0, b, e), v.slice(0, b, e), scale,
-                               o.slice(0, b, e), lse.slice(0, b, e));
-    Tensor y = ctx.take({n, h * hd}), gate;
-    copy_columns(ex, o.reshape({n, h * hd}), 0, y);
-    if (gate_proj_.defined()) {
-      gate = ctx.take({n, h * hd});
-      linear_forward(ex, x, gate_proj_, gate);
-      mul_sigmoid_inplace(ex, y, gate);
-    }
+    const AttentionTail tail = attention_tail_recompute(ctx, seqs, q, k, v, scale, x, gate_proj_);
 
     // Backward.
-    Tensor d_y = ctx.take({n, h * hd});
-    linear_backward(ex, y, o_proj_, d_out, d_y, 0.0f, grad("o_proj.weight", o_proj_));
-    Tensor d_o = ctx.take({n, h, hd});
-    float beta_x = 0.0f;  // the first projection's d_x overwrites, the others add
-    if (gate_proj_.defined()) {
-      Tensor d_gate = ctx.take({n, h * hd});
-      mul_sigmoid_backward(ex, o.reshape({n, h * hd}), gate, d_y, d_o.reshape({n, h * hd}), d_gate);
-      linear_backward(ex, x, gate_proj_, d_gate, d_x, beta_x, grad("gate_proj.weight", gate_proj_));
-      beta_x = 1.0f;
-    } else {
-      copy_columns(ex, d_y, 0, d_o.reshape({n, h * hd}));
-    }
-    Tensor d_q = ctx.take({n, h, hd}), d_k = ctx.take({n, kvh, hd}), d_v = ctx.take({n, kvh, hd});
-    for (const auto& [b, e] : seqs)
-      causal_attention_backward(ex, q.slice(0, b, e), k.slice(0, b, e), v.slice(0, b, e),
-                                o.slice(0, b, e), lse.slice(0, b, e), d_o.slice(0, b, e), scale,
-                                d_q.slice(0, b, e), d_k.slice(0, b, e), d_v.slice(0, b, e));
+    Tensor d_q = ctx.take({n, h, hd}), d_k = ctx.take(k.shape()), d_v = ctx.take(v.shape());
+    const float beta_x = attention_tail_backward(ctx, seqs, q, k, v, scale, x, gate_proj_, o_proj_,
+                                                 tail, d_out, d_x, p, grads, d_q, d_k, d_v);
     if (use_rope_) {
       rope_backward(ex, d_q, ctx.batch.positions, rope_, 0);
       rope_backward(ex, d_k, ctx.batch.positions, rope_, 0);
