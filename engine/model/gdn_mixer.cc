@@ -72,10 +72,8 @@ class GdnMixer final : public Mixer {
 
   absl::Status backward(const ForwardContext& ctx, const Tensor& x, int layer, const Tensor& d_out,
                         const Tensor& d_x, Gradients& grads) const override {
-    for (const Tensor* w : {&qkvz_proj_, &ba_proj_, &o_proj_})
-      if (w->dtype() != DType::kF32)
-        return absl::UnimplementedError(
-            absl::StrCat("training: layer ", layer, "'s Gated DeltaNet weights must be f32"));
+    LOOM_RETURN_IF_ERROR(
+        require_f32_weights(layer, "Gated DeltaNet", {&qkvz_proj_, &ba_proj_, &o_proj_}));
     LOOM_ASSIGN_OR_RETURN(const std::vector<RowSpan> seqs, training_sequences(ctx.batch));
     const Workspace::Mark scope(ctx.ws());
     const Exec& ex = ctx.ex;

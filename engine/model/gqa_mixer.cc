@@ -84,10 +84,8 @@ class GqaMixer final : public Mixer {
 
   absl::Status backward(const ForwardContext& ctx, const Tensor& x, int layer, const Tensor& d_out,
                         const Tensor& d_x, Gradients& grads) const override {
-    for (const Tensor* w : {&q_proj_, &k_proj_, &v_proj_, &o_proj_})
-      if (w->dtype() != DType::kF32)
-        return absl::UnimplementedError(
-            absl::StrCat("training: layer ", layer, "'s attention weights must be f32"));
+    LOOM_RETURN_IF_ERROR(
+        require_f32_weights(layer, "attention", {&q_proj_, &k_proj_, &v_proj_, &o_proj_}));
     LOOM_ASSIGN_OR_RETURN(const std::vector<RowSpan> seqs, training_sequences(ctx.batch));
     const Workspace::Mark scope(ctx.ws());
     const Exec& ex = ctx.ex;

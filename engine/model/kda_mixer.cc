@@ -93,10 +93,8 @@ class KdaMixer final : public Mixer {
 
   absl::Status backward(const ForwardContext& ctx, const Tensor& x, int layer, const Tensor& d_out,
                         const Tensor& d_x, Gradients& grads) const override {
-    for (const Tensor* w : {&qkv_proj_, &f_a_, &f_b_, &b_proj_, &g_a_, &g_b_, &o_proj_})
-      if (w->dtype() != DType::kF32)
-        return absl::UnimplementedError(
-            absl::StrCat("training: layer ", layer, "'s KDA weights must be f32"));
+    LOOM_RETURN_IF_ERROR(require_f32_weights(
+        layer, "KDA", {&qkv_proj_, &f_a_, &f_b_, &b_proj_, &g_a_, &g_b_, &o_proj_}));
     LOOM_ASSIGN_OR_RETURN(const std::vector<RowSpan> seqs, training_sequences(ctx.batch));
     const Workspace::Mark scope(ctx.ws());
     const Exec& ex = ctx.ex;

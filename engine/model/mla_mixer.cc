@@ -124,10 +124,8 @@ class MlaMixer final : public Mixer {
   // key heads as query heads.
   absl::Status backward(const ForwardContext& ctx, const Tensor& x, int layer, const Tensor& d_out,
                         const Tensor& d_x, Gradients& grads) const override {
-    for (const Tensor* w : {&q_proj_, &q_a_, &q_b_, &kv_a_, &o_proj_, &gate_proj_})
-      if (w->defined() && w->dtype() != DType::kF32)
-        return absl::UnimplementedError(
-            absl::StrCat("training: layer ", layer, "'s MLA weights must be f32"));
+    LOOM_RETURN_IF_ERROR(
+        require_f32_weights(layer, "MLA", {&q_proj_, &q_a_, &q_b_, &kv_a_, &o_proj_, &gate_proj_}));
     LOOM_ASSIGN_OR_RETURN(const std::vector<RowSpan> seqs, training_sequences(ctx.batch));
     const Workspace::Mark scope(ctx.ws());
     const Exec& ex = ctx.ex;

@@ -1,8 +1,18 @@
 #include "engine/model/training_batch.h"
 
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
 
 namespace loom {
+
+absl::Status require_f32_weights(int layer, std::string_view kind,
+                                 std::initializer_list<const Tensor*> weights) {
+  for (const Tensor* w : weights)
+    if (w->defined() && w->dtype() != DType::kF32)
+      return absl::UnimplementedError(
+          absl::StrCat("training: layer ", layer, "'s ", absl_sv(kind), " weights must be f32"));
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::vector<RowSpan>> training_sequences(const BatchLayout& batch) {
   if (!batch.cu_seqlens.device().is_cpu())

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -13,6 +15,11 @@
 namespace loom {
 
 using RowSpan = std::pair<int64_t, int64_t>;  // rows [first, second) of one sequence
+
+// Unimplemented naming the layer unless every defined weight is f32: training keeps f32 master
+// weights (a model loaded with Placement::trainable).
+absl::Status require_f32_weights(int layer, std::string_view kind,
+                                 std::initializer_list<const Tensor*> weights);
 
 // The sequences of ctx.batch (host step data). FailedPrecondition if any has past positions.
 absl::StatusOr<std::vector<RowSpan>> training_sequences(const BatchLayout& batch);
