@@ -52,9 +52,7 @@ if ! cmake --preset cuda -DLOOM_BENCH=OFF "${extra[@]}" >"$logs/configure.log" 2
   tail -40 "$logs/configure.log"; echo "run.sh: configure FAILED"; exit 1
 fi
 suite=${LOOM_GPU_SUITE:-all}
-targets=(--target cuda_kernels_test cuda_tolerances_test kernels_cuda_bench kda_chunked_cuda_test
-         kda_chunked_bench)
-targets+=(varlen_ops_cuda_test)
+targets=(--target gpu_tests kda_chunked_bench)
 [ "$suite" = kda_chunked ] && targets=(--target kda_chunked_cuda_test kda_chunked_bench)
 [ "${LOOM_GPU_BUILD_ALL:-0}" = 1 ] && targets=()
 if ! cmake --build build-cuda -j "$jobs" "${targets[@]}" >"$logs/build.log" 2>&1; then
@@ -67,12 +65,17 @@ t1=$(date +%s)
 test_rc=0
 : >"$logs/test.log"
 if [ "$suite" = all ]; then
-  build-cuda/tests/cuda_kernels_test --gtest_color=no >>"$logs/test.log" 2>&1 || test_rc=1
-  build-cuda/tests/varlen_ops_cuda_test --gtest_color=no >>"$logs/test.log" 2>&1 || test_rc=1
-  # CPU-only: the bounds above exceed what a dropped element or a wrong scale gives (TOLCHECK).
-  build-cuda/tests/cuda_tolerances_test --gtest_color=no >>"$logs/test.log" 2>&1 || test_rc=1
+  # Every GPU test binary (tests/gpu/*_cuda_test.cc and cuda_kernels_test), then the CPU-only
+  # tolerance checks: the bounds exceed what a dropped element or a wrong scale gives (TOLCHECK).
+  for t in build-cuda/tests/cuda_kernels_test build-cuda/tests/*_cuda_test \
+           build-cuda/tests/cuda_tolerances_test; do
+    [ -x "$t" ] || continue
+    echo "== $t" >>"$logs/test.log"
+    "$t" --gtest_color=no >>"$logs/test.log" 2>&1 || { test_rc=1; echo "run.sh: $t FAILED"; }
+  done
+else
+  build-cuda/tests/kda_chunked_cuda_test --gtest_color=no >>"$logs/test.log" 2>&1 || test_rc=1
 fi
-build-cuda/tests/kda_chunked_cuda_test --gtest_color=no >>"$logs/test.log" 2>&1 || test_rc=1
 echo "run.sh: tests exit $test_rc in $(( $(date +%s) - t1 )) s"
 grep -E "^\[  FAILED|LOOM_CHECK|CUDA call|Failure" "$logs/test.log" | head -20
 
@@ -80,7 +83,10 @@ t2=$(date +%s)
 bench_rc=0
 : >"$logs/bench.log"
 if [ "$suite" = all ]; then
-  build-cuda/bin/kernels_cuda_bench >>"$logs/bench.log" 2>&1 || bench_rc=1
+  for b in build-cuda/bin/*_cuda_bench; do
+    [ -x "$b" ] || continue
+    "$b" >>"$logs/bench.log" 2>&1 || { bench_rc=1; echo "run.sh: $b FAILED"; }
+  done
 fi
 build-cuda/bin/kda_chunked_bench >>"$logs/bench.log" 2>&1 || bench_rc=1
 echo "run.sh: benchmark exit $bench_rc in $(( $(date +%s) - t2 )) s"
