@@ -1,5 +1,5 @@
 // Device dispatch for kernels/gemm.h: OpenBLAS (and Loom's row-invariant kernel) on the CPU,
-// cuBLAS on CUDA.
+// cuBLAS, cuBLASLt and Loom's kernels on CUDA (kernels/cuda/gemm.h says which runs when).
 #include "kernels/gemm.h"
 
 #include "kernels/cpu/gemm.h"
@@ -12,8 +12,6 @@ namespace loom {
 void linear_forward(const Exec& ex, const Tensor& x, const Tensor& w, const Tensor& out,
                     float beta) {
   LOOM_ON_EXEC_DEVICE(ex, "linear_forward", x, w, out);
-  LOOM_CHECK_F32(x);
-  LOOM_CHECK_F32(out);
   LOOM_CHECK((w.dtype() == DType::kF32 || w.dtype() == DType::kBF16) && w.is_contiguous(),
              "linear_forward: w must be contiguous f32 or bf16, got %s", w.describe().c_str());
   LOOM_CHECK(w.ndim() == 2 && x.ndim() >= 1 && out.ndim() == x.ndim(),
@@ -26,17 +24,19 @@ void linear_forward(const Exec& ex, const Tensor& x, const Tensor& w, const Tens
                out.describe().c_str());
   }
   if (ex.device.is_cpu()) {
+    LOOM_CHECK_F32(x);
+    LOOM_CHECK_F32(out);
     const cpu::RowInvariantScope numerics(ex.batch_invariant);
     return cpu::linear_forward(x, w, out, beta);
   }
 #ifdef LOOM_WITH_CUDA
-  // cuBLAS picks its algorithm (and split-K) by shape: no batch-invariant GEMM on CUDA yet.
-  LOOM_CHECK(!ex.batch_invariant, "linear_forward: batch-invariant mode is CPU-only for now");
-  // cuBLAS has no GEMM of bf16 weights with f32 activations; the CUDA bf16 path (bf16
-  // activations, cuBLASLt) comes with issue 13.
-  LOOM_CHECK(w.dtype() == DType::kF32,
-             "linear_forward: no %s kernel for %s weights with f32 activations yet (issue 13)",
-             device_name(ex.device).c_str(), std::string(dtype_name(w.dtype())).c_str());
+  // f32 x and out with f32 or bf16 w; bf16 x or out (bf16 activations) with bf16 w only. Under
+  // ex.batch_invariant the CUDA twin runs Loom's row-invariant kernels instead of cuBLAS.
+  const bool bf16_activations = x.dtype() == DType::kBF16 || out.dtype() == DType::kBF16;
+  if (!bf16_activations || w.dtype() != DType::kBF16) {
+    LOOM_CHECK_F32(x);
+    LOOM_CHECK_F32(out);
+  }
   return cuda::linear_forward(ex, x, w, out, beta);
 #else
   no_kernel_for(ex, "linear_forward");
@@ -51,8 +51,7 @@ void matmul(const Exec& ex, const Tensor& a, bool trans_a, const Tensor& b, bool
     return cpu::matmul(a, trans_a, b, trans_b, out, alpha, beta);
   }
 #ifdef LOOM_WITH_CUDA
-  // cuBLAS picks its algorithm (and split-K) by shape: no batch-invariant GEMM on CUDA yet.
-  LOOM_CHECK(!ex.batch_invariant, "matmul: batch-invariant mode is CPU-only for now");
+  // Under ex.batch_invariant the CUDA twin runs Loom's row-invariant kernel instead of cuBLAS.
   return cuda::matmul(ex, a, trans_a, b, trans_b, out, alpha, beta);
 #else
   no_kernel_for(ex, "matmul");
