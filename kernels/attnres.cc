@@ -4,6 +4,9 @@
 #include <optional>
 
 #include "kernels/cpu/attnres.h"
+#ifdef LOOM_WITH_CUDA
+#include "kernels/cuda/attnres.h"
+#endif
 
 namespace loom {
 
@@ -33,7 +36,11 @@ void attnres_aggregate(const Exec& ex, const Tensor& sources, const Tensor& quer
   check_attnres("attnres_aggregate", sources, out, {&query, &key_norm, &out_norm});
   if (ex.device.is_cpu())
     return cpu::attnres_aggregate(sources, query, key_norm, out_norm, eps, out);
+#ifdef LOOM_WITH_CUDA
+  return cuda::attnres_aggregate(ex, sources, query, key_norm, out_norm, eps, out);
+#else
   no_kernel_for(ex, "attnres_aggregate");
+#endif
 }
 
 void attnres_aggregate_backward(const Exec& ex, const Tensor& sources, const Tensor& query,

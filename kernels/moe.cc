@@ -1,10 +1,13 @@
-// Device dispatch for kernels/moe.h. CPU only: the CUDA MoE kernels (router, permute, grouped GEMM,
-// combine) are issue 13's, their backwards issue 14's; a CUDA tensor here stops with a message
-// naming the op.
+// Device dispatch for kernels/moe.h. The forward ops (router, permute, grouped SwiGLU, combine)
+// have CUDA twins (kernels/cuda/moe.h); the backwards are CPU only (issue 14's): a CUDA tensor
+// there stops with a message naming the op.
 #include "kernels/moe.h"
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/moe.h"
+#ifdef LOOM_WITH_CUDA
+#include "kernels/cuda/moe.h"
+#endif
 
 namespace loom {
 
@@ -14,7 +17,11 @@ void moe_route(const Exec& ex, const Tensor& logits, const Tensor& bias, const R
   if (ex.device.is_cpu()) {
     return cpu::moe_route(logits, bias, params, expert_ids, weights);
   }
+#ifdef LOOM_WITH_CUDA
+  return cuda::moe_route(ex, logits, bias, params, expert_ids, weights);
+#else
   no_kernel_for(ex, "moe_route");
+#endif
 }
 
 void moe_route_backward(const Exec& ex, const Tensor& logits, const Tensor& expert_ids,
@@ -47,7 +54,12 @@ void moe_permute(const Exec& ex, const Tensor& x, const Tensor& expert_ids, int6
     return cpu::moe_permute(x, expert_ids, first_expert, num_experts, offsets, row_of_slot,
                             x_sorted);
   }
+#ifdef LOOM_WITH_CUDA
+  return cuda::moe_permute(ex, x, expert_ids, first_expert, num_experts, offsets, row_of_slot,
+                           x_sorted);
+#else
   no_kernel_for(ex, "moe_permute");
+#endif
 }
 
 void moe_permute_backward(const Exec& ex, const Tensor& d_x_sorted, const Tensor& row_of_slot,
@@ -99,7 +111,11 @@ void moe_grouped_swiglu(const Exec& ex, const Tensor& x, const Tensor& offsets,
     const cpu::RowInvariantScope numerics(ex.batch_invariant);
     return cpu::moe_grouped_swiglu(x, offsets, w_gate, w_up, w_down, y, gate_up);
   }
+#ifdef LOOM_WITH_CUDA
+  return cuda::moe_grouped_swiglu(ex, x, offsets, w_gate, w_up, w_down, y, gate_up);
+#else
   no_kernel_for(ex, "moe_grouped_swiglu");
+#endif
 }
 
 void moe_grouped_swiglu_backward(const Exec& ex, const Tensor& x, const Tensor& offsets,
@@ -150,7 +166,11 @@ void moe_unpermute_combine(const Exec& ex, const Tensor& y, const Tensor& row_of
   if (ex.device.is_cpu()) {
     return cpu::moe_unpermute_combine(y, row_of_slot, weights, out);
   }
+#ifdef LOOM_WITH_CUDA
+  return cuda::moe_unpermute_combine(ex, y, row_of_slot, weights, out);
+#else
   no_kernel_for(ex, "moe_unpermute_combine");
+#endif
 }
 
 void moe_unpermute_combine_backward(const Exec& ex, const Tensor& y, const Tensor& row_of_slot,

@@ -1,0 +1,19 @@
+// Raw launcher of the Block-AttnRes aggregation kernel (kernels/cuda/attnres.cu). Like launch.h
+// this header includes no Loom or Abseil header, so nvcc never parses Abseil; the Tensor-level
+// entry point and its checks are in kernels/cuda/attnres.{h,cc}.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace loom::cuda::launch {
+
+// attnres_aggregate: sources [S, N, D], query, key_norm, out_norm [D], out [N, D], all f32.
+// D <= kAttnResMaxDim.
+inline constexpr int64_t kAttnResMaxDim = 16384;
+void attnres_aggregate(cudaStream_t stream, const float* sources, const float* query,
+                       const float* key_norm, const float* out_norm, float eps, float* out,
+                       int64_t S, int64_t N, int64_t D);
+
+}  // namespace loom::cuda::launch

@@ -1,0 +1,227 @@
+// Host side of the CUDA MoE forward ops: the CPU twins' checks that need no values from the device
+// (shapes, dtypes, devices, contiguity), then the launches (kernels/cuda/moe_launch.h).
+#include "kernels/cuda/moe.h"
+
+#include <climits>
+#include <cstring>
+
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/moe_launch.h"
+
+namespace loom::cuda {
+namespace {
+
+void check_index(const char* op, const char* name, const Tensor& t) {
+  LOOM_CHECK(t.dtype() == DType::kI32 && t.is_contiguous(), "%s: %s %s, expected contiguous i32",
+             op, name, t.describe().c_str());
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Runs fn(scratch) with `bytes` of device scratch (null for 0): from ex.workspace when there is
+// one (released when fn returns; later kernels on the stream may reuse it), else a stream-ordered
+// allocation.
+template <typename Fn>
+void with_scratch(const Exec& ex, const char* op, size_t bytes, const Fn& fn) {
+  if (bytes == 0) return fn(nullptr);
+  if (ex.workspace) {
+    const Workspace::Mark mark(*ex.workspace);
+    const Tensor scratch = ex.workspace->take({static_cast<int64_t>(bytes)}, DType::kU8);
+    LOOM_CHECK(scratch.device() == ex.device && aligned16(scratch.raw()),
+               "%s: the workspace is on %s", op, device_name(scratch.device()).c_str());
+    return fn(scratch.raw());
+  }
+  const Scratch scratch(bytes, stream_of(ex));
+  fn(scratch.get());
+}
+
+launch::MoeGemmPath parse_path(const char* name) {
+  using launch::MoeGemmPath;
+  for (MoeGemmPath p : {MoeGemmPath::kAuto, MoeGemmPath::kSimt, MoeGemmPath::kMma,
+                        MoeGemmPath::kWgmma, MoeGemmPath::kWgmma128}) {
+    if (std::strcmp(name, launch::moe_gemm_path_name(p)) == 0) return p;
+  }
+  LOOM_CHECK(false,
+             "moe_grouped_swiglu: unknown GEMM path \"%s\" (auto, simt, mma, wgmma, wgmma128)",
+             name);
+  return MoeGemmPath::kAuto;
+}
+
+const char* grouped_swiglu(const Exec& ex, launch::MoeGemmPath path, const Tensor& x,
+                           const Tensor& offsets, const Tensor& w_gate, const Tensor& w_up,
+                           const Tensor& w_down, const Tensor& y, const Tensor& gate_up,
+                           int phases) {
+  static constexpr const char* kOp = "moe_grouped_swiglu";
+  LOOM_CHECK_CUDA_ARG(kOp, x);
+  LOOM_CHECK_CUDA_ARG(kOp, offsets);
+  LOOM_CHECK_CUDA_ARG(kOp, w_gate);
+  LOOM_CHECK_CUDA_ARG(kOp, w_up);
+  LOOM_CHECK_CUDA_ARG(kOp, w_down);
+  LOOM_CHECK_CUDA_ARG(kOp, y);
+  LOOM_CHECK_F32(x);
+  LOOM_CHECK_F32(y);
+  check_index(kOp, "offsets", offsets);
+  const DType wt = w_gate.dtype();
+  for (const Tensor* w : {&w_gate, &w_up, &w_down}) {
+    LOOM_CHECK((wt == DType::kF32 || wt == DType::kBF16) && w->dtype() == wt && w->is_contiguous(),
+               "%s: expert weights must be contiguous f32 or bf16, all one dtype: w_gate %s w_up "
+               "%s w_down %s",
+               kOp, w_gate.describe().c_str(), w_up.describe().c_str(), w_down.describe().c_str());
+  }
+  LOOM_CHECK(x.ndim() == 2 && w_gate.ndim() == 3, "%s: x %s w_gate %s", kOp, x.describe().c_str(),
+             w_gate.describe().c_str());
+  const int64_t r = x.dim(0), d = x.dim(1);
+  const int64_t ne = w_gate.dim(0), inter = w_gate.dim(1);
+  LOOM_CHECK_SHAPE(offsets, ne + 1);
+  LOOM_CHECK_SHAPE(w_gate, ne, inter, d);
+  LOOM_CHECK_SHAPE(w_up, ne, inter, d);
+  LOOM_CHECK_SHAPE(w_down, ne, d, inter);
+  LOOM_CHECK_SHAPE(y, r, d);
+  if (gate_up.defined()) {
+    LOOM_CHECK_CUDA_ARG(kOp, gate_up);
+    LOOM_CHECK_F32(gate_up);
+    LOOM_CHECK_SHAPE(gate_up, 2, r, inter);
+  }
+  LOOM_CHECK(r <= INT_MAX && d <= INT_MAX && inter <= INT_MAX && ne <= INT_MAX,
+             "%s: sizes beyond the kernels' 32-bit indices: x %s w_gate %s", kOp,
+             x.describe().c_str(), w_gate.describe().c_str());
+  LOOM_CHECK(y.raw() != x.raw() || r * d == 0, "%s: y aliases x", kOp);
+
+  launch::MoeSwigluArgs a;
+  a.x = x.data<float>();
+  a.offsets = offsets.data<int32_t>();
+  a.w_gate = w_gate.raw();
+  a.w_up = w_up.raw();
+  a.w_down = w_down.raw();
+  a.y = y.data<float>();
+  a.gate_up = gate_up.defined() ? gate_up.data<float>() : nullptr;
+  a.R = r;
+  a.D = d;
+  a.I = inter;
+  a.E = ne;
+  a.bf16 = wt == DType::kBF16;
+  a.phases = phases;
+  LOOM_CHECK(launch::moe_swiglu_supported(a, path),
+             "%s: the %s GEMM path cannot run these tensors on this device (it needs bf16 "
+             "weights, D and I multiples of 8, 16-byte aligned tensors%s): x %s w_gate %s",
+             kOp, launch::moe_gemm_path_name(path),
+             path >= launch::MoeGemmPath::kWgmma ? " and an sm_90 GPU" : "", x.describe().c_str(),
+             w_gate.describe().c_str());
+  path = launch::moe_swiglu_resolve(a, path);
+  if (r == 0 || ne == 0) return launch::moe_gemm_path_name(path);
+
+  with_scratch(ex, kOp, launch::moe_swiglu_scratch_bytes(a, path),
+               [&](void* scratch) { launch::moe_grouped_swiglu(stream_of(ex), a, path, scratch); });
+  return launch::moe_gemm_path_name(path);
+}
+
+}  // namespace
+
+void moe_route(const Exec& ex, const Tensor& logits, const Tensor& bias, const RouterParams& params,
+               const Tensor& expert_ids, const Tensor& weights) {
+  static constexpr const char* kOp = "moe_route";
+  LOOM_CHECK_CUDA_ARG(kOp, logits);
+  LOOM_CHECK_CUDA_ARG(kOp, expert_ids);
+  LOOM_CHECK_CUDA_ARG(kOp, weights);
+  LOOM_CHECK_F32(logits);
+  LOOM_CHECK(logits.ndim() == 2, "%s: logits %s", kOp, logits.describe().c_str());
+  const int64_t t = logits.dim(0);
+  const int64_t e = logits.dim(1);
+  const int k = params.top_k, ng = params.n_group, kg = params.topk_group;
+  LOOM_CHECK(e >= 1 && e <= launch::kMoeRouteMaxExperts,
+             "%s: %d experts (the CUDA router takes 1 to %d)", kOp, e, launch::kMoeRouteMaxExperts);
+  LOOM_CHECK(ng >= 1 && e % ng == 0 && kg >= 1 && kg <= ng, "%s: E=%d n_group=%d topk_group=%d",
+             kOp, e, ng, kg);
+  const int64_t gsize = e / ng;
+  LOOM_CHECK(ng == 1 || gsize >= 2, "%s: groups of %d experts (top-2 group score)", kOp, gsize);
+  LOOM_CHECK(k >= 1 && k <= kg * gsize, "%s: top_k=%d with %d kept experts", kOp, k, kg * gsize);
+  if (bias.defined()) {
+    LOOM_CHECK_CUDA_ARG(kOp, bias);
+    LOOM_CHECK_F32(bias);
+    LOOM_CHECK_SHAPE(bias, e);
+  }
+  check_index(kOp, "expert_ids", expert_ids);
+  LOOM_CHECK_SHAPE(expert_ids, t, k);
+  LOOM_CHECK_F32(weights);
+  LOOM_CHECK_SHAPE(weights, t, k);
+  launch::moe_route(stream_of(ex), logits.data<float>(),
+                    bias.defined() ? bias.data<float>() : nullptr, t, static_cast<int>(e), k, ng,
+                    kg, params.score == RouterScore::kSigmoid, params.renormalize,
+                    params.routed_scaling, expert_ids.data<int32_t>(), weights.data<float>());
+}
+
+void moe_permute(const Exec& ex, const Tensor& x, const Tensor& expert_ids, int64_t first_expert,
+                 int64_t num_experts, const Tensor& offsets, const Tensor& row_of_slot,
+                 const Tensor& x_sorted) {
+  static constexpr const char* kOp = "moe_permute";
+  LOOM_CHECK_CUDA_ARG(kOp, x);
+  LOOM_CHECK_CUDA_ARG(kOp, expert_ids);
+  LOOM_CHECK_CUDA_ARG(kOp, offsets);
+  LOOM_CHECK_CUDA_ARG(kOp, row_of_slot);
+  LOOM_CHECK_CUDA_ARG(kOp, x_sorted);
+  LOOM_CHECK_F32(x);
+  LOOM_CHECK_F32(x_sorted);
+  check_index(kOp, "expert_ids", expert_ids);
+  check_index(kOp, "offsets", offsets);
+  check_index(kOp, "row_of_slot", row_of_slot);
+  LOOM_CHECK(x.ndim() == 2 && expert_ids.ndim() == 2 && offsets.ndim() == 1 && x_sorted.ndim() == 2,
+             "%s: x %s expert_ids %s offsets %s x_sorted %s", kOp, x.describe().c_str(),
+             expert_ids.describe().c_str(), offsets.describe().c_str(),
+             x_sorted.describe().c_str());
+  const int64_t t = x.dim(0), d = x.dim(1), k = expert_ids.dim(1);
+  const int64_t ne = offsets.dim(0) - 1;
+  LOOM_CHECK_SHAPE(expert_ids, t, k);
+  LOOM_CHECK_SHAPE(row_of_slot, t, k);
+  LOOM_CHECK(ne >= 0 && first_expert >= 0 && first_expert + ne <= num_experts,
+             "%s: experts [%d, %d) of %d", kOp, first_expert, first_expert + ne, num_experts);
+  LOOM_CHECK(ne <= launch::kMoePermuteMaxExperts, "%s: %d owned experts (the CUDA kernel takes %d)",
+             kOp, ne, launch::kMoePermuteMaxExperts);
+  LOOM_CHECK(x_sorted.dim(1) == d, "%s: x %s x_sorted %s", kOp, x.describe().c_str(),
+             x_sorted.describe().c_str());
+  LOOM_CHECK(t * k <= INT_MAX, "%s: %d slots overflow i32", kOp, t * k);
+  const bool vec4 = d % 4 == 0 && aligned16(x.raw()) && aligned16(x_sorted.raw());
+  with_scratch(ex, kOp, launch::moe_permute_scratch_bytes(t * k, ne), [&](void* scratch) {
+    launch::moe_permute(stream_of(ex), x.data<float>(), expert_ids.data<int32_t>(), t, k, d,
+                        first_expert, ne, offsets.data<int32_t>(), row_of_slot.data<int32_t>(),
+                        x_sorted.data<float>(), x_sorted.dim(0), vec4, scratch);
+  });
+}
+
+void moe_grouped_swiglu(const Exec& ex, const Tensor& x, const Tensor& offsets,
+                        const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down,
+                        const Tensor& y, const Tensor& gate_up) {
+  grouped_swiglu(ex, launch::MoeGemmPath::kAuto, x, offsets, w_gate, w_up, w_down, y, gate_up, 7);
+}
+
+const char* moe_grouped_swiglu_on(const Exec& ex, const char* path, const Tensor& x,
+                                  const Tensor& offsets, const Tensor& w_gate, const Tensor& w_up,
+                                  const Tensor& w_down, const Tensor& y, const Tensor& gate_up,
+                                  int phases) {
+  return grouped_swiglu(ex, parse_path(path), x, offsets, w_gate, w_up, w_down, y, gate_up, phases);
+}
+
+void moe_unpermute_combine(const Exec& ex, const Tensor& y, const Tensor& row_of_slot,
+                           const Tensor& weights, const Tensor& out) {
+  static constexpr const char* kOp = "moe_unpermute_combine";
+  LOOM_CHECK_CUDA_ARG(kOp, y);
+  LOOM_CHECK_CUDA_ARG(kOp, row_of_slot);
+  LOOM_CHECK_CUDA_ARG(kOp, weights);
+  LOOM_CHECK_CUDA_ARG(kOp, out);
+  LOOM_CHECK_F32(y);
+  LOOM_CHECK_F32(weights);
+  LOOM_CHECK_F32(out);
+  check_index(kOp, "row_of_slot", row_of_slot);
+  LOOM_CHECK(y.ndim() == 2 && row_of_slot.ndim() == 2 && out.ndim() == 2,
+             "%s: y %s row_of_slot %s out %s", kOp, y.describe().c_str(),
+             row_of_slot.describe().c_str(), out.describe().c_str());
+  const int64_t t = out.dim(0), d = out.dim(1), k = row_of_slot.dim(1), r = y.dim(0);
+  LOOM_CHECK_SHAPE(row_of_slot, t, k);
+  LOOM_CHECK_SHAPE(weights, t, k);
+  LOOM_CHECK(y.dim(1) == d, "%s: y %s out %s", kOp, y.describe().c_str(), out.describe().c_str());
+  LOOM_CHECK(out.raw() != y.raw() || t * d == 0, "%s: out aliases y", kOp);
+  const bool vec4 = d % 4 == 0 && aligned16(y.raw()) && aligned16(out.raw());
+  launch::moe_unpermute_combine(stream_of(ex), y.data<float>(), row_of_slot.data<int32_t>(),
+                                weights.data<float>(), out.data<float>(), t, k, d, r, vec4);
+}
+
+}  // namespace loom::cuda

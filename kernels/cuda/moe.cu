@@ -1,0 +1,555 @@
+// MoE routing, permutation and combination on the GPU (the grouped SwiGLU is in moe_gemm.cu).
+//
+// moe_route: one warp per token. The scores are computed as the CPU twin computes them, so that
+// the selection and the weights are the same bits: exp is evaluated in double and rounded once to
+// f32 (correctly rounded but for ~2^-29 of inputs, like glibc's expf that the CPU calls), the
+// softmax sum runs sequentially in expert order in one lane, the group score is the sum of the
+// group's two largest selection scores found in expert order, and each top-k pick is an argmax
+// over the not yet picked experts that breaks ties towards the lower index (the CPU's
+// partial_sort comparator orders the same way). The renormalisation sums the picked scores in
+// pick order, then divides and scales as the CPU does.
+//
+// moe_permute: a stable counting sort of the slots by owned expert. Up to 8192 slots, one block
+// of 32 warps ranks them all: warp w owns the w-th of 32 contiguous segments of the slots. Pass 1
+// counts each segment's slots per owned expert (lanes of one expert found with
+// __match_any_sync, their count added by the lowest); the block turns the counts into offsets
+// and each segment's first row per expert; pass 2 walks the segments again in slot order, each
+// slot taking its segment's next row of its expert. More slots are cut into chunks of 2048 (8
+// warps of 256) and ranked the same way in three launches: per-chunk counts, one block scanning
+// them (offsets, each chunk's first row per expert), then per chunk the warps' first rows and the
+// slots' rows. A last, wide kernel copies the rows. Slot order within an expert is kept, as on the
+// CPU, so offsets and row_of_slot are the CPU's exactly. Ids outside the owned range (including
+// invalid ones, which the CPU rejects) get row -1.
+//
+// moe_unpermute_combine: blocks of (token, column range): out = w_0 y_0, then out += w_i y_i in
+// top-k order, each product and sum rounded separately (no fused multiply-add), as the CPU's loop
+// does. A row outside [-1, R) (a caller bug the CPU aborts on) makes the token's output NaN.
+#include <algorithm>
+#include <atomic>
+#include <cfloat>
+#include <climits>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/moe_launch.h"
+
+namespace loom::cuda {
+namespace {
+
+constexpr unsigned kFull = 0xffffffffu;
+
+// ---- moe_route ---------------------------------------------------------------------------------
+
+constexpr int kRouteWarps = 4;  // tokens per block
+
+// exp rounded as the CPU's std::exp(float) (glibc expf, < 0.502 ulp): via double.
+__device__ __forceinline__ float exp_as_host(float x) {
+  return static_cast<float>(exp(static_cast<double>(x)));
+}
+
+struct Pick {
+  float v;
+  int i;  // INT_MAX: none
+};
+// a before b: larger value, then lower index; an empty pick never comes first.
+__device__ __forceinline__ bool before(const Pick& a, const Pick& b) {
+  if (a.i == INT_MAX) return false;
+  if (b.i == INT_MAX) return true;
+  return a.v > b.v || (a.v == b.v && a.i < b.i);
+}
+__device__ __forceinline__ Pick warp_best(Pick p) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    Pick q{__shfl_xor_sync(kFull, p.v, o), __shfl_xor_sync(kFull, p.i, o)};
+    if (before(q, p)) p = q;
+  }
+  return p;
+}
+
+// Dynamic shared memory: per warp, E selection scores then E group scores.
+template <bool kSigmoid>
+__global__ void __launch_bounds__(kRouteWarps * 32)
+    route_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int64_t T, int E,
+                 int K, int n_group, int topk_group, bool grouped, bool renormalize, float scaling,
+                 int32_t* __restrict__ ids, float* __restrict__ weights) {
+  extern __shared__ float route_smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
+  if (t >= T) return;  // no block-wide synchronisation below
+  float* sel = route_smem + static_cast<size_t>(warp) * 2 * E;
+  float* gsc = sel + E;
+  const float* l = logits + t * E;
+
+  float mx = 0.0f, sum = 1.0f;  // softmax: max logit and the sum of exps
+  if constexpr (kSigmoid) {
+    for (int j = lane; j < E; j += 32) {
+      const float s = 1.0f / (1.0f + exp_as_host(-l[j]));
+      sel[j] = bias ? s + bias[j] : s;
+    }
+  } else {
+    mx = -INFINITY;
+    for (int j = lane; j < E; j += 32) mx = fmaxf(mx, l[j]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, o));
+    for (int j = lane; j < E; j += 32) sel[j] = exp_as_host(l[j] - mx);
+    __syncwarp();
+    if (lane == 0) {
+      float s = 0.0f;
+      for (int j = 0; j < E; ++j) s += sel[j];  // in expert order, as the CPU
+      gsc[0] = s;
+    }
+    __syncwarp();
+    sum = gsc[0];
+    __syncwarp();
+    for (int j = lane; j < E; j += 32) {
+      const float s = sel[j] / sum;
+      sel[j] = bias ? s + bias[j] : s;
+    }
+  }
+  __syncwarp();
+
+  if (grouped) {
+    // Group score: the sum of the group's two largest selection scores (found in expert order).
+    const int gsize = E / n_group;
+    for (int g = lane; g < n_group; g += 32) {
+      const float* v = sel + g * gsize;
+      float a = -INFINITY, b = -INFINITY;
+      for (int j = 0; j < gsize; ++j) {
+        if (v[j] > a) {
+          b = a;
+          a = v[j];
+        } else if (v[j] > b) {
+          b = v[j];
+        }
+      }
+      gsc[g] = a + b;
+    }
+    __syncwarp();
+    uint32_t kept = 0;  // bit i: group lane + 32 i kept
+    for (int c = 0; c < topk_group; ++c) {
+      Pick p{0.0f, INT_MAX};
+      for (int g = lane, i = 0; g < n_group; g += 32, ++i) {
+        const Pick q{gsc[g], g};
+        if (!(kept >> i & 1u) && before(q, p)) p = q;
+      }
+      p = warp_best(p);
+      if (p.i != INT_MAX && (p.i & 31) == lane) kept |= 1u << (p.i >> 5);
+    }
+    __syncwarp();
+    for (int g = lane, i = 0; g < n_group; g += 32, ++i) gsc[g] = (kept >> i & 1u) ? 1.0f : 0.0f;
+    __syncwarp();
+    for (int j = lane; j < E; j += 32) {
+      if (gsc[j / gsize] == 0.0f) sel[j] = -INFINITY;
+    }
+    __syncwarp();
+  }
+
+  // The picks, in order, into the group-score area (free now); then their scores, in parallel,
+  // into the selection area (free then).
+  int* picked = reinterpret_cast<int*>(gsc);
+  uint32_t taken = 0;  // bit i: expert lane + 32 i picked
+  for (int c = 0; c < K; ++c) {
+    Pick p{0.0f, INT_MAX};
+    for (int j = lane, i = 0; j < E; j += 32, ++i) {
+      const Pick q{sel[j], j};
+      if (!(taken >> i & 1u) && before(q, p)) p = q;
+    }
+    p = warp_best(p);
+    if (p.i == INT_MAX) p.i = 0;  // fewer than K experts: the host checks exclude it
+    if ((p.i & 31) == lane) taken |= 1u << (p.i >> 5);
+    if (lane == 0) picked[c] = p.i;
+  }
+  __syncwarp();
+  float* score = sel;
+  for (int c = lane; c < K; c += 32) {
+    const int e = picked[c];
+    score[c] = kSigmoid ? 1.0f / (1.0f + exp_as_host(-l[e])) : exp_as_host(l[e] - mx) / sum;
+  }
+  __syncwarp();
+  float denom = 1.0f;
+  if (renormalize) {
+    float wsum = 0.0f;  // in pick order, as the CPU
+    for (int c = 0; c < K; ++c) wsum += score[c];
+    denom = kSigmoid ? wsum + 1e-20f : wsum;
+  }
+  for (int c = lane; c < K; c += 32) {
+    float w = score[c];
+    if (renormalize) w /= denom;
+    ids[t * K + c] = picked[c];
+    weights[t * K + c] = w * scaling;
+  }
+}
+
+// ---- moe_permute -------------------------------------------------------------------------------
+
+constexpr int kRankWarps = 32;
+
+// Exclusive scan over the block (1024 threads); `smem` holds 32 ints. Every thread calls it.
+__device__ __forceinline__ int block_exclusive_scan(int v, int* smem, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int incl = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int n = __shfl_up_sync(kFull, incl, o);
+    if (lane >= o) incl += n;
+  }
+  __syncthreads();
+  if (lane == 31) smem[warp] = incl;
+  __syncthreads();
+  int wsum = lane < kRankWarps ? smem[lane] : 0;
+  int wincl = wsum;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int n = __shfl_up_sync(kFull, wincl, o);
+    if (lane >= o) wincl += n;
+  }
+  const int warp_base = __shfl_sync(kFull, wincl - wsum, warp);
+  *total = __shfl_sync(kFull, wincl, 31);
+  return warp_base + incl - v;
+}
+
+// Dynamic shared memory: tab [32][ne] (per segment and expert: a count, then the segment's next
+// row), base [ne] (the expert's first row), 32 ints of scan scratch.
+__global__ void __launch_bounds__(kRankWarps * 32)
+    permute_rank_kernel(const int32_t* __restrict__ ids, int64_t slots, int64_t first, int ne,
+                        int32_t* __restrict__ offsets, int32_t* __restrict__ row_of_slot) {
+  extern __shared__ int rank_smem[];
+  int* tab = rank_smem;
+  int* base = tab + kRankWarps * ne;
+  int* scan = base + ne;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int i = threadIdx.x; i < kRankWarps * ne; i += blockDim.x) tab[i] = 0;
+  __syncthreads();
+
+  const int64_t seg = (slots + kRankWarps - 1) / kRankWarps;
+  const int64_t begin = warp * seg, end = min(slots, begin + seg);
+  int* mine = tab + warp * ne;
+  const auto expert_of = [&](int64_t j) {
+    if (j >= end) return -1;
+    const int64_t e = static_cast<int64_t>(ids[j]) - first;
+    return e >= 0 && e < ne ? static_cast<int>(e) : -1;
+  };
+  for (int64_t j0 = begin; j0 < end; j0 += 32) {
+    const int e = expert_of(j0 + lane);
+    const unsigned peers = __match_any_sync(kFull, e);
+    if (e >= 0 && lane == __ffs(peers) - 1) mine[e] += __popc(peers);
+    __syncwarp();
+  }
+  __syncthreads();
+
+  // Per expert: the segments' counts become their first rows (relative to the expert's).
+  int total = 0;
+  for (int e = threadIdx.x; e < ne; e += blockDim.x) {
+    int run = 0;
+    for (int w = 0; w < kRankWarps; ++w) {
+      const int c = tab[w * ne + e];
+      tab[w * ne + e] = run;
+      run += c;
+    }
+    base[e] = run;
+  }
+  __syncthreads();
+  // The experts' first rows: an exclusive scan of their counts (ne <= 1024: one per thread).
+  const int count = threadIdx.x < ne ? base[threadIdx.x] : 0;
+  const int first_row = block_exclusive_scan(count, scan, &total);
+  if (threadIdx.x < ne) {
+    base[threadIdx.x] = first_row;
+    offsets[threadIdx.x] = first_row;
+  }
+  if (threadIdx.x == 0) offsets[ne] = total;
+  __syncthreads();
+
+  for (int64_t j0 = begin; j0 < end; j0 += 32) {
+    const int64_t j = j0 + lane;
+    const int e = expert_of(j);
+    const unsigned peers = __match_any_sync(kFull, e);
+    int row = -1;
+    if (e >= 0) row = base[e] + mine[e] + __popc(peers & ((1u << lane) - 1u));
+    __syncwarp();
+    if (e >= 0 && lane == __ffs(peers) - 1) mine[e] += __popc(peers);
+    __syncwarp();
+    if (j < end) row_of_slot[j] = row;
+  }
+}
+
+// The same ranking for many slots, over chunks of kChunkSlots slots (warp w of a chunk's block
+// owns its w-th kWarpSlots slots): count (per chunk and expert), scan (one block: offsets, and
+// each chunk's first row per expert), assign (per chunk: the warps' first rows per expert, then
+// each slot its row, in slot order).
+constexpr int kChunkWarps = 8, kWarpSlots = 256, kChunkSlots = kChunkWarps * kWarpSlots;
+
+__device__ __forceinline__ int owned_expert(const int32_t* ids, int64_t j, int64_t end,
+                                            int64_t first, int ne) {
+  if (j >= end) return -1;
+  const int64_t e = static_cast<int64_t>(ids[j]) - first;
+  return e >= 0 && e < ne ? static_cast<int>(e) : -1;
+}
+
+// counts[chunk][e]: the chunk's slots routed to owned expert e. Dynamic shared memory: ne ints.
+__global__ void __launch_bounds__(kChunkWarps * 32)
+    permute_count_kernel(const int32_t* __restrict__ ids, int64_t slots, int64_t first, int ne,
+                         int32_t* __restrict__ counts) {
+  extern __shared__ int count_smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int i = threadIdx.x; i < ne; i += blockDim.x) count_smem[i] = 0;
+  __syncthreads();
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kChunkSlots;
+  const int64_t end = min(slots, begin + kChunkSlots);
+  for (int64_t j0 = begin + warp * 32; j0 < end; j0 += kChunkWarps * 32) {
+    const int e = owned_expert(ids, j0 + lane, end, first, ne);
+    const unsigned peers = __match_any_sync(kFull, e);
+    if (e >= 0 && lane == __ffs(peers) - 1) atomicAdd(&count_smem[e], __popc(peers));
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < ne; i += blockDim.x)
+    counts[static_cast<int64_t>(blockIdx.x) * ne + i] = count_smem[i];
+}
+
+// One block of 1024 threads, thread e for owned expert e (ne <= 1024): offsets, and
+// counts[chunk][e] replaced by the chunk's first row of expert e.
+__global__ void __launch_bounds__(kRankWarps * 32)
+    permute_scan_kernel(int32_t* __restrict__ counts, int64_t chunks, int ne,
+                        int32_t* __restrict__ offsets) {
+  __shared__ int scan[32];
+  const int e = threadIdx.x;
+  int count = 0;
+  if (e < ne)
+    for (int64_t c = 0; c < chunks; ++c) count += counts[c * ne + e];
+  int total = 0;
+  const int first_row = block_exclusive_scan(count, scan, &total);
+  if (e < ne) {
+    offsets[e] = first_row;
+    int run = first_row;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int v = counts[c * ne + e];
+      counts[c * ne + e] = run;
+      run += v;
+    }
+  }
+  if (threadIdx.x == 0) offsets[ne] = total;
+}
+
+// Dynamic shared memory: [kChunkWarps][ne] ints (per warp and expert: a count, then the next row).
+__global__ void __launch_bounds__(kChunkWarps * 32)
+    permute_assign_kernel(const int32_t* __restrict__ ids, int64_t slots, int64_t first, int ne,
+                          const int32_t* __restrict__ chunk_rows,
+                          int32_t* __restrict__ row_of_slot) {
+  extern __shared__ int assign_smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int i = threadIdx.x; i < kChunkWarps * ne; i += blockDim.x) assign_smem[i] = 0;
+  __syncthreads();
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kChunkSlots + warp * kWarpSlots;
+  const int64_t end = min(slots, begin + kWarpSlots);
+  int* mine = assign_smem + warp * ne;
+  for (int64_t j0 = begin; j0 < end; j0 += 32) {
+    const int e = owned_expert(ids, j0 + lane, end, first, ne);
+    const unsigned peers = __match_any_sync(kFull, e);
+    if (e >= 0 && lane == __ffs(peers) - 1) mine[e] += __popc(peers);
+    __syncwarp();
+  }
+  __syncthreads();
+  const int32_t* base = chunk_rows + static_cast<int64_t>(blockIdx.x) * ne;
+  for (int e = threadIdx.x; e < ne; e += blockDim.x) {
+    int run = base[e];
+    for (int w = 0; w < kChunkWarps; ++w) {
+      const int c = assign_smem[w * ne + e];
+      assign_smem[w * ne + e] = run;
+      run += c;
+    }
+  }
+  __syncthreads();
+  for (int64_t j0 = begin; j0 < end; j0 += 32) {
+    const int64_t j = j0 + lane;
+    const int e = owned_expert(ids, j, end, first, ne);
+    const unsigned peers = __match_any_sync(kFull, e);
+    int row = -1;
+    if (e >= 0) row = mine[e] + __popc(peers & ((1u << lane) - 1u));
+    __syncwarp();
+    if (e >= 0 && lane == __ffs(peers) - 1) mine[e] += __popc(peers);
+    __syncwarp();
+    if (j < end) row_of_slot[j] = row;
+  }
+}
+
+// One warp per slot: x_sorted[row_of_slot[j]] = x[j / K].
+template <bool kVec4>
+__global__ void __launch_bounds__(256)
+    permute_copy_kernel(const float* __restrict__ x, const int32_t* __restrict__ row_of_slot,
+                        float* __restrict__ x_sorted, int64_t slots, int64_t K, int64_t D,
+                        int64_t R) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+       j < slots; j += warps) {
+    const int64_t row = row_of_slot[j];
+    if (row < 0 || row >= R) continue;
+    const float* src = x + (j / K) * D;
+    float* dst = x_sorted + row * D;
+    if constexpr (kVec4) {
+      const float4* s4 = reinterpret_cast<const float4*>(src);
+      float4* d4 = reinterpret_cast<float4*>(dst);
+      for (int64_t c = lane; c < D / 4; c += 32) d4[c] = s4[c];
+    } else {
+      for (int64_t c = lane; c < D; c += 32) dst[c] = src[c];
+    }
+  }
+}
+
+// ---- moe_unpermute_combine ---------------------------------------------------------------------
+
+constexpr int kCombineThreads = 128;
+
+// Block (t, b) takes token t's columns (quads with float4 loads) b * kCombineThreads + thread,
+// then every gridDim.y * kCombineThreads-th.
+template <bool kVec4>
+__global__ void __launch_bounds__(kCombineThreads)
+    combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ rows,
+                   const float* __restrict__ weights, float* __restrict__ out, int64_t K, int64_t D,
+                   int64_t R) {
+  const int64_t t = blockIdx.x;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.x;
+  const int32_t* row = rows + t * K;
+  const float* w = weights + t * K;
+  bool bad = false, any = false;
+  for (int64_t i = 0; i < K; ++i) {
+    bad |= row[i] < -1 || row[i] >= R;
+    any |= row[i] >= 0;
+  }
+  float* o = out + t * D;
+  if (bad || !any) {
+    const float fill = bad ? __int_as_float(0x7fc00000) : 0.0f;
+    for (int64_t c = c0; c < D; c += step) o[c] = fill;
+    return;
+  }
+  if constexpr (kVec4) {
+    for (int64_t c = c0; c < D / 4; c += step) {
+      float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      bool first = true;
+      for (int64_t i = 0; i < K; ++i) {
+        if (row[i] < 0) continue;
+        const float4 v = reinterpret_cast<const float4*>(y + static_cast<int64_t>(row[i]) * D)[c];
+        const float wi = w[i];
+        if (first) {
+          acc = make_float4(__fmul_rn(wi, v.x), __fmul_rn(wi, v.y), __fmul_rn(wi, v.z),
+                            __fmul_rn(wi, v.w));
+          first = false;
+        } else {
+          acc.x = __fadd_rn(acc.x, __fmul_rn(wi, v.x));
+          acc.y = __fadd_rn(acc.y, __fmul_rn(wi, v.y));
+          acc.z = __fadd_rn(acc.z, __fmul_rn(wi, v.z));
+          acc.w = __fadd_rn(acc.w, __fmul_rn(wi, v.w));
+        }
+      }
+      reinterpret_cast<float4*>(o)[c] = acc;
+    }
+  } else {
+    for (int64_t c = c0; c < D; c += step) {
+      float acc = 0.0f;
+      bool first = true;
+      for (int64_t i = 0; i < K; ++i) {
+        if (row[i] < 0) continue;
+        const float p = __fmul_rn(w[i], y[static_cast<int64_t>(row[i]) * D + c]);
+        acc = first ? p : __fadd_rn(acc, p);
+        first = false;
+      }
+      o[c] = acc;
+    }
+  }
+}
+
+}  // namespace
+
+namespace launch {
+
+void moe_route(cudaStream_t stream, const float* logits, const float* bias, int64_t T, int E, int K,
+               int n_group, int topk_group, bool sigmoid, bool renormalize, float routed_scaling,
+               int32_t* ids, float* weights) {
+  if (T == 0) return;
+  const int64_t blocks = (T + kRouteWarps - 1) / kRouteWarps;
+  LOOM_CHECK_GRID(blocks);
+  const size_t smem = sizeof(float) * 2 * static_cast<size_t>(E) * kRouteWarps;
+  const bool grouped = n_group > 1 && topk_group < n_group;
+  if (sigmoid) {
+    route_kernel<true><<<static_cast<unsigned>(blocks), kRouteWarps * 32, smem, stream>>>(
+        logits, bias, T, E, K, n_group, topk_group, grouped, renormalize, routed_scaling, ids,
+        weights);
+  } else {
+    route_kernel<false><<<static_cast<unsigned>(blocks), kRouteWarps * 32, smem, stream>>>(
+        logits, bias, T, E, K, n_group, topk_group, grouped, renormalize, routed_scaling, ids,
+        weights);
+  }
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+size_t moe_permute_scratch_bytes(int64_t slots, int64_t ne) {
+  if (slots <= kMoePermuteOneBlockSlots) return 0;
+  return sizeof(int32_t) * static_cast<size_t>((slots + kChunkSlots - 1) / kChunkSlots * ne);
+}
+
+void moe_permute(cudaStream_t stream, const float* x, const int32_t* ids, int64_t T, int64_t K,
+                 int64_t D, int64_t first_expert, int64_t ne, int32_t* offsets,
+                 int32_t* row_of_slot, float* x_sorted, int64_t R, bool vec4, void* scratch) {
+  const int64_t slots = T * K;
+  const int n = static_cast<int>(ne);
+  if (slots <= kMoePermuteOneBlockSlots) {
+    const size_t smem = sizeof(int) * (static_cast<size_t>(kRankWarps + 1) * ne + 32);
+    if (smem > 48 * 1024) {
+      // The opt-in to more than 48 KiB of dynamic shared memory is per device: once each.
+      static std::atomic<uint64_t> done{0};
+      int device = 0;
+      LOOM_CUDA_CHECK(cudaGetDevice(&device));
+      const uint64_t bit = uint64_t{1} << (device & 63);
+      if ((done.load(std::memory_order_acquire) & bit) == 0) {
+        LOOM_CUDA_CHECK(cudaFuncSetAttribute(
+            permute_rank_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            static_cast<int>(sizeof(int) * ((kRankWarps + 1) * kMoePermuteMaxExperts + 32))));
+        done.fetch_or(bit, std::memory_order_acq_rel);
+      }
+    }
+    permute_rank_kernel<<<1, kRankWarps * 32, smem, stream>>>(ids, slots, first_expert, n, offsets,
+                                                              row_of_slot);
+    LOOM_CUDA_CHECK_LAUNCH();
+  } else {
+    const int64_t chunks = (slots + kChunkSlots - 1) / kChunkSlots;
+    LOOM_CHECK_GRID(chunks);
+    int32_t* counts = static_cast<int32_t*>(scratch);
+    permute_count_kernel<<<static_cast<unsigned>(chunks), kChunkWarps * 32, sizeof(int) * ne,
+                           stream>>>(ids, slots, first_expert, n, counts);
+    LOOM_CUDA_CHECK_LAUNCH();
+    permute_scan_kernel<<<1, kRankWarps * 32, 0, stream>>>(counts, chunks, n, offsets);
+    LOOM_CUDA_CHECK_LAUNCH();
+    permute_assign_kernel<<<static_cast<unsigned>(chunks), kChunkWarps * 32,
+                            sizeof(int) * kChunkWarps * ne, stream>>>(ids, slots, first_expert, n,
+                                                                      counts, row_of_slot);
+    LOOM_CUDA_CHECK_LAUNCH();
+  }
+  if (slots == 0 || D == 0 || ne == 0) return;
+  const unsigned blocks = dev::grid_for(slots, 8);
+  if (vec4) {
+    permute_copy_kernel<true><<<blocks, 256, 0, stream>>>(x, row_of_slot, x_sorted, slots, K, D, R);
+  } else {
+    permute_copy_kernel<false>
+        <<<blocks, 256, 0, stream>>>(x, row_of_slot, x_sorted, slots, K, D, R);
+  }
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+void moe_unpermute_combine(cudaStream_t stream, const float* y, const int32_t* rows,
+                           const float* weights, float* out, int64_t T, int64_t K, int64_t D,
+                           int64_t R, bool vec4) {
+  if (T == 0 || D == 0) return;
+  LOOM_CHECK_GRID(T);
+  // Enough column blocks per token that a few tokens still spread over the GPU.
+  const int64_t per_block = kCombineThreads * (vec4 ? 4 : 1);
+  const int64_t col_blocks = std::min<int64_t>((D + per_block - 1) / per_block, 65535);
+  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(col_blocks));
+  if (vec4) {
+    combine_kernel<true><<<grid, kCombineThreads, 0, stream>>>(y, rows, weights, out, K, D, R);
+  } else {
+    combine_kernel<false><<<grid, kCombineThreads, 0, stream>>>(y, rows, weights, out, K, D, R);
+  }
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace launch
+}  // namespace loom::cuda

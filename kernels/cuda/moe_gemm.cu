@@ -1,0 +1,851 @@
+// The grouped SwiGLU of kernels/moe.h on the GPU: for every owned expert e, the rows
+// [offsets[e], offsets[e + 1]) of x go through y = down_e(silu(gate_e x) * up_e x).
+//
+// Two launches (three on the tensor-core paths), none reading the offsets on the host:
+//   0. (tensor cores) x's kept rows, rows [0, offsets[E]), are rounded to bf16 (scratch);
+//   1. gate/up: per (expert, 128- or 64-row tile, column tile of I) block, g = x W_gate^T and
+//      u = x W_up^T for the same columns of I side by side, then h = silu(g) * u into scratch
+//      (bf16 for the tensor cores, f32 on the SIMT path), g and u into gate_up when asked;
+//   2. down: per (expert, row tile, column tile of D) block, y = h W_down^T.
+// The grid of a launch is sized from host-known bounds: sum_e ceil(n_e / BM) <= ceil(R / BM) + E
+// row tiles, times the column tiles. A block finds its expert and row tile from the offsets
+// itself (a warp-wide scan of the experts' tile counts, 32 experts at a time), and blocks past
+// the last tile return at once; blocks of one row tile are adjacent in launch order, so the
+// tile's rows are read from HBM once and reused from L2 across its column tiles.
+//
+// Paths (launch::MoeGemmPath):
+//   kSimt: f32 FMA, 64 x 64 tiles, 4 x 4 outputs per thread, weights f32 or bf16 (widened), any
+//     D and I; x and h stay f32: the CPU twin's arithmetic but for the summation order.
+//   kMma: bf16 mma.sync m16n8k16 with f32 accumulation, 128 x 128 block tiles of 8 warps (64 x 32
+//     each), k tiles of 32 in a 4-stage cp.async ring, ldmatrix fragments.
+//   kWgmma (sm_90a): bf16 wgmma m64n256k16, 128 x 256 block tiles of two warpgroups, k tiles of
+//     64 in a 4-stage cp.async ring in the 128-byte-swizzled layout wgmma reads (two tiles in
+//     flight ahead of the one being multiplied, one more still read by the previous wgmma).
+//   kWgmma128 (sm_90a): the same with m64n128k16, 128 x 128 tiles and 3 stages, two blocks per
+//     SM (one block's prologue and epilogue overlap the other's main loop).
+// kAuto takes kWgmma on sm_90 (else kMma) for aligned bf16 weights, kSimt otherwise. Measured on
+// an H200 (tests/gpu/moe_cuda_bench.cc, D = 2048, I = 768, 64 experts, 512 / 2048 rows each; the
+// run's cuBLAS bf16 GEMM at 8192^3: 796 TFLOP/s): kWgmma 443 / 475 TFLOP/s for the whole op
+// (56% / 60% of cuBLAS), of which gate/up 552 / 583, down 443 / 458, the x cast 0.10 / 0.39 ms at
+// 4.0-4.1 TB/s (14% / 15% of the op's time); kWgmma128 378 / 411; kMma 239 / 248; kSimt 31
+// (f32: 34 of the 67 TFLOP/s f32 peak). What is left to take: the x cast (fused into the gate/up
+// loads it would cost registers the 128 x 256 tile does not have, or shared memory), and the
+// down GEMM's short k loop (12 tiles of 64: the pipeline's fill and the epilogue are exposed;
+// a persistent kernel prefetching the next tile would hide them).
+// Both tensor-core paths need D and I multiples of 8 and 16-byte aligned tensors (every row a
+// whole number of 16-byte pieces; k tails and missing rows are zero-filled by cp.async); x and h
+// are bf16 operands, so results differ from the f32 CPU twin by bf16 rounding (~2^-9 relative
+// per element). On the gate/up GEMM the B tile interleaves W_gate and W_up by 8 rows, so each
+// thread holds g and u of the same (row, column) in registers and h needs no shared memory.
+//
+// Batch invariance: every output element is one dot product over the whole K in a fixed order
+// (k tiles in order; within a tile, k ascending for SIMT, the tensor-core instruction's own fixed
+// order for mma/wgmma), accumulated in registers of one thread, with no split-K and no
+// reduction across blocks. Its value depends only on its row of x and the expert's weights, not
+// on the other rows of the call, the row's place in its tile, or how many tiles there are; the
+// path depends on dtypes, D, I and the device only. So a token's y row is the same bits alone and
+// in any batch.
+//
+// The offsets are not checked on the host (that needs a copy back); rows are clamped to [0, R)
+// so that bad offsets never reach outside x, y, gate_up or the scratch.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/moe_launch.h"
+
+namespace loom::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+constexpr unsigned kFull = 0xffffffffu;
+
+// ---- tile schedule -----------------------------------------------------------------------------
+
+struct Tile {
+  int e = -1;       // owned expert
+  int row0 = 0;     // first row of the tile
+  int row_end = 0;  // the expert's end row (rows of the tile at or past it are missing)
+};
+
+// Row tile `slot` of the concatenation of every expert's ceil(n_e / BM) tiles; e = -1 past the
+// last. Run by every warp of the block (the same answer in all, no shared memory).
+__device__ __forceinline__ Tile find_tile(const int32_t* __restrict__ off, int E, int R, int slot,
+                                          int BM) {
+  const int lane = threadIdx.x & 31;
+  int base = 0;
+  for (int e0 = 0; e0 < E; e0 += 32) {
+    const int e = e0 + lane;
+    int lo = 0, hi = 0;
+    if (e < E) {
+      lo = min(max(off[e], 0), R);
+      hi = min(max(off[e + 1], lo), R);
+    }
+    const int n = (hi - lo + BM - 1) / BM;
+    int incl = n;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(kFull, incl, o);
+      if (lane >= o) incl += v;
+    }
+    const int total = __shfl_sync(kFull, incl, 31);
+    if (slot < base + total) {
+      const int L = __ffs(__ballot_sync(kFull, base + incl > slot)) - 1;
+      const int incl_l = __shfl_sync(kFull, incl, L), n_l = __shfl_sync(kFull, n, L);
+      const int lo_l = __shfl_sync(kFull, lo, L), hi_l = __shfl_sync(kFull, hi, L);
+      Tile t;
+      t.e = e0 + L;
+      t.row0 = lo_l + (slot - (base + incl_l - n_l)) * BM;
+      t.row_end = hi_l;
+      return t;
+    }
+    base += total;
+  }
+  return Tile{};
+}
+
+// The launch's row-tile slots: an upper bound of sum_e ceil(n_e / BM).
+int64_t row_slots(int64_t R, int64_t E, int BM) { return (R + BM - 1) / BM + E; }
+
+// ---- shared helpers ----------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Parameters of one GEMM launch: out[rows of e, N] from a [R, K] and expert e's b [N, K].
+// kDual (gate/up): b0 = W_gate, b1 = W_up, N = I, out h [R, I] (and gate_up [2, R, I]);
+// else (down): b0 = W_down, N = D, out y [R, D].
+struct GemmParams {
+  const void* a = nullptr;
+  const void* b0 = nullptr;
+  const void* b1 = nullptr;
+  const int32_t* off = nullptr;
+  int E = 0, R = 0, N = 0, K = 0, ntn = 0;  // ntn: column tiles
+  void* h = nullptr;
+  float* gate_up = nullptr;
+  float* y = nullptr;
+};
+
+// One output pair (columns col, col + 1 of row `row`) of the gate/up GEMM: h, and g, u if kept.
+template <typename H>
+__device__ __forceinline__ void store_gate_up(const GemmParams& p, int row, int col, float g0,
+                                              float g1, float u0, float u1) {
+  const int64_t i = static_cast<int64_t>(row) * p.N + col;
+  const float h0 = dev::silu(g0) * u0, h1 = dev::silu(g1) * u1;
+  if constexpr (sizeof(H) == 2) {
+    *reinterpret_cast<uint32_t*>(static_cast<bf16*>(p.h) + i) = pack_bf16(h0, h1);
+  } else {
+    *reinterpret_cast<float2*>(static_cast<float*>(p.h) + i) = make_float2(h0, h1);
+  }
+  if (p.gate_up) {
+    *reinterpret_cast<float2*>(p.gate_up + i) = make_float2(g0, g1);
+    *reinterpret_cast<float2*>(p.gate_up + static_cast<int64_t>(p.R) * p.N + i) =
+        make_float2(u0, u1);
+  }
+}
+
+// ---- phase 0: x's kept rows to bf16 ------------------------------------------------------------
+
+constexpr int kCastUnroll = 4;  // float4 loads in flight per thread
+
+__global__ void __launch_bounds__(256)
+    x_to_bf16_kernel(const float* __restrict__ x, const int32_t* __restrict__ off, int E, int R,
+                     int64_t D, bf16* __restrict__ xb) {
+  const int64_t rows = min(max(off[E], 0), R);
+  const int64_t n4 = rows * D / 4;  // D % 8 == 0
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  uint2* o = reinterpret_cast<uint2*>(xb);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
+       i += stride * kCastUnroll) {
+    float4 v[kCastUnroll];
+#pragma unroll
+    for (int u = 0; u < kCastUnroll; ++u)
+      if (i + u * stride < n4) v[u] = x4[i + u * stride];
+#pragma unroll
+    for (int u = 0; u < kCastUnroll; ++u)
+      if (i + u * stride < n4)
+        o[i + u * stride] = make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
+  }
+}
+
+// ---- SIMT path ---------------------------------------------------------------------------------
+
+namespace simt {
+
+constexpr int BM = 64, BN = 64, BK = 16, kThreads = 256, LDS = BM + 4;
+
+template <bool kBf16>
+__device__ __forceinline__ float weight_at(const void* w, int64_t i) {
+  if constexpr (kBf16) {
+    return __bfloat162float(static_cast<const bf16*>(w)[i]);
+  } else {
+    return static_cast<const float*>(w)[i];
+  }
+}
+
+// Thread (ty, tx) = (tid / 16, tid % 16) owns rows 4 ty.. and columns 4 tx.. of the 64 x 64 tile
+// (of both g and u on the gate/up GEMM). Each output is fmaf over k = 0..K-1 in order from 0.
+template <bool kDual, bool kBf16>
+__global__ void __launch_bounds__(kThreads) kernel(GemmParams p) {
+  constexpr int NB = kDual ? 2 : 1;
+  __shared__ __align__(16) float As[BK][LDS];
+  __shared__ __align__(16) float Bs[NB][BK][LDS];
+  const int slot = static_cast<int>(blockIdx.x / p.ntn), nt = static_cast<int>(blockIdx.x % p.ntn);
+  const Tile t = find_tile(p.off, p.E, p.R, slot, BM);
+  if (t.e < 0) return;
+  const int n0 = nt * BN, tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
+  const float* a = static_cast<const float*>(p.a);
+  const int64_t wbase = static_cast<int64_t>(t.e) * p.N * p.K;
+
+  float ra[4], rb[NB][4];
+  const auto load = [&](int k0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int q = tid + i * kThreads, r = q >> 4, k = k0 + (q & 15);
+      const int row = t.row0 + r, col = n0 + r;
+      ra[i] = row < t.row_end && k < p.K ? a[static_cast<int64_t>(row) * p.K + k] : 0.0f;
+      const bool bok = col < p.N && k < p.K;
+      const int64_t wi = wbase + static_cast<int64_t>(col) * p.K + k;
+      rb[0][i] = bok ? weight_at<kBf16>(p.b0, wi) : 0.0f;
+      if constexpr (kDual) rb[1][i] = bok ? weight_at<kBf16>(p.b1, wi) : 0.0f;
+    }
+  };
+  float acc[NB][4][4] = {};
+  const int KT = (p.K + BK - 1) / BK;
+  if (KT > 0) load(0);
+  for (int kt = 0; kt < KT; ++kt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int q = tid + i * kThreads, r = q >> 4, k = q & 15;
+      As[k][r] = ra[i];
+#pragma unroll
+      for (int b = 0; b < NB; ++b) Bs[b][k][r] = rb[b][i];
+    }
+    __syncthreads();
+    if (kt + 1 < KT) load((kt + 1) * BK);
+#pragma unroll
+    for (int k = 0; k < BK; ++k) {
+      const float4 av = *reinterpret_cast<const float4*>(&As[k][ty * 4]);
+      const float ar[4] = {av.x, av.y, av.z, av.w};
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        const float4 bv = *reinterpret_cast<const float4*>(&Bs[b][k][tx * 4]);
+        const float br[4] = {bv.x, bv.y, bv.z, bv.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[b][i][j] = fmaf(ar[i], br[j], acc[b][i][j]);
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int row = t.row0 + ty * 4 + i;
+    if (row >= t.row_end) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int col = n0 + tx * 4 + j;
+      if (col >= p.N) continue;
+      const int64_t o = static_cast<int64_t>(row) * p.N + col;
+      if constexpr (kDual) {
+        const float g = acc[0][i][j], u = acc[1][i][j];
+        static_cast<float*>(p.h)[o] = dev::silu(g) * u;
+        if (p.gate_up) {
+          p.gate_up[o] = g;
+          p.gate_up[static_cast<int64_t>(p.R) * p.N + o] = u;
+        }
+      } else {
+        p.y[o] = acc[0][i][j];
+      }
+    }
+  }
+}
+
+}  // namespace simt
+
+// ---- B-tile rows of the tensor-core paths ------------------------------------------------------
+
+// Tile row j of the B operand: on the gate/up GEMM, 8-row blocks alternate W_gate and W_up over
+// the same columns of I (block jb: matrix jb & 1, columns n0 + 8 (jb >> 1) ..); else row n0 + j.
+template <bool kDual>
+__device__ __forceinline__ const bf16* b_row(const GemmParams& p, int e, int n0, int j, bool& ok) {
+  int col;
+  const void* w = p.b0;
+  if constexpr (kDual) {
+    col = n0 + (j >> 4) * 8 + (j & 7);
+    if ((j >> 3) & 1) w = p.b1;
+  } else {
+    col = n0 + j;
+  }
+  ok = col < p.N;
+  return static_cast<const bf16*>(w) + (static_cast<int64_t>(e) * p.N + (ok ? col : 0)) * p.K;
+}
+
+// ---- mma.sync path -----------------------------------------------------------------------------
+
+namespace mma {
+
+constexpr int BM = 128, BN = 128, BK = 32, kStages = 4, kThreads = 256, LDS = BK + 8;
+constexpr size_t kSmem = sizeof(bf16) * kStages * (BM + BN) * LDS;  // 80 KiB
+
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// Warps 2 (rows) x 4 (columns), each 64 x 32: acc[mi][nj] is the m16 x n8 tile at rows
+// 64 wm + 16 mi, columns 32 wn + 8 nj; lane 4 g + c holds rows g, g + 8 and columns 2c, 2c + 1.
+// On the gate/up GEMM, nj = 2q (gate) and 2q + 1 (up) are columns n0 + 8 (2 wn + q) + 2c of I.
+template <bool kDual>
+__global__ void __launch_bounds__(kThreads, 2) kernel(GemmParams p) {
+  extern __shared__ __align__(128) unsigned char mma_smem[];
+  bf16* sA = reinterpret_cast<bf16*>(mma_smem);
+  bf16* sB = sA + kStages * BM * LDS;
+  const int slot = static_cast<int>(blockIdx.x / p.ntn), nt = static_cast<int>(blockIdx.x % p.ntn);
+  const Tile t = find_tile(p.off, p.E, p.R, slot, BM);
+  if (t.e < 0) return;
+  const int n0 = nt * (kDual ? BN / 2 : BN);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
+  const bf16* a = static_cast<const bf16*>(p.a);
+
+  // Loads: 16-byte piece kc = tid & 3 of rows (tid >> 2) + 64 i of the A and B tiles.
+  const int kc = tid & 3;
+  const bf16* a_src[2];
+  const bf16* b_src[2];
+  bool a_ok[2], b_ok[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = (tid >> 2) + 64 * i, row = t.row0 + r;
+    a_ok[i] = row < t.row_end;
+    a_src[i] = a + static_cast<int64_t>(a_ok[i] ? row : 0) * p.K + kc * 8;
+    b_src[i] = b_row<kDual>(p, t.e, n0, r, b_ok[i]) + kc * 8;
+  }
+  const uint32_t sA0 = smem_addr(sA), sB0 = smem_addr(sB);
+  const auto load = [&](int stage, int kt) {
+    const int k = kt * BK;
+    const bool k_ok = k + kc * 8 < p.K;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint32_t off = (((tid >> 2) + 64 * i) * LDS + kc * 8) * 2;
+      const bool ao = a_ok[i] && k_ok, bo = b_ok[i] && k_ok;
+      cp_async16(sA0 + (stage * BM * LDS) * 2 + off, ao ? a_src[i] + k : a, ao);
+      cp_async16(sB0 + (stage * BN * LDS) * 2 + off, bo ? b_src[i] + k : a, bo);
+    }
+  };
+
+  float acc[4][4][4] = {};
+  const int KT = (p.K + BK - 1) / BK;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < KT) load(s, s);
+    cp_async_commit();
+  }
+  // ldmatrix addresses (bytes, within a stage): A rows 64 wm + 16 mi + (lane & 15), k
+  // (lane >> 4) 8; B rows 32 wn + 16 np + (lane & 7) + (lane >> 4) 8, k ((lane >> 3) & 1) 8.
+  const uint32_t a_frag = ((wm * 64 + (lane & 15)) * LDS + (lane >> 4) * 8) * 2;
+  const uint32_t b_frag =
+      ((wn * 32 + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8) * 2;
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // tile kt is in; every warp is done with the stage refilled below
+    if (kt + kStages - 1 < KT) load((kt + kStages - 1) % kStages, kt + kStages - 1);
+    cp_async_commit();
+    const int stage = kt % kStages;
+    const uint32_t As = sA0 + (stage * BM * LDS) * 2 + a_frag;
+    const uint32_t Bs = sB0 + (stage * BN * LDS) * 2 + b_frag;
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      uint32_t af[4][4], bfr[4][2];
+#pragma unroll
+      for (int mi = 0; mi < 4; ++mi) ldsm4(af[mi], As + (mi * 16 * LDS + kk) * 2);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        uint32_t r[4];
+        ldsm4(r, Bs + (np * 16 * LDS + kk) * 2);
+        bfr[2 * np][0] = r[0];
+        bfr[2 * np][1] = r[1];
+        bfr[2 * np + 1][0] = r[2];
+        bfr[2 * np + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+        for (int nj = 0; nj < 4; ++nj) mma16816(acc[mi][nj], af[mi], bfr[nj][0], bfr[nj][1]);
+    }
+  }
+  cp_async_wait<0>();
+
+  const int g = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < 4; ++mi) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int row = t.row0 + wm * 64 + mi * 16 + g + hf * 8;
+      if (row >= t.row_end) continue;
+      if constexpr (kDual) {
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const int col = n0 + (wn * 2 + q) * 8 + 2 * c;
+          if (col >= p.N) continue;
+          store_gate_up<bf16>(p, row, col, acc[mi][2 * q][2 * hf], acc[mi][2 * q][2 * hf + 1],
+                              acc[mi][2 * q + 1][2 * hf], acc[mi][2 * q + 1][2 * hf + 1]);
+        }
+      } else {
+#pragma unroll
+        for (int nj = 0; nj < 4; ++nj) {
+          const int col = n0 + wn * 32 + nj * 8 + 2 * c;
+          if (col >= p.N) continue;
+          *reinterpret_cast<float2*>(p.y + static_cast<int64_t>(row) * p.N + col) =
+              make_float2(acc[mi][nj][2 * hf], acc[mi][nj][2 * hf + 1]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace mma
+
+// ---- wgmma path (sm_90a) -----------------------------------------------------------------------
+
+namespace wg {
+
+// Two tile shapes: 128 x 256 (one block per SM, 4 stages: two k tiles in flight) and 128 x 128
+// (two blocks per SM, 3 stages: one k tile in flight per block), chosen by launch::MoeGemmPath.
+constexpr int BM = 128, BK = 64, kThreads = 256;
+template <int BN_, int kStages_>
+struct Cfg {
+  static constexpr int BN = BN_, kStages = kStages_, kAhead = kStages - 2;
+  static constexpr int kAStage = BM * BK * 2, kBStage = BN * BK * 2;     // bytes
+  static constexpr size_t kSmem = kStages * (kAStage + kBStage) + 1024;  // + 1024-byte alignment
+  static constexpr int kBlocksPerSm = BN == 128 ? 2 : 1;
+  static_assert(kAhead >= 1, "a stage may still be read by the previous tile's wgmma");
+};
+using Wide = Cfg<256, 4>;    // 193 KiB of shared memory
+using Narrow = Cfg<128, 3>;  // 97 KiB
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define LOOM_MOE_WGMMA 1
+
+// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
+__device__ __forceinline__ uint64_t desc(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
+         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d += A B^T for one warpgroup: A 64 x 16 and B 256 x 16 bf16 (K-major, 128-byte swizzle) in
+// shared memory, described by da and db; d: the m64n256 f32 accumulator fragment.
+__device__ __forceinline__ void wgmma_k16(float (&d)[128], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, "
+      "%127"
+      "}, %128, %129, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
+        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
+        "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
+        "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
+        "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
+        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
+        "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(da), "l"(db), "r"(1));
+}
+// The same for B 128 x 16: d is the m64n128 f32 accumulator fragment.
+__device__ __forceinline__ void wgmma_k16(float (&d)[64], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(da), "l"(db), "r"(1));
+}
+#endif
+
+// Warpgroup w computes rows 64 w.. of the 128 x BN tile. Its accumulator d[4 j + q] is row
+// 64 w + 16 (warp % 4) + g + 8 (q >> 1), column 8 j + 2c + (q & 1) (lane 4 g + c), as mma.sync's.
+// Shared tiles: row r of a stage at r * 128 bytes, its 16-byte piece kc at (kc ^ (r % 8)) * 16:
+// the 128-byte swizzle (stage bases 1024-byte aligned).
+template <bool kDual, class C>
+__global__ void __launch_bounds__(kThreads, C::kBlocksPerSm) kernel(GemmParams p) {
+#if defined(LOOM_MOE_WGMMA)
+  constexpr int BN = C::BN, kStages = C::kStages, kAhead = C::kAhead;
+  constexpr int kAStage = C::kAStage, kBStage = C::kBStage, kBRows = BN / 32;
+  extern __shared__ __align__(1024) unsigned char wg_smem[];
+  const uint32_t raw = smem_addr(wg_smem);
+  const uint32_t sA0 = (raw + 1023) & ~1023u, sB0 = sA0 + kStages * kAStage;
+  const int slot = static_cast<int>(blockIdx.x / p.ntn), nt = static_cast<int>(blockIdx.x % p.ntn);
+  const Tile t = find_tile(p.off, p.E, p.R, slot, BM);
+  if (t.e < 0) return;
+  const int n0 = nt * (kDual ? BN / 2 : BN);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, w = warp >> 2;
+  const bf16* a = static_cast<const bf16*>(p.a);
+
+  // Loads: piece kc = tid & 7 of rows (tid >> 3) + 32 i (A: i < 4, B: i < BN / 32); r % 8 is the
+  // same for all of a thread's rows, so is the swizzled piece.
+  const int kc = tid & 7, r0 = tid >> 3;
+  const uint32_t dst0 = r0 * 128 + ((kc ^ (r0 & 7)) << 4);
+  const bf16* a_src[4];
+  const bf16* b_src[kBRows];
+  uint32_t a_ok = 0, b_ok = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int row = t.row0 + r0 + 32 * i;
+    const bool ok = row < t.row_end;
+    a_ok |= ok ? 1u << i : 0u;
+    a_src[i] = a + static_cast<int64_t>(ok ? row : 0) * p.K + kc * 8;
+  }
+#pragma unroll
+  for (int i = 0; i < kBRows; ++i) {
+    bool ok;
+    b_src[i] = b_row<kDual>(p, t.e, n0, r0 + 32 * i, ok) + kc * 8;
+    b_ok |= ok ? 1u << i : 0u;
+  }
+  const auto load = [&](int stage, int kt) {
+    const int k = kt * BK;
+    const bool k_ok = k + kc * 8 < p.K;
+    const uint32_t da = sA0 + stage * kAStage + dst0, db = sB0 + stage * kBStage + dst0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const bool ok = k_ok && (a_ok >> i & 1u);
+      cp_async16(da + i * 32 * 128, ok ? a_src[i] + k : a, ok);
+    }
+#pragma unroll
+    for (int i = 0; i < kBRows; ++i) {
+      const bool ok = k_ok && (b_ok >> i & 1u);
+      cp_async16(db + i * 32 * 128, ok ? b_src[i] + k : a, ok);
+    }
+  };
+
+  float d[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
+  const int KT = (p.K + BK - 1) / BK;
+#pragma unroll
+  for (int s = 0; s < kAhead; ++s) {
+    if (s < KT) load(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<kAhead - 1>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // our copies -> wgmma
+    // Tile kt is in for everyone; every warpgroup has waited for its wgmma of tile kt - 2, whose
+    // stage is refilled below.
+    __syncthreads();
+    if (kt + kAhead < KT) load((kt + kAhead) % kStages, kt + kAhead);
+    cp_async_commit();
+    const int stage = kt % kStages;
+    const uint64_t da = desc(sA0 + stage * kAStage + w * 64 * 128);
+    const uint64_t db = desc(sB0 + stage * kBStage);
+    fence_operands(d);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int k16 = 0; k16 < BK / 16; ++k16) wgmma_k16(d, da + 2 * k16, db + 2 * k16);
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+    fence_operands(d);
+  }
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  fence_operands(d);
+  cp_async_wait<0>();
+
+  const int g = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int row = t.row0 + w * 64 + (warp & 3) * 16 + g + hf * 8;
+    if (row >= t.row_end) continue;
+    if constexpr (kDual) {
+#pragma unroll
+      for (int q = 0; q < BN / 16; ++q) {
+        const int col = n0 + q * 8 + 2 * c;
+        if (col >= p.N) continue;
+        const float* dg = d + 4 * (2 * q) + 2 * hf;
+        const float* du = d + 4 * (2 * q + 1) + 2 * hf;
+        store_gate_up<bf16>(p, row, col, dg[0], dg[1], du[0], du[1]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const int col = n0 + j * 8 + 2 * c;
+        if (col >= p.N) continue;
+        *reinterpret_cast<float2*>(p.y + static_cast<int64_t>(row) * p.N + col) =
+            make_float2(d[4 * j + 2 * hf], d[4 * j + 2 * hf + 1]);
+      }
+    }
+  }
+#else
+  // Compiled for a device without wgmma: the host never launches this (moe_swiglu_supported).
+  __trap();
+#endif
+}
+
+}  // namespace wg
+
+// ---- host side ---------------------------------------------------------------------------------
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+bool tensor_core_shape(const launch::MoeSwigluArgs& a) {
+  return a.bf16 && a.D % 8 == 0 && a.I % 8 == 0 && aligned16(a.x) && aligned16(a.y) &&
+         aligned16(a.w_gate) && aligned16(a.w_up) && aligned16(a.w_down) &&
+         (a.gate_up == nullptr || aligned16(a.gate_up));
+}
+
+// Compute capability 9.0 (H100/H200), where the sm_90a code of the wgmma kernel runs.
+bool device_has_wgmma() {
+  int dev = 0, major = 0, minor = 0;
+  LOOM_CUDA_CHECK(cudaGetDevice(&dev));
+  LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  return major == 9 && minor == 0;
+}
+
+// The opt-in to more than 48 KiB of dynamic shared memory is per device: once each (bit d of
+// `done` for device d).
+template <typename Kernel>
+void allow_smem(Kernel kernel, size_t bytes, std::atomic<uint64_t>& done) {
+  int device = 0;
+  LOOM_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if ((done.load(std::memory_order_acquire) & bit) != 0) return;
+  LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(bytes)));
+  done.fetch_or(bit, std::memory_order_acq_rel);
+}
+
+void launch_grid(int64_t blocks) { LOOM_CHECK_GRID(blocks); }
+
+// The two wgmma launches with tile configuration C.
+template <class C>
+void run_wgmma(cudaStream_t stream, const launch::MoeSwigluArgs& a, GemmParams up,
+               GemmParams down) {
+  static std::atomic<uint64_t> up_done{0}, down_done{0};
+  allow_smem(wg::kernel<true, C>, C::kSmem, up_done);
+  allow_smem(wg::kernel<false, C>, C::kSmem, down_done);
+  const int64_t slots = row_slots(a.R, a.E, wg::BM);
+  up.ntn = static_cast<int>((a.I + C::BN / 2 - 1) / (C::BN / 2));
+  down.ntn = static_cast<int>((a.D + C::BN - 1) / C::BN);
+  if (up.ntn > 0 && (a.phases & 2)) {
+    launch_grid(slots * up.ntn);
+    wg::kernel<true, C>
+        <<<static_cast<unsigned>(slots * up.ntn), wg::kThreads, C::kSmem, stream>>>(up);
+    LOOM_CUDA_CHECK_LAUNCH();
+  }
+  if (down.ntn > 0 && (a.phases & 4)) {
+    launch_grid(slots * down.ntn);
+    wg::kernel<false, C>
+        <<<static_cast<unsigned>(slots * down.ntn), wg::kThreads, C::kSmem, stream>>>(down);
+    LOOM_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace
+
+namespace launch {
+
+const char* moe_gemm_path_name(MoeGemmPath path) {
+  switch (path) {
+    case MoeGemmPath::kAuto:
+      return "auto";
+    case MoeGemmPath::kSimt:
+      return "simt";
+    case MoeGemmPath::kMma:
+      return "mma";
+    case MoeGemmPath::kWgmma:
+      return "wgmma";
+    case MoeGemmPath::kWgmma128:
+      return "wgmma128";
+  }
+  return "?";
+}
+
+bool moe_swiglu_supported(const MoeSwigluArgs& a, MoeGemmPath path) {
+  switch (path) {
+    case MoeGemmPath::kAuto:
+    case MoeGemmPath::kSimt:
+      return true;
+    case MoeGemmPath::kMma:
+      return tensor_core_shape(a);
+    case MoeGemmPath::kWgmma:
+    case MoeGemmPath::kWgmma128:
+      return tensor_core_shape(a) && device_has_wgmma();
+  }
+  return false;
+}
+
+MoeGemmPath moe_swiglu_resolve(const MoeSwigluArgs& a, MoeGemmPath path) {
+  if (path != MoeGemmPath::kAuto) return path;
+  if (!tensor_core_shape(a)) return MoeGemmPath::kSimt;
+  return device_has_wgmma() ? MoeGemmPath::kWgmma : MoeGemmPath::kMma;
+}
+
+size_t moe_swiglu_scratch_bytes(const MoeSwigluArgs& a, MoeGemmPath path) {
+  path = moe_swiglu_resolve(a, path);
+  const size_t rows = static_cast<size_t>(a.R);
+  if (path == MoeGemmPath::kSimt) return align256(rows * a.I * sizeof(float));
+  return align256(rows * a.D * sizeof(bf16)) + align256(rows * a.I * sizeof(bf16));
+}
+
+void moe_grouped_swiglu(cudaStream_t stream, const MoeSwigluArgs& a, MoeGemmPath path,
+                        void* scratch) {
+  path = moe_swiglu_resolve(a, path);
+  if (a.R == 0 || a.E == 0) return;
+  GemmParams up;  // gate/up GEMM
+  up.off = a.offsets;
+  up.E = static_cast<int>(a.E);
+  up.R = static_cast<int>(a.R);
+  up.N = static_cast<int>(a.I);
+  up.K = static_cast<int>(a.D);
+  up.b0 = a.w_gate;
+  up.b1 = a.w_up;
+  up.gate_up = a.gate_up;
+  GemmParams down;  // down GEMM
+  down.off = a.offsets;
+  down.E = up.E;
+  down.R = up.R;
+  down.N = static_cast<int>(a.D);
+  down.K = static_cast<int>(a.I);
+  down.b0 = a.w_down;
+  down.y = a.y;
+
+  if (path == MoeGemmPath::kSimt) {
+    up.a = a.x;
+    up.h = scratch;
+    down.a = scratch;
+    const int64_t slots = row_slots(a.R, a.E, simt::BM);
+    up.ntn = static_cast<int>((a.I + simt::BN - 1) / simt::BN);
+    down.ntn = static_cast<int>((a.D + simt::BN - 1) / simt::BN);
+    if (up.ntn > 0 && (a.phases & 2)) {
+      launch_grid(slots * up.ntn);
+      const auto k = a.bf16 ? simt::kernel<true, true> : simt::kernel<true, false>;
+      k<<<static_cast<unsigned>(slots * up.ntn), simt::kThreads, 0, stream>>>(up);
+      LOOM_CUDA_CHECK_LAUNCH();
+    }
+    if (down.ntn > 0 && (a.phases & 4)) {
+      launch_grid(slots * down.ntn);
+      const auto k = a.bf16 ? simt::kernel<false, true> : simt::kernel<false, false>;
+      k<<<static_cast<unsigned>(slots * down.ntn), simt::kThreads, 0, stream>>>(down);
+      LOOM_CUDA_CHECK_LAUNCH();
+    }
+    return;
+  }
+
+  bf16* xb = static_cast<bf16*>(scratch);
+  bf16* h = reinterpret_cast<bf16*>(static_cast<char*>(scratch) +
+                                    align256(static_cast<size_t>(a.R) * a.D * sizeof(bf16)));
+  if (a.D > 0 && (a.phases & 1)) {
+    const int64_t quads = a.R * a.D / 4;
+    const int64_t blocks =
+        std::min<int64_t>((quads + 256 * kCastUnroll - 1) / (256 * kCastUnroll), int64_t{132} * 64);
+    x_to_bf16_kernel<<<static_cast<unsigned>(std::max<int64_t>(blocks, 1)), 256, 0, stream>>>(
+        a.x, a.offsets, up.E, up.R, a.D, xb);
+    LOOM_CUDA_CHECK_LAUNCH();
+  }
+  up.a = xb;
+  up.h = h;
+  down.a = h;
+  if (path == MoeGemmPath::kMma) {
+    static std::atomic<uint64_t> up_done{0}, down_done{0};
+    allow_smem(mma::kernel<true>, mma::kSmem, up_done);
+    allow_smem(mma::kernel<false>, mma::kSmem, down_done);
+    const int64_t slots = row_slots(a.R, a.E, mma::BM);
+    up.ntn = static_cast<int>((a.I + mma::BN / 2 - 1) / (mma::BN / 2));
+    down.ntn = static_cast<int>((a.D + mma::BN - 1) / mma::BN);
+    if (up.ntn > 0 && (a.phases & 2)) {
+      launch_grid(slots * up.ntn);
+      mma::kernel<true>
+          <<<static_cast<unsigned>(slots * up.ntn), mma::kThreads, mma::kSmem, stream>>>(up);
+      LOOM_CUDA_CHECK_LAUNCH();
+    }
+    if (down.ntn > 0 && (a.phases & 4)) {
+      launch_grid(slots * down.ntn);
+      mma::kernel<false>
+          <<<static_cast<unsigned>(slots * down.ntn), mma::kThreads, mma::kSmem, stream>>>(down);
+      LOOM_CUDA_CHECK_LAUNCH();
+    }
+    return;
+  }
+  if (path == MoeGemmPath::kWgmma) {
+    run_wgmma<wg::Wide>(stream, a, up, down);
+  } else {
+    run_wgmma<wg::Narrow>(stream, a, up, down);
+  }
+}
+
+}  // namespace launch
+}  // namespace loom::cuda

@@ -1,0 +1,73 @@
+// Raw launchers of the MoE forward kernels (kernels/cuda/moe.cu: router, permute, combine;
+// kernels/cuda/moe_gemm.cu: the grouped SwiGLU). Like launch.h this header includes no Loom or
+// Abseil header, so nvcc never parses Abseil; the Tensor-level entry points and their checks are
+// in kernels/cuda/moe.{h,cc}. Index tensors (expert ids, offsets, row_of_slot) live on the device
+// and are never copied back: no launcher synchronises.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace loom::cuda::launch {
+
+// moe_route: logits [T, E] f32, bias [E] f32 or null; ids [T, K] i32, weights [T, K] f32.
+// E <= kMoeRouteMaxExperts. `grouped`: n_group > 1 and topk_group < n_group.
+inline constexpr int kMoeRouteMaxExperts = 1024;
+void moe_route(cudaStream_t stream, const float* logits, const float* bias, int64_t T, int E, int K,
+               int n_group, int topk_group, bool sigmoid, bool renormalize, float routed_scaling,
+               int32_t* ids, float* weights);
+
+// moe_permute: ids [slots = T * K] i32; offsets [ne + 1] and row_of_slot [slots] i32 (written);
+// x [T, D] -> x_sorted [R, D] f32 (rows >= R are never written). ne <= kMoePermuteMaxExperts.
+// Up to kMoePermuteOneBlockSlots slots are ranked by one block; more by chunks, with
+// moe_permute_scratch_bytes of device scratch (0 below the threshold: `scratch` may be null).
+inline constexpr int kMoePermuteMaxExperts = 1024;
+inline constexpr int64_t kMoePermuteOneBlockSlots = 8192;
+size_t moe_permute_scratch_bytes(int64_t slots, int64_t ne);
+void moe_permute(cudaStream_t stream, const float* x, const int32_t* ids, int64_t T, int64_t K,
+                 int64_t D, int64_t first_expert, int64_t ne, int32_t* offsets,
+                 int32_t* row_of_slot, float* x_sorted, int64_t R, bool vec4, void* scratch);
+
+// moe_unpermute_combine: y [R, D]; rows, weights [T, K]; out [T, D].
+void moe_unpermute_combine(cudaStream_t stream, const float* y, const int32_t* rows,
+                           const float* weights, float* out, int64_t T, int64_t K, int64_t D,
+                           int64_t R, bool vec4);
+
+// The grouped SwiGLU's GEMM paths (kernels/cuda/moe_gemm.cu says how each works).
+enum class MoeGemmPath : int {
+  kAuto = 0,      // the fastest supported one for the shape, dtype and device
+  kSimt = 1,      // f32 FMA (f32 or bf16 weights, any sizes)
+  kMma = 2,       // bf16 mma.sync m16n8k16 (bf16 weights, D and I multiples of 8, 16-byte aligned)
+  kWgmma = 3,     // bf16 wgmma (as kMma, on sm_90a devices), 128 x 256 tiles
+  kWgmma128 = 4,  // the same with 128 x 128 tiles, two blocks per SM
+};
+const char* moe_gemm_path_name(MoeGemmPath path);
+
+struct MoeSwigluArgs {
+  const float* x = nullptr;          // [R, D]
+  const int32_t* offsets = nullptr;  // [E + 1], device
+  const void* w_gate = nullptr;      // [E, I, D] f32 or bf16
+  const void* w_up = nullptr;        // [E, I, D]
+  const void* w_down = nullptr;      // [E, D, I]
+  float* y = nullptr;                // [R, D]
+  float* gate_up = nullptr;          // [2, R, I] or null
+  int64_t R = 0, D = 0, I = 0, E = 0;
+  bool bf16 = false;  // weight dtype
+  // Benchmarks: which launches run (bit 0: x to bf16 on the tensor-core paths, bit 1: gate/up,
+  // bit 2: down); each reads what the earlier ones left in the scratch.
+  int phases = 7;
+};
+
+// Whether `path` can run `a` on the current device (kAuto: always).
+bool moe_swiglu_supported(const MoeSwigluArgs& a, MoeGemmPath path);
+// The path kAuto resolves to.
+MoeGemmPath moe_swiglu_resolve(const MoeSwigluArgs& a, MoeGemmPath path);
+// Device scratch bytes the (resolved) path needs: the bf16 copy of x and h = silu(g) * u.
+size_t moe_swiglu_scratch_bytes(const MoeSwigluArgs& a, MoeGemmPath path);
+// Runs the resolved path; `scratch` holds moe_swiglu_scratch_bytes bytes, 256-byte aligned.
+void moe_grouped_swiglu(cudaStream_t stream, const MoeSwigluArgs& a, MoeGemmPath path,
+                        void* scratch);
+
+}  // namespace loom::cuda::launch

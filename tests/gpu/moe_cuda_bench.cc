@@ -1,0 +1,280 @@
+// MoE forward benchmarks on the GPU with CUDA events (median of many timed calls after warm-up),
+// each next to a roofline measured in the same run:
+//  - the grouped SwiGLU (bf16 weights, Kimi-like D = 2048, I = 768 per expert, 64 local experts,
+//    512 and 2048 rows per expert) in TFLOP/s (2 R D I 3 FLOP: gate, up, down) against cuBLAS's
+//    bf16 GEMM (cublasGemmEx 8192^3, bf16 in and out, f32 compute), per GEMM path; its decode
+//    shape (a few rows per expert: every expert's weights streamed once) in GB/s of weights
+//    against the run's device-to-device copy; and each path's launches one by one (the x cast in
+//    GB/s, the gate/up and down GEMMs in TFLOP/s);
+//  - routing, permute and combine in GB/s of their compulsory traffic against the copy.
+// Inputs are random (never zeros); buffers larger than the 60 MB L2 make each call stream from HBM.
+// The ops run with a device workspace, as the engine runs them.
+// Prints "GPUBENCH <name> <achieved> <unit> <roofline> <fraction> <median ms>" lines for
+// tests/gpu/run.sh.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/workspace.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/moe.h"
+#include "kernels/moe.h"
+#include "tests/gpu/gpu_test_support.h"
+
+namespace loom {
+namespace {
+
+// The ops' temporaries come from a device workspace, as in the engine (without one, each call's
+// stream-ordered allocation would show in its time).
+const Exec& gpu() {
+  static Workspace ws(Device::kCuda, size_t{1} << 30);
+  static const Exec ex = cuda::device_exec(0, &ws);
+  return ex;
+}
+cudaStream_t stream() { return cuda::stream_of(gpu()); }
+
+double median_ms(const std::function<void(int)>& fn, int iters, int warmup = 3) {
+  return median_event_ms(stream(), fn, iters, warmup);
+}
+
+// A device tensor of `shape` filled with a repeating block of 2^22 random values (normal, scale
+// `scale`), f32 or bf16: quick to make at any size, and never all zeros.
+Tensor random_device(Shape shape, float scale = 1.0f, DType dtype = DType::kF32) {
+  static std::mt19937 rng(12345);
+  const int64_t block = int64_t{1} << 22;
+  std::normal_distribution<float> nd(0.0f, scale);
+  Tensor t = Tensor::empty(shape, dtype, Device::kCuda);
+  const int64_t n = t.numel();
+  Tensor h = Tensor::empty({std::min(block, std::max<int64_t>(n, 1))}, dtype);
+  for (int64_t i = 0; i < h.numel(); ++i) {
+    const float v = nd(rng);
+    if (dtype == DType::kBF16) {
+      h.data<uint16_t>()[i] = f32_to_bf16(v);
+    } else {
+      h.data<float>()[i] = v;
+    }
+  }
+  const size_t es = dtype_size(dtype);
+  for (int64_t i = 0; i < n; i += h.numel()) {
+    const int64_t m = std::min(h.numel(), n - i);
+    LOOM_CUDA_CHECK(
+        cudaMemcpy(static_cast<char*>(t.raw()) + i * es, h.raw(), m * es, cudaMemcpyHostToDevice));
+  }
+  return t;
+}
+
+Tensor device_i32(const std::vector<int32_t>& v, Shape shape) {
+  Tensor h = Tensor::empty(shape, DType::kI32);
+  std::copy(v.begin(), v.end(), h.data<int32_t>());
+  return cuda::to_device(h);
+}
+
+double g_copy_gbs = 0.0;                    // this run's device-to-device copy
+double g_cublas_tfs = 0.0;                  // this run's cuBLAS bf16 GEMM
+constexpr double kHbmGBs = 4800.0;          // H200 HBM3e, datasheet
+constexpr double kBf16DenseTFlops = 989.0;  // H100/H200 SXM dense bf16, datasheet
+
+void bench_copy() {
+  const int64_t n = int64_t{1} << 28;  // 1 GiB of f32
+  Tensor a = random_device({n}), b = Tensor::empty({n}, DType::kF32, Device::kCuda);
+  const double ms = median_ms(
+      [&](int) {
+        LOOM_CUDA_CHECK(
+            cudaMemcpyAsync(b.raw(), a.raw(), a.nbytes(), cudaMemcpyDeviceToDevice, stream()));
+      },
+      20);
+  g_copy_gbs = 2.0 * a.nbytes() / (ms * 1e6);
+  emit_gpubench("d2d_copy_1GiB_read+write", g_copy_gbs, "GB/s", kHbmGBs, ms);
+}
+
+void bench_cublas() {
+  const int n = 8192;
+  Tensor a = random_device({n, n}, 1.0f, DType::kBF16),
+         b = random_device({n, n}, 1.0f, DType::kBF16);
+  Tensor c = Tensor::empty({n, n}, DType::kBF16, Device::kCuda);
+  cublasHandle_t handle;
+  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
+    std::printf("cublasCreate failed\n");
+    std::exit(1);
+  }
+  cublasSetStream(handle, stream());
+  const float alpha = 1.0f, beta = 0.0f;
+  const double ms = median_ms(
+      [&](int) {
+        const cublasStatus_t st =
+            cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, b.raw(), CUDA_R_16BF, n,
+                         a.raw(), CUDA_R_16BF, n, &beta, c.raw(), CUDA_R_16BF, n,
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+          std::printf("cublasGemmEx failed: %d\n", static_cast<int>(st));
+          std::exit(1);
+        }
+      },
+      20);
+  cublasDestroy(handle);
+  g_cublas_tfs = 2.0 * n * n * double{n} / (ms * 1e9);
+  emit_gpubench("cublas_bf16_gemm_8192^3_f32_compute", g_cublas_tfs, "TFLOP/s", kBf16DenseTFlops,
+                ms);
+}
+
+// Grouped SwiGLU with `rows` rows for each of E experts (balanced offsets), bf16 weights.
+void bench_swiglu(int64_t rows, const char* path, bool f32_weights = false) {
+  const int64_t E = 64, D = 2048, I = 768, R = rows * E;
+  const DType wt = f32_weights ? DType::kF32 : DType::kBF16;
+  const Tensor wg = random_device({E, I, D}, 0.02f, wt), wu = random_device({E, I, D}, 0.02f, wt);
+  const Tensor wd = random_device({E, D, I}, 0.02f, wt);
+  const Tensor x = random_device({R, D});
+  Tensor y = Tensor::empty({R, D}, DType::kF32, Device::kCuda);
+  std::vector<int32_t> off(E + 1);
+  for (int64_t e = 0; e <= E; ++e) off[e] = static_cast<int32_t>(e * rows);
+  const Tensor offd = device_i32(off, {E + 1});
+  std::string ran;
+  const double ms = median_ms(
+      [&](int) {
+        ran = cuda::moe_grouped_swiglu_on(gpu(), path, x, offd, wg, wu, wd, y, Tensor());
+      },
+      rows >= 2048 ? 10 : 20, 2);
+  const double tfs = 6.0 * R * D * double{I} / (ms * 1e9);
+  const std::string name = "moe_swiglu_" + ran + (f32_weights ? "_f32w" : "_bf16w") +
+                           "_E64_D2048_I768_rows" + std::to_string(rows);
+  emit_gpubench((name + "_vs_cublas").c_str(), tfs, "TFLOP/s", g_cublas_tfs, ms);
+  if (ran == "simt") return;
+  // The launches one by one (each reads what the previous left in the scratch, as in the op).
+  const auto phase = [&](int bits) {
+    return median_ms(
+        [&](int) {
+          cuda::moe_grouped_swiglu_on(gpu(), path, x, offd, wg, wu, wd, y, Tensor(), bits);
+        },
+        rows >= 2048 ? 10 : 20, 2);
+  };
+  const double conv = phase(1), gate_up = phase(2), down = phase(4);
+  emit_gpubench((name + "_phase_x_to_bf16").c_str(), 6.0 * R * D / (conv * 1e6), "GB/s", g_copy_gbs,
+                conv);
+  emit_gpubench((name + "_phase_gate_up").c_str(), 4.0 * R * D * I / (gate_up * 1e9), "TFLOP/s",
+                g_cublas_tfs, gate_up);
+  emit_gpubench((name + "_phase_down").c_str(), 2.0 * R * D * I / (down * 1e9), "TFLOP/s",
+                g_cublas_tfs, down);
+}
+
+// Decode: T tokens of K = 8 routed over 64 experts (T * 8 rows): the weights of every touched
+// expert are read once; reported as weight bytes per second.
+void bench_swiglu_decode(int64_t T) {
+  const int64_t E = 64, D = 2048, I = 768, K = 8, R = T * K;
+  const Tensor wg = random_device({E, I, D}, 0.02f, DType::kBF16);
+  const Tensor wu = random_device({E, I, D}, 0.02f, DType::kBF16);
+  const Tensor wd = random_device({E, D, I}, 0.02f, DType::kBF16);
+  const Tensor x = random_device({R, D});
+  Tensor y = Tensor::empty({R, D}, DType::kF32, Device::kCuda);
+  // Rows spread evenly: expert e gets rows for e < R (R <= E) or R / E each.
+  std::vector<int32_t> off(E + 1);
+  int64_t touched = 0;
+  for (int64_t e = 0; e <= E; ++e) off[e] = static_cast<int32_t>(e * R / E);
+  for (int64_t e = 0; e < E; ++e) touched += off[e + 1] > off[e];
+  const Tensor offd = device_i32(off, {E + 1});
+  const double ms =
+      median_ms([&](int) { moe_grouped_swiglu(gpu(), x, offd, wg, wu, wd, y); }, 50, 3);
+  const double bytes = 3.0 * touched * I * D * 2;
+  emit_gpubench(("moe_swiglu_decode_T" + std::to_string(T) + "_K8_E64_weight_bytes").c_str(),
+                bytes / (ms * 1e6), "GB/s", g_copy_gbs, ms);
+}
+
+std::vector<int32_t> random_ids(int64_t T, int64_t K, int64_t E) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(E - 1));
+  std::vector<int32_t> ids(static_cast<size_t>(T * K));
+  for (int64_t t = 0; t < T; ++t) {  // K distinct experts per token
+    for (int64_t i = 0; i < K; ++i) {
+      int32_t e;
+      bool dup;
+      do {
+        e = pick(rng);
+        dup = std::find(ids.begin() + t * K, ids.begin() + t * K + i, e) != ids.begin() + t * K + i;
+      } while (dup);
+      ids[static_cast<size_t>(t * K + i)] = e;
+    }
+  }
+  return ids;
+}
+
+void bench_route(int64_t T, int E, int K, int ng, int kg) {
+  const Tensor logits = random_device({T, E}, 2.0f), bias = random_device({E}, 0.1f);
+  Tensor ids = Tensor::empty({T, K}, DType::kI32, Device::kCuda);
+  Tensor w = Tensor::empty({T, K}, DType::kF32, Device::kCuda);
+  RouterParams p;
+  p.top_k = K;
+  p.n_group = ng;
+  p.topk_group = kg;
+  p.routed_scaling = 2.5f;
+  const double ms = median_ms([&](int) { moe_route(gpu(), logits, bias, p, ids, w); }, 50);
+  const double bytes = 4.0 * T * E + 8.0 * T * K;
+  emit_gpubench(("moe_route_T" + std::to_string(T) + "_E" + std::to_string(E) + "_K" +
+                 std::to_string(K) + "_ng" + std::to_string(ng))
+                    .c_str(),
+                bytes / (ms * 1e6), "GB/s", g_copy_gbs, ms);
+}
+
+void bench_permute_combine(int64_t T, int64_t K, int64_t E, int64_t D) {
+  const Tensor x = random_device({T, D});
+  const Tensor ids = device_i32(random_ids(T, K, E), {T, K});
+  Tensor off = Tensor::empty({E + 1}, DType::kI32, Device::kCuda);
+  Tensor rows = Tensor::empty({T, K}, DType::kI32, Device::kCuda);
+  Tensor xs = Tensor::empty({T * K, D}, DType::kF32, Device::kCuda);
+  const std::string shape = "_T" + std::to_string(T) + "_K" + std::to_string(K) + "_E" +
+                            std::to_string(E) + "_D" + std::to_string(D);
+  {
+    const double ms = median_ms([&](int) { moe_permute(gpu(), x, ids, 0, E, off, rows, xs); }, 30);
+    const double bytes = 4.0 * T * D + 4.0 * T * K * D + 8.0 * T * K;  // x, x_sorted, ids, rows
+    emit_gpubench(("moe_permute" + shape).c_str(), bytes / (ms * 1e6), "GB/s", g_copy_gbs, ms);
+  }
+  {
+    const Tensor w = random_device({T, K}, 0.3f);
+    Tensor out = Tensor::empty({T, D}, DType::kF32, Device::kCuda);
+    const double ms = median_ms([&](int) { moe_unpermute_combine(gpu(), xs, rows, w, out); }, 30);
+    const double bytes = 4.0 * T * K * D + 4.0 * T * D + 8.0 * T * K;  // y, out, rows, weights
+    emit_gpubench(("moe_combine" + shape).c_str(), bytes / (ms * 1e6), "GB/s", g_copy_gbs, ms);
+  }
+}
+
+bool device_is_sm90() {
+  cudaDeviceProp prop{};
+  LOOM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  return prop.major == 9 && prop.minor == 0;
+}
+
+}  // namespace
+}  // namespace loom
+
+int main() {
+  using namespace loom;
+  cuda::init();
+  cudaDeviceProp prop{};
+  LOOM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
+  bench_copy();
+  bench_cublas();
+  for (int64_t rows : {512, 2048}) {
+    if (device_is_sm90()) {
+      bench_swiglu(rows, "wgmma");
+      bench_swiglu(rows, "wgmma128");
+    }
+    bench_swiglu(rows, "mma");
+  }
+  bench_swiglu(512, "simt");
+  bench_swiglu(512, "simt", true);
+  for (int64_t T : {1, 8, 64}) bench_swiglu_decode(T);
+  bench_route(16384, 64, 8, 1, 1);
+  bench_route(16384, 256, 8, 8, 4);
+  bench_route(16384, 384, 8, 1, 1);
+  bench_permute_combine(8192, 8, 64, 2048);
+  bench_permute_combine(16, 8, 64, 2048);
+  return 0;
+}

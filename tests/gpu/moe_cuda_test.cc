@@ -1,0 +1,532 @@
+// The MoE forward ops (kernels/moe.h: moe_route, moe_permute, moe_grouped_swiglu,
+// moe_unpermute_combine) and attnres_aggregate (kernels/attnres.h) on the GPU against their CPU
+// twins, on fresh random inputs (the seed is printed; LOOM_GPU_TEST_SEED replays one). Outputs
+// are poisoned (NaN, or -7 for indices) before every GPU call, so anything left unwritten shows.
+//
+// Sizes are awkward on purpose: token counts that are not multiples of any tile, D and I not
+// multiples of 16 or 64, E = 7 to 512 with top_k 1 to 10, grouped routing, owned expert ranges
+// that are strict subsets, experts with no rows, experts spanning several row tiles, ties in the
+// router's scores.
+//
+// Bounds (each check prints "GPUCHECK <name> <error> <bound> <PASS|FAIL>" for tests/gpu/run.sh):
+//  - moe_route ids: mismatches against the CPU, 0. The GPU computes the scores with the CPU's
+//    operations in the CPU's order (kernels/cuda/moe.cu), exp rounded as glibc's expf rounds, so
+//    even ties and near-ties select alike (observed: 0 mismatches in 48 cases on two seeds).
+//    Weights: scaled error <= 2 eps (observed <= 1 eps: glibc's expf is not always correctly
+//    rounded, so a one-ulp difference of a score can show);
+//  - moe_permute offsets and row_of_slot: mismatches, 0; x_sorted's kept rows: 0 (copies); rows
+//    past the kept ones: still NaN;
+//  - moe_grouped_swiglu, f32 arithmetic (the SIMT path, f32 or bf16 weights): scaled error
+//    <= 1e-4 (the brief's f32 bound; two length-D and one length-I dot products of O(1) terms in
+//    another order: ~sqrt(D) eps, observed <= 1.4e-6). Tensor-core paths (x and h rounded to
+//    bf16 as operands, weights the same bf16 on both sides): relative L2 error <= 1e-2 (bf16's
+//    2^-9 relative rounding of two operands: observed <= 3.0e-3 for y, 1.7e-3 for g and u).
+//    Rows past the experts' rows: still NaN;
+//  - batch invariance of the whole chain (route, permute, grouped SwiGLU on each path, combine):
+//    a token's output row alone and inside batches of 600 and 201 tokens, bit for bit (0 bits
+//    differ);
+//  - moe_unpermute_combine: scaled error <= 2 eps (the same products and sums in the same order;
+//    the host compiler may fuse the CPU's multiply-add, the GPU rounds both; observed 1 eps);
+//  - attnres_aggregate: scaled error <= (2 sqrt(D) + 16) eps (sums of squares and dot products
+//    of length D in another order, ~sqrt(D) eps each, through the softmax's logits of O(1), as
+//    the model's are, and two norms; observed 1.2e-7 at D = 37 to 3.4e-6 at D = 5000, at most
+//    0.22 of the bound).
+// Observed: H200, three runs, five seeds, every check passing; compute-sanitizer memcheck clean.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/workspace.h"
+#include "kernels/attnres.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/moe.h"
+#include "kernels/gemm.h"
+#include "kernels/moe.h"
+#include "tests/gpu/gpu_test_support.h"
+#include "tests/gpu/twin_tolerances.h"
+
+namespace loom {
+namespace {
+
+std::mt19937_64& rng() {
+  static std::mt19937_64 r(gpu_test_seed());
+  return r;
+}
+
+Tensor randn(Shape shape, float scale = 1.0f, float mean = 0.0f) {
+  return twin::randn(rng(), shape, scale, mean);
+}
+Tensor dev(const Tensor& h) { return cuda::to_device(h); }
+Tensor host(const Tensor& d) { return cuda::to_host(d); }
+Tensor poisoned(Shape shape) { return dev(Tensor::full(shape, std::nanf(""))); }
+Tensor poisoned_i32(Shape shape) {
+  Tensor t = Tensor::empty(shape, DType::kI32);
+  std::fill(t.data<int32_t>(), t.data<int32_t>() + t.numel(), -7);
+  return dev(t);
+}
+
+const Exec& gpu() {
+  static const Exec ex = cuda::device_exec(0);
+  return ex;
+}
+
+Tensor i32_tensor(const std::vector<int32_t>& v, Shape shape) {
+  Tensor t = Tensor::empty(shape, DType::kI32);
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+  return t;
+}
+
+Tensor to_bf16(const Tensor& f) {
+  Tensor t = Tensor::empty(f.shape(), DType::kBF16);
+  for (int64_t i = 0; i < f.numel(); ++i) t.data<uint16_t>()[i] = f32_to_bf16(f.data<float>()[i]);
+  return t;
+}
+
+void report(const std::string& name, double err, double tol) {
+  const bool pass = err <= tol;  // false for NaN
+  std::printf("GPUCHECK %s %.3e %.3e %s\n", name.c_str(), err, tol, pass ? "PASS" : "FAIL");
+  std::fflush(stdout);
+  EXPECT_LE(err, tol) << name;
+}
+
+// Rows [0, rows) of two host f32 tensors of one shape, as contiguous copies.
+Tensor head_rows(const Tensor& t, int64_t rows) { return t.slice(0, 0, rows).clone(); }
+
+double scaled_err(const Tensor& got, const Tensor& ref) { return twin::scaled_err(got, ref); }
+
+// ||got - ref|| / ||ref|| (infinite for NaN or a shape mismatch).
+double rel_l2(const Tensor& got, const Tensor& ref) {
+  if (got.shape() != ref.shape()) return INFINITY;
+  double num = 0.0, den = 0.0;
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    const double g = got.data<float>()[i], r = ref.data<float>()[i];
+    if (!std::isfinite(g)) return INFINITY;
+    num += (g - r) * (g - r);
+    den += r * r;
+  }
+  return den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// Elements of t (host f32) in rows [from, rows) that are not NaN: written where nothing may be.
+double written_past(const Tensor& t, int64_t from) {
+  const int64_t d = t.numel() / std::max<int64_t>(t.dim(0), 1);
+  double n = 0;
+  for (int64_t i = from * d; i < t.numel(); ++i) n += !std::isnan(t.data<float>()[i]);
+  return n;
+}
+
+int64_t mismatches_i32(const Tensor& got, const Tensor& ref) {
+  if (got.numel() != ref.numel()) return got.numel() + ref.numel();
+  int64_t n = 0;
+  for (int64_t i = 0; i < ref.numel(); ++i) n += got.data<int32_t>()[i] != ref.data<int32_t>()[i];
+  return n;
+}
+
+class MoeCuda : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    cuda::init();
+    (void)gpu_test_seed();
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// moe_route.
+
+struct RouteCase {
+  std::string name;
+  int64_t T;
+  int E, K, ng = 1, kg = 1;
+  RouterScore score = RouterScore::kSigmoid;
+  bool bias = false, renorm = true, ties = false;
+  float scaling = 1.0f;
+};
+
+void run_route_case(const RouteCase& c) {
+  Tensor logits = randn({c.T, c.E}, 2.0f);
+  Tensor bias = c.bias ? randn({c.E}, 0.1f) : Tensor();
+  if (c.ties) {  // a handful of values: many exact ties in scores, group scores and picks
+    for (int64_t i = 0; i < logits.numel(); ++i) {
+      float& v = logits.data<float>()[i];
+      v = std::round(v) / 4.0f;
+    }
+    if (bias.defined())
+      for (int64_t i = 0; i < c.E; ++i) bias.data<float>()[i] = (i % 3) * 0.125f;
+  }
+  RouterParams p;
+  p.score = c.score;
+  p.top_k = c.K;
+  p.n_group = c.ng;
+  p.topk_group = c.kg;
+  p.renormalize = c.renorm;
+  p.routed_scaling = c.scaling;
+  Tensor ids_ref = Tensor::empty({c.T, c.K}, DType::kI32), w_ref = Tensor::empty({c.T, c.K});
+  moe_route(host_exec(), logits, bias, p, ids_ref, w_ref);
+  const Tensor ids_d = poisoned_i32({c.T, c.K}), w_d = poisoned({c.T, c.K});
+  moe_route(gpu(), dev(logits), bias.defined() ? dev(bias) : Tensor(), p, ids_d, w_d);
+  report("moe_route_ids_" + c.name, static_cast<double>(mismatches_i32(host(ids_d), ids_ref)), 0);
+  report("moe_route_weights_" + c.name, scaled_err(host(w_d), w_ref), 2 * twin::kEps);
+}
+
+TEST_F(MoeCuda, Route) {
+  std::vector<RouteCase> cases;
+  for (int k : {1, 3, 7}) {
+    cases.push_back({"E7_softmax_k" + std::to_string(k), 37, 7, k, 1, 1, RouterScore::kSoftmax});
+    cases.push_back(
+        {"E7_sigmoid_bias_k" + std::to_string(k), 37, 7, k, 1, 1, RouterScore::kSigmoid, true});
+  }
+  for (int k = 1; k <= 8; ++k) {
+    cases.push_back({"E64_ng8_kg4_sigmoid_bias_k" + std::to_string(k), 1000, 64, k, 8, 4,
+                     RouterScore::kSigmoid, true, true, false, 2.5f});
+  }
+  cases.push_back({"E64_softmax_k8_raw", 1000, 64, 8, 1, 1, RouterScore::kSoftmax, false, false});
+  cases.push_back({"E64_sigmoid_k6_raw_scaled", 999, 64, 6, 1, 1, RouterScore::kSigmoid, true,
+                   false, false, 16.0f});
+  cases.push_back({"E256_ng8_kg4_k8_deepseek", 513, 256, 8, 8, 4, RouterScore::kSigmoid, true, true,
+                   false, 2.5f});
+  cases.push_back(
+      {"E384_k8_kimi", 300, 384, 8, 1, 1, RouterScore::kSigmoid, true, true, false, 2.827f});
+  cases.push_back({"E512_softmax_k10_qwen", 257, 512, 10, 1, 1, RouterScore::kSoftmax});
+  cases.push_back({"E1024_ng32_kg2_k16", 65, 1024, 16, 32, 2, RouterScore::kSigmoid, true});
+  cases.push_back({"T1_E64_k8", 1, 64, 8, 1, 1, RouterScore::kSigmoid, true});
+  // Ties in the scores, the group scores and the picks.
+  cases.push_back(
+      {"ties_E64_ng8_kg3_k8", 2000, 64, 8, 8, 3, RouterScore::kSigmoid, true, true, true});
+  cases.push_back(
+      {"ties_E64_softmax_k8", 2000, 64, 8, 1, 1, RouterScore::kSoftmax, false, true, true});
+  cases.push_back(
+      {"ties_E7_sigmoid_k7", 500, 7, 7, 1, 1, RouterScore::kSigmoid, false, true, true});
+  for (const RouteCase& c : cases) run_route_case(c);
+}
+
+// ---------------------------------------------------------------------------------------------
+// moe_permute.
+
+struct PermuteCase {
+  std::string name;
+  int64_t T, K, E, first, ne, D;
+  int skip_every = 0;  // > 0: experts e % skip_every == 1 never chosen (zero rows)
+};
+
+void run_permute_case(const PermuteCase& c) {
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(c.E - 1));
+  std::vector<int32_t> ids(static_cast<size_t>(c.T * c.K));
+  for (int32_t& id : ids) {
+    do id = pick(rng());
+    while (c.skip_every > 0 && id % c.skip_every == 1);
+  }
+  const Tensor x = randn({c.T, c.D}), ids_h = i32_tensor(ids, {c.T, c.K});
+  const int64_t R = c.T * c.K + 5;
+  Tensor off_ref = Tensor::empty({c.ne + 1}, DType::kI32);
+  Tensor rows_ref = Tensor::empty({c.T, c.K}, DType::kI32);
+  Tensor xs_ref = Tensor::full({R, c.D}, std::nanf(""));
+  moe_permute(host_exec(), x, ids_h, c.first, c.E, off_ref, rows_ref, xs_ref);
+  const int64_t kept = off_ref.data<int32_t>()[c.ne];
+
+  const Tensor off_d = poisoned_i32({c.ne + 1}), rows_d = poisoned_i32({c.T, c.K});
+  const Tensor xs_d = poisoned({R, c.D});
+  moe_permute(gpu(), dev(x), dev(ids_h), c.first, c.E, off_d, rows_d, xs_d);
+  const Tensor xs = host(xs_d);
+  report("moe_permute_offsets_" + c.name, static_cast<double>(mismatches_i32(host(off_d), off_ref)),
+         0);
+  report("moe_permute_rows_" + c.name, static_cast<double>(mismatches_i32(host(rows_d), rows_ref)),
+         0);
+  report("moe_permute_x_sorted_" + c.name, scaled_err(head_rows(xs, kept), head_rows(xs_ref, kept)),
+         0);
+  report("moe_permute_untouched_" + c.name, written_past(xs, kept), 0);
+}
+
+TEST_F(MoeCuda, Permute) {
+  const std::vector<PermuteCase> cases = {
+      {"T37_K3_E7_all_D67", 37, 3, 7, 0, 7, 67},
+      {"T37_K3_E7_owned_2to5_D67", 37, 3, 7, 2, 3, 67},
+      {"T1_K8_E64_all_D128", 1, 8, 64, 0, 64, 128},
+      // The one-block ranking's largest count, and the chunked ranking's smallest.
+      {"T1024_K8_E64_all_D64", 1024, 8, 64, 0, 64, 64},
+      {"T1025_K8_E64_owned_3to50_D64", 1025, 8, 64, 3, 47, 64, 6},
+      {"T5000_K2_E1024_all_D8", 5000, 2, 1024, 0, 1024, 8},
+      {"T1000_K8_E64_owned_16to32_D128", 1000, 8, 64, 16, 16, 128},
+      {"T4099_K8_E64_zero_row_experts_D32", 4099, 8, 64, 0, 64, 32, 4},
+      {"T4099_K6_E64_owned_40to64_zero_rows_D36", 4099, 6, 64, 40, 24, 36, 5},
+      {"T20011_K8_E384_all_D16", 20011, 8, 384, 0, 384, 16},
+      {"T300_K2_E1024_all_D8", 300, 2, 1024, 0, 1024, 8},
+      {"T50_K4_E16_owned_none_D20", 50, 4, 16, 16, 0, 20},
+  };
+  for (const PermuteCase& c : cases) run_permute_case(c);
+}
+
+// ---------------------------------------------------------------------------------------------
+// moe_grouped_swiglu.
+
+struct SwigluCase {
+  std::string name;
+  int64_t D, I;
+  std::vector<int32_t> counts;  // rows per owned expert
+  bool bf16;
+  const char* path;  // "auto" goes through the public dispatch
+  bool gate_up;
+};
+
+struct ExpertWeights {
+  Tensor gate, up, down;  // host, f32 or bf16
+};
+
+ExpertWeights random_weights(int64_t E, int64_t D, int64_t I, bool bf16) {
+  const float sg = 1.0f / std::sqrt(static_cast<float>(std::max<int64_t>(D, 1)));
+  const float sd = 1.0f / std::sqrt(static_cast<float>(std::max<int64_t>(I, 1)));
+  ExpertWeights w{randn({E, I, D}, sg), randn({E, I, D}, sg), randn({E, D, I}, sd)};
+  if (bf16) w = {to_bf16(w.gate), to_bf16(w.up), to_bf16(w.down)};
+  return w;
+}
+
+void run_swiglu_case(const SwigluCase& c) {
+  const int64_t E = static_cast<int64_t>(c.counts.size());
+  std::vector<int32_t> off(static_cast<size_t>(E + 1), 0);
+  for (int64_t e = 0; e < E; ++e) off[e + 1] = off[e] + c.counts[e];
+  const int64_t kept = off[E], R = kept + 3, D = c.D, I = c.I;
+  const ExpertWeights w = random_weights(E, D, I, c.bf16);
+  const Tensor x = randn({R, D}), off_h = i32_tensor(off, {E + 1});
+  Tensor y_ref = Tensor::full({R, D}, std::nanf(""));
+  Tensor gu_ref = c.gate_up ? Tensor::full({2, R, I}, std::nanf("")) : Tensor();
+  moe_grouped_swiglu(host_exec(), x, off_h, w.gate, w.up, w.down, y_ref, gu_ref);
+
+  const Tensor y_d = poisoned({R, D}), gu_d = c.gate_up ? poisoned({2, R, I}) : Tensor();
+  const Tensor xd = dev(x), offd = dev(off_h), wg = dev(w.gate), wu = dev(w.up), wd = dev(w.down);
+  std::string ran = c.path;
+  if (ran == "auto") {
+    moe_grouped_swiglu(gpu(), xd, offd, wg, wu, wd, y_d, gu_d);
+  } else {
+    ran = cuda::moe_grouped_swiglu_on(gpu(), c.path, xd, offd, wg, wu, wd, y_d, gu_d);
+  }
+  const bool tc = c.bf16 && ran != "simt";  // bf16 operands on the tensor cores
+  const std::string tag = c.name + "_" + ran + (c.gate_up ? "_gate_up" : "");
+  const Tensor y = host(y_d);
+  if (tc) {
+    report("moe_swiglu_y_relL2_" + tag, rel_l2(head_rows(y, kept), head_rows(y_ref, kept)), 1e-2);
+  } else {
+    report("moe_swiglu_y_" + tag, scaled_err(head_rows(y, kept), head_rows(y_ref, kept)), 1e-4);
+  }
+  report("moe_swiglu_y_untouched_" + tag, written_past(y, kept), 0);
+  if (c.gate_up) {
+    const Tensor gu = host(gu_d);
+    for (int64_t m = 0; m < 2; ++m) {
+      const Tensor got = gu.select(m).clone(), ref = gu_ref.select(m).clone();
+      const std::string which = m == 0 ? "gate" : "up";
+      if (tc) {
+        report("moe_swiglu_" + which + "_relL2_" + tag,
+               rel_l2(head_rows(got, kept), head_rows(ref, kept)), 1e-2);
+      } else {
+        report("moe_swiglu_" + which + "_" + tag,
+               scaled_err(head_rows(got, kept), head_rows(ref, kept)), 1e-4);
+      }
+      report("moe_swiglu_" + which + "_untouched_" + tag, written_past(got, kept), 0);
+    }
+  }
+}
+
+std::vector<int32_t> random_counts(int64_t E, int32_t max_rows, double zero_share) {
+  std::uniform_int_distribution<int32_t> n(1, max_rows);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<int32_t> c(static_cast<size_t>(E));
+  for (int32_t& v : c) v = u(rng()) < zero_share ? 0 : n(rng());
+  return c;
+}
+
+bool device_is_sm90() {
+  cudaDeviceProp prop{};
+  LOOM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  return prop.major == 9 && prop.minor == 0;
+}
+
+TEST_F(MoeCuda, GroupedSwiglu) {
+  // Experts with no rows, one row, tile-sized and multi-tile row counts.
+  const std::vector<int32_t> awkward = {0, 1, 129, 300, 0, 5, 128};
+  std::vector<SwigluCase> cases;
+  for (bool gu : {false, true}) {
+    cases.push_back({"f32_D67_I45_E7", 67, 45, awkward, false, "simt", gu});
+    cases.push_back({"bf16_D67_I45_E7", 67, 45, awkward, true, "simt", gu});
+    cases.push_back({"bf16_D200_I136_E7", 200, 136, awkward, true, "simt", gu});
+    cases.push_back({"bf16_D200_I136_E7", 200, 136, awkward, true, "mma", gu});
+    if (device_is_sm90()) {
+      cases.push_back({"bf16_D200_I136_E7", 200, 136, awkward, true, "wgmma", gu});
+      cases.push_back({"bf16_D200_I136_E7", 200, 136, awkward, true, "wgmma128", gu});
+    }
+  }
+  // The public dispatch (f32 weights: SIMT; bf16 aligned: the tensor cores).
+  cases.push_back({"f32_D96_I40_E64", 96, 40, random_counts(64, 40, 0.3), false, "auto", false});
+  cases.push_back({"bf16_D256_I128_E64", 256, 128, random_counts(64, 40, 0.3), true, "auto", true});
+  // Decode-like: a few single rows among many empty experts.
+  cases.push_back(
+      {"bf16_D512_I256_E64_decode", 512, 256, random_counts(64, 1, 0.9), true, "auto", false});
+  // Larger, Kimi-like proportions (D = 2 I) with row counts around a few tiles.
+  const std::vector<int32_t> big = random_counts(8, 600, 0.1);
+  for (const char* path : {"simt", "mma", "wgmma", "wgmma128"}) {
+    if (std::string(path).rfind("wgmma", 0) == 0 && !device_is_sm90()) continue;
+    cases.push_back({"bf16_D1024_I512_E8", 1024, 512, big, true, path, false});
+  }
+  for (const SwigluCase& c : cases) run_swiglu_case(c);
+}
+
+// The workspace path (ex.workspace set): same result as the stream-ordered scratch.
+TEST_F(MoeCuda, GroupedSwigluWorkspace) {
+  const std::vector<int32_t> counts = {3, 0, 140, 17};
+  const int64_t E = 4, D = 64, I = 32;
+  std::vector<int32_t> off(E + 1, 0);
+  for (int64_t e = 0; e < E; ++e) off[e + 1] = off[e] + counts[e];
+  const int64_t R = off[E];
+  const ExpertWeights w = random_weights(E, D, I, true);
+  const Tensor x = dev(randn({R, D})), offd = dev(i32_tensor(off, {E + 1}));
+  const Tensor wg = dev(w.gate), wu = dev(w.up), wd = dev(w.down);
+  const Tensor y0 = poisoned({R, D}), y1 = poisoned({R, D});
+  moe_grouped_swiglu(gpu(), x, offd, wg, wu, wd, y0);
+  Workspace ws(Device::kCuda, 1 << 20);
+  const Exec ex = cuda::device_exec(0, &ws);
+  moe_grouped_swiglu(ex, x, offd, wg, wu, wd, y1);
+  report("moe_swiglu_workspace_vs_scratch", scaled_err(host(y1), host(y0)), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batch invariance of the whole routed chain.
+
+struct Chain {
+  int64_t E, K, D, I;
+  RouterParams params;
+  Tensor router;          // [E, D] host f32
+  Tensor gate, up, down;  // device
+  const char* path;
+};
+
+// out [T, D] (host) for tokens x [T, D] with router logits [T, E] (host; computed once for the
+// largest batch and sliced, so that every batch routes from the same bits).
+Tensor run_chain(const Chain& c, const Tensor& x, const Tensor& logits) {
+  const int64_t T = x.dim(0);
+  const Tensor xd = dev(x), ids = poisoned_i32({T, c.K}), wts = poisoned({T, c.K});
+  moe_route(gpu(), dev(logits), Tensor(), c.params, ids, wts);
+  const Tensor off = poisoned_i32({c.E + 1}), rows = poisoned_i32({T, c.K});
+  const Tensor xs = poisoned({T * c.K, c.D}), y = poisoned({T * c.K, c.D});
+  moe_permute(gpu(), xd, ids, 0, c.E, off, rows, xs);
+  cuda::moe_grouped_swiglu_on(gpu(), c.path, xs, off, c.gate, c.up, c.down, y, Tensor());
+  const Tensor out = poisoned({T, c.D});
+  moe_unpermute_combine(gpu(), y, rows, wts, out);
+  return host(out);
+}
+
+int64_t differing_bits(const Tensor& a, const Tensor& b) {
+  if (a.nbytes() != b.nbytes()) return -1;
+  int64_t n = 0;
+  const uint32_t* pa = static_cast<const uint32_t*>(a.raw());
+  const uint32_t* pb = static_cast<const uint32_t*>(b.raw());
+  for (int64_t i = 0; i < a.numel(); ++i) n += __builtin_popcount(pa[i] ^ pb[i]);
+  return n;
+}
+
+TEST_F(MoeCuda, BatchInvariance) {
+  struct Cfg {
+    const char* path;
+    int64_t D, I;
+    bool bf16;
+  };
+  std::vector<Cfg> cfgs = {
+      {"simt", 72, 40, false}, {"simt", 70, 36, true}, {"mma", 256, 136, true}};
+  if (device_is_sm90()) {
+    cfgs.push_back({"wgmma", 256, 136, true});
+    cfgs.push_back({"wgmma128", 256, 136, true});
+  }
+  for (const Cfg& f : cfgs) {
+    Chain c;
+    c.E = 16;
+    c.K = 4;
+    c.D = f.D;
+    c.I = f.I;
+    c.params.top_k = 4;
+    c.path = f.path;
+    c.router = randn({c.E, c.D}, 0.3f);
+    const ExpertWeights w = random_weights(c.E, c.D, c.I, f.bf16);
+    c.gate = dev(w.gate);
+    c.up = dev(w.up);
+    c.down = dev(w.down);
+    const int64_t T = 600;  // ~150 rows per expert: two row tiles on every path
+    const Tensor x = randn({T, c.D});
+    Tensor logits = Tensor::empty({T, c.E});
+    linear_forward(host_exec(), x, c.router, logits, 0.0f);
+    const auto rows = [](const Tensor& t, int64_t a, int64_t b) {
+      return t.slice(0, a, b).clone();
+    };
+    const Tensor full = run_chain(c, x, logits);
+    const Tensor part = run_chain(c, rows(x, 150, 351), rows(logits, 150, 351));  // 201 tokens
+    int64_t bits = 0;
+    for (int64_t t : {0, 1, 150, 151, 299, 350, 599}) {
+      const Tensor alone = run_chain(c, rows(x, t, t + 1), rows(logits, t, t + 1));
+      bits += differing_bits(alone, full.slice(0, t, t + 1).clone());
+      if (t >= 150 && t < 351)
+        bits += differing_bits(alone, part.slice(0, t - 150, t - 149).clone());
+    }
+    const std::string tag = std::string(f.path) + (f.bf16 ? "_bf16" : "_f32") + "_D" +
+                            std::to_string(f.D) + "_I" + std::to_string(f.I);
+    report("moe_chain_batch_invariance_bits_" + tag, static_cast<double>(bits), 0);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// moe_unpermute_combine.
+
+void run_combine_case(const std::string& name, int64_t T, int64_t K, int64_t D) {
+  const int64_t R = T * K + 2;
+  std::vector<int32_t> perm(static_cast<size_t>(R));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng());
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<int32_t> rows(static_cast<size_t>(T * K));
+  for (size_t j = 0; j < rows.size(); ++j) rows[j] = u(rng()) < 0.3 ? -1 : perm[j];
+  for (int64_t i = 0; i < K; ++i) rows[static_cast<size_t>(i)] = -1;  // token 0: no owned slot
+  const Tensor y = randn({R, D}), wts = randn({T, K}, 0.3f), rows_h = i32_tensor(rows, {T, K});
+  Tensor ref = Tensor::empty({T, D});
+  moe_unpermute_combine(host_exec(), y, rows_h, wts, ref);
+  const Tensor out = poisoned({T, D});
+  moe_unpermute_combine(gpu(), dev(y), dev(rows_h), dev(wts), out);
+  report("moe_combine_" + name, scaled_err(host(out), ref), 2 * twin::kEps);
+}
+
+TEST_F(MoeCuda, UnpermuteCombine) {
+  run_combine_case("T1000_K8_D130", 1000, 8, 130);
+  run_combine_case("T1000_K8_D256", 1000, 8, 256);
+  run_combine_case("T37_K1_D67", 37, 1, 67);
+  run_combine_case("T5_K10_D2048", 5, 10, 2048);
+}
+
+// ---------------------------------------------------------------------------------------------
+// attnres_aggregate.
+
+TEST_F(MoeCuda, AttnResAggregate) {
+  for (int64_t D : {37, 256, 1000, 2048, 5000}) {
+    for (int64_t S = 1; S <= 5; ++S) {
+      const int64_t N = 37;
+      Tensor src = randn({S, N, D});
+      for (int64_t i = 0; i < S; ++i) {  // sources of different sizes, as block sums are
+        const float scale = 0.5f + static_cast<float>(i);
+        float* p = src.data<float>() + i * N * D;
+        for (int64_t j = 0; j < N * D; ++j) p[j] *= scale;
+      }
+      const Tensor q = randn({D}, 2.0f / std::sqrt(static_cast<float>(D)));
+      const Tensor kn = randn({D}, 0.2f, 1.0f), on = randn({D}, 0.2f, 1.0f);
+      Tensor ref = Tensor::empty({N, D});
+      attnres_aggregate(host_exec(), src, q, kn, on, 1e-6f, ref);
+      const Tensor out = poisoned({N, D});
+      attnres_aggregate(gpu(), dev(src), dev(q), dev(kn), dev(on), 1e-6f, out);
+      report("attnres_aggregate_S" + std::to_string(S) + "_N37_D" + std::to_string(D),
+             scaled_err(host(out), ref), (2 * std::sqrt(static_cast<double>(D)) + 16) * twin::kEps);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace loom
