@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 
 #include "core/status.h"
 
@@ -9,12 +10,26 @@ namespace loom {
 namespace {
 DeviceAllocFn g_device_alloc = nullptr;
 DeviceFreeFn g_device_free = nullptr;
+DeviceCopyFn g_device_copy = nullptr;
 std::atomic<uint64_t> g_allocations{0};
 }  // namespace
 
 void set_device_allocator(DeviceAllocFn alloc, DeviceFreeFn free) {
   g_device_alloc = alloc;
   g_device_free = free;
+}
+
+void set_device_copier(DeviceCopyFn copy) { g_device_copy = copy; }
+
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_device.is_cpu() && src_device.is_cpu()) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  LOOM_CHECK(g_device_copy != nullptr, "copy %s -> %s: no CUDA backend linked",
+             device_name(src_device).c_str(), device_name(dst_device).c_str());
+  g_device_copy(dst, dst_device, src, src_device, bytes);
 }
 
 uint64_t allocation_count() { return g_allocations.load(std::memory_order_relaxed); }

@@ -27,4 +27,14 @@ using DeviceAllocFn = void* (*)(size_t bytes, int device_index);
 using DeviceFreeFn = void (*)(void* ptr, int device_index);
 void set_device_allocator(DeviceAllocFn alloc, DeviceFreeFn free);
 
+// Copies `bytes` between any two devices (host<->GPU, GPU<->GPU), registered by the CUDA backend
+// like the allocator. Synchronous: the data is in place when the call returns, so host memory on
+// either side may be reused at once. For tools, loads and tests; per-step transfers use the
+// backend's asynchronous copies on the step's stream instead.
+using DeviceCopyFn = void (*)(void* dst, Device dst_device, const void* src, Device src_device,
+                              size_t bytes);
+void set_device_copier(DeviceCopyFn copy);
+// memcpy on the host; the registered copier when either side is a device (aborts if none is).
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+
 }  // namespace loom

@@ -144,9 +144,14 @@ void for_each_offset(const Shape& shape, const std::array<int64_t, kMaxDims>& st
 }  // namespace
 
 void Tensor::copy_from(const Tensor& src) const {
-  LOOM_CHECK(device_ == Device::kCpu && src.device_ == Device::kCpu, "host-only copy");
   LOOM_CHECK(src.shape_ == shape_ && src.dtype_ == dtype_, "copy %s into %s",
              src.describe().c_str(), describe().c_str());
+  if (!device_.is_cpu() || !src.device_.is_cpu()) {
+    LOOM_CHECK(is_contiguous() && src.is_contiguous(), "copy %s into %s: strided device copy",
+               src.describe().c_str(), describe().c_str());
+    copy_bytes(data_, device_, src.data_, src.device_, nbytes());
+    return;
+  }
   const size_t es = dtype_size(dtype_);
   if (is_contiguous() && src.is_contiguous()) {
     std::memcpy(data_, src.data_, nbytes());
@@ -171,6 +176,16 @@ void Tensor::copy_from(const Tensor& src) const {
 Tensor Tensor::clone() const {
   Tensor t = empty(shape_, dtype_, device_);
   t.copy_from(*this);
+  return t;
+}
+
+Tensor Tensor::to(Device device) const {
+  if (device == device_ && is_contiguous()) return *this;
+  // A strided host view is gathered on the host first; a strided device view is refused by
+  // copy_from.
+  const Tensor src = device_.is_cpu() && !is_contiguous() ? clone() : *this;
+  Tensor t = empty(shape_, dtype_, device);
+  t.copy_from(src);
   return t;
 }
 

@@ -87,11 +87,16 @@ class Tensor {
   // Index `i` along dimension 0, dropping it.
   Tensor select(int64_t i) const;
 
-  // Deep copy into a new contiguous tensor on the same device (host only for now).
+  // Deep copy into a new contiguous tensor on the same device (a strided view: host only).
   Tensor clone() const;
+  // A contiguous copy on `device` (this tensor itself when it already lives there and is
+  // contiguous). Crossing devices goes through the registered copier (core/allocator.h):
+  // synchronous, for tools, loads and tests.
+  Tensor to(Device device) const;
   // Host conversion of a contiguous tensor to f32 (f32, bf16, f16 supported).
   Tensor to_f32() const;
-  // Copies `src` (same shape and dtype, host) into this view.
+  // Copies `src` (same shape and dtype) into this view: any views on the host; contiguous ones
+  // when either side is on a device (synchronous, through core/allocator.h's copier).
   void copy_from(const Tensor& src) const;
   void fill(float value) const;  // f32 host only
 

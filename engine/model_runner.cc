@@ -1,6 +1,8 @@
 #include "engine/model_runner.h"
 
+#include "core/allocator.h"
 #include "core/status.h"
+#include "kernels/exec.h"
 #include "scheduler/id_pool.h"
 
 namespace loom {
@@ -8,6 +10,17 @@ namespace loom {
 // The store's padding target is the page and slot the scheduler never hands out.
 static_assert(CacheStore::kScratchPage == KvPagePool::kScratchPage);
 static_assert(CacheStore::kScratchSlot == StateSlotPool::kScratchSlot);
+
+ModelRunner::ModelRunner(const Model& model, CacheStore& store, bool batch_invariant)
+    : model_(model),
+      store_(store),
+      batch_invariant_(batch_invariant),
+      workspace_(model.device()),
+      step_(model.device()) {
+  LOOM_CHECK(store.device() == model.device(),
+             "ModelRunner: the cache store is on %s, the model on %s",
+             device_name(store.device()).c_str(), device_name(model.device()).c_str());
+}
 
 absl::StatusOr<Tensor> ModelRunner::run(const BatchPlan& plan) {
   ForwardBatch& batch = batch_;
@@ -40,7 +53,17 @@ absl::StatusOr<Tensor> ModelRunner::run(const BatchPlan& plan) {
     for (const SeqPlan& s : plan.seqs)
       if (s.save_to_slot >= 0) store_.copy_slot(s.state_slot, s.save_to_slot);
   }
-  return logits;
+  if (logits.device().is_cpu()) return logits;
+  // The sampler runs on the host: one read-back, grown to the largest step seen (then reused).
+  const size_t bytes = logits.nbytes();
+  if (bytes > host_logits_bytes_) {
+    host_logits_ = allocate_buffer(bytes, Device::kCpu);
+    host_logits_bytes_ = bytes;
+  }
+  const Tensor host =
+      Tensor::wrap(host_logits_.get(), logits.shape(), logits.dtype(), Device::kCpu, host_logits_);
+  download(exec_for(logits.device()), host.raw(), logits.raw(), bytes);
+  return host;
 }
 
 }  // namespace loom

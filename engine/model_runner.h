@@ -3,6 +3,8 @@
 // save a checkpoint after the step).
 #pragma once
 
+#include <memory>
+
 #include "absl/status/statusor.h"
 #include "core/tensor.h"
 #include "core/workspace.h"
@@ -17,11 +19,13 @@ namespace loom {
 class ModelRunner {
  public:
   // `batch_invariant`: run every step in batch-invariant numerics (EngineOptions::deterministic).
-  ModelRunner(const Model& model, CacheStore& store, bool batch_invariant)
-      : model_(model), store_(store), batch_invariant_(batch_invariant) {}
+  // The store must be on the model's device; the runner's workspace and step data live there too.
+  ModelRunner(const Model& model, CacheStore& store, bool batch_invariant);
 
-  // Runs `plan`; returns logits [k, V] for the k entries with sample == true, in plan order. The
-  // logits live in the runner's workspace: valid until the next run().
+  // Runs `plan`; returns logits [k, V] for the k entries with sample == true, in plan order, on
+  // the host (the sampler's side): on the host a view into the runner's workspace, on a GPU the
+  // runner's host buffer the step's logits were read back into (one transfer, which also waits
+  // for the step). Valid until the next run().
   absl::StatusOr<Tensor> run(const BatchPlan& plan);
 
   // Sizes the step data for the largest step (the engine's limits), so that no step grows it.
@@ -36,8 +40,10 @@ class ModelRunner {
   const Model& model_;
   CacheStore& store_;
   const bool batch_invariant_;
-  Workspace workspace_{Device::kCpu};
-  StepData step_{Device::kCpu};
+  Workspace workspace_;
+  StepData step_;
+  std::shared_ptr<void> host_logits_;  // GPU: where the logits are read back to
+  size_t host_logits_bytes_ = 0;
   ForwardBatch batch_;  // reused so its vectors keep their capacity from step to step
 };
 

@@ -1,6 +1,15 @@
 #include "kernels/exec.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#ifdef LOOM_WITH_CUDA
+#include "kernels/cuda/context.h"
+#include "kernels/cuda/device.h"
+#endif
 
 namespace loom {
 
@@ -21,6 +30,88 @@ void check_exec_device(const Exec& ex, const char* op, const char* names,
                op, device_name(ex.device).c_str(), device_name(t->device()).c_str(), names,
                all.c_str());
   }
+}
+
+absl::StatusOr<Device> parse_device(std::string_view name) {
+  if (name == "cpu") return Device::kCpu;
+  if (name == "cuda") return Device::kCuda;
+  constexpr std::string_view kPrefix = "cuda:";
+  if (name.size() > kPrefix.size() && name.substr(0, kPrefix.size()) == kPrefix) {
+    const std::string_view digits = name.substr(kPrefix.size());
+    int index = 0;
+    if (digits.size() <= 4 && digits.find_first_not_of("0123456789") == std::string_view::npos &&
+        absl::SimpleAtoi(absl_sv(digits), &index))
+      return Device::cuda(index);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("device '", absl_sv(name), "': expected cpu, cuda or cuda:N"));
+}
+
+absl::Status device_available(Device device) {
+  if (device.is_cpu()) return absl::OkStatus();
+#ifdef LOOM_WITH_CUDA
+  const int visible = cuda::visible_devices();
+  if (device.index < visible) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("device ", device_name(device),
+                                                 ": this machine shows ", visible, " CUDA device",
+                                                 visible == 1 ? "" : "s"));
+#else
+  return absl::InvalidArgumentError(absl::StrCat(
+      "device ", device_name(device),
+      ": this build has no CUDA backend (configure with the cuda preset: cmake --preset cuda)"));
+#endif
+}
+
+Exec exec_for(Device device, Workspace* workspace) {
+  if (device.is_cpu()) {
+    Exec ex;
+    ex.workspace = workspace;
+    return ex;
+  }
+#ifdef LOOM_WITH_CUDA
+  return cuda::device_exec(device.index, workspace);
+#else
+  LOOM_CHECK(false, "exec_for(%s): this build has no CUDA backend", device_name(device).c_str());
+  std::abort();
+#endif
+}
+
+void upload_async(const Exec& ex, void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  if (ex.device.is_cpu()) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#ifdef LOOM_WITH_CUDA
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cuda::stream_of(ex)));
+#else
+  no_kernel_for(ex, "upload_async");
+#endif
+}
+
+void download(const Exec& ex, void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  if (ex.device.is_cpu()) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#ifdef LOOM_WITH_CUDA
+  const cudaStream_t stream = cuda::stream_of(ex);
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+#else
+  no_kernel_for(ex, "download");
+#endif
+}
+
+void synchronize_device(Device device) {
+  if (device.is_cpu()) return;
+#ifdef LOOM_WITH_CUDA
+  cuda::synchronize(device);
+#else
+  LOOM_CHECK(false, "synchronize_device(%s): this build has no CUDA backend",
+             device_name(device).c_str());
+#endif
 }
 
 void no_kernel_for(const Exec& ex, const char* op) {

@@ -6,8 +6,12 @@
 // (kernels/cuda/context.h, cuda::device_exec), the workspace to whoever runs the step.
 #pragma once
 
+#include <cstddef>
 #include <initializer_list>
+#include <string_view>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "core/tensor.h"
 #include "core/workspace.h"
 
@@ -32,6 +36,31 @@ const Exec& host_exec();
 // `ex.device`: a host pointer must never reach a device kernel, nor the reverse.
 void check_exec_device(const Exec& ex, const char* op, const char* names,
                        std::initializer_list<const Tensor*> args);
+
+// "cpu", "cuda" (device 0) or "cuda:N" (flags); InvalidArgument naming the accepted forms
+// otherwise. Says nothing about whether this build or machine has the device: device_available.
+absl::StatusOr<Device> parse_device(std::string_view name);
+
+// OK when ops can run on `device` here: always for the host; for a CUDA device, when this build
+// has the CUDA backend and the machine shows that device. InvalidArgument saying which is missing
+// otherwise, so that a --device flag is refused with a message instead of an abort.
+absl::Status device_available(Device device);
+
+// The Exec of `device`: the host's, or the device's own stream (kernels/cuda/context.h), with
+// `workspace`. The device must be available (device_available).
+Exec exec_for(Device device, Workspace* workspace = nullptr);
+
+// Host-to-device copy of `bytes` enqueued on `ex`'s stream (a memcpy on the host). `src` is
+// pageable host memory, staged before the call returns, so the caller may refill it at once;
+// the device sees the bytes in stream order.
+void upload_async(const Exec& ex, void* dst, const void* src, size_t bytes);
+// Device-to-host copy of `bytes` on `ex`'s stream, after everything enqueued before it; the bytes
+// are in `dst` when the call returns (a memcpy on the host).
+void download(const Exec& ex, void* dst, const void* src, size_t bytes);
+
+// Waits until every op enqueued on `device`'s stream has finished (nothing to wait for on the
+// host).
+void synchronize_device(Device device);
 
 // Aborts: `op` has no kernel for `ex.device` in this build (a CUDA tensor in a CPU-only build, or
 // an op whose CUDA kernel does not exist yet).

@@ -22,6 +22,7 @@
 #include "engine/model/model.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/exec.h"
 #include "server/admission.h"
 #include "server/chat_setup.h"
 #include "server/http_server.h"
@@ -31,6 +32,9 @@
 #include "server/grpc_server.h"
 #endif
 
+ABSL_FLAG(std::string, device, "cpu",
+          "where the model, its caches and every step run: cpu, cuda (device 0) or cuda:N; a "
+          "CUDA device needs a build with the CUDA backend");
 ABSL_FLAG(std::string, weight_dtype, "auto",
           "Storage dtype of the weight matrices: auto (the checkpoint's own: bf16 for a bf16 "
           "checkpoint, f32 otherwise), f32 or bf16. Compute stays f32 on the CPU.");
@@ -74,7 +78,10 @@ int main(int argc, char** argv) {
   const std::string& dir = options->model_dir;
   auto weight_dtype = loom::parse_weight_dtype(absl::GetFlag(FLAGS_weight_dtype));
   if (!weight_dtype.ok()) return fail("bad flags", weight_dtype.status());
-  auto model = loom::Model::load(dir, loom::Placement{.dtype = *weight_dtype});
+  auto device = loom::parse_device(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) return fail("bad flags", device.status());
+  if (absl::Status st = loom::device_available(*device); !st.ok()) return fail("--device", st);
+  auto model = loom::Model::load(dir, loom::Placement{.device = *device, .dtype = *weight_dtype});
   if (!model.ok()) return fail(absl::StrCat("loading ", dir), model.status());
   const std::string model_type = (*model)->config().model_type;
   std::shared_ptr<const loom::Tokenizer> tokenizer;

@@ -117,11 +117,6 @@ DType WeightLoader::natural_matrix_dtype() const {
 
 absl::StatusOr<WeightLoader> WeightLoader::placed(ParameterArena& arena,
                                                   const Placement& placement) const {
-  if (!placement.device.is_cpu())
-    return absl::InvalidArgumentError(absl::StrCat(
-        "placement device ", device_name(placement.device),
-        ": weights load onto the CPU only in this build (the CUDA forward and the upload of "
-        "weights to the device come with issue 13)"));
   if (arena.device() != placement.device)
     return absl::InvalidArgumentError(
         absl::StrCat("the parameter arena is on ", device_name(arena.device()),
@@ -150,8 +145,9 @@ absl::StatusOr<WeightLoader> WeightLoader::placed(ParameterArena& arena,
 
 Tensor WeightLoader::destination(std::string_view canonical, const Shape& shape,
                                  DType dtype) const {
-  return arena_ != nullptr ? arena_->allocate(canonical, shape, dtype)
-                           : Tensor::empty(shape, dtype);
+  // A device arena gets the finished tensor in one upload (load_as); conversions run on the host.
+  return arena_ != nullptr && arena_->device().is_cpu() ? arena_->allocate(canonical, shape, dtype)
+                                                        : Tensor::empty(shape, dtype);
 }
 
 absl::StatusOr<Tensor> WeightLoader::load(std::string_view canonical, const Shape& shape) const {
@@ -191,6 +187,12 @@ absl::StatusOr<Tensor> WeightLoader::load_as(std::string_view canonical, const S
       convert_into(part, dst);
       t = dst;
     }
+  }
+  if (t.ok() && arena_ != nullptr && !arena_->device().is_cpu()) {
+    // Converted on the host, then uploaded once into the device arena.
+    const Tensor dev = arena_->allocate(canonical, t->shape(), t->dtype());
+    dev.copy_from(t->is_contiguous() ? *t : t->clone());
+    t = dev;
   }
   if (t.ok() && record_ != nullptr) record_->emplace_back(std::string(canonical), *t);
   return t;

@@ -28,9 +28,10 @@ class WeightLoader {
   // outlive the copy's loads) with the placement's dtypes: load() gives f32, load_matrix() and
   // load_experts() the placement's matrix dtype, load_experts() only the placement's experts.
   // The returned loader's placement() has its dtype resolved (kAuto: bf16 when every matrix of
-  // the checkpoint is bf16, else f32). InvalidArgument, naming the field, for a placement this
-  // build cannot honour: a device other than the CPU (the CUDA forward and the upload of weights
-  // come with issue 13), an arena on another device, an expert range that is empty or outside the
+  // the checkpoint is bf16, else f32). On a GPU placement every tensor is read and converted on
+  // the host, then uploaded once into the (device) arena; whether the build and the machine have
+  // that device is the caller's check (Model::load). InvalidArgument, naming the field, for an
+  // arena on another device than the placement, an expert range that is empty or outside the
   // config's experts, or one given for a model without experts.
   absl::StatusOr<WeightLoader> placed(ParameterArena& arena, const Placement& placement) const;
   // The placement loads follow (the default one, f32 on the CPU, for an unplaced loader).

@@ -15,9 +15,10 @@ namespace loom {
 
 // Where each sequence's rows sit in the flattened batch and where its caches live: a state slot and
 // a page-table row of `store` (private caches are staged into a store too: Model::forward). Every
-// field is a view of the step's StepData, which the kernels read as it is: sequence-ordered work
+// tensor is the kernels' view of the step's StepData (on the step's device): sequence-ordered work
 // (convolution, recurrence, attention, cache writes) is one varlen kernel call per layer.
 struct BatchLayout {
+  Tensor token_ids;    // i32 [N] token id of every row
   Tensor positions;    // i64 [N] absolute position of every row
   Tensor logit_rows;   // i64 [R] rows whose logits are computed
   Tensor cu_seqlens;   // i64 [B + 1] first row of each sequence, then N
@@ -25,6 +26,7 @@ struct BatchLayout {
   Tensor state_slots;  // i32 [B] linear-attention state slot of each sequence
   Tensor page_table;   // i32 [B, P] attention pages of each sequence
   int64_t num_rows = 0;
+  int64_t max_seqlen = 0;       // the longest sequence's new rows (host-known: picks kernels)
   CacheStore* store = nullptr;  // never null in a forward
 };
 

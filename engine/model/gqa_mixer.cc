@@ -21,10 +21,10 @@ namespace {
 
 class GqaMixer final : public Mixer {
  public:
-  explicit GqaMixer(const ModelConfig& cfg)
+  GqaMixer(const ModelConfig& cfg, Device device)
       : cfg_(cfg.gqa), eps_(cfg.rms_norm_eps), norm_offset_(cfg.norm_weight_offset) {
     if (cfg.rope.type != RopeConfig::Type::kNone) {
-      rope_ = make_rope_table(cfg.rope, cfg.gqa.head_dim);
+      rope_ = make_rope_table(cfg.rope, cfg.gqa.head_dim, device);
       use_rope_ = true;
     }
   }
@@ -154,7 +154,7 @@ class GqaMixer final : public Mixer {
 
 absl::StatusOr<std::unique_ptr<Mixer>> make_gqa_mixer(const ModelConfig& cfg, const WeightLoader& w,
                                                       int layer) {
-  auto m = std::make_unique<GqaMixer>(cfg);
+  auto m = std::make_unique<GqaMixer>(cfg, w.placement().device);
   LOOM_RETURN_IF_ERROR(m->load(cfg, w, layer));
   return m;
 }

@@ -37,11 +37,10 @@ void linear_attention_delta_rule(const ForwardContext& ctx, const Tensor& q, con
                                  const Tensor& o) {
   const BatchLayout& batch = ctx.batch;
   const float scale = 1.0f / std::sqrt(static_cast<float>(q.dim(2)));
-  // Every sequence of a batch has at least one row (Model::make_layout), so one row per sequence
-  // is a decode step: max_seqlen 1 lets the CUDA path take its batched decode kernel.
-  const int64_t decode = q.dim(0) == batch.cu_seqlens.dim(0) - 1 ? 1 : 0;
+  // The host-known longest sequence picks the CUDA kernels: 1 is a decode step (one batched
+  // decode launch), a few rows skip the chunked launches.
   kda_varlen_forward(ctx.ex, q, k, v, g, beta, scale, batch.store->recurrent_states(layer),
-                     batch.state_slots, batch.cu_seqlens, o, /*max_seqlen=*/decode);
+                     batch.state_slots, batch.cu_seqlens, o, batch.max_seqlen);
 }
 
 namespace {

@@ -28,9 +28,9 @@ constexpr float kLatentNormEps = 1e-6f;
 
 class MlaMixer final : public Mixer {
  public:
-  explicit MlaMixer(const ModelConfig& cfg) : cfg_(cfg.mla) {
+  MlaMixer(const ModelConfig& cfg, Device device) : cfg_(cfg.mla) {
     if (cfg.rope.type != RopeConfig::Type::kNone && cfg.mla.qk_rope_head_dim > 0) {
-      rope_ = make_rope_table(cfg.rope, cfg.mla.qk_rope_head_dim);
+      rope_ = make_rope_table(cfg.rope, cfg.mla.qk_rope_head_dim, device);
       use_rope_ = true;
     }
     scale_multiplier_ = yarn_softmax_scale_multiplier(cfg.rope);
@@ -231,7 +231,7 @@ class MlaMixer final : public Mixer {
 
 absl::StatusOr<std::unique_ptr<Mixer>> make_mla_mixer(const ModelConfig& cfg, const WeightLoader& w,
                                                       int layer) {
-  auto m = std::make_unique<MlaMixer>(cfg);
+  auto m = std::make_unique<MlaMixer>(cfg, w.placement().device);
   LOOM_RETURN_IF_ERROR(m->load(cfg, w, layer));
   return m;
 }

@@ -66,7 +66,8 @@ absl::StatusOr<Tensor> Model::forward_private(const ForwardBatch& batch,
     longest = std::max(longest, in.cache->num_tokens() + in.num_tokens);
   CacheStore store(cfg_, {.num_pages = static_cast<int64_t>(n),
                           .page_size = longest,
-                          .num_slots = static_cast<int64_t>(n)});
+                          .num_slots = static_cast<int64_t>(n),
+                          .device = placement_.device});
   for (size_t s = 0; s < n; ++s) {
     const SequenceCache& cache = *batch.seqs[s].cache;
     store.copy_slot(cache.store(), 0, static_cast<int64_t>(s));
@@ -89,32 +90,44 @@ absl::StatusOr<Tensor> Model::forward_private(const ForwardBatch& batch,
 absl::StatusOr<Tensor> Model::forward_store(const ForwardBatch& batch, ActivationTape* tape) const {
   // Without the caller's step data and workspace (tools, tests) the call uses its own, and the
   // logits it returns own their memory.
+  const Device device = placement_.device;
+  if (batch.store != nullptr && batch.store->device() != device)
+    return absl::InvalidArgumentError(absl::StrCat("the cache store is on ",
+                                                   device_name(batch.store->device()),
+                                                   " but the model on ", device_name(device)));
+  if (batch.step != nullptr && batch.step->device() != device)
+    return absl::InvalidArgumentError(absl::StrCat("the step data is on ",
+                                                   device_name(batch.step->device()),
+                                                   " but the model on ", device_name(device)));
+  if (batch.workspace != nullptr && batch.workspace->device() != device)
+    return absl::InvalidArgumentError(absl::StrCat("the workspace is on ",
+                                                   device_name(batch.workspace->device()),
+                                                   " but the model on ", device_name(device)));
   std::unique_ptr<StepData> own_step;
   StepData* step = batch.step;
   if (step == nullptr) {
-    own_step = std::make_unique<StepData>(Device::kCpu);
+    own_step = std::make_unique<StepData>(device);
     step = own_step.get();
   }
-  // Validate everything before touching any cache, so a bad batch changes nothing.
-  LOOM_ASSIGN_OR_RETURN(BatchLayout layout, make_layout(batch, *step));
-  const int64_t rows = layout.num_rows;
-  if (rows == 0) return Tensor::empty({0, cfg_.vocab_size});
-
   std::unique_ptr<Workspace> own_ws;
   Workspace* ws = batch.workspace;
   if (ws == nullptr) {
-    own_ws = std::make_unique<Workspace>(Device::kCpu);
+    own_ws = std::make_unique<Workspace>(device);
     ws = own_ws.get();
   }
-  ws->reset();
-  Exec ex;
-  ex.workspace = ws;
+  Exec ex = exec_for(device, ws);
   ex.batch_invariant = batch.batch_invariant;
+  // Validate everything before touching any cache, so a bad batch changes nothing.
+  LOOM_ASSIGN_OR_RETURN(BatchLayout layout, make_layout(batch, ex, *step));
+  const int64_t rows = layout.num_rows;
+  if (rows == 0) return Tensor::empty({0, cfg_.vocab_size}, DType::kF32, device);
+
+  ws->reset();
   const ForwardContext ctx{ex, layout, act_dtype_, tape};
 
   const int64_t d = cfg_.hidden_size;
   Tensor embedding = ctx.take({rows, d});
-  embedding_forward(ctx.ex, step->token_ids, embed_, embedding);
+  embedding_forward(ctx.ex, layout.token_ids, embed_, embedding);
   ctx.record(-1, "embedding", embedding);
   // `normed`: the final normalised hidden state of every row.
   Tensor normed = cfg_.attnres_block_size > 0 ? run_block_attnres(ctx, embedding)

@@ -39,8 +39,9 @@ class Model {
   const ParameterArena& parameters() const { return *arena_; }
 
   const ModelConfig& config() const { return cfg_; }
-  // A fresh private cache for one sequence (position 0).
-  SequenceCache new_cache() const { return SequenceCache(cfg_); }
+  // A fresh private cache for one sequence (position 0), on the model's device.
+  SequenceCache new_cache() const { return SequenceCache(cfg_, placement_.device); }
+  Device device() const { return placement_.device; }
 
   // Runs the batch, extending each sequence's cache by its new tokens. Returns logits [rows, V]
   // for the rows each sequence asked for (LogitsMode), in sequence order. InvalidArgument for a
@@ -49,8 +50,11 @@ class Model {
   // of range); the caches' contents are untouched then (a private cache may have grown).
   // If `tape` is not null, the forward records on it what it wants (activation_tape.h names
   // them): a trainer's saved activations, or every layer's hidden state for conformance.
-  // With ForwardBatch::workspace set, the call resets that workspace first and the logits are a
-  // view into it, valid until its next reset; otherwise they own their memory.
+  // The logits live on the model's device. With ForwardBatch::workspace set (on that device), the
+  // call resets that workspace first and the logits are a view into it, valid until its next
+  // reset; otherwise they own their memory. ForwardBatch::step, if set, must be on the model's
+  // device too. On a GPU the call returns once the work is enqueued on the device's stream;
+  // reading the logits (Tensor::to, kernels/exec.h download) waits for it.
   absl::StatusOr<Tensor> forward(const ForwardBatch& batch, ActivationTape* tape = nullptr) const;
 
   // Training (CPU, f32): the mean next-token cross-entropy of `tokens` (position t predicts token
@@ -68,7 +72,8 @@ class Model {
   // Runs private caches through forward_store (see there).
   absl::StatusOr<Tensor> forward_private(const ForwardBatch& batch, ActivationTape* tape) const;
   // Validates a store batch and packs its step data into `step`.
-  absl::StatusOr<BatchLayout> make_layout(const ForwardBatch& batch, StepData& step) const;
+  absl::StatusOr<BatchLayout> make_layout(const ForwardBatch& batch, const Exec& ex,
+                                          StepData& step) const;
   // The two residual schemes: plain pre-norm residuals, or Block Attention Residuals.
   Tensor run_plain_residual(const ForwardContext& ctx, Tensor h) const;
   Tensor run_block_attnres(const ForwardContext& ctx, const Tensor& embedding) const;

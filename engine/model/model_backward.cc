@@ -44,6 +44,10 @@ Tensor copy_of(const ForwardContext& ctx, const Tensor& t) {
 
 absl::StatusOr<double> Model::loss_and_gradients(std::span<const int32_t> tokens, Gradients& grads,
                                                  std::span<const uint8_t> loss_mask) const {
+  if (!placement_.device.is_cpu())
+    return absl::UnimplementedError(
+        absl::StrCat("training: the backward passes run on the CPU; this model is on ",
+                     device_name(placement_.device)));
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (!loss_mask.empty() && static_cast<int64_t>(loss_mask.size()) != n)
     return absl::InvalidArgumentError(
@@ -82,6 +86,7 @@ absl::StatusOr<double> Model::loss_and_gradients(std::span<const int32_t> tokens
   layout.past_lens = past;
   layout.state_slots = slots;
   layout.num_rows = n;
+  layout.max_seqlen = n;
   const ForwardContext ctx{ex, layout, act_dtype_, nullptr};
 
   // 2. The loss over positions 0 .. n-2 (each predicts the next token) and its gradient.

@@ -7,7 +7,8 @@
 
 namespace loom {
 
-absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch, StepData& step) const {
+absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch, const Exec& ex,
+                                               StepData& step) const {
   BatchLayout layout;
   layout.store = batch.store;
   bool needs_slots = false, needs_pages = false;
@@ -60,6 +61,7 @@ absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch, StepDa
       shape.page_cols = std::max(shape.page_cols, need);
     }
     rows += in.num_tokens;
+    layout.max_seqlen = std::max(layout.max_seqlen, in.num_tokens);
     shape.logit_rows += in.logits == LogitsMode::kAll    ? in.num_tokens
                         : in.logits == LogitsMode::kLast ? 1
                                                          : 0;
@@ -114,13 +116,14 @@ absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch, StepDa
     b += n;
   }
   cu[batch.seqs.size()] = rows;
-  step.publish();
-  layout.positions = step.positions;
-  layout.logit_rows = step.logit_rows;
-  layout.cu_seqlens = step.cu_seqlens;
-  layout.past_lens = step.past_lens;
-  layout.state_slots = step.state_slots;
-  layout.page_table = step.page_table;
+  step.publish(ex);
+  layout.token_ids = step.on_device(step.token_ids);
+  layout.positions = step.on_device(step.positions);
+  layout.logit_rows = step.on_device(step.logit_rows);
+  layout.cu_seqlens = step.on_device(step.cu_seqlens);
+  layout.past_lens = step.on_device(step.past_lens);
+  layout.state_slots = step.on_device(step.state_slots);
+  layout.page_table = step.on_device(step.page_table);
   return layout;
 }
 

@@ -2,6 +2,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "engine/model/model.h"
+#include "kernels/exec.h"
 #include "weights/weight_loader.h"
 
 namespace loom {
@@ -25,6 +26,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::load(const ModelConfig& cfg,
                                                    const WeightLoader& weights,
                                                    const Placement& placement) {
   LOOM_RETURN_IF_ERROR(cfg.validate());
+  LOOM_RETURN_IF_ERROR(device_available(placement.device));
+  if (placement.trainable && !placement.device.is_cpu())
+    return absl::InvalidArgumentError("a trainable model lives on the CPU (the trainer's device)");
   if (placement.trainable && placement.dtype == WeightDType::kBF16)
     return absl::InvalidArgumentError(
         "a trainable model keeps f32 master weights: load it with f32 (or auto) matrices");

@@ -7,8 +7,9 @@
 namespace loom {
 
 // head_dim: the dims RoPE may touch (MLA: qk_rope_head_dim; GQA: head_dim, of which
-// partial_rotary_factor is rotated). Requires rope.type != kNone.
-RopeTable make_rope_table(const RopeConfig& rope, int head_dim);
+// partial_rotary_factor is rotated). Requires rope.type != kNone. The table lives on `device`
+// (the model's: rope_forward reads it there).
+RopeTable make_rope_table(const RopeConfig& rope, int head_dim, Device device = Device::kCpu);
 
 // The MLA softmax-scale multiplier under YaRN: mscale(factor, mscale_all_dim)^2 when
 // mscale_all_dim is set (DeepSeek's yarn_apply_mscale), else 1.

@@ -18,7 +18,8 @@ namespace loom {
 
 class SequenceCache {
  public:
-  explicit SequenceCache(const ModelConfig& cfg);
+  // On `device` (the model's), in f32.
+  explicit SequenceCache(const ModelConfig& cfg, Device device = Device::kCpu);
 
   // Positions already processed (the next token's position).
   int64_t num_tokens() const { return num_tokens_; }

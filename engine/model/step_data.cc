@@ -9,10 +9,7 @@ constexpr size_t kAlign = 64;
 size_t aligned(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
-StepData::StepData(Device device) : device_(device) {
-  LOOM_CHECK(device.is_cpu(), "StepData on %s: the CUDA step upload comes with the CUDA forward",
-             device_name(device).c_str());
-}
+StepData::StepData(Device device) : device_(device) {}
 
 size_t StepData::bytes_for(const StepShape& s) {
   return aligned(s.tokens * 4) + aligned(s.tokens * 8) + aligned(s.logit_rows * 8) +
@@ -24,7 +21,8 @@ void StepData::reserve(const StepShape& largest) {
   const size_t need = bytes_for(largest);
   if (need > capacity_) {
     capacity_ = need;
-    block_ = allocate_buffer(capacity_, device_);
+    block_ = allocate_buffer(capacity_, Device::kCpu);
+    if (!device_.is_cpu()) device_block_ = allocate_buffer(capacity_, device_);
   }
 }
 
@@ -47,11 +45,27 @@ void StepData::begin(const StepShape& shape) {
   char* base = static_cast<char*>(block_.get());
   size_t offset = 0;
   for (const Part& p : parts) {
-    *p.view = Tensor::wrap(base + offset, p.shape, p.dtype, device_, block_);
+    *p.view = Tensor::wrap(base + offset, p.shape, p.dtype, Device::kCpu, block_);
     offset += aligned(p.shape.numel() * dtype_size(p.dtype));
   }
+  used_ = offset;
 }
 
-void StepData::publish() { ++transfers_; }
+void StepData::publish(const Exec& ex) {
+  LOOM_CHECK(ex.device == device_, "StepData on %s published on %s", device_name(device_).c_str(),
+             device_name(ex.device).c_str());
+  if (!device_.is_cpu()) upload_async(ex, device_block_.get(), block_.get(), used_);
+  ++transfers_;
+}
+
+Tensor StepData::on_device(const Tensor& field) const {
+  if (device_.is_cpu()) return field;
+  const size_t offset =
+      static_cast<const char*>(field.raw()) - static_cast<const char*>(block_.get());
+  LOOM_CHECK(offset + field.nbytes() <= used_, "StepData::on_device: %s is not a step field",
+             field.describe().c_str());
+  return Tensor::wrap(static_cast<char*>(device_block_.get()) + offset, field.shape(),
+                      field.dtype(), device_, device_block_);
+}
 
 }  // namespace loom

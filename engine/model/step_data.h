@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "core/tensor.h"
+#include "kernels/exec.h"
 
 namespace loom {
 
@@ -22,8 +23,8 @@ struct StepShape {
 
 class StepData {
  public:
-  // Host-resident for now: the CUDA forward (issue 13) adds the device mirror and its one
-  // asynchronous copy from this (then pinned) block.
+  // On a GPU the views below are filled on the host and mirrored into a device block of the same
+  // layout by publish(); kernels read the mirror (on_device).
   explicit StepData(Device device = Device::kCpu);
 
   // Sizes the block for the largest step the caller will run (the engine: its token budget, its
@@ -31,10 +32,16 @@ class StepData {
   void reserve(const StepShape& largest);
   // Lays out the views below for `shape` (contents undefined until filled).
   void begin(const StepShape& shape);
-  // Makes the filled views visible to the kernels: one host-to-device copy of the packed block
-  // on a GPU; on the host the packing itself is the transfer. Counted.
-  void publish();
+  // Makes the filled views visible to the kernels: on a GPU one asynchronous host-to-device copy
+  // of the packed block on `ex`'s stream (staged before it returns, so the views may be refilled
+  // for the next step at once); on the host the packing itself is the transfer. Counted.
+  void publish(const Exec& ex);
+  // The tensor the kernels read for `field` (one of the views below): the view itself on the
+  // host, its mirror in the device block on a GPU.
+  Tensor on_device(const Tensor& field) const;
+  Device device() const { return device_; }
 
+  // Host views, filled by the caller between begin() and publish().
   Tensor token_ids;    // i32 [T]
   Tensor positions;    // i64 [T] absolute position of each row
   Tensor logit_rows;   // i64 [R] rows whose logits are computed, in sequence order
@@ -52,7 +59,9 @@ class StepData {
   static size_t bytes_for(const StepShape& shape);
 
   Device device_;
-  std::shared_ptr<void> block_;
+  std::shared_ptr<void> block_;         // host: the packed views
+  std::shared_ptr<void> device_block_;  // GPU: the mirror the kernels read
+  size_t used_ = 0;                     // bytes of the current step's layout
   size_t capacity_ = 0;
   uint64_t transfers_ = 0;
 };

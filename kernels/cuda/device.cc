@@ -28,6 +28,16 @@ void device_free(void* p, int index) {
   LOOM_CUDA_CHECK(cudaFree(p));
 }
 
+// core/allocator.h's copier: ordered after everything already enqueued on the device's stream,
+// and finished on return (host memory on either side may be reused at once).
+void device_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  const int index = dst_device.is_cuda() ? dst_device.index : src_device.index;
+  const DeviceContext& c = device_context(index);
+  const DeviceGuard on(index);
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c.stream));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(c.stream));
+}
+
 #define LOOM_CUBLAS_INIT_CHECK(call)                                                              \
   do {                                                                                            \
     const cublasStatus_t loom_cublas_st_ = (call);                                                \
@@ -47,7 +57,17 @@ void init() {
     LOOM_CUDA_CHECK(cudaGetDeviceCount(&count));
     LOOM_CHECK(count > 0, "loom::cuda::init: no CUDA device");
     set_device_allocator(&device_alloc, &device_free);
+    set_device_copier(&device_copy);
   });
+}
+
+int visible_devices() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
 }
 
 DeviceGuard::DeviceGuard(int index) {

@@ -16,6 +16,9 @@
 namespace loom::cuda {
 
 void init();
+// CUDA devices this process can use (0 when there is no driver or no device): never aborts, so a
+// caller can refuse a --device flag with a message.
+int visible_devices();
 
 // Blocks until all work enqueued on the stream of `device`'s context has finished (checks for
 // errors).

@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "engine/model/model.h"
+#include "kernels/exec.h"
 #include "nlohmann/json.hpp"
 #include "weights/safetensors.h"
 
@@ -35,7 +36,7 @@ ABSL_FLAG(std::string, fixture, "", "fixture directory (config.json, model.safet
 ABSL_FLAG(std::string, golden, "",
           "directory holding golden.json and golden.safetensors (default: the fixture itself; "
           "set it to check a converted checkpoint against the original's goldens)");
-ABSL_FLAG(std::string, device, "cpu", "backend: cpu");
+ABSL_FLAG(std::string, device, "cpu", "where the model runs: cpu, cuda or cuda:N (a CUDA build)");
 ABSL_FLAG(std::string, dtype, "f32",
           "compute (activation) dtype: f32 (the CPU backend computes in f32; see --weight_dtype)");
 ABSL_FLAG(std::string, weight_dtype, "auto",
@@ -187,7 +188,9 @@ absl::StatusOr<Tensor> step(const Model& model, std::vector<SequenceCache*> cach
     b.seqs.push_back(
         {.num_tokens = static_cast<int64_t>(tokens[i].size()), .logits = mode, .cache = caches[i]});
   }
-  return model.forward(b, tape);
+  // Compared on the host, whatever device the model runs on.
+  LOOM_ASSIGN_OR_RETURN(Tensor logits, model.forward(b, tape));
+  return logits.to(Device::kCpu);
 }
 
 // Evaluates the prompts in `group` together (one prompt when unbatched).
@@ -208,12 +211,12 @@ absl::Status run_group(const Model& model, std::vector<Prompt>& prompts,
   ActivationTape tape({"residual", "final_normed"});
   LOOM_ASSIGN_OR_RETURN(Tensor logits,
                         step(model, ptrs, toks, LogitsMode::kAll, want_hidden ? &tape : nullptr));
-  std::vector<const Tensor*> hidden;
+  std::vector<Tensor> hidden;  // on the host
   for (int l = 0; l <= model.config().num_layers; ++l) {
     const Tensor* h = tape.find(l < model.config().num_layers ? l : -1,
                                 l < model.config().num_layers ? "residual" : "final_normed");
     if (h == nullptr) break;
-    hidden.push_back(h);
+    hidden.push_back(h->to(Device::kCpu));
   }
   int64_t row = 0;
   std::vector<int64_t> last_row;
@@ -226,7 +229,7 @@ absl::Status run_group(const Model& model, std::vector<Prompt>& prompts,
       const int64_t d = model.config().hidden_size;
       for (size_t j = 0; j < hidden.size() && j < static_cast<size_t>(p.hidden.dim(0)); ++j) {
         Diff hd;
-        hd.add(hidden[j]->data<float>() + row * d, p.hidden.select(j).data<float>(), t * d);
+        hd.add(hidden[j].data<float>() + row * d, p.hidden.select(j).data<float>(), t * d);
         results[group[k]].hidden_max_abs.push_back(hd.max_abs);
       }
     }
@@ -295,16 +298,19 @@ int run() {
     std::fprintf(stderr, "loom-conformance: --fixture DIR is required (see --help)\n");
     return 2;
   }
-  if (absl::GetFlag(FLAGS_device) != "cpu") {
-    std::fprintf(stderr,
-                 "loom-conformance: --device %s is not supported by this build (cpu only)\n",
-                 absl::GetFlag(FLAGS_device).c_str());
+  absl::StatusOr<Device> device = parse_device(absl::GetFlag(FLAGS_device));
+  if (device.ok()) {
+    if (absl::Status st = device_available(*device); !st.ok()) device = st;
+  }
+  if (!device.ok()) {
+    std::fprintf(stderr, "loom-conformance: --device: %s\n",
+                 std::string(device.status().message()).c_str());
     return 2;
   }
   if (absl::GetFlag(FLAGS_dtype) != "f32") {
     std::fprintf(stderr,
-                 "loom-conformance: --dtype %s is not supported on the CPU (f32 only; "
-                 "--weight_dtype bf16 stores the weights in bf16)\n",
+                 "loom-conformance: --dtype %s is not supported yet (f32 activations only, on "
+                 "every device; --weight_dtype bf16 stores the weights in bf16)\n",
                  absl::GetFlag(FLAGS_dtype).c_str());
     return 2;
   }
@@ -319,7 +325,7 @@ int run() {
   const bool batched = absl::GetFlag(FLAGS_batch);
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<std::unique_ptr<Model>> model =
-      Model::load(dir, Placement{.dtype = *weight_dtype});
+      Model::load(dir, Placement{.device = *device, .dtype = *weight_dtype});
   if (!model.ok()) {
     std::fprintf(stderr, "loom-conformance: %s\n", std::string(model.status().message()).c_str());
     return 2;

@@ -52,7 +52,7 @@ if ! cmake --preset cuda -DLOOM_BENCH=OFF "${extra[@]}" >"$logs/configure.log" 2
   tail -40 "$logs/configure.log"; echo "run.sh: configure FAILED"; exit 1
 fi
 suite=${LOOM_GPU_SUITE:-all}
-targets=(--target gpu_tests kda_chunked_bench)
+targets=(--target gpu_tests kda_chunked_bench loom-conformance)
 [ "$suite" = kda_chunked ] && targets=(--target kda_chunked_cuda_test kda_chunked_bench)
 [ "${LOOM_GPU_BUILD_ALL:-0}" = 1 ] && targets=()
 if ! cmake --build build-cuda -j "$jobs" "${targets[@]}" >"$logs/build.log" 2>&1; then
@@ -77,6 +77,26 @@ else
   build-cuda/tests/kda_chunked_cuda_test --gtest_color=no >>"$logs/test.log" 2>&1 || test_rc=1
 fi
 echo "run.sh: tests exit $test_rc in $(( $(date +%s) - t1 )) s"
+
+# loom-conformance --device cuda on every carried fixture (f32 activations; bf16 checkpoints
+# widened to f32 weights, so the f32 bounds of fixtures/README.md apply), unbatched and batched.
+# The fixtures travel in .device-fixtures (git-ignored; tests/gpu/README in bench/results/gpu-h200.md
+# says how it is made); model_cuda_test reads them too.
+: >"$logs/conformance.log"
+if [ "$suite" = all ] && [ -d .device-fixtures ]; then
+  t1=$(date +%s)
+  for f in .device-fixtures/*/; do
+    f=${f%/}
+    for mode in "" --batch; do
+      if build-cuda/bin/loom-conformance --fixture "$f" --device cuda --weight_dtype f32 $mode \
+          >"$logs/conf.out" 2>&1; then r=PASS; else r=FAIL; test_rc=1; fi
+      echo "CONFORMANCE $(basename "$f")${mode:+_batch} $r $(tail -1 "$logs/conf.out" | grep -oE '"worst_[a-z_0-9]+":[0-9.e+-]+' | tr '\n' ' ')" \
+        >>"$logs/conformance.log"
+      cat "$logs/conf.out" >>"$logs/conformance.full.log"
+    done
+  done
+  echo "run.sh: loom-conformance --device cuda in $(( $(date +%s) - t1 )) s"
+fi
 grep -E "^\[  FAILED|LOOM_CHECK|CUDA call|Failure" "$logs/test.log" | head -20
 
 t2=$(date +%s)
@@ -119,6 +139,11 @@ printf '| %-46s | %10s | %10s | %-4s |\n' kernel "max error" tolerance pass
 printf '|%s|%s|%s|%s|\n' "$(printf -- '-%.0s' {1..48})" "------------" "------------" "------"
 grep '^GPUCHECK' "$logs/test.log" | awk '{printf "| %-46s | %10s | %10s | %-4s |\n", $2, $3, $4, $5}'
 echo "checks: $(grep -c '^GPUCHECK.*PASS' "$logs/test.log") pass, $(grep -c '^GPUCHECK.*FAIL' "$logs/test.log") fail; gtest: $(grep -E '^\[  (PASSED|FAILED)' "$logs/test.log" | tr '\n' ' ')"
+if [ -s "$logs/conformance.log" ]; then
+  echo
+  echo "== loom-conformance --device cuda --weight_dtype f32 (fixtures/README.md bounds)"
+  cat "$logs/conformance.log"
+fi
 echo
 echo "== Tolerances bite: broken CPU results (a dropped element, a wrong scale) against each bound"
 printf '| %-46s | %10s | %10s |\n' "broken result" error tolerance
