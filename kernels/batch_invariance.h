@@ -5,8 +5,9 @@
 // request's logits are bit-identical alone or in a batch of 64, split into any prefill chunks,
 // restored from the prefix cache or recomputed after preemption. What it changes (cost measured
 // in docs/operations.md):
-//   - GEMMs (CPU): Loom's own row-invariant kernel for every row count (OpenBLAS's blocking, and
-//     its GEMV for one row, depend on the row count);
+//   - GEMMs: Loom's own row-invariant kernels for every row count (OpenBLAS's blocking and its
+//     GEMV for one row, cuBLAS's algorithm and split-K choices, depend on the row count); on
+//     CUDA a fixed-k-order kernel (kernels/cuda/gemm_invariant.cu, gemm_bf16.cu);
 //   - linear attention (KDA/GDN): the token recurrence for every length (the chunked form's
 //     rounding depends on where chunks start);
 //   - MLA: the absorbed form for prefill as for decode (the expanded form rounds differently).

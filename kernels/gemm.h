@@ -12,7 +12,9 @@ namespace loom {
 // x, out: contiguous f32 (any leading dims, flattened to M rows); w: contiguous [N, K], f32 or
 // bf16. A bf16 w is widened to f32 and accumulated in f32 (cpu::sgemm_bf16_bt): in batch-invariant
 // mode the same bits as the f32 weight holding the same values, otherwise within f32 rounding of
-// it. CUDA: f32 w only for now (bf16 weights come with issue 13).
+// it. CUDA (kernels/cuda/gemm.h): f32 w through cuBLAS (no TF32); bf16 w with f32 x through
+// Loom's GEMV up to 4 rows (x read unrounded) and cuBLASLt beyond (x staged as bf16 in the
+// workspace, f32 accumulation).
 void linear_forward(const Exec& ex, const Tensor& x, const Tensor& w, const Tensor& out,
                     float beta = 0.0f);
 
