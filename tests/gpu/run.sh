@@ -48,11 +48,13 @@ cmake --version | head -1
 t0=$(date +%s)
 # LOOM_BENCH=OFF: the CPU Google Benchmark binary is not needed here (the CUDA benchmark below
 # uses CUDA events and no Google Benchmark).
-if ! cmake --preset cuda -DLOOM_BENCH=OFF "${extra[@]}" >"$logs/configure.log" 2>&1; then
+# LOOM_SERVER=ON: the HTTP server (no gRPC there: the machine has no gRPC packages) for the
+# end-to-end test against a GPU-backed server below.
+if ! cmake --preset cuda -DLOOM_BENCH=OFF -DLOOM_SERVER=ON "${extra[@]}" >"$logs/configure.log" 2>&1; then
   tail -40 "$logs/configure.log"; echo "run.sh: configure FAILED"; exit 1
 fi
 suite=${LOOM_GPU_SUITE:-all}
-targets=(--target gpu_tests kda_chunked_bench loom-conformance)
+targets=(--target gpu_tests kda_chunked_bench loom-conformance loom-server)
 [ "$suite" = kda_chunked ] && targets=(--target kda_chunked_cuda_test kda_chunked_bench)
 [ "${LOOM_GPU_BUILD_ALL:-0}" = 1 ] && targets=()
 if ! cmake --build build-cuda -j "$jobs" "${targets[@]}" >"$logs/build.log" 2>&1; then
@@ -96,6 +98,16 @@ if [ "$suite" = all ] && [ -d .device-fixtures ]; then
     done
   done
   echo "run.sh: loom-conformance --device cuda in $(( $(date +%s) - t1 )) s"
+fi
+# The HTTP end-to-end test (tests/integration/http_server_test.py) against loom-server --device
+# cuda on a carried fixture.
+if [ "$suite" = all ] && [ -x build-cuda/bin/loom-server ] && [ -d .device-fixtures/kimi_linear_s1 ]; then
+  t1=$(date +%s)
+  if LOOM_SERVER_ARGS="--device cuda" timeout 600 python3 tests/integration/http_server_test.py \
+      --server build-cuda/bin/loom-server --model .device-fixtures/kimi_linear_s1 \
+      >"$logs/http_e2e.log" 2>&1; then r=PASS; else r=FAIL; test_rc=1; fi
+  echo "run.sh: http_server_test.py against loom-server --device cuda: $r in $(( $(date +%s) - t1 )) s"
+  tail -3 "$logs/http_e2e.log"
 fi
 grep -E "^\[  FAILED|LOOM_CHECK|CUDA call|Failure" "$logs/test.log" | head -20
 

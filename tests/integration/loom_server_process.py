@@ -2,8 +2,11 @@
 
 Started with --port 0; the bound port is read from the `http listening on ... (port N)` line it
 prints, and the lines printed up to it are kept in `startup_lines`. Every wait is bounded;
-`stop()` kills it. Usable as a context manager.
+`stop()` kills it. Usable as a context manager. $LOOM_SERVER_ARGS (split on spaces) is added to
+every server's flags, so the same tests run against a GPU-backed server (tests/gpu/run.sh:
+LOOM_SERVER_ARGS="--device cuda").
 """
+import os
 import queue
 import re
 import subprocess
@@ -17,6 +20,7 @@ GRPC_LISTEN = re.compile(r"grpc listening on [^ ]+:(\d+)")
 class LoomServer:
     def __init__(self, server_bin, model, *extra, startup_timeout_s=120):
         cmd = [server_bin, "--model", model, "--port", "0", "--host", "127.0.0.1"] + list(extra)
+        cmd += os.environ.get("LOOM_SERVER_ARGS", "").split()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.stderr_lines = []
         self.startup_lines = []
