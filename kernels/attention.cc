@@ -1,11 +1,13 @@
-// Device dispatch for kernels/attention.h. CPU only, but for cache_write_varlen, until the CUDA
-// MLA/GQA kernels land (issue 13); a CUDA execution of the others stops with a message naming the
-// op.
+// Device dispatch for kernels/attention.h. The varlen ops (cache_write_varlen,
+// mla_attention_varlen, gqa_attention_varlen: what the model forward uses) also run on CUDA
+// (kernels/cuda/cache_write.h, kernels/cuda/attention.h); the per-sequence ops are CPU only, and a
+// CUDA execution of them stops with a message naming the op.
 #include "kernels/attention.h"
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gemm.h"
 #ifdef LOOM_WITH_CUDA
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/cache_write.h"
 #endif
 
@@ -102,7 +104,12 @@ void mla_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& latent_
     return cpu::mla_attention_varlen(q, latent_pool, rope_pool, page_table, cu_seqlens, past_lens,
                                      kv_b, dims, scale, ex.batch_invariant, out);
   }
+#ifdef LOOM_WITH_CUDA
+  return cuda::mla_attention_varlen(ex, q, latent_pool, rope_pool, page_table, cu_seqlens,
+                                    past_lens, kv_b, dims, scale, out);
+#else
   no_kernel_for(ex, "mla_attention_varlen");
+#endif
 }
 
 void gqa_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& k_pool,
@@ -115,7 +122,12 @@ void gqa_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& k_pool,
     return cpu::gqa_attention_varlen(q, k_pool, v_pool, page_table, cu_seqlens, past_lens, scale,
                                      out);
   }
+#ifdef LOOM_WITH_CUDA
+  return cuda::gqa_attention_varlen(ex, q, k_pool, v_pool, page_table, cu_seqlens, past_lens, scale,
+                                    out);
+#else
   no_kernel_for(ex, "gqa_attention_varlen");
+#endif
 }
 
 }  // namespace loom

@@ -1,0 +1,417 @@
+// Host side of the varlen CUDA attention ops: the checks of kernels/cpu/attention.cc that need no
+// values from the device (shapes, dtypes, devices), the temporaries, then the launches:
+//   GQA: schedule, attention (attention_simt.cu), combine of split rows;
+//   MLA: schedule, q into latent space, attention over the latent cache (attention_mla_tc.cu or
+//        attention_simt.cu), combine + out of latent space (attention.cu).
+#include "kernels/cuda/attention.h"
+
+#include <climits>
+#include <cstdint>
+#include <optional>
+
+#include "kernels/cuda/attention_launch.h"
+#include "kernels/cuda/device.h"
+
+namespace loom::cuda {
+namespace {
+
+// Sequences of at most this many new rows split their keys (decode, a few draft tokens).
+constexpr int kSplitRows = 8;
+// Default split sizes. MLA: a split's partial (H x R f32, 64 KB at 32 heads) is ~5% of the
+// 1.2 MB of bf16 cache that 1024 keys hold, and a 128K context still makes 128 splits. GQA: a
+// partial is Hq x dv floats, small against 256 keys of K and V.
+constexpr int kMlaMinChunk = 1024, kMlaMaxSplits = 128;
+constexpr int kGqaMinChunk = 256, kGqaMaxSplits = 64;
+
+size_t align256(size_t x) { return (x + 255) / 256 * 256; }
+
+bool is_act(DType t) { return t == DType::kF32 || t == DType::kBF16; }
+
+// cu_seqlens, past_lens and page_table: dtypes and shapes (their values stay on the device).
+// Returns B.
+int64_t check_step(const char* fn, const Tensor& page_table, const Tensor& cu_seqlens,
+                   const Tensor& past_lens) {
+  LOOM_CHECK_CUDA_ARG(fn, page_table);
+  LOOM_CHECK_CUDA_ARG(fn, cu_seqlens);
+  LOOM_CHECK_CUDA_ARG(fn, past_lens);
+  LOOM_CHECK(cu_seqlens.dtype() == DType::kI64 && cu_seqlens.ndim() == 1 &&
+                 cu_seqlens.dim(0) >= 1 && cu_seqlens.is_contiguous(),
+             "%s: cu_seqlens %s, expected contiguous i64 [B + 1]", fn,
+             cu_seqlens.describe().c_str());
+  const int64_t B = cu_seqlens.dim(0) - 1;
+  LOOM_CHECK(page_table.dtype() == DType::kI32 && page_table.ndim() == 2 &&
+                 page_table.dim(0) == B && page_table.is_contiguous(),
+             "%s: page_table %s for %lld sequences, expected contiguous i32 [B, pages]", fn,
+             page_table.describe().c_str(), static_cast<long long>(B));
+  LOOM_CHECK(past_lens.dtype() == DType::kI64 && past_lens.ndim() == 1 && past_lens.dim(0) == B &&
+                 past_lens.is_contiguous(),
+             "%s: past_lens %s for %lld sequences, expected contiguous i64 [B]", fn,
+             past_lens.describe().c_str(), static_cast<long long>(B));
+  return B;
+}
+
+// One device buffer for a call's temporaries: ex.workspace (released when this dies) or a
+// stream-ordered allocation (freed in stream order after the launches).
+class CallBuffer {
+ public:
+  CallBuffer(const Exec& ex, size_t bytes) {
+    if (ex.workspace != nullptr) {
+      mark_.emplace(*ex.workspace);
+      t_ = ex.workspace->take({static_cast<int64_t>(bytes > 0 ? bytes : 1)}, DType::kU8);
+      ptr_ = t_.raw();
+    } else {
+      scratch_.emplace(bytes, stream_of(ex));
+      ptr_ = scratch_->get();
+    }
+  }
+  char* get() const { return static_cast<char*>(ptr_); }
+
+ private:
+  std::optional<Workspace::Mark> mark_;
+  std::optional<Scratch> scratch_;
+  Tensor t_;
+  void* ptr_ = nullptr;
+};
+
+launch::AttnPolicy policy_for(const Exec& ex, const AttentionTuning& t, int rows_per_item,
+                              int key_block, int min_chunk, int max_splits) {
+  launch::AttnPolicy p;
+  p.rows_per_item = rows_per_item;
+  p.split_rows = ex.batch_invariant ? 0 : kSplitRows;
+  p.key_block = key_block;
+  p.min_chunk = t.min_chunk > 0 ? t.min_chunk : min_chunk;
+  p.min_chunk = (p.min_chunk + key_block - 1) / key_block * key_block;
+  p.max_splits = t.max_splits > 0 ? t.max_splits : max_splits;
+  if (p.max_splits > 256) p.max_splits = 256;  // the combines weigh one split per thread
+  if (p.max_splits <= 1) p.split_rows = 0;
+  return p;
+}
+
+void check_bounds(const char* fn, const launch::AttnBounds& b, int64_t N, int64_t max_context) {
+  LOOM_CHECK(b.items < INT_MAX && b.parts < INT_MAX && N < INT_MAX && max_context < INT_MAX,
+             "%s: %lld rows, %lld work items, %lld partials or a %lld-position page table exceed "
+             "32-bit indices",
+             fn, static_cast<long long>(N), static_cast<long long>(b.items),
+             static_cast<long long>(b.parts), static_cast<long long>(max_context));
+}
+
+// ---- GQA ------------------------------------------------------------------------------------
+
+void gqa(const Exec& ex, const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
+         const Tensor& page_table, const Tensor& cu_seqlens, const Tensor& past_lens, float scale,
+         const Tensor& out, const AttentionTuning& tuning) {
+  const char* fn = "gqa_attention_varlen";
+  LOOM_CHECK_CUDA_ARG(fn, q);
+  LOOM_CHECK_CUDA_ARG(fn, k_pool);
+  LOOM_CHECK_CUDA_ARG(fn, v_pool);
+  LOOM_CHECK_CUDA_ARG(fn, out);
+  const int64_t B = check_step(fn, page_table, cu_seqlens, past_lens);
+  LOOM_CHECK(
+      is_act(q.dtype()) && out.dtype() == q.dtype() && q.is_contiguous() && out.is_contiguous(),
+      "%s: q %s out %s, expected contiguous f32 or bf16, the same for both", fn,
+      q.describe().c_str(), out.describe().c_str());
+  LOOM_CHECK(is_act(k_pool.dtype()) && v_pool.dtype() == k_pool.dtype() && k_pool.is_contiguous() &&
+                 v_pool.is_contiguous(),
+             "%s: k_pool %s v_pool %s, expected contiguous f32 or bf16 pools of one dtype", fn,
+             k_pool.describe().c_str(), v_pool.describe().c_str());
+  LOOM_CHECK(q.ndim() == 3 && k_pool.ndim() == 4 && v_pool.ndim() == 4,
+             "%s: q %s k_pool %s v_pool %s", fn, q.describe().c_str(), k_pool.describe().c_str(),
+             v_pool.describe().c_str());
+  const int64_t N = q.dim(0), hq = q.dim(1), d = q.dim(2);
+  const int64_t num_pages = k_pool.dim(0), ps = k_pool.dim(1), hkv = k_pool.dim(2),
+                dv = v_pool.dim(3);
+  LOOM_CHECK(hkv > 0 && hq % hkv == 0 && d > 0 && dv > 0 && ps > 0 && k_pool.dim(3) == d &&
+                 v_pool.dim(0) == num_pages && v_pool.dim(1) == ps && v_pool.dim(2) == hkv,
+             "%s: q %s k_pool %s v_pool %s (need Hq %% Hkv == 0 and matching pools)", fn,
+             q.describe().c_str(), k_pool.describe().c_str(), v_pool.describe().c_str());
+  LOOM_CHECK_SHAPE(out, N, hq, dv);
+  LOOM_CHECK(hq <= 65535 && d <= 65535 && dv <= 65535, "%s: q %s v_pool %s too large", fn,
+             q.describe().c_str(), v_pool.describe().c_str());
+  if (N == 0 || B == 0) return;
+
+  launch::AttnArgs a;
+  a.q = q.raw();
+  a.q_row = hq * d;
+  a.q_head = d;
+  a.q_bf16 = q.dtype() == DType::kBF16;
+  a.k1 = k_pool.raw();
+  a.k1_row = hkv * d;
+  a.k2 = nullptr;
+  a.v = v_pool.raw();
+  a.v_row = hkv * dv;
+  a.kv_bf16 = k_pool.dtype() == DType::kBF16;
+  a.d1 = static_cast<int>(d);
+  a.d2 = 0;
+  a.dv = static_cast<int>(dv);
+  a.heads = static_cast<int>(hq);
+  a.groups = static_cast<int>(hkv);
+  a.o = out.raw();
+  a.o_row = hq * dv;
+  a.o_head = dv;
+  a.o_bf16 = a.q_bf16;
+  a.page_table = page_table.data<int32_t>();
+  a.max_pages = page_table.dim(1);
+  a.page_size = ps;
+  a.num_pages = num_pages;
+  a.cu = cu_seqlens.data<int64_t>();
+  a.past = past_lens.data<int64_t>();
+  a.scale = scale;
+  a.probe = tuning.probe;
+
+  // Decode-like calls (about one row per sequence): a warp per query vector, so a row's heads
+  // spread over the warps; otherwise four a warp, so a key tile serves more rows.
+  const int qpw = tuning.gqa_qpw > 0 ? tuning.gqa_qpw : (N <= 2 * B ? 1 : 4);
+  LOOM_CHECK(launch::attn_simt_fits(a, qpw),
+             "%s: head dims d = %lld, dv = %lld need more shared memory than a block has "
+             "(dv <= 512)",
+             fn, static_cast<long long>(d), static_cast<long long>(dv));
+  const launch::SimtShape shape = launch::attn_simt_shape(a, qpw);
+  const launch::AttnPolicy policy =
+      policy_for(ex, tuning, shape.rows_per_item, 32, kGqaMinChunk, kGqaMaxSplits);
+  const launch::AttnBounds bounds = launch::attn_bounds(policy, N, B, a.max_pages * ps);
+  check_bounds(fn, bounds, N, a.max_pages * ps);
+
+  const size_t sched_bytes = align256(launch::attn_schedule_bytes(bounds, N, B));
+  const size_t acc_bytes = align256(static_cast<size_t>(bounds.parts) * hq * dv * 4);
+  const size_t ml_bytes = align256(static_cast<size_t>(bounds.parts) * hq * 2 * 4);
+  const CallBuffer buf(ex, sched_bytes + acc_bytes + ml_bytes);
+  a.sched = launch::attn_schedule_carve(buf.get(), bounds, N, B);
+  a.part_acc = reinterpret_cast<float*>(buf.get() + sched_bytes);
+  a.part_ml = reinterpret_cast<float*>(buf.get() + sched_bytes + acc_bytes);
+
+  const cudaStream_t stream = stream_of(ex);
+  launch::attn_schedule(stream, policy, a.cu, a.past, N, B, a.sched);
+  launch::attn_simt(stream, a, qpw, bounds.items);
+  launch::attn_combine(stream, a, bounds.split_rows);
+}
+
+// ---- MLA ------------------------------------------------------------------------------------
+
+struct MlaCall {
+  launch::AttnArgs a;  // the latent attention (q, o: filled in by the caller)
+  int64_t N = 0, B = 0;
+};
+
+MlaCall check_latent(const char* fn, const Tensor& latent_pool, const Tensor& rope_pool,
+                     const Tensor& page_table, const Tensor& cu_seqlens, const Tensor& past_lens,
+                     int64_t N, int64_t H, int64_t R, int64_t dr, float scale) {
+  LOOM_CHECK_CUDA_ARG(fn, latent_pool);
+  const int64_t B = check_step(fn, page_table, cu_seqlens, past_lens);
+  LOOM_CHECK(is_act(latent_pool.dtype()) && latent_pool.is_contiguous() &&
+                 latent_pool.ndim() == 3 && latent_pool.dim(2) == R && latent_pool.dim(1) > 0,
+             "%s: latent_pool %s, expected contiguous f32 or bf16 [pages, page_size, %lld]", fn,
+             latent_pool.describe().c_str(), static_cast<long long>(R));
+  if (dr > 0) {
+    LOOM_CHECK_CUDA_ARG(fn, rope_pool);
+    LOOM_CHECK(rope_pool.dtype() == latent_pool.dtype() && rope_pool.is_contiguous() &&
+                   rope_pool.ndim() == 3 && rope_pool.dim(0) == latent_pool.dim(0) &&
+                   rope_pool.dim(1) == latent_pool.dim(1) && rope_pool.dim(2) == dr,
+               "%s: rope_pool %s, expected contiguous [%lld, %lld, %lld] of latent_pool's dtype",
+               fn, rope_pool.describe().c_str(), static_cast<long long>(latent_pool.dim(0)),
+               static_cast<long long>(latent_pool.dim(1)), static_cast<long long>(dr));
+  }
+  LOOM_CHECK(H > 0 && H <= 65535 && R > 0 && R <= 65535 && dr >= 0 && dr <= 65535,
+             "%s: H = %lld, R = %lld, dr = %lld", fn, static_cast<long long>(H),
+             static_cast<long long>(R), static_cast<long long>(dr));
+  MlaCall c;
+  c.N = N;
+  c.B = B;
+  launch::AttnArgs& a = c.a;
+  a.q_row = H * (R + dr);
+  a.q_head = R + dr;
+  a.k1 = latent_pool.raw();
+  a.k1_row = R;
+  a.k2 = dr > 0 ? rope_pool.raw() : nullptr;
+  a.k2_row = dr;
+  a.v = nullptr;
+  a.kv_bf16 = latent_pool.dtype() == DType::kBF16;
+  a.d1 = static_cast<int>(R);
+  a.d2 = static_cast<int>(dr);
+  a.dv = static_cast<int>(R);
+  a.heads = static_cast<int>(H);
+  a.groups = 1;
+  a.o_row = H * R;
+  a.o_head = R;
+  a.page_table = page_table.data<int32_t>();
+  a.max_pages = page_table.dim(1);
+  a.page_size = latent_pool.dim(1);
+  a.num_pages = latent_pool.dim(0);
+  a.cu = cu_seqlens.data<int64_t>();
+  a.past = past_lens.data<int64_t>();
+  a.scale = scale;
+  return c;
+}
+
+// The latent attention's path, policy and bounds.
+struct LatentPlan {
+  bool tc = false;
+  int bn = 64, stages = 2;
+  launch::AttnPolicy policy;
+  launch::AttnBounds bounds;
+};
+
+LatentPlan plan_latent(const char* fn, const Exec& ex, const MlaCall& c, const AttentionTuning& t) {
+  LatentPlan p;
+  const bool tc_ok = launch::mla_tc_supported(c.a);
+  LOOM_CHECK(t.mla_path != 2 || tc_ok,
+             "%s: the tensor-core path needs bf16 pools, R = 512 and dr = 64 (%s pools, R = %d, "
+             "dr = %d)",
+             fn, c.a.kv_bf16 ? "bf16" : "f32", c.a.d1, c.a.d2);
+  p.tc = t.mla_path == 2 || (t.mla_path == 0 && tc_ok);
+  int rows_per_item = 1, key_block = 32;
+  if (p.tc) {
+    p.bn = t.tc_keys == 32 ? 32 : 64;
+    p.stages = p.bn == 64 ? 2 : (t.tc_stages == 3 ? 3 : 4);
+    key_block = p.bn;
+  } else {
+    LOOM_CHECK(launch::attn_simt_fits(c.a, 4),
+               "%s: latent dim R = %d, rope dim dr = %d need more shared memory than a block "
+               "has (R <= 512)",
+               fn, c.a.d1, c.a.d2);
+    rows_per_item = launch::attn_simt_shape(c.a, 4).rows_per_item;
+  }
+  p.policy = policy_for(ex, t, rows_per_item, key_block, kMlaMinChunk, kMlaMaxSplits);
+  p.bounds = launch::attn_bounds(p.policy, c.N, c.B, c.a.max_pages * c.a.page_size);
+  check_bounds(fn, p.bounds, c.N, c.a.max_pages * c.a.page_size);
+  return p;
+}
+
+void run_latent(cudaStream_t stream, const launch::AttnArgs& a, const LatentPlan& p, int64_t N,
+                int64_t B) {
+  launch::attn_schedule(stream, p.policy, a.cu, a.past, N, B, a.sched);
+  if (p.tc) {
+    launch::mla_attn_tc(stream, a, p.bounds.items, p.bn, p.stages);
+  } else {
+    launch::attn_simt(stream, a, 4, p.bounds.items);
+  }
+}
+
+void mla(const Exec& ex, const Tensor& q, const Tensor& latent_pool, const Tensor& rope_pool,
+         const Tensor& page_table, const Tensor& cu_seqlens, const Tensor& past_lens,
+         const Tensor& kv_b, const MlaDims& dims, float scale, const Tensor& out,
+         const AttentionTuning& tuning) {
+  const char* fn = "mla_attention_varlen";
+  LOOM_CHECK_CUDA_ARG(fn, q);
+  LOOM_CHECK_CUDA_ARG(fn, kv_b);
+  LOOM_CHECK_CUDA_ARG(fn, out);
+  const int64_t H = dims.heads, dn = dims.nope_dim, dr = dims.rope_dim, dv = dims.v_dim,
+                R = dims.latent_dim;
+  LOOM_CHECK(H > 0 && dn > 0 && dr >= 0 && dv > 0 && R > 0,
+             "%s: bad dims H=%lld dn=%lld dr=%lld dv=%lld R=%lld", fn, static_cast<long long>(H),
+             static_cast<long long>(dn), static_cast<long long>(dr), static_cast<long long>(dv),
+             static_cast<long long>(R));
+  LOOM_CHECK(is_act(q.dtype()) && out.dtype() == q.dtype() && q.is_contiguous() &&
+                 out.is_contiguous() && q.ndim() == 3,
+             "%s: q %s out %s, expected contiguous f32 or bf16, the same for both", fn,
+             q.describe().c_str(), out.describe().c_str());
+  LOOM_CHECK(kv_b.dtype() == DType::kF32 && kv_b.is_contiguous(),
+             "%s: kv_b %s, expected contiguous f32", fn, kv_b.describe().c_str());
+  const int64_t N = q.dim(0);
+  LOOM_CHECK_SHAPE(q, N, H, dn + dr);
+  LOOM_CHECK_SHAPE(kv_b, H * (dn + dv), R);
+  LOOM_CHECK_SHAPE(out, N, H, dv);
+  LOOM_CHECK(dn <= 4096 && dv <= 65535, "%s: dn = %lld, dv = %lld too large", fn,
+             static_cast<long long>(dn), static_cast<long long>(dv));
+  MlaCall c = check_latent(fn, latent_pool, rope_pool, page_table, cu_seqlens, past_lens, N, H, R,
+                           dr, scale);
+  if (N == 0 || c.B == 0) return;
+  const LatentPlan p = plan_latent(fn, ex, c, tuning);
+
+  const size_t sched_bytes = align256(launch::attn_schedule_bytes(p.bounds, N, c.B));
+  const size_t qlat_bytes = align256(static_cast<size_t>(N) * H * (R + dr) * 4);
+  const size_t olat_bytes = align256(static_cast<size_t>(N) * H * R * 4);
+  const size_t acc_bytes = align256(static_cast<size_t>(p.bounds.parts) * H * R * 4);
+  const size_t ml_bytes = align256(static_cast<size_t>(p.bounds.parts) * H * 2 * 4);
+  const CallBuffer buf(ex, sched_bytes + qlat_bytes + olat_bytes + acc_bytes + ml_bytes);
+  char* at = buf.get();
+  launch::AttnArgs& a = c.a;
+  a.probe = tuning.probe;
+  a.sched = launch::attn_schedule_carve(at, p.bounds, N, c.B);
+  at += sched_bytes;
+  float* q_lat = reinterpret_cast<float*>(at);
+  at += qlat_bytes;
+  float* o_lat = reinterpret_cast<float*>(at);
+  at += olat_bytes;
+  a.part_acc = reinterpret_cast<float*>(at);
+  at += acc_bytes;
+  a.part_ml = reinterpret_cast<float*>(at);
+  a.q = q_lat;
+  a.o = o_lat;
+
+  const cudaStream_t stream = stream_of(ex);
+  const bool act_bf16 = q.dtype() == DType::kBF16;
+  launch::mla_absorb_q(stream, q.raw(), act_bf16, kv_b.data<float>(), q_lat, N, H, dn, dr, dv, R);
+  run_latent(stream, a, p, N, c.B);
+  launch::mla_project_out(stream, o_lat, a.part_acc, a.part_ml, a.sched, kv_b.data<float>(),
+                          out.raw(), act_bf16, N, H, dn, dv, R);
+}
+
+}  // namespace
+
+void gqa_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& k_pool,
+                          const Tensor& v_pool, const Tensor& page_table, const Tensor& cu_seqlens,
+                          const Tensor& past_lens, float scale, const Tensor& out) {
+  gqa(ex, q, k_pool, v_pool, page_table, cu_seqlens, past_lens, scale, out, AttentionTuning{});
+}
+
+void gqa_attention_varlen_tuned(const Exec& ex, const Tensor& q, const Tensor& k_pool,
+                                const Tensor& v_pool, const Tensor& page_table,
+                                const Tensor& cu_seqlens, const Tensor& past_lens, float scale,
+                                const Tensor& out, const AttentionTuning& tuning) {
+  gqa(ex, q, k_pool, v_pool, page_table, cu_seqlens, past_lens, scale, out, tuning);
+}
+
+void mla_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& latent_pool,
+                          const Tensor& rope_pool, const Tensor& page_table,
+                          const Tensor& cu_seqlens, const Tensor& past_lens, const Tensor& kv_b,
+                          const MlaDims& dims, float scale, const Tensor& out) {
+  mla(ex, q, latent_pool, rope_pool, page_table, cu_seqlens, past_lens, kv_b, dims, scale, out,
+      AttentionTuning{});
+}
+
+void mla_attention_varlen_tuned(const Exec& ex, const Tensor& q, const Tensor& latent_pool,
+                                const Tensor& rope_pool, const Tensor& page_table,
+                                const Tensor& cu_seqlens, const Tensor& past_lens,
+                                const Tensor& kv_b, const MlaDims& dims, float scale,
+                                const Tensor& out, const AttentionTuning& tuning) {
+  mla(ex, q, latent_pool, rope_pool, page_table, cu_seqlens, past_lens, kv_b, dims, scale, out,
+      tuning);
+}
+
+void mla_latent_attention_varlen(const Exec& ex, const Tensor& q_lat, const Tensor& latent_pool,
+                                 const Tensor& rope_pool, const Tensor& page_table,
+                                 const Tensor& cu_seqlens, const Tensor& past_lens, float scale,
+                                 const Tensor& o_lat, const AttentionTuning& tuning) {
+  const char* fn = "mla_latent_attention_varlen";
+  LOOM_CHECK_CUDA_ARG(fn, q_lat);
+  LOOM_CHECK_CUDA_ARG(fn, o_lat);
+  LOOM_CHECK(q_lat.dtype() == DType::kF32 && o_lat.dtype() == DType::kF32 &&
+                 q_lat.is_contiguous() && o_lat.is_contiguous() && q_lat.ndim() == 3 &&
+                 o_lat.ndim() == 3 && latent_pool.ndim() == 3,
+             "%s: q_lat %s o_lat %s latent_pool %s", fn, q_lat.describe().c_str(),
+             o_lat.describe().c_str(), latent_pool.describe().c_str());
+  const int64_t N = q_lat.dim(0), H = q_lat.dim(1), R = latent_pool.dim(2), dr = q_lat.dim(2) - R;
+  LOOM_CHECK(dr >= 0, "%s: q_lat %s shorter than the latent %lld", fn, q_lat.describe().c_str(),
+             static_cast<long long>(R));
+  LOOM_CHECK_SHAPE(o_lat, N, H, R);
+  MlaCall c = check_latent(fn, latent_pool, rope_pool, page_table, cu_seqlens, past_lens, N, H, R,
+                           dr, scale);
+  if (N == 0 || c.B == 0) return;
+  const LatentPlan p = plan_latent(fn, ex, c, tuning);
+  const size_t sched_bytes = align256(launch::attn_schedule_bytes(p.bounds, N, c.B));
+  const size_t acc_bytes = align256(static_cast<size_t>(p.bounds.parts) * H * R * 4);
+  const size_t ml_bytes = align256(static_cast<size_t>(p.bounds.parts) * H * 2 * 4);
+  const CallBuffer buf(ex, sched_bytes + acc_bytes + ml_bytes);
+  launch::AttnArgs& a = c.a;
+  a.probe = tuning.probe;
+  a.sched = launch::attn_schedule_carve(buf.get(), p.bounds, N, c.B);
+  a.part_acc = reinterpret_cast<float*>(buf.get() + sched_bytes);
+  a.part_ml = reinterpret_cast<float*>(buf.get() + sched_bytes + acc_bytes);
+  a.q = q_lat.raw();
+  a.o = o_lat.raw();
+  const cudaStream_t stream = stream_of(ex);
+  run_latent(stream, a, p, N, c.B);
+  launch::attn_combine(stream, a, p.bounds.split_rows);
+}
+
+}  // namespace loom::cuda

@@ -1,0 +1,70 @@
+// CUDA twins of gqa_attention_varlen and mla_attention_varlen (kernels/attention.h): the same
+// contracts, every tensor argument on the GPU and contiguous (page_table, cu_seqlens and
+// past_lens too), enqueued on the Exec's stream without synchronising. The values of cu_seqlens,
+// past_lens and page_table stay on the device and are not checked here (the CPU twins check
+// them on the host); a page id outside the pool is not read.
+//
+// Dtypes: q and out f32 or bf16 (the same); pools f32 or bf16 (both the same); kv_b f32;
+// arithmetic in f32. MLA always takes the absorbed form (both forms are the same function; the
+// absorbed one needs no per-key expansion): q_lat = W_UK^T q_nope, attention over the latent
+// cache, out = W_UV o_lat. With a bf16 cache, R = 512 and dr = 64 the attention runs on tensor
+// cores (q and the softmax weights rounded to bf16 for the products, as flash attention does);
+// otherwise on CUDA cores in f32.
+//
+// Splits (flash-decoding). A sequence of at most 8 new rows splits its keys into chunks whose
+// size is a function of its own length alone (launch::keys_per_split), combined afterwards, so a
+// row's result never depends on the rest of the batch. In batch-invariant mode (ex.batch_invariant)
+// nothing splits, so a row is also computed the same way in a prefill chunk of any size or in
+// decode; long-context decode of a small batch is then slower.
+//
+// Temporaries (the schedule, partial results, MLA's latent-space queries and outputs) come from
+// ex.workspace, or a stream-ordered allocation when it is null.
+#pragma once
+
+#include "core/tensor.h"
+#include "kernels/attention.h"
+#include "kernels/cuda/check.h"
+#include "kernels/exec.h"
+
+namespace loom::cuda {
+
+void gqa_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& k_pool,
+                          const Tensor& v_pool, const Tensor& page_table, const Tensor& cu_seqlens,
+                          const Tensor& past_lens, float scale, const Tensor& out);
+
+void mla_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& latent_pool,
+                          const Tensor& rope_pool, const Tensor& page_table,
+                          const Tensor& cu_seqlens, const Tensor& past_lens, const Tensor& kv_b,
+                          const MlaDims& dims, float scale, const Tensor& out);
+
+// Knobs for tests and benchmarks; zero fields keep the defaults the two ops above use. None
+// changes what is computed, only how (and so its rounding).
+struct AttentionTuning {
+  int mla_path = 0;    // 0: by shape; 1: CUDA cores; 2: tensor cores (needs what they need)
+  int min_chunk = 0;   // keys per split at least
+  int max_splits = 0;  // splits at most (1: never split)
+  int tc_keys = 0;     // tensor-core key tile: 32 or 64
+  int tc_stages = 0;   // tensor-core tile buffers: 2 (64 keys) or 3, 4 (32 keys)
+  int gqa_qpw = 0;     // GQA query vectors per warp: 1 or 4
+  int probe = 0;       // benchmarks only, wrong results: 1 times the arithmetic, 2 the loads
+};
+
+void gqa_attention_varlen_tuned(const Exec& ex, const Tensor& q, const Tensor& k_pool,
+                                const Tensor& v_pool, const Tensor& page_table,
+                                const Tensor& cu_seqlens, const Tensor& past_lens, float scale,
+                                const Tensor& out, const AttentionTuning& tuning);
+void mla_attention_varlen_tuned(const Exec& ex, const Tensor& q, const Tensor& latent_pool,
+                                const Tensor& rope_pool, const Tensor& page_table,
+                                const Tensor& cu_seqlens, const Tensor& past_lens,
+                                const Tensor& kv_b, const MlaDims& dims, float scale,
+                                const Tensor& out, const AttentionTuning& tuning);
+
+// MLA's attention core alone, queries already in latent space: q_lat [N, H, R + dr] f32
+// ([W_UK^T q_nope | q_rope]), o_lat [N, H, R] f32 = softmax(scale (q_lat . [c | k_rope])) c.
+// For benchmarks (the cache traffic without the projections) and tests.
+void mla_latent_attention_varlen(const Exec& ex, const Tensor& q_lat, const Tensor& latent_pool,
+                                 const Tensor& rope_pool, const Tensor& page_table,
+                                 const Tensor& cu_seqlens, const Tensor& past_lens, float scale,
+                                 const Tensor& o_lat, const AttentionTuning& tuning = {});
+
+}  // namespace loom::cuda

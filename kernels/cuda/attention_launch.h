@@ -1,0 +1,150 @@
+// Raw launchers of the varlen attention kernels (kernels/cuda/attention*.cu). Like launch.h this
+// header includes no Loom or Abseil header, so nvcc never parses Abseil; the Tensor-level entry
+// points and their checks are in kernels/cuda/attention.{h,cc}. cu_seqlens, past_lens and the
+// page table live on the device and are never copied back: the host sizes every launch from
+// shapes alone (rows, sequences, page-table width), and the kernels read the step data.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define LOOM_ATTN_HD __host__ __device__
+#else
+#define LOOM_ATTN_HD
+#endif
+
+namespace loom::cuda::launch {
+
+// How a call's query rows become work items (attn_schedule). An item is up to rows_per_item
+// consecutive new rows of one sequence and one range of keys. A sequence of 1..split_rows new
+// rows (decode, a few draft tokens) splits its keys into chunks of keys_per_split(L) keys (L: its
+// last row's visible length), each chunk an item of its own, combined afterwards
+// (flash-decoding); other sequences never split. split_rows = 0: nothing splits.
+struct AttnPolicy {
+  int rows_per_item = 1;
+  int split_rows = 0;
+  int min_chunk = 512;  // keys per split at least; a multiple of key_block
+  int max_splits = 64;
+  int key_block = 32;  // chunks are multiples of the kernel's key tile
+};
+
+// Keys per split of a sequence whose last new row sees L keys (0: it does not split). A function
+// of L and the policy alone, so a row's numerics never depend on the rest of the batch.
+LOOM_ATTN_HD inline int64_t keys_per_split(const AttnPolicy& p, int64_t L) {
+  int64_t n = (L + p.min_chunk - 1) / p.min_chunk;
+  if (n > p.max_splits) n = p.max_splits;
+  if (n <= 1) return 0;
+  const int64_t per = (L + n - 1) / n;
+  return (per + p.key_block - 1) / p.key_block * p.key_block;
+}
+
+// Upper bounds of one call's schedule from host-known sizes: N rows, B sequences, contexts of at
+// most max_context keys (page-table width times page size).
+struct AttnBounds {
+  int64_t items = 0;       // work items
+  int64_t split_rows = 0;  // rows whose keys split
+  int64_t parts = 0;       // partial results of those rows (one per split)
+};
+AttnBounds attn_bounds(const AttnPolicy& p, int64_t N, int64_t B, int64_t max_context);
+
+// A schedule in device memory (the caller's workspace), written by attn_schedule.
+struct AttnSchedule {
+  int32_t* counts = nullptr;          // [2]: items, split rows
+  int32_t* items = nullptr;           // [bounds.items][4]: sequence, first row, rows, split
+  int32_t* seq_chunk = nullptr;       // [B]: keys per split (0: the sequence does not split)
+  int32_t* seq_off = nullptr;         // [B][3]: first item, part and split row of each sequence
+  int32_t* row_nsplit = nullptr;      // [N]: splits of each row's keys (1: written directly)
+  int32_t* row_part = nullptr;        // [N]: first partial slot of a split row
+  int32_t* split_row_list = nullptr;  // [bounds.split_rows]: the split rows
+};
+// Bytes of the arrays of a schedule of `bounds` for N rows and B sequences (each array 256-byte
+// aligned), and their places in a buffer of that size.
+size_t attn_schedule_bytes(const AttnBounds& bounds, int64_t N, int64_t B);
+AttnSchedule attn_schedule_carve(void* buffer, const AttnBounds& bounds, int64_t N, int64_t B);
+
+// Blocks of `kernel` (`threads` threads, `smem` bytes of dynamic shared memory) resident on the
+// whole current device at once: the grid of a persistent kernel. Raises the kernel's dynamic
+// shared-memory limit to smem; cached per (device, kernel, smem), so only a first launch pays
+// for the driver queries.
+int64_t resident_blocks(const void* kernel, int threads, size_t smem);
+
+// One block: the items, per-row splits and partial slots of a call.
+void attn_schedule(cudaStream_t stream, const AttnPolicy& policy, const int64_t* cu,
+                   const int64_t* past, int64_t N, int64_t B, const AttnSchedule& s);
+
+// The attention pass over a paged cache. Query vector (row r, head h): q + r * q_row + h * q_head,
+// d1 values then d2 values (f32, or bf16 with q_bf16). Key j of a sequence lives in pool row
+// i = page_table[seq][j / page_size] * page_size + j % page_size: part 1 at
+// k1 + i * k1_row + g * d1 (d1 values), part 2 at k2 + i * k2_row + g * d2, the value at
+// v + i * v_row + g * dv, or, with v null, the first dv values of part 1 (the MLA latent); g the
+// query head's group h / (heads / groups). Pools f32, or bf16 with kv_bf16. Scores are
+// scale * (q1 . k1 + q2 . k2), causal per row.
+// A row that does not split gets its normalised output at o + r * o_row + h * o_head (f32, or
+// bf16 with o_bf16); a split row's split s leaves its unnormalised sum at part_acc
+// [row_part[r] + s][heads][dv] and its running max (log2 units) and sum at part_ml [..][heads][2].
+struct AttnArgs {
+  const void* q = nullptr;
+  int64_t q_row = 0, q_head = 0;
+  bool q_bf16 = false;
+  const void* k1 = nullptr;
+  int64_t k1_row = 0;
+  const void* k2 = nullptr;
+  int64_t k2_row = 0;
+  const void* v = nullptr;
+  int64_t v_row = 0;
+  bool kv_bf16 = false;
+  int d1 = 0, d2 = 0, dv = 0;
+  int heads = 0, groups = 1;
+  void* o = nullptr;
+  int64_t o_row = 0, o_head = 0;
+  bool o_bf16 = false;
+  float* part_acc = nullptr;
+  float* part_ml = nullptr;
+  const int32_t* page_table = nullptr;
+  int64_t max_pages = 0, page_size = 0, num_pages = 0;
+  const int64_t* cu = nullptr;
+  const int64_t* past = nullptr;
+  AttnSchedule sched;
+  float scale = 1.0f;
+  // Benchmarks only (the results are wrong): 1 loads only the first key tiles of each unit (the
+  // arithmetic's time), 2 skips the arithmetic (the loads' time).
+  int probe = 0;
+};
+
+// The CUDA-core kernel (attention_simt.cu): any dims (smem permitting), f32 or bf16 pools.
+// qpw: query vectors per warp (1 or 4; the block has 8 warps). Returns false (launching nothing)
+// when the shapes need more shared memory than a block has.
+struct SimtShape {
+  int qpw = 4;             // query vectors per warp
+  int heads_per_item = 0;  // query heads of one group in an item
+  int rows_per_item = 0;   // rows per item (the schedule's policy must match)
+};
+SimtShape attn_simt_shape(const AttnArgs& a, int qpw);
+bool attn_simt_fits(const AttnArgs& a, int qpw);
+void attn_simt(cudaStream_t stream, const AttnArgs& a, int qpw, int64_t max_items);
+
+// The tensor-core MLA kernel (attention_mla_tc.cu): bf16 pools, d1 = 512 (latent), d2 = 64 or 0
+// (rope), values the latent, groups = 1, q f32 (rounded to bf16 for the products), o f32.
+// 32 heads per work unit (more heads: several units per row); one row per item. bn: keys per
+// tile (32 or 64), stages: tile buffers (2 for 64 keys, 3 or 4 for 32).
+bool mla_tc_supported(const AttnArgs& a);
+void mla_attn_tc(cudaStream_t stream, const AttnArgs& a, int64_t max_items, int bn, int stages);
+
+// Combines the partials of every split row into its output o (GQA).
+void attn_combine(cudaStream_t stream, const AttnArgs& a, int64_t max_split_rows);
+
+// MLA projections (attention.cu), f32, every output element a fixed-order sum (row-invariant):
+//   q_lat[t, h, :R] = W_UK_h^T q[t, h, :dn], q_lat[t, h, R:] = q[t, h, dn:] (the rope part);
+//   out[t, h, :] = W_UV_h o_lat[t, h, :], o_lat combined from the partials for split rows.
+// kv_b [H * (dn + dv), R]; q [N, H, dn + dr] and out [N, H, dv] f32 or bf16 (act_bf16).
+void mla_absorb_q(cudaStream_t stream, const void* q, bool act_bf16, const float* kv_b,
+                  float* q_lat, int64_t N, int64_t H, int64_t dn, int64_t dr, int64_t dv,
+                  int64_t R);
+void mla_project_out(cudaStream_t stream, const float* o_lat, const float* part_acc,
+                     const float* part_ml, const AttnSchedule& sched, const float* kv_b, void* out,
+                     bool act_bf16, int64_t N, int64_t H, int64_t dn, int64_t dv, int64_t R);
+
+}  // namespace loom::cuda::launch

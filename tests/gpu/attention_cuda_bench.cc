@@ -1,0 +1,324 @@
+// Varlen attention benchmarks with CUDA events (median of many timed calls after warm-up), each
+// next to its roofline: the device-to-device copy measured in the same run for the decode rows
+// (cache bytes read / time against copy bytes moved / time), and the datasheet's dense bf16
+// tensor-core (989 TFLOP/s) or plain f32 (67 TFLOP/s) rate for the prefill rows.
+//
+//  - MLA absorbed decode, the target: 32 heads, latent 512 + rope 64, bf16 cache, one new
+//    row per sequence over contexts of 4K..128K keys, batch 1..64. "core" rows time the attention
+//    over the latent cache alone (mla_latent_attention_varlen: schedule, attention, combine);
+//    "op" rows the whole mla_attention_varlen (plus the two projections, which read kv_b, 16.8 MB
+//    of f32, every call). Bytes: the cache rows read, (512 + 64) * 2 per key and sequence.
+//    Variants: keys per split (min_chunk) and the tensor-core tile (keys, stages).
+//  - GQA decode (32 query heads over 8 KV heads of 128, f32 and bf16 caches) and prefill.
+// Caches are filled from a random block (never zeros); page ids are shuffled.
+// Prints "GPUBENCH <name> <achieved> <unit> <roofline> <fraction> <median ms>" lines.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/workspace.h"
+#include "kernels/attention.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/device.h"
+#include "tests/gpu/gpu_test_support.h"
+
+namespace loom {
+namespace {
+
+constexpr double kBf16TFlops = 989.0;  // H100/H200 SXM dense bf16 tensor cores, datasheet
+constexpr double kF32TFlops = 67.0;    // plain f32, datasheet
+
+std::mt19937& rng() {
+  static std::mt19937 r(12345);
+  return r;
+}
+
+const Exec& gpu() {
+  static const Exec ex = cuda::device_exec(0);
+  return ex;
+}
+cudaStream_t stream() { return cuda::stream_of(gpu()); }
+
+// A device tensor filled from a 64 MB random block (repeated).
+Tensor filled(Shape shape, DType dtype, float scale = 1.0f) {
+  Tensor d = Tensor::empty(shape, dtype, Device::kCuda);
+  const size_t block = std::min<size_t>(d.nbytes(), size_t{64} << 20);
+  if (block == 0) return d;
+  std::vector<uint8_t> h(block);
+  std::normal_distribution<float> nd(0.0f, scale);
+  if (dtype == DType::kBF16) {
+    uint16_t* p = reinterpret_cast<uint16_t*>(h.data());
+    for (size_t i = 0; i < block / 2; ++i) p[i] = f32_to_bf16(nd(rng()));
+  } else {
+    float* p = reinterpret_cast<float*>(h.data());
+    for (size_t i = 0; i < block / 4; ++i) p[i] = nd(rng());
+  }
+  char* dst = static_cast<char*>(d.raw());
+  LOOM_CUDA_CHECK(cudaMemcpy(dst, h.data(), block, cudaMemcpyHostToDevice));
+  for (size_t off = block; off < d.nbytes(); off += block)
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(dst + off, dst, std::min(block, d.nbytes() - off),
+                                    cudaMemcpyDeviceToDevice, stream()));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  return d;
+}
+
+Tensor i64_dev(const std::vector<int64_t>& v) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kI64);
+  std::copy(v.begin(), v.end(), t.data<int64_t>());
+  return cuda::to_device(t);
+}
+
+// B sequences of `rows` new rows each after `past` cached keys, pages of `page_size` drawn
+// shuffled from [0, num_pages).
+struct Step {
+  int64_t B = 0, N = 0;
+  Tensor table, cu, past;
+};
+Step make_step(int64_t B, int64_t rows, int64_t past, int64_t page_size, int64_t num_pages,
+               bool shuffled = true) {
+  Step s;
+  s.B = B;
+  s.N = B * rows;
+  const int64_t per = (past + rows + page_size - 1) / page_size;
+  std::vector<int32_t> ids(static_cast<size_t>(num_pages));
+  std::iota(ids.begin(), ids.end(), 0);
+  if (shuffled) std::shuffle(ids.begin(), ids.end(), rng());
+  Tensor t = Tensor::empty({B, per}, DType::kI32);
+  std::copy(ids.begin(), ids.begin() + B * per, t.data<int32_t>());
+  s.table = cuda::to_device(t);
+  std::vector<int64_t> cu(static_cast<size_t>(B + 1));
+  for (int64_t b = 0; b <= B; ++b) cu[b] = b * rows;
+  s.cu = i64_dev(cu);
+  s.past = i64_dev(std::vector<int64_t>(static_cast<size_t>(B), past));
+  return s;
+}
+
+double median_ms(const std::function<void()>& fn, int iters) {
+  return median_event_ms(
+      stream(), [&](int) { fn(); }, iters, 3);
+}
+
+double g_copy_gbs = 0.0;
+
+void bench_copy() {
+  const int64_t n = int64_t{1} << 28;  // 1 GiB of f32
+  Tensor a = filled({n}, DType::kF32), b = Tensor::empty({n}, DType::kF32, Device::kCuda);
+  const double ms = median_ms(
+      [&] {
+        LOOM_CUDA_CHECK(
+            cudaMemcpyAsync(b.raw(), a.raw(), a.nbytes(), cudaMemcpyDeviceToDevice, stream()));
+      },
+      20);
+  g_copy_gbs = 2.0 * a.nbytes() / (ms * 1e6);
+  emit_gpubench("d2d_copy_1GiB_read+write", g_copy_gbs, "GB/s", 4800.0, ms);
+}
+
+std::string ctx_name(int64_t keys) {
+  return keys % 1024 == 0 ? std::to_string(keys / 1024) + "K" : std::to_string(keys);
+}
+
+void bench_mla_decode(Workspace& ws) {
+  const MlaDims m{32, 128, 64, 128, 512};
+  const int64_t ps = 64, max_keys = int64_t{64} * 131072 + 64 * 64;
+  const int64_t num_pages = max_keys / ps;
+  const Tensor latent = filled({num_pages, ps, m.latent_dim}, DType::kBF16);
+  const Tensor rope = filled({num_pages, ps, m.rope_dim}, DType::kBF16);
+  const Tensor kv_b = filled({m.heads * (m.nope_dim + m.v_dim), m.latent_dim}, DType::kF32,
+                             1.0f / std::sqrt(512.0f));
+  const float scale = 1.0f / std::sqrt(192.0f);
+  Exec ex = gpu();
+  ex.workspace = &ws;
+  struct Variant {
+    std::string name;
+    cuda::AttentionTuning t;
+  };
+  const std::vector<Variant> variants = {
+      {"chunk512", {.min_chunk = 512}},
+      {"chunk2048", {.min_chunk = 2048}},
+      {"k32s4", {.tc_keys = 32, .tc_stages = 4}},
+      {"k32s3", {.tc_keys = 32, .tc_stages = 3}},
+  };
+  for (int64_t B : {1, 8, 64}) {
+    for (int64_t ctx : {4096, 32768, 131072}) {
+      const Step s = make_step(B, 1, ctx - 1, ps, num_pages);
+      const Tensor q = filled({s.N, m.heads, m.nope_dim + m.rope_dim}, DType::kF32);
+      const Tensor q_lat = filled({s.N, m.heads, m.latent_dim + m.rope_dim}, DType::kF32, 0.05f);
+      const Tensor out = Tensor::empty({s.N, m.heads, m.v_dim}, DType::kF32, Device::kCuda);
+      const Tensor o_lat = Tensor::empty({s.N, m.heads, m.latent_dim}, DType::kF32, Device::kCuda);
+      const double bytes = static_cast<double>(B) * ctx * (m.latent_dim + m.rope_dim) * 2;
+      const int iters = bytes > 1e9 ? 20 : 50;
+      char shape_buf[64];
+      std::snprintf(shape_buf, sizeof(shape_buf), "B%lld_ctx%s", static_cast<long long>(B),
+                    ctx_name(ctx).c_str());
+      const std::string shape = shape_buf;
+      auto core = [&](const cuda::AttentionTuning& t) {
+        return median_ms(
+            [&] {
+              ws.reset();
+              cuda::mla_latent_attention_varlen(ex, q_lat, latent, rope, s.table, s.cu, s.past,
+                                                scale, o_lat, t);
+            },
+            iters);
+      };
+      double ms = median_ms(
+          [&] {
+            ws.reset();
+            mla_attention_varlen(ex, q, latent, rope, s.table, s.cu, s.past, kv_b, m, scale, out);
+          },
+          iters);
+      emit_gpubench(("mla_decode_op_" + shape).c_str(), bytes / (ms * 1e6), "GB/s", g_copy_gbs, ms);
+      ms = core({});
+      emit_gpubench(("mla_decode_core_" + shape).c_str(), bytes / (ms * 1e6), "GB/s", g_copy_gbs,
+                    ms);
+      for (const Variant& v : variants) {
+        ms = core(v.t);
+        emit_gpubench(("mla_decode_core_" + shape + "_" + v.name).c_str(), bytes / (ms * 1e6),
+                      "GB/s", g_copy_gbs, ms);
+      }
+      if ((B == 1 && ctx == 131072) || (B == 64 && ctx == 32768)) {
+        // Diagnostics: the arithmetic alone (probe 1), the loads alone (probe 2), and pages in
+        // order instead of shuffled over the whole pool.
+        cuda::AttentionTuning t;
+        t.probe = 1;
+        ms = core(t);
+        emit_gpubench(("mla_decode_core_" + shape + "_probe_math").c_str(), bytes / (ms * 1e6),
+                      "GB/s", g_copy_gbs, ms);
+        t.probe = 2;
+        ms = core(t);
+        emit_gpubench(("mla_decode_core_" + shape + "_probe_loads").c_str(), bytes / (ms * 1e6),
+                      "GB/s", g_copy_gbs, ms);
+        const Step in_order = make_step(B, 1, ctx - 1, ps, num_pages, false);
+        ms = median_ms(
+            [&] {
+              ws.reset();
+              cuda::mla_latent_attention_varlen(ex, q_lat, latent, rope, in_order.table,
+                                                in_order.cu, in_order.past, scale, o_lat);
+            },
+            iters);
+        emit_gpubench(("mla_decode_core_" + shape + "_pages_in_order").c_str(), bytes / (ms * 1e6),
+                      "GB/s", g_copy_gbs, ms);
+      }
+      {  // the CUDA-core path on the same bf16 cache, for comparison
+        cuda::AttentionTuning t;
+        t.mla_path = 1;
+        if (B * ctx <= 32 * 32768) {
+          ms = core(t);
+          emit_gpubench(("mla_decode_core_" + shape + "_simt").c_str(), bytes / (ms * 1e6), "GB/s",
+                        g_copy_gbs, ms);
+        }
+      }
+    }
+  }
+  {  // Prefill in absorbed form on tensor cores: one sequence of 2048 new rows after 2048 keys.
+    const int64_t T = 2048, past = 2048;
+    const Step s = make_step(1, T, past, ps, num_pages);
+    const Tensor q = filled({s.N, m.heads, m.nope_dim + m.rope_dim}, DType::kF32);
+    const Tensor out = Tensor::empty({s.N, m.heads, m.v_dim}, DType::kF32, Device::kCuda);
+    const double ms = median_ms(
+        [&] {
+          ws.reset();
+          mla_attention_varlen(ex, q, latent, rope, s.table, s.cu, s.past, kv_b, m, scale, out);
+        },
+        10);
+    double flops = 0.0;
+    for (int64_t i = 0; i < T; ++i)
+      flops += 2.0 * (past + i + 1) * m.heads * (2 * m.latent_dim + m.rope_dim);
+    emit_gpubench("mla_prefill_op_T2048_past2048_bf16", flops / (ms * 1e9), "TFLOP/s", kBf16TFlops,
+                  ms);
+  }
+}
+
+void bench_gqa(Workspace& ws) {
+  const int64_t hq = 32, hkv = 8, d = 128, ps = 64;
+  Exec ex = gpu();
+  ex.workspace = &ws;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    const std::string tn = dt == DType::kBF16 ? "bf16" : "f32";
+    const int64_t max_keys = int64_t{64} * 32768 + 64 * 64, num_pages = max_keys / ps;
+    const Tensor k = filled({num_pages, ps, hkv, d}, dt), v = filled({num_pages, ps, hkv, d}, dt);
+    const double es = dt == DType::kBF16 ? 2.0 : 4.0;
+    for (int64_t B : {1, 64}) {
+      for (int64_t ctx : {4096, 32768}) {
+        const Step s = make_step(B, 1, ctx - 1, ps, num_pages);
+        const Tensor q = filled({s.N, hq, d}, DType::kF32);
+        const Tensor out = Tensor::empty({s.N, hq, d}, DType::kF32, Device::kCuda);
+        const double bytes = static_cast<double>(B) * ctx * 2 * hkv * d * es;
+        const double ms = median_ms(
+            [&] {
+              ws.reset();
+              gqa_attention_varlen(ex, q, k, v, s.table, s.cu, s.past, scale, out);
+            },
+            bytes > 1e9 ? 20 : 50);
+        const std::string name =
+            "gqa_decode_" + tn + "_B" + std::to_string(B) + "_ctx" + ctx_name(ctx);
+        emit_gpubench(name.c_str(), bytes / (ms * 1e6), "GB/s", g_copy_gbs, ms);
+        if (B == 64 && ctx == 32768) {  // diagnostics, as for MLA
+          for (int probe : {1, 2}) {
+            cuda::AttentionTuning t;
+            t.probe = probe;
+            const double pms = median_ms(
+                [&] {
+                  ws.reset();
+                  cuda::gqa_attention_varlen_tuned(ex, q, k, v, s.table, s.cu, s.past, scale, out,
+                                                   t);
+                },
+                20);
+            emit_gpubench((name + (probe == 1 ? "_probe_math" : "_probe_loads")).c_str(),
+                          bytes / (pms * 1e6), "GB/s", g_copy_gbs, pms);
+          }
+          const Step in_order = make_step(B, 1, ctx - 1, ps, num_pages, false);
+          const double pms = median_ms(
+              [&] {
+                ws.reset();
+                gqa_attention_varlen(ex, q, k, v, in_order.table, in_order.cu, in_order.past, scale,
+                                     out);
+              },
+              20);
+          emit_gpubench((name + "_pages_in_order").c_str(), bytes / (pms * 1e6), "GB/s", g_copy_gbs,
+                        pms);
+        }
+      }
+    }
+    // Prefill: one sequence of 4096 new rows, and 2048 after 2048 cached.
+    for (const auto& [T, past] : {std::pair<int64_t, int64_t>{4096, 0}, {2048, 2048}}) {
+      const Step s = make_step(1, T, past, ps, num_pages);
+      const Tensor q = filled({s.N, hq, d}, DType::kF32);
+      const Tensor out = Tensor::empty({s.N, hq, d}, DType::kF32, Device::kCuda);
+      const double ms = median_ms(
+          [&] {
+            ws.reset();
+            gqa_attention_varlen(ex, q, k, v, s.table, s.cu, s.past, scale, out);
+          },
+          5);
+      double flops = 0.0;
+      for (int64_t i = 0; i < T; ++i) flops += 2.0 * (past + i + 1) * hq * (2 * d);
+      emit_gpubench(
+          ("gqa_prefill_" + tn + "_T" + std::to_string(T) + "_past" + std::to_string(past)).c_str(),
+          flops / (ms * 1e9), "TFLOP/s", kF32TFlops, ms);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace loom
+
+int main() {
+  using namespace loom;
+  cuda::init();
+  cudaDeviceProp prop{};
+  LOOM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  Workspace ws(Device::kCuda, size_t{1} << 30);
+  bench_copy();
+  bench_mla_decode(ws);
+  bench_gqa(ws);
+  cuda::synchronize();
+  return 0;
+}
