@@ -1,6 +1,7 @@
-// loom-bench-engine: end-to-end engine throughput on the CPU. Output tokens per second at several
-// concurrencies (greedy, EOS ignored so every request generates exactly max_tokens) and the time
-// to first token of a long prompt. Prints a Markdown table for bench/results/engine-cpu.md.
+// loom-bench-engine: end-to-end engine throughput on the CPU or a GPU (--device). Output tokens per
+// second at several concurrencies (greedy, EOS ignored so every request generates exactly
+// max_tokens) and the time to first token of a long prompt. Prints a Markdown table for
+// bench/results/engine-cpu.md (and the GPU runs of bench/results/gpu-h200.md).
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -12,6 +13,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
 #include "engine/engine.h"
+#include "kernels/exec.h"
 
 ABSL_FLAG(std::string, model, "../shared/fixtures/kimi_linear_s1", "model directory");
 ABSL_FLAG(std::string, concurrency, "1,8,32", "comma-separated concurrency levels");
@@ -20,6 +22,8 @@ ABSL_FLAG(int, max_tokens, 64, "generated tokens per request");
 ABSL_FLAG(int, ttft_prompt_len, 2000, "prompt tokens of the time-to-first-token run");
 ABSL_FLAG(int, max_num_batched_tokens, 2048, "engine token budget per step");
 ABSL_FLAG(bool, deterministic, false, "batch-invariant numerics (the server's --deterministic)");
+ABSL_FLAG(std::string, device, "cpu", "where the model runs: cpu, cuda or cuda:N (the server's)");
+ABSL_FLAG(std::string, weight_dtype, "auto", "weight matrices: auto, f32 or bf16 (the server's)");
 
 namespace loom {
 namespace {
@@ -34,7 +38,16 @@ std::vector<int32_t> random_prompt(int len, int vocab, std::mt19937& rng) {
 }
 
 std::unique_ptr<Engine> make_engine() {
-  auto model = Model::load(absl::GetFlag(FLAGS_model));
+  const absl::StatusOr<Device> device = parse_device(absl::GetFlag(FLAGS_device));
+  const absl::StatusOr<WeightDType> dtype = parse_weight_dtype(absl::GetFlag(FLAGS_weight_dtype));
+  for (const absl::Status& st : {device.status(), dtype.status()}) {
+    if (!st.ok()) {
+      std::fprintf(stderr, "loom-bench-engine: %s\n", std::string(st.message()).c_str());
+      std::exit(2);
+    }
+  }
+  auto model =
+      Model::load(absl::GetFlag(FLAGS_model), Placement{.device = *device, .dtype = *dtype});
   if (!model.ok()) {
     std::fprintf(stderr, "loom-bench-engine: %s\n", std::string(model.status().message()).c_str());
     std::exit(1);

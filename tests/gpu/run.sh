@@ -54,7 +54,7 @@ if ! cmake --preset cuda -DLOOM_BENCH=OFF -DLOOM_SERVER=ON "${extra[@]}" >"$logs
   tail -40 "$logs/configure.log"; echo "run.sh: configure FAILED"; exit 1
 fi
 suite=${LOOM_GPU_SUITE:-all}
-targets=(--target gpu_tests kda_chunked_bench loom-conformance loom-server)
+targets=(--target gpu_tests kda_chunked_bench loom-conformance loom-server loom-bench-engine)
 [ "$suite" = kda_chunked ] && targets=(--target kda_chunked_cuda_test kda_chunked_bench)
 [ "${LOOM_GPU_BUILD_ALL:-0}" = 1 ] && targets=()
 if ! cmake --build build-cuda -j "$jobs" "${targets[@]}" >"$logs/build.log" 2>&1; then
@@ -121,6 +121,16 @@ if [ "$suite" = all ]; then
   done
 fi
 build-cuda/bin/kda_chunked_bench >>"$logs/bench.log" 2>&1 || bench_rc=1
+# The serving engine on the GPU (a carried fixture: a tiny model, so this measures the engine's
+# per-step floor, not the kernels), default and batch-invariant numerics.
+if [ "$suite" = all ] && [ -x build-cuda/bin/loom-bench-engine ] && [ -d .device-fixtures/kimi_linear_s1 ]; then
+  for det in false true; do
+    echo "ENGINEBENCH deterministic=$det" >>"$logs/engine_bench.log"
+    build-cuda/bin/loom-bench-engine --device cuda --model .device-fixtures/kimi_linear_s1 \
+      --deterministic=$det --concurrency 1,8,64 --ttft_prompt_len 4000 \
+      >>"$logs/engine_bench.log" 2>&1 || bench_rc=1
+  done
+fi
 echo "run.sh: benchmark exit $bench_rc in $(( $(date +%s) - t2 )) s"
 
 # Peers: flash-linear-attention's recurrent KDA decode and chunked KDA forward at the shapes of
@@ -151,6 +161,11 @@ printf '| %-46s | %10s | %10s | %-4s |\n' kernel "max error" tolerance pass
 printf '|%s|%s|%s|%s|\n' "$(printf -- '-%.0s' {1..48})" "------------" "------------" "------"
 grep '^GPUCHECK' "$logs/test.log" | awk '{printf "| %-46s | %10s | %10s | %-4s |\n", $2, $3, $4, $5}'
 echo "checks: $(grep -c '^GPUCHECK.*PASS' "$logs/test.log") pass, $(grep -c '^GPUCHECK.*FAIL' "$logs/test.log") fail; gtest: $(grep -E '^\[  (PASSED|FAILED)' "$logs/test.log" | tr '\n' ' ')"
+if [ -s "$logs/engine_bench.log" ]; then
+  echo
+  echo "== loom-bench-engine --device cuda, kimi_linear_s1 (tiny: the per-step floor)"
+  cat "$logs/engine_bench.log"
+fi
 if [ -s "$logs/conformance.log" ]; then
   echo
   echo "== loom-conformance --device cuda --weight_dtype f32 (fixtures/README.md bounds)"
