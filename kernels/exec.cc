@@ -51,7 +51,10 @@ absl::Status device_available(Device device) {
   if (device.is_cpu()) return absl::OkStatus();
 #ifdef LOOM_WITH_CUDA
   const int visible = cuda::visible_devices();
-  if (device.index < visible) return absl::OkStatus();
+  if (device.index < visible) {
+    cuda::init();  // registers the device allocator and copier before anything allocates there
+    return absl::OkStatus();
+  }
   return absl::InvalidArgumentError(absl::StrCat("device ", device_name(device),
                                                  ": this machine shows ", visible, " CUDA device",
                                                  visible == 1 ? "" : "s"));

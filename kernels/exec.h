@@ -43,7 +43,9 @@ absl::StatusOr<Device> parse_device(std::string_view name);
 
 // OK when ops can run on `device` here: always for the host; for a CUDA device, when this build
 // has the CUDA backend and the machine shows that device. InvalidArgument saying which is missing
-// otherwise, so that a --device flag is refused with a message instead of an abort.
+// otherwise, so that a --device flag is refused with a message instead of an abort. Success also
+// initialises that backend (core/allocator.h's device allocator and copier), so call it before
+// allocating on a device (Model::load does).
 absl::Status device_available(Device device);
 
 // The Exec of `device`: the host's, or the device's own stream (kernels/cuda/context.h), with
