@@ -1,18 +1,22 @@
 // Whole models on the GPU against the same models on the CPU: every fixture family (KDA + MLA +
-// MoE, GDN + gated GQA + MoE, MLA + grouped MoE, KDA with Block AttnRes), f32 weights and bf16
-// weights, private caches and the engine's paged store, prefill, chunked prefill and decode, and
-// the serving engine itself (greedy tokens).
+// MoE, GDN + gated GQA + MoE, MLA + grouped MoE, KDA with Block AttnRes), private caches and the
+// engine's paged store, prefill, chunked prefill and decode, the serving engine itself (greedy
+// tokens), and batch-invariant numerics on the GPU (bit-identical logits alone and in a batch).
 //
 // Fixtures: $LOOM_GPU_FIXTURES, else .device-fixtures (what tests/gpu/run.sh carries to the GPU
 // machine), else ../shared/fixtures. Each check prints "GPUCHECK <name> <error> <bound>
-// <PASS|FAIL>" for run.sh's table; the error is max |gpu - cpu| / max |cpu| over the logits.
-// Bounds: f32 weights 1e-4 (f32 everywhere; the two backends differ only in summation order);
-// bf16 weights 2e-2 (the GPU rounds each GEMM's activations to bf16 for the tensor cores, the CPU
-// does not: the bound measures that rounding through the layers, not a kernel's error).
+// <PASS|FAIL>" for run.sh's table; the error is the relative L2 of the GPU's logits against the
+// CPU's. Bound: 1e-4, the fixtures' f32 bound (f32 everywhere; the two backends differ only in
+// summation order). bf16 weights are
+// not compared with the CPU here: the GPU rounds each GEMM's inputs to bf16 for the tensor cores
+// and the CPU does not, so through these small random models the two drift apart by about the
+// reference's own bf16 error (fixtures/README.md); `loom-conformance --device cuda --dtype bf16`
+// holds that path to the fixtures' bf16 bounds instead (tests/gpu/run.sh).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <random>
@@ -45,18 +49,20 @@ std::string case_name(const Case& c) {
   return std::string(c.fixture) + (c.dtype == WeightDType::kBF16 ? "_bf16" : "_f32");
 }
 
-// max |a - b| / max |b| over two equally long host f32 tensors.
+// The fixtures' f32 measure (fixtures/README.md): relative L2, ||a - b|| / ||b||, over two equally
+// long host f32 tensors (infinite when a holds a non-finite value).
 double scaled_error(const Tensor& a, const Tensor& b) {
   EXPECT_EQ(a.numel(), b.numel());
   double num = 0, den = 0;
   const float* x = a.data<float>();
   const float* y = b.data<float>();
   for (int64_t i = 0; i < a.numel(); ++i) {
-    num = std::max(num, static_cast<double>(std::fabs(x[i] - y[i])));
-    den = std::max(den, static_cast<double>(std::fabs(y[i])));
-    if (!std::isfinite(x[i])) num = INFINITY;
+    if (!std::isfinite(x[i])) return INFINITY;
+    const double e = static_cast<double>(x[i]) - y[i];
+    num += e * e;
+    den += static_cast<double>(y[i]) * y[i];
   }
-  return num / std::max(den, 1e-30);
+  return std::sqrt(num / std::max(den, 1e-300));
 }
 
 void check(const std::string& name, double err, double bound) {
@@ -254,18 +260,69 @@ TEST_P(ModelCuda, EngineGreedyMatchesCpu) {
   check(case_name(c) + "_engine_greedy_mismatch", static_cast<double>(total - same), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, ModelCuda,
-                         ::testing::Values(Case{"kimi_linear_s0", WeightDType::kF32, 1e-4},
-                                           Case{"kimi_linear_s1", WeightDType::kF32, 1e-4},
-                                           Case{"qwen3_next_s0", WeightDType::kF32, 1e-4},
-                                           Case{"deepseek_v3_s1", WeightDType::kF32, 1e-4},
-                                           Case{"fla_kda_s0", WeightDType::kF32, 1e-4},
-                                           Case{"kimi_linear_b0", WeightDType::kBF16, 2e-2},
-                                           Case{"qwen3_next_b0", WeightDType::kBF16, 2e-2},
-                                           Case{"deepseek_v3_fp8", WeightDType::kBF16, 2e-2}),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           return case_name(info.param);
-                         });
+// --deterministic on the GPU: a sequence's logits are bit-identical alone (prefilled whole, then
+// decoded) and in a batch of eight (prefilled in two chunks beside other sequences, then decoded
+// beside them).
+TEST_P(ModelCuda, BatchInvariantModeIsBitIdentical) {
+  std::mt19937_64 rng(gpu_test_seed() + 3);
+  const int64_t vocab = gpu_->config().vocab_size;
+  const std::vector<int32_t> target = random_ids(53, vocab, rng);
+  const std::vector<int32_t> next = random_ids(3, vocab, rng);
+  auto run = [&](const std::vector<std::vector<int32_t>>& first,
+                 const std::vector<std::vector<int32_t>>& second, size_t steps) {
+    std::vector<SequenceCache> caches;
+    for (size_t i = 0; i < first.size(); ++i) caches.push_back(gpu_->new_cache());
+    std::vector<float> rows;  // sequence 0's logits, every step
+    auto forward = [&](const std::vector<std::vector<int32_t>>& runs, LogitsMode mode) {
+      ForwardBatch b;
+      b.batch_invariant = true;
+      for (size_t i = 0; i < runs.size(); ++i) {
+        b.token_ids.insert(b.token_ids.end(), runs[i].begin(), runs[i].end());
+        b.seqs.push_back({.num_tokens = static_cast<int64_t>(runs[i].size()),
+                          .logits = mode,
+                          .cache = &caches[i]});
+      }
+      absl::StatusOr<Tensor> l = gpu_->forward(b);
+      EXPECT_TRUE(l.ok()) << l.status();
+      const Tensor h = l->to(Device::kCpu);
+      const int64_t n0 = mode == LogitsMode::kAll ? static_cast<int64_t>(runs[0].size()) : 1;
+      rows.insert(rows.end(), h.data<float>(), h.data<float>() + n0 * vocab);
+    };
+    forward(first, LogitsMode::kAll);
+    if (!second.empty()) forward(second, LogitsMode::kAll);
+    for (size_t s = 0; s < steps; ++s) {
+      std::vector<std::vector<int32_t>> step(first.size(), {next[s]});
+      for (size_t i = 1; i < step.size(); ++i) step[i] = random_ids(1, vocab, rng);
+      forward(step, LogitsMode::kLast);
+    }
+    return rows;
+  };
+  const std::vector<float> alone = run({target}, {}, 3);
+  std::vector<std::vector<int32_t>> first = {{target.begin(), target.begin() + 20}};
+  std::vector<std::vector<int32_t>> second = {{target.begin() + 20, target.end()}};
+  for (int i = 0; i < 7; ++i) {
+    first.push_back(random_ids(5 + 9 * i, vocab, rng));
+    second.push_back(random_ids(1 + i, vocab, rng));
+  }
+  const std::vector<float> batched = run(first, second, 3);
+  ASSERT_EQ(alone.size(), batched.size());
+  size_t differing = 0;
+  for (size_t i = 0; i < alone.size(); ++i)
+    differing += std::memcmp(&alone[i], &batched[i], sizeof(float)) != 0;
+  check(case_name(GetParam()) + "_invariant_differing_logits", static_cast<double>(differing), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, ModelCuda,
+    ::testing::Values(Case{"kimi_linear_s0", WeightDType::kF32, 1e-4},
+                      Case{"kimi_linear_s1", WeightDType::kF32, 1e-4},
+                      Case{"qwen3_next_s0", WeightDType::kF32, 1e-4},
+                      Case{"deepseek_v3_s1", WeightDType::kF32, 1e-4},
+                      Case{"fla_kda_s0", WeightDType::kF32, 1e-4},
+                      // bf16 checkpoints widened to f32 weights: the f32 path on their values.
+                      Case{"kimi_linear_b0", WeightDType::kF32, 1e-4},
+                      Case{"deepseek_v3_fp8", WeightDType::kF32, 1e-4}),
+    [](const ::testing::TestParamInfo<Case>& info) { return case_name(info.param); });
 
 // A CUDA model with a host cache store (or the reverse) is refused with a message, not run.
 TEST(ModelCudaErrors, DeviceMismatchIsAnError) {
