@@ -37,8 +37,9 @@ void mla_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& latent_
                           const Tensor& cu_seqlens, const Tensor& past_lens, const Tensor& kv_b,
                           const MlaDims& dims, float scale, const Tensor& out);
 
-// Knobs for tests and benchmarks; zero fields keep the defaults the two ops above use. None
-// changes what is computed, only how (and so its rounding).
+// Knobs for tests and benchmarks; zero fields keep the defaults the two ops above use. All but
+// `probe` change only how the result is computed (and so its rounding); `probe` breaks it on
+// purpose to time one half of the kernel, and only the benchmark sets it.
 struct AttentionTuning {
   int mla_path = 0;    // 0: by shape; 1: CUDA cores; 2: tensor cores (needs what they need)
   int min_chunk = 0;   // keys per split at least
