@@ -37,6 +37,10 @@ struct EngineOptions {
   // bit-identical whatever else runs, however its prompt is chunked, and across prefix-cache hits
   // and preemption. Slower; docs/operations.md has the cost.
   bool deterministic = false;
+  // Storage dtype of the attention KV pages (CacheStore::Options::kv_dtype): f32, or bf16 on a
+  // GPU. Cache sizing counts its bytes; Engine::create refuses a dtype the model's device cannot
+  // read with CacheStore::validate's message.
+  DType kv_dtype = DType::kF32;
 };
 
 struct EngineStats {

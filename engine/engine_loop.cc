@@ -81,9 +81,11 @@ absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::create(const Model& mode
   const ModelConfig& cfg = model.config();
   // Size the pools from the store's own byte counts: per-token KV bytes of each attention
   // layer, state bytes per slot.
-  CacheStore::Options store_options;  // f32 pools on the model's device
+  CacheStore::Options store_options;  // on the model's device
   store_options.page_size = options.page_size;
   store_options.device = model.device();
+  store_options.kv_dtype = options.kv_dtype;
+  LOOM_RETURN_IF_ERROR(CacheStore::validate(cfg, store_options));
   const std::vector<int64_t> kv_per_token =
       CacheStore::kv_bytes_per_token(cfg, store_options.kv_dtype);
   CacheSizingInput sizing_in;

@@ -74,7 +74,8 @@ void gqa_attention_forward(const Exec& ex, const Tensor& q, const CacheView& k_c
 //   past_lens: i64 [B].
 
 // cache_write_rows for every sequence: its rows go to positions past_lens[b] onwards. pool:
-// [num_pages, page_size, row...]; rows: [N, row...] f32. No page may be written by two sequences.
+// [num_pages, page_size, row...] f32 (or bf16 on CUDA: each value rounded to nearest even);
+// rows: [N, row...] f32. No page may be written by two sequences.
 void cache_write_varlen(const Exec& ex, const Tensor& pool, const Tensor& page_table,
                         const Tensor& cu_seqlens, const Tensor& past_lens, const Tensor& rows);
 

@@ -27,5 +27,11 @@ void cache_write_varlen(cudaStream_t stream, const float* rows, float* pool,
                         const int32_t* page_table, const int64_t* cu, const int64_t* past,
                         int64_t N, int64_t B, int64_t max_pages, int64_t num_pages,
                         int64_t page_size, int64_t row_elems, bool vec4);
+// The same into a bf16 pool [num_pages, page_size, row_elems] (each element rounded to nearest
+// even); vec4 as above (rows 16-byte aligned, row_elems % 4 == 0, pool 8-byte aligned).
+void cache_write_varlen_bf16(cudaStream_t stream, const float* rows, uint16_t* pool,
+                             const int32_t* page_table, const int64_t* cu, const int64_t* past,
+                             int64_t N, int64_t B, int64_t max_pages, int64_t num_pages,
+                             int64_t page_size, int64_t row_elems, bool vec4);
 
 }  // namespace loom::cuda::launch

@@ -120,6 +120,17 @@ if [ "$suite" = all ] && [ -x build-cuda/bin/loom-server ] && [ -d .device-fixtu
       >"$logs/http_e2e.log" 2>&1; then r=PASS; else r=FAIL; test_rc=1; fi
   echo "run.sh: http_server_test.py against loom-server --device cuda: $r in $(( $(date +%s) - t1 )) s"
   tail -3 "$logs/http_e2e.log"
+  t1=$(date +%s)
+  # bf16 KV pages with --deterministic: rounding each cached value to bf16 turns the default
+  # path's last-bit differences between batch compositions into visible ones (a seeded sample
+  # then differs between a solo and a loaded run, which this test checks), so it runs in
+  # batch-invariant mode, where the bits do not depend on the batch at all.
+  if LOOM_SERVER_ARGS="--device cuda --kv_dtype bf16 --deterministic" timeout 600 python3 \
+      tests/integration/http_server_test.py --server build-cuda/bin/loom-server \
+      --model .device-fixtures/kimi_linear_s1 >"$logs/http_e2e_bf16kv.log" 2>&1; then r=PASS
+  else r=FAIL; test_rc=1; fi
+  echo "run.sh: the same with --kv_dtype bf16 --deterministic: $r in $(( $(date +%s) - t1 )) s"
+  tail -3 "$logs/http_e2e_bf16kv.log"
 fi
 grep -E "^\[  FAILED|LOOM_CHECK|CUDA call|Failure" "$logs/test.log" | head -20
 

@@ -246,6 +246,21 @@ void run_cache_case(const std::string& name, Shape row_shape, int64_t page_size)
   Tensor pool_d = dev(pool0);
   cache_write_varlen(gpu(), pool_d, dev(pt), dev(cu_h), dev(past_h), dev(rows));
   report("cache_write_varlen_" + name, scaled_err(pool_d, ref), 0.0);
+
+  // A bf16 pool (a bf16 KV cache): every element must be the CPU result rounded to nearest even,
+  // bit for bit, the untouched history included.
+  auto to_bf16 = [](const Tensor& f) {
+    Tensor b = Tensor::empty(f.shape(), DType::kBF16);
+    for (int64_t i = 0; i < f.numel(); ++i) b.data<uint16_t>()[i] = f32_to_bf16(f.data<float>()[i]);
+    return b;
+  };
+  Tensor pool_b = dev(to_bf16(pool0));
+  cache_write_varlen(gpu(), pool_b, dev(pt), dev(cu_h), dev(past_h), dev(rows));
+  const Tensor got = pool_b.to(Device::kCpu), want = to_bf16(ref);
+  int64_t differing = 0;
+  for (int64_t i = 0; i < got.numel(); ++i)
+    differing += got.data<uint16_t>()[i] != want.data<uint16_t>()[i];
+  report("cache_write_varlen_bf16pool_" + name, static_cast<double>(differing), 0.0);
 }
 
 TEST_F(VarlenOpsCuda, CacheWriteVarlen) {
