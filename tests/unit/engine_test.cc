@@ -477,3 +477,21 @@ TEST(Engine, RejectsBadRequests) {
 
 }  // namespace
 }  // namespace loom
+
+namespace loom {
+namespace {
+
+// --kv_dtype bf16 needs a device whose attention kernels read bf16 pages: on the CPU the engine
+// refuses to start, naming the option, instead of failing in a kernel later.
+TEST(Engine, Bf16KvPagesOnTheCpuAreRefused) {
+  auto model = Model::load(testing::kFixtures + "/kimi_linear_s1");
+  ASSERT_TRUE(model.ok()) << model.status();
+  EngineOptions opt;
+  opt.kv_dtype = DType::kBF16;
+  auto e = Engine::create(std::move(*model), nullptr, opt);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("kv_dtype bf16 on cpu"), std::string::npos) << e.status();
+}
+
+}  // namespace
+}  // namespace loom
