@@ -1,6 +1,7 @@
 #include "trainer/run_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <limits>
@@ -57,6 +58,111 @@ absl::Status read(const json& obj, const char* key, std::string_view where, T& o
   return absl::OkStatus();
 }
 
+absl::Status read_mqar(const json& q, std::string_view where, MqarOptions& m) {
+  LOOM_RETURN_IF_ERROR(only_keys(
+      q, where, {"num_pairs", "key_begin", "num_keys", "value_begin", "num_values", "pad_id"}));
+  LOOM_RETURN_IF_ERROR(read(q, "num_pairs", where, m.num_pairs));
+  LOOM_RETURN_IF_ERROR(read(q, "key_begin", where, m.key_begin));
+  LOOM_RETURN_IF_ERROR(read(q, "num_keys", where, m.num_keys));
+  LOOM_RETURN_IF_ERROR(read(q, "value_begin", where, m.value_begin));
+  LOOM_RETURN_IF_ERROR(read(q, "num_values", where, m.num_values));
+  LOOM_RETURN_IF_ERROR(read(q, "pad_id", where, m.pad_id));
+  return absl::OkStatus();
+}
+
+// A number that must be finite and within [lo, hi].
+absl::Status in_range(const std::string& field, double x, double lo, double hi) {
+  if (!std::isfinite(x) || x < lo || x > hi)
+    return bad(field, absl::StrCat(x, " is outside [", lo, ", ", hi, "]"));
+  return absl::OkStatus();
+}
+
+// "balance": {"enabled", "eta", "q_low", "q_high"} and "routing_warnings": {"min_entropy",
+// "max_violation", "max_idle_fraction"}.
+absl::Status read_balance(const json& j, RunConfig& c) {
+  QuantileBalancerOptions& b = c.optimizer.balancer;
+  if (j.contains("balance")) {
+    const json& o = j["balance"];
+    LOOM_RETURN_IF_ERROR(only_keys(o, "balance", {"enabled", "eta", "q_low", "q_high"}));
+    if (o.contains("enabled")) {
+      if (!o["enabled"].is_boolean()) return bad("balance.enabled", "must be true or false");
+      c.optimizer.balance_experts = o["enabled"].get<bool>();
+    }
+    LOOM_RETURN_IF_ERROR(read(o, "eta", "balance", b.eta));
+    LOOM_RETURN_IF_ERROR(read(o, "q_low", "balance", b.q_low));
+    LOOM_RETURN_IF_ERROR(read(o, "q_high", "balance", b.q_high));
+    LOOM_RETURN_IF_ERROR(in_range("balance.eta", b.eta, 0, 1e3));
+    LOOM_RETURN_IF_ERROR(in_range("balance.q_low", b.q_low, 0, 1));
+    LOOM_RETURN_IF_ERROR(in_range("balance.q_high", b.q_high, 0, 1));
+    if (b.q_low > b.q_high) return bad("balance.q_low", "must be <= balance.q_high");
+  }
+  if (j.contains("routing_warnings")) {
+    const json& o = j["routing_warnings"];
+    LOOM_RETURN_IF_ERROR(
+        only_keys(o, "routing_warnings", {"min_entropy", "max_violation", "max_idle_fraction"}));
+    LOOM_RETURN_IF_ERROR(read(o, "min_entropy", "routing_warnings", b.warn_min_entropy));
+    LOOM_RETURN_IF_ERROR(read(o, "max_violation", "routing_warnings", b.warn_max_violation));
+    LOOM_RETURN_IF_ERROR(
+        read(o, "max_idle_fraction", "routing_warnings", b.warn_max_idle_fraction));
+    LOOM_RETURN_IF_ERROR(in_range("routing_warnings.min_entropy", b.warn_min_entropy, 0, 1));
+    LOOM_RETURN_IF_ERROR(in_range("routing_warnings.max_violation", b.warn_max_violation, 0, 1e9));
+    LOOM_RETURN_IF_ERROR(
+        in_range("routing_warnings.max_idle_fraction", b.warn_max_idle_fraction, 0, 1));
+  }
+  return absl::OkStatus();
+}
+
+// "stages": [{"seq_len", "rope_theta", "min_steps", "max_steps", "mqar"}, ...] and
+// "stage_stability": {"window", "tolerance"}.
+absl::Status read_stages(const json& j, RunConfig& c) {
+  if (j.contains("stage_stability")) {
+    const json& o = j["stage_stability"];
+    LOOM_RETURN_IF_ERROR(only_keys(o, "stage_stability", {"window", "tolerance"}));
+    LOOM_RETURN_IF_ERROR(read(o, "window", "stage_stability", c.stage_stability.window));
+    LOOM_RETURN_IF_ERROR(read(o, "tolerance", "stage_stability", c.stage_stability.tolerance));
+    if (c.stage_stability.window < 1 || c.stage_stability.window > 100000)
+      return bad("stage_stability.window", "must be in [1, 100000]");
+    LOOM_RETURN_IF_ERROR(
+        in_range("stage_stability.tolerance", c.stage_stability.tolerance, 0, 1e9));
+  }
+  if (!j.contains("stages")) return absl::OkStatus();
+  const json& list = j["stages"];
+  if (!list.is_array() || list.empty() || list.size() > 64)
+    return bad("run.stages", "must be a list of 1 to 64 stages");
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string where = absl::StrCat("stages[", i, "]");
+    const json& o = list[i];
+    LOOM_RETURN_IF_ERROR(
+        only_keys(o, where, {"seq_len", "rope_theta", "min_steps", "max_steps", "mqar"}));
+    StageConfig s;
+    if (!o.contains("seq_len")) return bad(where + ".seq_len", "required");
+    if (!o.contains("max_steps")) return bad(where + ".max_steps", "required");
+    LOOM_RETURN_IF_ERROR(read(o, "seq_len", where, s.seq_len));
+    LOOM_RETURN_IF_ERROR(read(o, "rope_theta", where, s.rope_theta));
+    LOOM_RETURN_IF_ERROR(read(o, "min_steps", where, s.min_steps));
+    LOOM_RETURN_IF_ERROR(read(o, "max_steps", where, s.max_steps));
+    if (s.seq_len < 2 || s.seq_len > (1 << 20))
+      return bad(where + ".seq_len", "must be in [2, 2^20]");
+    if (o.contains("rope_theta"))
+      LOOM_RETURN_IF_ERROR(in_range(where + ".rope_theta", s.rope_theta, 1.0, 1e12));
+    if (s.max_steps < 1 || s.max_steps > (int64_t{1} << 40))
+      return bad(where + ".max_steps", "must be in [1, 2^40]");
+    if (s.min_steps < 0 || s.min_steps > s.max_steps)
+      return bad(where + ".min_steps", "must be in [0, max_steps]");
+    if (c.task == "mqar") {
+      s.mqar = c.mqar;
+      if (o.contains("mqar")) LOOM_RETURN_IF_ERROR(read_mqar(o["mqar"], where + ".mqar", s.mqar));
+      s.mqar.seq_len = s.seq_len;
+      const absl::Status ok = s.mqar.validate();
+      if (!ok.ok()) return bad(where + ".mqar", std::string(ok.message()));
+    } else if (o.contains("mqar")) {
+      return bad(where + ".mqar", "only for data.task mqar");
+    }
+    c.stages.push_back(s);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<RunConfig> parse_run_config(std::string_view text) {
@@ -64,7 +170,8 @@ absl::StatusOr<RunConfig> parse_run_config(std::string_view text) {
   if (j.is_discarded()) return absl::InvalidArgumentError("run config: not valid JSON");
   LOOM_RETURN_IF_ERROR(only_keys(
       j, "run",
-      {"model", "data", "batch_size", "steps", "optimizer", "out", "checkpoint_every", "seed"}));
+      {"model", "data", "batch_size", "steps", "optimizer", "out", "checkpoint_every", "seed",
+       "balance", "routing_warnings", "stages", "stage_stability", "loss_bucket"}));
   RunConfig c;
   if (!j.contains("model")) return bad("run.model", "required");
   const json& m = j["model"];
@@ -81,18 +188,7 @@ absl::StatusOr<RunConfig> parse_run_config(std::string_view text) {
   LOOM_RETURN_IF_ERROR(read(d, "task", "data", c.task));
   LOOM_RETURN_IF_ERROR(read(d, "seq_len", "data", c.seq_len));
   if (c.task == "mqar") {
-    if (d.contains("mqar")) {
-      const json& q = d["mqar"];
-      LOOM_RETURN_IF_ERROR(
-          only_keys(q, "data.mqar",
-                    {"num_pairs", "key_begin", "num_keys", "value_begin", "num_values", "pad_id"}));
-      LOOM_RETURN_IF_ERROR(read(q, "num_pairs", "data.mqar", c.mqar.num_pairs));
-      LOOM_RETURN_IF_ERROR(read(q, "key_begin", "data.mqar", c.mqar.key_begin));
-      LOOM_RETURN_IF_ERROR(read(q, "num_keys", "data.mqar", c.mqar.num_keys));
-      LOOM_RETURN_IF_ERROR(read(q, "value_begin", "data.mqar", c.mqar.value_begin));
-      LOOM_RETURN_IF_ERROR(read(q, "num_values", "data.mqar", c.mqar.num_values));
-      LOOM_RETURN_IF_ERROR(read(q, "pad_id", "data.mqar", c.mqar.pad_id));
-    }
+    if (d.contains("mqar")) LOOM_RETURN_IF_ERROR(read_mqar(d["mqar"], "data.mqar", c.mqar));
     c.mqar.seq_len = c.seq_len;
     LOOM_RETURN_IF_ERROR(c.mqar.validate());
   } else if (c.task == "shards") {
@@ -106,6 +202,15 @@ absl::StatusOr<RunConfig> parse_run_config(std::string_view text) {
     return bad("data.task", absl::StrCat("'", c.task, "' (mqar or shards)"));
   }
   if (c.seq_len < 2 || c.seq_len > (1 << 20)) return bad("data.seq_len", "must be in [2, 2^20]");
+
+  LOOM_RETURN_IF_ERROR(read_stages(j, c));
+  LOOM_RETURN_IF_ERROR(read(j, "loss_bucket", "run", c.loss_bucket));
+  if (c.loss_bucket < 1 || c.loss_bucket > (1 << 20))
+    return bad("run.loss_bucket", "must be in [1, 2^20]");
+  if (!c.stages.empty()) {
+    c.steps = 0;
+    for (const StageConfig& s : c.stages) c.steps += s.max_steps;
+  }
 
   LOOM_RETURN_IF_ERROR(read(j, "batch_size", "run", c.batch_size));
   if (c.batch_size < 1 || c.batch_size > 4096) return bad("run.batch_size", "must be in [1, 4096]");
@@ -135,6 +240,7 @@ absl::StatusOr<RunConfig> parse_run_config(std::string_view text) {
     LOOM_RETURN_IF_ERROR(read(o, "weight_decay", "optimizer", c.optimizer.weight_decay));
     LOOM_RETURN_IF_ERROR(read(o, "clip_norm", "optimizer", c.optimizer.clip_norm));
   }
+  LOOM_RETURN_IF_ERROR(read_balance(j, c));
   LOOM_RETURN_IF_ERROR(c.optimizer.validate());
   return c;
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "trainer/stages.h"
 #include "trainer/synthetic_tasks.h"
 #include "trainer/train_step.h"
 
@@ -26,10 +27,16 @@ struct RunConfig {
   int seq_len = 256;
   int batch_size = 8;
   int64_t steps = 100;  // optimizer steps to run (the LR schedule's total_steps by default)
+  // "balance" and "routing_warnings" land in optimizer.balance_experts and optimizer.balancer.
   OptimizerOptions optimizer;
-  std::string out;               // run folder: metrics.jsonl, checkpoint-N/
-  int64_t checkpoint_every = 0;  // 0: only at the end
-  uint64_t seed = 0;             // data order and synthetic examples
+  // Staged context extension (stages.h): empty for a single-length run. With stages, steps
+  // defaults to the sum of their max_steps and caps the run.
+  std::vector<StageConfig> stages;
+  StabilityRule stage_stability;  // "stage_stability": {"window", "tolerance"}
+  int64_t loss_bucket = 256;      // width of loss_by_position's first bucket (then doubling)
+  std::string out;                // run folder: metrics.jsonl, checkpoint-N/
+  int64_t checkpoint_every = 0;   // 0: only at the end
+  uint64_t seed = 0;              // data order and synthetic examples
 };
 
 // Parses and validates RUN.json text. InvalidArgument naming the field at fault.

@@ -1,17 +1,20 @@
 #include "trainer/train_run.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <random>
 #include <sstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "engine/model/model.h"
 #include "nlohmann/json.hpp"
 #include "trainer/checkpoint.h"
+#include "trainer/stages.h"
 #include "trainer/token_shard.h"
 #include "weights/weight_loader.h"
 
@@ -34,39 +37,58 @@ absl::StatusOr<std::unique_ptr<Model>> load_model(const RunConfig& c) {
 // Windows of seq_len + 1 consecutive tokens, each from a shard and position drawn uniformly.
 class ShardSampler {
  public:
-  static absl::StatusOr<ShardSampler> open(const RunConfig& c, int64_t vocab) {
+  // `seq_len`: the longest window the run draws, less one.
+  static absl::StatusOr<ShardSampler> open(const RunConfig& c, int64_t seq_len, int64_t vocab) {
     ShardSampler s;
     for (const std::string& path : c.shards) {
       LOOM_ASSIGN_OR_RETURN(TokenShard shard, TokenShard::open(path));
-      if (shard.num_tokens() < c.seq_len + 1)
+      if (shard.num_tokens() < seq_len + 1)
         return absl::InvalidArgumentError(absl::StrCat("train: shard ", path, " has ",
                                                        shard.num_tokens(), " tokens, fewer than ",
-                                                       c.seq_len + 1));
+                                                       seq_len + 1));
       if (shard.max_token() >= vocab)
         return absl::InvalidArgumentError(absl::StrCat("train: shard ", path, " holds token ",
                                                        shard.max_token(), ", outside the model's ",
                                                        vocab, "-token vocabulary"));
       s.shards_.push_back(std::move(shard));
     }
-    s.len_ = c.seq_len + 1;
     return s;
   }
-  Example draw(std::mt19937_64& rng) const {
+  Example draw(std::mt19937_64& rng, int64_t seq_len) const {
+    const int64_t len = seq_len + 1;
     std::uniform_int_distribution<size_t> which(0, shards_.size() - 1);
     const TokenShard& s = shards_[which(rng)];
-    std::uniform_int_distribution<int64_t> at(0, s.num_tokens() - len_);
+    std::uniform_int_distribution<int64_t> at(0, s.num_tokens() - len);
     Example ex;
-    ex.tokens.resize(len_);
+    ex.tokens.resize(len);
     s.read(at(rng), ex.tokens);
-    ex.loss_mask.assign(len_, 1);
+    ex.loss_mask.assign(len, 1);
     ex.loss_mask.back() = 0;
     return ex;
   }
 
  private:
   std::vector<TokenShard> shards_;
-  int64_t len_ = 0;
 };
+
+// loss_by_position: the mean loss of the scored positions in each bucket (null where none).
+nlohmann::json loss_by_position(const StepStats& stats, int64_t seq_len, int64_t first) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const PositionBucket& b : position_buckets(seq_len, first)) {
+    double sum = 0;
+    int64_t n = 0;
+    for (int64_t t = b.begin; t < b.end && t < static_cast<int64_t>(stats.position_loss.size());
+         ++t) {
+      sum += stats.position_loss[t];
+      n += stats.position_scored[t];
+    }
+    out.push_back({{"begin", b.begin},
+                   {"end", b.end},
+                   {"tokens", n},
+                   {"loss", n > 0 ? nlohmann::json(sum / static_cast<double>(n)) : nullptr}});
+  }
+  return out;
+}
 
 std::string clock(double seconds) {
   const int64_t s = static_cast<int64_t>(seconds + 0.5);
@@ -83,19 +105,42 @@ absl::StatusOr<RunSummary> run_training(const RunConfig& c, std::FILE* progress)
   const int64_t vocab = model->config().vocab_size;
   LOOM_ASSIGN_OR_RETURN(TrainStep step, TrainStep::create(*model, c.optimizer));
   std::mt19937_64 rng(c.seed);
+  // Staged runs: the stage, its step count and its recent losses (the stability window's 2W).
+  const bool staged = !c.stages.empty();
+  size_t stage = 0;
+  int64_t stage_steps = 0;
+  std::vector<double> stage_losses;
   if (!c.model_checkpoint.empty() &&
       fs::exists(fs::path(c.model_checkpoint) / "trainer_state.safetensors")) {
     LOOM_ASSIGN_OR_RETURN(TrainerMetadata meta, load_trainer_state(c.model_checkpoint, step));
     if (meta.contains("data_rng")) std::istringstream(meta["data_rng"]) >> rng;
+    if (staged && meta.contains("stage")) {
+      const nlohmann::json st = nlohmann::json::parse(meta["stage"], nullptr, false);
+      if (st.is_discarded() || !st.contains("index") || !st["index"].is_number_unsigned() ||
+          st["index"].get<size_t>() >= c.stages.size() || !st.contains("steps") ||
+          !st["steps"].is_number_integer() || !st.contains("losses") || !st["losses"].is_array())
+        return absl::InvalidArgumentError(
+            absl::StrCat("train: the checkpoint's stage record does not fit this run's ",
+                         c.stages.size(), " stages: ", meta["stage"]));
+      stage = st["index"].get<size_t>();
+      stage_steps = st["steps"].get<int64_t>();
+      stage_losses = st["losses"].get<std::vector<double>>();
+    }
   }
+  int64_t max_len = staged ? 0 : c.seq_len;
+  for (const StageConfig& s : c.stages) max_len = std::max<int64_t>(max_len, s.seq_len);
   std::unique_ptr<ShardSampler> shards;
   if (c.task == "shards") {
-    LOOM_ASSIGN_OR_RETURN(ShardSampler s, ShardSampler::open(c, vocab));
+    LOOM_ASSIGN_OR_RETURN(ShardSampler s, ShardSampler::open(c, max_len, vocab));
     shards = std::make_unique<ShardSampler>(std::move(s));
-  } else if (c.mqar.key_begin + c.mqar.num_keys > vocab ||
-             c.mqar.value_begin + c.mqar.num_values > vocab || c.mqar.pad_id >= vocab) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("train: the MQAR ids do not fit the model's ", vocab, "-token vocabulary"));
+  } else {
+    std::vector<MqarOptions> mixes = {c.mqar};
+    for (const StageConfig& s : c.stages) mixes.push_back(s.mqar);
+    for (const MqarOptions& m : mixes)
+      if (m.key_begin + m.num_keys > vocab || m.value_begin + m.num_values > vocab ||
+          m.pad_id >= vocab)
+        return absl::InvalidArgumentError(absl::StrCat(
+            "train: the MQAR ids do not fit the model's ", vocab, "-token vocabulary"));
   }
   std::error_code ec;
   fs::create_directories(c.out, ec);
@@ -103,21 +148,37 @@ absl::StatusOr<RunSummary> run_training(const RunConfig& c, std::FILE* progress)
   std::ofstream metrics(fs::path(c.out) / "metrics.jsonl", std::ios::app);
   if (!metrics) return absl::InternalError(absl::StrCat("train: cannot write in ", c.out));
 
+  // Enters stage `stage`: its RoPE base (a note when the model has no rotary layers).
+  std::string rope_note;
+  auto enter_stage = [&]() {
+    const StageConfig& s = c.stages[stage];
+    if (s.rope_theta > 0 && model->set_rope_theta(s.rope_theta) == 0)
+      rope_note = "no rotary layers: rope_theta ignored";
+  };
+  if (staged) enter_stage();
+
   RunSummary summary;
   auto save = [&]() -> absl::Status {
     std::ostringstream rng_state;
     rng_state << rng;
+    TrainerMetadata meta = {{"data_rng", rng_state.str()}};
+    if (staged)
+      meta["stage"] =
+          nlohmann::json{{"index", stage}, {"steps", stage_steps}, {"losses", stage_losses}}.dump();
     const std::string dir = (fs::path(c.out) / absl::StrCat("checkpoint-", step.steps())).string();
-    LOOM_RETURN_IF_ERROR(save_checkpoint(dir, *model, step, {{"data_rng", rng_state.str()}}));
+    LOOM_RETURN_IF_ERROR(save_checkpoint(dir, *model, step, meta));
     summary.last_checkpoint = dir;
     return absl::OkStatus();
   };
   const auto start = std::chrono::steady_clock::now();
   int64_t tokens = 0;
-  for (int64_t i = 0; i < c.steps; ++i) {
+  bool done = false;
+  for (int64_t i = 0; i < c.steps && !done; ++i) {
+    const int64_t seq_len = staged ? c.stages[stage].seq_len : c.seq_len;
+    const MqarOptions& mqar = staged ? c.stages[stage].mqar : c.mqar;
     std::vector<Example> batch;
     for (int b = 0; b < c.batch_size; ++b)
-      batch.push_back(shards ? shards->draw(rng) : make_mqar(c.mqar, rng));
+      batch.push_back(shards ? shards->draw(rng, seq_len) : make_mqar(mqar, rng));
     LOOM_ASSIGN_OR_RETURN(const StepStats stats, step.run(batch));
     tokens += stats.tokens;
     const double elapsed =
@@ -127,6 +188,20 @@ absl::StatusOr<RunSummary> run_training(const RunConfig& c, std::FILE* progress)
                            {"grad_norm", stats.grad_norm}, {"lr", stats.lr},
                            {"tokens", stats.tokens},       {"tokens_per_s", tps},
                            {"elapsed_s", elapsed}};
+    line["loss_by_position"] = loss_by_position(stats, seq_len, c.loss_bucket);
+    StageEnd end = StageEnd::kNone;
+    if (staged) {
+      line["stage"] = stage;
+      line["seq_len"] = seq_len;
+      if (!rope_note.empty()) line["rope_note"] = std::exchange(rope_note, "");
+      ++stage_steps;
+      stage_losses.push_back(stats.loss);
+      const size_t keep = 2 * static_cast<size_t>(c.stage_stability.window);
+      if (stage_losses.size() > keep)
+        stage_losses.erase(stage_losses.begin(), stage_losses.end() - keep);
+      end = stage_end(c.stages[stage], c.stage_stability, stage_steps, stage_losses);
+      if (end != StageEnd::kNone) line["stage_ended"] = stage_end_name(end);
+    }
     for (const StepStats::Routing& r : stats.routing) {
       line["routing"].push_back({{"bias", r.bias},
                                  {"load_entropy", r.health.load_entropy},
@@ -151,7 +226,23 @@ absl::StatusOr<RunSummary> run_training(const RunConfig& c, std::FILE* progress)
                    clock(eta).c_str());
       std::fflush(progress);
     }
-    if (c.checkpoint_every > 0 && (i + 1) % c.checkpoint_every == 0 && i + 1 < c.steps)
+    if (end != StageEnd::kNone) {
+      if (stage + 1 == c.stages.size()) {
+        done = true;  // the last stage ended: so does the run
+      } else {
+        ++stage;
+        stage_steps = 0;
+        stage_losses.clear();
+        enter_stage();
+        if (progress != nullptr)
+          std::fprintf(progress,
+                       "\nstage %zu/%zu after step %lld (%s): seq_len %d, rope_theta %g\n",
+                       stage + 1, c.stages.size(), static_cast<long long>(stats.step),
+                       std::string(stage_end_name(end)).c_str(), c.stages[stage].seq_len,
+                       model->config().rope.theta);
+      }
+    }
+    if (c.checkpoint_every > 0 && (i + 1) % c.checkpoint_every == 0 && i + 1 < c.steps && !done)
       LOOM_RETURN_IF_ERROR(save());
   }
   if (progress != nullptr) std::fprintf(progress, "\n");

@@ -2,7 +2,9 @@
 // examples, or windows of seq_len + 1 tokens drawn uniformly from the shards), runs TrainStep,
 // appends a JSON line to RUN/metrics.jsonl and redraws a progress line (loss, tokens/s, ETA);
 // checkpoints go to RUN/checkpoint-<step> every checkpoint_every steps and at the end. A run whose
-// model is a trainer checkpoint resumes its optimizer state and data RNG.
+// model is a trainer checkpoint resumes its optimizer state, data RNG and stage. Each metrics line
+// has the step's loss_by_position; with stages (stages.h) also the stage and its seq_len, and a
+// stage's RoPE base is set on the model as the stage starts (docs/trainer.md).
 #pragma once
 
 #include <cstdio>

@@ -42,11 +42,21 @@ absl::StatusOr<StepStats> TrainStep::run(std::span<const Example> batch) {
   if (batch.empty()) return absl::InvalidArgumentError("training: an empty batch");
   grads_.zero();
   StepStats stats;
+  std::vector<float> rows;
   for (const Example& ex : batch) {
     LOOM_ASSIGN_OR_RETURN(const double loss,
-                          model_->loss_and_gradients(ex.tokens, grads_, ex.loss_mask));
+                          model_->loss_and_gradients(ex.tokens, grads_, ex.loss_mask, &rows));
     stats.loss += loss / static_cast<double>(batch.size());
     stats.tokens += static_cast<int64_t>(ex.tokens.size());
+    if (stats.position_loss.size() < rows.size()) {
+      stats.position_loss.resize(rows.size(), 0.0);
+      stats.position_scored.resize(rows.size(), 0);
+    }
+    for (size_t t = 0; t + 1 < rows.size(); ++t) {
+      if (!ex.loss_mask.empty() && ex.loss_mask[t] == 0) continue;
+      stats.position_loss[t] += rows[t];
+      ++stats.position_scored[t];
+    }
   }
   // Global norm of the mean gradient, summed in the arena's order.
   const double mean = 1.0 / static_cast<double>(batch.size());

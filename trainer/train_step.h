@@ -35,6 +35,10 @@ struct StepStats {
   double grad_norm = 0;  // global norm of the mean gradient, before clipping
   double lr = 0;
   int64_t tokens = 0;  // tokens run through the model
+  // Per position t (predicting token t + 1) over the batch: the sum of the scored positions'
+  // losses and how many were scored (as long as the longest example), for loss_by_position.
+  std::vector<double> position_loss;
+  std::vector<int64_t> position_scored;
   // Per MoE selection bias (canonical name): the step's expert counts and routing health, after
   // the quantile balancer moved the bias (empty without MoE layers or with balancing off).
   struct Routing {

@@ -142,6 +142,12 @@ class GqaMixer final : public Mixer {
     return absl::OkStatus();
   }
 
+  bool rebuild_rope(const RopeConfig& rope, Device device) override {
+    if (!use_rope_) return false;
+    rope_ = make_rope_table(rope, cfg_.head_dim, device);
+    return true;
+  }
+
  private:
   GqaConfig cfg_;
   float eps_, norm_offset_;

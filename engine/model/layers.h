@@ -31,6 +31,9 @@ class Mixer {
   // must start from a fresh state (past length 0). Mixers without a backward say so.
   virtual absl::Status backward(const ForwardContext& ctx, const Tensor& x, int layer,
                                 const Tensor& d_out, const Tensor& d_x, Gradients& grads) const;
+  // Rebuilds the rotary table from `rope` (the model's RopeConfig after Model::set_rope_theta) on
+  // `device`. Returns whether this mixer rotates at all; mixers without RoPE ignore the call.
+  virtual bool rebuild_rope(const RopeConfig& /*rope*/, Device /*device*/) { return false; }
 };
 
 class Ffn {

@@ -218,6 +218,13 @@ class MlaMixer final : public Mixer {
     return absl::OkStatus();
   }
 
+  // The YaRN softmax multiplier depends on the factor and mscale, not on theta: it stays.
+  bool rebuild_rope(const RopeConfig& rope, Device device) override {
+    if (!use_rope_) return false;
+    rope_ = make_rope_table(rope, cfg_.qk_rope_head_dim, device);
+    return true;
+  }
+
  private:
   MlaConfig cfg_;
   bool use_rope_ = false;

@@ -62,7 +62,18 @@ class Model {
   // the mask has one entry per token, the last never scored) and its gradient with respect to
   // every parameter, accumulated into `grads` under canonical names (model_backward.cc).
   absl::StatusOr<double> loss_and_gradients(std::span<const int32_t> tokens, Gradients& grads,
-                                            std::span<const uint8_t> loss_mask = {}) const;
+                                            std::span<const uint8_t> loss_mask = {},
+                                            std::vector<float>* row_loss = nullptr) const;
+  // With `row_loss` set, it also receives each position's loss (n entries: row_loss[t] for
+  // predicting token t + 1, 0 at unscored positions and at the last), the same bits with or
+  // without it.
+
+  // Changes the RoPE base of the rotary layers (config().rope.theta) and rebuilds their rotary
+  // tables (staged context extension: a longer stage trains with a larger base). Returns how many
+  // layers rotate (0: the model has no rotary layers and the call changed nothing but the config).
+  // Setting the original theta back gives the original tables, bit for bit. Not to be called while
+  // a forward runs (model_rope.cc).
+  int set_rope_theta(double theta);
 
  private:
   explicit Model(ModelConfig cfg) : cfg_(std::move(cfg)) {}

@@ -43,7 +43,8 @@ Tensor copy_of(const ForwardContext& ctx, const Tensor& t) {
 }  // namespace
 
 absl::StatusOr<double> Model::loss_and_gradients(std::span<const int32_t> tokens, Gradients& grads,
-                                                 std::span<const uint8_t> loss_mask) const {
+                                                 std::span<const uint8_t> loss_mask,
+                                                 std::vector<float>* row_loss) const {
   if (!placement_.device.is_cpu())
     return absl::UnimplementedError(
         absl::StrCat("training: the backward passes run on the CPU; this model is on ",
@@ -93,8 +94,9 @@ absl::StatusOr<double> Model::loss_and_gradients(std::span<const int32_t> tokens
   const int64_t d = cfg_.hidden_size;
   Tensor loss = Tensor::empty({1});
   Tensor d_normed = ctx.take({n, d});
+  Tensor rows = row_loss != nullptr ? Tensor::empty({n}) : Tensor();
   cross_entropy_forward_backward(ex, taped(tape, -1, "final_normed"), lm_head_, targets,
-                                 kIgnoreTarget, 1.0f, loss, Tensor(), d_normed,
+                                 kIgnoreTarget, 1.0f, loss, rows, d_normed,
                                  grads.get("lm_head.weight", lm_head_.shape()));
   // 3. The layers, last first.
   Tensor d_embedding = ctx.take({n, d});
@@ -102,6 +104,7 @@ absl::StatusOr<double> Model::loss_and_gradients(std::span<const int32_t> tokens
                            ? backward_block_attnres(ctx, tape, d_normed, d_embedding, grads)
                            : backward_plain_residual(ctx, tape, d_normed, d_embedding, grads));
   embedding_backward(ex, ids, d_embedding, grads.get("embed.weight", embed_.shape()));
+  if (row_loss != nullptr) row_loss->assign(rows.data<float>(), rows.data<float>() + n);
   return static_cast<double>(loss.data<float>()[0]);
 }
 

@@ -14,5 +14,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (c->task == "mqar" && !c->mqar.validate().ok()) __builtin_trap();
   if (c->task == "shards" && c->shards.empty()) __builtin_trap();
   if (!c->optimizer.validate().ok()) __builtin_trap();
+  if (c->loss_bucket < 1 || c->stage_stability.window < 1 || !(c->stage_stability.tolerance >= 0))
+    __builtin_trap();
+  for (const loom::StageConfig& s : c->stages) {
+    if (s.seq_len < 2 || s.max_steps < 1 || s.min_steps < 0 || s.min_steps > s.max_steps ||
+        s.rope_theta < 0)
+      __builtin_trap();
+    if (c->task == "mqar" && (s.mqar.seq_len != s.seq_len || !s.mqar.validate().ok()))
+      __builtin_trap();
+  }
   return 0;
 }

@@ -1,0 +1,50 @@
+// Staged context extension (docs/trainer.md): a run config's list of stages, each with its own
+// sequence length, RoPE base for the rotary layers and data mix. A stage ends once it has run
+// min_steps and its loss is stable, or at max_steps; then the next one starts (after the last, the
+// run ends). Also the position buckets of the per-length loss (loss_by_position in metrics.jsonl).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "trainer/synthetic_tasks.h"
+
+namespace loom {
+
+struct StageConfig {
+  int seq_len = 256;
+  double rope_theta = 0;  // the RoPE base from this stage on; 0: leave it as it is
+  int64_t min_steps = 0;
+  int64_t max_steps = 1;
+  MqarOptions mqar;  // task mqar: data.mqar with the stage's overrides and seq_len
+};
+
+// "Stable": the relative change between the mean loss of the last `window` steps and that of the
+// `window` steps before them is below `tolerance`: |mean(last W) - mean(previous W)| <
+// tolerance * |mean(previous W)|. Fewer than 2W losses are never stable.
+struct StabilityRule {
+  int window = 20;
+  double tolerance = 0.01;
+};
+
+// `losses`: the stage's losses so far, oldest first (at least the last 2W of them).
+bool loss_is_stable(std::span<const double> losses, const StabilityRule& rule);
+
+enum class StageEnd { kNone, kStable, kMaxSteps };
+std::string_view stage_end_name(StageEnd end);  // "", "stable", "max_steps"
+
+// Whether the stage ends after `steps_in_stage` steps whose recent losses are `losses`:
+// kMaxSteps at max_steps, kStable from min_steps on once loss_is_stable, else kNone.
+StageEnd stage_end(const StageConfig& stage, const StabilityRule& rule, int64_t steps_in_stage,
+                   std::span<const double> losses);
+
+// The position buckets of loss_by_position for sequences of `seq_len` positions: [0, first),
+// [first, 2 first), [2 first, 4 first), ... (powers of two), the last one cut at seq_len.
+struct PositionBucket {
+  int64_t begin = 0, end = 0;
+};
+std::vector<PositionBucket> position_buckets(int64_t seq_len, int64_t first);
+
+}  // namespace loom
