@@ -11,6 +11,10 @@
 //   loom-trainer gradcheck --fixture DIR [--device cpu]
 //       the loss and every parameter's gradient on the fixture's prompt 1 against its
 //       grads.safetensors and loss_1: one JSON line per tensor, then {"fixture", "ok", ...}.
+//   loom-trainer eval --model DIR --task passkey|mqar|tool [--lengths 512,1024] [--depths 0,0.5,1]
+//                     [--samples N] [--seed S] [--device cpu|cuda]
+//       greedy evaluation through the serving engine (trainer/eval.h): one JSON line per grid
+//       cell / example / dialogue, then {"task", "score", ...}; bad flags exit 2.
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -20,8 +24,12 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "kernels/exec.h"
 #include "nlohmann/json.hpp"
+#include "trainer/eval.h"
 #include "trainer/gradcheck.h"
 #include "trainer/prepare_data.h"
 #include "trainer/run_config.h"
@@ -37,9 +45,17 @@ ABSL_FLAG(std::string, split, "file",
 
 ABSL_FLAG(std::string, config, "", "train: the run config (RUN.json)");
 ABSL_FLAG(std::string, fixture, "", "gradcheck: the fixture folder (with grads.safetensors)");
-ABSL_FLAG(std::string, device, "cpu", "gradcheck: cpu (the backward runs on the CPU for now)");
+ABSL_FLAG(std::string, device, "cpu",
+          "gradcheck: cpu (the backward runs on the CPU for now); eval: cpu, cuda or cuda:N");
 ABSL_FLAG(double, max_rel_l2, 1e-3,
           "gradcheck: the per-tensor relative L2 bound (docs/trainer.md: why 1e-3 in f32)");
+
+ABSL_FLAG(std::string, model, "", "eval: the model folder");
+ABSL_FLAG(std::string, task, "", "eval: passkey, mqar or tool");
+ABSL_FLAG(std::string, lengths, "512,1024,2048", "eval passkey: context lengths in tokens");
+ABSL_FLAG(std::string, depths, "0,0.25,0.5,0.75,1", "eval passkey: needle depths in [0, 1]");
+ABSL_FLAG(int, samples, 4, "eval: samples per passkey cell, MQAR examples, or tool dialogues");
+ABSL_FLAG(uint64_t, seed, 1, "eval: seeds the prompts");
 
 namespace {
 
@@ -138,6 +154,41 @@ int train() {
   return 0;
 }
 
+// Bad flags: exit 2 with the message.
+int usage_error(const std::string& message) {
+  std::fprintf(stderr, "loom-trainer eval: %s\n", message.c_str());
+  return 2;
+}
+
+int eval() {
+  loom::EvalOptions options;
+  options.task = absl::GetFlag(FLAGS_task);
+  options.samples = absl::GetFlag(FLAGS_samples);
+  options.seed = absl::GetFlag(FLAGS_seed);
+  const std::string dir = absl::GetFlag(FLAGS_model);
+  if (dir.empty()) return usage_error("--model DIR is required");
+  options.lengths.clear();
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_lengths), ',')) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(part, &v))
+      return usage_error("--lengths: '" + std::string(part) + "' is not an integer");
+    options.lengths.push_back(v);
+  }
+  options.depths.clear();
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_depths), ',')) {
+    double v = 0;
+    if (!absl::SimpleAtod(part, &v))
+      return usage_error("--depths: '" + std::string(part) + "' is not a number");
+    options.depths.push_back(v);
+  }
+  if (absl::Status st = options.validate(); !st.ok()) return usage_error(std::string(st.message()));
+  auto device = loom::parse_device(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) return usage_error("--device: " + std::string(device.status().message()));
+  auto summary = loom::run_eval_on_model(dir, *device, options, stdout, stderr);
+  if (!summary.ok()) return fail(std::string(summary.status().message()));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -145,15 +196,19 @@ int main(int argc, char** argv) {
       "loom-trainer prepare-data --tokenizer PATH --out FILE [--split file|paragraph] INPUT...\n"
       "       loom-trainer shard-info FILE\n"
       "       loom-trainer train --config RUN.json\n"
-      "       loom-trainer gradcheck --fixture DIR [--device cpu]");
+      "       loom-trainer gradcheck --fixture DIR [--device cpu]\n"
+      "       loom-trainer eval --model DIR --task passkey|mqar|tool [--lengths ...]\n"
+      "                         [--depths ...] [--samples N] [--device cpu|cuda]");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() < 2)
-    return fail("a command is required (prepare-data, shard-info, train, gradcheck)");
+    return fail("a command is required (prepare-data, shard-info, train, gradcheck, eval)");
   const std::string command = positional[1];
   const std::vector<std::string> args(positional.begin() + 2, positional.end());
   if (command == "prepare-data") return prepare_data(args);
   if (command == "shard-info") return shard_info(args);
   if (command == "gradcheck") return gradcheck();
   if (command == "train") return train();
-  return fail("unknown command '" + command + "' (prepare-data, shard-info, train, gradcheck)");
+  if (command == "eval") return eval();
+  return fail("unknown command '" + command +
+              "' (prepare-data, shard-info, train, gradcheck, eval)");
 }
