@@ -107,16 +107,6 @@ void download(const Exec& ex, void* dst, const void* src, size_t bytes) {
 #endif
 }
 
-void synchronize_device(Device device) {
-  if (device.is_cpu()) return;
-#ifdef LOOM_WITH_CUDA
-  cuda::synchronize(device);
-#else
-  LOOM_CHECK(false, "synchronize_device(%s): this build has no CUDA backend",
-             device_name(device).c_str());
-#endif
-}
-
 void no_kernel_for(const Exec& ex, const char* op) {
 #ifdef LOOM_WITH_CUDA
   LOOM_CHECK(false, "%s: no %s kernel yet", op, device_name(ex.device).c_str());

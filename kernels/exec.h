@@ -60,10 +60,6 @@ void upload_async(const Exec& ex, void* dst, const void* src, size_t bytes);
 // are in `dst` when the call returns (a memcpy on the host).
 void download(const Exec& ex, void* dst, const void* src, size_t bytes);
 
-// Waits until every op enqueued on `device`'s stream has finished (nothing to wait for on the
-// host).
-void synchronize_device(Device device);
-
 // Aborts: `op` has no kernel for `ex.device` in this build (a CUDA tensor in a CPU-only build, or
 // an op whose CUDA kernel does not exist yet).
 [[noreturn]] void no_kernel_for(const Exec& ex, const char* op);
