@@ -4,6 +4,9 @@
 
 #include <climits>
 #include <cstring>
+#include <initializer_list>
+#include <optional>
+#include <string>
 
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/moe_launch.h"
@@ -11,9 +14,22 @@
 namespace loom::cuda {
 namespace {
 
-void check_index(const char* op, const char* name, const Tensor& t) {
-  LOOM_CHECK(t.dtype() == DType::kI32 && t.is_contiguous(), "%s: %s %s, expected contiguous i32",
-             op, name, t.describe().c_str());
+// The one argument check of every op here: each tensor on the GPU, contiguous, of its dtype
+// (std::nullopt: any; the caller checks it). An undefined tensor marked optional is skipped.
+struct Arg {
+  const char* name;
+  const Tensor& t;
+  std::optional<DType> dtype;
+  bool optional = false;
+};
+void check_args(const char* op, std::initializer_list<Arg> args) {
+  for (const Arg& a : args) {
+    if (a.optional && !a.t.defined()) continue;
+    check_on_device(op, a.name, a.t);
+    LOOM_CHECK(a.t.is_contiguous() && (!a.dtype || a.t.dtype() == *a.dtype),
+               "%s: %s %s, expected contiguous %s", op, a.name, a.t.describe().c_str(),
+               a.dtype ? std::string(dtype_name(*a.dtype)).c_str() : "(any dtype)");
+  }
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -52,22 +68,16 @@ const char* grouped_swiglu(const Exec& ex, launch::MoeGemmPath path, const Tenso
                            const Tensor& w_down, const Tensor& y, const Tensor& gate_up,
                            int phases) {
   static constexpr const char* kOp = "moe_grouped_swiglu";
-  LOOM_CHECK_CUDA_ARG(kOp, x);
-  LOOM_CHECK_CUDA_ARG(kOp, offsets);
-  LOOM_CHECK_CUDA_ARG(kOp, w_gate);
-  LOOM_CHECK_CUDA_ARG(kOp, w_up);
-  LOOM_CHECK_CUDA_ARG(kOp, w_down);
-  LOOM_CHECK_CUDA_ARG(kOp, y);
-  LOOM_CHECK_F32(x);
-  LOOM_CHECK_F32(y);
-  check_index(kOp, "offsets", offsets);
   const DType wt = w_gate.dtype();
-  for (const Tensor* w : {&w_gate, &w_up, &w_down}) {
-    LOOM_CHECK((wt == DType::kF32 || wt == DType::kBF16) && w->dtype() == wt && w->is_contiguous(),
-               "%s: expert weights must be contiguous f32 or bf16, all one dtype: w_gate %s w_up "
-               "%s w_down %s",
-               kOp, w_gate.describe().c_str(), w_up.describe().c_str(), w_down.describe().c_str());
-  }
+  check_args(kOp, {{"x", x, DType::kF32},
+                   {"offsets", offsets, DType::kI32},
+                   {"w_gate", w_gate, std::nullopt},
+                   {"w_up", w_up, wt},
+                   {"w_down", w_down, wt},
+                   {"y", y, DType::kF32},
+                   {"gate_up", gate_up, DType::kF32, true}});
+  LOOM_CHECK(wt == DType::kF32 || wt == DType::kBF16,
+             "%s: expert weights must be f32 or bf16: w_gate %s", kOp, w_gate.describe().c_str());
   LOOM_CHECK(x.ndim() == 2 && w_gate.ndim() == 3, "%s: x %s w_gate %s", kOp, x.describe().c_str(),
              w_gate.describe().c_str());
   const int64_t r = x.dim(0), d = x.dim(1);
@@ -77,11 +87,7 @@ const char* grouped_swiglu(const Exec& ex, launch::MoeGemmPath path, const Tenso
   LOOM_CHECK_SHAPE(w_up, ne, inter, d);
   LOOM_CHECK_SHAPE(w_down, ne, d, inter);
   LOOM_CHECK_SHAPE(y, r, d);
-  if (gate_up.defined()) {
-    LOOM_CHECK_CUDA_ARG(kOp, gate_up);
-    LOOM_CHECK_F32(gate_up);
-    LOOM_CHECK_SHAPE(gate_up, 2, r, inter);
-  }
+  if (gate_up.defined()) LOOM_CHECK_SHAPE(gate_up, 2, r, inter);
   LOOM_CHECK(r <= INT_MAX && d <= INT_MAX && inter <= INT_MAX && ne <= INT_MAX,
              "%s: sizes beyond the kernels' 32-bit indices: x %s w_gate %s", kOp,
              x.describe().c_str(), w_gate.describe().c_str());
@@ -101,18 +107,19 @@ const char* grouped_swiglu(const Exec& ex, launch::MoeGemmPath path, const Tenso
   a.E = ne;
   a.bf16 = wt == DType::kBF16;
   a.phases = phases;
-  LOOM_CHECK(launch::moe_swiglu_supported(a, path),
+  const launch::MoeSwigluPlan plan = launch::moe_swiglu_plan(a, path);
+  LOOM_CHECK(plan.ok,
              "%s: the %s GEMM path cannot run these tensors on this device (it needs bf16 "
              "weights, D and I multiples of 8, 16-byte aligned tensors%s): x %s w_gate %s",
              kOp, launch::moe_gemm_path_name(path),
              path >= launch::MoeGemmPath::kWgmma ? " and an sm_90 GPU" : "", x.describe().c_str(),
              w_gate.describe().c_str());
-  path = launch::moe_swiglu_resolve(a, path);
-  if (r == 0 || ne == 0) return launch::moe_gemm_path_name(path);
-
-  with_scratch(ex, kOp, launch::moe_swiglu_scratch_bytes(a, path),
-               [&](void* scratch) { launch::moe_grouped_swiglu(stream_of(ex), a, path, scratch); });
-  return launch::moe_gemm_path_name(path);
+  if (r > 0 && ne > 0) {
+    with_scratch(ex, kOp, plan.scratch_bytes, [&](void* scratch) {
+      launch::moe_grouped_swiglu(stream_of(ex), a, plan, scratch);
+    });
+  }
+  return launch::moe_gemm_path_name(plan.path);
 }
 
 }  // namespace
@@ -120,10 +127,10 @@ const char* grouped_swiglu(const Exec& ex, launch::MoeGemmPath path, const Tenso
 void moe_route(const Exec& ex, const Tensor& logits, const Tensor& bias, const RouterParams& params,
                const Tensor& expert_ids, const Tensor& weights) {
   static constexpr const char* kOp = "moe_route";
-  LOOM_CHECK_CUDA_ARG(kOp, logits);
-  LOOM_CHECK_CUDA_ARG(kOp, expert_ids);
-  LOOM_CHECK_CUDA_ARG(kOp, weights);
-  LOOM_CHECK_F32(logits);
+  check_args(kOp, {{"logits", logits, DType::kF32},
+                   {"bias", bias, DType::kF32, true},
+                   {"expert_ids", expert_ids, DType::kI32},
+                   {"weights", weights, DType::kF32}});
   LOOM_CHECK(logits.ndim() == 2, "%s: logits %s", kOp, logits.describe().c_str());
   const int64_t t = logits.dim(0);
   const int64_t e = logits.dim(1);
@@ -135,14 +142,8 @@ void moe_route(const Exec& ex, const Tensor& logits, const Tensor& bias, const R
   const int64_t gsize = e / ng;
   LOOM_CHECK(ng == 1 || gsize >= 2, "%s: groups of %d experts (top-2 group score)", kOp, gsize);
   LOOM_CHECK(k >= 1 && k <= kg * gsize, "%s: top_k=%d with %d kept experts", kOp, k, kg * gsize);
-  if (bias.defined()) {
-    LOOM_CHECK_CUDA_ARG(kOp, bias);
-    LOOM_CHECK_F32(bias);
-    LOOM_CHECK_SHAPE(bias, e);
-  }
-  check_index(kOp, "expert_ids", expert_ids);
+  if (bias.defined()) LOOM_CHECK_SHAPE(bias, e);
   LOOM_CHECK_SHAPE(expert_ids, t, k);
-  LOOM_CHECK_F32(weights);
   LOOM_CHECK_SHAPE(weights, t, k);
   launch::moe_route(stream_of(ex), logits.data<float>(),
                     bias.defined() ? bias.data<float>() : nullptr, t, static_cast<int>(e), k, ng,
@@ -154,16 +155,11 @@ void moe_permute(const Exec& ex, const Tensor& x, const Tensor& expert_ids, int6
                  int64_t num_experts, const Tensor& offsets, const Tensor& row_of_slot,
                  const Tensor& x_sorted) {
   static constexpr const char* kOp = "moe_permute";
-  LOOM_CHECK_CUDA_ARG(kOp, x);
-  LOOM_CHECK_CUDA_ARG(kOp, expert_ids);
-  LOOM_CHECK_CUDA_ARG(kOp, offsets);
-  LOOM_CHECK_CUDA_ARG(kOp, row_of_slot);
-  LOOM_CHECK_CUDA_ARG(kOp, x_sorted);
-  LOOM_CHECK_F32(x);
-  LOOM_CHECK_F32(x_sorted);
-  check_index(kOp, "expert_ids", expert_ids);
-  check_index(kOp, "offsets", offsets);
-  check_index(kOp, "row_of_slot", row_of_slot);
+  check_args(kOp, {{"x", x, DType::kF32},
+                   {"expert_ids", expert_ids, DType::kI32},
+                   {"offsets", offsets, DType::kI32},
+                   {"row_of_slot", row_of_slot, DType::kI32},
+                   {"x_sorted", x_sorted, DType::kF32}});
   LOOM_CHECK(x.ndim() == 2 && expert_ids.ndim() == 2 && offsets.ndim() == 1 && x_sorted.ndim() == 2,
              "%s: x %s expert_ids %s offsets %s x_sorted %s", kOp, x.describe().c_str(),
              expert_ids.describe().c_str(), offsets.describe().c_str(),
@@ -203,14 +199,10 @@ const char* moe_grouped_swiglu_on(const Exec& ex, const char* path, const Tensor
 void moe_unpermute_combine(const Exec& ex, const Tensor& y, const Tensor& row_of_slot,
                            const Tensor& weights, const Tensor& out) {
   static constexpr const char* kOp = "moe_unpermute_combine";
-  LOOM_CHECK_CUDA_ARG(kOp, y);
-  LOOM_CHECK_CUDA_ARG(kOp, row_of_slot);
-  LOOM_CHECK_CUDA_ARG(kOp, weights);
-  LOOM_CHECK_CUDA_ARG(kOp, out);
-  LOOM_CHECK_F32(y);
-  LOOM_CHECK_F32(weights);
-  LOOM_CHECK_F32(out);
-  check_index(kOp, "row_of_slot", row_of_slot);
+  check_args(kOp, {{"y", y, DType::kF32},
+                   {"row_of_slot", row_of_slot, DType::kI32},
+                   {"weights", weights, DType::kF32},
+                   {"out", out, DType::kF32}});
   LOOM_CHECK(y.ndim() == 2 && row_of_slot.ndim() == 2 && out.ndim() == 2,
              "%s: y %s row_of_slot %s out %s", kOp, y.describe().c_str(),
              row_of_slot.describe().c_str(), out.describe().c_str());

@@ -3,40 +3,53 @@
 //
 // Two launches (three on the tensor-core paths), none reading the offsets on the host:
 //   0. (tensor cores) x's kept rows, rows [0, offsets[E]), are rounded to bf16 (scratch);
-//   1. gate/up: per (expert, 128- or 64-row tile, column tile of I) block, g = x W_gate^T and
-//      u = x W_up^T for the same columns of I side by side, then h = silu(g) * u into scratch
-//      (bf16 for the tensor cores, f32 on the SIMT path), g and u into gate_up when asked;
-//   2. down: per (expert, row tile, column tile of D) block, y = h W_down^T.
-// The grid of a launch is sized from host-known bounds: sum_e ceil(n_e / BM) <= ceil(R / BM) + E
-// row tiles, times the column tiles. A block finds its expert and row tile from the offsets
-// itself (a warp-wide scan of the experts' tile counts, 32 experts at a time), and blocks past
-// the last tile return at once; blocks of one row tile are adjacent in launch order, so the
-// tile's rows are read from HBM once and reused from L2 across its column tiles.
+//   1. gate/up: per (expert, row tile, column tile of I), g = x W_gate^T and u = x W_up^T for the
+//      same columns of I side by side, then h = silu(g) * u into scratch (bf16 for the tensor
+//      cores, f32 on the SIMT path), g and u into gate_up when asked;
+//   2. down: per (expert, row tile, column tile of D), y = h W_down^T.
+// Tiles are found on the device: find_tile turns a row-tile slot into (expert, first row, the
+// expert's end) from the offsets (a warp-wide scan of the experts' tile counts, 32 experts at a
+// time); sum_e ceil(n_e / BM) <= ceil(R / BM) + E bounds the slots from host-known sizes. Tiles
+// of one row-tile slot are adjacent in launch (or loop) order, so its rows are read from HBM once
+// and reused from L2 across its column tiles.
 //
 // Paths (launch::MoeGemmPath):
 //   kSimt: f32 FMA, 64 x 64 tiles, 4 x 4 outputs per thread, weights f32 or bf16 (widened), any
-//     D and I; x and h stay f32: the CPU twin's arithmetic but for the summation order.
+//     D and I; x and h stay f32: the CPU twin's arithmetic but for the summation order. A block
+//     per (slot, column tile); blocks past the last tile return at once.
 //   kMma: bf16 mma.sync m16n8k16 with f32 accumulation, 128 x 128 block tiles of 8 warps (64 x 32
-//     each), k tiles of 32 in a 4-stage cp.async ring, ldmatrix fragments.
-//   kWgmma (sm_90a): bf16 wgmma m64n256k16, 128 x 256 block tiles of two warpgroups, k tiles of
-//     64 in a 4-stage cp.async ring in the 128-byte-swizzled layout wgmma reads (two tiles in
-//     flight ahead of the one being multiplied, one more still read by the previous wgmma).
-//   kWgmma128 (sm_90a): the same with m64n128k16, 128 x 128 tiles and 3 stages, two blocks per
-//     SM (one block's prologue and epilogue overlap the other's main loop).
-// kAuto takes kWgmma on sm_90 (else kMma) for aligned bf16 weights, kSimt otherwise. Measured on
-// an H200 (tests/gpu/moe_cuda_bench.cc, D = 2048, I = 768, 64 experts, 512 / 2048 rows each; the
-// run's cuBLAS bf16 GEMM at 8192^3: 796 TFLOP/s): kWgmma 443 / 475 TFLOP/s for the whole op
-// (56% / 60% of cuBLAS), of which gate/up 552 / 583, down 443 / 458, the x cast 0.10 / 0.39 ms at
-// 4.0-4.1 TB/s (14% / 15% of the op's time); kWgmma128 378 / 411; kMma 239 / 248; kSimt 31
-// (f32: 34 of the 67 TFLOP/s f32 peak). What is left to take: the x cast (fused into the gate/up
-// loads it would cost registers the 128 x 256 tile does not have, or shared memory), and the
-// down GEMM's short k loop (12 tiles of 64: the pipeline's fill and the epilogue are exposed;
-// a persistent kernel prefetching the next tile would hide them).
-// Both tensor-core paths need D and I multiples of 8 and 16-byte aligned tensors (every row a
-// whole number of 16-byte pieces; k tails and missing rows are zero-filled by cp.async); x and h
-// are bf16 operands, so results differ from the f32 CPU twin by bf16 rounding (~2^-9 relative
-// per element). On the gate/up GEMM the B tile interleaves W_gate and W_up by 8 rows, so each
-// thread holds g and u of the same (row, column) in registers and h needs no shared memory.
+//     each), k tiles of 32 in a 4-stage cp.async ring, ldmatrix fragments. Launched as kSimt.
+//   kWgmma (sm_90a, namespace ws): bf16 wgmma m64n256k16, 128 x 256 tiles, k tiles of 64 in a
+//     4-stage ring that TMA fills (128-byte swizzle) and mbarriers hand over: warpgroup 0's one
+//     thread copies, warpgroups 1 and 2 multiply, each stage released as soon as the wgmma that
+//     read it is done. Persistent (one CTA per SM, clusters loop over tiles), so a tile's first
+//     k tiles load during the previous tile's last ones and its epilogue. Clusters of two CTAs
+//     take two row tiles of one expert with one B tile, each CTA copying half of B to both (TMA
+//     multicast): B's L2-to-SM traffic halves, 48 -> 32 KiB per k tile and CTA.
+//   kWgmma128 (sm_90a, namespace wg): m64n128k16, 128 x 128 tiles of two warpgroups in a 3-stage
+//     cp.async ring, two blocks per SM. Launched as kSimt.
+// kAuto takes kWgmma on sm_90 (else kMma) for aligned bf16 weights, kSimt otherwise.
+//
+// Measured on an H200 (tests/gpu/moe_cuda_bench.cc, D = 2048, I = 768, 64 experts; the run's
+// cuBLAS bf16 GEMM at 8192^3: 787 TFLOP/s): kWgmma 486 / 508 / 526 TFLOP/s for the whole op at
+// 512 / 1024 / 2048 rows per expert (62% / 65% / 67% of cuBLAS), 429 (54%) for a skewed routing
+// of 132 to 1350 rows (512 on average; its 256-row cluster tiles span 1.27x the rows); at 512
+// rows gate/up 628 (80%), down 479 (61%), the x cast 0.10 ms at 4.0 TB/s (16% of the op's 0.64
+// ms). Before (a block per tile, cp.async, the same tile and wgmma): 442 / 459 / 471 / 401,
+// gate/up 549, down 441 at 512 rows; the TMA kernel without clusters: 462 (59%). So the limit
+// was not wave quantization (11.6 waves of 132 tiles: at most 3%) but the per-block pipeline
+// fill and the L2-to-SM traffic of the 128 x 256 tile (the old gate/up moved ~6.4 TB/s from L2
+// at 549 TFLOP/s; the multicast that cuts a third of it gives +5% on the op).
+// What is left to take: the x cast (the only pass that is pure HBM traffic; fusing it needs the
+// f32 rows converted in shared memory the 4-stage ring leaves no room for), and the down GEMM's
+// epilogue (128 x 256 f32 y per tile with the tensor cores idle: a second accumulator set or
+// ping-pong warpgroups would overlap it).
+// The tensor-core paths need D and I multiples of 8 and 16-byte aligned tensors (every row a
+// whole number of 16-byte pieces, as TMA and cp.async need; k tails, missing rows and columns are
+// zero-filled or masked); x and h are bf16 operands, so results differ from the f32 CPU twin by
+// bf16 rounding (~2^-9 relative per element). On the gate/up GEMM each thread holds g and u of
+// the same (row, column) in registers (the B tile pairs W_gate and W_up rows of the same columns
+// of I), so h needs no shared memory.
 //
 // Batch invariance: every output element is one dot product over the whole K in a fixed order
 // (k tiles in order; within a tile, k ascending for SIMT, the tensor-core instruction's own fixed
@@ -48,11 +61,14 @@
 //
 // The offsets are not checked on the host (that needs a copy back); rows are clamped to [0, R)
 // so that bad offsets never reach outside x, y, gate_up or the scratch.
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe_launch.h"
@@ -146,21 +162,42 @@ struct GemmParams {
   float* y = nullptr;
 };
 
-// One output pair (columns col, col + 1 of row `row`) of the gate/up GEMM: h, and g, u if kept.
-template <typename H>
-__device__ __forceinline__ void store_gate_up(const GemmParams& p, int row, int col, float g0,
-                                              float g1, float u0, float u1) {
+// The epilogue of every path: output columns [col, col + W) of row `row`, W = 2 on the
+// tensor-core paths (N % 8 == 0 keeps a pair inside the row and 8-byte aligned), 1 on the SIMT
+// path. Gate/up (kDual): h = silu(g) * u into p.h (element type H), and g, u into gate_up when
+// kept; down: g is y's (u is unused).
+template <bool kDual, int W, typename H>
+__device__ __forceinline__ void store_out(const GemmParams& p, int row, int col,
+                                          const float (&g)[W], const float (&u)[W]) {
+  static_assert(W == 1 || W == 2, "one element or a pair");
   const int64_t i = static_cast<int64_t>(row) * p.N + col;
-  const float h0 = dev::silu(g0) * u0, h1 = dev::silu(g1) * u1;
-  if constexpr (sizeof(H) == 2) {
-    *reinterpret_cast<uint32_t*>(static_cast<bf16*>(p.h) + i) = pack_bf16(h0, h1);
+  const auto put_f32 = [](float* dst, const float(&v)[W]) {
+    if constexpr (W == 2) {
+      *reinterpret_cast<float2*>(dst) = make_float2(v[0], v[1]);
+    } else {
+      *dst = v[0];
+    }
+  };
+  if constexpr (!kDual) {
+    put_f32(p.y + i, g);
   } else {
-    *reinterpret_cast<float2*>(static_cast<float*>(p.h) + i) = make_float2(h0, h1);
-  }
-  if (p.gate_up) {
-    *reinterpret_cast<float2*>(p.gate_up + i) = make_float2(g0, g1);
-    *reinterpret_cast<float2*>(p.gate_up + static_cast<int64_t>(p.R) * p.N + i) =
-        make_float2(u0, u1);
+    float h[W];
+#pragma unroll
+    for (int w = 0; w < W; ++w) h[w] = dev::silu(g[w]) * u[w];
+    if constexpr (sizeof(H) == 2) {
+      bf16* dst = static_cast<bf16*>(p.h) + i;
+      if constexpr (W == 2) {
+        *reinterpret_cast<uint32_t*>(dst) = pack_bf16(h[0], h[1]);
+      } else {
+        *dst = __float2bfloat16_rn(h[0]);
+      }
+    } else {
+      put_f32(static_cast<float*>(p.h) + i, h);
+    }
+    if (p.gate_up) {
+      put_f32(p.gate_up + i, g);
+      put_f32(p.gate_up + static_cast<int64_t>(p.R) * p.N + i, u);
+    }
   }
 }
 
@@ -268,17 +305,7 @@ __global__ void __launch_bounds__(kThreads) kernel(GemmParams p) {
     for (int j = 0; j < 4; ++j) {
       const int col = n0 + tx * 4 + j;
       if (col >= p.N) continue;
-      const int64_t o = static_cast<int64_t>(row) * p.N + col;
-      if constexpr (kDual) {
-        const float g = acc[0][i][j], u = acc[1][i][j];
-        static_cast<float*>(p.h)[o] = dev::silu(g) * u;
-        if (p.gate_up) {
-          p.gate_up[o] = g;
-          p.gate_up[static_cast<int64_t>(p.R) * p.N + o] = u;
-        }
-      } else {
-        p.y[o] = acc[0][i][j];
-      }
+      store_out<kDual, 1, float>(p, row, col, {acc[0][i][j]}, {acc[kDual ? 1 : 0][i][j]});
     }
   }
 }
@@ -419,16 +446,18 @@ __global__ void __launch_bounds__(kThreads, 2) kernel(GemmParams p) {
         for (int q = 0; q < 2; ++q) {
           const int col = n0 + (wn * 2 + q) * 8 + 2 * c;
           if (col >= p.N) continue;
-          store_gate_up<bf16>(p, row, col, acc[mi][2 * q][2 * hf], acc[mi][2 * q][2 * hf + 1],
-                              acc[mi][2 * q + 1][2 * hf], acc[mi][2 * q + 1][2 * hf + 1]);
+          const float(&gq)[4] = acc[mi][2 * q];
+          const float(&uq)[4] = acc[mi][2 * q + 1];
+          store_out<true, 2, bf16>(p, row, col, {gq[2 * hf], gq[2 * hf + 1]},
+                                   {uq[2 * hf], uq[2 * hf + 1]});
         }
       } else {
 #pragma unroll
         for (int nj = 0; nj < 4; ++nj) {
           const int col = n0 + wn * 32 + nj * 8 + 2 * c;
           if (col >= p.N) continue;
-          *reinterpret_cast<float2*>(p.y + static_cast<int64_t>(row) * p.N + col) =
-              make_float2(acc[mi][nj][2 * hf], acc[mi][nj][2 * hf + 1]);
+          const float v[2] = {acc[mi][nj][2 * hf], acc[mi][nj][2 * hf + 1]};
+          store_out<false, 2, bf16>(p, row, col, v, v);
         }
       }
     }
@@ -441,8 +470,9 @@ __global__ void __launch_bounds__(kThreads, 2) kernel(GemmParams p) {
 
 namespace wg {
 
-// Two tile shapes: 128 x 256 (one block per SM, 4 stages: two k tiles in flight) and 128 x 128
-// (two blocks per SM, 3 stages: one k tile in flight per block), chosen by launch::MoeGemmPath.
+// The cp.async wgmma kernel (kWgmma128): 128 x 128 tiles, two blocks per SM, 3 stages (one k
+// tile in flight per block). Its wgmma helpers (desc, fence_operands, wgmma_k16 for n = 256 and
+// n = 128) are shared with the TMA kernel (namespace ws).
 constexpr int BM = 128, BK = 64, kThreads = 256;
 template <int BN_, int kStages_>
 struct Cfg {
@@ -452,7 +482,6 @@ struct Cfg {
   static constexpr int kBlocksPerSm = BN == 128 ? 2 : 1;
   static_assert(kAhead >= 1, "a stage may still be read by the previous tile's wgmma");
 };
-using Wide = Cfg<256, 4>;    // 193 KiB of shared memory
 using Narrow = Cfg<128, 3>;  // 97 KiB
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -635,15 +664,15 @@ __global__ void __launch_bounds__(kThreads, C::kBlocksPerSm) kernel(GemmParams p
         if (col >= p.N) continue;
         const float* dg = d + 4 * (2 * q) + 2 * hf;
         const float* du = d + 4 * (2 * q + 1) + 2 * hf;
-        store_gate_up<bf16>(p, row, col, dg[0], dg[1], du[0], du[1]);
+        store_out<true, 2, bf16>(p, row, col, {dg[0], dg[1]}, {du[0], du[1]});
       }
     } else {
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j) {
         const int col = n0 + j * 8 + 2 * c;
         if (col >= p.N) continue;
-        *reinterpret_cast<float2*>(p.y + static_cast<int64_t>(row) * p.N + col) =
-            make_float2(d[4 * j + 2 * hf], d[4 * j + 2 * hf + 1]);
+        const float v[2] = {d[4 * j + 2 * hf], d[4 * j + 2 * hf + 1]};
+        store_out<false, 2, bf16>(p, row, col, v, v);
       }
     }
   }
@@ -654,6 +683,234 @@ __global__ void __launch_bounds__(kThreads, C::kBlocksPerSm) kernel(GemmParams p
 }
 
 }  // namespace wg
+
+// ---- wgmma path, warp-specialised with TMA (sm_90a) --------------------------------------------
+
+namespace ws {
+
+// 128 x 256 tiles, k tiles of 64 in a 4-stage ring filled by TMA. Warpgroup 0 produces (one
+// thread issues the copies), warpgroups 1 and 2 multiply rows 0-63 and 64-127 of the tile. A
+// cluster of two CTAs takes two consecutive row tiles of one expert with the same B tile: CTA r
+// copies B half r and multicasts it to both, halving B's L2 reads (without clusters the op ran
+// 5% slower).
+constexpr int BM = 128, BN = 256, BK = 64, kStages = 4, kThreads = 384, kCluster = 2;
+constexpr int kAStage = BM * BK * 2, kBHalf = BN / 2 * BK * 2;  // bytes
+constexpr int kStageBytes = kAStage + 2 * kBHalf;               // 48 KiB
+// + 1024-byte alignment of the ring + a full and an empty barrier per stage.
+constexpr size_t kSmem = kStages * kStageBytes + 1024 + 2 * kStages * 8;
+
+#if defined(LOOM_MOE_WGMMA)
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Arrives on the barrier at the same offset in CTA `cta` of the cluster (this CTA included).
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta) {
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+      "}\n" ::"r"(bar),
+      "r"(cta)
+      : "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive;\nbarrier.cluster.wait;\n" ::: "memory");
+}
+// Box (k0.., row0..) of a 2D tensor map into shared memory at dst; completes on bar.
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int k0, int row0,
+                                         uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(k0), "r"(row0)
+      : "memory");
+}
+// The same into dst of every CTA of the cluster in `mask`, each completing on its barrier at
+// offset bar.
+__device__ __forceinline__ void tma_load_multicast(uint32_t dst, const CUtensorMap* map, int k0,
+                                                   int row0, uint32_t bar, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%4, %5}], [%2], %3;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "h"(mask), "r"(k0), "r"(row0)
+      : "memory");
+}
+
+#endif  // LOOM_MOE_WGMMA
+
+// Persistent: cluster c of C takes cluster tiles c, c + C, ... in the order (row-tile group,
+// column tile), column tile fastest, so the clusters working at one time share A rows and a few
+// experts' weights in L2. A cluster tile is two row tiles of one expert (find_tile with 2 BM
+// rows). Gate/up (kDual): B rows 0-127 of a stage are W_gate's rows n0.., rows
+// 128-255 W_up's, so accumulator column blocks j and j + 16 are g and u of the same columns of
+// I in the same thread. Rows past the expert's end or past R, k past K and B rows past N load
+// whatever TMA gives (zeros out of bounds, else other experts' rows): they only reach outputs
+// that are never stored. A warpgroup whose 64 rows are all past the expert's end skips its
+// wgmma (still releasing the stages).
+template <bool kDual>
+__global__ void __launch_bounds__(kThreads, 1)
+    kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb0,
+           const __grid_constant__ CUtensorMap tb1, GemmParams p) {
+#if defined(LOOM_MOE_WGMMA)
+  extern __shared__ __align__(1024) unsigned char ws_smem[];
+  const uint32_t ring = (smem_addr(ws_smem) + 1023) & ~1023u;
+  const uint32_t full0 = ring + kStages * kStageBytes, empty0 = full0 + kStages * 8;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const uint32_t rank = cluster_rank();
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full0 + 8 * s, 1);              // the producer's arrive (+ the bytes)
+      mbar_init(empty0 + 8 * s, 8 * kCluster);  // every consumer warp of the cluster
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  cluster_sync();  // the peer's barriers are initialised before anything reaches them
+  const int clusters = static_cast<int>(gridDim.x) / kCluster;
+  const int first = static_cast<int>(blockIdx.x) / kCluster, rows = BM * kCluster;
+  const int KT = (p.K + BK - 1) / BK;
+
+  if (warp < 4) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (warp == 0) {
+      int s = 0;
+      uint32_t ph = 0;
+      for (int ct = first;; ct += clusters) {
+        const Tile t = find_tile(p.off, p.E, p.R, ct / p.ntn, rows);
+        if (t.e < 0) break;
+        const int nt = ct % p.ntn, arow = t.row0 + BM * static_cast<int>(rank);
+        const int brow = t.e * p.N + nt * (kDual ? BN / 2 : BN);
+        if (lane == 0) {
+          for (int kt = 0; kt < KT; ++kt) {
+            const uint32_t full = full0 + 8 * s, sa = ring + s * kStageBytes, sb = sa + kAStage;
+            mbar_wait(empty0 + 8 * s, ph ^ 1);
+            mbar_expect_tx(full, kStageBytes);
+            tma_load(sa, &ta, kt * BK, arow, full);  // A: this CTA's rows
+            // B half `rank` into both CTAs: W_gate / W_up's rows (gate/up), or W_down's rows
+            // 128 rank.. of the tile (down).
+            tma_load_multicast(sb + rank * kBHalf, kDual && rank ? &tb1 : &tb0, kt * BK,
+                               brow + (kDual ? 0 : static_cast<int>(rank) * BN / 2), full,
+                               (1u << kCluster) - 1);
+            if (++s == kStages) {
+              s = 0;
+              ph ^= 1;
+            }
+          }
+        }
+        __syncwarp();
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int w = (warp >> 2) - 1;  // rows 64 w.. of the CTA's tile
+    int s = 0;
+    uint32_t ph = 0;
+    float d[128];
+    const auto release = [&](int stage) {
+      if (lane == 0) {
+#pragma unroll
+        for (int c = 0; c < kCluster; ++c) mbar_arrive_cluster(empty0 + 8 * stage, c);
+      }
+    };
+    for (int ct = first;; ct += clusters) {
+      const Tile t = find_tile(p.off, p.E, p.R, ct / p.ntn, rows);
+      if (t.e < 0) break;
+      const int nt = ct % p.ntn, r0 = t.row0 + BM * static_cast<int>(rank) + 64 * w;
+      const bool busy = r0 < t.row_end;
+#pragma unroll
+      for (int i = 0; i < 128; ++i) d[i] = 0.0f;
+      int prev = -1;
+      const auto step = [&]() {
+        if (prev >= 0) release(prev);  // the wgmma that read it is done
+        prev = s;
+        if (++s == kStages) {
+          s = 0;
+          ph ^= 1;
+        }
+      };
+      if (busy) {
+        for (int kt = 0; kt < KT; ++kt) {
+          mbar_wait(full0 + 8 * s, ph);
+          const uint32_t sa = ring + s * kStageBytes;
+          const uint64_t da = wg::desc(sa + w * 64 * 128), db = wg::desc(sa + kAStage);
+          wg::fence_operands(d);
+          asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+          for (int k16 = 0; k16 < BK / 16; ++k16) wg::wgmma_k16(d, da + 2 * k16, db + 2 * k16);
+          asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+          asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+          wg::fence_operands(d);
+          step();
+        }
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        wg::fence_operands(d);
+      } else {
+        for (int kt = 0; kt < KT; ++kt) {
+          mbar_wait(full0 + 8 * s, ph);
+          step();
+        }
+      }
+      if (prev >= 0) release(prev);
+      if (!busy) continue;
+
+      const int g = lane >> 2, c = lane & 3, n0 = nt * (kDual ? BN / 2 : BN);
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int row = r0 + (warp & 3) * 16 + g + hf * 8;
+        if (row >= t.row_end) continue;
+        if constexpr (kDual) {
+#pragma unroll
+          for (int j = 0; j < BN / 16; ++j) {
+            const int col = n0 + j * 8 + 2 * c;
+            if (col >= p.N) continue;
+            const float* dg = d + 4 * j + 2 * hf;
+            const float* du = d + 4 * (j + BN / 16) + 2 * hf;
+            store_out<true, 2, bf16>(p, row, col, {dg[0], dg[1]}, {du[0], du[1]});
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            const int col = n0 + j * 8 + 2 * c;
+            if (col >= p.N) continue;
+            const float v[2] = {d[4 * j + 2 * hf], d[4 * j + 2 * hf + 1]};
+            store_out<false, 2, bf16>(p, row, col, v, v);
+          }
+        }
+      }
+    }
+  }
+  // No CTA may leave while its peer can still arrive on its barriers or copy into it.
+  cluster_sync();
+#else
+  __trap();  // compiled for a device without wgmma: never launched (moe_swiglu_plan)
+#endif
+}
+
+}  // namespace ws
 
 // ---- host side ---------------------------------------------------------------------------------
 
@@ -666,7 +923,7 @@ bool tensor_core_shape(const launch::MoeSwigluArgs& a) {
          (a.gate_up == nullptr || aligned16(a.gate_up));
 }
 
-// Compute capability 9.0 (H100/H200), where the sm_90a code of the wgmma kernel runs.
+// Compute capability 9.0 (H100/H200), where the sm_90a code of the wgmma kernels runs.
 bool device_has_wgmma() {
   int dev = 0, major = 0, minor = 0;
   LOOM_CUDA_CHECK(cudaGetDevice(&dev));
@@ -675,42 +932,140 @@ bool device_has_wgmma() {
   return major == 9 && minor == 0;
 }
 
+int current_device() {
+  int device = 0;
+  LOOM_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
 // The opt-in to more than 48 KiB of dynamic shared memory is per device: once each (bit d of
 // `done` for device d).
 template <typename Kernel>
 void allow_smem(Kernel kernel, size_t bytes, std::atomic<uint64_t>& done) {
-  int device = 0;
-  LOOM_CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = uint64_t{1} << (device & 63);
+  const uint64_t bit = uint64_t{1} << (current_device() & 63);
   if ((done.load(std::memory_order_acquire) & bit) != 0) return;
   LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(bytes)));
   done.fetch_or(bit, std::memory_order_acq_rel);
 }
 
-void launch_grid(int64_t blocks) { LOOM_CHECK_GRID(blocks); }
+// One GEMM of the SIMT, mma.sync or cp.async wgmma path: a block per (row-tile slot, column tile
+// of bn columns).
+template <typename Kernel>
+void launch_tiles(cudaStream_t stream, Kernel kernel, GemmParams p, int64_t slots, int bn,
+                  int threads, size_t smem) {
+  p.ntn = (p.N + bn - 1) / bn;
+  if (p.ntn == 0) return;
+  const int64_t blocks = slots * p.ntn;
+  LOOM_CHECK_GRID(blocks);
+  kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(p);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
 
-// The two wgmma launches with tile configuration C.
-template <class C>
-void run_wgmma(cudaStream_t stream, const launch::MoeSwigluArgs& a, GemmParams up,
-               GemmParams down) {
+// Both GEMMs of a cp.async path (mma.sync or wgmma): bm x bn block tiles, the gate/up GEMM's
+// holding bn / 2 columns of I (g and u side by side).
+template <auto kUp, auto kDown>
+void run_tiles(cudaStream_t stream, const launch::MoeSwigluArgs& a, const GemmParams& up,
+               const GemmParams& down, int bm, int bn, int threads, size_t smem) {
   static std::atomic<uint64_t> up_done{0}, down_done{0};
-  allow_smem(wg::kernel<true, C>, C::kSmem, up_done);
-  allow_smem(wg::kernel<false, C>, C::kSmem, down_done);
-  const int64_t slots = row_slots(a.R, a.E, wg::BM);
-  up.ntn = static_cast<int>((a.I + C::BN / 2 - 1) / (C::BN / 2));
-  down.ntn = static_cast<int>((a.D + C::BN - 1) / C::BN);
-  if (up.ntn > 0 && (a.phases & 2)) {
-    launch_grid(slots * up.ntn);
-    wg::kernel<true, C>
-        <<<static_cast<unsigned>(slots * up.ntn), wg::kThreads, C::kSmem, stream>>>(up);
-    LOOM_CUDA_CHECK_LAUNCH();
+  allow_smem(kUp, smem, up_done);
+  allow_smem(kDown, smem, down_done);
+  const int64_t slots = row_slots(a.R, a.E, bm);
+  if (a.phases & 2) launch_tiles(stream, kUp, up, slots, bn / 2, threads, smem);
+  if (a.phases & 4) launch_tiles(stream, kDown, down, slots, bn, threads, smem);
+}
+
+// ---- TMA launches (kWgmma) ---------------------------------------------------------------------
+
+[[noreturn]] void tma_fail(const char* what, int code) {
+  std::fprintf(stderr, "%s:%d: %s failed (%d)\n", __FILE__, __LINE__, what, code);
+  std::abort();
+}
+
+// cuTensorMapEncodeTiled from the driver the runtime loaded (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                                           cudaEnableDefault, &q);
+    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || f == nullptr) {
+      tma_fail("cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)", static_cast<int>(e));
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A row-major bf16 matrix [rows, k] read in boxes of 64 k x 128 rows, 128-byte swizzled (the
+// layout wg::desc describes). k % 8 == 0 (rows of whole 16-byte pieces); k == 0 is never read.
+CUtensorMap tensor_map(const void* base, int64_t rows, int64_t k) {
+  CUtensorMap m;
+  const cuuint64_t kk = static_cast<cuuint64_t>(std::max<int64_t>(k, 8));
+  const cuuint64_t dims[2] = {kk, static_cast<cuuint64_t>(std::max<int64_t>(rows, 1))};
+  const cuuint64_t strides[1] = {kk * 2};
+  const cuuint32_t box[2] = {ws::BK, ws::BM};
+  const cuuint32_t unit[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(
+      &m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, unit,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) tma_fail("cuTensorMapEncodeTiled", static_cast<int>(r));
+  return m;
+}
+
+// Clusters of the kernel that fit on the device at once (per device, asked once).
+template <typename Kernel>
+int64_t resident_clusters(Kernel kernel, cudaLaunchConfig_t cfg, std::atomic<int>* cache) {
+  std::atomic<int>& c = cache[current_device() & 63];
+  int n = c.load(std::memory_order_acquire);
+  if (n > 0) return n;
+  LOOM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
+  if (n <= 0) tma_fail("cudaOccupancyMaxActiveClusters", n);
+  c.store(n, std::memory_order_release);
+  return n;
+}
+
+// One GEMM of the kWgmma path: a persistent grid of as many clusters as fit, or fewer when there
+// are fewer cluster tiles (sum_e ceil(n_e / (2 BM)) <= ceil(R / (2 BM)) + E).
+template <bool kDual>
+void launch_ws(cudaStream_t stream, GemmParams p, const CUtensorMap& ta, const CUtensorMap& tb0,
+               const CUtensorMap& tb1) {
+  constexpr int kCluster = ws::kCluster;
+  const auto kernel = ws::kernel<kDual>;
+  static std::atomic<uint64_t> smem_done{0};
+  static std::atomic<int> clusters_cache[64];
+  allow_smem(kernel, ws::kSmem, smem_done);
+  p.ntn = (p.N + (kDual ? ws::BN / 2 : ws::BN) - 1) / (kDual ? ws::BN / 2 : ws::BN);
+  if (p.ntn == 0) return;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kCluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(kCluster);
+  cfg.blockDim = dim3(ws::kThreads);
+  cfg.dynamicSmemBytes = ws::kSmem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  const int64_t rows = int64_t{ws::BM} * kCluster;
+  const int64_t tiles = ((p.R + rows - 1) / rows + p.E) * p.ntn;
+  const int64_t clusters = std::min(tiles, resident_clusters(kernel, cfg, clusters_cache));
+  cfg.gridDim = dim3(static_cast<unsigned>(clusters * kCluster));
+  LOOM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, ta, tb0, tb1, p));
+}
+
+void run_ws(cudaStream_t stream, const launch::MoeSwigluArgs& a, const GemmParams& up,
+            const GemmParams& down) {
+  if (a.phases & 2) {
+    launch_ws<true>(stream, up, tensor_map(up.a, a.R, a.D), tensor_map(a.w_gate, a.E * a.I, a.D),
+                    tensor_map(a.w_up, a.E * a.I, a.D));
   }
-  if (down.ntn > 0 && (a.phases & 4)) {
-    launch_grid(slots * down.ntn);
-    wg::kernel<false, C>
-        <<<static_cast<unsigned>(slots * down.ntn), wg::kThreads, C::kSmem, stream>>>(down);
-    LOOM_CUDA_CHECK_LAUNCH();
+  if (a.phases & 4) {
+    const CUtensorMap wd = tensor_map(a.w_down, a.E * a.D, a.I);
+    launch_ws<false>(stream, down, tensor_map(down.a, a.R, a.I), wd, wd);
   }
 }
 
@@ -734,36 +1089,24 @@ const char* moe_gemm_path_name(MoeGemmPath path) {
   return "?";
 }
 
-bool moe_swiglu_supported(const MoeSwigluArgs& a, MoeGemmPath path) {
-  switch (path) {
-    case MoeGemmPath::kAuto:
-    case MoeGemmPath::kSimt:
-      return true;
-    case MoeGemmPath::kMma:
-      return tensor_core_shape(a);
-    case MoeGemmPath::kWgmma:
-    case MoeGemmPath::kWgmma128:
-      return tensor_core_shape(a) && device_has_wgmma();
+MoeSwigluPlan moe_swiglu_plan(const MoeSwigluArgs& a, MoeGemmPath path) {
+  const bool tc = tensor_core_shape(a);
+  const bool wgmma = tc && device_has_wgmma();
+  if (path == MoeGemmPath::kAuto) {
+    path = !tc ? MoeGemmPath::kSimt : wgmma ? MoeGemmPath::kWgmma : MoeGemmPath::kMma;
   }
-  return false;
-}
-
-MoeGemmPath moe_swiglu_resolve(const MoeSwigluArgs& a, MoeGemmPath path) {
-  if (path != MoeGemmPath::kAuto) return path;
-  if (!tensor_core_shape(a)) return MoeGemmPath::kSimt;
-  return device_has_wgmma() ? MoeGemmPath::kWgmma : MoeGemmPath::kMma;
-}
-
-size_t moe_swiglu_scratch_bytes(const MoeSwigluArgs& a, MoeGemmPath path) {
-  path = moe_swiglu_resolve(a, path);
+  MoeSwigluPlan plan;
+  plan.path = path;
+  plan.ok = path == MoeGemmPath::kSimt || (path == MoeGemmPath::kMma && tc) || wgmma;
   const size_t rows = static_cast<size_t>(a.R);
-  if (path == MoeGemmPath::kSimt) return align256(rows * a.I * sizeof(float));
-  return align256(rows * a.D * sizeof(bf16)) + align256(rows * a.I * sizeof(bf16));
+  plan.scratch_bytes = path == MoeGemmPath::kSimt ? align256(rows * a.I * sizeof(float))
+                                                  : align256(rows * a.D * sizeof(bf16)) +
+                                                        align256(rows * a.I * sizeof(bf16));
+  return plan;
 }
 
-void moe_grouped_swiglu(cudaStream_t stream, const MoeSwigluArgs& a, MoeGemmPath path,
+void moe_grouped_swiglu(cudaStream_t stream, const MoeSwigluArgs& a, const MoeSwigluPlan& plan,
                         void* scratch) {
-  path = moe_swiglu_resolve(a, path);
   if (a.R == 0 || a.E == 0) return;
   GemmParams up;  // gate/up GEMM
   up.off = a.offsets;
@@ -783,24 +1126,18 @@ void moe_grouped_swiglu(cudaStream_t stream, const MoeSwigluArgs& a, MoeGemmPath
   down.b0 = a.w_down;
   down.y = a.y;
 
-  if (path == MoeGemmPath::kSimt) {
+  if (plan.path == MoeGemmPath::kSimt) {
     up.a = a.x;
     up.h = scratch;
     down.a = scratch;
     const int64_t slots = row_slots(a.R, a.E, simt::BM);
-    up.ntn = static_cast<int>((a.I + simt::BN - 1) / simt::BN);
-    down.ntn = static_cast<int>((a.D + simt::BN - 1) / simt::BN);
-    if (up.ntn > 0 && (a.phases & 2)) {
-      launch_grid(slots * up.ntn);
-      const auto k = a.bf16 ? simt::kernel<true, true> : simt::kernel<true, false>;
-      k<<<static_cast<unsigned>(slots * up.ntn), simt::kThreads, 0, stream>>>(up);
-      LOOM_CUDA_CHECK_LAUNCH();
+    if (a.phases & 2) {
+      launch_tiles(stream, a.bf16 ? simt::kernel<true, true> : simt::kernel<true, false>, up, slots,
+                   simt::BN, simt::kThreads, 0);
     }
-    if (down.ntn > 0 && (a.phases & 4)) {
-      launch_grid(slots * down.ntn);
-      const auto k = a.bf16 ? simt::kernel<false, true> : simt::kernel<false, false>;
-      k<<<static_cast<unsigned>(slots * down.ntn), simt::kThreads, 0, stream>>>(down);
-      LOOM_CUDA_CHECK_LAUNCH();
+    if (a.phases & 4) {
+      launch_tiles(stream, a.bf16 ? simt::kernel<false, true> : simt::kernel<false, false>, down,
+                   slots, simt::BN, simt::kThreads, 0);
     }
     return;
   }
@@ -819,31 +1156,14 @@ void moe_grouped_swiglu(cudaStream_t stream, const MoeSwigluArgs& a, MoeGemmPath
   up.a = xb;
   up.h = h;
   down.a = h;
-  if (path == MoeGemmPath::kMma) {
-    static std::atomic<uint64_t> up_done{0}, down_done{0};
-    allow_smem(mma::kernel<true>, mma::kSmem, up_done);
-    allow_smem(mma::kernel<false>, mma::kSmem, down_done);
-    const int64_t slots = row_slots(a.R, a.E, mma::BM);
-    up.ntn = static_cast<int>((a.I + mma::BN / 2 - 1) / (mma::BN / 2));
-    down.ntn = static_cast<int>((a.D + mma::BN - 1) / mma::BN);
-    if (up.ntn > 0 && (a.phases & 2)) {
-      launch_grid(slots * up.ntn);
-      mma::kernel<true>
-          <<<static_cast<unsigned>(slots * up.ntn), mma::kThreads, mma::kSmem, stream>>>(up);
-      LOOM_CUDA_CHECK_LAUNCH();
-    }
-    if (down.ntn > 0 && (a.phases & 4)) {
-      launch_grid(slots * down.ntn);
-      mma::kernel<false>
-          <<<static_cast<unsigned>(slots * down.ntn), mma::kThreads, mma::kSmem, stream>>>(down);
-      LOOM_CUDA_CHECK_LAUNCH();
-    }
-    return;
-  }
-  if (path == MoeGemmPath::kWgmma) {
-    run_wgmma<wg::Wide>(stream, a, up, down);
+  if (plan.path == MoeGemmPath::kWgmma) {
+    run_ws(stream, a, up, down);
+  } else if (plan.path == MoeGemmPath::kMma) {
+    run_tiles<mma::kernel<true>, mma::kernel<false>>(stream, a, up, down, mma::BM, mma::BN,
+                                                     mma::kThreads, mma::kSmem);
   } else {
-    run_wgmma<wg::Narrow>(stream, a, up, down);
+    run_tiles<wg::kernel<true, wg::Narrow>, wg::kernel<false, wg::Narrow>>(
+        stream, a, up, down, wg::BM, wg::Narrow::BN, wg::kThreads, wg::Narrow::kSmem);
   }
 }
 

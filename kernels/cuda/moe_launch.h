@@ -40,8 +40,8 @@ enum class MoeGemmPath : int {
   kAuto = 0,      // the fastest supported one for the shape, dtype and device
   kSimt = 1,      // f32 FMA (f32 or bf16 weights, any sizes)
   kMma = 2,       // bf16 mma.sync m16n8k16 (bf16 weights, D and I multiples of 8, 16-byte aligned)
-  kWgmma = 3,     // bf16 wgmma (as kMma, on sm_90a devices), 128 x 256 tiles
-  kWgmma128 = 4,  // the same with 128 x 128 tiles, two blocks per SM
+  kWgmma = 3,     // bf16 wgmma (as kMma, on sm_90a devices): TMA, 128 x 256 tiles, persistent
+  kWgmma128 = 4,  // bf16 wgmma with cp.async, 128 x 128 tiles, two blocks per SM
 };
 const char* moe_gemm_path_name(MoeGemmPath path);
 
@@ -60,14 +60,17 @@ struct MoeSwigluArgs {
   int phases = 7;
 };
 
-// Whether `path` can run `a` on the current device (kAuto: always).
-bool moe_swiglu_supported(const MoeSwigluArgs& a, MoeGemmPath path);
-// The path kAuto resolves to.
-MoeGemmPath moe_swiglu_resolve(const MoeSwigluArgs& a, MoeGemmPath path);
-// Device scratch bytes the (resolved) path needs: the bf16 copy of x and h = silu(g) * u.
-size_t moe_swiglu_scratch_bytes(const MoeSwigluArgs& a, MoeGemmPath path);
-// Runs the resolved path; `scratch` holds moe_swiglu_scratch_bytes bytes, 256-byte aligned.
-void moe_grouped_swiglu(cudaStream_t stream, const MoeSwigluArgs& a, MoeGemmPath path,
+// What a call runs, decided once from the arguments and the current device: the resolved path
+// (kAuto resolves to the fastest supported one), whether it can run them, and the device scratch
+// it needs (the bf16 copy of x and h = silu(g) * u).
+struct MoeSwigluPlan {
+  MoeGemmPath path = MoeGemmPath::kSimt;
+  bool ok = false;
+  size_t scratch_bytes = 0;
+};
+MoeSwigluPlan moe_swiglu_plan(const MoeSwigluArgs& a, MoeGemmPath path);
+// Runs an ok plan; `scratch` holds plan.scratch_bytes bytes, 256-byte aligned.
+void moe_grouped_swiglu(cudaStream_t stream, const MoeSwigluArgs& a, const MoeSwigluPlan& plan,
                         void* scratch);
 
 }  // namespace loom::cuda::launch

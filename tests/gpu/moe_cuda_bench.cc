@@ -1,11 +1,11 @@
 // MoE forward benchmarks on the GPU with CUDA events (median of many timed calls after warm-up),
 // each next to a roofline measured in the same run:
 //  - the grouped SwiGLU (bf16 weights, Kimi-like D = 2048, I = 768 per expert, 64 local experts,
-//    512 and 2048 rows per expert) in TFLOP/s (2 R D I 3 FLOP: gate, up, down) against cuBLAS's
-//    bf16 GEMM (cublasGemmEx 8192^3, bf16 in and out, f32 compute), per GEMM path; its decode
-//    shape (a few rows per expert: every expert's weights streamed once) in GB/s of weights
-//    against the run's device-to-device copy; and each path's launches one by one (the x cast in
-//    GB/s, the gate/up and down GEMMs in TFLOP/s);
+//    512, 1024 and 2048 rows per expert, and a skewed routing of 512 on average) in TFLOP/s (2 R D
+//    I 3 FLOP: gate, up, down) against cuBLAS's bf16 GEMM (cublasGemmEx 8192^3, bf16 in and out,
+//    f32 compute), per GEMM path; its decode shape (a few rows per expert: every expert's weights
+//    streamed once) in GB/s of weights against the run's device-to-device copy; and each path's
+//    launches one by one (the x cast in GB/s, the gate/up and down GEMMs in TFLOP/s);
 //  - routing, permute and combine in GB/s of their compulsory traffic against the copy.
 // Inputs are random (never zeros); buffers larger than the 60 MB L2 make each call stream from HBM.
 // The ops run with a device workspace, as the engine runs them.
@@ -126,26 +126,55 @@ void bench_cublas() {
                 ms);
 }
 
-// Grouped SwiGLU with `rows` rows for each of E experts (balanced offsets), bf16 weights.
+// Rows per expert: `rows` each (balanced), or (rows < 0) a skewed routing of 512 rows per expert
+// on average: lognormal weights (sigma 0.7, a fixed seed), as a router's load imbalance gives
+// (here 132 to 1350 rows: 0.26x to 2.6x the mean).
+std::vector<int32_t> expert_rows(int64_t E, int64_t rows) {
+  std::vector<int32_t> n(static_cast<size_t>(E), static_cast<int32_t>(rows));
+  if (rows >= 0) return n;
+  std::mt19937 rng(2026);
+  std::normal_distribution<double> z(0.0, 0.7);
+  std::vector<double> w(static_cast<size_t>(E));
+  double sum = 0.0;
+  for (double& v : w) sum += v = std::exp(z(rng));
+  const int64_t total = 512 * E;
+  int64_t given = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    n[e] = static_cast<int32_t>(std::llround(w[e] / sum * static_cast<double>(total)));
+    given += n[e];
+  }
+  n[0] += static_cast<int32_t>(total - given);  // exactly 512 E rows in all
+  return n;
+}
+
+// Grouped SwiGLU over E = 64 experts with expert_rows(E, rows) rows each, D = 2048, I = 768.
 void bench_swiglu(int64_t rows, const char* path, bool f32_weights = false) {
-  const int64_t E = 64, D = 2048, I = 768, R = rows * E;
+  const int64_t E = 64, D = 2048, I = 768;
+  const std::vector<int32_t> counts = expert_rows(E, rows);
+  std::vector<int32_t> off(E + 1, 0);
+  for (int64_t e = 0; e < E; ++e) off[e + 1] = off[e] + counts[e];
+  const int64_t R = off[E];
   const DType wt = f32_weights ? DType::kF32 : DType::kBF16;
   const Tensor wg = random_device({E, I, D}, 0.02f, wt), wu = random_device({E, I, D}, 0.02f, wt);
   const Tensor wd = random_device({E, D, I}, 0.02f, wt);
   const Tensor x = random_device({R, D});
   Tensor y = Tensor::empty({R, D}, DType::kF32, Device::kCuda);
-  std::vector<int32_t> off(E + 1);
-  for (int64_t e = 0; e <= E; ++e) off[e] = static_cast<int32_t>(e * rows);
   const Tensor offd = device_i32(off, {E + 1});
+  const int iters = R >= 2048 * E ? 10 : 20;
   std::string ran;
   const double ms = median_ms(
       [&](int) {
         ran = cuda::moe_grouped_swiglu_on(gpu(), path, x, offd, wg, wu, wd, y, Tensor());
       },
-      rows >= 2048 ? 10 : 20, 2);
+      iters, 2);
   const double tfs = 6.0 * R * D * double{I} / (ms * 1e9);
-  const std::string name = "moe_swiglu_" + ran + (f32_weights ? "_f32w" : "_bf16w") +
-                           "_E64_D2048_I768_rows" + std::to_string(rows);
+  const std::string shape =
+      rows >= 0 ? "_rows" + std::to_string(rows)
+                : "_skewed_mean512_rows" +
+                      std::to_string(*std::min_element(counts.begin(), counts.end())) + "to" +
+                      std::to_string(*std::max_element(counts.begin(), counts.end()));
+  const std::string name =
+      "moe_swiglu_" + ran + (f32_weights ? "_f32w" : "_bf16w") + "_E64_D2048_I768" + shape;
   emit_gpubench((name + "_vs_cublas").c_str(), tfs, "TFLOP/s", g_cublas_tfs, ms);
   if (ran == "simt") return;
   // The launches one by one (each reads what the previous left in the scratch, as in the op).
@@ -154,7 +183,7 @@ void bench_swiglu(int64_t rows, const char* path, bool f32_weights = false) {
         [&](int) {
           cuda::moe_grouped_swiglu_on(gpu(), path, x, offd, wg, wu, wd, y, Tensor(), bits);
         },
-        rows >= 2048 ? 10 : 20, 2);
+        iters, 2);
   };
   const double conv = phase(1), gate_up = phase(2), down = phase(4);
   emit_gpubench((name + "_phase_x_to_bf16").c_str(), 6.0 * R * D / (conv * 1e6), "GB/s", g_copy_gbs,
@@ -253,21 +282,26 @@ bool device_is_sm90() {
 }  // namespace
 }  // namespace loom
 
-int main() {
+// `moe_cuda_bench swiglu` times only the grouped SwiGLU's tensor-core paths (with the copy and
+// cuBLAS rooflines); no argument runs everything.
+int main(int argc, char** argv) {
   using namespace loom;
+  const bool swiglu_only = argc > 1 && std::string(argv[1]) == "swiglu";
   cuda::init();
   cudaDeviceProp prop{};
   LOOM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
   bench_copy();
   bench_cublas();
-  for (int64_t rows : {512, 2048}) {
+  // Balanced 512 / 1024 / 2048 rows per expert, then the skewed routing (mean 512).
+  for (int64_t rows : {512, 1024, 2048, -1}) {
     if (device_is_sm90()) {
       bench_swiglu(rows, "wgmma");
-      bench_swiglu(rows, "wgmma128");
+      if (!swiglu_only) bench_swiglu(rows, "wgmma128");
     }
-    bench_swiglu(rows, "mma");
+    if (!swiglu_only && rows != 1024) bench_swiglu(rows, "mma");
   }
+  if (swiglu_only) return 0;
   bench_swiglu(512, "simt");
   bench_swiglu(512, "simt", true);
   for (int64_t T : {1, 8, 64}) bench_swiglu_decode(T);
