@@ -1,8 +1,8 @@
 // Host side of the varlen CUDA attention ops: the checks of kernels/cpu/attention.cc that need no
 // values from the device (shapes, dtypes, devices), the temporaries, then the launches:
 //   GQA: schedule, attention (attention_simt.cu), combine of split rows;
-//   MLA: schedule, q into latent space, attention over the latent cache (attention_mla_tc.cu or
-//        attention_simt.cu), combine + out of latent space (attention.cu).
+//   MLA: schedule, q into latent space, attention over the latent cache (attention_mla_wgmma.cu,
+//        attention_mla_tc.cu or attention_simt.cu), combine + out of latent space (attention.cu).
 #include "kernels/cuda/attention.h"
 
 #include <climits>
@@ -243,8 +243,9 @@ MlaCall check_latent(const char* fn, const Tensor& latent_pool, const Tensor& ro
 }
 
 // The latent attention's path, policy and bounds.
+enum class LatentPath { kSimt, kTc, kWgmma };
 struct LatentPlan {
-  bool tc = false;
+  LatentPath path = LatentPath::kSimt;
   int bn = 64, stages = 2;
   launch::AttnPolicy policy;
   launch::AttnBounds bounds;
@@ -257,10 +258,25 @@ LatentPlan plan_latent(const char* fn, const Exec& ex, const MlaCall& c, const A
              "%s: the tensor-core path needs bf16 pools, R = 512 and dr = 64 (%s pools, R = %d, "
              "dr = %d)",
              fn, c.a.kv_bf16 ? "bf16" : "f32", c.a.d1, c.a.d2);
-  p.tc = t.mla_path == 2 || (t.mla_path == 0 && tc_ok);
+  const bool wgmma_ok = tc_ok && launch::mla_wgmma_supported(c.a);
+  LOOM_CHECK(t.mla_path != 3 || wgmma_ok,
+             "%s: the wgmma path needs a compute capability 9.0 device, bf16 pools, R = 512 and "
+             "dr = 64 (%s pools, R = %d, dr = %d)",
+             fn, c.a.kv_bf16 ? "bf16" : "f32", c.a.d1, c.a.d2);
+  const int bn = t.tc_keys == 32 ? 32 : 64;
+  // By shape: the wgmma kernel where its tiles never cross a page (they are TMA boxes then).
+  if (t.mla_path == 3 || (t.mla_path == 0 && wgmma_ok && c.a.page_size % bn == 0)) {
+    p.path = LatentPath::kWgmma;
+  } else if (t.mla_path == 2 || (t.mla_path == 0 && tc_ok)) {
+    p.path = LatentPath::kTc;
+  }
   int rows_per_item = 1, key_block = 32;
-  if (p.tc) {
-    p.bn = t.tc_keys == 32 ? 32 : 64;
+  if (p.path == LatentPath::kWgmma) {
+    p.bn = bn;
+    p.stages = bn == 64 ? 2 : 4;
+    key_block = p.bn;
+  } else if (p.path == LatentPath::kTc) {
+    p.bn = bn;
     p.stages = p.bn == 64 ? 2 : (t.tc_stages == 3 ? 3 : 4);
     key_block = p.bn;
   } else {
@@ -279,10 +295,16 @@ LatentPlan plan_latent(const char* fn, const Exec& ex, const MlaCall& c, const A
 void run_latent(cudaStream_t stream, const launch::AttnArgs& a, const LatentPlan& p, int64_t N,
                 int64_t B) {
   launch::attn_schedule(stream, p.policy, a.cu, a.past, N, B, a.sched);
-  if (p.tc) {
-    launch::mla_attn_tc(stream, a, p.bounds.items, p.bn, p.stages);
-  } else {
-    launch::attn_simt(stream, a, 4, p.bounds.items);
+  switch (p.path) {
+    case LatentPath::kWgmma:
+      launch::mla_attn_wgmma(stream, a, p.bounds.items, p.bn);
+      break;
+    case LatentPath::kTc:
+      launch::mla_attn_tc(stream, a, p.bounds.items, p.bn, p.stages);
+      break;
+    case LatentPath::kSimt:
+      launch::attn_simt(stream, a, 4, p.bounds.items);
+      break;
   }
 }
 

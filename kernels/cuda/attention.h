@@ -41,11 +41,12 @@ void mla_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& latent_
 // `probe` change only how the result is computed (and so its rounding); `probe` breaks it on
 // purpose to time one half of the kernel, and only the benchmark sets it.
 struct AttentionTuning {
-  int mla_path = 0;    // 0: by shape; 1: CUDA cores; 2: tensor cores (needs what they need)
+  int mla_path = 0;    // 0: by shape; 1: CUDA cores; 2: tensor cores, mma.sync; 3: tensor cores,
+                       // TMA + wgmma (Hopper); 2 and 3 need what they need
   int min_chunk = 0;   // keys per split at least
   int max_splits = 0;  // splits at most (1: never split)
   int tc_keys = 0;     // tensor-core key tile: 32 or 64
-  int tc_stages = 0;   // tensor-core tile buffers: 2 (64 keys) or 3, 4 (32 keys)
+  int tc_stages = 0;   // mma.sync tile buffers: 2 (64 keys) or 3, 4 (32 keys); wgmma: fixed
   int gqa_qpw = 0;     // GQA query vectors per warp: 1 or 4
   int probe = 0;       // benchmarks only, wrong results: 1 times the arithmetic, 2 the loads
 };

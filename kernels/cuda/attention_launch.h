@@ -133,6 +133,13 @@ void attn_simt(cudaStream_t stream, const AttnArgs& a, int qpw, int64_t max_item
 bool mla_tc_supported(const AttnArgs& a);
 void mla_attn_tc(cudaStream_t stream, const AttnArgs& a, int64_t max_items, int bn, int stages);
 
+// The Hopper MLA kernel (attention_mla_wgmma.cu): what mla_tc_supported needs, a rope pool, fewer
+// than 2^31 pool rows, and a compute capability 9.0 device; the same units and outputs as
+// mla_attn_tc. bn: keys per tile, 64 (two stages) or 32 (four). Any page size; tiles that cross
+// a page are copied without TMA (slower), so pages of a multiple of bn keys are its case.
+bool mla_wgmma_supported(const AttnArgs& a);
+void mla_attn_wgmma(cudaStream_t stream, const AttnArgs& a, int64_t max_items, int bn);
+
 // Combines the partials of every split row into its output o (GQA).
 void attn_combine(cudaStream_t stream, const AttnArgs& a, int64_t max_split_rows);
 

@@ -8,10 +8,13 @@
 //    over the latent cache alone (mla_latent_attention_varlen: schedule, attention, combine);
 //    "op" rows the whole mla_attention_varlen (plus the two projections, which read kv_b, 16.8 MB
 //    of f32, every call). Bytes: the cache rows read, (512 + 64) * 2 per key and sequence.
-//    Variants: keys per split (min_chunk) and the tensor-core tile (keys, stages).
+//    Paths: the default (by shape: TMA + wgmma on the H200 with pages of 64), "_mma" the
+//    mma.sync kernel it replaced (attention_mla_tc.cu), "_wgmma" the wgmma kernel forced;
+//    variants: keys per split (min_chunk) and the key tile (keys, stages).
 //  - GQA decode (32 query heads over 8 KV heads of 128, f32 and bf16 caches) and prefill.
 // Caches are filled from a random block (never zeros); page ids are shuffled.
 // Prints "GPUBENCH <name> <achieved> <unit> <roofline> <fraction> <median ms>" lines.
+// LOOM_BENCH_ONLY=mla runs the copy and the MLA rows alone.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -139,10 +142,12 @@ void bench_mla_decode(Workspace& ws) {
     cuda::AttentionTuning t;
   };
   const std::vector<Variant> variants = {
+      {"mma", {.mla_path = 2}},
+      {"wgmma", {.mla_path = 3}},
+      {"wgmma_k32", {.mla_path = 3, .tc_keys = 32}},
       {"chunk512", {.min_chunk = 512}},
       {"chunk2048", {.min_chunk = 2048}},
-      {"k32s4", {.tc_keys = 32, .tc_stages = 4}},
-      {"k32s3", {.tc_keys = 32, .tc_stages = 3}},
+      {"mma_k32s4", {.mla_path = 2, .tc_keys = 32, .tc_stages = 4}},
   };
   for (int64_t B : {1, 8, 64}) {
     for (int64_t ctx : {4096, 32768, 131072}) {
@@ -182,17 +187,21 @@ void bench_mla_decode(Workspace& ws) {
                       "GB/s", g_copy_gbs, ms);
       }
       if ((B == 1 && ctx == 131072) || (B == 64 && ctx == 32768)) {
-        // Diagnostics: the arithmetic alone (probe 1), the loads alone (probe 2), and pages in
-        // order instead of shuffled over the whole pool.
-        cuda::AttentionTuning t;
-        t.probe = 1;
-        ms = core(t);
-        emit_gpubench(("mla_decode_core_" + shape + "_probe_math").c_str(), bytes / (ms * 1e6),
-                      "GB/s", g_copy_gbs, ms);
-        t.probe = 2;
-        ms = core(t);
-        emit_gpubench(("mla_decode_core_" + shape + "_probe_loads").c_str(), bytes / (ms * 1e6),
-                      "GB/s", g_copy_gbs, ms);
+        // Diagnostics, for both tensor-core kernels: the arithmetic alone (probe 1), the loads
+        // alone (probe 2); and pages in order instead of shuffled over the whole pool.
+        for (int path : {2, 3}) {
+          const std::string pn = path == 2 ? "_mma" : "_wgmma";
+          cuda::AttentionTuning t;
+          t.mla_path = path;
+          t.probe = 1;
+          ms = core(t);
+          emit_gpubench(("mla_decode_core_" + shape + pn + "_probe_math").c_str(),
+                        bytes / (ms * 1e6), "GB/s", g_copy_gbs, ms);
+          t.probe = 2;
+          ms = core(t);
+          emit_gpubench(("mla_decode_core_" + shape + pn + "_probe_loads").c_str(),
+                        bytes / (ms * 1e6), "GB/s", g_copy_gbs, ms);
+        }
         const Step in_order = make_step(B, 1, ctx - 1, ps, num_pages, false);
         ms = median_ms(
             [&] {
@@ -318,7 +327,8 @@ int main() {
   Workspace ws(Device::kCuda, size_t{1} << 30);
   bench_copy();
   bench_mla_decode(ws);
-  bench_gqa(ws);
+  const char* only = std::getenv("LOOM_BENCH_ONLY");
+  if (only == nullptr || std::string(only) != "mla") bench_gqa(ws);
   cuda::synchronize();
   return 0;
 }

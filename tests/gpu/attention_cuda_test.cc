@@ -16,8 +16,11 @@
 //    products in different orders (the GPU online, per key tile, with MLA in absorbed form where
 //    the CPU may take the expanded one), ~1e-6 apart; a dropped key of a 300-key context moves a
 //    row by ~1/300;
-//  - MLA on tensor cores (bf16 pools, R = 512, dr = 64): 1e-2. q and the softmax weights are
-//    rounded to bf16 (relative 2^-9 each) for the products: ~1e-3;
+//  - MLA on tensor cores (bf16 pools, R = 512, dr = 64; mma.sync or, on the H200 by default
+//    where pages hold whole key tiles, TMA + wgmma): 1e-2. q and the softmax weights are
+//    rounded to bf16 (relative 2^-9 each) for the products: ~1e-3. The wgmma kernel also runs
+//    forced onto pages of 16 (every tile crosses pages: its copy path without TMA) and on decode
+//    batches of 1, 3 and 37 rows whose contexts are not multiples of a tile or a page;
 //  - bf16 q and out: 1e-2 (the output rounding alone is ~2e-3 relative).
 // Batch invariance: every sequence's rows alone (B = 1) equal its rows in the batch bit for bit,
 // with splits (default) and without (batch-invariant mode); in batch-invariant mode a prefill
@@ -32,6 +35,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -355,6 +359,7 @@ TEST(AttentionCuda, MlaVarlen) {
   cuda::init();
   cuda::AttentionTuning simt;
   simt.mla_path = 1;
+  const cuda::AttentionTuning mma{.mla_path = 2}, wgmma{.mla_path = 3};
   const std::vector<MlaCase> cases = {
       {"h3_dn12_dr6_dv10_r20_ps16", {3, 12, 6, 10, 20}, 16},
       {"h3_dn12_dr0_dv10_r20_ps16", {3, 12, 0, 10, 20}, 16},
@@ -391,11 +396,89 @@ TEST(AttentionCuda, MlaVarlen) {
        DType::kF32,
        DType::kF32,
        {.max_splits = 1}},
+      {"deepseek_h32_ps64_bf16pool_mma", kDeepSeek, 64, DType::kBF16, DType::kF32, mma, 1e-2},
+      {"deepseek_h32_ps64_bf16pool_wgmma", kDeepSeek, 64, DType::kBF16, DType::kF32, wgmma, 1e-2},
+      {"deepseek_h32_ps16_bf16pool_wgmma", kDeepSeek, 16, DType::kBF16, DType::kF32, wgmma, 1e-2},
+      {"deepseek_h32_ps128_bf16pool_wgmma_k32",
+       kDeepSeek,
+       128,
+       DType::kBF16,
+       DType::kF32,
+       {.mla_path = 3, .tc_keys = 32},
+       1e-2},
+      {"h20_ps64_bf16pool_wgmma",
+       {20, 64, 64, 48, 512},
+       64,
+       DType::kBF16,
+       DType::kF32,
+       wgmma,
+       1e-2},
+      {"h40_ps64_bf16pool_wgmma_headtiles",
+       {40, 32, 64, 32, 512},
+       64,
+       DType::kBF16,
+       DType::kF32,
+       wgmma,
+       1e-2},
+      {"deepseek_h32_ps64_bf16pool_wgmma_chunk128",
+       kDeepSeek,
+       64,
+       DType::kBF16,
+       DType::kF32,
+       {.mla_path = 3, .min_chunk = 128},
+       1e-2},
   };
   for (const MlaCase& c : cases) run_mla(c, mixed_step(c.page_size));
   // A pure decode batch over long contexts and a single prefill.
   run_mla(cases[4], make_step(std::vector<int64_t>(7, 1), {9000, 1, 63, 64, 4097, 1025, 2}, 64));
   run_mla(cases[3], make_step({300}, {90}, 64));
+}
+
+// Decode batches for the tensor-core kernels at lengths that are not multiples of a key tile or
+// a page: batch 1, 3 and 37 (contexts 1..~2600), split (default) and not.
+TEST(AttentionCuda, MlaDecodeAwkward) {
+  cuda::init();
+  std::vector<int64_t> past37(37);
+  std::uniform_int_distribution<int64_t> len(0, 2600);
+  for (int64_t& p : past37) p = len(rng());
+  const std::vector<std::pair<std::string, Step>> steps = {
+      {"b1", make_step({1}, {4998}, 64)},
+      {"b3", make_step({1, 1, 1}, {1000, 64, 130}, 64)},
+      {"b37", make_step(std::vector<int64_t>(37, 1), past37, 64)},
+  };
+  for (const auto& [name, s] : steps) {
+    for (const MlaCase& c : std::vector<MlaCase>{
+             {"deepseek_decode_" + name + "_wgmma",
+              kDeepSeek,
+              64,
+              DType::kBF16,
+              DType::kF32,
+              {.mla_path = 3},
+              1e-2},
+             {"deepseek_decode_" + name + "_wgmma_k32",
+              kDeepSeek,
+              64,
+              DType::kBF16,
+              DType::kF32,
+              {.mla_path = 3, .tc_keys = 32},
+              1e-2},
+             {"deepseek_decode_" + name + "_wgmma_nosplit",
+              kDeepSeek,
+              64,
+              DType::kBF16,
+              DType::kF32,
+              {.mla_path = 3, .max_splits = 1},
+              1e-2},
+             {"deepseek_decode_" + name + "_mma",
+              kDeepSeek,
+              64,
+              DType::kBF16,
+              DType::kF32,
+              {.mla_path = 2},
+              1e-2},
+         })
+      run_mla(c, s);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -449,6 +532,8 @@ TEST(AttentionCuda, BatchInvariance) {
   const GqaInputs gi = gqa_inputs(g, s);
   const MlaCase tc{"deepseek_tc", kDeepSeek, 16, DType::kBF16};
   const MlaInputs ti = mla_inputs(tc, s);
+  MlaCase wg = tc;
+  wg.tuning.mla_path = 3;
   MlaCase sm{"small_simt", {3, 12, 6, 10, 20}, 16};
   const MlaInputs si = mla_inputs(sm, s);
 
@@ -487,11 +572,51 @@ TEST(AttentionCuda, BatchInvariance) {
     check_alone("batch_invariance_gqa_alone" + mode, s, gqa_op);
     check_alone("batch_invariance_mla_tc_alone" + mode, s, mla_op(tc, ti));
     check_alone("batch_invariance_mla_simt_alone" + mode, s, mla_op(sm, si));
+    check_alone("batch_invariance_mla_wgmma_ps16_alone" + mode, s, mla_op(wg, ti));
     if (invariant) {
       const int64_t at = s.lens[prefill] / 3;
       check_chunked("batch_invariance_gqa_chunked" + mode, s, prefill, at, gqa_op);
       check_chunked("batch_invariance_mla_tc_chunked" + mode, s, prefill, at, mla_op(tc, ti));
       check_chunked("batch_invariance_mla_simt_chunked" + mode, s, prefill, at, mla_op(sm, si));
+      check_chunked("batch_invariance_mla_wgmma_ps16_chunked" + mode, s, prefill, at,
+                    mla_op(wg, ti));
+    }
+  }
+}
+
+// The same for the wgmma kernel where its tiles are TMA boxes (pages of 64): a mixed batch and
+// a decode batch of 37 rows, each sequence alone against the batch, bit for bit.
+TEST(AttentionCuda, MlaWgmmaBatchInvariance) {
+  cuda::init();
+  std::vector<int64_t> past37(37);
+  std::uniform_int_distribution<int64_t> len(0, 3000);
+  for (int64_t& p : past37) p = len(rng());
+  for (const Step& s : {mixed_step(64), make_step(std::vector<int64_t>(37, 1), past37, 64)}) {
+    for (int keys : {64, 32}) {
+      const MlaCase c{"deepseek_wgmma", kDeepSeek,   64,
+                      DType::kBF16,     DType::kF32, {.mla_path = 3, .tc_keys = keys}};
+      const MlaInputs in = mla_inputs(c, s);
+      for (bool invariant : {false, true}) {
+        const Exec ex = invariant ? gpu_invariant() : gpu();
+        // Sequence b alone reads q rows [cu[b], cu[b + 1]) of the batch's q.
+        const auto op = [&](const Step& sub) {
+          int64_t r0 = 0;
+          if (sub.B != s.B) {
+            for (int64_t b = 0; b < s.B; ++b)
+              if (std::memcmp(sub.table.raw(), s.table.slice(0, b, b + 1).clone().raw(),
+                              sub.table.nbytes()) == 0)
+                r0 = s.cu[b];
+          }
+          const Tensor out = poisoned({sub.N, c.dims.heads, c.dims.v_dim});
+          cuda::mla_attention_varlen_tuned(ex, in.qd.slice(0, r0, r0 + sub.N), in.latent_d,
+                                           in.rope_d, sub.table_d, sub.cu_d, sub.past_d, in.kv_b_d,
+                                           c.dims, in.scale, out, c.tuning);
+          return out;
+        };
+        check_alone("batch_invariance_mla_wgmma_k" + std::to_string(keys) + "_B" +
+                        std::to_string(s.B) + "_alone" + (invariant ? "_invariant_mode" : ""),
+                    s, op);
+      }
     }
   }
 }
