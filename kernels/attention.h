@@ -21,10 +21,11 @@ struct CacheView {
   static CacheView contiguous(const Tensor& rows);  // rows: [S, row...]; pages -> {0}
   int64_t page_size() const { return pool.dim(1); }
   int64_t row_elems() const { return pool.numel() / (pool.dim(0) * pool.dim(1)); }
-  // Start of position j's row (host caches only; no bounds check beyond LOOM_CHECKs at kernel
-  // entry).
-  float* row(int64_t j) const {
-    return pool.data<float>() +
+  // Start of position j's row in the pool's element type T (float for f32 pools, uint16_t for
+  // bf16 ones; host caches only; no bounds check beyond LOOM_CHECKs at kernel entry).
+  template <typename T = float>
+  T* row(int64_t j) const {
+    return pool.data<T>() +
            (static_cast<int64_t>(page_ids()[j / page_size()]) * page_size() + j % page_size()) *
                row_elems();
   }
@@ -32,7 +33,7 @@ struct CacheView {
 };
 
 // Writes rows[i] to position start + i of `view` (its page table must cover those positions).
-// rows: [n, row...] f32.
+// rows: [n, row...] f32; the pool f32 or bf16 (rounded to nearest even).
 void cache_write_rows(const Exec& ex, const CacheView& view, int64_t start, const Tensor& rows);
 
 // MLA. The cache holds, per position, only the normalised latent c (rows of R = kv_lora_rank) and
@@ -74,8 +75,9 @@ void gqa_attention_forward(const Exec& ex, const Tensor& q, const CacheView& k_c
 //   past_lens: i64 [B].
 
 // cache_write_rows for every sequence: its rows go to positions past_lens[b] onwards. pool:
-// [num_pages, page_size, row...] f32 (or bf16 on CUDA: each value rounded to nearest even);
-// rows: [N, row...] f32. No page may be written by two sequences.
+// [num_pages, page_size, row...] f32 or bf16 (each value rounded to nearest even, bit for bit the
+// same on every backend); rows: [N, row...] f32. No page may be written by two sequences. The
+// attention ops below read either pool dtype.
 void cache_write_varlen(const Exec& ex, const Tensor& pool, const Tensor& page_table,
                         const Tensor& cu_seqlens, const Tensor& past_lens, const Tensor& rows);
 

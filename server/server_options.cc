@@ -36,9 +36,9 @@ ABSL_FLAG(bool, deterministic, false,
           "under any load, chunking, prefix-cache hit or preemption (slower; see "
           "docs/operations.md).");
 ABSL_FLAG(std::string, kv_dtype, "f32",
-          "Storage dtype of the attention KV pages: f32, or bf16 on a GPU (--device cuda): half "
-          "the bytes per cached token, so twice the pages for the same --cache_budget_mb, and "
-          "MLA decode on tensor cores. Linear-attention states stay f32.");
+          "Storage dtype of the attention KV pages: f32 or bf16 (half the bytes per cached "
+          "token, so twice the pages for the same --cache_budget_mb; on a GPU MLA decode then "
+          "runs on tensor cores). Linear-attention states stay f32.");
 ABSL_FLAG(int64_t, max_body_bytes, 4 << 20, "Largest request body accepted (413 beyond).");
 ABSL_FLAG(int64_t, max_header_bytes, 16 << 10, "Largest request header block (431 beyond).");
 ABSL_FLAG(int, max_queue, 256,
@@ -122,7 +122,7 @@ absl::StatusOr<ServerOptions> server_options_from_flags() {
   if (kv_dtype == "f32") {
     o.engine.kv_dtype = DType::kF32;
   } else if (kv_dtype == "bf16") {
-    o.engine.kv_dtype = DType::kBF16;  // the engine refuses it on the CPU (CacheStore::validate)
+    o.engine.kv_dtype = DType::kBF16;
   } else {
     return bad("kv_dtype", "must be f32 or bf16");
   }

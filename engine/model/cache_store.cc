@@ -76,21 +76,17 @@ absl::Status CacheStore::validate(const ModelConfig& cfg, const Options& o) {
     if (!is_float(dtype))
       return absl::InvalidArgumentError(absl::StrCat(
           "CacheStore: ", what, " ", std::string(dtype_name(dtype)), " is not a float type"));
-    // The CPU attention and convolution kernels read and write f32 pools only.
-    if (o.device.is_cpu() && dtype != DType::kF32)
-      return absl::InvalidArgumentError(
-          absl::StrCat("CacheStore: ", what, " ", std::string(dtype_name(dtype)),
-                       " on cpu: the CPU cache kernels read f32 pools only; use f32 on the host"));
   }
-  // The CUDA attention kernels read f32 or bf16 pages; the convolution kernels f32 tails.
-  if (o.device.is_cuda() && o.kv_dtype != DType::kF32 && o.kv_dtype != DType::kBF16)
+  // Both backends' attention kernels read f32 or bf16 pages (the CPU's widen a page at a time);
+  // the convolution kernels of both keep f32 tails.
+  if (o.kv_dtype != DType::kF32 && o.kv_dtype != DType::kBF16)
     return absl::InvalidArgumentError(absl::StrCat("CacheStore: kv_dtype ",
                                                    std::string(dtype_name(o.kv_dtype)), " on ",
                                                    device_name(o.device), ": use f32 or bf16"));
-  if (o.device.is_cuda() && o.act_dtype != DType::kF32)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CacheStore: act_dtype ", std::string(dtype_name(o.act_dtype)), " on ",
-        device_name(o.device), ": the CUDA convolution kernels keep f32 tails for now"));
+  if (o.act_dtype != DType::kF32)
+    return absl::InvalidArgumentError(
+        absl::StrCat("CacheStore: act_dtype ", std::string(dtype_name(o.act_dtype)), " on ",
+                     device_name(o.device), ": the convolution kernels keep f32 tails for now"));
 #ifndef LOOM_WITH_CUDA
   if (o.device.is_cuda())
     return absl::InvalidArgumentError(

@@ -42,9 +42,20 @@ void causal_softmax_rows(float* p, int64_t rows, int64_t ld, int64_t first_len,
   }
 }
 
+// A page's run of bf16 cache rows widened to f32 for sgemm (exact: bf16 is the top half of an
+// f32). One buffer a thread, reused: blocks() hands it to its callback, which is done with it
+// before the next run is widened.
+const float* widen_bf16_rows(const uint16_t* rows, int64_t elems) {
+  thread_local std::vector<float> buf;
+  buf.resize(static_cast<size_t>(elems));
+  for (int64_t i = 0; i < elems; ++i) buf[i] = bf16_to_f32(rows[i]);
+  return buf.data();
+}
+
 // Rows of keys or values: dense (row j at dense + j * ld) or a paged cache view (row j at
-// view->row(j) + col). blocks() yields maximal runs [j0, j1) that are contiguous in memory, so
-// every product below is one GEMM per page (one GEMM in all for a dense or contiguous cache).
+// view->row(j) + col; bf16 pages are widened a page at a time). blocks() yields maximal runs
+// [j0, j1) that are contiguous in memory, so every product below is one GEMM per page (one GEMM
+// in all for a dense or contiguous cache).
 struct Rows {
   const float* dense = nullptr;
   int64_t ld = 0;
@@ -63,7 +74,11 @@ struct Rows {
     const int64_t ps = view->page_size();
     for (int64_t j0 = 0; j0 < len;) {
       const int64_t j1 = std::min(len, (j0 / ps + 1) * ps);
-      f(j0, j1, view->row(j0) + col);
+      if (view->pool.dtype() == DType::kBF16) {
+        f(j0, j1, widen_bf16_rows(view->row<uint16_t>(j0), (j1 - j0) * stride()) + col);
+      } else {
+        f(j0, j1, view->row(j0) + col);
+      }
       j0 = j1;
     }
   }
@@ -126,7 +141,10 @@ struct MlaShapes {
 };
 
 void check_view(const char* fn, const char* what, const CacheView& v, int64_t row_elems) {
-  LOOM_CHECK_F32(v.pool);
+  LOOM_CHECK((v.pool.dtype() == DType::kF32 || v.pool.dtype() == DType::kBF16) &&
+                 v.pool.device().is_cpu() && v.pool.is_contiguous(),
+             "%s: %s pool %s, expected a contiguous f32 or bf16 host pool", fn, what,
+             v.pool.describe().c_str());
   LOOM_CHECK(v.pool.ndim() >= 2 && v.pages.dtype() == DType::kI32 && v.pages.ndim() == 1 &&
                  v.length >= 0 && v.row_elems() == row_elems,
              "%s: %s view of %s (length %lld) needs rows of %lld values", fn, what,
@@ -172,6 +190,10 @@ MlaShapes check_mla(const char* fn, const Tensor& q, const CacheView& cache_late
 
 void cache_write_rows(const CacheView& view, int64_t start, const Tensor& rows) {
   LOOM_CHECK_F32(rows);
+  LOOM_CHECK((view.pool.dtype() == DType::kF32 || view.pool.dtype() == DType::kBF16) &&
+                 view.pool.is_contiguous(),
+             "cache_write_rows: pool %s, expected a contiguous f32 or bf16 host pool",
+             view.pool.describe().c_str());
   const int64_t n = rows.ndim() >= 1 ? rows.dim(0) : 0;
   const int64_t w = view.row_elems();
   LOOM_CHECK(n == 0 || rows.numel() / n == w, "cache_write_rows: rows %s into rows of %lld",
@@ -186,7 +208,13 @@ void cache_write_rows(const CacheView& view, int64_t start, const Tensor& rows) 
                    view.page_ids()[j / view.page_size()] < view.pool.dim(0),
                "cache_write_rows: position %lld maps to page %d of %lld", static_cast<long long>(j),
                view.page_ids()[j / view.page_size()], static_cast<long long>(view.pool.dim(0)));
-    std::memcpy(view.row(j), rows.data<float>() + i * w, w * sizeof(float));
+    const float* src = rows.data<float>() + i * w;
+    if (view.pool.dtype() == DType::kBF16) {
+      uint16_t* dst = view.row<uint16_t>(j);
+      for (int64_t e = 0; e < w; ++e) dst[e] = f32_to_bf16(src[e]);
+    } else {
+      std::memcpy(view.row(j), src, w * sizeof(float));
+    }
   }
 }
 

@@ -292,40 +292,56 @@ bool bit_equal(const Tensor& a, const Tensor& b) {
 }
 
 // A varlen batch over paged pools: sequence b adds lens[b] rows after past[b] cached positions, in
-// shuffled pages of 16 rows (a page table padded with 0, spare pages never named). Every varlen op
-// equals its per-sequence op on each sequence's view, bit for bit (the same code runs), cache
-// writes included; MLA takes both forms across the batch.
-TEST(VarlenAttention, EqualsPerSequenceOpsExactly) {
-  std::mt19937 rng(950);
-  const std::vector<int64_t> lens = {1, 7, 64, 65, 130, 1}, past = {0, 40, 3, 100, 0, 77};
-  const int64_t B = static_cast<int64_t>(lens.size()), page = 16;
-  std::vector<int64_t> cu{0};
-  int64_t cols = 0, used = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    cu.push_back(cu.back() + lens[b]);
-    const int64_t need = (past[b] + lens[b] + page - 1) / page;
-    cols = std::max(cols, need);
-    used += need;
+// shuffled pages of 16 rows (a page table padded with 0, spare pages never named).
+struct VarlenBatch {
+  std::vector<int64_t> lens, past, cu{0};
+  int64_t B = 0, N = 0, num_pages = 0;
+  static constexpr int64_t kPage = 16;
+  Tensor table, cu_t, past_t;
+
+  VarlenBatch(std::vector<int64_t> l, std::vector<int64_t> p, std::mt19937& rng)
+      : lens(std::move(l)), past(std::move(p)), B(static_cast<int64_t>(lens.size())) {
+    int64_t cols = 0, used = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      cu.push_back(cu.back() + lens[b]);
+      const int64_t need = (past[b] + lens[b] + kPage - 1) / kPage;
+      cols = std::max(cols, need);
+      used += need;
+    }
+    N = cu.back();
+    num_pages = used + 5;
+    std::vector<int32_t> ids(num_pages);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    table = Tensor::zeros({B, cols}, DType::kI32);
+    cu_t = Tensor::empty({B + 1}, DType::kI64);
+    past_t = Tensor::empty({B}, DType::kI64);
+    std::copy(cu.begin(), cu.end(), cu_t.data<int64_t>());
+    std::copy(past.begin(), past.end(), past_t.data<int64_t>());
+    for (int64_t b = 0, next = 0; b < B; ++b)
+      for (int64_t pg = 0; pg < (past[b] + lens[b] + kPage - 1) / kPage; ++pg)
+        table.data<int32_t>()[b * cols + pg] = ids[next++];
   }
-  const int64_t N = cu.back(), num_pages = used + 5;
-  std::vector<int32_t> ids(num_pages);
-  std::iota(ids.begin(), ids.end(), 0);
-  std::shuffle(ids.begin(), ids.end(), rng);
-  Tensor table = Tensor::zeros({B, cols}, DType::kI32);
-  Tensor cu_t = Tensor::empty({B + 1}, DType::kI64), past_t = Tensor::empty({B}, DType::kI64);
-  std::copy(cu.begin(), cu.end(), cu_t.data<int64_t>());
-  std::copy(past.begin(), past.end(), past_t.data<int64_t>());
-  for (int64_t b = 0, next = 0; b < B; ++b)
-    for (int64_t p = 0; p < (past[b] + lens[b] + page - 1) / page; ++p)
-      table.data<int32_t>()[b * cols + p] = ids[next++];
-  auto view = [&](const Tensor& pool, int64_t b) {
+  CacheView view(const Tensor& pool, int64_t b) const {
     CacheView v;
     v.pool = pool;
     v.pages = table.select(b);
     v.length = past[b] + lens[b];
     return v;
-  };
-  auto rows = [&](const Tensor& t, int64_t b) { return t.slice(0, cu[b], cu[b + 1]); };
+  }
+  Tensor rows(const Tensor& t, int64_t b) const { return t.slice(0, cu[b], cu[b + 1]); }
+};
+
+// Every varlen op equals its per-sequence op on each sequence's view, bit for bit (the same code
+// runs), cache writes included; MLA takes both forms across the batch.
+TEST(VarlenAttention, EqualsPerSequenceOpsExactly) {
+  std::mt19937 rng(950);
+  const VarlenBatch vb({1, 7, 64, 65, 130, 1}, {0, 40, 3, 100, 0, 77}, rng);
+  const int64_t B = vb.B, N = vb.N, num_pages = vb.num_pages, page = VarlenBatch::kPage;
+  const std::vector<int64_t>&lens = vb.lens, &past = vb.past;
+  const Tensor &table = vb.table, &cu_t = vb.cu_t, &past_t = vb.past_t;
+  auto view = [&](const Tensor& pool, int64_t b) { return vb.view(pool, b); };
+  auto rows = [&](const Tensor& t, int64_t b) { return vb.rows(t, b); };
 
   const MlaDims m{3, 12, 6, 10, 20};
   EXPECT_EQ(mla_attention_form(130, 130, m, false), MlaForm::kExpanded);
@@ -375,6 +391,78 @@ TEST(VarlenAttention, EqualsPerSequenceOpsExactly) {
     cache_write_varlen(ex, vp, table, cu_t, past_t, v);
     gqa_attention_varlen(ex, qg, kp, vp, table, cu_t, past_t, 0.7f, ggot);
     EXPECT_TRUE(bit_equal(kp, kp_want) && bit_equal(vp, vp_want)) << "invariant " << invariant;
+    EXPECT_TRUE(bit_equal(ggot, gwant)) << "GQA, invariant " << invariant;
+  }
+}
+
+Tensor widen(const Tensor& bf16_pool) {
+  Tensor f = Tensor::empty(bf16_pool.shape());
+  for (int64_t i = 0; i < f.numel(); ++i)
+    f.data<float>()[i] = bf16_to_f32(bf16_pool.data<uint16_t>()[i]);
+  return f;
+}
+
+Tensor random_bf16_pool(Shape shape, std::mt19937& rng) {
+  Tensor t = Tensor::empty(shape, DType::kBF16);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<uint16_t>()[i] = f32_to_bf16(dist(rng));
+  return t;
+}
+
+// bf16 pages (--kv_dtype bf16) on the CPU: a write stores each value rounded to nearest even and
+// leaves every other row alone, and attention over bf16 pages equals, bit for bit, attention
+// over f32 pages holding the same (widened) values: the CPU widens a page at a time, exactly.
+// This is the reference the GPU's bf16 pages are held to (tests/gpu/model_cuda_test.cc).
+TEST(VarlenAttention, Bf16PagesEqualF32PagesOfTheSameValues) {
+  std::mt19937 rng(951);
+  const VarlenBatch vb({1, 9, 64, 33, 1}, {0, 40, 3, 100, 77}, rng);
+  const int64_t N = vb.N, P = vb.num_pages, page = VarlenBatch::kPage;
+  const MlaDims m{3, 12, 6, 10, 20};
+  for (bool invariant : {false, true}) {
+    Exec ex = host_exec();
+    ex.batch_invariant = invariant;
+    const Tensor latent = random_bf16_pool({P, page, 20}, rng),
+                 rope = random_bf16_pool({P, page, 6}, rng);
+    const Tensor latent_before = widen(latent), rope_before = widen(rope);
+    const Tensor c = random_tensor({N, 20}, rng, -1, 1), kr = random_tensor({N, 6}, rng, -1, 1);
+    cache_write_varlen(ex, latent, vb.table, vb.cu_t, vb.past_t, c);
+    cache_write_varlen(ex, rope, vb.table, vb.cu_t, vb.past_t, kr);
+    // Written rows hold the rounded values; every other row is unchanged.
+    const Tensor latent_f = widen(latent), rope_f = widen(rope);
+    int64_t written = 0;
+    for (int64_t b = 0; b < vb.B; ++b)
+      for (int64_t i = 0; i < vb.lens[b]; ++i) {
+        const CacheView lv = vb.view(latent_f, b), rv = vb.view(rope_f, b);
+        const int64_t j = vb.past[b] + i, r = vb.cu[b] + i;
+        for (int64_t e = 0; e < 20; ++e)
+          ASSERT_EQ(lv.row(j)[e], bf16_to_f32(f32_to_bf16(c.data<float>()[r * 20 + e])));
+        for (int64_t e = 0; e < 6; ++e)
+          ASSERT_EQ(rv.row(j)[e], bf16_to_f32(f32_to_bf16(kr.data<float>()[r * 6 + e])));
+        // Mark the row in the "before" copies so that the comparison below skips it.
+        std::copy(lv.row(j), lv.row(j) + 20, vb.view(latent_before, b).row(j));
+        std::copy(rv.row(j), rv.row(j) + 6, vb.view(rope_before, b).row(j));
+        ++written;
+      }
+    EXPECT_EQ(written, N);
+    EXPECT_TRUE(bit_equal(latent_f, latent_before) && bit_equal(rope_f, rope_before));
+
+    const Tensor q = random_tensor({N, 3, 18}, rng, -1, 1);
+    const Tensor kv_b = random_tensor({3 * 22, 20}, rng, -0.4f, 0.4f);
+    Tensor got = Tensor::empty({N, 3, 10}), want = Tensor::empty({N, 3, 10});
+    mla_attention_varlen(ex, q, latent, rope, vb.table, vb.cu_t, vb.past_t, kv_b, m, 0.5f, got);
+    mla_attention_varlen(ex, q, latent_f, rope_f, vb.table, vb.cu_t, vb.past_t, kv_b, m, 0.5f,
+                         want);
+    EXPECT_TRUE(bit_equal(got, want)) << "MLA, invariant " << invariant;
+
+    const Tensor kp = random_bf16_pool({P, page, 2, 9}, rng),
+                 vp = random_bf16_pool({P, page, 2, 7}, rng);
+    const Tensor k = random_tensor({N, 2, 9}, rng, -1, 1), v = random_tensor({N, 2, 7}, rng, -1, 1);
+    cache_write_varlen(ex, kp, vb.table, vb.cu_t, vb.past_t, k);
+    cache_write_varlen(ex, vp, vb.table, vb.cu_t, vb.past_t, v);
+    const Tensor qg = random_tensor({N, 6, 9}, rng, -1, 1);
+    Tensor ggot = Tensor::empty({N, 6, 7}), gwant = Tensor::empty({N, 6, 7});
+    gqa_attention_varlen(ex, qg, kp, vp, vb.table, vb.cu_t, vb.past_t, 0.7f, ggot);
+    gqa_attention_varlen(ex, qg, widen(kp), widen(vp), vb.table, vb.cu_t, vb.past_t, 0.7f, gwant);
     EXPECT_TRUE(bit_equal(ggot, gwant)) << "GQA, invariant " << invariant;
   }
 }
