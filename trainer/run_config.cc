@@ -70,6 +70,16 @@ absl::Status read_mqar(const json& q, std::string_view where, MqarOptions& m) {
   return absl::OkStatus();
 }
 
+absl::Status read_tool_dialogue(const json& q, std::string_view where, ToolDialogueOptions& t) {
+  LOOM_RETURN_IF_ERROR(only_keys(q, where, {"max_turns", "max_operand", "registry_size"}));
+  LOOM_RETURN_IF_ERROR(read(q, "max_turns", where, t.max_turns));
+  LOOM_RETURN_IF_ERROR(read(q, "max_operand", where, t.max_operand));
+  LOOM_RETURN_IF_ERROR(read(q, "registry_size", where, t.registry_size));
+  const absl::Status ok = t.validate();
+  if (!ok.ok()) return bad(where, std::string(ok.message()));
+  return absl::OkStatus();
+}
+
 // A number that must be finite and within [lo, hi].
 absl::Status in_range(const std::string& field, double x, double lo, double hi) {
   if (!std::isfinite(x) || x < lo || x > hi)
@@ -132,8 +142,8 @@ absl::Status read_stages(const json& j, RunConfig& c) {
   for (size_t i = 0; i < list.size(); ++i) {
     const std::string where = absl::StrCat("stages[", i, "]");
     const json& o = list[i];
-    LOOM_RETURN_IF_ERROR(
-        only_keys(o, where, {"seq_len", "rope_theta", "min_steps", "max_steps", "mqar"}));
+    LOOM_RETURN_IF_ERROR(only_keys(
+        o, where, {"seq_len", "rope_theta", "min_steps", "max_steps", "mqar", "tool_dialogue"}));
     StageConfig s;
     if (!o.contains("seq_len")) return bad(where + ".seq_len", "required");
     if (!o.contains("max_steps")) return bad(where + ".max_steps", "required");
@@ -157,6 +167,13 @@ absl::Status read_stages(const json& j, RunConfig& c) {
       if (!ok.ok()) return bad(where + ".mqar", std::string(ok.message()));
     } else if (o.contains("mqar")) {
       return bad(where + ".mqar", "only for data.task mqar");
+    }
+    s.tool_dialogue = c.tool_dialogue;
+    if (o.contains("tool_dialogue")) {
+      if (c.task != "tool_dialogue")
+        return bad(where + ".tool_dialogue", "only for data.task tool_dialogue");
+      LOOM_RETURN_IF_ERROR(
+          read_tool_dialogue(o["tool_dialogue"], where + ".tool_dialogue", s.tool_dialogue));
     }
     c.stages.push_back(s);
   }
@@ -184,13 +201,28 @@ absl::StatusOr<RunConfig> parse_run_config(std::string_view text) {
 
   if (!j.contains("data")) return bad("run.data", "required");
   const json& d = j["data"];
-  LOOM_RETURN_IF_ERROR(only_keys(d, "data", {"task", "mqar", "shards", "seq_len"}));
+  LOOM_RETURN_IF_ERROR(
+      only_keys(d, "data", {"task", "mqar", "tool_dialogue", "tokenizer", "shards", "seq_len"}));
   LOOM_RETURN_IF_ERROR(read(d, "task", "data", c.task));
   LOOM_RETURN_IF_ERROR(read(d, "seq_len", "data", c.seq_len));
+  // Each task's own fields are refused with another task, so a misplaced one cannot go unread.
+  for (const auto& [field, task] : {std::pair{"mqar", "mqar"},
+                                    {"tool_dialogue", "tool_dialogue"},
+                                    {"tokenizer", "tool_dialogue"},
+                                    {"shards", "shards"}})
+    if (d.contains(field) && c.task != task)
+      return bad(absl::StrCat("data.", field), absl::StrCat("only for data.task ", task));
   if (c.task == "mqar") {
     if (d.contains("mqar")) LOOM_RETURN_IF_ERROR(read_mqar(d["mqar"], "data.mqar", c.mqar));
     c.mqar.seq_len = c.seq_len;
     LOOM_RETURN_IF_ERROR(c.mqar.validate());
+  } else if (c.task == "tool_dialogue") {
+    if (d.contains("tool_dialogue"))
+      LOOM_RETURN_IF_ERROR(
+          read_tool_dialogue(d["tool_dialogue"], "data.tool_dialogue", c.tool_dialogue));
+    LOOM_RETURN_IF_ERROR(read(d, "tokenizer", "data", c.tokenizer));
+    if (d.contains("tokenizer") && c.tokenizer.empty())
+      return bad("data.tokenizer", "'byte', a tokenizer folder or a tokenizer.json");
   } else if (c.task == "shards") {
     if (!d.contains("shards") || !d["shards"].is_array() || d["shards"].empty())
       return bad("data.shards", "a non-empty list of shard files is required");
@@ -199,7 +231,7 @@ absl::StatusOr<RunConfig> parse_run_config(std::string_view text) {
       c.shards.push_back(s.get<std::string>());
     }
   } else {
-    return bad("data.task", absl::StrCat("'", c.task, "' (mqar or shards)"));
+    return bad("data.task", absl::StrCat("'", c.task, "' (mqar, tool_dialogue or shards)"));
   }
   if (c.seq_len < 2 || c.seq_len > (1 << 20)) return bad("data.seq_len", "must be in [2, 2^20]");
 

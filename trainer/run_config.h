@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "trainer/stages.h"
 #include "trainer/synthetic_tasks.h"
+#include "trainer/tool_dialogues.h"
 #include "trainer/train_step.h"
 
 namespace loom {
@@ -21,8 +22,12 @@ struct RunConfig {
   uint64_t model_seed = 1;
   std::string model_checkpoint;  // "model": {"checkpoint": DIR}
   // The data: a synthetic task, or token shards cut into sequences of seq_len.
-  std::string task;  // "mqar" or "shards"
+  std::string task;  // "mqar", "tool_dialogue" or "shards"
   MqarOptions mqar;
+  // tool_dialogue: the dialogues' options and the tokenizer that encodes them ("byte", a folder or
+  // a tokenizer.json; empty: the model folder's tokenizer, else the byte-level one).
+  ToolDialogueOptions tool_dialogue;
+  std::string tokenizer;
   std::vector<std::string> shards;
   int seq_len = 256;
   int batch_size = 8;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "trainer/synthetic_tasks.h"
+#include "trainer/tool_dialogues.h"
 
 namespace loom {
 
@@ -18,7 +19,8 @@ struct StageConfig {
   double rope_theta = 0;  // the RoPE base from this stage on; 0: leave it as it is
   int64_t min_steps = 0;
   int64_t max_steps = 1;
-  MqarOptions mqar;  // task mqar: data.mqar with the stage's overrides and seq_len
+  MqarOptions mqar;                   // task mqar: data.mqar with the stage's overrides and seq_len
+  ToolDialogueOptions tool_dialogue;  // task tool_dialogue: data.tool_dialogue with the overrides
 };
 
 // "Stable": the relative change between the mean loss of the last `window` steps and that of the

@@ -5,17 +5,20 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "engine/chat/chat_template.h"
 #include "engine/model/model.h"
 #include "nlohmann/json.hpp"
 #include "trainer/checkpoint.h"
 #include "trainer/stages.h"
 #include "trainer/token_shard.h"
+#include "trainer/tool_dialogues.h"
 #include "weights/weight_loader.h"
 
 namespace loom {
@@ -70,6 +73,62 @@ class ShardSampler {
  private:
   std::vector<TokenShard> shards_;
 };
+
+// The tool-dialogue task's encoder: the tokenizer (data.tokenizer, else the model folder's, else
+// the byte-level one, as loom-server and `eval` pick it), the files a checkpoint must carry so that
+// it is served and evaluated with that tokenizer, and the model family's chat format.
+struct DialogueEncoder {
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::vector<std::string> files;
+  ChatFormat format = ChatFormat::kNative;
+};
+
+absl::StatusOr<DialogueEncoder> dialogue_encoder(const RunConfig& c, const ModelConfig& cfg) {
+  DialogueEncoder enc;
+  std::string path = c.tokenizer;
+  if (path.empty()) {
+    const std::string folder = !c.model_checkpoint.empty()
+                                   ? c.model_checkpoint
+                                   : fs::path(c.model_config).parent_path().string();
+    path = Tokenizer::format_in_dir(folder.empty() ? "." : folder).empty() ? "byte" : folder;
+  }
+  std::error_code ec;
+  if (path == "byte") {
+    enc.tokenizer = Tokenizer::byte_level();
+  } else if (fs::is_directory(path, ec)) {
+    LOOM_ASSIGN_OR_RETURN(enc.tokenizer, Tokenizer::from_dir(path));
+    const fs::path dir(path);
+    for (const char* f : {"tokenizer.json", "tiktoken.model", "tokenizer_config.json"})
+      if (fs::exists(dir / f, ec)) enc.files.push_back((dir / f).string());
+  } else {
+    LOOM_ASSIGN_OR_RETURN(enc.tokenizer, Tokenizer::from_file(path));
+    if (fs::path(path).filename() != "tokenizer.json")
+      return absl::InvalidArgumentError(absl::StrCat(
+          "train: data.tokenizer ", path,
+          " must be named tokenizer.json (checkpoints carry it under its name for the server)"));
+    enc.files.push_back(path);
+  }
+  if (enc.tokenizer->vocab_size() > cfg.vocab_size)
+    return absl::InvalidArgumentError(
+        absl::StrCat("train: the tokenizer's ", enc.tokenizer->vocab_size(),
+                     " ids do not fit the model's vocabulary of ", cfg.vocab_size));
+  enc.format = chat_format_for_model_type(cfg.model_type);
+  return enc;
+}
+
+// One tool-use dialogue as a training example (the assistant turns scored). Examples are not
+// padded: TrainStep runs every example as its own sequence, so padding would only cost compute.
+// An example longer than seq_len is refused rather than cut, which would drop scored turns.
+absl::StatusOr<Example> draw_dialogue(const DialogueEncoder& enc, const ToolDialogueOptions& o,
+                                      int64_t seq_len, std::mt19937_64& rng) {
+  LOOM_ASSIGN_OR_RETURN(Example ex, make_tool_dialogue_example(*enc.tokenizer, enc.format,
+                                                               make_tool_dialogue(o, rng)));
+  if (static_cast<int64_t>(ex.tokens.size()) > seq_len)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train: a tool dialogue of ", ex.tokens.size(), " tokens is longer than seq_len ", seq_len,
+        " (raise data.seq_len or the stage's seq_len, or lower tool_dialogue.max_turns)"));
+  return ex;
+}
 
 // loss_by_position: the mean loss of the scored positions in each bucket (null where none).
 nlohmann::json loss_by_position(const StepStats& stats, int64_t seq_len, int64_t first) {
@@ -130,7 +189,10 @@ absl::StatusOr<RunSummary> run_training(const RunConfig& c, std::FILE* progress)
   int64_t max_len = staged ? 0 : c.seq_len;
   for (const StageConfig& s : c.stages) max_len = std::max<int64_t>(max_len, s.seq_len);
   std::unique_ptr<ShardSampler> shards;
-  if (c.task == "shards") {
+  std::optional<DialogueEncoder> dialogues;
+  if (c.task == "tool_dialogue") {
+    LOOM_ASSIGN_OR_RETURN(dialogues, dialogue_encoder(c, model->config()));
+  } else if (c.task == "shards") {
     LOOM_ASSIGN_OR_RETURN(ShardSampler s, ShardSampler::open(c, max_len, vocab));
     shards = std::make_unique<ShardSampler>(std::move(s));
   } else {
@@ -166,7 +228,8 @@ absl::StatusOr<RunSummary> run_training(const RunConfig& c, std::FILE* progress)
       meta["stage"] =
           nlohmann::json{{"index", stage}, {"steps", stage_steps}, {"losses", stage_losses}}.dump();
     const std::string dir = (fs::path(c.out) / absl::StrCat("checkpoint-", step.steps())).string();
-    LOOM_RETURN_IF_ERROR(save_checkpoint(dir, *model, step, meta));
+    LOOM_RETURN_IF_ERROR(save_checkpoint(
+        dir, *model, step, meta, dialogues ? dialogues->files : std::vector<std::string>{}));
     summary.last_checkpoint = dir;
     return absl::OkStatus();
   };
@@ -176,9 +239,16 @@ absl::StatusOr<RunSummary> run_training(const RunConfig& c, std::FILE* progress)
   for (int64_t i = 0; i < c.steps && !done; ++i) {
     const int64_t seq_len = staged ? c.stages[stage].seq_len : c.seq_len;
     const MqarOptions& mqar = staged ? c.stages[stage].mqar : c.mqar;
+    const ToolDialogueOptions& tool = staged ? c.stages[stage].tool_dialogue : c.tool_dialogue;
     std::vector<Example> batch;
-    for (int b = 0; b < c.batch_size; ++b)
-      batch.push_back(shards ? shards->draw(rng, seq_len) : make_mqar(mqar, rng));
+    for (int b = 0; b < c.batch_size; ++b) {
+      if (dialogues) {
+        LOOM_ASSIGN_OR_RETURN(Example ex, draw_dialogue(*dialogues, tool, seq_len, rng));
+        batch.push_back(std::move(ex));
+      } else {
+        batch.push_back(shards ? shards->draw(rng, seq_len) : make_mqar(mqar, rng));
+      }
+    }
     LOOM_ASSIGN_OR_RETURN(const StepStats stats, step.run(batch));
     tokens += stats.tokens;
     const double elapsed =
