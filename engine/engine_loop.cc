@@ -116,6 +116,7 @@ absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::create(const Model& mode
   if (cfg.eos_token_id >= 0) loop->eos_ids_.push_back(cfg.eos_token_id);
   loop->seeds_.seed(options.seed != 0 ? options.seed : std::random_device{}());
   loop->runner_ = std::make_unique<ModelRunner>(model, *loop->store_, options.deterministic);
+  loop->sampler_ = std::make_unique<BatchSampler>(model.device());
   // The largest step the scheduler can plan, so that no serving step grows the step data: the
   // token budget, every running sequence asking for logits, and the longest context's pages.
   StepShape largest;
@@ -218,11 +219,11 @@ void EngineLoop::step() {
 }
 
 StepResult EngineLoop::sample_and_emit(const BatchPlan& plan, const Tensor& logits) {
-  StepResult result;
-  int64_t row = 0;  // logits rows: one per sampling sequence, in plan order
+  // One logits row per sampling sequence, in plan order: every row is sampled in one call (on
+  // the logits' device), then the tokens are emitted in plan order.
+  step_choices_.clear();
+  slots_.clear();
   for (const SeqPlan& s : plan.seqs) {
-    SeqResult sr;
-    sr.request_id = s.request_id;
     LiveRequest* r = find_request(s.request_id);
     Choice* c = r ? &r->choices[index_of(s.request_id)] : nullptr;
     if (c != nullptr && !c->seen) {
@@ -230,20 +231,39 @@ StepResult EngineLoop::sample_and_emit(const BatchPlan& plan, const Tensor& logi
       stats_.prefix_query_tokens += static_cast<int64_t>(r->request.prompt.size());
       stats_.prefix_hit_tokens += s.start_pos;
     }
+    step_choices_.emplace_back(r, c);
+    if (!s.sample) continue;
+    SampleSlot slot;
+    if (c != nullptr && !c->done) {  // else cancelled meanwhile: the row is not sampled
+      const SamplingParams& sp = r->request.params;
+      slot = {.state = c->sampler.get(),
+              .params = &sp,
+              .eos_ids = sp.ignore_eos ? std::span<const int32_t>() : eos_ids_};
+    }
+    slots_.push_back(slot);
+  }
+  const std::vector<SampledToken>& tokens = sampler_->sample(logits, slots_);
+
+  StepResult result;
+  size_t row = 0;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const SeqPlan& s = plan.seqs[i];
+    SeqResult sr;
+    sr.request_id = s.request_id;
     if (!s.sample) {
       result.seqs.push_back(sr);
       continue;
     }
-    std::span<float> row_logits(logits.data<float>() + row * vocab_, vocab_);
+    const SampleSlot& slot = slots_[row];
+    const SampledToken& tok = tokens[row];
     ++row;
-    if (c == nullptr || c->done) {  // cancelled meanwhile: the scheduler ignores the result
+    if (slot.state == nullptr) {  // the scheduler ignores the result
       sr.token = 0;
       result.seqs.push_back(sr);
       continue;
     }
-    const SamplingParams& sp = r->request.params;
-    const SampledToken tok =
-        c->sampler->sample(row_logits, sp, sp.ignore_eos ? std::span<const int32_t>() : eos_ids_);
+    LiveRequest* r = step_choices_[i].first;
+    Choice* c = step_choices_[i].second;
     ++c->generated;
     ++stats_.generated_tokens;
     sr.token = tok.token;

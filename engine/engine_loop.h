@@ -3,7 +3,8 @@
 //
 //   plan      Scheduler::schedule()         which sequences run and how many tokens each
 //   forward   ModelRunner::run()            state slots prepared, one Model::forward -> logits
-//   sample    SamplerState (per choice)     one token per sequence that ends its known tokens
+//   sample    BatchSampler                  one token per sequence that ends its known tokens,
+//                                           on the logits' device (SamplerState per choice)
 //   emit      ChoiceText, RequestStream     text deltas, stop tokens and strings, output events
 //   complete  Scheduler::complete()         positions advance, finished sequences free their memory
 //
@@ -15,6 +16,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -23,6 +25,7 @@
 #include "core/tensor.h"
 #include "engine/engine.h"
 #include "engine/engine_inbox.h"
+#include "engine/sampling/batch_sampler.h"
 #include "scheduler/batch_plan.h"
 
 namespace loom {
@@ -30,7 +33,6 @@ namespace loom {
 class CacheStore;
 class ModelRunner;
 class Scheduler;
-struct SampledToken;
 
 class EngineLoop {
  public:
@@ -91,7 +93,12 @@ class EngineLoop {
   std::unique_ptr<CacheStore> store_;
   std::unique_ptr<Scheduler> sched_;
   std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<BatchSampler> sampler_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<LiveRequest>> live_;  // by request id
+  // sample_and_emit's per-step lists, kept for their capacity: the choice of each planned
+  // sequence (null when gone) and the sampler's slot of each logits row.
+  std::vector<std::pair<LiveRequest*, Choice*>> step_choices_;
+  std::vector<SampleSlot> slots_;
   std::mt19937_64 seeds_;  // seeds choices whose request brings none
   EngineStats stats_;      // counters and pool totals; publish_stats() adds the gauges
   int64_t closed_ = 0;     // streams closed since the last publish_stats()

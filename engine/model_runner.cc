@@ -1,8 +1,6 @@
 #include "engine/model_runner.h"
 
-#include "core/allocator.h"
 #include "core/status.h"
-#include "kernels/exec.h"
 #include "scheduler/id_pool.h"
 
 namespace loom {
@@ -53,17 +51,7 @@ absl::StatusOr<Tensor> ModelRunner::run(const BatchPlan& plan) {
     for (const SeqPlan& s : plan.seqs)
       if (s.save_to_slot >= 0) store_.copy_slot(s.state_slot, s.save_to_slot);
   }
-  if (logits.device().is_cpu()) return logits;
-  // The sampler runs on the host: one read-back, grown to the largest step seen (then reused).
-  const size_t bytes = logits.nbytes();
-  if (bytes > host_logits_bytes_) {
-    host_logits_ = allocate_buffer(bytes, Device::kCpu);
-    host_logits_bytes_ = bytes;
-  }
-  const Tensor host =
-      Tensor::wrap(host_logits_.get(), logits.shape(), logits.dtype(), Device::kCpu, host_logits_);
-  download(exec_for(logits.device()), host.raw(), logits.raw(), bytes);
-  return host;
+  return logits;
 }
 
 }  // namespace loom

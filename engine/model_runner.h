@@ -23,9 +23,9 @@ class ModelRunner {
   ModelRunner(const Model& model, CacheStore& store, bool batch_invariant);
 
   // Runs `plan`; returns logits [k, V] for the k entries with sample == true, in plan order, on
-  // the host (the sampler's side): on the host a view into the runner's workspace, on a GPU the
-  // runner's host buffer the step's logits were read back into (one transfer, which also waits
-  // for the step). Valid until the next run().
+  // the model's device: a view into the runner's workspace, valid until the next run(), which the
+  // caller may use as scratch (the BatchSampler does). On a GPU nothing is read back here: the
+  // sampler's kernels follow the step on the device's stream and download only the tokens.
   absl::StatusOr<Tensor> run(const BatchPlan& plan);
 
   // Sizes the step data for the largest step (the engine's limits), so that no step grows it.
@@ -42,8 +42,6 @@ class ModelRunner {
   const bool batch_invariant_;
   Workspace workspace_;
   StepData step_;
-  std::shared_ptr<void> host_logits_;  // GPU: where the logits are read back to
-  size_t host_logits_bytes_ = 0;
   ForwardBatch batch_;  // reused so its vectors keep their capacity from step to step
 };
 

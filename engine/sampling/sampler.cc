@@ -60,8 +60,21 @@ absl::Status SamplingParams::validate(int vocab_size) const {
   return absl::OkStatus();
 }
 
+float presence_frequency_penalty(const SamplingParams& p, int32_t count) {
+  return p.presence_penalty + p.frequency_penalty * static_cast<float>(count);
+}
+
 SamplerState::SamplerState(uint64_t seed, std::span<const int32_t> prompt) : rng_(seed) {
   for (int32_t t : prompt) prompt_tokens_[t] = true;
+}
+
+double SamplerState::next_uniform() {
+  return std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+}
+
+void SamplerState::record(int32_t token) {
+  ++output_counts_[token];
+  ++num_generated_;
 }
 
 namespace {
@@ -107,8 +120,7 @@ SampledToken SamplerState::sample(std::span<float> logits, const SamplingParams&
       if (!prompt_tokens_.contains(t)) penalise(t);
   }
   if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
-    for (const auto& [t, count] : output_counts_)
-      logits[t] -= p.presence_penalty + p.frequency_penalty * static_cast<float>(count);
+    for (const auto& [t, count] : output_counts_) logits[t] -= presence_frequency_penalty(p, count);
   }
   // min_tokens: no EOS or stop token yet.
   if (num_generated_ < p.min_tokens) {
@@ -162,7 +174,7 @@ SampledToken SamplerState::sample(std::span<float> logits, const SamplingParams&
     double total = 0.0;
     for (int64_t i = 0; i < keep; ++i) total += prob[i];
     // One uniform draw per token keeps the stream aligned whatever the filters did.
-    const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_) * total;
+    const double u = next_uniform() * total;
     double cum = 0.0;
     out.token = idx[keep - 1];
     for (int64_t i = 0; i < keep; ++i) {
@@ -173,10 +185,9 @@ SampledToken SamplerState::sample(std::span<float> logits, const SamplingParams&
       }
     }
   }
-  if (p.temperature == 0.0f) std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+  if (p.temperature == 0.0f) next_uniform();
   if (p.logprobs >= 0) fill_logprobs(raw, p.logprobs, out);
-  ++output_counts_[out.token];
-  ++num_generated_;
+  record(out.token);
   return out;
 }
 
