@@ -3,12 +3,14 @@
 # prints a results table. Meant for a machine with an NVIDIA GPU, nvcc, CMake and ninja; needs no
 # ../shared fixtures. Where Abseil, nlohmann-json, GoogleTest, OpenBLAS, pkg-config, PCRE2 or
 # utf8proc development files are missing (the lent H200 machines), it uses the Debian bookworm
-# packages unpacked from .device-deps/deps.tar.xz when that file exists (git-ignored through
-# .git/info/exclude; see bench/results/gpu-h200.md for how it is made).
+# packages unpacked from .device-deps/deps.tar.xz when that file exists, and gRPC's (libraries,
+# protoc, Python grpcio) from .device-deps/grpc.tar.xz (both git-ignored through
+# .git/info/exclude; bench/results/gpu-h200.md says how they are made). The model tests,
+# conformance and end-to-end tests read the fixtures carried in .device-fixtures.
 #
 #   bash tests/gpu/run.sh            # build only the GPU test and benchmark targets (and deps)
 #   LOOM_GPU_BUILD_ALL=1 bash ...    # build everything in the preset
-#   LOOM_GPU_SANITIZE=1 bash ...     # also run the tests (not the death tests) under memcheck
+#   LOOM_GPU_SANITIZE=1 bash ...     # also memcheck (cuda_kernels_test) and racecheck (kernel tests)
 #   LOOM_GPU_SUITE=kda_chunked bash  # only the chunked KDA test, benchmark and peer
 #   LOOM_GPU_NO_PEER=1 bash ...      # skip the flash-linear-attention peers (Triton compiles ~2 min)
 # When .peers/fla holds flash-linear-attention's source (git-ignored), its recurrent KDA decode and
@@ -26,6 +28,11 @@ if [ -f .device-deps/deps.tar.xz ]; then
   if [ ! -d "$dd/usr" ]; then
     mkdir -p "$dd" && tar -C "$dd" -xJf .device-deps/deps.tar.xz || exit 1
   fi
+  # gRPC, protobuf and their compilers (and Debian's Python grpcio for the end-to-end client),
+  # when carried: then loom-server serves gRPC on the GPU machine too.
+  if [ -f .device-deps/grpc.tar.xz ] && [ ! -x "$dd/usr/bin/protoc" ]; then
+    tar -C "$dd" -xJf .device-deps/grpc.tar.xz || exit 1
+  fi
   lib=$dd/usr/lib/x86_64-linux-gnu
   export CMAKE_PREFIX_PATH=$dd/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
   export LD_LIBRARY_PATH=$lib:$lib/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -35,6 +42,10 @@ if [ -f .device-deps/deps.tar.xz ]; then
   export CMAKE_POLICY_VERSION_MINIMUM=3.5
   extra+=(-DLOOM_OPENBLAS_LIB="$lib/openblas-pthread/libopenblas.so"
           -DLOOM_CBLAS_INCLUDE="$dd/usr/include/x86_64-linux-gnu/openblas-pthread")
+  if [ -x "$dd/usr/bin/protoc" ]; then
+    # The carried protoc and plugin, not any on the PATH: generated code must match the headers.
+    extra+=(-DLOOM_PROTOC="$dd/usr/bin/protoc" -DLOOM_GRPC_CPP_PLUGIN="$dd/usr/bin/grpc_cpp_plugin")
+  fi
   echo "run.sh: using carried packages from .device-deps ($dd)"
 fi
 
@@ -48,13 +59,17 @@ cmake --version | head -1
 t0=$(date +%s)
 # LOOM_BENCH=OFF: the CPU Google Benchmark binary is not needed here (the CUDA benchmark below
 # uses CUDA events and no Google Benchmark).
-# LOOM_SERVER=ON: the HTTP server (no gRPC there: the machine has no gRPC packages) for the
-# end-to-end test against a GPU-backed server below.
+# LOOM_SERVER=ON: the server (HTTP, and gRPC where gRPC is found or carried) for the end-to-end
+# tests against a GPU-backed server below.
 if ! cmake --preset cuda -DLOOM_BENCH=OFF -DLOOM_SERVER=ON "${extra[@]}" >"$logs/configure.log" 2>&1; then
   tail -40 "$logs/configure.log"; echo "run.sh: configure FAILED"; exit 1
 fi
 suite=${LOOM_GPU_SUITE:-all}
 targets=(--target gpu_tests kda_chunked_bench loom-conformance loom-server loom-bench-engine)
+# The gRPC client's Python stubs (build-cuda/python), where the server has gRPC.
+if cmake --build build-cuda --target help 2>/dev/null | grep -qE '^loom_python_client(:| )'; then
+  targets+=(loom_python_client)
+fi
 [ "$suite" = kda_chunked ] && targets=(--target kda_chunked_cuda_test kda_chunked_bench)
 [ "${LOOM_GPU_BUILD_ALL:-0}" = 1 ] && targets=()
 if ! cmake --build build-cuda -j "$jobs" "${targets[@]}" >"$logs/build.log" 2>&1; then
@@ -87,27 +102,23 @@ echo "run.sh: tests exit $test_rc in $(( $(date +%s) - t1 )) s"
 : >"$logs/conformance.log"
 if [ "$suite" = all ] && [ -d .device-fixtures ]; then
   t1=$(date +%s)
-  for f in .device-fixtures/*/; do
-    f=${f%/}
+  # conform FIXTURE SUFFIX ARGS...: unbatched and batched, one line each in conformance.log.
+  conform() {
+    local f=$1 suffix=$2 mode r
+    shift 2
     for mode in "" --batch; do
-      if build-cuda/bin/loom-conformance --fixture "$f" --device cuda --weight_dtype f32 $mode \
+      if build-cuda/bin/loom-conformance --fixture "$f" --device cuda "$@" $mode \
           >"$logs/conf.out" 2>&1; then r=PASS; else r=FAIL; test_rc=1; fi
-      echo "CONFORMANCE $(basename "$f")${mode:+_batch} $r $(tail -1 "$logs/conf.out" | grep -oE '"worst_[a-z_0-9]+":[0-9.e+-]+' | tr '\n' ' ')" \
+      echo "CONFORMANCE $(basename "$f")${mode:+_batch}$suffix $r $(tail -1 "$logs/conf.out" | grep -oE '"worst_[a-z_0-9]+":[0-9.e+-]+' | tr '\n' ' ')" \
         >>"$logs/conformance.log"
       cat "$logs/conf.out" >>"$logs/conformance.full.log"
     done
-  done
+  }
+  for f in .device-fixtures/*/; do conform "${f%/}" "" --weight_dtype f32; done
   # The bf16 path (bf16 weight matrices, GEMM inputs rounded to bf16) on the fixtures that record
   # the reference's own bf16 error: held to the bounds fixtures/README.md derives from it.
   for f in .device-fixtures/*_b0 .device-fixtures/*_fp8; do
-    [ -d "$f" ] || continue
-    for mode in "" --batch; do
-      if build-cuda/bin/loom-conformance --fixture "$f" --device cuda --dtype bf16 $mode \
-          >"$logs/conf.out" 2>&1; then r=PASS; else r=FAIL; test_rc=1; fi
-      echo "CONFORMANCE $(basename "$f")${mode:+_batch}_bf16 $r $(tail -1 "$logs/conf.out" | grep -oE '"worst_[a-z_0-9]+":[0-9.e+-]+' | tr '\n' ' ')" \
-        >>"$logs/conformance.log"
-      cat "$logs/conf.out" >>"$logs/conformance.full.log"
-    done
+    [ -d "$f" ] && conform "$f" _bf16 --dtype bf16
   done
   echo "run.sh: loom-conformance --device cuda in $(( $(date +%s) - t1 )) s"
 fi
@@ -131,6 +142,27 @@ if [ "$suite" = all ] && [ -x build-cuda/bin/loom-server ] && [ -d .device-fixtu
   else r=FAIL; test_rc=1; fi
   echo "run.sh: the same with --kv_dtype bf16 --deterministic: $r in $(( $(date +%s) - t1 )) s"
   tail -3 "$logs/http_e2e_bf16kv.log"
+  # gRPC (tests/integration/grpc_server_test.py, the Python client) when the server has it.
+  # The client needs Python's grpcio: the machine's python3, else the carried Debian Python 3.11
+  # with Debian's grpcio (Debian builds grpcio for its own Python only).
+  grpc_py=
+  if python3 -c "import grpc, google.protobuf" 2>/dev/null; then
+    grpc_py=python3
+  elif [ -x "${dd:-/nonexistent}/usr/bin/python3.11" ] &&
+       "$dd/usr/bin/python3.11" -c "import grpc, google.protobuf" 2>/dev/null; then
+    grpc_py=$dd/usr/bin/python3.11
+  fi
+  if [ -d build-cuda/python ] && [ -n "$grpc_py" ]; then
+    t1=$(date +%s)
+    if timeout 600 "$grpc_py" tests/integration/grpc_server_test.py --server build-cuda/bin/loom-server \
+        --model .device-fixtures/kimi_linear_s1 --pythonpath build-cuda/python \
+        --extra-args "--port 0 --max_n 3 --device cuda" --max-n 3 >"$logs/grpc_e2e.log" 2>&1
+    then r=PASS; else r=FAIL; test_rc=1; fi
+    echo "run.sh: grpc_server_test.py against loom-server --device cuda: $r in $(( $(date +%s) - t1 )) s"
+    tail -3 "$logs/grpc_e2e.log"
+  else
+    echo "run.sh: no gRPC end-to-end test (server built without gRPC, or no Python with grpcio)"
+  fi
 fi
 grep -E "^\[  FAILED|LOOM_CHECK|CUDA call|Failure" "$logs/test.log" | head -20
 
@@ -176,6 +208,14 @@ if [ "${LOOM_GPU_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null;
     >"$logs/sanitize.log" 2>&1
   echo "run.sh: compute-sanitizer memcheck exit $? ($(grep -c 'ERROR SUMMARY: 0' "$logs/sanitize.log") clean summaries)"
   tail -3 "$logs/sanitize.log"
+  # racecheck (shared-memory hazards) on every kernel test binary; the model tests run the same
+  # kernels at fixture sizes and are left out for time.
+  for t in build-cuda/tests/*_cuda_test; do
+    case $t in *model_*) continue ;; esac
+    timeout 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$t" \
+      --gtest_filter='-*ChecksAbort*:*Death*' >"$logs/racecheck.$(basename "$t").log" 2>&1
+    echo "run.sh: racecheck $(basename "$t") exit $? ($(grep -h 'RACECHECK SUMMARY' "$logs/racecheck.$(basename "$t").log" | head -1))"
+  done
 fi
 
 echo
