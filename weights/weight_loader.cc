@@ -93,6 +93,12 @@ WeightLoader WeightLoader::synthetic(const ModelConfig& cfg, uint64_t seed) {
   return w;
 }
 
+WeightLoader WeightLoader::generated(const ModelConfig& cfg, Generator generate) {
+  WeightLoader w(nullptr, cfg);
+  w.generate_ = std::move(generate);
+  return w;
+}
+
 DType WeightLoader::natural_matrix_dtype() const {
   if (!ckpt_) return DType::kF32;
   bool any_bf16 = false;
@@ -175,6 +181,16 @@ absl::StatusOr<Tensor> WeightLoader::load_experts(std::string_view canonical,
 absl::StatusOr<Tensor> WeightLoader::load_as(std::string_view canonical, const Shape& shape,
                                              DType dtype, ExpertRange rows) const {
   absl::StatusOr<Tensor> t;
+  if (generate_) {
+    Shape out = shape;
+    if (rows != all_rows(shape)) out[0] = rows.count();
+    // Straight into the arena, on its device: a generated model is never staged on the host.
+    const Tensor dst =
+        arena_ != nullptr ? arena_->allocate(canonical, out, dtype) : Tensor::empty(out, dtype);
+    LOOM_RETURN_IF_ERROR(generate_(canonical, shape, rows, dst));
+    if (record_ != nullptr) record_->emplace_back(std::string(canonical), dst);
+    return dst;
+  }
   if (ckpt_) {
     t = load_from_checkpoint(canonical, shape, dtype, rows);
   } else {

@@ -2,6 +2,7 @@
 // into a ParameterArena in the dtypes of a Placement.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -23,6 +24,15 @@ class WeightLoader {
   // untrained default model). Same seed, same name and shape: same values (f32; a bf16 placement
   // rounds them).
   static WeightLoader synthetic(const ModelConfig& cfg, uint64_t seed);
+  // Writes one tensor of a generated loader in place: `canonical`, the whole tensor's shape
+  // `full`, the rows [rows.begin, rows.end) of its dimension 0 that `dst` holds (the placement's
+  // experts of a routed-expert tensor, else every row) and `dst` itself: contiguous, of the
+  // asked dtype, in the arena (on its device) when the loader is placed, else on the host.
+  using Generator = std::function<absl::Status(std::string_view canonical, const Shape& full,
+                                               ExpertRange rows, const Tensor& dst)>;
+  // A loader whose tensors `generate` writes where they live (engine/model/random_weights.h):
+  // nothing is read, and on a device nothing is staged on the host. Matrices kAuto: f32.
+  static WeightLoader generated(const ModelConfig& cfg, Generator generate);
 
   // A copy of this loader that puts every tensor it loads into `arena` (not owned; it must
   // outlive the copy's loads) with the placement's dtypes: load() gives f32, load_matrix() and
@@ -75,7 +85,8 @@ class WeightLoader {
   // Destination memory: from the arena when placed, else a fresh host tensor.
   Tensor destination(std::string_view canonical, const Shape& shape, DType dtype) const;
 
-  std::shared_ptr<const Checkpoint> ckpt_;  // null for a synthetic loader
+  std::shared_ptr<const Checkpoint> ckpt_;  // null for a synthetic or generated loader
+  Generator generate_;                      // set for a generated loader
   ModelConfig cfg_;
   uint64_t seed_ = 0;
   Record* record_ = nullptr;

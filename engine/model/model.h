@@ -33,6 +33,13 @@ class Model {
                                                      const WeightLoader& weights,
                                                      const Placement& placement = {});
 
+  // A model with random weights (engine/model/random_weights.h) for the config.json at `path` (the
+  // file, or a directory holding it; any supported family), filled where `placement` puts them
+  // from `seed`: the same values on every device. Placement kAuto: bf16 matrices on a GPU, f32 on
+  // the host. Errors name the file and field, or the placement part this build cannot honour.
+  static absl::StatusOr<std::unique_ptr<Model>> load_random(const std::string& path, uint64_t seed,
+                                                            const Placement& placement = {});
+
   // The placement the weights were loaded with (its dtype resolved: kF32 or kBF16) and the arena
   // holding every parameter (frozen: immutable).
   const Placement& placement() const { return placement_; }
