@@ -3,6 +3,8 @@
 // there stops with a message naming the op.
 #include "kernels/moe.h"
 
+#include <cmath>
+
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/moe.h"
 #ifdef LOOM_WITH_CUDA
@@ -42,6 +44,26 @@ void moe_route_backward(const Exec& ex, const Tensor& logits, const Tensor& expe
   LOOM_CHECK_SHAPE(d_logits, t, e);
   if (ex.device.is_cpu()) {
     return cpu::moe_route_backward(logits, expert_ids, params, d_weights, d_logits);
+  }
+  no_kernel_for(ex, kOp);
+}
+
+void moe_aux_loss_forward_backward(const Exec& ex, const Tensor& logits, const Tensor& expert_ids,
+                                   RouterScore score, float alpha, const Tensor& loss,
+                                   const Tensor& d_logits) {
+  static constexpr const char* kOp = "moe_aux_loss_forward_backward";
+  LOOM_ON_EXEC_DEVICE(ex, kOp, logits, expert_ids, loss, d_logits);
+  for (const Tensor* t : {&logits, &loss, &d_logits}) LOOM_CHECK_F32(*t);
+  LOOM_CHECK(logits.ndim() == 2 && logits.dim(0) >= 1 && expert_ids.dtype() == DType::kI32 &&
+                 expert_ids.is_contiguous() && expert_ids.ndim() == 2 &&
+                 expert_ids.dim(0) == logits.dim(0) && expert_ids.dim(1) >= 1,
+             "%s: logits %s expert_ids %s", kOp, logits.describe().c_str(),
+             expert_ids.describe().c_str());
+  LOOM_CHECK(std::isfinite(alpha) && alpha >= 0.0f, "%s: alpha %g", kOp, alpha);
+  LOOM_CHECK_SHAPE(loss, 1);
+  LOOM_CHECK_SHAPE(d_logits, logits.dim(0), logits.dim(1));
+  if (ex.device.is_cpu()) {
+    return cpu::moe_aux_loss_forward_backward(logits, expert_ids, score, alpha, loss, d_logits);
   }
   no_kernel_for(ex, kOp);
 }

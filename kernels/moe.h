@@ -45,6 +45,25 @@ void moe_route_backward(const Exec& ex, const Tensor& logits, const Tensor& expe
                         const RouterParams& params, const Tensor& d_weights,
                         const Tensor& d_logits);
 
+// Training: the auxiliary load-balancing loss of one MoE layer over the T rows of `logits` (Switch
+// Transformer / GShard; DeepSeek-V3's sequence-wise form when the rows are one sequence), and its
+// gradient with respect to the logits:
+//   L = alpha * E * sum_e f_e * P_e,
+//   f_e = (slots of expert_ids routed to e) / (T K): constant (the selection is piecewise
+//         constant, so it carries no gradient; it counts the selection as made, bias included),
+//   P_e = (1 / T) sum_t p[t, e], p the router's scores normalised over the experts: softmax(l)
+//         for kSoftmax, s / sum_j s_j with s = sigmoid(l) for kSigmoid (DeepSeek-V3's s').
+// L is alpha when the slots are spread evenly. With c_e = alpha * E * f_e / T = dL/dp[t, e]:
+//   softmax: d_l[t, j] = p_j (c_j - sum_e p_e c_e);
+//   sigmoid: d_l[t, j] = s_j (1 - s_j) (c_j - sum_e p_e c_e) / sum_i s_i.
+// The selection bias takes no part in P and gets no gradient. logits: [T, E] f32; expert_ids:
+// [T, K] i32 in [0, E) (the forward's); loss: [1] f32 (written: L, summed in double in row order);
+// d_logits: [T, E] f32, ADDED to (moe_route_backward writes it first). Rows of d_logits are
+// independent and the loss is summed in one fixed order: the same bits for any thread count.
+void moe_aux_loss_forward_backward(const Exec& ex, const Tensor& logits, const Tensor& expert_ids,
+                                   RouterScore score, float alpha, const Tensor& loss,
+                                   const Tensor& d_logits);
+
 // An MoE layer's routed experts run as permute -> grouped expert GEMMs -> unpermute and combine.
 // A (token, choice) pair is a "slot", numbered t * K + i. Expert parallelism splits the chain
 // between ranks (engine/parallel/expert_dispatcher.h): each rank runs the grouped GEMMs of the

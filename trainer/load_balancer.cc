@@ -20,6 +20,25 @@ absl::Status QuantileBalancerOptions::validate() const {
   return absl::OkStatus();
 }
 
+std::string_view balance_method_name(BalanceMethod method) {
+  switch (method) {
+    case BalanceMethod::kNone:
+      return "none";
+    case BalanceMethod::kAuxLoss:
+      return "aux_loss";
+    case BalanceMethod::kQuantile:
+      return "quantile";
+  }
+  return "?";
+}
+
+absl::StatusOr<BalanceMethod> parse_balance_method(std::string_view name) {
+  for (BalanceMethod m : {BalanceMethod::kNone, BalanceMethod::kAuxLoss, BalanceMethod::kQuantile})
+    if (name == balance_method_name(m)) return m;
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", absl_sv(name), "' (none, aux_loss or quantile)"));
+}
+
 double count_quantile(std::span<const int64_t> counts, double q) {
   LOOM_CHECK(!counts.empty(), "count_quantile: no experts");
   std::vector<int64_t> sorted(counts.begin(), counts.end());
@@ -31,15 +50,13 @@ double count_quantile(std::span<const int64_t> counts, double q) {
   return static_cast<double>(sorted[lo]) + frac * static_cast<double>(sorted[hi] - sorted[lo]);
 }
 
-RoutingHealth quantile_balance_step(const QuantileBalancerOptions& options,
-                                    std::span<const int64_t> counts, std::span<float> bias) {
-  LOOM_CHECK(counts.size() == bias.size() && !counts.empty(),
-             "quantile_balance_step: %zu counts for %zu biases", counts.size(), bias.size());
+RoutingHealth routing_health(std::span<const int64_t> counts) {
+  LOOM_CHECK(!counts.empty(), "routing_health: no experts");
   RoutingHealth h;
   const double n = static_cast<double>(counts.size());
   int64_t total = 0, most = 0, idle = 0;
   for (int64_t c : counts) {
-    LOOM_CHECK(c >= 0, "quantile_balance_step: negative count %lld", static_cast<long long>(c));
+    LOOM_CHECK(c >= 0, "routing_health: negative count %lld", static_cast<long long>(c));
     total += c;
     most = std::max(most, c);
     idle += c == 0;
@@ -56,6 +73,14 @@ RoutingHealth quantile_balance_step(const QuantileBalancerOptions& options,
     }
     h.load_entropy = counts.size() > 1 ? entropy / std::log(n) : 1.0;
   }
+  return h;
+}
+
+RoutingHealth quantile_balance_step(const QuantileBalancerOptions& options,
+                                    std::span<const int64_t> counts, std::span<float> bias) {
+  LOOM_CHECK(counts.size() == bias.size() && !counts.empty(),
+             "quantile_balance_step: %zu counts for %zu biases", counts.size(), bias.size());
+  RoutingHealth h = routing_health(counts);
   const double low = count_quantile(counts, options.q_low);
   const double high = count_quantile(counts, options.q_high);
   const float eta = static_cast<float>(options.eta);

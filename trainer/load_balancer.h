@@ -10,11 +10,21 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace loom {
+
+// How a run keeps its MoE layers' load balanced (the run config's balance.method): not at all, by
+// the auxiliary load-balancing loss (Gradients::set_aux_loss_alpha; the selection bias stays as it
+// is), or by the quantile rule on the selection bias (the default; no loss term).
+enum class BalanceMethod : uint8_t { kNone, kAuxLoss, kQuantile };
+std::string_view balance_method_name(BalanceMethod method);  // "none", "aux_loss", "quantile"
+// InvalidArgument listing the three names for anything else.
+absl::StatusOr<BalanceMethod> parse_balance_method(std::string_view name);
 
 struct QuantileBalancerOptions {
   double q_low = 0.25;   // experts with a count below this quantile get bias += eta
@@ -40,6 +50,9 @@ struct RoutingHealth {
 // The q-quantile of `counts` with linear interpolation between order statistics (numpy's
 // default): q = 0 the smallest, q = 1 the largest.
 double count_quantile(std::span<const int64_t> counts, double q);
+
+// The load entropy, max violation and idle share of one layer's `counts` (no bias update).
+RoutingHealth routing_health(std::span<const int64_t> counts);
 
 // Updates `bias` (one entry per expert) from this step's `counts` and returns the step's health.
 // The counts must already be summed over every rank (data parallel), so every rank applies the

@@ -87,17 +87,38 @@ absl::Status in_range(const std::string& field, double x, double lo, double hi) 
   return absl::OkStatus();
 }
 
-// "balance": {"enabled", "eta", "q_low", "q_high"} and "routing_warnings": {"min_entropy",
-// "max_violation", "max_idle_fraction"}.
+// "balance": {"method", "enabled", "eta", "q_low", "q_high", "aux_alpha"} and "routing_warnings":
+// {"min_entropy", "max_violation", "max_idle_fraction"}. A method's options are refused with
+// another method, so that a run cannot silently ignore them.
 absl::Status read_balance(const json& j, RunConfig& c) {
   QuantileBalancerOptions& b = c.optimizer.balancer;
   if (j.contains("balance")) {
     const json& o = j["balance"];
-    LOOM_RETURN_IF_ERROR(only_keys(o, "balance", {"enabled", "eta", "q_low", "q_high"}));
-    if (o.contains("enabled")) {
-      if (!o["enabled"].is_boolean()) return bad("balance.enabled", "must be true or false");
-      c.optimizer.balance_experts = o["enabled"].get<bool>();
+    LOOM_RETURN_IF_ERROR(
+        only_keys(o, "balance", {"method", "enabled", "eta", "q_low", "q_high", "aux_alpha"}));
+    if (o.contains("method") && o.contains("enabled"))
+      return bad("balance.enabled", "give balance.method or balance.enabled, not both");
+    if (o.contains("method")) {
+      std::string name;
+      LOOM_RETURN_IF_ERROR(read(o, "method", "balance", name));
+      auto m = parse_balance_method(name);
+      if (!m.ok()) return bad("balance.method", std::string(m.status().message()));
+      c.optimizer.balance = *m;
     }
+    if (o.contains("enabled")) {  // the spelling before balance.method: false is "none"
+      if (!o["enabled"].is_boolean()) return bad("balance.enabled", "must be true or false");
+      c.optimizer.balance =
+          o["enabled"].get<bool>() ? BalanceMethod::kQuantile : BalanceMethod::kNone;
+    }
+    for (const char* key : {"eta", "q_low", "q_high"})
+      if (o.contains(key) && c.optimizer.balance != BalanceMethod::kQuantile)
+        return bad(absl::StrCat("balance.", key), "only for balance.method quantile");
+    if (o.contains("aux_alpha") && c.optimizer.balance != BalanceMethod::kAuxLoss)
+      return bad("balance.aux_alpha", "only for balance.method aux_loss");
+    LOOM_RETURN_IF_ERROR(read(o, "aux_alpha", "balance", c.optimizer.aux_loss_alpha));
+    if (!(c.optimizer.aux_loss_alpha > 0 && c.optimizer.aux_loss_alpha <= 1e3))
+      return bad("balance.aux_alpha",
+                 absl::StrCat(c.optimizer.aux_loss_alpha, " is outside (0, 1e3]"));
     LOOM_RETURN_IF_ERROR(read(o, "eta", "balance", b.eta));
     LOOM_RETURN_IF_ERROR(read(o, "q_low", "balance", b.q_low));
     LOOM_RETURN_IF_ERROR(read(o, "q_high", "balance", b.q_high));

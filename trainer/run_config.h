@@ -32,7 +32,8 @@ struct RunConfig {
   int seq_len = 256;
   int batch_size = 8;
   int64_t steps = 100;  // optimizer steps to run (the LR schedule's total_steps by default)
-  // "balance" and "routing_warnings" land in optimizer.balance_experts and optimizer.balancer.
+  // "balance" and "routing_warnings" land in optimizer.balance, optimizer.balancer and
+  // optimizer.aux_loss_alpha.
   OptimizerOptions optimizer;
   // Staged context extension (stages.h): empty for a single-length run. With stages, steps
   // defaults to the sum of their max_steps and caps the run.

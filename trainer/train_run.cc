@@ -258,6 +258,7 @@ absl::StatusOr<RunSummary> run_training(const RunConfig& c, std::FILE* progress)
                            {"grad_norm", stats.grad_norm}, {"lr", stats.lr},
                            {"tokens", stats.tokens},       {"tokens_per_s", tps},
                            {"elapsed_s", elapsed}};
+    if (c.optimizer.balance == BalanceMethod::kAuxLoss) line["aux_loss"] = stats.aux_loss;
     line["loss_by_position"] = loss_by_position(stats, seq_len, c.loss_bucket);
     StageEnd end = StageEnd::kNone;
     if (staged) {

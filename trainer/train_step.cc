@@ -11,6 +11,9 @@ namespace loom {
 absl::Status OptimizerOptions::validate() const {
   LOOM_RETURN_IF_ERROR(lr.validate());
   LOOM_RETURN_IF_ERROR(balancer.validate());
+  if (balance == BalanceMethod::kAuxLoss && !(aux_loss_alpha > 0 && aux_loss_alpha <= 1e3))
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer: aux_loss_alpha ", aux_loss_alpha, " outside (0, 1e3]"));
   if (!(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1 && eps > 0 && weight_decay >= 0))
     return absl::InvalidArgumentError(absl::StrCat("optimizer: beta1 ", beta1, " beta2 ", beta2,
                                                    " eps ", eps, " weight_decay ", weight_decay,
@@ -41,6 +44,9 @@ absl::StatusOr<TrainStep> TrainStep::create(const Model& model, const OptimizerO
 absl::StatusOr<StepStats> TrainStep::run(std::span<const Example> batch) {
   if (batch.empty()) return absl::InvalidArgumentError("training: an empty batch");
   grads_.zero();
+  grads_.set_aux_loss_alpha(options_.balance == BalanceMethod::kAuxLoss
+                                ? static_cast<float>(options_.aux_loss_alpha)
+                                : 0.0f);
   StepStats stats;
   std::vector<float> rows;
   for (const Example& ex : batch) {
@@ -58,6 +64,7 @@ absl::StatusOr<StepStats> TrainStep::run(std::span<const Example> batch) {
       ++stats.position_scored[t];
     }
   }
+  stats.aux_loss = grads_.aux_loss() / static_cast<double>(batch.size());
   // Global norm of the mean gradient, summed in the arena's order.
   const double mean = 1.0 / static_cast<double>(batch.size());
   Tensor sq = Tensor::empty({1});
@@ -88,16 +95,17 @@ absl::StatusOr<StepStats> TrainStep::run(std::span<const Example> batch) {
     s.weight_decay = mo.decay ? options_.weight_decay : 0.0f;
     adamw_update(host_exec(), s, mo.param, *g, mo.m, mo.v);
   }
-  if (options_.balance_experts) {
-    for (const auto& [bias_name, counts] : grads_.expert_counts()) {
-      const Tensor* bias = model_->parameters().find(bias_name);
-      if (bias == nullptr || bias->numel() != static_cast<int64_t>(counts.size()))
-        return absl::InternalError(
-            absl::StrCat("training: no selection bias ", bias_name, " for its expert counts"));
-      const RoutingHealth health = quantile_balance_step(
-          options_.balancer, counts, std::span<float>(bias->data<float>(), counts.size()));
-      stats.routing.push_back({bias_name, counts, health});
-    }
+  for (const auto& [bias_name, counts] : grads_.expert_counts()) {
+    const Tensor* bias = model_->parameters().find(bias_name);
+    if (bias == nullptr || bias->numel() != static_cast<int64_t>(counts.size()))
+      return absl::InternalError(
+          absl::StrCat("training: no selection bias ", bias_name, " for its expert counts"));
+    const RoutingHealth health =
+        options_.balance == BalanceMethod::kQuantile
+            ? quantile_balance_step(options_.balancer, counts,
+                                    std::span<float>(bias->data<float>(), counts.size()))
+            : routing_health(counts);
+    stats.routing.push_back({bias_name, counts, health});
   }
   return stats;
 }

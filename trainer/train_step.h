@@ -22,16 +22,22 @@ struct OptimizerOptions {
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
   float weight_decay = 0.1f;  // matrices only: norms, biases and gate parameters (1-D) get none
   double clip_norm = 1.0;     // global gradient norm bound; <= 0: no clipping
-  // Quantile load balancing of every MoE layer's selection bias after each step (no gradient).
-  bool balance_experts = true;
-  QuantileBalancerOptions balancer;
+  // MoE load balancing: quantile balancing of every MoE layer's selection bias after each step
+  // (no gradient; `balancer`), the auxiliary load-balancing loss with coefficient aux_loss_alpha
+  // added to each example's objective (kernels/moe.h, moe_aux_loss_forward_backward), or none.
+  BalanceMethod balance = BalanceMethod::kQuantile;
+  QuantileBalancerOptions balancer;  // the quantile rule's options and every method's warnings
+  double aux_loss_alpha = 1e-2;      // in (0, 1e3]; read with BalanceMethod::kAuxLoss only
 
   absl::Status validate() const;
 };
 
 struct StepStats {
-  int64_t step = 0;      // 1 for the first update
-  double loss = 0;       // mean over the micro-batch of each example's mean loss
+  int64_t step = 0;  // 1 for the first update
+  double loss = 0;   // mean over the micro-batch of each example's mean loss
+  // kAuxLoss: the mean over the micro-batch of each example's load-balancing loss (summed over
+  // the MoE layers), which the gradient includes and `loss` does not; 0 otherwise.
+  double aux_loss = 0;
   double grad_norm = 0;  // global norm of the mean gradient, before clipping
   double lr = 0;
   int64_t tokens = 0;  // tokens run through the model
@@ -39,8 +45,8 @@ struct StepStats {
   // losses and how many were scored (as long as the longest example), for loss_by_position.
   std::vector<double> position_loss;
   std::vector<int64_t> position_scored;
-  // Per MoE selection bias (canonical name): the step's expert counts and routing health, after
-  // the quantile balancer moved the bias (empty without MoE layers or with balancing off).
+  // Per MoE selection bias (canonical name): the step's expert counts and routing health, with
+  // kQuantile after the balancer moved the bias (empty without MoE layers with a selection bias).
   struct Routing {
     std::string bias;
     std::vector<int64_t> counts;
@@ -54,8 +60,9 @@ class TrainStep {
   // FailedPrecondition unless `model` was loaded trainable; InvalidArgument for bad options.
   static absl::StatusOr<TrainStep> create(const Model& model, const OptimizerOptions& options);
 
-  // One update from `batch` (each example's gradient averaged over the batch), then the quantile
-  // balancer on every MoE selection bias from the batch's expert counts.
+  // One update from `batch` (each example's gradient averaged over the batch; with kAuxLoss each
+  // example's objective is its loss plus its load-balancing loss), then, with kQuantile, the
+  // quantile balancer on every MoE selection bias from the batch's expert counts.
   absl::StatusOr<StepStats> run(std::span<const Example> batch);
   int64_t steps() const { return step_; }
 

@@ -128,9 +128,10 @@ class MoeFfn final : public Ffn {
   // Recomputes the router, the routing and the routed experts from x (the gate and up
   // pre-activations and the expert outputs kept for their backwards), then runs the backward:
   // combine (d_y and the gate weights' gradient), the grouped SwiGLU (expert weights), the router
-  // (its weight; the selection and the bias get no gradient), dispatch (the rows' gradient back to
-  // their tokens), and the shared expert with its optional sigmoid gate. d_x sums, in this order,
-  // the router's, the routed experts', the shared gate's and the shared expert's parts.
+  // (its weight, through the gate weights and, when Gradients asks for it, the auxiliary
+  // load-balancing loss; the selection and the bias get no gradient), dispatch (the rows' gradient
+  // back to their tokens), and the shared expert with its optional sigmoid gate. d_x sums, in this
+  // order, the router's, the routed experts', the shared gate's and the shared expert's parts.
   absl::Status backward(const ForwardContext& ctx, const Tensor& x, const Tensor& d_out,
                         const Tensor& d_x, Gradients& grads) const override {
     for (const Tensor* t : {&router_, &w_gate_, &w_up_, &w_down_})
@@ -172,8 +173,16 @@ class MoeFfn final : public Ffn {
     moe_grouped_swiglu_backward(ex, routed.rows, routed.offsets, w_gate_, w_up_, w_down_, gate_up,
                                 d_y, d_rows, grad("experts.gate", w_gate_),
                                 grad("experts.up", w_up_), grad("experts.down", w_down_));
-    Tensor d_logits = logits;  // read by nothing after moe_route_backward's own per-row reads
+    // d_logits takes the logits' memory (moe_route_backward reads each row before writing it),
+    // unless the load-balancing loss reads the logits after it.
+    const float alpha = grads.aux_loss_alpha();
+    Tensor d_logits = alpha > 0.0f ? ctx.take({n, e}) : logits;
     moe_route_backward(ex, logits, ids, params_, d_weights, d_logits);
+    if (alpha > 0.0f) {
+      Tensor aux = ctx.take({1});
+      moe_aux_loss_forward_backward(ex, logits, ids, params_.score, alpha, aux, d_logits);
+      grads.add_aux_loss(aux.data<float>()[0]);
+    }
     linear_backward(ex, x, router_, d_logits, d_x, 0.0f, grad("router.weight", router_));
     dispatcher_->dispatch_backward(ex, d_rows, routed, d_x);
 

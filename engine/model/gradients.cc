@@ -26,6 +26,7 @@ std::vector<std::string> Gradients::names() const {
 void Gradients::zero() {
   for (auto& [name, t] : grads_) t.fill(0.0f);
   counts_.clear();
+  aux_loss_ = 0.0;
 }
 
 void Gradients::add_expert_counts(const std::string& bias_name,

@@ -29,9 +29,21 @@ class Gradients {
   void add_expert_counts(const std::string& bias_name, const std::vector<int64_t>& counts);
   const std::map<std::string, std::vector<int64_t>>& expert_counts() const { return counts_; }
 
+  // The auxiliary load-balancing loss (the trainer's balance.method "aux_loss"): with alpha > 0,
+  // every MoE layer's backward adds alpha * E * sum_e f_e * P_e over the pass's tokens
+  // (kernels/moe.h, moe_aux_loss_forward_backward) to the objective whose gradient it
+  // accumulates, and its value to aux_loss(); Model::loss_and_gradients still returns the
+  // cross-entropy alone. zero() clears the sum, not alpha.
+  void set_aux_loss_alpha(float alpha) { aux_alpha_ = alpha; }
+  float aux_loss_alpha() const { return aux_alpha_; }
+  void add_aux_loss(double value) { aux_loss_ += value; }
+  double aux_loss() const { return aux_loss_; }
+
  private:
   std::map<std::string, Tensor, std::less<>> grads_;
   std::map<std::string, std::vector<int64_t>> counts_;
+  float aux_alpha_ = 0.0f;
+  double aux_loss_ = 0.0;
 };
 
 }  // namespace loom

@@ -224,6 +224,83 @@ void moe_route_backward(const Tensor& logits, const Tensor& expert_ids, const Ro
   }
 }
 
+// Shapes and dtypes are checked in kernels/moe.cc; the expert ids (data) here.
+void moe_aux_loss_forward_backward(const Tensor& logits, const Tensor& expert_ids,
+                                   RouterScore score, float alpha, const Tensor& loss,
+                                   const Tensor& d_logits) {
+  const int64_t t = logits.dim(0);
+  const int e = static_cast<int>(logits.dim(1));
+  const int64_t slots = expert_ids.numel();
+  const int32_t* idp = expert_ids.data<int32_t>();
+  std::vector<int64_t> count(e, 0);
+  for (int64_t j = 0; j < slots; ++j) {
+    LOOM_CHECK(idp[j] >= 0 && idp[j] < e,
+               "moe_aux_loss_forward_backward: expert_ids[%lld] = %d outside [0, %d)",
+               static_cast<long long>(j), idp[j], e);
+    ++count[idp[j]];
+  }
+  const float* lp = logits.data<float>();
+  float* dlp = d_logits.data<float>();
+  const bool sigmoid = score == RouterScore::kSigmoid;
+  // p[t, :] (the normalised scores) and s = sigmoid(l) (sigmoid only) of one row, in f32 as the
+  // router computes its scores; `inv` receives 1 / sum_j s_j (sigmoid) or 1.
+  auto probs = [&](const float* l, float* p, float* s, float& inv) {
+    if (sigmoid) {
+      float sum = 0.0f;
+      for (int j = 0; j < e; ++j) sum += (s[j] = 1.0f / (1.0f + std::exp(-l[j])));
+      inv = 1.0f / sum;
+      for (int j = 0; j < e; ++j) p[j] = s[j] * inv;
+    } else {
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int j = 0; j < e; ++j) mx = std::max(mx, l[j]);
+      float sum = 0.0f;
+      for (int j = 0; j < e; ++j) sum += (p[j] = std::exp(l[j] - mx));
+      for (int j = 0; j < e; ++j) p[j] /= sum;
+      inv = 1.0f;
+    }
+  };
+  // dL/dp[t, e] = alpha * E * f_e / T, the same for every row.
+  std::vector<float> c(e);
+  const double scale = static_cast<double>(alpha) * e / (static_cast<double>(slots) * t);
+  for (int j = 0; j < e; ++j) c[j] = static_cast<float>(scale * static_cast<double>(count[j]));
+  // The loss, in one fixed order: sum_e c_e * sum_t p[t, e] = alpha E sum_e f_e P_e.
+  {
+    std::vector<float> p(e), s(e);
+    std::vector<double> mass(e, 0.0);
+    float inv = 1.0f;
+    for (int64_t i = 0; i < t; ++i) {
+      probs(lp + i * e, p.data(), s.data(), inv);
+      for (int j = 0; j < e; ++j) mass[j] += p[j];
+    }
+    double sum = 0.0;
+    for (int j = 0; j < e; ++j) sum += scale * static_cast<double>(count[j]) * mass[j];
+    loss.data<float>()[0] = static_cast<float>(sum);
+  }
+#pragma omp parallel if (t * e > 16384)
+  {
+    std::vector<float> p(e), s(e), g(e);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < t; ++i) {
+      const float* l = lp + i * e;
+      float* dl = dlp + i * e;
+      float inv = 1.0f;
+      probs(l, p.data(), s.data(), inv);
+      float dot = 0.0f;  // sum_e p_e c_e
+      for (int j = 0; j < e; ++j) dot += p[j] * c[j];
+      if (sigmoid) {
+        // s (1 - s), with 1 - s = sigmoid(-l) (no cancellation near s = 1).
+        for (int j = 0; j < e; ++j)
+          g[j] = (c[j] - dot) * inv * (s[j] * (1.0f / (1.0f + std::exp(l[j]))));
+      } else {
+        for (int j = 0; j < e; ++j) g[j] = p[j] * (c[j] - dot);
+      }
+      // Added as finished values: in the loops above the compiler would fuse the last product
+      // with this sum (FMA), and d_logits would then depend on what it held before.
+      for (int j = 0; j < e; ++j) dl[j] += g[j];
+    }
+  }
+}
+
 void moe_permute(const Tensor& x, const Tensor& expert_ids, int64_t first_expert,
                  int64_t num_experts, const Tensor& offsets, const Tensor& row_of_slot,
                  const Tensor& x_sorted) {

@@ -10,6 +10,9 @@ void moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& par
                const Tensor& expert_ids, const Tensor& weights);
 void moe_route_backward(const Tensor& logits, const Tensor& expert_ids, const RouterParams& params,
                         const Tensor& d_weights, const Tensor& d_logits);
+void moe_aux_loss_forward_backward(const Tensor& logits, const Tensor& expert_ids,
+                                   RouterScore score, float alpha, const Tensor& loss,
+                                   const Tensor& d_logits);
 void moe_permute(const Tensor& x, const Tensor& expert_ids, int64_t first_expert,
                  int64_t num_experts, const Tensor& offsets, const Tensor& row_of_slot,
                  const Tensor& x_sorted);

@@ -1,8 +1,9 @@
 // The MoE backward ops (kernels/moe.h: moe_route_backward, moe_permute_backward,
-// moe_grouped_swiglu_backward, moe_unpermute_combine_backward) against central differences of
-// double-precision forwards (tests/unit/gradcheck_support.h describes the method), and
-// MoeFfn::backward through Model::loss_and_gradients against central differences of the f32 loss
-// along the gradient.
+// moe_grouped_swiglu_backward, moe_unpermute_combine_backward, and the load-balancing loss
+// moe_aux_loss_forward_backward) against central differences of double-precision forwards
+// (tests/unit/gradcheck_support.h describes the method), and MoeFfn::backward through
+// Model::loss_and_gradients (with and without the load-balancing loss) against central differences
+// of the f32 loss along the gradient.
 //
 // Routing is piecewise constant: a difference across a change of selection (or of the order of the
 // chosen experts, which decides which gate weight meets which output) measures a jump, not a
@@ -513,7 +514,109 @@ TEST(GroupedSwigluBackwardDeathTest, Bf16WeightsAbortNamingF32) {
 // ---------------------------------------------------------------------------------------------
 // Thread counts
 
-// The OpenMP ops (router, permute and combine backwards) give the same bits at any thread count
+// ---------------------------------------------------------------------------------------------
+// moe_aux_loss_forward_backward
+
+// alpha * E * sum_e f_e * P_e in double, as kernels/moe.h states it: f from the ids (constant),
+// P the mean over rows of the scores normalised over the experts.
+double aux_loss_ref(const std::vector<double>& logits, const Tensor& ids, int64_t t, int e,
+                    RouterScore score, double alpha) {
+  std::vector<double> count(e, 0.0), mass(e, 0.0);
+  for (int64_t i = 0; i < ids.numel(); ++i) count[ids.data<int32_t>()[i]] += 1;
+  for (int64_t row = 0; row < t; ++row) {
+    const double* l = logits.data() + row * e;
+    std::vector<double> p(e);
+    double sum = 0;
+    if (score == RouterScore::kSigmoid) {
+      for (int j = 0; j < e; ++j) sum += (p[j] = 1.0 / (1.0 + std::exp(-l[j])));
+    } else {
+      const double mx = *std::max_element(l, l + e);
+      for (int j = 0; j < e; ++j) sum += (p[j] = std::exp(l[j] - mx));
+    }
+    for (int j = 0; j < e; ++j) mass[j] += p[j] / sum;
+  }
+  double loss = 0;
+  for (int j = 0; j < e; ++j)
+    loss += count[j] / static_cast<double>(ids.numel()) * (mass[j] / static_cast<double>(t));
+  return alpha * e * loss;
+}
+
+struct AuxCase {
+  RouterScore score;
+  int64_t t;
+  int e, k;
+  float alpha;
+};
+
+class AuxLossBackward : public ::testing::TestWithParam<AuxCase> {};
+
+// The loss and its gradient (added onto what d_logits holds) against the double reference and its
+// central differences. The routing is the f32 router's on logits with a ramp across the experts,
+// so the load is uneven: with an even load c_e is one constant and the gradient vanishes
+// (sum_e p_e = 1), which would make the check empty. The bound is kGradTol's reasoning: a softmax
+// or sigmoid, one E-term sum and a product per element.
+TEST_P(AuxLossBackward, MatchesFiniteDifferences) {
+  const AuxCase c = GetParam();
+  std::mt19937 rng(static_cast<unsigned>(c.t * 31 + c.e));
+  Tensor logits = random_tensor({c.t, c.e}, rng, -1.5f, 1.5f);
+  for (int64_t row = 0; row < c.t; ++row)
+    for (int j = 0; j < c.e; ++j) logits.data<float>()[row * c.e + j] += 0.3f * (c.e - j);
+  RouterParams p;
+  p.score = c.score;
+  p.top_k = c.k;
+  Tensor ids = Tensor::empty({c.t, c.k}, DType::kI32), w = Tensor::empty({c.t, c.k});
+  moe_route(host_exec(), logits, Tensor(), p, ids, w);
+  std::vector<double> ld = to_double(logits);
+  const double want = aux_loss_ref(ld, ids, c.t, c.e, c.score, c.alpha);
+
+  Tensor loss = Tensor::full({1}, NAN), d_logits = Tensor::zeros({c.t, c.e});
+  moe_aux_loss_forward_backward(host_exec(), logits, ids, c.score, c.alpha, loss, d_logits);
+  std::printf("[gradcheck] aux loss %.9g, reference %.9g\n", loss.data<float>()[0], want);
+  EXPECT_NEAR(loss.data<float>()[0], want, 1e-6 * want);
+  const std::vector<double> fd =
+      central_diff([&] { return aux_loss_ref(ld, ids, c.t, c.e, c.score, c.alpha); }, ld);
+  expect_grad_close(c.score == RouterScore::kSigmoid ? "moe_aux_loss d_logits (sigmoid)"
+                                                     : "moe_aux_loss d_logits (softmax)",
+                    d_logits, fd, kGradTol);
+  // Added onto d_logits: one finished sum per element, exactly base + the gradient.
+  const Tensor base = random_tensor({c.t, c.e}, rng);
+  Tensor onto = base.clone();
+  moe_aux_loss_forward_backward(host_exec(), logits, ids, c.score, c.alpha, loss, onto);
+  expect_accumulated("moe_aux_loss d_logits", base, d_logits, onto);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, AuxLossBackward,
+                         ::testing::Values(AuxCase{RouterScore::kSigmoid, 7, 9, 3, 0.5f},
+                                           AuxCase{RouterScore::kSigmoid, 12, 16, 2, 1e-2f},
+                                           AuxCase{RouterScore::kSoftmax, 7, 9, 3, 0.5f},
+                                           AuxCase{RouterScore::kSoftmax, 5, 6, 1, 2.0f}));
+
+// An even load gives L = alpha whatever the probabilities, and no gradient (the slots' share is
+// the same 1 / E for every expert, and the probabilities sum to 1); all of the slots on one
+// expert gives alpha * E * P_e.
+TEST(AuxLossBackward, EvenAndConcentratedLoads) {
+  std::mt19937 rng(8);
+  const int64_t t = 6;
+  const int e = 6, k = 2;
+  const Tensor logits = random_tensor({t, e}, rng, -2.0f, 2.0f);
+  Tensor even = Tensor::empty({t, k}, DType::kI32);
+  for (int64_t i = 0; i < t * k; ++i) even.data<int32_t>()[i] = static_cast<int32_t>(i % e);
+  for (RouterScore score : {RouterScore::kSigmoid, RouterScore::kSoftmax}) {
+    Tensor loss = Tensor::empty({1}), d_logits = Tensor::zeros({t, e});
+    moe_aux_loss_forward_backward(host_exec(), logits, even, score, 0.25f, loss, d_logits);
+    EXPECT_NEAR(loss.data<float>()[0], 0.25f, 1e-7f);
+    for (int64_t i = 0; i < d_logits.numel(); ++i)
+      EXPECT_NEAR(d_logits.data<float>()[i], 0.0f, 1e-8f) << i;
+    Tensor one = Tensor::zeros({t, 1}, DType::kI32);  // every slot on expert 0
+    moe_aux_loss_forward_backward(host_exec(), logits, one, score, 0.25f, loss,
+                                  Tensor::zeros({t, e}));
+    const double p0 = aux_loss_ref(to_double(logits), one, t, e, score, 1.0) / e;  // P_0
+    EXPECT_NEAR(loss.data<float>()[0], 0.25 * e * p0, 1e-6);
+  }
+}
+
+// The OpenMP ops (router, permute, combine and load-balancing loss backwards) give the same bits at
+// any thread count
 // (sizes above their parallel thresholds). The grouped GEMMs are OpenBLAS's: fixed bits at a fixed
 // thread count only (docs/trainer.md).
 TEST(MoeBackward, SameBitsForAnyThreadCount) {
@@ -541,7 +644,12 @@ TEST(MoeBackward, SameBitsForAnyThreadCount) {
     moe_unpermute_combine_backward(host_exec(), y, perm.row_of_slot, w, d_out, d_y, d_w);
     Tensor d_x = Tensor::zeros({t, d});
     moe_permute_backward(host_exec(), d_y, perm.row_of_slot, d_x);
-    return std::vector<Tensor>{d_logits, d_soft, d_y, d_w, d_x};
+    Tensor aux = Tensor::empty({1}), aux_soft = Tensor::empty({1});
+    moe_aux_loss_forward_backward(host_exec(), logits, ids, RouterScore::kSigmoid, 0.01f, aux,
+                                  d_logits);
+    moe_aux_loss_forward_backward(host_exec(), logits, ids, RouterScore::kSoftmax, 0.01f, aux_soft,
+                                  d_soft);
+    return std::vector<Tensor>{d_logits, d_soft, d_y, d_w, d_x, aux, aux_soft};
   });
 }
 
@@ -614,7 +722,10 @@ constexpr double kModelGradTol = 1e-3;
 // of the f32 loss at steps h and h / 3 (a native checkpoint of the synthetic weights with that
 // tensor moved, loaded back), against the gradient's norm at both steps; every MoE layer's
 // routing must be the unmoved model's at both ends of both steps.
-void check_directions(const ModelConfig& cfg, const char* tag, std::span<const Direction> dirs) {
+// With `aux_alpha` > 0 the objective is the cross-entropy plus every MoE layer's load-balancing
+// loss (Gradients::set_aux_loss_alpha), differentiated and differenced alike.
+void check_directions(const ModelConfig& cfg, const char* tag, std::span<const Direction> dirs,
+                      float aux_alpha = 0.0f) {
   auto model = Model::load(cfg, WeightLoader::synthetic(cfg, 5));
   ASSERT_TRUE(model.ok()) << model.status();
   std::mt19937 rng(2);
@@ -622,8 +733,12 @@ void check_directions(const ModelConfig& cfg, const char* tag, std::span<const D
   std::vector<int32_t> tokens(29);
   for (int32_t& t : tokens) t = tok(rng);
   Gradients grads;
-  auto loss = (*model)->loss_and_gradients(tokens, grads);
-  ASSERT_TRUE(loss.ok()) << loss.status();
+  grads.set_aux_loss_alpha(aux_alpha);
+  auto ce = (*model)->loss_and_gradients(tokens, grads);
+  ASSERT_TRUE(ce.ok()) << ce.status();
+  const double aux = grads.aux_loss();
+  EXPECT_EQ(aux > 0, aux_alpha > 0) << "aux loss " << aux;
+  const double loss = *ce + aux;
 
   // The gradients' names and shapes: the experts as the weights hold them, no router bias.
   const int64_t e = cfg.moe.num_experts, in = cfg.moe.intermediate_size, d = cfg.hidden_size;
@@ -679,17 +794,25 @@ void check_directions(const ModelConfig& cfg, const char* tag, std::span<const D
       EXPECT_EQ(routing(**m, moved, tokens), routed)
           << dir_case.name << ": a token's experts changed at step " << h;
       Gradients unused;
-      return *(*m)->loss_and_gradients(tokens, unused);
+      unused.set_aux_loss_alpha(aux_alpha);
+      const double moved_ce = *(*m)->loss_and_gradients(tokens, unused);
+      return moved_ce + unused.aux_loss();
     };
     // The unmoved checkpoint gives the same loss: the round trip is exact.
-    ASSERT_EQ(loss_at(0.0), *loss);
+    ASSERT_EQ(loss_at(0.0), loss);
     const double h = dir_case.h;
     const double fd1 = (loss_at(h) - loss_at(-h)) / (2 * h);
     const double fd3 = (loss_at(h / 3) - loss_at(-h / 3)) / (2 * (h / 3));
     // The loss is an f32: a difference of two of them is a multiple of its ulp, so a central
-    // difference at step s resolves the derivative to ulp / (2 s) at best.
-    const float lf = static_cast<float>(*loss);
-    const double ulp = std::nextafter(lf, INFINITY) - lf;
+    // difference at step s resolves the derivative to ulp / (2 s) at best. Each MoE layer's
+    // load-balancing loss is an f32 too, of at most the sum's size.
+    auto ulp_of = [](double x) {
+      const float f = static_cast<float>(x);
+      return static_cast<double>(std::nextafter(f, INFINITY) - f);
+    };
+    int moe_layers = 0;
+    for (FfnType f : cfg.ffns) moe_layers += f == FfnType::kMoe;
+    const double ulp = ulp_of(*ce) + (aux > 0 ? moe_layers * ulp_of(aux) : 0.0);
     auto tol = [&](double step) { return kModelGradTol * norm + ulp / (2 * step); };
     std::printf(
         "[model gradients] %s %-34s |g| %.6g; central differences %.6g at h = %.0e (rel %.2e, "
@@ -720,6 +843,74 @@ TEST(MoeModelGradients, KimiMoeMatchesTheLossAlongTheGradient) {
       {"layers.3.moe.experts.down", 1e-2},  {"layers.1.moe.router.weight", 3e-3},
       {"layers.2.moe.router.weight", 1e-2}, {"layers.4.moe.shared.up_proj.weight", 1e-2}};
   check_directions(cfg, "kimi", dirs);
+}
+
+// The gradients of check_directions' model and tokens without and with the load-balancing loss
+// (alpha 1).
+std::pair<Gradients, Gradients> gradients_without_and_with_aux(const ModelConfig& cfg) {
+  auto model = Model::load(cfg, WeightLoader::synthetic(cfg, 5));
+  EXPECT_TRUE(model.ok()) << model.status();
+  std::vector<int32_t> tokens(29);
+  std::mt19937 rng(2);
+  std::uniform_int_distribution<int> tok(0, cfg.vocab_size - 1);
+  for (int32_t& t : tokens) t = tok(rng);
+  std::pair<Gradients, Gradients> out;
+  out.second.set_aux_loss_alpha(1.0f);
+  EXPECT_TRUE((*model)->loss_and_gradients(tokens, out.first).ok());
+  EXPECT_TRUE((*model)->loss_and_gradients(tokens, out.second).ok());
+  EXPECT_EQ(out.first.aux_loss(), 0.0);
+  return out;
+}
+
+// The load-balancing loss must be a sizeable part of a router's gradient, or a check of the sum
+// would pass without it: |g_with - g_without| / |g_without| > 0.1.
+void expect_large_aux_part(const std::pair<Gradients, Gradients>& g, const char* name) {
+  const Tensor& a = *g.first.find(name);
+  const Tensor& b = *g.second.find(name);
+  double diff = 0, norm = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    diff += std::pow(double{b.data<float>()[i]} - a.data<float>()[i], 2);
+    norm += std::pow(double{a.data<float>()[i]}, 2);
+  }
+  std::printf("[model gradients] aux part of %s: |g_aux - g| / |g| = %.3f\n", name,
+              std::sqrt(diff / norm));
+  EXPECT_GT(std::sqrt(diff / norm), 0.1) << name;
+}
+
+// The auxiliary load-balancing loss (alpha 1, so that its part of the routers' gradients is
+// large: measured 0.78 and 2.2 of the cross-entropy's) through the whole backward: the router
+// weights of two MoE layers, and the FFN norm of an MoE layer, whose gradient reaches it only
+// through d_x (the router's part included). Steps as above: the largest of 1e-2, 3e-3 and 1e-3
+// (3e-4 for the softmax router) at which no token's experts change; the load-balancing loss
+// pushes the routers towards their decision boundaries, so they are smaller than without it.
+TEST(MoeModelGradients, AuxLossMatchesTheLossAlongTheGradient) {
+  const ModelConfig cfg = kimi_kda_moe();
+  const auto g = gradients_without_and_with_aux(cfg);
+  expect_large_aux_part(g, "layers.1.moe.router.weight");
+  expect_large_aux_part(g, "layers.2.moe.router.weight");
+  // The last MoE layer's expert weights do not see the routing loss (earlier layers' do: the
+  // later routers' part of d_x reaches them through the residual stream), and no bias has a
+  // gradient (check_directions).
+  const Tensor& ga = *g.first.find("layers.4.moe.experts.up");
+  const Tensor& gb = *g.second.find("layers.4.moe.experts.up");
+  EXPECT_EQ(std::memcmp(ga.raw(), gb.raw(), ga.nbytes()), 0);
+  const Direction dirs[] = {{"layers.1.moe.router.weight", 3e-3},
+                            {"layers.2.moe.router.weight", 3e-3},
+                            {"layers.1.ffn_norm.weight", 3e-3}};
+  check_directions(cfg, "kimi_aux", dirs, 1.0f);
+}
+
+TEST(MoeModelGradients, SoftmaxAuxLossMatchesTheLossAlongTheGradient) {
+  ModelConfig cfg = kimi_kda_moe();
+  cfg.moe.score_sigmoid = false;
+  cfg.moe.has_score_bias = false;
+  cfg.moe.n_group = 1;
+  cfg.moe.topk_group = 1;
+  cfg.moe.routed_scaling = 1.0f;
+  expect_large_aux_part(gradients_without_and_with_aux(cfg), "layers.1.moe.router.weight");
+  const Direction dirs[] = {{"layers.1.moe.router.weight", 3e-4},
+                            {"layers.1.ffn_norm.weight", 3e-3}};
+  check_directions(cfg, "softmax_aux", dirs, 1.0f);
 }
 
 // The same model with qwen3_next's MoE: a softmax router without bias or groups, and the shared

@@ -1,10 +1,10 @@
 // Staged context extension and per-position losses (docs/trainer.md): the run config's stages,
-// balance and routing_warnings fields (each mistake names its field); the stage stability rule on
-// synthetic loss sequences; position buckets; Model::set_rope_theta changes a rotary model's
-// logits and setting the original theta back restores them bit for bit; the per-position losses of
-// loss_and_gradients average to its loss; a two-stage run (16 then 32 tokens, a new RoPE base)
-// switches stage in its metrics, logs loss_by_position, and resumes from a checkpoint in stage 2
-// with the uninterrupted run's losses exactly.
+// balance (each method and its options) and routing_warnings fields (each mistake names its field);
+// the stage stability rule on synthetic loss sequences; position buckets; Model::set_rope_theta
+// changes a rotary model's logits and setting the original theta back restores them bit for bit;
+// the per-position losses of loss_and_gradients average to its loss; a two-stage run (16 then 32
+// tokens, a new RoPE base) switches stage in its metrics, logs loss_by_position, and resumes from a
+// checkpoint in stage 2 with the uninterrupted run's losses exactly.
 #include <unistd.h>
 
 #include <cstring>
@@ -70,12 +70,12 @@ std::string message_of(const json& j) {
 
 TEST(StagedRunConfig, ParsesStagesBalanceAndWarnings) {
   json j = staged_run("/tmp/x");
-  j["balance"] = {{"enabled", false}, {"eta", 0.01}, {"q_low", 0.1}, {"q_high", 0.9}};
+  j["balance"] = {{"method", "quantile"}, {"eta", 0.01}, {"q_low", 0.1}, {"q_high", 0.9}};
   j["routing_warnings"] = {
       {"min_entropy", 0.5}, {"max_violation", 2.0}, {"max_idle_fraction", 0.2}};
   auto c = parse_run_config(j.dump());
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_FALSE(c->optimizer.balance_experts);
+  EXPECT_EQ(c->optimizer.balance, BalanceMethod::kQuantile);
   EXPECT_EQ(c->optimizer.balancer.eta, 0.01);
   EXPECT_EQ(c->optimizer.balancer.q_low, 0.1);
   EXPECT_EQ(c->optimizer.balancer.q_high, 0.9);
@@ -101,10 +101,29 @@ TEST(StagedRunConfig, ParsesStagesBalanceAndWarnings) {
   auto p = parse_run_config(plain.dump());
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_TRUE(p->stages.empty());
-  EXPECT_TRUE(p->optimizer.balance_experts);
+  EXPECT_EQ(p->optimizer.balance, BalanceMethod::kQuantile);
   EXPECT_EQ(p->optimizer.balancer.eta, QuantileBalancerOptions{}.eta);
   EXPECT_EQ(p->loss_bucket, 256);
   EXPECT_EQ(p->steps, 100);
+  // The other methods, and the spelling before balance.method.
+  const std::pair<json, BalanceMethod> methods[] = {
+      {{{"method", "none"}}, BalanceMethod::kNone},
+      {{{"method", "aux_loss"}}, BalanceMethod::kAuxLoss},
+      {{{"enabled", false}}, BalanceMethod::kNone},
+      {{{"enabled", true}}, BalanceMethod::kQuantile}};
+  for (const auto& [balance, want] : methods) {
+    json m = plain;
+    m["balance"] = balance;
+    auto parsed = parse_run_config(m.dump());
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(parsed->optimizer.balance, want) << balance.dump();
+    EXPECT_EQ(parsed->optimizer.aux_loss_alpha, OptimizerOptions{}.aux_loss_alpha);
+  }
+  json aux = plain;
+  aux["balance"] = {{"method", "aux_loss"}, {"aux_alpha", 0.003}};
+  auto a = parse_run_config(aux.dump());
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->optimizer.aux_loss_alpha, 0.003);
 }
 
 TEST(StagedRunConfig, NamesTheFieldOfEveryMistake) {
@@ -140,6 +159,38 @@ TEST(StagedRunConfig, NamesTheFieldOfEveryMistake) {
        },
        "balance.q_low"},
       {[](json& j) { j["balance"] = 3; }, "balance"},
+      {[](json& j) {
+         j["balance"] = {{"method", "switch"}};
+       },
+       "balance.method"},
+      {[](json& j) {
+         j["balance"] = {{"method", 1}};
+       },
+       "balance.method"},
+      {[](json& j) {
+         j["balance"] = {{"method", "none"}, {"enabled", false}};
+       },
+       "balance.enabled"},
+      {[](json& j) {
+         j["balance"] = {{"method", "aux_loss"}, {"eta", 0.1}};
+       },
+       "balance.eta"},
+      {[](json& j) {
+         j["balance"] = {{"method", "none"}, {"q_low", 0.1}};
+       },
+       "balance.q_low"},
+      {[](json& j) {
+         j["balance"] = {{"aux_alpha", 0.1}};
+       },
+       "balance.aux_alpha"},
+      {[](json& j) {
+         j["balance"] = {{"method", "aux_loss"}, {"aux_alpha", 0}};
+       },
+       "balance.aux_alpha"},
+      {[](json& j) {
+         j["balance"] = {{"method", "aux_loss"}, {"aux_alpha", -1}};
+       },
+       "balance.aux_alpha"},
       {[](json& j) {
          j["routing_warnings"] = {{"min_entropy", 2}};
        },

@@ -1,6 +1,6 @@
 // The trainer's optimizer step on the CPU: a small hybrid model (KDA and MLA mixers, dense FFNs,
 // synthetic weights) trained on MQAR for a few dozen steps lowers its loss, clipping bounds the
-// update, and a model loaded read-only is refused.
+// update, each load-balancing method does what it says, and a model loaded read-only is refused.
 #include "trainer/train_step.h"
 
 #include <cstdio>
@@ -105,6 +105,71 @@ TEST(TrainStep, BalancesEveryMoeLayersBias) {
       for (int64_t e = 0; e < b->numel(); ++e) EXPECT_EQ(b->data<float>()[e], want[e]) << r.bias;
     }
   }
+}
+
+// The other balancing methods leave the selection bias as it is and still report each layer's
+// routing health from the step's counts. With the auxiliary loss, the step's aux_loss is the mean
+// over the batch of the load-balancing loss Model::loss_and_gradients reports for each example
+// (the same alpha), `loss` stays the cross-entropy, and the update differs from one without it.
+TEST(TrainStep, AuxLossAndNoBalancingLeaveTheBias) {
+  auto cfg = load_model_config(loom::testing::kFixtures + "/kimi_linear_s1");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  for (MixerType& m : cfg->mixers) m = MixerType::kKda;
+  MqarOptions task;
+  task.num_pairs = 4;
+  task.seq_len = 24;
+  task.num_keys = 32;
+  task.value_begin = 33;
+  task.num_values = 32;
+  std::vector<float> router_after[2];
+  for (BalanceMethod method : {BalanceMethod::kNone, BalanceMethod::kAuxLoss}) {
+    auto model = Model::load(*cfg, WeightLoader::synthetic(*cfg, 3), Placement{.trainable = true});
+    ASSERT_TRUE(model.ok()) << model.status();
+    OptimizerOptions opt;
+    opt.lr = {.peak_lr = 1e-3, .min_lr = 1e-4, .warmup_steps = 0, .total_steps = 10};
+    opt.balance = method;
+    opt.aux_loss_alpha = 0.05;
+    auto step = TrainStep::create(**model, opt);
+    ASSERT_TRUE(step.ok()) << step.status();
+    const Tensor* bias = (*model)->parameters().find("layers.1.moe.router.bias");
+    ASSERT_NE(bias, nullptr);
+    const std::vector<float> bias_before(bias->data<float>(), bias->data<float>() + bias->numel());
+    std::mt19937_64 rng(4);
+    for (int s = 0; s < 2; ++s) {
+      std::vector<Example> batch = {make_mqar(task, rng), make_mqar(task, rng)};
+      Gradients oracle;
+      oracle.set_aux_loss_alpha(method == BalanceMethod::kAuxLoss ? 0.05f : 0.0f);
+      double ce = 0;
+      for (const Example& ex : batch)
+        ce += *(*model)->loss_and_gradients(ex.tokens, oracle, ex.loss_mask) / 2.0;
+      auto stats = step->run(batch);
+      ASSERT_TRUE(stats.ok()) << stats.status();
+      EXPECT_EQ(stats->loss, ce);
+      EXPECT_EQ(stats->aux_loss, oracle.aux_loss() / 2.0);
+      if (method == BalanceMethod::kAuxLoss) {
+        // Four MoE layers, each about alpha (its value at an even load) or more.
+        std::printf("[train step] aux loss at step %d: %.4f\n", s + 1, stats->aux_loss);
+        EXPECT_GT(stats->aux_loss, 4 * 0.05 * 0.9);
+      }
+      ASSERT_EQ(stats->routing.size(), 4u);
+      for (const StepStats::Routing& r : stats->routing) {
+        const RoutingHealth want = routing_health(r.counts);
+        EXPECT_EQ(r.health.max_violation, want.max_violation) << r.bias;
+        EXPECT_EQ(r.health.load_entropy, want.load_entropy) << r.bias;
+        EXPECT_EQ(r.health.bias_update_l1, 0.0) << r.bias;
+      }
+      EXPECT_EQ(std::vector<float>(bias->data<float>(), bias->data<float>() + bias->numel()),
+                bias_before);
+    }
+    const Tensor* router = (*model)->parameters().find("layers.1.moe.router.weight");
+    router_after[method == BalanceMethod::kAuxLoss].assign(router->data<float>(),
+                                                           router->data<float>() + router->numel());
+  }
+  EXPECT_NE(router_after[0], router_after[1]);
+  OptimizerOptions bad;
+  bad.balance = BalanceMethod::kAuxLoss;
+  bad.aux_loss_alpha = 0;
+  EXPECT_NE(bad.validate().message().find("aux_loss_alpha"), std::string::npos);
 }
 
 TEST(TrainStep, RefusesAReadOnlyModel) {
