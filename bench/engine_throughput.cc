@@ -13,9 +13,14 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
 #include "engine/engine.h"
+#include "engine/model/random_weights.h"
 #include "kernels/exec.h"
 
-ABSL_FLAG(std::string, model, "../shared/fixtures/kimi_linear_s1", "model directory");
+ABSL_FLAG(std::string, model, "../shared/fixtures/kimi_linear_s1",
+          "model directory (with --random_weights: a config.json or a directory holding one)");
+ABSL_FLAG(std::string, random_weights, "",
+          "SEED: random weights for --model's config.json, filled on the device (the server's "
+          "flag; e.g. --model bench/configs/kimi_linear_48b_a3b --random_weights 1)");
 ABSL_FLAG(std::string, concurrency, "1,8,32", "comma-separated concurrency levels");
 ABSL_FLAG(int, prompt_len, 128, "prompt tokens per request in the throughput runs");
 ABSL_FLAG(int, max_tokens, 64, "generated tokens per request");
@@ -46,8 +51,18 @@ std::unique_ptr<Engine> make_engine() {
       std::exit(2);
     }
   }
-  auto model =
-      Model::load(absl::GetFlag(FLAGS_model), Placement{.device = *device, .dtype = *dtype});
+  const Placement placement{.device = *device, .dtype = *dtype};
+  const std::string seed = absl::GetFlag(FLAGS_random_weights);
+  absl::StatusOr<uint64_t> random_seed = uint64_t{0};
+  if (!seed.empty()) random_seed = parse_random_weights_seed(seed);
+  if (!random_seed.ok()) {
+    std::fprintf(stderr, "loom-bench-engine: %s\n",
+                 std::string(random_seed.status().message()).c_str());
+    std::exit(2);
+  }
+  auto model = seed.empty()
+                   ? Model::load(absl::GetFlag(FLAGS_model), placement)
+                   : Model::load_random(absl::GetFlag(FLAGS_model), *random_seed, placement);
   if (!model.ok()) {
     std::fprintf(stderr, "loom-bench-engine: %s\n", std::string(model.status().message()).c_str());
     std::exit(1);

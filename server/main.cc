@@ -60,7 +60,8 @@ void raise_fd_limit() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "loom-server --model DIR [--host 127.0.0.1] [--port 8000] [--grpc_port -1] ...\n"
+      "loom-server --model DIR [--random_weights SEED] [--host 127.0.0.1] [--port 8000] "
+      "[--grpc_port -1] ...\n"
       "Serves an OpenAI-compatible HTTP API (and optionally gRPC). See docs/operations.md.");
   absl::ParseCommandLine(argc, argv);
   auto options = loom::server_options_from_flags();
@@ -81,8 +82,18 @@ int main(int argc, char** argv) {
   auto device = loom::parse_device(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return fail("bad flags", device.status());
   if (absl::Status st = loom::device_available(*device); !st.ok()) return fail("--device", st);
-  auto model = loom::Model::load(dir, loom::Placement{.device = *device, .dtype = *weight_dtype});
-  if (!model.ok()) return fail(absl::StrCat("loading ", dir), model.status());
+  const loom::Placement placement{.device = *device, .dtype = *weight_dtype};
+  auto model =
+      options->random_weights
+          ? loom::Model::load_random(options->model_path, *options->random_weights, placement)
+          : loom::Model::load(dir, placement);
+  if (!model.ok()) return fail(absl::StrCat("loading ", options->model_path), model.status());
+  if (options->random_weights) {
+    std::printf("loom-server: random weights (seed %llu) for %s: %.3f GB of parameters on %s\n",
+                static_cast<unsigned long long>(*options->random_weights),
+                options->model_path.c_str(), (*model)->parameters().bytes() / 1e9,
+                (*model)->placement().describe().c_str());
+  }
   const std::string model_type = (*model)->config().model_type;
   std::shared_ptr<const loom::Tokenizer> tokenizer;
   // tokenizer.json, or a TikToken folder (tiktoken.model + tokenizer_config.json, Kimi's).

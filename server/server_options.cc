@@ -5,10 +5,17 @@
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "engine/model/random_weights.h"
 
 ABSL_FLAG(std::string, model, "build/default-model",
           "Model directory: config.json + safetensors, optionally tokenizer.json (else the "
           "byte-level tokenizer) and an UNTRAINED marker file.");
+ABSL_FLAG(std::string, random_weights, "",
+          "SEED: serve random weights (deterministic in SEED, the same on every device) for the "
+          "config.json that --model names (the file, or a directory holding it); no checkpoint "
+          "is read. For production-shaped models without a download (bench/configs/); the "
+          "model is untrained and its text is noise.");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind the HTTP server to.");
 ABSL_FLAG(int, port, 8000, "HTTP port; 0 picks a free one (printed on stdout).");
 ABSL_FLAG(int, grpc_port, -1, "gRPC port; -1 disables the gRPC service, 0 picks a free one.");
@@ -68,6 +75,7 @@ namespace loom {
 absl::StatusOr<ServerOptions> server_options_from_flags() {
   ServerOptions o;
   o.model_dir = absl::GetFlag(FLAGS_model);
+  o.model_path = o.model_dir;
   o.http.host = absl::GetFlag(FLAGS_host);
   o.http.port = absl::GetFlag(FLAGS_port);
   o.grpc_port = absl::GetFlag(FLAGS_grpc_port);
@@ -134,11 +142,21 @@ absl::StatusOr<ServerOptions> server_options_from_flags() {
   }
 
   std::error_code ec;
+  if (const std::string seed = absl::GetFlag(FLAGS_random_weights); !seed.empty()) {
+    LOOM_ASSIGN_OR_RETURN(o.random_weights, parse_random_weights_seed(seed));
+    if (!std::filesystem::exists(o.model_path, ec)) {
+      return absl::NotFoundError(absl::StrCat("--model: ", o.model_path,
+                                              " does not exist (with --random_weights: a "
+                                              "config.json or a directory holding one)"));
+    }
+    o.model_dir = random_weights_model_dir(o.model_path);
+  }
   if (!std::filesystem::is_directory(o.model_dir, ec)) {
     return absl::NotFoundError(
         absl::StrCat("--model: ", o.model_dir, " is not a directory (see docs/operations.md)"));
   }
-  o.http.untrained = std::filesystem::exists(std::filesystem::path(o.model_dir) / "UNTRAINED", ec);
+  o.http.untrained = o.random_weights.has_value() ||
+                     std::filesystem::exists(std::filesystem::path(o.model_dir) / "UNTRAINED", ec);
   o.http.served_model_name = absl::GetFlag(FLAGS_served_model_name);
   if (o.http.served_model_name.empty()) {
     std::filesystem::path p = std::filesystem::weakly_canonical(o.model_dir, ec);

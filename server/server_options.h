@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,7 +43,11 @@ enum class ReasoningParser {
 };
 
 struct ServerOptions {
-  std::string model_dir;
+  std::string model_dir;  // the checkpoint; with random_weights, where the tokenizer etc. come from
+  // --random_weights SEED: the model's weights are random (engine/model/random_weights.h), for
+  // the config.json --model names (model_path: the file, or a directory holding it).
+  std::optional<uint64_t> random_weights;
+  std::string model_path;
   ReasoningParser reasoning_parser = ReasoningParser::kAuto;
   EngineOptions engine;
   HttpOptions http;

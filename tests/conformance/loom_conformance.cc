@@ -51,6 +51,9 @@ ABSL_FLAG(bool, batch, false, "run all prompts together in one varlen batch");
 ABSL_FLAG(bool, hidden, false, "also report per-layer hidden-state differences (full prefill)");
 ABSL_FLAG(bool, deterministic, false,
           "batch-invariant numerics (the engine's --deterministic): same bounds, other kernels");
+ABSL_FLAG(std::string, random_weights, "",
+          "refused: the goldens were computed from the fixture's own weights (the server's and "
+          "loom-bench-engine's flag)");
 
 namespace loom {
 namespace {
@@ -468,5 +471,12 @@ int main(int argc, char** argv) {
       "[--weight_dtype auto|f32|bf16] [--batch] "
       "[--hidden]");
   absl::ParseCommandLine(argc, argv);
+  if (!absl::GetFlag(FLAGS_random_weights).empty()) {
+    std::fprintf(stderr,
+                 "loom-conformance: --random_weights is not accepted: the goldens were computed "
+                 "from the fixture's own weights, so random ones cannot be checked against them "
+                 "(use loom-server or loom-bench-engine for random weights)\n");
+    return 2;
+  }
   return loom::run();
 }
