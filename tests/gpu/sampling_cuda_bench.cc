@@ -4,7 +4,8 @@
 // of the results (which waits for them). Roofline: reading the logits once, k * V * 4 bytes, at the
 // H200's measured copy rate (4.24 TB/s); a sampled row sorts its V entries and reads them several
 // times more, so it is far from that bound by design. For comparison, "host_readback" is what
-// the host sampler needed before any sampling began: the logits downloaded to the host.
+// the host sampler needed before any sampling began: the logits downloaded to the host. The
+// greedy_logprobs cases separate the log-sum-exp (logprobs 0) from the raw top-n picks.
 // Prints "GPUBENCH <name> <achieved> <unit> <roofline> <fraction> <median ms>" lines for
 // tests/gpu/run.sh.
 #include <cuda_runtime_api.h>
@@ -90,6 +91,8 @@ int main() {
   loom::cuda::init();
   const Case cases[] = {
       {"greedy", 0.0f, 0, 1.0f, -1, "auto"},
+      {"greedy_logprobs0", 0.0f, 0, 1.0f, 0, "auto"},
+      {"greedy_logprobs1", 0.0f, 0, 1.0f, 1, "auto"},
       {"greedy_logprobs20", 0.0f, 0, 1.0f, 20, "auto"},
       {"t1_topp09_segmented", 1.0f, 0, 0.9f, -1, "segmented"},
       {"t1_topp09_per_row", 1.0f, 0, 0.9f, -1, "per_row"},
