@@ -49,7 +49,9 @@ absl::StatusOr<RandomInit> random_init(const ModelConfig& cfg, std::string_view 
   const double fan_in = static_cast<double>(full[full.ndim() - 1]);
   if (ends_with(canonical, "conv.weight"))
     return RandomInit{0.0f, static_cast<float>(1 / std::sqrt(fan_in))};
-  if (canonical == "embed.weight") return with_variance(1.0);
+  // A tied table is also the output projection: it gets the matrices' variance.
+  if (canonical == "embed.weight")
+    return with_variance(cfg.tie_word_embeddings ? 1.0 / fan_in : 1.0);
   return with_variance(1.0 / fan_in);
 }
 
@@ -97,11 +99,15 @@ WeightLoader random_weight_loader(const ModelConfig& cfg, uint64_t seed) {
       cfg,
       [cfg, seed](std::string_view canonical, const Shape& full, ExpertRange rows,
                   const Tensor& dst) -> absl::Status {
-        LOOM_ASSIGN_OR_RETURN(const RandomInit init, random_init(cfg, canonical, full));
         // Counters run over the whole tensor, so a rank holding some experts gets the same rows
         // as a rank holding all of them.
         const int64_t row_elems = full.ndim() > 0 && full[0] > 0 ? full.numel() / full[0] : 0;
-        const RandomFillParams p{.key = random_fill_key(seed, canonical),
+        // Tied embeddings: lm_head holds the embedding's values, as the checkpoint loader maps
+        // both names to one tensor.
+        const std::string_view name =
+            cfg.tie_word_embeddings && canonical == "lm_head.weight" ? "embed.weight" : canonical;
+        LOOM_ASSIGN_OR_RETURN(const RandomInit init, random_init(cfg, name, full));
+        const RandomFillParams p{.key = random_fill_key(seed, name),
                                  .first = rows.begin * row_elems,
                                  .center = init.center,
                                  .half_width = init.half_width};

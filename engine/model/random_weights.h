@@ -29,7 +29,8 @@ struct RandomInit {
 // model of any depth runs a finite, non-degenerate forward:
 //  - matrices (projections, experts, router, lm_head, MLA's kv_b_proj): variance 1 / fan_in
 //    (fan_in = the last dimension), so each projection keeps its input's scale;
-//  - the embedding: variance 1 (the first norm rescales it anyway);
+//  - the embedding: variance 1 (the first norm rescales it anyway); a tied one (which lm_head then
+//    holds too: the same values, as a checkpoint's one tensor) the matrices' 1 / hidden;
 //  - short convolutions: PyTorch's Conv1d default, +-1/sqrt(kernel width);
 //  - norm weights 1 (0 where the config stores zero-centred weights, norm_weight_offset 1);
 //    biases and the router's score bias 0; Block-AttnRes pseudo-queries 0 (uniform block

@@ -17,6 +17,7 @@
 
 #include "engine/model/model.h"
 #include "kernels/random_fill.h"
+#include "nlohmann/json.hpp"
 
 namespace loom {
 namespace {
@@ -231,6 +232,67 @@ TEST(RandomWeights, Bf16AndExpertRangesAreTheSameValues) {
     EXPECT_TRUE(same_bits(e.tensor, ref.slice(0, 2, 5).clone())) << e.name;
   }
   EXPECT_GT(experts, 0);
+}
+
+// A tied config: lm_head holds the embedding's values (the checkpoint loader maps both names to
+// one tensor), drawn with the matrices' variance 1 / hidden.
+TEST(RandomWeights, TiedEmbeddingsShareTheirValues) {
+  std::ifstream in(kFixtures + "/kimi_linear_s0/config.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["tie_word_embeddings"] = true;
+  std::filesystem::create_directories(kTmp + "/random_weights_test");
+  const std::string path = kTmp + "/random_weights_test/tied.json";
+  std::ofstream(path) << j.dump();
+  auto m = Model::load_random(path, 4);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const Tensor& embed = *(*m)->parameters().find("embed.weight");
+  const Tensor& head = *(*m)->parameters().find("lm_head.weight");
+  ASSERT_EQ(embed.shape(), head.shape());
+  EXPECT_TRUE(same_bits(embed, head));
+  double sq = 0;
+  for (int64_t i = 0; i < embed.numel(); ++i)
+    sq += double(embed.data<float>()[i]) * embed.data<float>()[i];
+  EXPECT_NEAR(sq / embed.numel() * embed.dim(1), 1.0, 0.05);
+}
+
+// Depth: the 48B config's 27 layers (20 KDA + 7 MLA, MoE with a shared expert) at small widths
+// keep a finite, non-degenerate forward: logits of rms within a sane band at every position.
+TEST(RandomWeights, DeepModelStaysSane) {
+  std::ifstream in(std::string(LOOM_SOURCE_DIR) + "/bench/configs/kimi_linear_48b_a3b/config.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["hidden_size"] = 128;
+  j["intermediate_size"] = 256;
+  j["vocab_size"] = 512;
+  j["num_attention_heads"] = 4;
+  j["num_key_value_heads"] = 4;
+  j["kv_lora_rank"] = 32;
+  j["qk_nope_head_dim"] = 16;
+  j["qk_rope_head_dim"] = 8;
+  j["v_head_dim"] = 16;
+  j["linear_attn_config"]["num_heads"] = 4;
+  j["linear_attn_config"]["head_dim"] = 16;
+  j["num_experts"] = 16;
+  j["moe_intermediate_size"] = 32;
+  std::filesystem::create_directories(kTmp + "/random_weights_test");
+  const std::string path = kTmp + "/random_weights_test/deep.json";
+  std::ofstream(path) << j.dump();
+  auto m = Model::load_random(path, 2);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ((*m)->config().num_layers, 27);
+  const Tensor lg = logits_of(**m, prompt(512, 40));
+  for (int64_t r = 0; r < lg.dim(0); ++r) {
+    double ss = 0;
+    for (int64_t c = 0; c < lg.dim(1); ++c) {
+      const float v = lg.data<float>()[r * lg.dim(1) + c];
+      ASSERT_TRUE(std::isfinite(v));
+      ss += double(v) * v;
+    }
+    const double rms = std::sqrt(ss / lg.dim(1));
+    EXPECT_GT(rms, 0.1) << "row " << r;
+    EXPECT_LT(rms, 10.0) << "row " << r;
+    if (r == 0 || r == lg.dim(0) - 1)
+      std::printf("27 layers: logits rms %.3f at row %lld\n", rms, static_cast<long long>(r));
+  }
 }
 
 // A native (loom) config: the random model has the synthetic loader's layout too.
