@@ -30,16 +30,10 @@
 #include "kernels/cuda/launch.h"
 #include "kernels/exec.h"
 #include "tests/gpu/gpu_test_support.h"
+#include "tests/gpu/model_test_support.h"
 
 namespace loom {
 namespace {
-
-std::string fixtures_dir() {
-  if (const char* env = std::getenv("LOOM_GPU_FIXTURES")) return env;
-  if (std::filesystem::exists(".device-fixtures")) return ".device-fixtures";
-  return "../shared/fixtures";
-}
-
 struct Case {
   const char* fixture;
   WeightDType dtype;
@@ -48,22 +42,6 @@ struct Case {
 
 std::string case_name(const Case& c) {
   return std::string(c.fixture) + (c.dtype == WeightDType::kBF16 ? "_bf16" : "_f32");
-}
-
-// The fixtures' f32 measure (fixtures/README.md): relative L2, ||a - b|| / ||b||, over two equally
-// long host f32 tensors (infinite when a holds a non-finite value).
-double rel_l2(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.numel(), b.numel());
-  double num = 0, den = 0;
-  const float* x = a.data<float>();
-  const float* y = b.data<float>();
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    if (!std::isfinite(x[i])) return INFINITY;
-    const double e = static_cast<double>(x[i]) - y[i];
-    num += e * e;
-    den += static_cast<double>(y[i]) * y[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
 }
 
 void check(const std::string& name, double err, double bound) {
@@ -75,14 +53,6 @@ void check(const std::string& name, double err, double bound) {
 
 // GPU bf16 pages against the CPU's bf16 pages (see PagedStoreMatchesCpu).
 constexpr double kBf16KvBound = 1e-3;
-
-std::vector<int32_t> random_ids(int64_t len, int64_t vocab, std::mt19937_64& rng) {
-  std::uniform_int_distribution<int32_t> d(3,
-                                           static_cast<int32_t>(std::min<int64_t>(vocab, 300)) - 1);
-  std::vector<int32_t> p(static_cast<size_t>(len));
-  for (int32_t& t : p) t = d(rng);
-  return p;
-}
 
 // One forward of `runs[i]` through caches[i] with `mode` logits; the logits on the host.
 Tensor step(const Model& m, std::vector<SequenceCache>& caches,

@@ -24,6 +24,7 @@
 #include "kernels/cuda/launch.h"
 #include "kernels/exec.h"
 #include "tests/gpu/gpu_test_support.h"
+#include "tests/gpu/model_test_support.h"
 
 namespace loom {
 namespace {
@@ -183,20 +184,6 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // ---- the serving engine ------------------------------------------------------------------------
-
-std::string fixtures_dir() {
-  if (const char* env = std::getenv("LOOM_GPU_FIXTURES")) return env;
-  if (std::filesystem::exists(".device-fixtures")) return ".device-fixtures";
-  return "../shared/fixtures";
-}
-
-std::vector<int32_t> random_ids(int64_t len, int64_t vocab, std::mt19937_64& rng) {
-  std::uniform_int_distribution<int32_t> d(3,
-                                           static_cast<int32_t>(std::min<int64_t>(vocab, 300)) - 1);
-  std::vector<int32_t> p(static_cast<size_t>(len));
-  for (int32_t& t : p) t = d(rng);
-  return p;
-}
 
 class EngineSamplingCuda : public ::testing::TestWithParam<const char*> {};
 
