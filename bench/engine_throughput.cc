@@ -60,6 +60,7 @@ std::unique_ptr<Engine> make_engine() {
                  std::string(random_seed.status().message()).c_str());
     std::exit(2);
   }
+  const auto load_start = Clock::now();
   auto model = seed.empty()
                    ? Model::load(absl::GetFlag(FLAGS_model), placement)
                    : Model::load_random(absl::GetFlag(FLAGS_model), *random_seed, placement);
@@ -67,6 +68,10 @@ std::unique_ptr<Engine> make_engine() {
     std::fprintf(stderr, "loom-bench-engine: %s\n", std::string(model.status().message()).c_str());
     std::exit(1);
   }
+  std::fprintf(stderr, "loom-bench-engine: %s: %.3f GB of parameters (%s) loaded in %.2f s\n",
+               absl::GetFlag(FLAGS_model).c_str(), (*model)->parameters().bytes() / 1e9,
+               (*model)->placement().describe().c_str(),
+               std::chrono::duration<double>(Clock::now() - load_start).count());
   EngineOptions opt;
   opt.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
   opt.max_num_seqs = 64;

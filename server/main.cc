@@ -83,16 +83,19 @@ int main(int argc, char** argv) {
   if (!device.ok()) return fail("bad flags", device.status());
   if (absl::Status st = loom::device_available(*device); !st.ok()) return fail("--device", st);
   const loom::Placement placement{.device = *device, .dtype = *weight_dtype};
+  const absl::Time load_start = absl::Now();
   auto model =
       options->random_weights
           ? loom::Model::load_random(options->model_path, *options->random_weights, placement)
           : loom::Model::load(dir, placement);
   if (!model.ok()) return fail(absl::StrCat("loading ", options->model_path), model.status());
   if (options->random_weights) {
-    std::printf("loom-server: random weights (seed %llu) for %s: %.3f GB of parameters on %s\n",
-                static_cast<unsigned long long>(*options->random_weights),
-                options->model_path.c_str(), (*model)->parameters().bytes() / 1e9,
-                (*model)->placement().describe().c_str());
+    std::printf(
+        "loom-server: random weights (seed %llu) for %s: %.3f GB of parameters on %s, filled "
+        "in %.2f s\n",
+        static_cast<unsigned long long>(*options->random_weights), options->model_path.c_str(),
+        (*model)->parameters().bytes() / 1e9, (*model)->placement().describe().c_str(),
+        absl::ToDoubleSeconds(absl::Now() - load_start));
   }
   const std::string model_type = (*model)->config().model_type;
   std::shared_ptr<const loom::Tokenizer> tokenizer;
