@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/engine.h"
 #include "engine/model/model.h"
 #include "engine/sampling/batch_sampler.h"
@@ -180,7 +181,8 @@ INSTANTIATE_TEST_SUITE_P(
                       std::pair<int64_t, int64_t>{163840, 5},
                       std::pair<int64_t, int64_t>{163840, 64}),
     [](const ::testing::TestParamInfo<std::pair<int64_t, int64_t>>& info) {
-      return "V" + std::to_string(info.param.first) + "_k" + std::to_string(info.param.second);
+      // absl::StrCat, not operator+ on std::string: GCC 12 warns (-Wrestrict) on the latter here.
+      return absl::StrCat("V", info.param.first, "_k", info.param.second);
     });
 
 // ---- the serving engine ------------------------------------------------------------------------
