@@ -6,7 +6,7 @@
 // forward (skipped when the device lacks the memory).
 //
 // Configs: two tiny ones written here (always run), plus the fixtures' config.json files when
-// present ($LOOM_GPU_FIXTURES, .device-fixtures or ../shared/fixtures, as model_cuda_test).
+// present (tests/gpu/model_test_support.h's fixtures_dir).
 // Each check prints "GPUCHECK <name> <error> <bound> <PASS|FAIL>" for run.sh's table.
 #include <cuda_runtime.h>
 
@@ -31,6 +31,7 @@
 #include "kernels/exec.h"
 #include "kernels/random_fill.h"
 #include "tests/gpu/gpu_test_support.h"
+#include "tests/gpu/model_test_support.h"
 
 namespace loom {
 namespace {
@@ -59,12 +60,6 @@ constexpr const char* kQwenTiny = R"({
   "norm_topk_prob": true, "partial_rotary_factor": 0.25, "rope_theta": 10000.0,
   "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": false
 })";
-
-std::string fixtures_dir() {
-  if (const char* env = std::getenv("LOOM_GPU_FIXTURES")) return env;
-  if (std::filesystem::exists(".device-fixtures")) return ".device-fixtures";
-  return "../shared/fixtures";
-}
 
 struct NamedConfig {
   std::string name;
@@ -197,27 +192,6 @@ Tensor logits_of(const Model& m, SequenceCache& cache, const std::vector<int32_t
   absl::StatusOr<Tensor> logits = m.forward(b);
   EXPECT_TRUE(logits.ok()) << logits.status();
   return logits.ok() ? logits->to(Device::kCpu) : Tensor();
-}
-
-// ||a - b|| / ||b||, infinite when a holds a non-finite value.
-double rel_l2(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.numel(), b.numel());
-  if (a.numel() != b.numel() || a.numel() == 0) return INFINITY;
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const double x = a.data<float>()[i], y = b.data<float>()[i];
-    if (!std::isfinite(x)) return INFINITY;
-    num += (x - y) * (x - y);
-    den += y * y;
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
-std::vector<int32_t> random_ids(int64_t n, int64_t vocab, std::mt19937_64& rng) {
-  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(vocab - 1));
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int32_t& t : ids) t = d(rng);
-  return ids;
 }
 
 // Prefill and three decode steps of the random f32 models: GPU logits against CPU logits within
