@@ -140,11 +140,16 @@ struct MlaShapes {
   int64_t t, s, h, dn, dr, dv, r;
 };
 
-void check_view(const char* fn, const char* what, const CacheView& v, int64_t row_elems) {
-  LOOM_CHECK((v.pool.dtype() == DType::kF32 || v.pool.dtype() == DType::kBF16) &&
-                 v.pool.device().is_cpu() && v.pool.is_contiguous(),
+// The pools the CPU kernels read and write: contiguous host f32 or bf16 (Rows::blocks widens bf16).
+void check_host_pool(const char* fn, const char* what, const Tensor& pool) {
+  LOOM_CHECK((pool.dtype() == DType::kF32 || pool.dtype() == DType::kBF16) &&
+                 pool.device().is_cpu() && pool.is_contiguous(),
              "%s: %s pool %s, expected a contiguous f32 or bf16 host pool", fn, what,
-             v.pool.describe().c_str());
+             pool.describe().c_str());
+}
+
+void check_view(const char* fn, const char* what, const CacheView& v, int64_t row_elems) {
+  check_host_pool(fn, what, v.pool);
   LOOM_CHECK(v.pool.ndim() >= 2 && v.pages.dtype() == DType::kI32 && v.pages.ndim() == 1 &&
                  v.length >= 0 && v.row_elems() == row_elems,
              "%s: %s view of %s (length %lld) needs rows of %lld values", fn, what,
@@ -190,10 +195,7 @@ MlaShapes check_mla(const char* fn, const Tensor& q, const CacheView& cache_late
 
 void cache_write_rows(const CacheView& view, int64_t start, const Tensor& rows) {
   LOOM_CHECK_F32(rows);
-  LOOM_CHECK((view.pool.dtype() == DType::kF32 || view.pool.dtype() == DType::kBF16) &&
-                 view.pool.is_contiguous(),
-             "cache_write_rows: pool %s, expected a contiguous f32 or bf16 host pool",
-             view.pool.describe().c_str());
+  check_host_pool("cache_write_rows", "the", view.pool);
   const int64_t n = rows.ndim() >= 1 ? rows.dim(0) : 0;
   const int64_t w = view.row_elems();
   LOOM_CHECK(n == 0 || rows.numel() / n == w, "cache_write_rows: rows %s into rows of %lld",

@@ -831,6 +831,17 @@ ModelConfig kimi_kda_moe() {
   return *cfg;
 }
 
+// The same with qwen3_next's router: softmax scores, no selection bias, no groups, no scaling.
+ModelConfig kimi_kda_softmax_moe() {
+  ModelConfig cfg = kimi_kda_moe();
+  cfg.moe.score_sigmoid = false;
+  cfg.moe.has_score_bias = false;
+  cfg.moe.n_group = 1;
+  cfg.moe.topk_group = 1;
+  cfg.moe.routed_scaling = 1.0f;
+  return cfg;
+}
+
 // kimi_linear_s1 with KDA mixers: sigmoid router with the score-correction bias, two groups of
 // six experts (one kept), top-3, renormalised, scaled by 2.446, one shared expert. Each step is the
 // largest of 1e-2, 3e-3 and 1e-3 at which no token's experts change (at +-h and +-h / 3; larger
@@ -901,12 +912,7 @@ TEST(MoeModelGradients, AuxLossMatchesTheLossAlongTheGradient) {
 }
 
 TEST(MoeModelGradients, SoftmaxAuxLossMatchesTheLossAlongTheGradient) {
-  ModelConfig cfg = kimi_kda_moe();
-  cfg.moe.score_sigmoid = false;
-  cfg.moe.has_score_bias = false;
-  cfg.moe.n_group = 1;
-  cfg.moe.topk_group = 1;
-  cfg.moe.routed_scaling = 1.0f;
+  ModelConfig cfg = kimi_kda_softmax_moe();
   expect_large_aux_part(gradients_without_and_with_aux(cfg), "layers.1.moe.router.weight");
   const Direction dirs[] = {{"layers.1.moe.router.weight", 3e-4},
                             {"layers.1.ffn_norm.weight", 3e-3}};
@@ -916,12 +922,7 @@ TEST(MoeModelGradients, SoftmaxAuxLossMatchesTheLossAlongTheGradient) {
 // The same model with qwen3_next's MoE: a softmax router without bias or groups, and the shared
 // expert scaled by sigmoid(shared_gate(x)).
 TEST(MoeModelGradients, SoftmaxRouterAndSharedGateMatchTheLossAlongTheGradient) {
-  ModelConfig cfg = kimi_kda_moe();
-  cfg.moe.score_sigmoid = false;
-  cfg.moe.has_score_bias = false;
-  cfg.moe.n_group = 1;
-  cfg.moe.topk_group = 1;
-  cfg.moe.routed_scaling = 1.0f;
+  ModelConfig cfg = kimi_kda_softmax_moe();
   cfg.moe.shared_expert_gate = true;
   const Direction dirs[] = {{"layers.1.moe.experts.up", 3e-3},
                             {"layers.1.moe.router.weight", 1e-3},
