@@ -29,6 +29,9 @@ ABSL_FLAG(int, max_num_batched_tokens, 2048, "engine token budget per step");
 ABSL_FLAG(bool, deterministic, false, "batch-invariant numerics (the server's --deterministic)");
 ABSL_FLAG(std::string, device, "cpu", "where the model runs: cpu, cuda or cuda:N (the server's)");
 ABSL_FLAG(std::string, weight_dtype, "auto", "weight matrices: auto, f32 or bf16 (the server's)");
+ABSL_FLAG(int64_t, cache_budget_mb, 1024, "KV pages + linear-state slots, MiB (the server's)");
+ABSL_FLAG(int, max_num_seqs, 64,
+          "sequences per step (the server's); at least the largest concurrency");
 
 namespace loom {
 namespace {
@@ -74,7 +77,8 @@ std::unique_ptr<Engine> make_engine() {
                std::chrono::duration<double>(Clock::now() - load_start).count());
   EngineOptions opt;
   opt.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
-  opt.max_num_seqs = 64;
+  opt.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
+  opt.cache_budget_bytes = absl::GetFlag(FLAGS_cache_budget_mb) << 20;
   opt.enable_prefix_cache = false;  // random prompts: nothing to share; keep the work honest
   opt.deterministic = absl::GetFlag(FLAGS_deterministic);
   auto e = Engine::create(std::move(*model), nullptr, opt);
