@@ -1,5 +1,7 @@
 // Elementwise activations and the embedding lookup, with their backward passes. Contiguous f32
-// unless noted. Backward convention (llm.c's): activation gradients are written, parameter
+// unless noted; on CUDA the forward passes' tensors (gate, up, out; table, out) may each be bf16
+// instead (computed in f32, bf16 stores rounded to nearest even). The CPU kernels and the backward
+// passes take f32 only. Backward convention (llm.c's): activation gradients are written, parameter
 // gradients (the embedding table's) accumulated.
 #pragma once
 
@@ -15,11 +17,11 @@ inline float siluf(float x) { return x / (1.0f + std::exp(-x)); }
 // torch.nn.functional.softplus with beta 1, threshold 20 (returns x above the threshold).
 inline float softplusf(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
-// out = silu(gate) * up. gate, up, out: same shape; out may alias gate.
+// out = silu(gate) * up. gate, up, out: same shape; out may alias gate (same dtype).
 void silu_mul_forward(const Exec& ex, const Tensor& gate, const Tensor& up, const Tensor& out);
 
-// out[t, :] = table[ids[t], :]. ids: [T] i32 or i64 (each in [0, V), checked); table: [V, D]
-// f32; out: [T, D].
+// out[t, :] = table[ids[t], :]. ids: [T] i32 or i64 (each in [0, V), checked); table: [V, D];
+// out: [T, D] (on CUDA, a bf16 table widens into an f32 out and the reverse rounds).
 void embedding_forward(const Exec& ex, const Tensor& ids, const Tensor& table, const Tensor& out);
 
 // Backward of silu_mul_forward: dgate = dout * up * silu'(gate), dup = dout * silu(gate), with

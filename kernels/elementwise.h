@@ -1,6 +1,12 @@
 // Small elementwise and data-movement operations the model needs between the big kernels, and the
 // backward passes a trainer needs of them. Contiguous f32 unless noted.
 //
+// Dtypes: on CUDA every activation argument of the forward ops (all but add_bias's bias) may be
+// bf16 instead, each independently of the others: the kernels compute in f32 and round bf16
+// stores to nearest even, so add_inplace of a bf16 delta into an f32 residual, or copy_columns
+// from f32 into bf16, convert as they go. An output may overlap an input only with the same dtype.
+// The CPU kernels and every backward pass take f32 only.
+//
 // Backward convention (llm.c's): activation gradients are written, parameter gradients (a bias)
 // accumulated. An elementwise backward reads every input at index i before writing index i, so its
 // outputs may alias its inputs (but not each other). Ops without a backward here have one for free:
@@ -18,7 +24,7 @@ namespace loom {
 
 // dst += src (same shape).
 void add_inplace(const Exec& ex, const Tensor& dst, const Tensor& src);
-// x[r, :] += bias for every row r. x: [N, C]; bias: [C].
+// x[r, :] += bias for every row r. x: [N, C]; bias: [C] f32.
 void add_bias(const Exec& ex, const Tensor& x, const Tensor& bias);
 // x *= sigmoid(gate) (same shape).
 void mul_sigmoid_inplace(const Exec& ex, const Tensor& x, const Tensor& gate);

@@ -1,5 +1,6 @@
 // Normalisations and their backward passes. All compute in f32; inputs and outputs are contiguous
-// f32 [N, D] unless noted.
+// f32 [N, D] unless noted. On CUDA the forward passes' x and out may each be bf16 instead (read
+// widened, stored rounded to nearest even); the CPU and the backward passes take f32 only.
 //
 // Backward convention (as in llm.c): a gradient of an activation is written (`dx = ...`), a
 // gradient of a parameter is accumulated (`dw += ...`) so that micro-batches and weights shared by
@@ -13,13 +14,14 @@
 namespace loom {
 
 // out = (weight_offset + w) * x / sqrt(mean(x^2) + eps), row by row. weight_offset is 0 for the
-// usual RMSNorm and 1 for qwen3_next's zero-centred weights. `out` may alias `x`.
-// x, out: [N, D]; w: [D].
+// usual RMSNorm and 1 for qwen3_next's zero-centred weights. `out` may alias `x` (same dtype).
+// x, out: [N, D], f32 or (CUDA) bf16 each; w: [D] f32.
 void rmsnorm_forward(const Exec& ex, const Tensor& x, const Tensor& w, float eps,
                      float weight_offset, const Tensor& out);
 
 // Per-head L2 normalisation as KDA/GDN use it: out = x / sqrt(sum(x^2) + eps) * scale over the
-// last dimension. x, out: [..., d] contiguous (any leading shape); `out` may alias `x`.
+// last dimension. x, out: [..., d] contiguous (any leading shape), f32 or (CUDA) bf16 each; `out`
+// may alias `x` (same dtype).
 void l2norm_forward(const Exec& ex, const Tensor& x, float eps, float scale, const Tensor& out);
 
 // Backward of rmsnorm_forward at input x (the forward's input, not its output):

@@ -78,9 +78,13 @@ RopeTable rope_table_yarn(double theta, int rotary_dim, RopeStyle style, double 
 }
 
 namespace {
+// bf16_ok: x may be bf16 (the CUDA forward); otherwise f32 only (the CPU, every backward).
 void check_rope_args(const char* op, const Tensor& x, const Tensor& positions,
-                     const RopeTable& table, int64_t dim_offset) {
-  LOOM_CHECK_F32(x);
+                     const RopeTable& table, int64_t dim_offset, bool bf16_ok) {
+  const bool dtype_ok = x.dtype() == DType::kF32 || (bf16_ok && x.dtype() == DType::kBF16);
+  LOOM_CHECK(dtype_ok && x.is_contiguous(),
+             "%s: x %s, expected contiguous f32 (or bf16, in the CUDA forward only)", op,
+             x.describe().c_str());
   LOOM_CHECK(positions.ndim() == 1 && positions.dtype() == DType::kI64 && positions.is_contiguous(),
              "%s: positions must be contiguous i64 [T], got %s", op, positions.describe().c_str());
   LOOM_CHECK(x.ndim() == 3 && x.dim(0) == positions.dim(0) && dim_offset >= 0 &&
@@ -96,7 +100,7 @@ void check_rope_args(const char* op, const Tensor& x, const Tensor& positions,
 void rope_forward(const Exec& ex, const Tensor& x, const Tensor& positions, const RopeTable& table,
                   int64_t dim_offset) {
   LOOM_ON_EXEC_DEVICE(ex, "rope_forward", x, positions, table.inv_freq);
-  check_rope_args("rope_forward", x, positions, table, dim_offset);
+  check_rope_args("rope_forward", x, positions, table, dim_offset, !ex.device.is_cpu());
   if (ex.device.is_cpu()) return cpu::rope_apply(x, positions, table, dim_offset, false);
 #ifdef LOOM_WITH_CUDA
   return cuda::rope_forward(ex, x, positions, table, dim_offset);
@@ -108,7 +112,7 @@ void rope_forward(const Exec& ex, const Tensor& x, const Tensor& positions, cons
 void rope_backward(const Exec& ex, const Tensor& dx, const Tensor& positions,
                    const RopeTable& table, int64_t dim_offset) {
   LOOM_ON_EXEC_DEVICE(ex, "rope_backward", dx, positions, table.inv_freq);
-  check_rope_args("rope_backward", dx, positions, table, dim_offset);
+  check_rope_args("rope_backward", dx, positions, table, dim_offset, false);
   if (ex.device.is_cpu()) return cpu::rope_apply(dx, positions, table, dim_offset, true);
   no_kernel_for(ex, "rope_backward");
 }

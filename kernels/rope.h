@@ -35,8 +35,9 @@ RopeTable rope_table_yarn(double theta, int rotary_dim, RopeStyle style, double 
                           double mscale, double mscale_all_dim, double attention_factor,
                           bool truncate);
 
-// Rotates dims [dim_offset, dim_offset + rotary_dim) of every head in place. x: [T, H, d] f32
-// contiguous; positions: [T] i64 absolute positions (step data, on ex.device).
+// Rotates dims [dim_offset, dim_offset + rotary_dim) of every head in place. x: [T, H, d]
+// contiguous, f32 (or bf16 on CUDA: rotated in f32, rounded to nearest even once when stored);
+// positions: [T] i64 absolute positions (step data, on ex.device).
 void rope_forward(const Exec& ex, const Tensor& x, const Tensor& positions, const RopeTable& table,
                   int64_t dim_offset);
 

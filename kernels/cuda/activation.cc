@@ -1,4 +1,4 @@
-// Host side of CUDA silu_mul and the embedding lookup.
+// Host side of CUDA silu_mul and the embedding lookup (activations f32 or bf16 each).
 #include "kernels/cuda/activation.h"
 
 #include <limits>
@@ -11,14 +11,17 @@ void silu_mul_forward(const Exec& ex, const Tensor& gate, const Tensor& up, cons
   LOOM_CHECK_CUDA_ARG("silu_mul_forward", gate);
   LOOM_CHECK_CUDA_ARG("silu_mul_forward", up);
   LOOM_CHECK_CUDA_ARG("silu_mul_forward", out);
-  LOOM_CHECK_F32(gate);
-  LOOM_CHECK_F32(up);
-  LOOM_CHECK_F32(out);
+  LOOM_CHECK_ACT(gate);
+  LOOM_CHECK_ACT(up);
+  LOOM_CHECK_ACT(out);
   LOOM_CHECK(up.shape() == gate.shape() && out.shape() == gate.shape(),
              "silu_mul_forward: gate %s up %s out %s", gate.describe().c_str(),
              up.describe().c_str(), out.describe().c_str());
-  launch::pointwise(stream_of(ex), launch::Unary::kSiluMul, gate.data<float>(), up.data<float>(),
-                    out.data<float>(), gate.numel());
+  LOOM_CHECK_ALIAS_SAME_TYPE("silu_mul_forward", out, gate);
+  LOOM_CHECK_ALIAS_SAME_TYPE("silu_mul_forward", out, up);
+  launch::pointwise(stream_of(ex), launch::Unary::kSiluMul, gate.raw(),
+                    gate.dtype() == DType::kBF16, up.raw(), up.dtype() == DType::kBF16, out.raw(),
+                    out.dtype() == DType::kBF16, gate.numel());
 }
 
 namespace {
@@ -38,8 +41,8 @@ void embedding_forward(const Exec& ex, const Tensor& ids, const Tensor& table, c
                  (ids.dtype() == DType::kI32 || ids.dtype() == DType::kI64),
              "embedding_forward: ids must be contiguous i32/i64 [T], got %s",
              ids.describe().c_str());
-  LOOM_CHECK_F32(table);
-  LOOM_CHECK_F32(out);
+  LOOM_CHECK_ACT(table);
+  LOOM_CHECK_ACT(out);
   LOOM_CHECK(table.ndim() == 2, "embedding_forward: table %s", table.describe().c_str());
   const int64_t t = ids.dim(0), v = table.dim(0), d = table.dim(1);
   LOOM_CHECK_SHAPE(out, t, d);
@@ -47,6 +50,7 @@ void embedding_forward(const Exec& ex, const Tensor& ids, const Tensor& table, c
              static_cast<long long>(t));
   if (t == 0) return;
   const bool i32 = ids.dtype() == DType::kI32;
+  const bool table_bf16 = table.dtype() == DType::kBF16, out_bf16 = out.dtype() == DType::kBF16;
   const size_t id_bytes = ids.nbytes();
   if (ids.device() == Device::kCpu) {
     // Checked on the host before anything is launched.
@@ -59,10 +63,10 @@ void embedding_forward(const Exec& ex, const Tensor& ids, const Tensor& table, c
     dev_ids.upload(ids.raw(), id_bytes);
     if (i32) {
       launch::gather_rows_i32(stream_of(ex), static_cast<const int32_t*>(dev_ids.get()),
-                              table.data<float>(), out.data<float>(), t, v, d, nullptr);
+                              table.raw(), table_bf16, out.raw(), out_bf16, t, v, d, nullptr);
     } else {
       launch::gather_rows_i64(stream_of(ex), static_cast<const int64_t*>(dev_ids.get()),
-                              table.data<float>(), out.data<float>(), t, v, d, nullptr);
+                              table.raw(), table_bf16, out.raw(), out_bf16, t, v, d, nullptr);
     }
     return;
   }
@@ -71,11 +75,11 @@ void embedding_forward(const Exec& ex, const Tensor& ids, const Tensor& table, c
   const int32_t none = std::numeric_limits<int32_t>::max();
   flag.upload(&none, sizeof(none));
   if (i32) {
-    launch::gather_rows_i32(stream_of(ex), ids.data<int32_t>(), table.data<float>(),
-                            out.data<float>(), t, v, d, static_cast<int32_t*>(flag.get()));
+    launch::gather_rows_i32(stream_of(ex), ids.data<int32_t>(), table.raw(), table_bf16, out.raw(),
+                            out_bf16, t, v, d, static_cast<int32_t*>(flag.get()));
   } else {
-    launch::gather_rows_i64(stream_of(ex), ids.data<int64_t>(), table.data<float>(),
-                            out.data<float>(), t, v, d, static_cast<int32_t*>(flag.get()));
+    launch::gather_rows_i64(stream_of(ex), ids.data<int64_t>(), table.raw(), table_bf16, out.raw(),
+                            out_bf16, t, v, d, static_cast<int32_t*>(flag.get()));
   }
   int32_t first_bad = none;
   LOOM_CUDA_CHECK(cudaMemcpyAsync(&first_bad, flag.get(), sizeof(first_bad), cudaMemcpyDeviceToHost,

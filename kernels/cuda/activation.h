@@ -1,5 +1,7 @@
 // CUDA twins of the same-named kernels/ header: same contracts, every tensor argument on the GPU
-// (f32 contiguous), enqueued on the Exec's stream without synchronising.
+// and contiguous, enqueued on the Exec's stream without synchronising. gate, up, out, table are
+// each f32 or bf16 (math in f32, bf16 stores rounded to nearest even); silu_mul's out may alias
+// gate only with the same dtype.
 #pragma once
 
 #include "core/tensor.h"

@@ -1,5 +1,7 @@
 // CUDA twins of the same-named kernels/ header: same contracts, every tensor argument on the GPU
-// (f32 contiguous), enqueued on the Exec's stream without synchronising.
+// and contiguous, enqueued on the Exec's stream without synchronising. Every activation argument
+// is f32 or bf16, independently of the others (math in f32, bf16 stores rounded to nearest even);
+// an output may overlap an input only with the same dtype. add_bias's bias stays f32.
 #pragma once
 
 #include <cstdint>

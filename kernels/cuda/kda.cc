@@ -49,7 +49,7 @@ void kda_gate_forward(const Exec& ex, const Tensor& f, const Tensor& A_log, cons
   LOOM_CHECK_CUDA_ARG("kda_gate_forward", f);
   LOOM_CHECK_CUDA_ARG("kda_gate_forward", A_log);
   LOOM_CHECK_CUDA_ARG("kda_gate_forward", g);
-  LOOM_CHECK_F32(f);
+  LOOM_CHECK_ACT(f);
   LOOM_CHECK_F32(A_log);
   LOOM_CHECK_F32(g);
   LOOM_CHECK(f.ndim() == 2, "kda_gate_forward: f %s, expected [T, H * dk] or [T, H]",
@@ -68,8 +68,8 @@ void kda_gate_forward(const Exec& ex, const Tensor& f, const Tensor& A_log, cons
                dt_bias.describe().c_str(), f.describe().c_str());
     bias = dt_bias.data<float>();
   }
-  launch::kda_gate(stream_of(ex), f.data<float>(), A_log.data<float>(), bias, lower_bound,
-                   g.data<float>(), T, width, H);
+  launch::kda_gate(stream_of(ex), f.raw(), f.dtype() == DType::kBF16, A_log.data<float>(), bias,
+                   lower_bound, g.data<float>(), T, width, H);
 }
 
 }  // namespace loom::cuda

@@ -8,7 +8,7 @@
 // partial sums reduced across the 8 row groups through shared memory. Per token the block stages
 // k, scale * q, exp(g) and the v tile in shared memory (double-buffered), so three barriers a
 // token suffice. State is read once at the start and written once at the end.
-#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/bf16_io.cuh"
 
 namespace loom::cuda {
 namespace {
@@ -108,13 +108,15 @@ __global__ void __launch_bounds__(kCols* kRowGroups, kMaxI <= 16 ? 4 : 2)
   }
 }
 
-__global__ void kda_gate_kernel(const float* __restrict__ f, const float* __restrict__ A_log,
+// f is f32 or bf16 (F), read widened; g stays f32.
+template <typename F>
+__global__ void kda_gate_kernel(const F* __restrict__ f, const float* __restrict__ A_log,
                                 const float* __restrict__ dt_bias, float lower_bound,
                                 float* __restrict__ g, int64_t n, int64_t width, int64_t per_head) {
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t c = idx % width;
-    const float x = f[idx] + (dt_bias != nullptr ? dt_bias[c] : 0.0f);
+    const float x = dev::ld(f + idx) + (dt_bias != nullptr ? dt_bias[c] : 0.0f);
     const float ah = expf(A_log[c / per_head]);
     g[idx] = lower_bound == 0.0f ? -ah * dev::softplus(x) : lower_bound * dev::sigmoid(ah * x);
   }
@@ -124,12 +126,16 @@ __global__ void kda_gate_kernel(const float* __restrict__ f, const float* __rest
 
 namespace launch {
 
-void kda_gate(cudaStream_t stream, const float* f, const float* A_log, const float* dt_bias,
-              float lower_bound, float* g, int64_t T, int64_t width, int64_t H) {
+void kda_gate(cudaStream_t stream, const void* f, bool f_bf16, const float* A_log,
+              const float* dt_bias, float lower_bound, float* g, int64_t T, int64_t width,
+              int64_t H) {
   const int64_t n = T * width;
   if (n == 0) return;
-  kda_gate_kernel<<<dev::grid_for(n, 256), 256, 0, stream>>>(f, A_log, dt_bias, lower_bound, g, n,
-                                                             width, width / H);
+  dev::with_elem(f_bf16, [&](auto ft) {
+    using F = typename decltype(ft)::type;
+    kda_gate_kernel<F><<<dev::grid_for(n, 256), 256, 0, stream>>>(
+        static_cast<const F*>(f), A_log, dt_bias, lower_bound, g, n, width, width / H);
+  });
   LOOM_CUDA_CHECK_LAUNCH();
 }
 

@@ -33,27 +33,37 @@ namespace detail {
 
 namespace loom::cuda::launch {
 
+// Activation arrays passed as void* hold f32, or bf16 where the flag beside them says so; the
+// kernels compute in f32 and round bf16 stores to nearest even. Parameters stay f32.
+
 // norm: out = (w_off + w) * x * rsqrt(mean x^2 + eps) (rms) or x * scale * rsqrt(sum x^2 + eps).
-void rmsnorm(cudaStream_t stream, const float* x, const float* w, float* out, int64_t rows,
-             int64_t d, float eps, float weight_offset);
-void l2norm(cudaStream_t stream, const float* x, float* out, int64_t rows, int64_t d, float eps,
-            float scale);
+// out may alias x when both have the same type.
+void rmsnorm(cudaStream_t stream, const void* x, bool x_bf16, const float* w, void* out,
+             bool out_bf16, int64_t rows, int64_t d, float eps, float weight_offset);
+void l2norm(cudaStream_t stream, const void* x, bool x_bf16, void* out, bool out_bf16, int64_t rows,
+            int64_t d, float eps, float scale);
 
 // elementwise
 enum class Unary : int { kAdd, kMulSigmoid, kMulSilu, kSigmoid, kSiluMul };
 // kAdd: x += y; kMulSigmoid: x *= sigmoid(y); kMulSilu: x *= silu(y); kSigmoid: x = sigmoid(x);
-// kSiluMul: out = silu(x) * y (out may alias x).
-void pointwise(cudaStream_t stream, Unary op, float* x, const float* y, float* out, int64_t n);
-void add_bias(cudaStream_t stream, float* x, const float* bias, int64_t rows, int64_t cols);
-void mul_sigmoid_rows(cudaStream_t stream, float* x, const float* gate, int64_t rows, int64_t cols);
-void copy_2d(cudaStream_t stream, float* dst, int64_t dst_ld, const float* src, int64_t src_ld,
-             int64_t rows, int64_t cols);
+// kSiluMul: out = silu(x) * y (out may alias x when both have the same type). out_bf16 matters
+// for kSiluMul only, y_bf16 for all but kSigmoid.
+void pointwise(cudaStream_t stream, Unary op, void* x, bool x_bf16, const void* y, bool y_bf16,
+               void* out, bool out_bf16, int64_t n);
+void add_bias(cudaStream_t stream, void* x, bool x_bf16, const float* bias, int64_t rows,
+              int64_t cols);
+void mul_sigmoid_rows(cudaStream_t stream, void* x, bool x_bf16, const void* gate, bool gate_bf16,
+                      int64_t rows, int64_t cols);
+// dst[r, c] = src[r, c] for rows x cols elements with row strides dst_ld and src_ld (in
+// elements); a plain 2-D copy when the types match, a converting one otherwise.
+void copy_2d(cudaStream_t stream, void* dst, bool dst_bf16, int64_t dst_ld, const void* src,
+             bool src_bf16, int64_t src_ld, int64_t rows, int64_t cols);
 // out[i, :] = table[ids[i], :]. Ids outside [0, V) write a zero row and lower *bad (if non-null)
 // to min(*bad, i) with atomicMin, so the host can report the first bad position.
-void gather_rows_i32(cudaStream_t stream, const int32_t* ids, const float* table, float* out,
-                     int64_t n, int64_t V, int64_t d, int32_t* bad);
-void gather_rows_i64(cudaStream_t stream, const int64_t* ids, const float* table, float* out,
-                     int64_t n, int64_t V, int64_t d, int32_t* bad);
+void gather_rows_i32(cudaStream_t stream, const int32_t* ids, const void* table, bool table_bf16,
+                     void* out, bool out_bf16, int64_t n, int64_t V, int64_t d, int32_t* bad);
+void gather_rows_i64(cudaStream_t stream, const int64_t* ids, const void* table, bool table_bf16,
+                     void* out, bool out_bf16, int64_t n, int64_t V, int64_t d, int32_t* bad);
 void fill_or_scale(cudaStream_t stream, float* x, int64_t n,
                    float beta);  // x = beta == 0 ? 0 : beta * x
 // out[i] = alpha * w[i, :] . x + beta * out[i] for row-major w [n, k]; beta = 0 never reads out.
@@ -67,8 +77,10 @@ void causal_conv1d_step(cudaStream_t stream, const float* x, const float* w, flo
                         float* out, int64_t B, int64_t C, int64_t W, bool silu);
 
 // kda
-void kda_gate(cudaStream_t stream, const float* f, const float* A_log, const float* dt_bias,
-              float lower_bound, float* g, int64_t T, int64_t width, int64_t H);
+// f is f32 or bf16 (f_bf16); g f32.
+void kda_gate(cudaStream_t stream, const void* f, bool f_bf16, const float* A_log,
+              const float* dt_bias, float lower_bound, float* g, int64_t T, int64_t width,
+              int64_t H);
 void kda_recurrent(cudaStream_t stream, const float* q, const float* k, const float* v,
                    const float* g, const float* beta, float scale, float* state, float* out,
                    int64_t T, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, bool scalar_g);
@@ -87,9 +99,10 @@ void kda_decode_batched(cudaStream_t stream, const float* q, const float* k, con
                         int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, bool scalar_g,
                         int layout = 0);
 
-// rope: positions [T] i64 and inv_freq [rd/2] on the device.
-void rope(cudaStream_t stream, float* x, const int64_t* positions, const float* inv_freq,
-          float attention_factor, int64_t T, int64_t H, int64_t d, int64_t rotary_dim,
-          int64_t dim_offset, bool interleaved);
+// rope: x f32 or bf16 (x_bf16), rotated in place; positions [T] i64 and inv_freq [rd/2] on the
+// device.
+void rope(cudaStream_t stream, void* x, bool x_bf16, const int64_t* positions,
+          const float* inv_freq, float attention_factor, int64_t T, int64_t H, int64_t d,
+          int64_t rotary_dim, int64_t dim_offset, bool interleaved);
 
 }  // namespace loom::cuda::launch

@@ -1,88 +1,83 @@
-// RMSNorm and L2 norm: one block per row, a two-pass row (sum of squares, then scale); float4
-// loads when the row length and pointers allow. `out` may alias `x`: every element is read by
-// the same thread that later writes it, and the block reduction separates the passes.
-#include "kernels/cuda/common.cuh"
+// RMSNorm and L2 norm: one block per row, a two-pass row (sum of squares, then scale). x and out
+// are each f32 or bf16; the arithmetic is f32. Rows move in 16-byte units (4 f32 or 8 bf16
+// elements; 8 when either side is bf16) when the row length and pointers allow, else one element
+// at a time. `out` may alias `x` when both have the same type: every element is read by the same
+// thread that later writes it, and the block reduction separates the passes.
+#include "kernels/cuda/bf16_io.cuh"
 
 namespace loom::cuda {
 namespace {
 
-template <bool kRms, bool kVec>
+// V elements per unit (1: scalar); V divides d.
+template <bool kRms, typename X, typename O, int V>
 __global__ void __launch_bounds__(256)
-    norm_kernel(const float* __restrict__ x, const float* __restrict__ w, float* out, int64_t d,
-                float eps, float p0, float p1) {
+    norm_kernel(const X* x, const float* __restrict__ w, O* out, int64_t d, float eps, float p0) {
   __shared__ float red[32];
-  const int64_t row = blockIdx.x;
-  const float* xr = x + row * d;
-  float* orow = out + row * d;
+  const int64_t row = blockIdx.x, units = d / V;
+  const X* xr = x + row * d;
+  O* orow = out + row * d;
   float ss = 0.0f;
-  if constexpr (kVec) {
-    const float4* x4 = reinterpret_cast<const float4*>(xr);
-    for (int64_t i = threadIdx.x; i < d / 4; i += blockDim.x) {
-      const float4 v = x4[i];
-      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    }
-  } else {
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
+  for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+    float v[V];
+    dev::ld_vec<V>(xr + u * V, v);
+#pragma unroll
+    for (int j = 0; j < V; ++j) ss += v[j] * v[j];
   }
   ss = dev::block_sum(ss, red);
-  // p0 = weight_offset (rms) or scale (l2); p1 unused.
+  // p0 = weight_offset (rms) or scale (l2).
   const float mul = kRms ? 1.0f / sqrtf(ss / static_cast<float>(d) + eps) : p0 / sqrtf(ss + eps);
-  (void)p1;
-  if constexpr (kVec) {
-    const float4* x4 = reinterpret_cast<const float4*>(xr);
-    float4* o4 = reinterpret_cast<float4*>(orow);
-    const float4* w4 = reinterpret_cast<const float4*>(w);
-    for (int64_t i = threadIdx.x; i < d / 4; i += blockDim.x) {
-      float4 v = x4[i];
-      if constexpr (kRms) {
-        const float4 ww = w4[i];
-        v.x = (p0 + ww.x) * (v.x * mul);
-        v.y = (p0 + ww.y) * (v.y * mul);
-        v.z = (p0 + ww.z) * (v.z * mul);
-        v.w = (p0 + ww.w) * (v.w * mul);
-      } else {
-        v.x *= mul;
-        v.y *= mul;
-        v.z *= mul;
-        v.w *= mul;
-      }
-      o4[i] = v;
+  for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+    float v[V];
+    dev::ld_vec<V>(xr + u * V, v);
+    if constexpr (kRms) {
+      float ww[V];
+      dev::ld_vec<V>(w + u * V, ww);
+#pragma unroll
+      for (int j = 0; j < V; ++j) v[j] = (p0 + ww[j]) * (v[j] * mul);
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) v[j] *= mul;
     }
-  } else {
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
-      orow[i] = kRms ? (p0 + w[i]) * (xr[i] * mul) : xr[i] * mul;
-    }
+    dev::st_vec<V>(orow + u * V, v);
   }
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 template <bool kRms>
-void launch_norm(cudaStream_t stream, const float* x, const float* w, float* out, int64_t rows,
-                 int64_t d, float eps, float p0) {
+void launch_norm(cudaStream_t stream, const void* x, bool x_bf16, const float* w, void* out,
+                 bool out_bf16, int64_t rows, int64_t d, float eps, float p0) {
   if (rows == 0 || d == 0) return;
   LOOM_CHECK_GRID(rows);
-  const bool vec = d % 4 == 0 && aligned16(x) && aligned16(out) && (!kRms || aligned16(w));
   const int threads = d >= 2048 ? 256 : (d >= 512 ? 128 : 64);
   const dim3 grid(static_cast<unsigned>(rows));
-  if (vec) {
-    norm_kernel<kRms, true><<<grid, threads, 0, stream>>>(x, w, out, d, eps, p0, 0.f);
-  } else {
-    norm_kernel<kRms, false><<<grid, threads, 0, stream>>>(x, w, out, d, eps, p0, 0.f);
-  }
+  dev::with_elem(x_bf16, [&](auto xt) {
+    dev::with_elem(out_bf16, [&](auto ot) {
+      using X = typename decltype(xt)::type;
+      using O = typename decltype(ot)::type;
+      constexpr int kV = dev::kVecWidth<X, O>;
+      const X* xp = static_cast<const X*>(x);
+      O* op = static_cast<O*>(out);
+      const bool vec =
+          d % kV == 0 && dev::aligned16(x) && dev::aligned16(out) && (!kRms || dev::aligned16(w));
+      if (vec) {
+        norm_kernel<kRms, X, O, kV><<<grid, threads, 0, stream>>>(xp, w, op, d, eps, p0);
+      } else {
+        norm_kernel<kRms, X, O, 1><<<grid, threads, 0, stream>>>(xp, w, op, d, eps, p0);
+      }
+    });
+  });
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
 namespace launch {
-void rmsnorm(cudaStream_t stream, const float* x, const float* w, float* out, int64_t rows,
-             int64_t d, float eps, float weight_offset) {
-  launch_norm<true>(stream, x, w, out, rows, d, eps, weight_offset);
+void rmsnorm(cudaStream_t stream, const void* x, bool x_bf16, const float* w, void* out,
+             bool out_bf16, int64_t rows, int64_t d, float eps, float weight_offset) {
+  launch_norm<true>(stream, x, x_bf16, w, out, out_bf16, rows, d, eps, weight_offset);
 }
-void l2norm(cudaStream_t stream, const float* x, float* out, int64_t rows, int64_t d, float eps,
-            float scale) {
-  launch_norm<false>(stream, x, nullptr, out, rows, d, eps, scale);
+void l2norm(cudaStream_t stream, const void* x, bool x_bf16, void* out, bool out_bf16, int64_t rows,
+            int64_t d, float eps, float scale) {
+  launch_norm<false>(stream, x, x_bf16, nullptr, out, out_bf16, rows, d, eps, scale);
 }
 }  // namespace launch
 

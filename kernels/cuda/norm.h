@@ -1,5 +1,6 @@
 // CUDA twins of the same-named kernels/ header: same contracts, every tensor argument on the GPU
-// (f32 contiguous), enqueued on the Exec's stream without synchronising.
+// and contiguous, enqueued on the Exec's stream without synchronising. x and out are each f32 or
+// bf16 (out aliases x only with the same dtype); w stays f32.
 #pragma once
 
 #include "core/tensor.h"

@@ -9,7 +9,7 @@ namespace loom::cuda {
 void rope_forward(const Exec& ex, const Tensor& x, const Tensor& positions, const RopeTable& table,
                   int64_t dim_offset) {
   LOOM_CHECK_CUDA_ARG("rope_forward", x);
-  LOOM_CHECK_F32(x);
+  LOOM_CHECK_ACT(x);
   LOOM_CHECK_CUDA_ARG("rope_forward", positions);
   LOOM_CHECK(positions.ndim() == 1 && positions.dtype() == DType::kI64 && positions.is_contiguous(),
              "rope_forward: positions must be contiguous i64 [T], got %s",
@@ -22,7 +22,7 @@ void rope_forward(const Exec& ex, const Tensor& x, const Tensor& positions, cons
              static_cast<size_t>(positions.dim(0)), table.rotary_dim);
   if (positions.dim(0) == 0 || table.rotary_dim == 0 || x.dim(1) == 0) return;
   LOOM_CHECK_CUDA_ARG("rope_forward", table.inv_freq);
-  launch::rope(stream_of(ex), x.data<float>(), positions.data<int64_t>(),
+  launch::rope(stream_of(ex), x.raw(), x.dtype() == DType::kBF16, positions.data<int64_t>(),
                table.inv_freq.data<float>(), table.attention_factor, x.dim(0), x.dim(1), x.dim(2),
                table.rotary_dim, dim_offset, table.style == RopeStyle::kInterleaved);
 }

@@ -1,18 +1,20 @@
-// RoPE: one block per (token, head); the rotated slice is staged in shared memory so the
-// interleaved style's de-interleaving permutation can run in place. cos/sin of the f32 angle
-// inv_freq[i] * position, as the CPU kernel computes them (accurate cosf/sinf, no fast math).
-#include "kernels/cuda/common.cuh"
+// RoPE: one block per (token, head); the rotated slice is staged in shared memory (f32, whatever
+// x's type) so the interleaved style's de-interleaving permutation can run in place. cos/sin of
+// the f32 angle inv_freq[i] * position, as the CPU kernel computes them (accurate cosf/sinf, no
+// fast math); a bf16 x is rotated in f32 and rounded once when stored.
+#include "kernels/cuda/bf16_io.cuh"
 
 namespace loom::cuda {
 namespace {
 
-__global__ void rope_kernel(float* x, const int64_t* __restrict__ positions,
+template <typename T>
+__global__ void rope_kernel(T* x, const int64_t* __restrict__ positions,
                             const float* __restrict__ inv_freq, float af, int64_t H, int64_t d,
                             int rd, int64_t off, bool interleaved) {
   extern __shared__ float buf[];
   const int64_t t = blockIdx.x, h = blockIdx.y;
-  float* v = x + (t * H + h) * d + off;
-  for (int i = threadIdx.x; i < rd; i += blockDim.x) buf[i] = v[i];
+  T* v = x + (t * H + h) * d + off;
+  for (int i = threadIdx.x; i < rd; i += blockDim.x) buf[i] = dev::ld(v + i);
   __syncthreads();
   const float pos = static_cast<float>(positions[t]);
   const int half = rd / 2;
@@ -21,17 +23,17 @@ __global__ void rope_kernel(float* x, const int64_t* __restrict__ positions,
     const float c = cosf(angle) * af, s = sinf(angle) * af;
     const float a = interleaved ? buf[2 * i] : buf[i];
     const float b = interleaved ? buf[2 * i + 1] : buf[i + half];
-    v[i] = a * c - b * s;
-    v[i + half] = b * c + a * s;
+    dev::st(v + i, a * c - b * s);
+    dev::st(v + i + half, b * c + a * s);
   }
 }
 
 }  // namespace
 
 namespace launch {
-void rope(cudaStream_t stream, float* x, const int64_t* positions, const float* inv_freq,
-          float attention_factor, int64_t T, int64_t H, int64_t d, int64_t rotary_dim,
-          int64_t dim_offset, bool interleaved) {
+void rope(cudaStream_t stream, void* x, bool x_bf16, const int64_t* positions,
+          const float* inv_freq, float attention_factor, int64_t T, int64_t H, int64_t d,
+          int64_t rotary_dim, int64_t dim_offset, bool interleaved) {
   if (T == 0 || H == 0 || rotary_dim == 0) return;
   LOOM_CHECK_GRID(T);
   if (H > 65535) {
@@ -47,9 +49,13 @@ void rope(cudaStream_t stream, float* x, const int64_t* positions, const float* 
                  static_cast<long long>(rotary_dim));
     std::abort();
   }
-  rope_kernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(H)), threads, smem, stream>>>(
-      x, positions, inv_freq, attention_factor, H, d, static_cast<int>(rotary_dim), dim_offset,
-      interleaved);
+  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(H));
+  dev::with_elem(x_bf16, [&](auto xt) {
+    using X = typename decltype(xt)::type;
+    rope_kernel<X><<<grid, threads, smem, stream>>>(
+        static_cast<X*>(x), positions, inv_freq, attention_factor, H, d,
+        static_cast<int>(rotary_dim), dim_offset, interleaved);
+  });
   LOOM_CUDA_CHECK_LAUNCH();
 }
 }  // namespace launch

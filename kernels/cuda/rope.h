@@ -1,5 +1,5 @@
 // CUDA twins of the same-named kernels/ header: same contracts, every tensor argument on the GPU
-// (f32 contiguous), enqueued on the Exec's stream without synchronising.
+// (contiguous; x f32 or bf16), enqueued on the Exec's stream without synchronising.
 #pragma once
 
 #include <cstdint>

@@ -31,6 +31,7 @@
 #include "kernels/norm.h"
 #include "kernels/rope.h"
 #include "tests/gpu/gpu_test_support.h"
+#include "tests/gpu/model_test_support.h"
 #include "tests/gpu/twin_tolerances.h"
 
 namespace loom {
@@ -545,6 +546,293 @@ TEST_F(CudaKernels, Rope) {
              scaled_err(xd, ref), 8 * twin::kEps);
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// bf16 activations. Every input a case passes as bf16 is rounded once (as_dev): the GPU reads the
+// bf16 tensor, the CPU twin the same values widened to f32. The GPU result, widened to f32, is
+// compared by relative L2, ||gpu - cpu|| / ||cpu|| (rel_l2, tests/gpu/model_test_support.h).
+// Both sides see identical input values, so they differ by the GPU's own f32 arithmetic (the
+// f32 bounds above: ~1e-6) plus, for a bf16 output, its rounding to nearest even: at most 2^-8
+// (3.9e-3, bf16 keeps 8 significant bits) relative per element, hence at most 3.9e-3 in relative
+// L2; its rms over random mantissas is ~1.6e-3, as observed (H200, 2026-12-01). Bounds: 1e-2 for
+// a bf16 output (the project's bf16 bound, 2.5x that worst case), 1e-4 for an f32 output (the
+// project's f32 bound; observed <= 5e-7). An element left unwritten stays NaN (outputs are
+// poisoned) and fails either; copies and gathers are exact.
+constexpr DType kF32 = DType::kF32, kBF16 = DType::kBF16;
+const char* dname(DType t) { return t == kBF16 ? "bf16" : "f32"; }
+double bf16_tol(DType out) { return out == kBF16 ? 1e-2 : 1e-4; }
+
+// `t` on the GPU as dtype `dt`; for bf16, t's own values are rounded first so that the CPU twin,
+// which reads t, sees exactly what the GPU reads.
+Tensor as_dev(Tensor& t, DType dt) {
+  if (dt == kF32) return dev(t);
+  Tensor b = Tensor::empty(t.shape(), kBF16);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const uint16_t h = f32_to_bf16(t.data<float>()[i]);
+    b.data<uint16_t>()[i] = h;
+    t.data<float>()[i] = bf16_to_f32(h);
+  }
+  return dev(b);
+}
+// A device tensor of `dt` full of NaN.
+Tensor poisoned_as(Shape shape, DType dt) {
+  Tensor nan = Tensor::full(shape, std::nanf(""));
+  return as_dev(nan, dt);
+}
+void report_l2(const std::string& name, const Tensor& got_dev, const Tensor& ref, DType out) {
+  report(name, rel_l2(host(got_dev).to_f32(), ref), bf16_tol(out));
+}
+// The (a, b) dtype pairs other than f32/f32 (which the tests above cover).
+const std::vector<std::pair<DType, DType>> kMixedPairs = {
+    {kF32, kBF16}, {kBF16, kF32}, {kBF16, kBF16}};
+std::string pair_name(DType a, DType b) { return std::string(dname(a)) + "_" + dname(b); }
+
+// x f32 (the residual) or bf16 into out f32 or bf16; D = 129 (scalar path), 1028 (16-byte units
+// for f32 only), 4096 (units of 8 either way). In place on bf16 as KDA's o_norm does.
+TEST_F(CudaKernels, RmsNormBf16) {
+  for (int64_t D : {129, 1028, 4096}) {
+    for (float offset : {0.0f, 1.0f}) {
+      const int64_t N = 37;
+      const Tensor x0 = randn({N, D}, 2.0f), w = randn({D}, 0.5f);
+      const Tensor wd = dev(w);
+      const std::string tag = "_D" + std::to_string(D) + "_off" + std::to_string(int(offset));
+      for (auto [xt, ot] : kMixedPairs) {
+        Tensor x = x0.clone(), ref = Tensor::empty({N, D});
+        const Tensor xd = as_dev(x, xt), od = poisoned_as({N, D}, ot);
+        rmsnorm_forward(host_exec(), x, w, 1e-6f, offset, ref);
+        rmsnorm_forward(gpu(), xd, wd, 1e-6f, offset, od);
+        report_l2("rmsnorm_" + pair_name(xt, ot) + tag, od, ref, ot);
+        if (xt == ot) {
+          rmsnorm_forward(gpu(), xd, wd, 1e-6f, offset, xd);  // out aliases x
+          report_l2("rmsnorm_alias_" + pair_name(xt, ot) + tag, xd, ref, ot);
+        }
+      }
+    }
+  }
+}
+
+// q and k: bf16 in place; the other pairs too (d = 129 scalar, 128 vectorised).
+TEST_F(CudaKernels, L2NormBf16) {
+  for (int64_t d : {129, 128}) {
+    const Tensor x0 = randn({61, 3, d}, 1.5f);
+    for (auto [xt, ot] : kMixedPairs) {
+      Tensor x = x0.clone(), ref = Tensor::empty(x0.shape());
+      const Tensor xd = as_dev(x, xt), od = poisoned_as(x0.shape(), ot);
+      l2norm_forward(host_exec(), x, 1e-6f, 0.7f, ref);
+      l2norm_forward(gpu(), xd, 1e-6f, 0.7f, od);
+      const std::string tag = "_d" + std::to_string(d);
+      report_l2("l2norm_" + pair_name(xt, ot) + tag, od, ref, ot);
+      if (xt == ot) {
+        l2norm_forward(gpu(), xd, 1e-6f, 0.7f, xd);
+        report_l2("l2norm_alias_" + pair_name(xt, ot) + tag, xd, ref, ot);
+      }
+    }
+  }
+}
+
+// The in-place ops with x and the second operand each f32 or bf16: x [37, 129] (4773 elements:
+// 16-byte units and a tail), and once on views one element in (not 16-byte aligned: the scalar
+// path).
+TEST_F(CudaKernels, ElementwiseBf16) {
+  const int64_t N = 37, C = 129;
+  const Tensor a0 = randn({N, C}, 3.0f), b0 = randn({N, C}, 3.0f);
+  const Tensor bias = randn({C}), grow0 = randn({N}, 2.0f);
+  // op(x, y) on both sides, x and y of the given dtypes; x is the output.
+  auto run = [&](const std::string& name, DType xt, DType yt, const Tensor& y0, auto&& op,
+                 bool misaligned = false) {
+    Tensor x = a0.clone(), y = y0.clone();
+    Tensor xd = as_dev(x, xt), yd = as_dev(y, yt);
+    op(host_exec(), x, y);
+    if (misaligned) {
+      const int64_t n = x.numel();
+      const Tensor xv = xd.reshape({n}).slice(0, 1, n), yv = yd.reshape({y.numel()});
+      op(gpu(), xv, yv.slice(0, 1, n));
+      x = x.reshape({n}).slice(0, 1, n).clone();
+      report_l2(name + "_" + pair_name(xt, yt) + "_misaligned", xv, x, xt);
+      return;
+    }
+    op(gpu(), xd, yd);
+    report_l2(name + "_" + pair_name(xt, yt), xd, x, xt);
+  };
+  for (auto [xt, yt] : kMixedPairs) {
+    run("add_inplace", xt, yt, b0,
+        [](const Exec& ex, const Tensor& x, const Tensor& y) { add_inplace(ex, x, y); });
+    run(
+        "add_inplace", xt, yt, b0,
+        [](const Exec& ex, const Tensor& x, const Tensor& y) { add_inplace(ex, x, y); }, true);
+    run("mul_sigmoid_inplace", xt, yt, b0,
+        [](const Exec& ex, const Tensor& x, const Tensor& y) { mul_sigmoid_inplace(ex, x, y); });
+    run("mul_silu_inplace", xt, yt, b0,
+        [](const Exec& ex, const Tensor& x, const Tensor& y) { mul_silu_inplace(ex, x, y); });
+    run(
+        "mul_silu_inplace", xt, yt, b0,
+        [](const Exec& ex, const Tensor& x, const Tensor& y) { mul_silu_inplace(ex, x, y); }, true);
+    // gate [N] and, for bf16 x, [N, 1].
+    run("mul_sigmoid_rows", xt, yt, grow0,
+        [](const Exec& ex, const Tensor& x, const Tensor& y) { mul_sigmoid_rows(ex, x, y); });
+    if (xt == kBF16) {
+      run("mul_sigmoid_rows_col", xt, yt, grow0.reshape({N, 1}),
+          [](const Exec& ex, const Tensor& x, const Tensor& y) { mul_sigmoid_rows(ex, x, y); });
+    }
+  }
+  const Tensor biasd = dev(bias);
+  {
+    Tensor x = a0.clone();
+    const Tensor xd = as_dev(x, kBF16);
+    add_bias(host_exec(), x, bias);
+    add_bias(gpu(), xd, biasd);
+    report_l2("add_bias_bf16", xd, x, kBF16);
+  }
+  {
+    Tensor x = a0.clone();
+    const Tensor xd = as_dev(x, kBF16);
+    sigmoid_inplace(host_exec(), x);
+    sigmoid_inplace(gpu(), xd);
+    report_l2("sigmoid_inplace_bf16", xd, x, kBF16);
+  }
+
+  // Column copies (converting where the dtypes differ) and row gathers.
+  const int64_t c0 = 17, cw = 45;
+  const Tensor small0 = randn({N, cw});
+  std::vector<int64_t> rows;
+  std::uniform_int_distribution<int64_t> pick(0, N - 1);
+  for (int i = 0; i < 53; ++i) rows.push_back(pick(rng()));
+  const Tensor row_ids = i64_tensor(rows), row_ids_d = dev(row_ids);
+  for (auto [st, dt] : kMixedPairs) {
+    Tensor src = a0.clone(), ref = Tensor::empty({N, cw});
+    const Tensor sd = as_dev(src, st), cd = poisoned_as({N, cw}, dt);
+    copy_columns(host_exec(), src, c0, ref);
+    copy_columns(gpu(), sd, c0, cd);
+    report_l2("copy_columns_" + pair_name(st, dt), cd, ref, dt);
+
+    Tensor small = small0.clone(), wide = a0.clone();
+    const Tensor smd = as_dev(small, st), wd = as_dev(wide, dt);
+    scatter_columns(host_exec(), small, c0, wide);
+    scatter_columns(gpu(), smd, c0, wd);
+    report_l2("scatter_columns_" + pair_name(st, dt), wd, wide, dt);
+
+    Tensor gref = Tensor::empty({53, C}), gd = poisoned_as({53, C}, dt);
+    gather_rows(host_exec(), src, row_ids, gref);
+    gather_rows(gpu(), sd, row_ids_d, gd);
+    report_l2("gather_rows_" + pair_name(st, dt), gd, gref, dt);
+  }
+}
+
+// The dense FFN's SwiGLU: gate, up and out each f32 or bf16; out aliasing a bf16 gate.
+TEST_F(CudaKernels, SiluMulBf16) {
+  const Tensor g0 = randn({61, 129}, 3.0f), u0 = randn({61, 129});
+  for (DType gt : {kF32, kBF16}) {
+    for (DType ut : {kF32, kBF16}) {
+      for (DType ot : {kF32, kBF16}) {
+        if (gt == kF32 && ut == kF32 && ot == kF32) continue;
+        Tensor g = g0.clone(), u = u0.clone(), ref = Tensor::empty(g0.shape());
+        const Tensor gd = as_dev(g, gt), ud = as_dev(u, ut), od = poisoned_as(g0.shape(), ot);
+        silu_mul_forward(host_exec(), g, u, ref);
+        silu_mul_forward(gpu(), gd, ud, od);
+        const std::string name =
+            std::string("silu_mul_") + dname(gt) + "_" + dname(ut) + "_" + dname(ot);
+        report_l2(name, od, ref, ot);
+        if (gt == ot) {
+          silu_mul_forward(gpu(), gd, ud, gd);
+          report_l2(name + "_alias", gd, ref, ot);
+        }
+      }
+    }
+  }
+}
+
+// A bf16 table into the f32 residual (and the other pairs), ids on the device and on the host.
+TEST_F(CudaKernels, EmbeddingBf16) {
+  const int64_t V = 1000, D = 129, T = 61;
+  const Tensor table0 = randn({V, D});
+  std::uniform_int_distribution<int64_t> pick(0, V - 1);
+  Tensor ids = Tensor::empty({T}, DType::kI64);
+  for (int64_t i = 0; i < T; ++i) ids.data<int64_t>()[i] = i == 0 ? V - 1 : pick(rng());
+  const Tensor ids_d = dev(ids);
+  for (auto [tt, ot] : kMixedPairs) {
+    Tensor table = table0.clone(), ref = Tensor::empty({T, D});
+    const Tensor td = as_dev(table, tt);
+    embedding_forward(host_exec(), ids, table, ref);
+    Tensor od = poisoned_as({T, D}, ot), oh = poisoned_as({T, D}, ot);
+    embedding_forward(gpu(), ids_d, td, od);
+    embedding_forward(gpu(), ids, td, oh);
+    report_l2("embedding_" + pair_name(tt, ot) + "_device_ids", od, ref, ot);
+    report_l2("embedding_" + pair_name(tt, ot) + "_host_ids", oh, ref, ot);
+  }
+}
+
+// The KDA/GDN gate from a bf16 projection f; g stays f32.
+TEST_F(CudaKernels, KdaGateBf16) {
+  const int64_t T = 61, H = 3, dk = 43;
+  const Tensor A_log = uniform({H}, -1.0f, 1.5f);
+  const Tensor A_log_d = dev(A_log);
+  for (int64_t width : {H * dk, H}) {
+    const Tensor bias = randn({width});
+    for (float lb : {0.0f, -5.0f}) {
+      Tensor f = randn({T, width}, 4.0f), ref = Tensor::empty({T, width});
+      const Tensor fd = as_dev(f, kBF16), gd = poisoned({T, width});
+      kda_gate_forward(host_exec(), f, A_log, bias, lb, ref);
+      kda_gate_forward(gpu(), fd, A_log_d, dev(bias), lb, gd);
+      report_l2(std::string("kda_gate_bf16_") + (lb == 0.0f ? "softplus" : "bounded") +
+                    (width == H ? "_scalar" : ""),
+                gd, ref, kF32);
+    }
+  }
+}
+
+// RoPE in place on bf16 q/k: both styles, full and partial rotary dims, default and YaRN.
+TEST_F(CudaKernels, RopeBf16) {
+  const int64_t T = 61, H = 3, d = 133, off = 5;
+  std::vector<int64_t> pos;
+  std::uniform_int_distribution<int64_t> pick(0, 100000);
+  for (int64_t t = 0; t < T; ++t) pos.push_back(pick(rng()));
+  const Tensor pos_h = i64_tensor(pos), pos_d = dev(pos_h);
+  for (RopeStyle style : {RopeStyle::kHalf, RopeStyle::kInterleaved}) {
+    for (bool yarn : {false, true}) {
+      const RopeTable table =
+          yarn ? rope_table_yarn(10000.0, 64, style, 40.0, 4096, 32, 1, 1.0, 1.0, -1.0, true)
+               : rope_table_default(1e6, 126, style);
+      Tensor x = randn({T, H, d});
+      const Tensor xd = as_dev(x, kBF16);
+      rope_forward(host_exec(), x, pos_h, table, yarn ? off : 0);
+      RopeTable table_d = table;
+      table_d.inv_freq = dev(table.inv_freq);
+      rope_forward(gpu(), xd, pos_d, table_d, yarn ? off : 0);
+      report_l2(std::string("rope_bf16_") + (style == RopeStyle::kHalf ? "half" : "interleaved") +
+                    (yarn ? "_yarn" : ""),
+                xd, x, kBF16);
+    }
+  }
+}
+
+// bf16 stays off the CPU kernels and the backward passes, and a write over an input of another
+// dtype is refused, each with a message naming the problem.
+TEST_F(CudaKernels, Bf16ChecksAbort) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        Tensor x = Tensor::empty({2, 4}, kBF16);
+        rmsnorm_forward(host_exec(), x, Tensor::full({4}, 1.0f), 1e-6f, 0.0f,
+                        Tensor::empty({2, 4}));
+      },
+      "expected contiguous f32, got bf16");
+  EXPECT_DEATH(
+      {
+        const RopeTable table = rope_table_default(1e4, 4, RopeStyle::kHalf);
+        rope_backward(host_exec(), Tensor::empty({1, 1, 4}, kBF16), i64_tensor({0}), table, 0);
+      },
+      "expected contiguous f32 \\(or bf16, in the CUDA forward only\\)");
+  EXPECT_DEATH(
+      {
+        cuda::init();
+        Tensor buf = Tensor::empty({16}, kF32, Device::kCuda);
+        const Tensor x = buf.reshape({2, 8});
+        const Tensor out = Tensor::wrap(buf.raw(), {2, 8}, kBF16, Device::kCuda);
+        rmsnorm_forward(gpu(), x, dev(Tensor::full({8}, 1.0f)), 1e-6f, 0.0f, out);
+      },
+      "in place only with the same dtype");
+  report("bf16_checks_abort", HasFailure() ? 1.0 : 0.0, 0.0);
 }
 
 }  // namespace

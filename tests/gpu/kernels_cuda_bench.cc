@@ -72,6 +72,15 @@ void bench_rmsnorm() {
   const double ms = median_ms([&](int) { rmsnorm_forward(gpu(), x, w, 1e-6f, 0.0f, out); }, 30);
   const double bytes = 2.0 * N * D * 4 + D * 4;
   emit("rmsnorm_N16384_D4096", bytes / (ms * 1e6), "GB/s", kHbmGBs, ms);
+  // The mixed-precision forward's norms: the f32 residual into a bf16 output, and bf16 to bf16
+  // (q/k and KDA's o_norm), whose input is the first one's output.
+  Tensor xb = Tensor::empty({N, D}, DType::kBF16, Device::kCuda);
+  Tensor ob = Tensor::empty({N, D}, DType::kBF16, Device::kCuda);
+  const double ms_fb = median_ms([&](int) { rmsnorm_forward(gpu(), x, w, 1e-6f, 0.0f, xb); }, 30);
+  emit("rmsnorm_f32_to_bf16_N16384_D4096", (N * D * 6.0 + D * 4) / (ms_fb * 1e6), "GB/s", kHbmGBs,
+       ms_fb);
+  const double ms_bb = median_ms([&](int) { rmsnorm_forward(gpu(), xb, w, 1e-6f, 0.0f, ob); }, 30);
+  emit("rmsnorm_bf16_N16384_D4096", (N * D * 4.0 + D * 4) / (ms_bb * 1e6), "GB/s", kHbmGBs, ms_bb);
 }
 
 void bench_gemm() {
