@@ -29,6 +29,7 @@ ABSL_FLAG(int, max_num_batched_tokens, 2048, "engine token budget per step");
 ABSL_FLAG(bool, deterministic, false, "batch-invariant numerics (the server's --deterministic)");
 ABSL_FLAG(std::string, device, "cpu", "where the model runs: cpu, cuda or cuda:N (the server's)");
 ABSL_FLAG(std::string, weight_dtype, "auto", "weight matrices: auto, f32 or bf16 (the server's)");
+ABSL_FLAG(std::string, act_dtype, "auto", "activations: auto, f32 or bf16 (the server's)");
 ABSL_FLAG(int64_t, cache_budget_mb, 1024, "KV pages + linear-state slots, MiB (the server's)");
 ABSL_FLAG(int, max_num_seqs, 64,
           "sequences per step (the server's); at least the largest concurrency");
@@ -48,13 +49,15 @@ std::vector<int32_t> random_prompt(int len, int vocab, std::mt19937& rng) {
 std::unique_ptr<Engine> make_engine() {
   const absl::StatusOr<Device> device = parse_device(absl::GetFlag(FLAGS_device));
   const absl::StatusOr<WeightDType> dtype = parse_weight_dtype(absl::GetFlag(FLAGS_weight_dtype));
-  for (const absl::Status& st : {device.status(), dtype.status()}) {
+  const absl::StatusOr<ActivationDType> act =
+      parse_activation_dtype(absl::GetFlag(FLAGS_act_dtype));
+  for (const absl::Status& st : {device.status(), dtype.status(), act.status()}) {
     if (!st.ok()) {
       std::fprintf(stderr, "loom-bench-engine: %s\n", std::string(st.message()).c_str());
       std::exit(2);
     }
   }
-  const Placement placement{.device = *device, .dtype = *dtype};
+  const Placement placement{.device = *device, .dtype = *dtype, .activations = *act};
   const std::string seed = absl::GetFlag(FLAGS_random_weights);
   absl::StatusOr<uint64_t> random_seed = uint64_t{0};
   if (!seed.empty()) random_seed = parse_random_weights_seed(seed);

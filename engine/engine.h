@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,10 +38,11 @@ struct EngineOptions {
   // bit-identical whatever else runs, however its prompt is chunked, and across prefix-cache hits
   // and preemption. Slower; docs/operations.md has the cost.
   bool deterministic = false;
-  // Storage dtype of the attention KV pages (CacheStore::Options::kv_dtype): f32, or bf16 on a
-  // GPU. Cache sizing counts its bytes; Engine::create refuses a dtype the model's device cannot
-  // read with CacheStore::validate's message.
-  DType kv_dtype = DType::kF32;
+  // Storage dtype of the attention KV pages (CacheStore::Options::kv_dtype): f32 or bf16; unset:
+  // the model's activation dtype (Model::act_dtype(): a bf16 activation is stored as it is).
+  // Cache sizing counts its bytes; Engine::create refuses a dtype the model's device cannot read
+  // with CacheStore::validate's message.
+  std::optional<DType> kv_dtype;
 };
 
 struct EngineStats {

@@ -84,7 +84,8 @@ absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::create(const Model& mode
   CacheStore::Options store_options;  // on the model's device
   store_options.page_size = options.page_size;
   store_options.device = model.device();
-  store_options.kv_dtype = options.kv_dtype;
+  store_options.kv_dtype = options.kv_dtype.value_or(model.act_dtype());
+  store_options.act_dtype = model.act_dtype();
   LOOM_RETURN_IF_ERROR(CacheStore::validate(cfg, store_options));
   const std::vector<int64_t> kv_per_token =
       CacheStore::kv_bytes_per_token(cfg, store_options.kv_dtype);

@@ -38,6 +38,10 @@ ABSL_FLAG(std::string, device, "cpu",
 ABSL_FLAG(std::string, weight_dtype, "auto",
           "Storage dtype of the weight matrices: auto (the checkpoint's own: bf16 for a bf16 "
           "checkpoint, f32 otherwise), f32 or bf16. Compute stays f32 on the CPU.");
+ABSL_FLAG(std::string, act_dtype, "auto",
+          "dtype of the activations between ops: auto (bf16 on a GPU serving bf16 matrices, f32 "
+          "otherwise), f32 or bf16 (a GPU with bf16 matrices). The residual stream, linear "
+          "states, router and logits stay f32.");
 
 namespace {
 
@@ -79,10 +83,13 @@ int main(int argc, char** argv) {
   const std::string& dir = options->model_dir;
   auto weight_dtype = loom::parse_weight_dtype(absl::GetFlag(FLAGS_weight_dtype));
   if (!weight_dtype.ok()) return fail("bad flags", weight_dtype.status());
+  auto act_dtype = loom::parse_activation_dtype(absl::GetFlag(FLAGS_act_dtype));
+  if (!act_dtype.ok()) return fail("bad flags", act_dtype.status());
   auto device = loom::parse_device(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return fail("bad flags", device.status());
   if (absl::Status st = loom::device_available(*device); !st.ok()) return fail("--device", st);
-  const loom::Placement placement{.device = *device, .dtype = *weight_dtype};
+  const loom::Placement placement{
+      .device = *device, .dtype = *weight_dtype, .activations = *act_dtype};
   const absl::Time load_start = absl::Now();
   auto model =
       options->random_weights

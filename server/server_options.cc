@@ -42,10 +42,11 @@ ABSL_FLAG(bool, deterministic, false,
           "Batch-invariant numerics: a request's tokens and logprobs are bit-identical alone or "
           "under any load, chunking, prefix-cache hit or preemption (slower; see "
           "docs/operations.md).");
-ABSL_FLAG(std::string, kv_dtype, "f32",
-          "Storage dtype of the attention KV pages: f32 or bf16 (half the bytes per cached "
-          "token, so twice the pages for the same --cache_budget_mb; on a GPU MLA decode then "
-          "runs on tensor cores). Linear-attention states stay f32.");
+ABSL_FLAG(std::string, kv_dtype, "auto",
+          "Storage dtype of the attention KV pages: auto (the activations' dtype: f32, or bf16 "
+          "on a GPU serving bf16 matrices), f32 or bf16 (half the bytes per cached token, so "
+          "twice the pages for the same --cache_budget_mb; on a GPU MLA decode then runs on "
+          "tensor cores). Linear-attention states stay f32.");
 ABSL_FLAG(int64_t, max_body_bytes, 4 << 20, "Largest request body accepted (413 beyond).");
 ABSL_FLAG(int64_t, max_header_bytes, 16 << 10, "Largest request header block (431 beyond).");
 ABSL_FLAG(int, max_queue, 256,
@@ -127,12 +128,14 @@ absl::StatusOr<ServerOptions> server_options_from_flags() {
   }
   if (absl::GetFlag(FLAGS_cache_budget_mb) < 1) return bad("cache_budget_mb", "must be positive");
   const std::string kv_dtype = absl::GetFlag(FLAGS_kv_dtype);
-  if (kv_dtype == "f32") {
+  if (kv_dtype == "auto") {
+    o.engine.kv_dtype.reset();
+  } else if (kv_dtype == "f32") {
     o.engine.kv_dtype = DType::kF32;
   } else if (kv_dtype == "bf16") {
     o.engine.kv_dtype = DType::kBF16;
   } else {
-    return bad("kv_dtype", "must be f32 or bf16");
+    return bad("kv_dtype", "must be auto, f32 or bf16");
   }
   if (o.engine.max_num_batched_tokens < 1) return bad("max_num_batched_tokens", "must be >= 1");
   if (o.engine.max_num_seqs < 1) return bad("max_num_seqs", "must be >= 1");

@@ -30,8 +30,29 @@ std::string_view weight_dtype_name(WeightDType dtype) {
   return "?";
 }
 
+absl::StatusOr<ActivationDType> parse_activation_dtype(std::string_view name) {
+  if (name == "auto") return ActivationDType::kAuto;
+  if (name == "f32") return ActivationDType::kF32;
+  if (name == "bf16") return ActivationDType::kBF16;
+  return absl::InvalidArgumentError(absl::StrCat("activation dtype '", absl_sv(name),
+                                                 "' is not supported; expected auto, f32 or bf16"));
+}
+
+std::string_view activation_dtype_name(ActivationDType dtype) {
+  switch (dtype) {
+    case ActivationDType::kAuto:
+      return "auto";
+    case ActivationDType::kF32:
+      return "f32";
+    case ActivationDType::kBF16:
+      return "bf16";
+  }
+  return "?";
+}
+
 std::string Placement::describe() const {
   return absl::StrCat(device_name(device), ", ", absl_sv(weight_dtype_name(dtype)), " matrices, ",
+                      absl_sv(activation_dtype_name(activations)), " activations, ",
                       experts ? absl::StrCat("experts [", experts->begin, ", ", experts->end, ")")
                               : std::string("all experts"));
 }

@@ -35,6 +35,19 @@ enum class WeightDType : uint8_t { kAuto, kF32, kBF16 };
 absl::StatusOr<WeightDType> parse_weight_dtype(std::string_view name);
 std::string_view weight_dtype_name(WeightDType dtype);
 
+// The dtype of the activations passed between ops. The residual stream (and Block-AttnRes's block
+// sums), the recurrent states, the router's logits and gate weights, the decay gates and the
+// logits stay f32 whatever this says; every other activation (GEMM inputs and outputs, q/k/v,
+// attention and expert outputs, the norms' outputs) is stored in it, and every kernel computes
+// in f32 and rounds on store. kAuto: bf16 on a GPU with bf16 matrices (the tensor cores then read
+// GEMM inputs as they are, with no rounding pass), f32 otherwise. bf16 needs a GPU (the CPU
+// backend computes in f32) and bf16 matrices.
+enum class ActivationDType : uint8_t { kAuto, kF32, kBF16 };
+
+// "auto", "f32" or "bf16" (flags); InvalidArgument naming the accepted values otherwise.
+absl::StatusOr<ActivationDType> parse_activation_dtype(std::string_view name);
+std::string_view activation_dtype_name(ActivationDType dtype);
+
 // Where and how a model's parameters are stored. Which tensors follow `dtype`:
 //  - the matrices of linear_forward and moe_grouped_swiglu (the GEMM weights): every projection of
 //    the mixers, the dense and shared-expert FFNs, the routed experts, lm_head;
@@ -48,6 +61,8 @@ std::string_view weight_dtype_name(WeightDType dtype);
 struct Placement {
   Device device = Device::kCpu;
   WeightDType dtype = WeightDType::kF32;
+  // The activations' dtype (above); Model::load resolves kAuto (Model::act_dtype()).
+  ActivationDType activations = ActivationDType::kAuto;
   // The routed experts this rank loads and computes; nullopt: all of them. The router always
   // covers every expert (engine/parallel: a LocalExpertDispatcher over this range).
   std::optional<ExpertRange> experts;

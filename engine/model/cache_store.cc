@@ -78,15 +78,15 @@ absl::Status CacheStore::validate(const ModelConfig& cfg, const Options& o) {
           "CacheStore: ", what, " ", std::string(dtype_name(dtype)), " is not a float type"));
   }
   // Both backends' attention kernels read f32 or bf16 pages (the CPU's widen a page at a time);
-  // the convolution kernels of both keep f32 tails.
+  // the convolution tails follow the activations: f32, or bf16 on a GPU.
   if (o.kv_dtype != DType::kF32 && o.kv_dtype != DType::kBF16)
     return absl::InvalidArgumentError(absl::StrCat("CacheStore: kv_dtype ",
                                                    std::string(dtype_name(o.kv_dtype)), " on ",
                                                    device_name(o.device), ": use f32 or bf16"));
-  if (o.act_dtype != DType::kF32)
+  if (o.act_dtype != DType::kF32 && !(o.act_dtype == DType::kBF16 && o.device.is_cuda()))
     return absl::InvalidArgumentError(
         absl::StrCat("CacheStore: act_dtype ", std::string(dtype_name(o.act_dtype)), " on ",
-                     device_name(o.device), ": the convolution kernels keep f32 tails for now"));
+                     device_name(o.device), ": convolution tails are f32, or bf16 on a GPU"));
 #ifndef LOOM_WITH_CUDA
   if (o.device.is_cuda())
     return absl::InvalidArgumentError(

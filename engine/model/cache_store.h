@@ -67,6 +67,7 @@ class CacheStore {
   int64_t num_slots() const { return options_.num_slots; }
   Device device() const { return options_.device; }
   DType kv_dtype() const { return options_.kv_dtype; }
+  DType act_dtype() const { return options_.act_dtype; }
   bool has_attention() const { return has_attention_; }
   bool has_linear() const { return has_linear_; }
 

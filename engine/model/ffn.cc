@@ -104,10 +104,17 @@ class MoeFfn final : public Ffn {
   void forward(const ForwardContext& ctx, const Tensor& x, const Tensor& out) const override {
     const Workspace::Mark scope(ctx.ws());
     const int64_t n = x.dim(0), e = router_.dim(0);
-    Tensor logits = ctx.take({n, e});
-    linear_forward(ctx.ex, x, router_, logits);
+    // The router and the shared-expert gate keep f32 weights (parameter_arena.h) and read f32
+    // rows: routing decides on the exact logits whatever the activations are.
+    Tensor x_f32 = x;
+    if (x.dtype() != DType::kF32) {
+      x_f32 = ctx.take(x.shape(), DType::kF32);
+      copy_columns(ctx.ex, x, 0, x_f32);
+    }
+    Tensor logits = ctx.take({n, e}, DType::kF32);
+    linear_forward(ctx.ex, x_f32, router_, logits);
     Tensor ids = ctx.take({n, params_.top_k}, DType::kI32);
-    Tensor weights = ctx.take({n, params_.top_k});
+    Tensor weights = ctx.take({n, params_.top_k}, DType::kF32);
     moe_route(ctx.ex, logits, bias_, params_, ids, weights);
     const Dispatched routed = dispatcher_->dispatch(ctx.ex, x, ids, weights, ctx.ws());
     Tensor y = ctx.take(routed.rows.shape());
@@ -117,8 +124,8 @@ class MoeFfn final : public Ffn {
       Tensor s = ctx.take(out.shape());
       shared_->forward(ctx, x, s);
       if (shared_gate_.defined()) {
-        Tensor g = ctx.take({n, 1});
-        linear_forward(ctx.ex, x, shared_gate_, g);
+        Tensor g = ctx.take({n, 1}, DType::kF32);
+        linear_forward(ctx.ex, x_f32, shared_gate_, g);
         mul_sigmoid_rows(ctx.ex, s, g);
       }
       add_inplace(ctx.ex, out, s);

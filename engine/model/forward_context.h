@@ -9,6 +9,7 @@
 #include "core/workspace.h"
 #include "engine/model/activation_tape.h"
 #include "engine/model/cache_store.h"
+#include "kernels/elementwise.h"
 #include "kernels/exec.h"
 
 namespace loom {
@@ -47,9 +48,16 @@ struct ForwardContext {
   // its own (f32 gates and states whatever the activations are).
   Tensor take(Shape shape) const { return ex.workspace->take(shape, act_dtype); }
   Tensor take(Shape shape, DType dtype) const { return ex.workspace->take(shape, dtype); }
-  // Records `value` on the tape, if there is one and it wants `name` (activation_tape.h).
+  // Records `value` on the tape, if there is one and it wants `name` (activation_tape.h), in
+  // f32 whatever the activations are: readers compare taped values with f32 references.
   void record(int layer, std::string_view name, const Tensor& value) const {
-    if (tape != nullptr) tape->record(layer, name, value);
+    if (tape == nullptr || !tape->wants(name)) return;
+    if (value.dtype() == DType::kF32) return tape->record(layer, name, value);
+    const Tensor wide = Tensor::empty(value.shape(), DType::kF32, ex.device);
+    const int64_t cols = value.ndim() > 0 ? value.dim(-1) : 1;
+    const int64_t rows = cols > 0 ? value.numel() / cols : 0;
+    copy_columns(ex, value.reshape({rows, cols}), 0, wide.reshape({rows, cols}));
+    tape->record(layer, name, wide);
   }
 };
 

@@ -59,7 +59,7 @@ class GdnMixer final : public Mixer {
     copy_columns(ctx.ex, ba, 0, beta);
     copy_columns(ctx.ex, ba, hv, a);
     sigmoid_inplace(ctx.ex, beta);
-    Tensor g = ctx.take({n, hv, 1});
+    Tensor g = ctx.take({n, hv, 1}, DType::kF32);  // log decays: f32 (their cumsum is long)
     kda_gate_forward(ctx.ex, a, a_log_, dt_bias_, /*lower_bound=*/0.0f, g.reshape({n, hv}));
 
     Tensor o = ctx.take({n, hv, dv});

@@ -71,7 +71,7 @@ class KdaMixer final : public Mixer {
     linear_forward(ctx.ex, x, f_a_, fa);
     Tensor f = ctx.take({n, hv * dk});
     linear_forward(ctx.ex, fa, f_b_, f);
-    Tensor g = ctx.take({n, hv, dk});
+    Tensor g = ctx.take({n, hv, dk}, DType::kF32);  // log decays: f32 (their cumsum is long)
     kda_gate_forward(ctx.ex, f, a_log_, dt_bias_, cfg_.gate_lower_bound, g.reshape({n, hv * dk}));
     Tensor beta = ctx.take({n, hv});
     linear_forward(ctx.ex, x, b_proj_, beta);

@@ -67,7 +67,8 @@ absl::StatusOr<Tensor> Model::forward_private(const ForwardBatch& batch,
   CacheStore store(cfg_, {.num_pages = static_cast<int64_t>(n),
                           .page_size = longest,
                           .num_slots = static_cast<int64_t>(n),
-                          .device = placement_.device});
+                          .device = placement_.device,
+                          .act_dtype = act_dtype_});
   for (size_t s = 0; s < n; ++s) {
     const SequenceCache& cache = *batch.seqs[s].cache;
     store.copy_slot(cache.store(), 0, static_cast<int64_t>(s));
@@ -126,7 +127,8 @@ absl::StatusOr<Tensor> Model::forward_store(const ForwardBatch& batch, Activatio
   const ForwardContext ctx{ex, layout, act_dtype_, tape};
 
   const int64_t d = cfg_.hidden_size;
-  Tensor embedding = ctx.take({rows, d});
+  // The residual stream stays f32 whatever the activations are (Placement::activations).
+  Tensor embedding = ctx.take({rows, d}, DType::kF32);
   embedding_forward(ctx.ex, layout.token_ids, embed_, embedding);
   ctx.record(-1, "embedding", embedding);
   // `normed`: the final normalised hidden state of every row.
@@ -136,7 +138,7 @@ absl::StatusOr<Tensor> Model::forward_store(const ForwardBatch& batch, Activatio
   const int64_t m = layout.logit_rows.dim(0);
   Tensor picked = ctx.take({m, d});
   gather_rows(ctx.ex, normed, layout.logit_rows, picked);
-  Tensor logits = ctx.take({m, cfg_.vocab_size});
+  Tensor logits = ctx.take({m, cfg_.vocab_size}, DType::kF32);  // the samplers read f32
   linear_forward(ctx.ex, picked, lm_head_, logits);
   return own_ws ? logits.clone() : logits;
 }
@@ -175,7 +177,7 @@ Tensor Model::run_block_attnres(const ForwardContext& ctx, const Tensor& embeddi
   // The embedding, at most one completed block per `block` aggregated sublayers (1 .. 2L - 1),
   // and the running sum.
   const int64_t capacity = 2 + (2 * int64_t{cfg_.num_layers} - 1) / block;
-  Tensor stack = ctx.take({capacity, rows, d});
+  Tensor stack = ctx.take({capacity, rows, d}, DType::kF32);  // the residual stream: f32
   copy_columns(ctx.ex, embedding, 0, stack.select(0));
   int64_t completed = 1;
   bool has_partial = false;

@@ -47,8 +47,11 @@ class Model {
 
   const ModelConfig& config() const { return cfg_; }
   // A fresh private cache for one sequence (position 0), on the model's device.
-  SequenceCache new_cache() const { return SequenceCache(cfg_, placement_.device); }
+  SequenceCache new_cache() const { return SequenceCache(cfg_, placement_.device, act_dtype_); }
   Device device() const { return placement_.device; }
+  // The activations' dtype (Placement::activations resolved: kF32 or kBF16). The engine stores
+  // the convolution tails of its state slots in it.
+  DType act_dtype() const { return act_dtype_; }
 
   // Runs the batch, extending each sequence's cache by its new tokens. Returns logits [rows, V]
   // for the rows each sequence asked for (LogitsMode), in sequence order. InvalidArgument for a
@@ -111,7 +114,7 @@ class Model {
     std::unique_ptr<Ffn> ffn;
   };
   ModelConfig cfg_;
-  DType act_dtype_ = DType::kF32;  // activations between ops (f32: the CPU backend computes in f32)
+  DType act_dtype_ = DType::kF32;  // activations between ops (Placement::activations)
   Tensor embed_, final_norm_, lm_head_;
   Tensor final_res_proj_, final_res_norm_;  // AttnRes only
   std::vector<Layer> layers_;

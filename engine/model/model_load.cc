@@ -7,6 +7,33 @@
 
 namespace loom {
 
+namespace {
+
+// The activation dtype of a placement whose matrix dtype is resolved (parameter_arena.h).
+absl::StatusOr<DType> resolve_activations(const Placement& p) {
+  const bool bf16_matrices = p.matrix_dtype() == DType::kBF16;
+  switch (p.activations) {
+    case ActivationDType::kAuto:
+      return !p.device.is_cpu() && bf16_matrices ? DType::kBF16 : DType::kF32;
+    case ActivationDType::kF32:
+      return DType::kF32;
+    case ActivationDType::kBF16:
+      if (p.device.is_cpu())
+        return absl::InvalidArgumentError(
+            "bf16 activations need a GPU: the CPU backend computes in f32 (use f32 or auto)");
+      if (!bf16_matrices)
+        return absl::InvalidArgumentError(
+            "bf16 activations need bf16 matrices (the GEMMs read bf16 inputs against bf16 "
+            "weights): load with bf16 (or auto, for a bf16 checkpoint) weights");
+      if (p.trainable)
+        return absl::InvalidArgumentError("a trainable model computes in f32 activations");
+      return DType::kBF16;
+  }
+  return absl::InvalidArgumentError("unknown activation dtype");
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Model>> Model::load(const std::string& dir,
                                                    const Placement& placement) {
   LOOM_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(dir));
@@ -36,6 +63,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::load(const ModelConfig& cfg,
   m->arena_ = std::make_unique<ParameterArena>(placement.device);
   LOOM_ASSIGN_OR_RETURN(const WeightLoader w, weights.placed(*m->arena_, placement));
   m->placement_ = w.placement();
+  LOOM_ASSIGN_OR_RETURN(m->act_dtype_, resolve_activations(m->placement_));
+  m->placement_.activations =
+      m->act_dtype_ == DType::kBF16 ? ActivationDType::kBF16 : ActivationDType::kF32;
   const int64_t d = cfg.hidden_size, v = cfg.vocab_size;
   LOOM_ASSIGN_OR_RETURN(m->embed_, w.load("embed.weight", {v, d}));  // embedding_forward: f32
   LOOM_ASSIGN_OR_RETURN(m->final_norm_, w.load("final_norm.weight", {d}));

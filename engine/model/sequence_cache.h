@@ -18,8 +18,9 @@ namespace loom {
 
 class SequenceCache {
  public:
-  // On `device` (the model's), in f32.
-  explicit SequenceCache(const ModelConfig& cfg, Device device = Device::kCpu);
+  // On `device` (the model's): f32 pages, convolution tails in `act_dtype` (the model's).
+  explicit SequenceCache(const ModelConfig& cfg, Device device = Device::kCpu,
+                         DType act_dtype = DType::kF32);
 
   // Positions already processed (the next token's position).
   int64_t num_tokens() const { return num_tokens_; }

@@ -38,8 +38,9 @@ ABSL_FLAG(std::string, golden, "",
           "set it to check a converted checkpoint against the original's goldens)");
 ABSL_FLAG(std::string, device, "cpu", "where the model runs: cpu, cuda or cuda:N (a CUDA build)");
 ABSL_FLAG(std::string, dtype, "f32",
-          "compute precision: f32 (the f32 bounds), or bf16 on a GPU: bf16 weight matrices whose "
-          "GEMMs round their inputs to bf16 for the tensor cores, held to the bounds "
+          "compute precision: f32 (f32 activations, the f32 bounds), or bf16 on a GPU: bf16 "
+          "weight matrices and bf16 activations (the residual stream, states, router and logits "
+          "stay f32; weights/parameter_arena.h), held to the bounds "
           "fixtures/README.md derives from the reference's own bf16 error (golden.json "
           "reference_bf16: relative L2 <= max(2e-2, 1.25x its), top-1 >= min(98%, its - 3 "
           "points))");
@@ -350,8 +351,10 @@ int run() {
   if (const int rc = check_blas_coretype(); rc != 0) return rc;
   const bool batched = absl::GetFlag(FLAGS_batch);
   const auto t0 = std::chrono::steady_clock::now();
-  absl::StatusOr<std::unique_ptr<Model>> model =
-      Model::load(dir, Placement{.device = *device, .dtype = *weight_dtype});
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::load(
+      dir, Placement{.device = *device,
+                     .dtype = *weight_dtype,
+                     .activations = bf16 ? ActivationDType::kBF16 : ActivationDType::kF32});
   if (!model.ok()) {
     std::fprintf(stderr, "loom-conformance: %s\n", std::string(model.status().message()).c_str());
     return 2;

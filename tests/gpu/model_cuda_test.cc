@@ -1,7 +1,8 @@
 // Whole models on the GPU against the same models on the CPU: every fixture family (KDA + MLA +
 // MoE, GDN + gated GQA + MoE, MLA + grouped MoE, KDA with Block AttnRes), private caches and the
 // engine's paged store, prefill, chunked prefill and decode, the serving engine itself (greedy
-// tokens), and batch-invariant numerics on the GPU (bit-identical logits alone and in a batch).
+// tokens), batch-invariant numerics on the GPU (bit-identical logits alone and in a batch), and
+// the same models in bf16 activations (ModelCudaBf16Activations).
 //
 // Fixtures: $LOOM_GPU_FIXTURES, else .device-fixtures (what tests/gpu/run.sh carries to the GPU
 // machine), else ../shared/fixtures. Each check prints "GPUCHECK <name> <error> <bound>
@@ -308,16 +309,16 @@ TEST_P(ModelCuda, EngineGreedyMatchesCpu) {
 
 // --deterministic on the GPU: a sequence's logits are bit-identical alone (prefilled whole, then
 // decoded) and in a batch of 64 (prefilled in two chunks beside other sequences, then decoded
-// beside them).
-TEST_P(ModelCuda, BatchInvariantModeIsBitIdentical) {
-  std::mt19937_64 rng(gpu_test_seed() + 3);
-  const int64_t vocab = gpu_->config().vocab_size;
+// beside them). Returns how many of its logits differ in any bit.
+size_t invariance_differing_logits(const Model& gpu, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int64_t vocab = gpu.config().vocab_size;
   const std::vector<int32_t> target = random_ids(53, vocab, rng);
   const std::vector<int32_t> next = random_ids(3, vocab, rng);
   auto run = [&](const std::vector<std::vector<int32_t>>& first,
                  const std::vector<std::vector<int32_t>>& second, size_t steps) {
     std::vector<SequenceCache> caches;
-    for (size_t i = 0; i < first.size(); ++i) caches.push_back(gpu_->new_cache());
+    for (size_t i = 0; i < first.size(); ++i) caches.push_back(gpu.new_cache());
     std::vector<float> rows;  // sequence 0's logits, every step
     auto forward = [&](const std::vector<std::vector<int32_t>>& runs, LogitsMode mode) {
       ForwardBatch b;
@@ -328,7 +329,7 @@ TEST_P(ModelCuda, BatchInvariantModeIsBitIdentical) {
                           .logits = mode,
                           .cache = &caches[i]});
       }
-      absl::StatusOr<Tensor> l = gpu_->forward(b);
+      absl::StatusOr<Tensor> l = gpu.forward(b);
       EXPECT_TRUE(l.ok()) << l.status();
       const Tensor h = l->to(Device::kCpu);
       const int64_t n0 = mode == LogitsMode::kAll ? static_cast<int64_t>(runs[0].size()) : 1;
@@ -351,11 +352,16 @@ TEST_P(ModelCuda, BatchInvariantModeIsBitIdentical) {
     second.push_back(random_ids(1 + i % 11, vocab, rng));
   }
   const std::vector<float> batched = run(first, second, 3);
-  ASSERT_EQ(alone.size(), batched.size());
+  EXPECT_EQ(alone.size(), batched.size());
   size_t differing = 0;
-  for (size_t i = 0; i < alone.size(); ++i)
+  for (size_t i = 0; i < std::min(alone.size(), batched.size()); ++i)
     differing += std::memcmp(&alone[i], &batched[i], sizeof(float)) != 0;
-  check(case_name(GetParam()) + "_invariant_differing_logits", static_cast<double>(differing), 0);
+  return differing;
+}
+
+TEST_P(ModelCuda, BatchInvariantModeIsBitIdentical) {
+  check(case_name(GetParam()) + "_invariant_differing_logits",
+        static_cast<double>(invariance_differing_logits(*gpu_, gpu_test_seed() + 3)), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -369,6 +375,72 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"kimi_linear_b0", WeightDType::kF32, 1e-4},
                       Case{"deepseek_v3_fp8", WeightDType::kF32, 1e-4}),
     [](const ::testing::TestParamInfo<Case>& info) { return case_name(info.param); });
+
+// bf16 activations (Placement::activations; the default on a GPU serving bf16 matrices): the
+// logits' drift from the same bf16 weights with f32 activations on the GPU (GPUINFO: the fixtures'
+// bounds for this path are loom-conformance --dtype bf16's, from the reference's own bf16 error,
+// which tests/gpu/run.sh runs), finite logits, and batch-invariant numerics: bit-identical alone
+// and in a batch of 64, as in f32.
+class ModelCudaBf16Activations : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    const std::string dir = fixtures_dir() + "/" + GetParam();
+    if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "no fixture " << dir;
+    for (const ActivationDType act : {ActivationDType::kBF16, ActivationDType::kF32}) {
+      auto m = Model::load(
+          dir, Placement{.device = Device::kCuda, .dtype = WeightDType::kBF16, .activations = act});
+      ASSERT_TRUE(m.ok()) << m.status();
+      (act == ActivationDType::kBF16 ? bf16_ : f32_) = std::move(*m);
+    }
+    ASSERT_EQ(bf16_->act_dtype(), DType::kBF16);
+    ASSERT_EQ(f32_->act_dtype(), DType::kF32);
+    auto auto_act =
+        Model::load(dir, Placement{.device = Device::kCuda, .dtype = WeightDType::kBF16});
+    ASSERT_TRUE(auto_act.ok()) << auto_act.status();
+    EXPECT_EQ((*auto_act)->act_dtype(), DType::kBF16) << "auto: bf16 on a GPU with bf16 matrices";
+  }
+  std::unique_ptr<Model> bf16_, f32_;
+};
+
+TEST_P(ModelCudaBf16Activations, DriftFromF32ActivationsAndFiniteLogits) {
+  std::mt19937_64 rng(gpu_test_seed() + 5);
+  const int64_t vocab = bf16_->config().vocab_size;
+  std::vector<std::vector<int32_t>> prompts = {
+      random_ids(45, vocab, rng), random_ids(1, vocab, rng), random_ids(70, vocab, rng)};
+  std::vector<SequenceCache> bc, fc;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    bc.push_back(bf16_->new_cache());
+    fc.push_back(f32_->new_cache());
+  }
+  double prefill = 0, decode = 0;
+  size_t nonfinite = 0;
+  auto compare = [&](const std::vector<std::vector<int32_t>>& runs, LogitsMode mode) {
+    const Tensor b = step(*bf16_, bc, runs, mode), f = step(*f32_, fc, runs, mode);
+    for (int64_t i = 0; i < b.numel(); ++i) nonfinite += !std::isfinite(b.data<float>()[i]);
+    return rel_l2(b, f);
+  };
+  prefill = compare(prompts, LogitsMode::kAll);
+  for (int s = 0; s < 4; ++s) {
+    std::vector<std::vector<int32_t>> next;
+    for (size_t i = 0; i < prompts.size(); ++i) next.push_back(random_ids(1, vocab, rng));
+    decode = std::max(decode, compare(next, LogitsMode::kLast));
+  }
+  std::printf("GPUINFO %s_bf16_activations_drift_from_f32 prefill %.3e decode %.3e\n", GetParam(),
+              prefill, decode);
+  check(std::string(GetParam()) + "_bf16_activations_nonfinite_logits",
+        static_cast<double>(nonfinite), 0);
+}
+
+TEST_P(ModelCudaBf16Activations, BatchInvariantModeIsBitIdentical) {
+  check(std::string(GetParam()) + "_bf16_activations_invariant_differing_logits",
+        static_cast<double>(invariance_differing_logits(*bf16_, gpu_test_seed() + 3)), 0);
+}
+
+// The bf16 checkpoints, and f32 ones rounded to bf16 matrices (every family: KDA + MLA + MoE,
+// GDN + gated GQA, KDA with Block AttnRes).
+INSTANTIATE_TEST_SUITE_P(Fixtures, ModelCudaBf16Activations,
+                         ::testing::Values("kimi_linear_b0", "qwen3_next_b0", "deepseek_v3_fp8",
+                                           "kimi_linear_s1", "qwen3_next_s0", "fla_kda_s0"));
 
 // A CUDA model with a host cache store (or the reverse) is refused with a message, not run.
 TEST(ModelCudaErrors, DeviceMismatchIsAnError) {

@@ -127,6 +127,26 @@ class Bf16Fixture : public ::testing::TestWithParam<const char*> {
   std::vector<Prompt> prompts_;
 };
 
+// Placement::activations on the CPU: auto and f32 give f32 activations (the CPU computes in
+// f32); bf16 is refused with the reason, before any weight is read.
+TEST_P(Bf16Fixture, CpuActivationsAreF32AndBf16IsRefused) {
+  EXPECT_EQ(f32_->act_dtype(), DType::kF32);
+  EXPECT_EQ(bf16_->act_dtype(), DType::kF32) << "auto on the CPU: f32 even with bf16 matrices";
+  EXPECT_EQ(bf16_->placement().activations, ActivationDType::kF32) << "resolved";
+  const std::string dir = kFixtures + "/" + GetParam();
+  auto refused = Model::load(
+      dir, Placement{.dtype = WeightDType::kBF16, .activations = ActivationDType::kBF16});
+  EXPECT_EQ(refused.status().message(),
+            "bf16 activations need a GPU: the CPU backend computes in f32 (use f32 or auto)");
+  auto f32 = Model::load(
+      dir, Placement{.dtype = WeightDType::kBF16, .activations = ActivationDType::kF32});
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  EXPECT_EQ((*f32)->act_dtype(), DType::kF32);
+  EXPECT_EQ(parse_activation_dtype("bf16").value(), ActivationDType::kBF16);
+  EXPECT_EQ(parse_activation_dtype("fp16").status().message(),
+            "activation dtype 'fp16' is not supported; expected auto, f32 or bf16");
+}
+
 TEST_P(Bf16Fixture, MatricesHeldInBf16AtHalfTheBytes) {
   const ParameterArena& a = f32_->parameters();
   const ParameterArena& b = bf16_->parameters();

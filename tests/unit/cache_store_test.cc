@@ -259,7 +259,10 @@ TEST(CacheStore, CreateChecksDeviceAndDtypes) {
   opt.kv_dtype = DType::kF32;
   opt.act_dtype = DType::kF16;
   EXPECT_EQ(CacheStore::create(cfg, opt).status().message(),
-            "CacheStore: act_dtype f16 on cpu: the convolution kernels keep f32 tails for now");
+            "CacheStore: act_dtype f16 on cpu: convolution tails are f32, or bf16 on a GPU");
+  opt.act_dtype = DType::kBF16;
+  EXPECT_EQ(CacheStore::create(cfg, opt).status().message(),
+            "CacheStore: act_dtype bf16 on cpu: convolution tails are f32, or bf16 on a GPU");
   opt.act_dtype = DType::kI32;
   EXPECT_EQ(CacheStore::create(cfg, opt).status().message(),
             "CacheStore: act_dtype i32 is not a float type");
