@@ -84,8 +84,12 @@ MlaForm mla_attention_form(int64_t t, int64_t s, const MlaDims& dims, bool batch
 void cache_write_varlen(const Exec& ex, const Tensor& pool, const Tensor& page_table,
                         const Tensor& cu_seqlens, const Tensor& past_lens, const Tensor& rows) {
   LOOM_ON_EXEC_DEVICE(ex, "cache_write_varlen", pool, page_table, cu_seqlens, past_lens, rows);
-  if (ex.device.is_cpu())
+  if (ex.device.is_cpu()) {
+    LOOM_CHECK(rows.dtype() == DType::kF32,
+               "cache_write_varlen: rows %s: the CPU kernels take f32 rows (bf16 rows run on CUDA)",
+               rows.describe().c_str());
     return cpu::cache_write_varlen(pool, page_table, cu_seqlens, past_lens, rows);
+  }
 #ifdef LOOM_WITH_CUDA
   return cuda::cache_write_varlen(ex, pool, page_table, cu_seqlens, past_lens, rows);
 #else

@@ -11,11 +11,11 @@
 namespace loom {
 
 namespace {
-// The forward's contract: sources [S >= 1, N, D], rows [N, D] (out or dout), weights [D].
+// The forward's contract: sources [S >= 1, N, D], rows [N, D] (out or dout), weights [D]; the
+// dtype of rows is the caller's to check.
 void check_attnres(const char* op, const Tensor& sources, const Tensor& rows,
                    std::initializer_list<const Tensor*> weights) {
   LOOM_CHECK_F32(sources);
-  LOOM_CHECK_F32(rows);
   LOOM_CHECK(sources.ndim() == 3 && sources.dim(0) >= 1,
              "%s: sources must be contiguous [S >= 1, N, D], got %s", op,
              sources.describe().c_str());
@@ -34,8 +34,13 @@ void attnres_aggregate(const Exec& ex, const Tensor& sources, const Tensor& quer
                        const Tensor& out) {
   LOOM_ON_EXEC_DEVICE(ex, "attnres_aggregate", sources, query, key_norm, out_norm, out);
   check_attnres("attnres_aggregate", sources, out, {&query, &key_norm, &out_norm});
-  if (ex.device.is_cpu())
+  if (ex.device.is_cpu()) {
+    LOOM_CHECK(out.dtype() == DType::kF32 && out.is_contiguous(),
+               "attnres_aggregate: out %s: the CPU kernel writes contiguous f32 (a bf16 out runs "
+               "on CUDA)",
+               out.describe().c_str());
     return cpu::attnres_aggregate(sources, query, key_norm, out_norm, eps, out);
+  }
 #ifdef LOOM_WITH_CUDA
   return cuda::attnres_aggregate(ex, sources, query, key_norm, out_norm, eps, out);
 #else
@@ -52,6 +57,7 @@ void attnres_aggregate_backward(const Exec& ex, const Tensor& sources, const Ten
   LOOM_ON_EXEC_DEVICE(ex, "attnres_aggregate_backward", dout_norm);
   check_attnres("attnres_aggregate_backward", sources, dout,
                 {&query, &key_norm, &out_norm, &dquery, &dkey_norm, &dout_norm});
+  LOOM_CHECK_F32(dout);  // the backward is f32 only
   LOOM_CHECK_F32(dsources);
   LOOM_CHECK(dsources.shape() == sources.shape(), "attnres_aggregate_backward: dsources %s for %s",
              dsources.describe().c_str(), sources.describe().c_str());

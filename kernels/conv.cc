@@ -64,9 +64,15 @@ void causal_conv1d_varlen(const Exec& ex, const Tensor& x, const Tensor& weight,
                           const Tensor& cu_seqlens, bool apply_silu, const Tensor& out) {
   LOOM_ON_EXEC_DEVICE(ex, "causal_conv1d_varlen", x, weight, conv_states, state_slots, cu_seqlens,
                       out);
-  if (ex.device.is_cpu())
+  if (ex.device.is_cpu()) {
+    LOOM_CHECK(x.dtype() == DType::kF32 && out.dtype() == DType::kF32 &&
+                   conv_states.dtype() == DType::kF32,
+               "causal_conv1d_varlen: x %s out %s conv_states %s: the CPU kernel takes f32 (bf16 "
+               "runs on CUDA)",
+               x.describe().c_str(), out.describe().c_str(), conv_states.describe().c_str());
     return cpu::causal_conv1d_varlen(x, weight, conv_states, state_slots, cu_seqlens, apply_silu,
                                      out);
+  }
 #ifdef LOOM_WITH_CUDA
   return cuda::causal_conv1d_varlen(ex, x, weight, conv_states, state_slots, cu_seqlens, apply_silu,
                                     out);

@@ -45,7 +45,9 @@ void causal_conv1d_step(const Exec& ex, const Tensor& x, const Tensor& weight,
 // of single tokens runs causal_conv1d_step's code once over the slots).
 // x, out: [N, C]; weight: [C, W]; conv_states: [num_slots, W-1, C] (the named slots updated in
 // place; no slot named twice); state_slots: i32 [B]; cu_seqlens: i64 [B + 1], 0 first, N last,
-// non-decreasing. `out` must not alias `x`.
+// non-decreasing. `out` must not alias `x`. On CUDA, x, out and conv_states may each also be bf16
+// (f32 arithmetic; out and the states rounded to nearest even as they are stored: the states of a
+// bf16 x are its own rows, exact); weight stays f32. The other ops here are f32 only.
 void causal_conv1d_varlen(const Exec& ex, const Tensor& x, const Tensor& weight,
                           const Tensor& conv_states, const Tensor& state_slots,
                           const Tensor& cu_seqlens, bool apply_silu, const Tensor& out);

@@ -9,11 +9,27 @@
 
 namespace loom {
 
+namespace {
+// The CPU kernels are f32 only; bf16 activations run on CUDA.
+void check_cpu_f32(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& beta, const Tensor& out) {
+  for (const Tensor* t : {&q, &k, &v, &beta, &out})
+    LOOM_CHECK(t->dtype() == DType::kF32,
+               "%s: q %s k %s v %s beta %s out %s: the CPU kernels take f32 (bf16 activations run "
+               "on CUDA)",
+               op, q.describe().c_str(), k.describe().c_str(), v.describe().c_str(),
+               beta.describe().c_str(), out.describe().c_str());
+}
+}  // namespace
+
 void kda_recurrent_forward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
                            const Tensor& g, const Tensor& beta, float scale, const Tensor& state,
                            const Tensor& out) {
   LOOM_ON_EXEC_DEVICE(ex, "kda_recurrent_forward", q, k, v, g, beta, state, out);
-  if (ex.device.is_cpu()) return cpu::kda_recurrent_forward(q, k, v, g, beta, scale, state, out);
+  if (ex.device.is_cpu()) {
+    check_cpu_f32("kda_recurrent_forward", q, k, v, beta, out);
+    return cpu::kda_recurrent_forward(q, k, v, g, beta, scale, state, out);
+  }
 #ifdef LOOM_WITH_CUDA
   return cuda::kda_recurrent_forward(ex, q, k, v, g, beta, scale, state, out);
 #else
@@ -40,6 +56,7 @@ void kda_varlen_forward(const Exec& ex, const Tensor& q, const Tensor& k, const 
   LOOM_ON_EXEC_DEVICE(ex, "kda_varlen_forward", q, k, v, g, beta, out);
   LOOM_ON_EXEC_DEVICE(ex, "kda_varlen_forward", states, state_slots, cu_seqlens);
   if (ex.device.is_cpu()) {
+    check_cpu_f32("kda_varlen_forward", q, k, v, beta, out);
     // The hint is a promise the CUDA path relies on: hold the caller to it where it is cheap.
     LOOM_CHECK(max_seqlen >= 0, "kda_varlen_forward: max_seqlen %lld < 0",
                static_cast<long long>(max_seqlen));

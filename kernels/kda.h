@@ -8,6 +8,9 @@
 //   beta:  [T, Hv]
 //   state: [Hv, dk, dv]  f32, updated in place (the state layout of every linear layer)
 //   out:   [T, Hv, dv]   must not alias any input
+// Dtypes: f32. On CUDA the forwards also take bf16 activations: q, k, v and out all bf16, beta f32
+// or bf16; g and the states stay f32 and the arithmetic is f32 (bf16 outputs are rounded to
+// nearest even). The CPU kernels and every backward are f32 only.
 // The recurrence, per value head and token t:
 //   S = diag(exp(g_t)) S;  S += k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T (scale * q_t)
 #pragma once
@@ -45,8 +48,8 @@ void kda_chunked_forward(const Exec& ex, const Tensor& q, const Tensor& k, const
 // for none (cu_seqlens may live on the device, where the host cannot read it). It changes no
 // result, only which kernels run: on CUDA, 1 with N == B (a decode step) runs one batched decode
 // launch, and <= kKdaRecurrentMaxTokens skips the chunked launches. The CPU checks it.
-// On CUDA, q, k, v and out may also be bf16 (all four; beta f32 or bf16), with f32 arithmetic on
-// tensor cores and f32 states (kernels/cuda/kda_chunked.h).
+// With bf16 activations on CUDA the chunked form runs its products on tensor cores (bf16 operands,
+// f32 accumulation; kernels/cuda/kda_chunked.h); the recurrence and decode keep f32 arithmetic.
 void kda_varlen_forward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& g, const Tensor& beta, float scale, const Tensor& states,
                         const Tensor& state_slots, const Tensor& cu_seqlens, const Tensor& out,

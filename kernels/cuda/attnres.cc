@@ -16,7 +16,9 @@ void attnres_aggregate(const Exec& ex, const Tensor& sources, const Tensor& quer
   LOOM_CHECK_CUDA_ARG(kOp, key_norm);
   LOOM_CHECK_CUDA_ARG(kOp, out_norm);
   LOOM_CHECK_CUDA_ARG(kOp, out);
-  for (const Tensor* t : {&sources, &query, &key_norm, &out_norm, &out}) LOOM_CHECK_F32(*t);
+  for (const Tensor* t : {&sources, &query, &key_norm, &out_norm}) LOOM_CHECK_F32(*t);
+  LOOM_CHECK((out.dtype() == DType::kF32 || out.dtype() == DType::kBF16) && out.is_contiguous(),
+             "%s: out %s, expected contiguous f32 or bf16", kOp, out.describe().c_str());
   LOOM_CHECK(sources.ndim() == 3 && sources.dim(0) >= 1, "%s: sources %s, expected [S >= 1, N, D]",
              kOp, sources.describe().c_str());
   const int64_t s = sources.dim(0), n = sources.dim(1), d = sources.dim(2);
@@ -31,8 +33,8 @@ void attnres_aggregate(const Exec& ex, const Tensor& sources, const Tensor& quer
   LOOM_CHECK(n * d == 0 || o + out.nbytes() <= lo || lo + sources.nbytes() <= o,
              "%s: out aliases the sources", kOp);
   launch::attnres_aggregate(stream_of(ex), sources.data<float>(), query.data<float>(),
-                            key_norm.data<float>(), out_norm.data<float>(), eps, out.data<float>(),
-                            s, n, d);
+                            key_norm.data<float>(), out_norm.data<float>(), eps, out.raw(),
+                            out.dtype() == DType::kBF16, s, n, d);
 }
 
 }  // namespace loom::cuda

@@ -5,7 +5,12 @@
 // online as the CPU twin takes it (a larger logit rescales the running sum and mix), so each
 // source is read once. Then the mix is divided by the sum, normalised (a third reduction) and
 // scaled by out_norm. exp is evaluated in double and rounded to f32, as the CPU's expf rounds.
-// Every output row depends on its own token only: batch-invariant.
+// Every output row depends on its own token only: batch-invariant. A bf16 output is the f32
+// result rounded to nearest even as it is stored.
+#include <cuda_bf16.h>
+
+#include <type_traits>
+
 #include "kernels/cuda/attnres_launch.h"
 #include "kernels/cuda/common.cuh"
 
@@ -31,11 +36,11 @@ __device__ __forceinline__ void block_sum2(float& a, float& b, float* smem) {
   b = dev::warp_sum(lane < nwarps ? smem[32 + lane] : 0.0f);
 }
 
-template <int VPT>
+template <int VPT, class TO>
 __global__ void __launch_bounds__(256)
     attnres_kernel(const float* __restrict__ src, const float* __restrict__ w,
                    const float* __restrict__ r, const float* __restrict__ o, float eps,
-                   float* __restrict__ out, int64_t S, int64_t N, int64_t D) {
+                   TO* __restrict__ out, int64_t S, int64_t N, int64_t D) {
   __shared__ float red[64];
   const int64_t t = blockIdx.x;
   const int nt = blockDim.x;
@@ -88,20 +93,32 @@ __global__ void __launch_bounds__(256)
   }
   block_sum2(ss, unused, red);
   const float inv = 1.0f / sqrtf(ss / fd + eps);
-  float* dst = out + t * D;
+  TO* dst = out + t * D;
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
     const int64_t j = threadIdx.x + static_cast<int64_t>(k) * nt;
-    if (j < D) dst[j] = acc[k] * inv * o[j];
+    if (j >= D) continue;
+    const float y = acc[k] * inv * o[j];
+    if constexpr (std::is_same_v<TO, float>) {
+      dst[j] = y;
+    } else {
+      dst[j] = __float2bfloat16_rn(y);
+    }
   }
 }
 
 template <int VPT>
 void run(cudaStream_t stream, int threads, const float* sources, const float* query,
-         const float* key_norm, const float* out_norm, float eps, float* out, int64_t S, int64_t N,
-         int64_t D) {
-  attnres_kernel<VPT><<<static_cast<unsigned>(N), threads, 0, stream>>>(
-      sources, query, key_norm, out_norm, eps, out, S, N, D);
+         const float* key_norm, const float* out_norm, float eps, void* out, bool out_bf16,
+         int64_t S, int64_t N, int64_t D) {
+  const unsigned blocks = static_cast<unsigned>(N);
+  if (out_bf16) {
+    attnres_kernel<VPT><<<blocks, threads, 0, stream>>>(sources, query, key_norm, out_norm, eps,
+                                                        static_cast<__nv_bfloat16*>(out), S, N, D);
+  } else {
+    attnres_kernel<VPT><<<blocks, threads, 0, stream>>>(sources, query, key_norm, out_norm, eps,
+                                                        static_cast<float*>(out), S, N, D);
+  }
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
@@ -110,8 +127,8 @@ void run(cudaStream_t stream, int threads, const float* sources, const float* qu
 namespace launch {
 
 void attnres_aggregate(cudaStream_t stream, const float* sources, const float* query,
-                       const float* key_norm, const float* out_norm, float eps, float* out,
-                       int64_t S, int64_t N, int64_t D) {
+                       const float* key_norm, const float* out_norm, float eps, void* out,
+                       bool out_bf16, int64_t S, int64_t N, int64_t D) {
   if (N == 0 || D == 0) return;
   LOOM_CHECK_GRID(N);
   // Up to 256 features: one per thread; then 256 threads with up to 64 features each.
@@ -119,18 +136,20 @@ void attnres_aggregate(cudaStream_t stream, const float* sources, const float* q
   const int64_t per = (D + threads - 1) / threads;
   if (D <= 256) threads = static_cast<int>((D + 31) / 32 * 32);
   if (per <= 1)
-    return run<1>(stream, threads, sources, query, key_norm, out_norm, eps, out, S, N, D);
+    return run<1>(stream, threads, sources, query, key_norm, out_norm, eps, out, out_bf16, S, N, D);
   if (per <= 2)
-    return run<2>(stream, threads, sources, query, key_norm, out_norm, eps, out, S, N, D);
+    return run<2>(stream, threads, sources, query, key_norm, out_norm, eps, out, out_bf16, S, N, D);
   if (per <= 4)
-    return run<4>(stream, threads, sources, query, key_norm, out_norm, eps, out, S, N, D);
+    return run<4>(stream, threads, sources, query, key_norm, out_norm, eps, out, out_bf16, S, N, D);
   if (per <= 8)
-    return run<8>(stream, threads, sources, query, key_norm, out_norm, eps, out, S, N, D);
+    return run<8>(stream, threads, sources, query, key_norm, out_norm, eps, out, out_bf16, S, N, D);
   if (per <= 16)
-    return run<16>(stream, threads, sources, query, key_norm, out_norm, eps, out, S, N, D);
+    return run<16>(stream, threads, sources, query, key_norm, out_norm, eps, out, out_bf16, S, N,
+                   D);
   if (per <= 32)
-    return run<32>(stream, threads, sources, query, key_norm, out_norm, eps, out, S, N, D);
-  return run<64>(stream, threads, sources, query, key_norm, out_norm, eps, out, S, N, D);
+    return run<32>(stream, threads, sources, query, key_norm, out_norm, eps, out, out_bf16, S, N,
+                   D);
+  return run<64>(stream, threads, sources, query, key_norm, out_norm, eps, out, out_bf16, S, N, D);
 }
 
 }  // namespace launch

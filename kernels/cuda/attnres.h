@@ -1,6 +1,7 @@
-// CUDA twin of kernels/attnres.h's forward: same contract, every tensor argument on the GPU (f32
-// contiguous), enqueued on the Exec's stream without synchronising. One block per token; each
-// output row depends on its own token's sources only (batch-invariant). D <= 16384.
+// CUDA twin of kernels/attnres.h's forward: same contract, every tensor argument on the GPU and
+// contiguous (f32, but for out, which may be bf16), enqueued on the Exec's stream without
+// synchronising. One block per token; each output row depends on its own token's sources only
+// (batch-invariant). D <= 16384.
 #pragma once
 
 #include "core/tensor.h"

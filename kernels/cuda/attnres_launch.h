@@ -9,11 +9,11 @@
 
 namespace loom::cuda::launch {
 
-// attnres_aggregate: sources [S, N, D], query, key_norm, out_norm [D], out [N, D], all f32.
-// D <= kAttnResMaxDim.
+// attnres_aggregate: sources [S, N, D], query, key_norm, out_norm [D], all f32; out [N, D] f32,
+// or bf16 when out_bf16 (rounded to nearest even). D <= kAttnResMaxDim.
 inline constexpr int64_t kAttnResMaxDim = 16384;
 void attnres_aggregate(cudaStream_t stream, const float* sources, const float* query,
-                       const float* key_norm, const float* out_norm, float eps, float* out,
-                       int64_t S, int64_t N, int64_t D);
+                       const float* key_norm, const float* out_norm, float eps, void* out,
+                       bool out_bf16, int64_t S, int64_t N, int64_t D);
 
 }  // namespace loom::cuda::launch

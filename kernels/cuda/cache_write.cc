@@ -17,9 +17,11 @@ void cache_write_varlen(const Exec& ex, const Tensor& pool, const Tensor& page_t
   LOOM_CHECK_CUDA_ARG(fn, cu_seqlens);
   LOOM_CHECK_CUDA_ARG(fn, past_lens);
   LOOM_CHECK_CUDA_ARG(fn, rows);
-  LOOM_CHECK(pool.dtype() == DType::kF32 || pool.dtype() == DType::kBF16,
-             "%s: pool %s, expected an f32 or bf16 pool", fn, pool.describe().c_str());
-  LOOM_CHECK_F32(rows);
+  const auto f32_or_bf16 = [](const Tensor& t) {
+    return t.dtype() == DType::kF32 || t.dtype() == DType::kBF16;
+  };
+  LOOM_CHECK(f32_or_bf16(pool) && f32_or_bf16(rows), "%s: pool %s rows %s, expected f32 or bf16",
+             fn, pool.describe().c_str(), rows.describe().c_str());
   LOOM_CHECK(pool.ndim() >= 2 && pool.is_contiguous() && rows.ndim() >= 1 && rows.is_contiguous(),
              "%s: pool %s rows %s, expected a contiguous [num_pages, page_size, row...] pool and "
              "contiguous [N, row...] rows",
@@ -43,20 +45,10 @@ void cache_write_varlen(const Exec& ex, const Tensor& pool, const Tensor& page_t
                  past_lens.is_contiguous(),
              "%s: past_lens %s for %lld sequences", fn, past_lens.describe().c_str(),
              static_cast<long long>(B));
-  if (pool.dtype() == DType::kBF16) {
-    const bool vec4 = row_elems % 4 == 0 && reinterpret_cast<uintptr_t>(pool.raw()) % 8 == 0 &&
-                      reinterpret_cast<uintptr_t>(rows.raw()) % 16 == 0;
-    return launch::cache_write_varlen_bf16(
-        stream_of(ex), rows.data<float>(), static_cast<uint16_t*>(pool.raw()),
-        page_table.data<int32_t>(), cu_seqlens.data<int64_t>(), past_lens.data<int64_t>(), N, B,
-        page_table.dim(1), num_pages, page_size, row_elems, vec4);
-  }
-  const bool vec4 = row_elems % 4 == 0 && reinterpret_cast<uintptr_t>(pool.raw()) % 16 == 0 &&
-                    reinterpret_cast<uintptr_t>(rows.raw()) % 16 == 0;
-  launch::cache_write_varlen(stream_of(ex), rows.data<float>(), pool.data<float>(),
-                             page_table.data<int32_t>(), cu_seqlens.data<int64_t>(),
-                             past_lens.data<int64_t>(), N, B, page_table.dim(1), num_pages,
-                             page_size, row_elems, vec4);
+  launch::cache_write_varlen(stream_of(ex), rows.raw(), rows.dtype() == DType::kBF16, pool.raw(),
+                             pool.dtype() == DType::kBF16, page_table.data<int32_t>(),
+                             cu_seqlens.data<int64_t>(), past_lens.data<int64_t>(), N, B,
+                             page_table.dim(1), num_pages, page_size, row_elems);
 }
 
 }  // namespace loom::cuda

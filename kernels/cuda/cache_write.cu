@@ -6,11 +6,18 @@
 // the row's sequence b (the guess of equal lengths, exact for a decode batch, else a binary search
 // in cu_seqlens; the same addresses across the group), loads the first units of the row, then
 // looks up its position j = past_lens[b] + (row - cu_seqlens[b]) and page
-// page_table[b, j / page_size] and stores the row in 16-byte (or 4-byte) units. Rows go to
+// page_table[b, j / page_size] and stores the row in 16-byte (or narrower) units. Rows go to
 // distinct positions (no page is written by two sequences), so there is nothing to order.
 // A position past the page table or a page id outside the pool (caller bugs the CPU twin aborts
 // on) is not written.
+//
+// Rows and pool are each f32 or bf16. Of one dtype, the row's bytes are copied in the widest unit
+// (16, 4 or 2 bytes) the row width and both addresses allow. Across dtypes, each element converts
+// as it is stored: bf16 to f32 exactly, f32 to bf16 rounded to nearest even (the host's
+// f32_to_bf16), four elements per access where the row allows.
 #include <cuda_bf16.h>
+
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/varlen_launch.h"
@@ -21,9 +28,25 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kStage = 8;  // units per thread loaded ahead (a 1024-float row: all of it)
 
-// Round to nearest even, as the host's f32_to_bf16 (NaN stays NaN).
-__device__ __forceinline__ uint16_t bf16_bits(float x) {
-  return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+using bf16 = __nv_bfloat16;
+
+// The sequence of row r: the guess of equal lengths (exact for a decode batch), else the last
+// b < B with cu[b] <= r by binary search (cu[B] = N > r ends it).
+__device__ __forceinline__ int64_t sequence_of(int64_t r, const int64_t* __restrict__ cu, int64_t N,
+                                               int64_t B) {
+  int64_t lo = min(B - 1, r * B / N);
+  if (cu[lo] <= r && r < cu[lo + 1]) return lo;
+  lo = 0;
+  int64_t hi = B - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) >> 1;
+    if (cu[mid] <= r) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
 }
 
 template <typename Unit>
@@ -36,21 +59,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t groups = static_cast<int64_t>(gridDim.x) * kThreads / group;
   const int lane = threadIdx.x & (group - 1);
   for (int64_t r = tid / group; r < N; r += groups) {
-    // The sequence of row r: the guess of equal lengths (exact for a decode batch), else the
-    // last b < B with cu[b] <= r by binary search (cu[B] = N > r ends it).
-    int64_t lo = min(B - 1, r * B / N);
-    if (!(cu[lo] <= r && r < cu[lo + 1])) {
-      lo = 0;
-      int64_t hi = B - 1;
-      while (lo < hi) {
-        const int64_t mid = (lo + hi + 1) >> 1;
-        if (cu[mid] <= r) {
-          lo = mid;
-        } else {
-          hi = mid - 1;
-        }
-      }
-    }
+    const int64_t lo = sequence_of(r, cu, N, B);
     // The row's first kStage units per thread are loaded before its page is looked up (the source
     // does not depend on it), so those loads overlap the chain past_lens -> page_table.
     const Unit* src = rows + r * units;
@@ -77,102 +86,143 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename Unit>
-void launch_write(cudaStream_t stream, const float* rows, float* pool, const int32_t* page_table,
-                  const int64_t* cu, const int64_t* past, int64_t N, int64_t B, int64_t max_pages,
-                  int64_t num_pages, int64_t page_size, int64_t units) {
+void launch_copy(cudaStream_t stream, const void* rows, void* pool, const int32_t* page_table,
+                 const int64_t* cu, const int64_t* past, int64_t N, int64_t B, int64_t max_pages,
+                 int64_t num_pages, int64_t page_size, int64_t row_bytes) {
+  const int64_t units = row_bytes / static_cast<int64_t>(sizeof(Unit));
   int group = 1;
   while (group < 32 && group < units) group *= 2;
   const unsigned blocks = dev::grid_for(N * group, kThreads);
   cache_write_kernel<Unit><<<blocks, kThreads, 0, stream>>>(
-      reinterpret_cast<const Unit*>(rows), reinterpret_cast<Unit*>(pool), page_table, cu, past, N,
-      B, max_pages, num_pages, page_size, units, group);
+      static_cast<const Unit*>(rows), static_cast<Unit*>(pool), page_table, cu, past, N, B,
+      max_pages, num_pages, page_size, units, group);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
-// bf16 pools (a bf16 KV cache): the same walk, each f32 element rounded to nearest-even bf16 as
-// it is stored (the CPU's f32_to_bf16). Units are 4 elements (a float4 in, 8 bytes out) when the
-// row allows, else single elements.
-template <int kElems>
+// Four elements of f32 (16 bytes) or bf16 (8 bytes) as floats, and back (bf16 rounded to nearest
+// even; NaN stays NaN).
+template <typename T>
+__device__ __forceinline__ float4 load4(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return *reinterpret_cast<const float4*>(p);
+  } else {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+    return make_float4(a.x, a.y, b.x, b.y);
+  }
+}
+template <typename T>
+__device__ __forceinline__ void store4(T* p, float4 v) {
+  if constexpr (std::is_same_v<T, float>) {
+    *reinterpret_cast<float4*>(p) = v;
+  } else {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z, v.w);
+    uint2 u;
+    u.x = *reinterpret_cast<const uint32_t*>(&lo);
+    u.y = *reinterpret_cast<const uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(p) = u;
+  }
+}
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
+template <typename T>
+__device__ __forceinline__ T from_f32(float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    return __float2bfloat16_rn(x);
+  }
+}
+
+// Rows of one dtype into a pool of the other (f32 rows into a bf16 KV cache, bf16 rows into an f32
+// one): the same walk, each element converted as it is stored, kElems (4 or 1) per access.
+template <typename In, typename Out, int kElems>
 __global__ void __launch_bounds__(kThreads)
-    cache_write_bf16_kernel(const float* __restrict__ rows, uint16_t* __restrict__ pool,
-                            const int32_t* __restrict__ page_table, const int64_t* __restrict__ cu,
-                            const int64_t* __restrict__ past, int64_t N, int64_t B,
-                            int64_t max_pages, int64_t num_pages, int64_t page_size,
-                            int64_t row_elems, int group) {
+    cache_convert_kernel(const In* __restrict__ rows, Out* __restrict__ pool,
+                         const int32_t* __restrict__ page_table, const int64_t* __restrict__ cu,
+                         const int64_t* __restrict__ past, int64_t N, int64_t B, int64_t max_pages,
+                         int64_t num_pages, int64_t page_size, int64_t row_elems, int group) {
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t groups = static_cast<int64_t>(gridDim.x) * kThreads / group;
   const int lane = threadIdx.x & (group - 1);
   const int64_t units = row_elems / kElems;
   for (int64_t r = tid / group; r < N; r += groups) {
-    int64_t lo = min(B - 1, r * B / N);
-    if (!(cu[lo] <= r && r < cu[lo + 1])) {
-      lo = 0;
-      int64_t hi = B - 1;
-      while (lo < hi) {
-        const int64_t mid = (lo + hi + 1) >> 1;
-        if (cu[mid] <= r) {
-          lo = mid;
-        } else {
-          hi = mid - 1;
-        }
-      }
-    }
+    const int64_t lo = sequence_of(r, cu, N, B);
     const int64_t j = past[lo] + (r - cu[lo]);
     if (j < 0 || j / page_size >= max_pages) continue;
     const int64_t page = page_table[lo * max_pages + j / page_size];
     if (page < 0 || page >= num_pages) continue;
-    const float* src = rows + r * row_elems;
-    uint16_t* dst = pool + (page * page_size + j % page_size) * row_elems;
+    const In* src = rows + r * row_elems;
+    Out* dst = pool + (page * page_size + j % page_size) * row_elems;
     for (int64_t e = lane; e < units; e += group) {
       if constexpr (kElems == 4) {
-        const float4 v = reinterpret_cast<const float4*>(src)[e];
-        uint2 packed;
-        packed.x =
-            static_cast<uint32_t>(bf16_bits(v.x)) | (static_cast<uint32_t>(bf16_bits(v.y)) << 16);
-        packed.y =
-            static_cast<uint32_t>(bf16_bits(v.z)) | (static_cast<uint32_t>(bf16_bits(v.w)) << 16);
-        reinterpret_cast<uint2*>(dst)[e] = packed;
+        store4(dst + 4 * e, load4(src + 4 * e));
       } else {
-        dst[e] = bf16_bits(src[e]);
+        dst[e] = from_f32<Out>(to_f32(src[e]));
       }
     }
   }
 }
+
+template <typename In, typename Out>
+void launch_convert(cudaStream_t stream, const void* rows, void* pool, const int32_t* page_table,
+                    const int64_t* cu, const int64_t* past, int64_t N, int64_t B, int64_t max_pages,
+                    int64_t num_pages, int64_t page_size, int64_t row_elems) {
+  const bool vec4 = row_elems % 4 == 0 &&
+                    reinterpret_cast<uintptr_t>(rows) % (4 * sizeof(In)) == 0 &&
+                    reinterpret_cast<uintptr_t>(pool) % (4 * sizeof(Out)) == 0;
+  const int64_t units = vec4 ? row_elems / 4 : row_elems;
+  int group = 1;
+  while (group < 32 && group < units) group *= 2;
+  const unsigned blocks = dev::grid_for(N * group, kThreads);
+  const auto* in = static_cast<const In*>(rows);
+  auto* out = static_cast<Out*>(pool);
+  if (vec4) {
+    cache_convert_kernel<In, Out, 4><<<blocks, kThreads, 0, stream>>>(
+        in, out, page_table, cu, past, N, B, max_pages, num_pages, page_size, row_elems, group);
+  } else {
+    cache_convert_kernel<In, Out, 1><<<blocks, kThreads, 0, stream>>>(
+        in, out, page_table, cu, past, N, B, max_pages, num_pages, page_size, row_elems, group);
+  }
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 }  // namespace
 
 namespace launch {
 
-void cache_write_varlen_bf16(cudaStream_t stream, const float* rows, uint16_t* pool,
-                             const int32_t* page_table, const int64_t* cu, const int64_t* past,
-                             int64_t N, int64_t B, int64_t max_pages, int64_t num_pages,
-                             int64_t page_size, int64_t row_elems, bool vec4) {
+void cache_write_varlen(cudaStream_t stream, const void* rows, bool rows_bf16, void* pool,
+                        bool pool_bf16, const int32_t* page_table, const int64_t* cu,
+                        const int64_t* past, int64_t N, int64_t B, int64_t max_pages,
+                        int64_t num_pages, int64_t page_size, int64_t row_elems) {
   if (N == 0 || B == 0 || row_elems == 0) return;
-  const int64_t units = vec4 ? row_elems / 4 : row_elems;
-  int group = 1;
-  while (group < 32 && group < units) group *= 2;
-  const unsigned blocks = dev::grid_for(N * group, kThreads);
-  if (vec4) {
-    cache_write_bf16_kernel<4><<<blocks, kThreads, 0, stream>>>(
-        rows, pool, page_table, cu, past, N, B, max_pages, num_pages, page_size, row_elems, group);
-  } else {
-    cache_write_bf16_kernel<1><<<blocks, kThreads, 0, stream>>>(
-        rows, pool, page_table, cu, past, N, B, max_pages, num_pages, page_size, row_elems, group);
+  if (rows_bf16 != pool_bf16) {
+    if (rows_bf16) {
+      return launch_convert<bf16, float>(stream, rows, pool, page_table, cu, past, N, B, max_pages,
+                                         num_pages, page_size, row_elems);
+    }
+    return launch_convert<float, bf16>(stream, rows, pool, page_table, cu, past, N, B, max_pages,
+                                       num_pages, page_size, row_elems);
   }
-  LOOM_CUDA_CHECK_LAUNCH();
-}
-
-void cache_write_varlen(cudaStream_t stream, const float* rows, float* pool,
-                        const int32_t* page_table, const int64_t* cu, const int64_t* past,
-                        int64_t N, int64_t B, int64_t max_pages, int64_t num_pages,
-                        int64_t page_size, int64_t row_elems, bool vec4) {
-  if (N == 0 || B == 0 || row_elems == 0) return;
-  if (vec4) {
-    launch_write<float4>(stream, rows, pool, page_table, cu, past, N, B, max_pages, num_pages,
-                         page_size, row_elems / 4);
+  // One dtype: a byte copy in the widest unit that divides the row and both addresses.
+  const int64_t row_bytes = row_elems * (rows_bf16 ? 2 : 4);
+  const auto fits = [&](size_t unit) {
+    return row_bytes % static_cast<int64_t>(unit) == 0 && aligned(rows, unit) &&
+           aligned(pool, unit);
+  };
+  if (fits(16)) {
+    launch_copy<uint4>(stream, rows, pool, page_table, cu, past, N, B, max_pages, num_pages,
+                       page_size, row_bytes);
+  } else if (fits(4)) {
+    launch_copy<uint32_t>(stream, rows, pool, page_table, cu, past, N, B, max_pages, num_pages,
+                          page_size, row_bytes);
   } else {
-    launch_write<float>(stream, rows, pool, page_table, cu, past, N, B, max_pages, num_pages,
-                        page_size, row_elems);
+    launch_copy<uint16_t>(stream, rows, pool, page_table, cu, past, N, B, max_pages, num_pages,
+                          page_size, row_bytes);
   }
 }
 

@@ -10,7 +10,12 @@
 namespace loom::cuda {
 namespace {
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+// Four elements of `t` at a time: 16 bytes of f32, 8 of bf16.
+bool aligned4(const Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.raw()) % (4 * dtype_size(t.dtype())) == 0;
+}
+
+bool f32_or_bf16(const Tensor& t) { return t.dtype() == DType::kF32 || t.dtype() == DType::kBF16; }
 
 void varlen(const Exec& ex, const Tensor& x, const Tensor& weight, const Tensor& conv_states,
             const Tensor& state_slots, const Tensor& cu_seqlens, bool apply_silu, const Tensor& out,
@@ -22,10 +27,11 @@ void varlen(const Exec& ex, const Tensor& x, const Tensor& weight, const Tensor&
   LOOM_CHECK_CUDA_ARG(fn, state_slots);
   LOOM_CHECK_CUDA_ARG(fn, cu_seqlens);
   LOOM_CHECK_CUDA_ARG(fn, out);
-  LOOM_CHECK_F32(x);
+  // x, out and the state pool each f32 or bf16 (the weights f32).
+  LOOM_CHECK(f32_or_bf16(x) && f32_or_bf16(out) && f32_or_bf16(conv_states),
+             "%s: x %s out %s conv_states %s, expected f32 or bf16", fn, x.describe().c_str(),
+             out.describe().c_str(), conv_states.describe().c_str());
   LOOM_CHECK_F32(weight);
-  LOOM_CHECK_F32(conv_states);
-  LOOM_CHECK_F32(out);
   LOOM_CHECK(x.ndim() == 2 && weight.ndim() == 2 && conv_states.ndim() == 3,
              "causal_conv1d_varlen: x %s weight %s conv_states %s", x.describe().c_str(),
              weight.describe().c_str(), conv_states.describe().c_str());
@@ -49,12 +55,15 @@ void varlen(const Exec& ex, const Tensor& x, const Tensor& weight, const Tensor&
              static_cast<long long>(B));
   LOOM_CHECK(B == 0 || N == 0 || conv_states.dim(0) > 0 || W == 1,
              "%s: an empty state pool for %lld sequences", fn, static_cast<long long>(B));
-  const bool vec4 = allow_vec4 && C % 4 == 0 && aligned16(x.raw()) && aligned16(out.raw()) &&
-                    aligned16(conv_states.raw());
-  launch::causal_conv1d_varlen(stream_of(ex), x.data<float>(), weight.data<float>(),
-                               conv_states.data<float>(), state_slots.data<int32_t>(),
-                               cu_seqlens.data<int64_t>(), out.data<float>(), N, C, W, B,
-                               conv_states.dim(0), apply_silu, vec4, rows_per_block);
+  const bool vec4 =
+      allow_vec4 && C % 4 == 0 && aligned4(x) && aligned4(out) && aligned4(conv_states);
+  const launch::ConvDtypes dt{.x_bf16 = x.dtype() == DType::kBF16,
+                              .out_bf16 = out.dtype() == DType::kBF16,
+                              .pool_bf16 = conv_states.dtype() == DType::kBF16};
+  launch::causal_conv1d_varlen(stream_of(ex), x.raw(), weight.data<float>(), conv_states.raw(),
+                               state_slots.data<int32_t>(), cu_seqlens.data<int64_t>(), out.raw(),
+                               N, C, W, B, conv_states.dim(0), apply_silu, dt, vec4,
+                               rows_per_block);
 }
 
 }  // namespace

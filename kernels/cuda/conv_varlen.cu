@@ -26,16 +26,25 @@
 // (kernels/cuda/conv.cu), so a sequence gets bit-identical outputs and state in the varlen call
 // and alone. The state is copied, never computed.
 //
+// Dtypes: x, out and the pool are each f32 or bf16 (template parameters). Loads widen bf16
+// exactly, the arithmetic is f32, and stores to bf16 round to nearest even; the state rows of a
+// bf16 x are its own bf16 values, so a bf16 pool loses nothing then.
+//
 // A slot outside [0, num_slots) (a caller bug the CPU twin aborts on) reads as NaN and is not
 // written; cu_seqlens is trusted to be 0 first, N last and non-decreasing (the host cannot check
 // it without a copy back); rows are never read or written outside [0, N) either way.
+#include <cuda_bf16.h>
+
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/varlen_launch.h"
 
 namespace loom::cuda {
 namespace {
+
+using bf16 = __nv_bfloat16;
 
 constexpr int kThreads = 128;
 constexpr int kUnroll = 4;  // rows whose loads are in flight together
@@ -45,29 +54,59 @@ struct Vec {
   float v[V];
 };
 
-template <int V>
-__device__ __forceinline__ Vec<V> load(const float* p) {
+// Loads V adjacent elements of f32 or bf16 memory as floats (bf16 widens exactly); four at once
+// move 16 bytes of f32 or 8 of bf16 in one access.
+template <int V, class T>
+__device__ __forceinline__ Vec<V> load(const T* p) {
   Vec<V> r;
-  if constexpr (V == 4) {
+  if constexpr (V == 4 && std::is_same_v<T, float>) {
     const float4 f = *reinterpret_cast<const float4*>(p);
     r.v[0] = f.x;
     r.v[1] = f.y;
     r.v[2] = f.z;
     r.v[3] = f.w;
+  } else if constexpr (V == 4) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+    r.v[0] = a.x;
+    r.v[1] = a.y;
+    r.v[2] = b.x;
+    r.v[3] = b.y;
   } else {
 #pragma unroll
-    for (int i = 0; i < V; ++i) r.v[i] = p[i];
+    for (int i = 0; i < V; ++i) {
+      if constexpr (std::is_same_v<T, float>) {
+        r.v[i] = p[i];
+      } else {
+        r.v[i] = __bfloat162float(p[i]);
+      }
+    }
   }
   return r;
 }
 
-template <int V>
-__device__ __forceinline__ void store(float* p, const Vec<V>& a) {
-  if constexpr (V == 4) {
+// Stores V floats to f32 or bf16 memory (bf16: each rounded to nearest even).
+template <int V, class T>
+__device__ __forceinline__ void store(T* p, const Vec<V>& a) {
+  if constexpr (V == 4 && std::is_same_v<T, float>) {
     *reinterpret_cast<float4*>(p) = make_float4(a.v[0], a.v[1], a.v[2], a.v[3]);
+  } else if constexpr (V == 4) {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(a.v[0], a.v[1]);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(a.v[2], a.v[3]);
+    uint2 u;
+    u.x = *reinterpret_cast<const uint32_t*>(&lo);
+    u.y = *reinterpret_cast<const uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(p) = u;
   } else {
 #pragma unroll
-    for (int i = 0; i < V; ++i) p[i] = a.v[i];
+    for (int i = 0; i < V; ++i) {
+      if constexpr (std::is_same_v<T, float>) {
+        p[i] = a.v[i];
+      } else {
+        p[i] = __float2bfloat16_rn(a.v[i]);
+      }
+    }
   }
 }
 
@@ -80,14 +119,14 @@ __device__ __forceinline__ Vec<V> nans() {
 }
 
 // KW > 0: the width at compile time (register window); KW == 0: any width W (each xpad row read
-// from memory, W loads per output row; same arithmetic).
-template <int KW, int V>
+// from memory, W loads per output row; same arithmetic). TX, TO, TS: the element types (float or
+// bf16) of x, out and the state pool; the arithmetic is f32 either way.
+template <int KW, int V, class TX, class TO, class TS>
 __global__ void __launch_bounds__(kThreads)
-    conv_varlen_kernel(const float* __restrict__ x, const float* __restrict__ w,
-                       float* __restrict__ pool, const int32_t* __restrict__ slots,
-                       const int64_t* __restrict__ cu, float* __restrict__ out, int64_t N,
-                       int64_t C, int w_runtime, int64_t B, int64_t num_slots, int64_t L,
-                       bool silu) {
+    conv_varlen_kernel(const TX* __restrict__ x, const float* __restrict__ w, TS* __restrict__ pool,
+                       const int32_t* __restrict__ slots, const int64_t* __restrict__ cu,
+                       TO* __restrict__ out, int64_t N, int64_t C, int w_runtime, int64_t B,
+                       int64_t num_slots, int64_t L, bool silu) {
   const int W = KW > 0 ? KW : w_runtime;
   const int P = W - 1;
   const int64_t c = (static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x) * V;
@@ -126,7 +165,7 @@ __global__ void __launch_bounds__(kThreads)
   // Output rows [r, end) of the sequence starting at row s0. Row q of its xpad = concat(state,
   // x) is the state's row q for q < P (only an owner asks for those: st, or NaN for a bad slot),
   // else x's row s0 + q - P.
-  const auto run_rows = [&](int64_t s0, int64_t r, int64_t end, const float* st, bool bad_slot) {
+  const auto run_rows = [&](int64_t s0, int64_t r, int64_t end, const TS* st, bool bad_slot) {
     const auto xpad = [&](int64_t q) -> Vec<V> {
       if (q < P) return bad_slot ? nans<V>() : load<V>(st + q * C);
       return load<V>(x + (s0 + q - P) * C + c);
@@ -168,7 +207,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t slot = slots[b];
     if (P == 0 || s1 <= s0) return;  // no state, or no rows: the state stays as it is
     const bool bad_slot = slot < 0 || slot >= num_slots;
-    float* st = bad_slot ? nullptr : pool + slot * P * C + c;
+    TS* st = bad_slot ? nullptr : pool + slot * P * C + c;
     const int64_t T = s1 - s0;
     if constexpr (KW > 0) {
       // All in registers: the old state, the sequence's first rows and, for T > P, its last P
@@ -245,18 +284,18 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int KW, int V>
-void launch_conv(cudaStream_t stream, dim3 grid, const float* x, const float* w, float* pool,
-                 const int32_t* slots, const int64_t* cu, float* out, int64_t N, int64_t C,
-                 int64_t W, int64_t B, int64_t num_slots, int64_t L, bool silu) {
+template <int KW, int V, class TX, class TO, class TS>
+void launch_conv(cudaStream_t stream, dim3 grid, const TX* x, const float* w, TS* pool,
+                 const int32_t* slots, const int64_t* cu, TO* out, int64_t N, int64_t C, int64_t W,
+                 int64_t B, int64_t num_slots, int64_t L, bool silu) {
   conv_varlen_kernel<KW, V><<<grid, kThreads, 0, stream>>>(
       x, w, pool, slots, cu, out, N, C, static_cast<int>(W), B, num_slots, L, silu);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
-template <int V>
-void launch_conv_w(cudaStream_t stream, dim3 grid, const float* x, const float* w, float* pool,
-                   const int32_t* slots, const int64_t* cu, float* out, int64_t N, int64_t C,
+template <int V, class TX, class TO, class TS>
+void launch_conv_w(cudaStream_t stream, dim3 grid, const TX* x, const float* w, TS* pool,
+                   const int32_t* slots, const int64_t* cu, TO* out, int64_t N, int64_t C,
                    int64_t W, int64_t B, int64_t num_slots, int64_t L, bool silu) {
   switch (W) {
     case 2:
@@ -274,14 +313,28 @@ void launch_conv_w(cudaStream_t stream, dim3 grid, const float* x, const float* 
   }
 }
 
+// Calls f(T{}) with T = bf16 or float (a tag: the lambda takes the element type from it).
+template <class T>
+struct Elem {
+  using type = T;
+};
+template <class F>
+void with_elem(bool is_bf16, F&& f) {
+  if (is_bf16) {
+    f(Elem<bf16>{});
+  } else {
+    f(Elem<float>{});
+  }
+}
+
 }  // namespace
 
 namespace launch {
 
-void causal_conv1d_varlen(cudaStream_t stream, const float* x, const float* w, float* pool,
-                          const int32_t* slots, const int64_t* cu, float* out, int64_t N, int64_t C,
-                          int64_t W, int64_t B, int64_t num_slots, bool silu, bool vec4,
-                          int64_t rows_per_block) {
+void causal_conv1d_varlen(cudaStream_t stream, const void* x, const float* w, void* pool,
+                          const int32_t* slots, const int64_t* cu, void* out, int64_t N, int64_t C,
+                          int64_t W, int64_t B, int64_t num_slots, bool silu, ConvDtypes dt,
+                          bool vec4, int64_t rows_per_block) {
   if (N == 0 || C == 0 || B == 0) return;
   const int V = vec4 ? 4 : 1;
   const int64_t cblocks = (C + kThreads * V - 1) / (kThreads * V);
@@ -303,11 +356,23 @@ void causal_conv1d_varlen(cudaStream_t stream, const float* x, const float* w, f
     std::abort();
   }
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(cblocks));
-  if (vec4) {
-    launch_conv_w<4>(stream, grid, x, w, pool, slots, cu, out, N, C, W, B, num_slots, L, silu);
-  } else {
-    launch_conv_w<1>(stream, grid, x, w, pool, slots, cu, out, N, C, W, B, num_slots, L, silu);
-  }
+  with_elem(dt.x_bf16, [&](auto tx) {
+    with_elem(dt.out_bf16, [&](auto to) {
+      with_elem(dt.pool_bf16, [&](auto ts) {
+        using TX = typename decltype(tx)::type;
+        using TO = typename decltype(to)::type;
+        using TS = typename decltype(ts)::type;
+        const auto* xp = static_cast<const TX*>(x);
+        auto* op = static_cast<TO*>(out);
+        auto* pp = static_cast<TS*>(pool);
+        if (vec4) {
+          launch_conv_w<4>(stream, grid, xp, w, pp, slots, cu, op, N, C, W, B, num_slots, L, silu);
+        } else {
+          launch_conv_w<1>(stream, grid, xp, w, pp, slots, cu, op, N, C, W, B, num_slots, L, silu);
+        }
+      });
+    });
+  });
 }
 
 }  // namespace launch

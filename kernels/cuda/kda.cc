@@ -1,7 +1,12 @@
 // Host side of the CUDA KDA kernels (checks as in kernels/cpu/kda.cc).
 #include "kernels/cuda/kda.h"
 
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/kda_chunked_launch.h"
 
 namespace loom::cuda {
 
@@ -16,13 +21,20 @@ void kda_recurrent_forward(const Exec& ex, const Tensor& q, const Tensor& k, con
   LOOM_CHECK_CUDA_ARG(fn, beta);
   LOOM_CHECK_CUDA_ARG(fn, state);
   LOOM_CHECK_CUDA_ARG(fn, out);
-  LOOM_CHECK_F32(q);
-  LOOM_CHECK_F32(k);
-  LOOM_CHECK_F32(v);
+  // q, k, v, out: all f32 or all bf16; beta f32 or of their dtype; g and the state f32 (the rule
+  // of the varlen and decode kernels).
+  const DType act = q.dtype();
+  LOOM_CHECK((act == DType::kF32 || act == DType::kBF16) && k.dtype() == act && v.dtype() == act &&
+                 out.dtype() == act && (beta.dtype() == DType::kF32 || beta.dtype() == act),
+             "%s: q %s k %s v %s beta %s out %s: expected f32 or bf16 activations, beta f32 or "
+             "of their dtype",
+             fn, q.describe().c_str(), k.describe().c_str(), v.describe().c_str(),
+             beta.describe().c_str(), out.describe().c_str());
+  LOOM_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() && beta.is_contiguous() &&
+                 out.is_contiguous(),
+             "%s: q, k, v, beta and out must be contiguous", fn);
   LOOM_CHECK_F32(g);
-  LOOM_CHECK_F32(beta);
   LOOM_CHECK_F32(state);
-  LOOM_CHECK_F32(out);
   LOOM_CHECK(q.ndim() == 3 && v.ndim() == 3, "%s: q %s v %s", fn, q.describe().c_str(),
              v.describe().c_str());
   const int64_t T = q.dim(0), Hk = q.dim(1), dk = q.dim(2), Hv = v.dim(1), dv = v.dim(2);
@@ -39,9 +51,46 @@ void kda_recurrent_forward(const Exec& ex, const Tensor& q, const Tensor& k, con
   LOOM_CHECK(dk <= 256, "%s: dk %lld > 256 is not supported by the CUDA kernel", fn,
              static_cast<long long>(dk));
   const bool scalar_g = g.dim(2) == 1 && dk != 1;
-  launch::kda_recurrent(stream_of(ex), q.data<float>(), k.data<float>(), v.data<float>(),
-                        g.data<float>(), beta.data<float>(), scale, state.data<float>(),
-                        out.data<float>(), T, Hk, Hv, dk, dv, scalar_g);
+  if (act == DType::kF32) {
+    launch::kda_recurrent(stream_of(ex), q.data<float>(), k.data<float>(), v.data<float>(),
+                          g.data<float>(), beta.data<float>(), scale, state.data<float>(),
+                          out.data<float>(), T, Hk, Hv, dk, dv, scalar_g);
+    return;
+  }
+  // bf16 activations: the varlen recurrence (kernels/cuda/kda_chunked.cu: this kernel's arithmetic
+  // with bf16 loads and stores) over one sequence, the state as a pool of one slot.
+  if (T == 0 || dv == 0) return;
+  launch::KdaVarlenArgs a;
+  a.q = q.raw();
+  a.k = k.raw();
+  a.v = v.raw();
+  a.g = g.data<float>();
+  a.beta = beta.raw();
+  a.out = out.raw();
+  a.pool = state.data<float>();
+  a.scale = scale;
+  a.B = 1;
+  a.N = T;
+  a.num_slots = 1;
+  a.Hk = static_cast<int>(Hk);
+  a.Hv = static_cast<int>(Hv);
+  a.dk = static_cast<int>(dk);
+  a.dv = static_cast<int>(dv);
+  a.scalar_g = scalar_g;
+  a.bf16 = true;
+  a.beta_bf16 = beta.dtype() == DType::kBF16;
+  // Its cu_seqlens {0, T} and slot 0, uploaded for the call.
+  const cudaStream_t stream = stream_of(ex);
+  struct {
+    int64_t cu[2];
+    int32_t slot[2];
+  } host{{0, T}, {0, 0}};
+  Scratch meta(sizeof(host), stream);
+  meta.upload(&host, sizeof(host));
+  a.cu = static_cast<const int64_t*>(meta.get());
+  a.slots = reinterpret_cast<const int32_t*>(static_cast<const char*>(meta.get()) +
+                                             offsetof(decltype(host), slot));
+  launch::kda_recurrent_varlen(stream, a, std::numeric_limits<int64_t>::max());
 }
 
 void kda_gate_forward(const Exec& ex, const Tensor& f, const Tensor& A_log, const Tensor& dt_bias,

@@ -1,5 +1,5 @@
 // CUDA twins of the same-named kernels/ header: same contracts, every tensor argument on the GPU
-// (f32 contiguous), enqueued on the Exec's stream without synchronising.
+// (contiguous; f32 unless said otherwise), enqueued on the Exec's stream without synchronising.
 #pragma once
 
 #include "core/tensor.h"
@@ -9,7 +9,8 @@
 namespace loom::cuda {
 
 // dk <= 256 (state columns held in registers); any dv; Hv a multiple of Hk; g [T, Hv, dk] or
-// [T, Hv, 1].
+// [T, Hv, 1]. q, k, v and out may also be bf16 (all four; beta f32 or bf16; g and the state f32),
+// with f32 arithmetic: the varlen recurrence of kernels/cuda/kda_chunked.h over one sequence.
 void kda_recurrent_forward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
                            const Tensor& g, const Tensor& beta, float scale, const Tensor& state,
                            const Tensor& out);

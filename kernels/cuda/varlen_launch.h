@@ -11,27 +11,29 @@
 
 namespace loom::cuda::launch {
 
-// causal_conv1d_varlen: x, out [N, C]; w [C, W]; pool [num_slots, W-1, C]; slots i32 [B];
-// cu i64 [B + 1]. One launch over (B sequence owners + chunks of `rows_per_block` rows, channel
-// blocks); rows_per_block 0 picks it from the shape. `vec4` (C % 4 == 0 and x, out, pool 16-byte
-// aligned) moves four channels per thread.
-void causal_conv1d_varlen(cudaStream_t stream, const float* x, const float* w, float* pool,
-                          const int32_t* slots, const int64_t* cu, float* out, int64_t N, int64_t C,
-                          int64_t W, int64_t B, int64_t num_slots, bool silu, bool vec4,
-                          int64_t rows_per_block = 0);
+// Which tensors of a causal_conv1d_varlen launch hold bf16 (the others f32).
+struct ConvDtypes {
+  bool x_bf16 = false, out_bf16 = false, pool_bf16 = false;
+};
 
-// cache_write_varlen: rows [N, row_elems] f32 to pool [num_pages, page_size, row_elems];
-// page_table i32 [B, max_pages]; cu i64 [B + 1]; past i64 [B]. One launch over all rows. `vec4`
-// (row_elems % 4 == 0, rows and pool 16-byte aligned) copies 16 bytes per thread and step.
-void cache_write_varlen(cudaStream_t stream, const float* rows, float* pool,
-                        const int32_t* page_table, const int64_t* cu, const int64_t* past,
-                        int64_t N, int64_t B, int64_t max_pages, int64_t num_pages,
-                        int64_t page_size, int64_t row_elems, bool vec4);
-// The same into a bf16 pool [num_pages, page_size, row_elems] (each element rounded to nearest
-// even); vec4 as above (rows 16-byte aligned, row_elems % 4 == 0, pool 8-byte aligned).
-void cache_write_varlen_bf16(cudaStream_t stream, const float* rows, uint16_t* pool,
-                             const int32_t* page_table, const int64_t* cu, const int64_t* past,
-                             int64_t N, int64_t B, int64_t max_pages, int64_t num_pages,
-                             int64_t page_size, int64_t row_elems, bool vec4);
+// causal_conv1d_varlen: x, out [N, C]; w [C, W] f32; pool [num_slots, W-1, C]; slots i32 [B];
+// cu i64 [B + 1]; x, out and pool f32 or bf16 as `dt` says (f32 arithmetic; bf16 stores round to
+// nearest even). One launch over (B sequence owners + chunks of `rows_per_block` rows, channel
+// blocks); rows_per_block 0 picks it from the shape. `vec4` (C % 4 == 0 and x, out, pool aligned
+// to four elements: 16 bytes of f32, 8 of bf16) moves four channels per thread.
+void causal_conv1d_varlen(cudaStream_t stream, const void* x, const float* w, void* pool,
+                          const int32_t* slots, const int64_t* cu, void* out, int64_t N, int64_t C,
+                          int64_t W, int64_t B, int64_t num_slots, bool silu, ConvDtypes dt,
+                          bool vec4, int64_t rows_per_block = 0);
+
+// cache_write_varlen: rows [N, row_elems] to pool [num_pages, page_size, row_elems], each f32 or
+// bf16 as the flags say (one dtype: the bytes are copied; bf16 into f32 widens exactly; f32 into
+// bf16 rounds to nearest even); page_table i32 [B, max_pages]; cu i64 [B + 1]; past i64 [B]. One
+// launch over all rows, in the widest accesses (up to 16 bytes) that the row width and the two
+// addresses allow.
+void cache_write_varlen(cudaStream_t stream, const void* rows, bool rows_bf16, void* pool,
+                        bool pool_bf16, const int32_t* page_table, const int64_t* cu,
+                        const int64_t* past, int64_t N, int64_t B, int64_t max_pages,
+                        int64_t num_pages, int64_t page_size, int64_t row_elems);
 
 }  // namespace loom::cuda::launch
