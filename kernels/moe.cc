@@ -1,9 +1,12 @@
 // Device dispatch for kernels/moe.h. The forward ops (router, permute, grouped SwiGLU, combine)
 // have CUDA twins (kernels/cuda/moe.h); the backwards are CPU only (issue 14's): a CUDA tensor
-// there stops with a message naming the op.
+// there stops with a message naming the op. bf16 activations are the CUDA forward's: the CPU
+// kernels and every backward take f32 only, and stop with a message naming the op otherwise.
 #include "kernels/moe.h"
 
 #include <cmath>
+#include <initializer_list>
+#include <utility>
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/moe.h"
@@ -12,6 +15,21 @@
 #endif
 
 namespace loom {
+namespace {
+
+// Each named tensor contiguous f32, else abort naming the op and the tensor; `where` says what
+// takes f32 only.
+void check_f32(const char* op, const char* where,
+               std::initializer_list<std::pair<const char*, const Tensor*>> args) {
+  for (const auto& [name, t] : args) {
+    LOOM_CHECK(t->dtype() == DType::kF32 && t->is_contiguous(),
+               "%s: %s %s: %s takes contiguous f32 only (bf16 activations run on CUDA, forward "
+               "only)",
+               op, name, t->describe().c_str(), where);
+  }
+}
+
+}  // namespace
 
 void moe_route(const Exec& ex, const Tensor& logits, const Tensor& bias, const RouterParams& params,
                const Tensor& expert_ids, const Tensor& weights) {
@@ -73,6 +91,7 @@ void moe_permute(const Exec& ex, const Tensor& x, const Tensor& expert_ids, int6
                  const Tensor& x_sorted) {
   LOOM_ON_EXEC_DEVICE(ex, "moe_permute", x, expert_ids, offsets, row_of_slot, x_sorted);
   if (ex.device.is_cpu()) {
+    check_f32("moe_permute", "the CPU kernel", {{"x", &x}, {"x_sorted", &x_sorted}});
     return cpu::moe_permute(x, expert_ids, first_expert, num_experts, offsets, row_of_slot,
                             x_sorted);
   }
@@ -88,8 +107,7 @@ void moe_permute_backward(const Exec& ex, const Tensor& d_x_sorted, const Tensor
                           const Tensor& d_x) {
   static constexpr const char* kOp = "moe_permute_backward";
   LOOM_ON_EXEC_DEVICE(ex, kOp, d_x_sorted, row_of_slot, d_x);
-  LOOM_CHECK_F32(d_x_sorted);
-  LOOM_CHECK_F32(d_x);
+  check_f32(kOp, "the backward", {{"d_x_sorted", &d_x_sorted}, {"d_x", &d_x}});
   LOOM_CHECK(d_x_sorted.ndim() == 2 && d_x.ndim() == 2 && row_of_slot.ndim() == 2 &&
                  row_of_slot.dtype() == DType::kI32 && row_of_slot.is_contiguous() &&
                  row_of_slot.dim(0) == d_x.dim(0) && d_x_sorted.dim(1) == d_x.dim(1),
@@ -105,8 +123,6 @@ void moe_grouped_swiglu(const Exec& ex, const Tensor& x, const Tensor& offsets,
                         const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down,
                         const Tensor& y, const Tensor& gate_up) {
   LOOM_ON_EXEC_DEVICE(ex, "moe_grouped_swiglu", x, offsets, w_gate, w_up, w_down, y, gate_up);
-  LOOM_CHECK_F32(x);
-  LOOM_CHECK_F32(y);
   LOOM_CHECK(offsets.dtype() == DType::kI32 && offsets.is_contiguous(),
              "moe_grouped_swiglu: offsets %s", offsets.describe().c_str());
   const DType wt = w_gate.dtype();
@@ -130,6 +146,7 @@ void moe_grouped_swiglu(const Exec& ex, const Tensor& x, const Tensor& offsets,
     LOOM_CHECK_SHAPE(gate_up, 2, r, inter);
   }
   if (ex.device.is_cpu()) {
+    check_f32("moe_grouped_swiglu", "the CPU kernel", {{"x", &x}, {"y", &y}});
     const cpu::RowInvariantScope numerics(ex.batch_invariant);
     return cpu::moe_grouped_swiglu(x, offsets, w_gate, w_up, w_down, y, gate_up);
   }
@@ -153,8 +170,16 @@ void moe_grouped_swiglu_backward(const Exec& ex, const Tensor& x, const Tensor& 
       "%s: training needs f32 expert weights (load the model with an f32 placement): "
       "w_gate %s w_up %s w_down %s",
       kOp, w_gate.describe().c_str(), w_up.describe().c_str(), w_down.describe().c_str());
-  for (const Tensor* t : {&x, &w_gate, &w_up, &w_down, &d_y, &d_x, &d_w_gate, &d_w_up, &d_w_down})
-    LOOM_CHECK_F32(*t);
+  check_f32(kOp, "the backward",
+            {{"x", &x},
+             {"w_gate", &w_gate},
+             {"w_up", &w_up},
+             {"w_down", &w_down},
+             {"d_y", &d_y},
+             {"d_x", &d_x},
+             {"d_w_gate", &d_w_gate},
+             {"d_w_up", &d_w_up},
+             {"d_w_down", &d_w_down}});
   LOOM_CHECK(offsets.dtype() == DType::kI32 && offsets.is_contiguous(), "%s: offsets %s", kOp,
              offsets.describe().c_str());
   LOOM_CHECK(x.ndim() == 2 && w_gate.ndim() == 3, "%s: x %s w_gate %s", kOp, x.describe().c_str(),
@@ -186,6 +211,7 @@ void moe_unpermute_combine(const Exec& ex, const Tensor& y, const Tensor& row_of
                            const Tensor& weights, const Tensor& out) {
   LOOM_ON_EXEC_DEVICE(ex, "moe_unpermute_combine", y, row_of_slot, weights, out);
   if (ex.device.is_cpu()) {
+    check_f32("moe_unpermute_combine", "the CPU kernel", {{"y", &y}, {"out", &out}});
     return cpu::moe_unpermute_combine(y, row_of_slot, weights, out);
   }
 #ifdef LOOM_WITH_CUDA
@@ -200,7 +226,12 @@ void moe_unpermute_combine_backward(const Exec& ex, const Tensor& y, const Tenso
                                     const Tensor& d_weights) {
   static constexpr const char* kOp = "moe_unpermute_combine_backward";
   LOOM_ON_EXEC_DEVICE(ex, kOp, y, row_of_slot, weights, d_out, d_y, d_weights);
-  for (const Tensor* t : {&y, &weights, &d_out, &d_y, &d_weights}) LOOM_CHECK_F32(*t);
+  check_f32(kOp, "the backward",
+            {{"y", &y},
+             {"weights", &weights},
+             {"d_out", &d_out},
+             {"d_y", &d_y},
+             {"d_weights", &d_weights}});
   LOOM_CHECK(y.ndim() == 2 && d_out.ndim() == 2 && row_of_slot.ndim() == 2 &&
                  row_of_slot.dtype() == DType::kI32 && row_of_slot.is_contiguous() &&
                  y.dim(1) == d_out.dim(1),

@@ -70,15 +70,19 @@ void moe_aux_loss_forward_backward(const Exec& ex, const Tensor& logits, const T
 // experts it owns, so the ops below take an owned range [first_expert, first_expert + E_local) and
 // the weights of those experts only. Indices are i32 tensors, so that a device twin needs no host
 // round trip and the step's addresses stay fixed.
+// Activations (x, x_sorted, y, out below) are f32 on the CPU; on CUDA each is f32 or bf16 on its
+// own (the model's are bf16): computed in f32, a bf16 output rounded to nearest even once. Router
+// logits and weights stay f32, and the backwards take f32 only (training runs in f32).
 
 // Groups the slots routed to the owned experts by expert; within an expert, rows keep slot order,
 // so the grouping (and the GEMMs run on it) does not depend on the thread count.
-// x: [T, D]; expert_ids: [T, K] i32 in [0, num_experts);
+// x: [T, D] (f32, or on CUDA bf16); expert_ids: [T, K] i32 in [0, num_experts);
 // offsets: [E_local + 1] i32 (written): owned expert first_expert + e has rows
 //   [offsets[e], offsets[e + 1]) of x_sorted; offsets[0] = 0, offsets[E_local] = rows kept;
 // row_of_slot: [T, K] i32 (written): the row of x_sorted holding slot (t, i), or -1 when its
 //   expert is not owned;
-// x_sorted: [R, D] with R >= rows kept (written up to offsets[E_local]; later rows untouched).
+// x_sorted: [R, D] with R >= rows kept (written up to offsets[E_local]; later rows untouched);
+//   f32 or, on CUDA, bf16: of x's dtype its rows are x's bits, else x's values converted.
 void moe_permute(const Exec& ex, const Tensor& x, const Tensor& expert_ids, int64_t first_expert,
                  int64_t num_experts, const Tensor& offsets, const Tensor& row_of_slot,
                  const Tensor& x_sorted);
@@ -93,7 +97,8 @@ void moe_permute_backward(const Exec& ex, const Tensor& d_x_sorted, const Tensor
 
 // y[r] = down_e(silu(gate_e(x[r])) * up_e(x[r])) for each owned expert e's rows
 // r in [offsets[e], offsets[e + 1]): one GEMM per projection per expert over its rows.
-// x, y: [R, D] f32 (y's rows from offsets[E_local] on untouched); offsets: [E_local + 1] i32,
+// x, y: [R, D] f32 (on CUDA either may be bf16; y's rows from offsets[E_local] on untouched);
+// offsets: [E_local + 1] i32,
 // non-decreasing; w_gate, w_up: [E_local, I, D]; w_down: [E_local, D, I], all three f32 or all
 // bf16 (widened to f32 and accumulated in f32, as linear_forward does: the same bits as f32
 // weights of the same values in batch-invariant mode, within f32 rounding otherwise).
@@ -123,7 +128,8 @@ void moe_grouped_swiglu_backward(const Exec& ex, const Tensor& x, const Tensor& 
 // out[t] = sum over i = 0..K-1, in that order, of weights[t, i] * y[row_of_slot[t, i]], skipping
 // slots with row -1 (another rank's experts); a token with none gets zeros. The fixed order makes
 // each row independent of the batch around it.
-// y: [R, D]; row_of_slot: [T, K] i32; weights: [T, K] f32; out: [T, D] (overwritten).
+// y: [R, D]; row_of_slot: [T, K] i32; weights: [T, K] f32; out: [T, D] (overwritten); y and out
+// f32 or, on CUDA, bf16 each (the sum runs in f32 in the same order; a bf16 out is rounded once).
 void moe_unpermute_combine(const Exec& ex, const Tensor& y, const Tensor& row_of_slot,
                            const Tensor& weights, const Tensor& out);
 

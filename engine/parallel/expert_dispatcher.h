@@ -17,7 +17,7 @@ namespace loom {
 // input of moe_grouped_swiglu), and what combine needs to bring the results back. The tensors are
 // views of the workspace passed to dispatch: valid until the caller's Workspace::Mark ends.
 struct Dispatched {
-  Tensor rows;     // [R, D]
+  Tensor rows;     // [R, D], of x's dtype (f32, or bf16 activations on CUDA)
   Tensor offsets;  // [owned().count() + 1] i32: owned expert begin + e has rows
                    // [offsets[e], offsets[e + 1])
   // For combine: where the output of slot (token t, choice i) will be found (-1: nowhere on this
@@ -34,14 +34,16 @@ class ExpertDispatcher {
   // loads exactly these (Placement::experts), so the two always agree.
   virtual ExpertRange owned() const = 0;
 
-  // Sends each (token, choice) slot of x [T, D] to the rank owning expert_ids[t, i]; returns the
-  // rows this rank must compute. Every rank calls it, with or without tokens (collectives).
+  // Sends each (token, choice) slot of x [T, D] (f32, or bf16 on CUDA) to the rank owning
+  // expert_ids[t, i]; returns the rows this rank must compute, in x's dtype. Every rank calls it,
+  // with or without tokens (collectives).
   virtual Dispatched dispatch(const Exec& ex, const Tensor& x, const Tensor& expert_ids,
                               const Tensor& weights, Workspace& ws) = 0;
 
   // y: [R, D], the expert outputs of d.rows. Brings them back to their tokens' ranks and writes
-  // out[t] = sum of weights[t, i] * output of slot (t, i), summed in top-k order (batch
-  // invariance: a token's sum never depends on where its experts ran).
+  // out[t] = sum of weights[t, i] * output of slot (t, i), summed in f32 in top-k order (batch
+  // invariance: a token's sum never depends on where its experts ran). y and out are f32, or on
+  // CUDA bf16 each (a bf16 out rounded once, after the sum).
   virtual void combine(const Exec& ex, const Tensor& y, const Dispatched& d, const Tensor& out) = 0;
 
   // Training: the backwards of combine and dispatch, called with the Dispatched of the step's

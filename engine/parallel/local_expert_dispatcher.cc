@@ -24,7 +24,8 @@ Dispatched LocalExpertDispatcher::dispatch(const Exec& ex, const Tensor& x,
   const int64_t t = x.dim(0), k = expert_ids.dim(1);
   Dispatched d;
   // The slots routed to owned experts stay here (all T * K of them when every expert is owned);
-  // the rows are sized for all, the kept ones end at offsets[owned().count()].
+  // the rows are sized for all, the kept ones end at offsets[owned().count()]. They keep x's
+  // dtype: moe_permute copies bf16 rows as bits, and the grouped GEMMs read them directly.
   d.rows = ws.take({t * k, x.dim(1)}, x.dtype());
   d.offsets = ws.take({owned_.count() + 1}, DType::kI32);
   d.row_of_slot = ws.take({t, k}, DType::kI32);

@@ -8,6 +8,8 @@
 // the weighted sum over its owned choices only (zeros when it has none). The shares of ranks that
 // cover every expert sum to the layer's routed output; the dispatcher that moves the other slots
 // to their owners and back (NCCL all-to-all) is expert parallelism's, not built yet.
+// Activations follow the kernels (kernels/moe.h): f32, or bf16 on CUDA, forward only; the
+// backwards take f32.
 #pragma once
 
 #include "engine/parallel/expert_dispatcher.h"

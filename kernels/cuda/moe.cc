@@ -34,6 +34,13 @@ void check_args(const char* op, std::initializer_list<Arg> args) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// Activations (x, x_sorted, y, out) are f32 or bf16, each on its own; true for bf16.
+bool activation_bf16(const char* op, const char* name, const Tensor& t) {
+  LOOM_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16,
+             "%s: %s %s, expected f32 or bf16", op, name, t.describe().c_str());
+  return t.dtype() == DType::kBF16;
+}
+
 // Runs fn(scratch) with `bytes` of device scratch (null for 0): from ex.workspace when there is
 // one (released when fn returns; later kernels on the stream may reuse it), else a stream-ordered
 // allocation.
@@ -69,12 +76,12 @@ const char* grouped_swiglu(const Exec& ex, launch::MoeGemmPath path, const Tenso
                            int phases) {
   static constexpr const char* kOp = "moe_grouped_swiglu";
   const DType wt = w_gate.dtype();
-  check_args(kOp, {{"x", x, DType::kF32},
+  check_args(kOp, {{"x", x, std::nullopt},
                    {"offsets", offsets, DType::kI32},
                    {"w_gate", w_gate, std::nullopt},
                    {"w_up", w_up, wt},
                    {"w_down", w_down, wt},
-                   {"y", y, DType::kF32},
+                   {"y", y, std::nullopt},
                    {"gate_up", gate_up, DType::kF32, true}});
   LOOM_CHECK(wt == DType::kF32 || wt == DType::kBF16,
              "%s: expert weights must be f32 or bf16: w_gate %s", kOp, w_gate.describe().c_str());
@@ -94,12 +101,14 @@ const char* grouped_swiglu(const Exec& ex, launch::MoeGemmPath path, const Tenso
   LOOM_CHECK(y.raw() != x.raw() || r * d == 0, "%s: y aliases x", kOp);
 
   launch::MoeSwigluArgs a;
-  a.x = x.data<float>();
+  a.x_bf16 = activation_bf16(kOp, "x", x);
+  a.y_bf16 = activation_bf16(kOp, "y", y);
+  a.x = x.raw();
   a.offsets = offsets.data<int32_t>();
   a.w_gate = w_gate.raw();
   a.w_up = w_up.raw();
   a.w_down = w_down.raw();
-  a.y = y.data<float>();
+  a.y = y.raw();
   a.gate_up = gate_up.defined() ? gate_up.data<float>() : nullptr;
   a.R = r;
   a.D = d;
@@ -155,11 +164,13 @@ void moe_permute(const Exec& ex, const Tensor& x, const Tensor& expert_ids, int6
                  int64_t num_experts, const Tensor& offsets, const Tensor& row_of_slot,
                  const Tensor& x_sorted) {
   static constexpr const char* kOp = "moe_permute";
-  check_args(kOp, {{"x", x, DType::kF32},
+  check_args(kOp, {{"x", x, std::nullopt},
                    {"expert_ids", expert_ids, DType::kI32},
                    {"offsets", offsets, DType::kI32},
                    {"row_of_slot", row_of_slot, DType::kI32},
-                   {"x_sorted", x_sorted, DType::kF32}});
+                   {"x_sorted", x_sorted, std::nullopt}});
+  const bool x_bf16 = activation_bf16(kOp, "x", x);
+  const bool xs_bf16 = activation_bf16(kOp, "x_sorted", x_sorted);
   LOOM_CHECK(x.ndim() == 2 && expert_ids.ndim() == 2 && offsets.ndim() == 1 && x_sorted.ndim() == 2,
              "%s: x %s expert_ids %s offsets %s x_sorted %s", kOp, x.describe().c_str(),
              expert_ids.describe().c_str(), offsets.describe().c_str(),
@@ -177,9 +188,9 @@ void moe_permute(const Exec& ex, const Tensor& x, const Tensor& expert_ids, int6
   LOOM_CHECK(t * k <= INT_MAX, "%s: %d slots overflow i32", kOp, t * k);
   const bool vec4 = d % 4 == 0 && aligned16(x.raw()) && aligned16(x_sorted.raw());
   with_scratch(ex, kOp, launch::moe_permute_scratch_bytes(t * k, ne), [&](void* scratch) {
-    launch::moe_permute(stream_of(ex), x.data<float>(), expert_ids.data<int32_t>(), t, k, d,
+    launch::moe_permute(stream_of(ex), x.raw(), x_bf16, expert_ids.data<int32_t>(), t, k, d,
                         first_expert, ne, offsets.data<int32_t>(), row_of_slot.data<int32_t>(),
-                        x_sorted.data<float>(), x_sorted.dim(0), vec4, scratch);
+                        x_sorted.raw(), xs_bf16, x_sorted.dim(0), vec4, scratch);
   });
 }
 
@@ -199,10 +210,12 @@ const char* moe_grouped_swiglu_on(const Exec& ex, const char* path, const Tensor
 void moe_unpermute_combine(const Exec& ex, const Tensor& y, const Tensor& row_of_slot,
                            const Tensor& weights, const Tensor& out) {
   static constexpr const char* kOp = "moe_unpermute_combine";
-  check_args(kOp, {{"y", y, DType::kF32},
+  check_args(kOp, {{"y", y, std::nullopt},
                    {"row_of_slot", row_of_slot, DType::kI32},
                    {"weights", weights, DType::kF32},
-                   {"out", out, DType::kF32}});
+                   {"out", out, std::nullopt}});
+  const bool y_bf16 = activation_bf16(kOp, "y", y);
+  const bool out_bf16 = activation_bf16(kOp, "out", out);
   LOOM_CHECK(y.ndim() == 2 && row_of_slot.ndim() == 2 && out.ndim() == 2,
              "%s: y %s row_of_slot %s out %s", kOp, y.describe().c_str(),
              row_of_slot.describe().c_str(), out.describe().c_str());
@@ -212,8 +225,8 @@ void moe_unpermute_combine(const Exec& ex, const Tensor& y, const Tensor& row_of
   LOOM_CHECK(y.dim(1) == d, "%s: y %s out %s", kOp, y.describe().c_str(), out.describe().c_str());
   LOOM_CHECK(out.raw() != y.raw() || t * d == 0, "%s: out aliases y", kOp);
   const bool vec4 = d % 4 == 0 && aligned16(y.raw()) && aligned16(out.raw());
-  launch::moe_unpermute_combine(stream_of(ex), y.data<float>(), row_of_slot.data<int32_t>(),
-                                weights.data<float>(), out.data<float>(), t, k, d, r, vec4);
+  launch::moe_unpermute_combine(stream_of(ex), y.raw(), y_bf16, row_of_slot.data<int32_t>(),
+                                weights.data<float>(), out.raw(), out_bf16, t, k, d, r, vec4);
 }
 
 }  // namespace loom::cuda

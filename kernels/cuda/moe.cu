@@ -24,10 +24,16 @@
 // moe_unpermute_combine: blocks of (token, column range): out = w_0 y_0, then out += w_i y_i in
 // top-k order, each product and sum rounded separately (no fused multiply-add), as the CPU's loop
 // does. A row outside [-1, R) (a caller bug the CPU aborts on) makes the token's output NaN.
+//
+// Activations (x, x_sorted, y, out) are f32 or bf16 each: loaded as f32, summed in f32, rounded
+// to nearest even once when stored as bf16. Same-dtype copies (permute) move the bits unchanged.
+#include <cuda_bf16.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
 #include <climits>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe_launch.h"
@@ -36,6 +42,55 @@ namespace loom::cuda {
 namespace {
 
 constexpr unsigned kFull = 0xffffffffu;
+using bf16 = __nv_bfloat16;
+
+// ---- activations: f32 or bf16 ------------------------------------------------------------------
+
+template <typename T>
+struct Of {
+  using type = T;
+};
+// fn(Of<A>{}, Of<B>{}) with A, B float or bf16 as the flags say: one instantiation per pair.
+template <typename Fn>
+void with_types(bool a_bf16, bool b_bf16, const Fn& fn) {
+  if (a_bf16) {
+    if (b_bf16) return fn(Of<bf16>{}, Of<bf16>{});
+    return fn(Of<bf16>{}, Of<float>{});
+  }
+  if (b_bf16) return fn(Of<float>{}, Of<bf16>{});
+  fn(Of<float>{}, Of<float>{});
+}
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
+template <typename T>
+__device__ __forceinline__ T from_f32(float v) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    return __float2bfloat16_rn(v);
+  } else {
+    return v;
+  }
+}
+
+// Four consecutive elements at p (16 bytes of f32 or 8 of bf16, as aligned), as f32.
+__device__ __forceinline__ float4 load4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+__device__ __forceinline__ float4 load4(const bf16* p) {
+  const uint2 v = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+__device__ __forceinline__ void store4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
+__device__ __forceinline__ void store4(bf16* p, float4 v) {
+  const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+  *reinterpret_cast<uint2*>(p) =
+      make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+}
+// Four elements' raw bits, for copies between tensors of one dtype.
+template <typename T>
+using Quad = std::conditional_t<sizeof(T) == 4, float4, uint2>;
 
 // ---- moe_route ---------------------------------------------------------------------------------
 
@@ -370,26 +425,31 @@ __global__ void __launch_bounds__(kChunkWarps * 32)
   }
 }
 
-// One warp per slot: x_sorted[row_of_slot[j]] = x[j / K].
-template <bool kVec4>
+// One warp per slot: x_sorted[row_of_slot[j]] = x[j / K] (bits copied between one dtype,
+// converted between two).
+template <typename Tx, typename Ts, bool kVec4>
 __global__ void __launch_bounds__(256)
-    permute_copy_kernel(const float* __restrict__ x, const int32_t* __restrict__ row_of_slot,
-                        float* __restrict__ x_sorted, int64_t slots, int64_t K, int64_t D,
-                        int64_t R) {
+    permute_copy_kernel(const Tx* __restrict__ x, const int32_t* __restrict__ row_of_slot,
+                        Ts* __restrict__ x_sorted, int64_t slots, int64_t K, int64_t D, int64_t R) {
+  constexpr bool kSame = std::is_same_v<Tx, Ts>;
   const int lane = threadIdx.x & 31;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
        j < slots; j += warps) {
     const int64_t row = row_of_slot[j];
     if (row < 0 || row >= R) continue;
-    const float* src = x + (j / K) * D;
-    float* dst = x_sorted + row * D;
-    if constexpr (kVec4) {
-      const float4* s4 = reinterpret_cast<const float4*>(src);
-      float4* d4 = reinterpret_cast<float4*>(dst);
+    const Tx* src = x + (j / K) * D;
+    Ts* dst = x_sorted + row * D;
+    if constexpr (kVec4 && kSame) {
+      const Quad<Tx>* s4 = reinterpret_cast<const Quad<Tx>*>(src);
+      Quad<Ts>* d4 = reinterpret_cast<Quad<Ts>*>(dst);
       for (int64_t c = lane; c < D / 4; c += 32) d4[c] = s4[c];
-    } else {
+    } else if constexpr (kVec4) {
+      for (int64_t c = lane; c < D / 4; c += 32) store4(dst + 4 * c, load4(src + 4 * c));
+    } else if constexpr (kSame) {
       for (int64_t c = lane; c < D; c += 32) dst[c] = src[c];
+    } else {
+      for (int64_t c = lane; c < D; c += 32) dst[c] = from_f32<Ts>(to_f32(src[c]));
     }
   }
 }
@@ -398,12 +458,12 @@ __global__ void __launch_bounds__(256)
 
 constexpr int kCombineThreads = 128;
 
-// Block (t, b) takes token t's columns (quads with float4 loads) b * kCombineThreads + thread,
+// Block (t, b) takes token t's columns (quads with vector loads) b * kCombineThreads + thread,
 // then every gridDim.y * kCombineThreads-th.
-template <bool kVec4>
+template <typename Ty, typename To, bool kVec4>
 __global__ void __launch_bounds__(kCombineThreads)
-    combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ rows,
-                   const float* __restrict__ weights, float* __restrict__ out, int64_t K, int64_t D,
+    combine_kernel(const Ty* __restrict__ y, const int32_t* __restrict__ rows,
+                   const float* __restrict__ weights, To* __restrict__ out, int64_t K, int64_t D,
                    int64_t R) {
   const int64_t t = blockIdx.x;
   const int64_t c0 = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
@@ -415,9 +475,9 @@ __global__ void __launch_bounds__(kCombineThreads)
     bad |= row[i] < -1 || row[i] >= R;
     any |= row[i] >= 0;
   }
-  float* o = out + t * D;
+  To* o = out + t * D;
   if (bad || !any) {
-    const float fill = bad ? __int_as_float(0x7fc00000) : 0.0f;
+    const To fill = from_f32<To>(bad ? __int_as_float(0x7fc00000) : 0.0f);
     for (int64_t c = c0; c < D; c += step) o[c] = fill;
     return;
   }
@@ -427,7 +487,7 @@ __global__ void __launch_bounds__(kCombineThreads)
       bool first = true;
       for (int64_t i = 0; i < K; ++i) {
         if (row[i] < 0) continue;
-        const float4 v = reinterpret_cast<const float4*>(y + static_cast<int64_t>(row[i]) * D)[c];
+        const float4 v = load4(y + static_cast<int64_t>(row[i]) * D + 4 * c);
         const float wi = w[i];
         if (first) {
           acc = make_float4(__fmul_rn(wi, v.x), __fmul_rn(wi, v.y), __fmul_rn(wi, v.z),
@@ -440,7 +500,7 @@ __global__ void __launch_bounds__(kCombineThreads)
           acc.w = __fadd_rn(acc.w, __fmul_rn(wi, v.w));
         }
       }
-      reinterpret_cast<float4*>(o)[c] = acc;
+      store4(o + 4 * c, acc);
     }
   } else {
     for (int64_t c = c0; c < D; c += step) {
@@ -448,11 +508,11 @@ __global__ void __launch_bounds__(kCombineThreads)
       bool first = true;
       for (int64_t i = 0; i < K; ++i) {
         if (row[i] < 0) continue;
-        const float p = __fmul_rn(w[i], y[static_cast<int64_t>(row[i]) * D + c]);
+        const float p = __fmul_rn(w[i], to_f32(y[static_cast<int64_t>(row[i]) * D + c]));
         acc = first ? p : __fadd_rn(acc, p);
         first = false;
       }
-      o[c] = acc;
+      o[c] = from_f32<To>(acc);
     }
   }
 }
@@ -486,9 +546,10 @@ size_t moe_permute_scratch_bytes(int64_t slots, int64_t ne) {
   return sizeof(int32_t) * static_cast<size_t>((slots + kChunkSlots - 1) / kChunkSlots * ne);
 }
 
-void moe_permute(cudaStream_t stream, const float* x, const int32_t* ids, int64_t T, int64_t K,
-                 int64_t D, int64_t first_expert, int64_t ne, int32_t* offsets,
-                 int32_t* row_of_slot, float* x_sorted, int64_t R, bool vec4, void* scratch) {
+void moe_permute(cudaStream_t stream, const void* x, bool x_bf16, const int32_t* ids, int64_t T,
+                 int64_t K, int64_t D, int64_t first_expert, int64_t ne, int32_t* offsets,
+                 int32_t* row_of_slot, void* x_sorted, bool xs_bf16, int64_t R, bool vec4,
+                 void* scratch) {
   const int64_t slots = T * K;
   const int n = static_cast<int>(ne);
   if (slots <= kMoePermuteOneBlockSlots) {
@@ -525,29 +586,44 @@ void moe_permute(cudaStream_t stream, const float* x, const int32_t* ids, int64_
   }
   if (slots == 0 || D == 0 || ne == 0) return;
   const unsigned blocks = dev::grid_for(slots, 8);
-  if (vec4) {
-    permute_copy_kernel<true><<<blocks, 256, 0, stream>>>(x, row_of_slot, x_sorted, slots, K, D, R);
-  } else {
-    permute_copy_kernel<false>
-        <<<blocks, 256, 0, stream>>>(x, row_of_slot, x_sorted, slots, K, D, R);
-  }
+  with_types(x_bf16, xs_bf16, [&](auto tx, auto ts) {
+    using Tx = typename decltype(tx)::type;
+    using Ts = typename decltype(ts)::type;
+    const Tx* src = static_cast<const Tx*>(x);
+    Ts* dst = static_cast<Ts*>(x_sorted);
+    if (vec4) {
+      permute_copy_kernel<Tx, Ts, true>
+          <<<blocks, 256, 0, stream>>>(src, row_of_slot, dst, slots, K, D, R);
+    } else {
+      permute_copy_kernel<Tx, Ts, false>
+          <<<blocks, 256, 0, stream>>>(src, row_of_slot, dst, slots, K, D, R);
+    }
+  });
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
-void moe_unpermute_combine(cudaStream_t stream, const float* y, const int32_t* rows,
-                           const float* weights, float* out, int64_t T, int64_t K, int64_t D,
-                           int64_t R, bool vec4) {
+void moe_unpermute_combine(cudaStream_t stream, const void* y, bool y_bf16, const int32_t* rows,
+                           const float* weights, void* out, bool out_bf16, int64_t T, int64_t K,
+                           int64_t D, int64_t R, bool vec4) {
   if (T == 0 || D == 0) return;
   LOOM_CHECK_GRID(T);
   // Enough column blocks per token that a few tokens still spread over the GPU.
   const int64_t per_block = kCombineThreads * (vec4 ? 4 : 1);
   const int64_t col_blocks = std::min<int64_t>((D + per_block - 1) / per_block, 65535);
   const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(col_blocks));
-  if (vec4) {
-    combine_kernel<true><<<grid, kCombineThreads, 0, stream>>>(y, rows, weights, out, K, D, R);
-  } else {
-    combine_kernel<false><<<grid, kCombineThreads, 0, stream>>>(y, rows, weights, out, K, D, R);
-  }
+  with_types(y_bf16, out_bf16, [&](auto ty, auto to) {
+    using Ty = typename decltype(ty)::type;
+    using To = typename decltype(to)::type;
+    const Ty* src = static_cast<const Ty*>(y);
+    To* dst = static_cast<To*>(out);
+    if (vec4) {
+      combine_kernel<Ty, To, true>
+          <<<grid, kCombineThreads, 0, stream>>>(src, rows, weights, dst, K, D, R);
+    } else {
+      combine_kernel<Ty, To, false>
+          <<<grid, kCombineThreads, 0, stream>>>(src, rows, weights, dst, K, D, R);
+    }
+  });
   LOOM_CUDA_CHECK_LAUNCH();
 }
 

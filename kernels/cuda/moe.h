@@ -3,7 +3,9 @@
 // offsets, row_of_slot) stay on the device: what the CPU twins check from their values cannot be
 // checked here, so each op says what a bad value does instead. Every op computes each output row
 // by the same operations whatever else is in the call (batch-invariant in both numerics modes).
-// The backward ops have no CUDA twin yet (training runs on the CPU).
+// Activations (x, x_sorted, y, out) are f32 or bf16, each on its own: read as f32, computed in f32,
+// rounded to nearest even when stored as bf16. The backward ops have no CUDA twin yet (training
+// runs on the CPU).
 #pragma once
 
 #include "core/tensor.h"
@@ -17,7 +19,8 @@ namespace loom::cuda {
 void moe_route(const Exec& ex, const Tensor& logits, const Tensor& bias, const RouterParams& params,
                const Tensor& expert_ids, const Tensor& weights);
 
-// The CPU twin's offsets, row_of_slot and x_sorted exactly. Ids outside the owned range get row -1,
+// The CPU twin's offsets, row_of_slot and x_sorted exactly (x_sorted of another dtype than x: x's
+// values converted, bf16 rounded to nearest even). Ids outside the owned range get row -1,
 // invalid ones (outside [0, num_experts), which the CPU rejects) included; rows kept past
 // x_sorted's end (R < rows kept, which the CPU rejects) are not copied. E_local <= 1024.
 void moe_permute(const Exec& ex, const Tensor& x, const Tensor& expert_ids, int64_t first_expert,
@@ -26,11 +29,13 @@ void moe_permute(const Exec& ex, const Tensor& x, const Tensor& expert_ids, int6
 
 // Bf16 weights run on the tensor cores when D and I are multiples of 8 and the tensors 16-byte
 // aligned (x and h = silu(g) * u then round to bf16 as operands: ~1e-3 relative to the CPU
-// twin); f32 weights, and bf16 ones of other sizes, run f32 FMA (the CPU's arithmetic in another
-// summation order). gate_up is supported on every path. Offsets must be non-decreasing within
-// [0, R] (not checked: a bad one never makes a kernel reach outside the tensors). Uses scratch
-// (the bf16 copy of x and h) from ex.workspace when there is one, else a stream-ordered
-// allocation (which costs time on every call: the engine always passes a workspace).
+// twin; a bf16 x is read directly, an f32 one through a bf16 copy); f32 weights, and bf16 ones
+// of other sizes, run f32 FMA (the CPU's arithmetic in another summation order). x and y are f32
+// or bf16 each (y rounded in the epilogue); gate_up, f32, is supported on every path. Offsets
+// must be non-decreasing within [0, R] (not checked: a bad one never makes a kernel reach outside
+// the tensors). Uses scratch (h, and the bf16 copy of an f32 x) from ex.workspace when there is
+// one, else a stream-ordered allocation (which costs time on every call: the engine always passes
+// a workspace).
 void moe_grouped_swiglu(const Exec& ex, const Tensor& x, const Tensor& offsets,
                         const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down,
                         const Tensor& y, const Tensor& gate_up);
@@ -44,7 +49,8 @@ const char* moe_grouped_swiglu_on(const Exec& ex, const char* path, const Tensor
                                   const Tensor& w_down, const Tensor& y, const Tensor& gate_up,
                                   int phases = 7);
 
-// A row outside [-1, R) (which the CPU rejects) makes its token's output row NaN.
+// y and out f32 or bf16 each; the sum runs in f32 in the CPU's order, a bf16 out rounded once. A
+// row outside [-1, R) (which the CPU rejects) makes its token's output row NaN.
 void moe_unpermute_combine(const Exec& ex, const Tensor& y, const Tensor& row_of_slot,
                            const Tensor& weights, const Tensor& out);
 

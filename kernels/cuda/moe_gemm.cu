@@ -1,12 +1,16 @@
 // The grouped SwiGLU of kernels/moe.h on the GPU: for every owned expert e, the rows
 // [offsets[e], offsets[e + 1]) of x go through y = down_e(silu(gate_e x) * up_e x).
 //
-// Two launches (three on the tensor-core paths), none reading the offsets on the host:
-//   0. (tensor cores) x's kept rows, rows [0, offsets[E]), are rounded to bf16 (scratch);
+// Two launches (three on the tensor-core paths with f32 x), none reading the offsets on the host:
+//   0. (tensor cores, f32 x) x's kept rows, rows [0, offsets[E]), are rounded to bf16 (scratch);
+//      a bf16 x is read as it is, by cp.async or TMA, with no pass of its own;
 //   1. gate/up: per (expert, row tile, column tile of I), g = x W_gate^T and u = x W_up^T for the
 //      same columns of I side by side, then h = silu(g) * u into scratch (bf16 for the tensor
 //      cores, f32 on the SIMT path), g and u into gate_up when asked;
-//   2. down: per (expert, row tile, column tile of D), y = h W_down^T.
+//   2. down: per (expert, row tile, column tile of D), y = h W_down^T, stored f32 or rounded to
+//      bf16 (round to nearest even) in the epilogue.
+// x and y are f32 or bf16 each (the model's activations are bf16); the arithmetic is f32 on the
+// SIMT path (a bf16 x widened on load) and bf16 x f32-accumulated on the tensor cores.
 // Tiles are found on the device: find_tile turns a row-tile slot into (expert, first row, the
 // expert's end) from the offsets (a warp-wide scan of the experts' tile counts, 32 experts at a
 // time); sum_e ceil(n_e / BM) <= ceil(R / BM) + E bounds the slots from host-known sizes. Tiles
@@ -14,9 +18,9 @@
 // and reused from L2 across its column tiles.
 //
 // Paths (launch::MoeGemmPath):
-//   kSimt: f32 FMA, 64 x 64 tiles, 4 x 4 outputs per thread, weights f32 or bf16 (widened), any
-//     D and I; x and h stay f32: the CPU twin's arithmetic but for the summation order. A block
-//     per (slot, column tile); blocks past the last tile return at once.
+//   kSimt: f32 FMA, 64 x 64 tiles, 4 x 4 outputs per thread, weights and x f32 or bf16
+//     (widened), any D and I; h stays f32: the CPU twin's arithmetic but for the summation order. A
+//     block per (slot, column tile); blocks past the last tile return at once.
 //   kMma: bf16 mma.sync m16n8k16 with f32 accumulation, 128 x 128 block tiles of 8 warps (64 x 32
 //     each), k tiles of 32 in a 4-stage cp.async ring, ldmatrix fragments. Launched as kSimt.
 //   kWgmma (sm_90a, namespace ws): bf16 wgmma m64n256k16, 128 x 256 tiles, k tiles of 64 in a
@@ -40,16 +44,21 @@
 // was not wave quantization (11.6 waves of 132 tiles: at most 3%) but the per-block pipeline
 // fill and the L2-to-SM traffic of the 128 x 256 tile (the old gate/up moved ~6.4 TB/s from L2
 // at 549 TFLOP/s; the multicast that cuts a third of it gives +5% on the op).
-// What is left to take: the x cast (the only pass that is pure HBM traffic; fusing it needs the
-// f32 rows converted in shared memory the 4-stage ring leaves no room for), and the down GEMM's
-// epilogue (128 x 256 f32 y per tile with the tensor cores idle: a second accumulator set or
-// ping-pong warpgroups would overlap it).
-// The tensor-core paths need D and I multiples of 8 and 16-byte aligned tensors (every row a
-// whole number of 16-byte pieces, as TMA and cp.async need; k tails, missing rows and columns are
-// zero-filled or masked); x and h are bf16 operands, so results differ from the f32 CPU twin by
-// bf16 rounding (~2^-9 relative per element). On the gate/up GEMM each thread holds g and u of
-// the same (row, column) in registers (the B tile pairs W_gate and W_up rows of the same columns
-// of I), so h needs no shared memory.
+// bf16 x and y (the model's activations; no cast), same run as f32 x and y at 491 / 516 / 531 /
+// 434: 556 / 576 / 600 / 481 TFLOP/s (70% / 73% / 76% / 61% of cuBLAS's 790). Its down GEMM
+// alone is slower with bf16 y, 432 against 478 at 512 rows, though it writes half the bytes:
+// each warp store then fills half of eight 32-byte sectors (the other half comes from the next
+// column block's store), where f32 fills them whole; not yet measured further.
+// What is left to take: with f32 x, the x cast (the only pass that is pure HBM traffic; fusing it
+// needs the f32 rows converted in shared memory the 4-stage ring leaves no room for; bf16 x, the
+// model's, skips it), and the down GEMM's epilogue (128 x 256 f32 y per tile with the tensor cores
+// idle: a second accumulator set or ping-pong warpgroups would overlap it). The tensor-core paths
+// need D and I multiples of 8 and 16-byte aligned tensors (every row a whole number of 16-byte
+// pieces, as TMA and cp.async need; k tails, missing rows and columns are zero-filled or masked); x
+// and h are bf16 operands, so results differ from the f32 CPU twin by bf16 rounding (~2^-9 relative
+// per element; an x that is bf16 already loses nothing more). On the gate/up GEMM each thread holds
+// g and u of the same (row, column) in registers (the B tile pairs W_gate and W_up rows of the same
+// columns of I), so h needs no shared memory.
 //
 // Batch invariance: every output element is one dot product over the whole K in a fixed order
 // (k tiles in order; within a tile, k ascending for SIMT, the tensor-core instruction's own fixed
@@ -159,13 +168,14 @@ struct GemmParams {
   int E = 0, R = 0, N = 0, K = 0, ntn = 0;  // ntn: column tiles
   void* h = nullptr;
   float* gate_up = nullptr;
-  float* y = nullptr;
+  void* y = nullptr;
+  bool y_bf16 = false;  // one flag for the whole launch: a uniform branch in the epilogue
 };
 
 // The epilogue of every path: output columns [col, col + W) of row `row`, W = 2 on the
 // tensor-core paths (N % 8 == 0 keeps a pair inside the row and 8-byte aligned), 1 on the SIMT
 // path. Gate/up (kDual): h = silu(g) * u into p.h (element type H), and g, u into gate_up when
-// kept; down: g is y's (u is unused).
+// kept; down: g is y's (u is unused), f32 or bf16 as p.y_bf16 says.
 template <bool kDual, int W, typename H>
 __device__ __forceinline__ void store_out(const GemmParams& p, int row, int col,
                                           const float (&g)[W], const float (&u)[W]) {
@@ -178,19 +188,25 @@ __device__ __forceinline__ void store_out(const GemmParams& p, int row, int col,
       *dst = v[0];
     }
   };
+  const auto put_bf16 = [](bf16* dst, const float(&v)[W]) {
+    if constexpr (W == 2) {
+      *reinterpret_cast<uint32_t*>(dst) = pack_bf16(v[0], v[1]);
+    } else {
+      *dst = __float2bfloat16_rn(v[0]);
+    }
+  };
   if constexpr (!kDual) {
-    put_f32(p.y + i, g);
+    if (p.y_bf16) {
+      put_bf16(static_cast<bf16*>(p.y) + i, g);
+    } else {
+      put_f32(static_cast<float*>(p.y) + i, g);
+    }
   } else {
     float h[W];
 #pragma unroll
     for (int w = 0; w < W; ++w) h[w] = dev::silu(g[w]) * u[w];
     if constexpr (sizeof(H) == 2) {
-      bf16* dst = static_cast<bf16*>(p.h) + i;
-      if constexpr (W == 2) {
-        *reinterpret_cast<uint32_t*>(dst) = pack_bf16(h[0], h[1]);
-      } else {
-        *dst = __float2bfloat16_rn(h[0]);
-      }
+      put_bf16(static_cast<bf16*>(p.h) + i, h);
     } else {
       put_f32(static_cast<float*>(p.h) + i, h);
     }
@@ -232,8 +248,9 @@ namespace simt {
 
 constexpr int BM = 64, BN = 64, BK = 16, kThreads = 256, LDS = BM + 4;
 
+// Element i of a weight matrix or of x, f32 or bf16 (widened).
 template <bool kBf16>
-__device__ __forceinline__ float weight_at(const void* w, int64_t i) {
+__device__ __forceinline__ float elem_at(const void* w, int64_t i) {
   if constexpr (kBf16) {
     return __bfloat162float(static_cast<const bf16*>(w)[i]);
   } else {
@@ -243,7 +260,8 @@ __device__ __forceinline__ float weight_at(const void* w, int64_t i) {
 
 // Thread (ty, tx) = (tid / 16, tid % 16) owns rows 4 ty.. and columns 4 tx.. of the 64 x 64 tile
 // (of both g and u on the gate/up GEMM). Each output is fmaf over k = 0..K-1 in order from 0.
-template <bool kDual, bool kBf16>
+// kBf16: the weights' dtype; kBf16A: the A operand's (x on gate/up; h, always f32, on down).
+template <bool kDual, bool kBf16, bool kBf16A>
 __global__ void __launch_bounds__(kThreads) kernel(GemmParams p) {
   constexpr int NB = kDual ? 2 : 1;
   __shared__ __align__(16) float As[BK][LDS];
@@ -252,7 +270,6 @@ __global__ void __launch_bounds__(kThreads) kernel(GemmParams p) {
   const Tile t = find_tile(p.off, p.E, p.R, slot, BM);
   if (t.e < 0) return;
   const int n0 = nt * BN, tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
-  const float* a = static_cast<const float*>(p.a);
   const int64_t wbase = static_cast<int64_t>(t.e) * p.N * p.K;
 
   float ra[4], rb[NB][4];
@@ -261,11 +278,12 @@ __global__ void __launch_bounds__(kThreads) kernel(GemmParams p) {
     for (int i = 0; i < 4; ++i) {
       const int q = tid + i * kThreads, r = q >> 4, k = k0 + (q & 15);
       const int row = t.row0 + r, col = n0 + r;
-      ra[i] = row < t.row_end && k < p.K ? a[static_cast<int64_t>(row) * p.K + k] : 0.0f;
+      ra[i] = row < t.row_end && k < p.K ? elem_at<kBf16A>(p.a, static_cast<int64_t>(row) * p.K + k)
+                                         : 0.0f;
       const bool bok = col < p.N && k < p.K;
       const int64_t wi = wbase + static_cast<int64_t>(col) * p.K + k;
-      rb[0][i] = bok ? weight_at<kBf16>(p.b0, wi) : 0.0f;
-      if constexpr (kDual) rb[1][i] = bok ? weight_at<kBf16>(p.b1, wi) : 0.0f;
+      rb[0][i] = bok ? elem_at<kBf16>(p.b0, wi) : 0.0f;
+      if constexpr (kDual) rb[1][i] = bok ? elem_at<kBf16>(p.b1, wi) : 0.0f;
     }
   };
   float acc[NB][4][4] = {};
@@ -1098,10 +1116,12 @@ MoeSwigluPlan moe_swiglu_plan(const MoeSwigluArgs& a, MoeGemmPath path) {
   MoeSwigluPlan plan;
   plan.path = path;
   plan.ok = path == MoeGemmPath::kSimt || (path == MoeGemmPath::kMma && tc) || wgmma;
+  // h, then (tensor cores, f32 x) x's bf16 copy.
   const size_t rows = static_cast<size_t>(a.R);
-  plan.scratch_bytes = path == MoeGemmPath::kSimt ? align256(rows * a.I * sizeof(float))
-                                                  : align256(rows * a.D * sizeof(bf16)) +
-                                                        align256(rows * a.I * sizeof(bf16));
+  plan.scratch_bytes = path == MoeGemmPath::kSimt
+                           ? align256(rows * a.I * sizeof(float))
+                           : align256(rows * a.I * sizeof(bf16)) +
+                                 (a.x_bf16 ? 0 : align256(rows * a.D * sizeof(bf16)));
   return plan;
 }
 
@@ -1125,6 +1145,7 @@ void moe_grouped_swiglu(cudaStream_t stream, const MoeSwigluArgs& a, const MoeSw
   down.K = static_cast<int>(a.I);
   down.b0 = a.w_down;
   down.y = a.y;
+  down.y_bf16 = a.y_bf16;
 
   if (plan.path == MoeGemmPath::kSimt) {
     up.a = a.x;
@@ -1132,28 +1153,35 @@ void moe_grouped_swiglu(cudaStream_t stream, const MoeSwigluArgs& a, const MoeSw
     down.a = scratch;
     const int64_t slots = row_slots(a.R, a.E, simt::BM);
     if (a.phases & 2) {
-      launch_tiles(stream, a.bf16 ? simt::kernel<true, true> : simt::kernel<true, false>, up, slots,
-                   simt::BN, simt::kThreads, 0);
+      const auto kernel =
+          a.bf16 ? (a.x_bf16 ? simt::kernel<true, true, true> : simt::kernel<true, true, false>)
+                 : (a.x_bf16 ? simt::kernel<true, false, true> : simt::kernel<true, false, false>);
+      launch_tiles(stream, kernel, up, slots, simt::BN, simt::kThreads, 0);
     }
     if (a.phases & 4) {
-      launch_tiles(stream, a.bf16 ? simt::kernel<false, true> : simt::kernel<false, false>, down,
-                   slots, simt::BN, simt::kThreads, 0);
+      launch_tiles(stream,
+                   a.bf16 ? simt::kernel<false, true, false> : simt::kernel<false, false, false>,
+                   down, slots, simt::BN, simt::kThreads, 0);
     }
     return;
   }
 
-  bf16* xb = static_cast<bf16*>(scratch);
-  bf16* h = reinterpret_cast<bf16*>(static_cast<char*>(scratch) +
-                                    align256(static_cast<size_t>(a.R) * a.D * sizeof(bf16)));
-  if (a.D > 0 && (a.phases & 1)) {
-    const int64_t quads = a.R * a.D / 4;
-    const int64_t blocks =
-        std::min<int64_t>((quads + 256 * kCastUnroll - 1) / (256 * kCastUnroll), int64_t{132} * 64);
-    x_to_bf16_kernel<<<static_cast<unsigned>(std::max<int64_t>(blocks, 1)), 256, 0, stream>>>(
-        a.x, a.offsets, up.E, up.R, a.D, xb);
-    LOOM_CUDA_CHECK_LAUNCH();
+  // The scratch: h, then the bf16 copy of an f32 x (a bf16 x is the GEMM's operand itself).
+  char* base = static_cast<char*>(scratch);
+  bf16* h = reinterpret_cast<bf16*>(base);
+  up.a = a.x;
+  if (!a.x_bf16) {
+    bf16* xb = reinterpret_cast<bf16*>(base + align256(static_cast<size_t>(a.R) * a.I * 2));
+    if (a.D > 0 && (a.phases & 1)) {
+      const int64_t quads = a.R * a.D / 4;
+      const int64_t blocks = std::min<int64_t>(
+          (quads + 256 * kCastUnroll - 1) / (256 * kCastUnroll), int64_t{132} * 64);
+      x_to_bf16_kernel<<<static_cast<unsigned>(std::max<int64_t>(blocks, 1)), 256, 0, stream>>>(
+          static_cast<const float*>(a.x), a.offsets, up.E, up.R, a.D, xb);
+      LOOM_CUDA_CHECK_LAUNCH();
+    }
+    up.a = xb;
   }
-  up.a = xb;
   up.h = h;
   down.a = h;
   if (plan.path == MoeGemmPath::kWgmma) {

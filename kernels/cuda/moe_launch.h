@@ -19,21 +19,26 @@ void moe_route(cudaStream_t stream, const float* logits, const float* bias, int6
                int n_group, int topk_group, bool sigmoid, bool renormalize, float routed_scaling,
                int32_t* ids, float* weights);
 
+// Activations (x, x_sorted, y, out) are f32 or bf16, each on its own (`*_bf16`); a bf16 one is
+// widened on load and rounded to nearest even on store, the arithmetic stays f32. vec4: D % 4 == 0
+// and every activation pointer 16-byte aligned (quads of 16 or 8 bytes per access).
+
 // moe_permute: ids [slots = T * K] i32; offsets [ne + 1] and row_of_slot [slots] i32 (written);
-// x [T, D] -> x_sorted [R, D] f32 (rows >= R are never written). ne <= kMoePermuteMaxExperts.
+// x [T, D] -> x_sorted [R, D] (rows >= R are never written). ne <= kMoePermuteMaxExperts.
 // Up to kMoePermuteOneBlockSlots slots are ranked by one block; more by chunks, with
 // moe_permute_scratch_bytes of device scratch (0 below the threshold: `scratch` may be null).
 inline constexpr int kMoePermuteMaxExperts = 1024;
 inline constexpr int64_t kMoePermuteOneBlockSlots = 8192;
 size_t moe_permute_scratch_bytes(int64_t slots, int64_t ne);
-void moe_permute(cudaStream_t stream, const float* x, const int32_t* ids, int64_t T, int64_t K,
-                 int64_t D, int64_t first_expert, int64_t ne, int32_t* offsets,
-                 int32_t* row_of_slot, float* x_sorted, int64_t R, bool vec4, void* scratch);
+void moe_permute(cudaStream_t stream, const void* x, bool x_bf16, const int32_t* ids, int64_t T,
+                 int64_t K, int64_t D, int64_t first_expert, int64_t ne, int32_t* offsets,
+                 int32_t* row_of_slot, void* x_sorted, bool xs_bf16, int64_t R, bool vec4,
+                 void* scratch);
 
-// moe_unpermute_combine: y [R, D]; rows, weights [T, K]; out [T, D].
-void moe_unpermute_combine(cudaStream_t stream, const float* y, const int32_t* rows,
-                           const float* weights, float* out, int64_t T, int64_t K, int64_t D,
-                           int64_t R, bool vec4);
+// moe_unpermute_combine: y [R, D]; rows, weights [T, K] (weights f32); out [T, D].
+void moe_unpermute_combine(cudaStream_t stream, const void* y, bool y_bf16, const int32_t* rows,
+                           const float* weights, void* out, bool out_bf16, int64_t T, int64_t K,
+                           int64_t D, int64_t R, bool vec4);
 
 // The grouped SwiGLU's GEMM paths (kernels/cuda/moe_gemm.cu says how each works).
 enum class MoeGemmPath : int {
@@ -46,23 +51,24 @@ enum class MoeGemmPath : int {
 const char* moe_gemm_path_name(MoeGemmPath path);
 
 struct MoeSwigluArgs {
-  const float* x = nullptr;          // [R, D]
+  const void* x = nullptr;           // [R, D] f32 or bf16 (x_bf16)
   const int32_t* offsets = nullptr;  // [E + 1], device
   const void* w_gate = nullptr;      // [E, I, D] f32 or bf16
   const void* w_up = nullptr;        // [E, I, D]
   const void* w_down = nullptr;      // [E, D, I]
-  float* y = nullptr;                // [R, D]
-  float* gate_up = nullptr;          // [2, R, I] or null
+  void* y = nullptr;                 // [R, D] f32 or bf16 (y_bf16)
+  float* gate_up = nullptr;          // [2, R, I] f32 or null
   int64_t R = 0, D = 0, I = 0, E = 0;
   bool bf16 = false;  // weight dtype
-  // Benchmarks: which launches run (bit 0: x to bf16 on the tensor-core paths, bit 1: gate/up,
-  // bit 2: down); each reads what the earlier ones left in the scratch.
+  bool x_bf16 = false, y_bf16 = false;
+  // Benchmarks: which launches run (bit 0: f32 x to bf16 on the tensor-core paths, bit 1:
+  // gate/up, bit 2: down); each reads what the earlier ones left in the scratch.
   int phases = 7;
 };
 
 // What a call runs, decided once from the arguments and the current device: the resolved path
 // (kAuto resolves to the fastest supported one), whether it can run them, and the device scratch
-// it needs (the bf16 copy of x and h = silu(g) * u).
+// it needs (h = silu(g) * u, and on the tensor-core paths the bf16 copy of an f32 x).
 struct MoeSwigluPlan {
   MoeGemmPath path = MoeGemmPath::kSimt;
   bool ok = false;

@@ -7,6 +7,9 @@
 //    streamed once) in GB/s of weights against the run's device-to-device copy; and each path's
 //    launches one by one (the x cast in GB/s, the gate/up and down GEMMs in TFLOP/s);
 //  - routing, permute and combine in GB/s of their compulsory traffic against the copy.
+// The grouped SwiGLU (kWgmma and the decode shapes), permute and combine run with f32 activations
+// and again with bf16 ones (x, y, the permuted rows and the combined output bf16: the model's;
+// "_bf16act" in the name), side by side.
 // Inputs are random (never zeros); buffers larger than the 60 MB L2 make each call stream from HBM.
 // The ops run with a device workspace, as the engine runs them.
 // Prints "GPUBENCH <name> <achieved> <unit> <roofline> <fraction> <median ms>" lines for
@@ -147,8 +150,9 @@ std::vector<int32_t> expert_rows(int64_t E, int64_t rows) {
   return n;
 }
 
-// Grouped SwiGLU over E = 64 experts with expert_rows(E, rows) rows each, D = 2048, I = 768.
-void bench_swiglu(int64_t rows, const char* path, bool f32_weights = false) {
+// Grouped SwiGLU over E = 64 experts with expert_rows(E, rows) rows each, D = 2048, I = 768; x
+// and y bf16 with bf16_act.
+void bench_swiglu(int64_t rows, const char* path, bool f32_weights = false, bool bf16_act = false) {
   const int64_t E = 64, D = 2048, I = 768;
   const std::vector<int32_t> counts = expert_rows(E, rows);
   std::vector<int32_t> off(E + 1, 0);
@@ -157,8 +161,9 @@ void bench_swiglu(int64_t rows, const char* path, bool f32_weights = false) {
   const DType wt = f32_weights ? DType::kF32 : DType::kBF16;
   const Tensor wg = random_device({E, I, D}, 0.02f, wt), wu = random_device({E, I, D}, 0.02f, wt);
   const Tensor wd = random_device({E, D, I}, 0.02f, wt);
-  const Tensor x = random_device({R, D});
-  Tensor y = Tensor::empty({R, D}, DType::kF32, Device::kCuda);
+  const DType act = bf16_act ? DType::kBF16 : DType::kF32;
+  const Tensor x = random_device({R, D}, 1.0f, act);
+  Tensor y = Tensor::empty({R, D}, act, Device::kCuda);
   const Tensor offd = device_i32(off, {E + 1});
   const int iters = R >= 2048 * E ? 10 : 20;
   std::string ran;
@@ -173,8 +178,8 @@ void bench_swiglu(int64_t rows, const char* path, bool f32_weights = false) {
                 : "_skewed_mean512_rows" +
                       std::to_string(*std::min_element(counts.begin(), counts.end())) + "to" +
                       std::to_string(*std::max_element(counts.begin(), counts.end()));
-  const std::string name =
-      "moe_swiglu_" + ran + (f32_weights ? "_f32w" : "_bf16w") + "_E64_D2048_I768" + shape;
+  const std::string name = "moe_swiglu_" + ran + (f32_weights ? "_f32w" : "_bf16w") +
+                           (bf16_act ? "_bf16act" : "") + "_E64_D2048_I768" + shape;
   emit_gpubench((name + "_vs_cublas").c_str(), tfs, "TFLOP/s", g_cublas_tfs, ms);
   if (ran == "simt") return;
   // The launches one by one (each reads what the previous left in the scratch, as in the op).
@@ -185,9 +190,12 @@ void bench_swiglu(int64_t rows, const char* path, bool f32_weights = false) {
         },
         iters, 2);
   };
-  const double conv = phase(1), gate_up = phase(2), down = phase(4);
-  emit_gpubench((name + "_phase_x_to_bf16").c_str(), 6.0 * R * D / (conv * 1e6), "GB/s", g_copy_gbs,
-                conv);
+  if (!bf16_act) {  // a bf16 x has no cast
+    const double conv = phase(1);
+    emit_gpubench((name + "_phase_x_to_bf16").c_str(), 6.0 * R * D / (conv * 1e6), "GB/s",
+                  g_copy_gbs, conv);
+  }
+  const double gate_up = phase(2), down = phase(4);
   emit_gpubench((name + "_phase_gate_up").c_str(), 4.0 * R * D * I / (gate_up * 1e9), "TFLOP/s",
                 g_cublas_tfs, gate_up);
   emit_gpubench((name + "_phase_down").c_str(), 2.0 * R * D * I / (down * 1e9), "TFLOP/s",
@@ -196,13 +204,14 @@ void bench_swiglu(int64_t rows, const char* path, bool f32_weights = false) {
 
 // Decode: T tokens of K = 8 routed over 64 experts (T * 8 rows): the weights of every touched
 // expert are read once; reported as weight bytes per second.
-void bench_swiglu_decode(int64_t T) {
+void bench_swiglu_decode(int64_t T, bool bf16_act) {
   const int64_t E = 64, D = 2048, I = 768, K = 8, R = T * K;
   const Tensor wg = random_device({E, I, D}, 0.02f, DType::kBF16);
   const Tensor wu = random_device({E, I, D}, 0.02f, DType::kBF16);
   const Tensor wd = random_device({E, D, I}, 0.02f, DType::kBF16);
-  const Tensor x = random_device({R, D});
-  Tensor y = Tensor::empty({R, D}, DType::kF32, Device::kCuda);
+  const DType act = bf16_act ? DType::kBF16 : DType::kF32;
+  const Tensor x = random_device({R, D}, 1.0f, act);
+  Tensor y = Tensor::empty({R, D}, act, Device::kCuda);
   // Rows spread evenly: expert e gets rows for e < R (R <= E) or R / E each.
   std::vector<int32_t> off(E + 1);
   int64_t touched = 0;
@@ -212,7 +221,9 @@ void bench_swiglu_decode(int64_t T) {
   const double ms =
       median_ms([&](int) { moe_grouped_swiglu(gpu(), x, offd, wg, wu, wd, y); }, 50, 3);
   const double bytes = 3.0 * touched * I * D * 2;
-  emit_gpubench(("moe_swiglu_decode_T" + std::to_string(T) + "_K8_E64_weight_bytes").c_str(),
+  emit_gpubench(("moe_swiglu_decode" + std::string(bf16_act ? "_bf16act" : "") + "_T" +
+                 std::to_string(T) + "_K8_E64_weight_bytes")
+                    .c_str(),
                 bytes / (ms * 1e6), "GB/s", g_copy_gbs, ms);
 }
 
@@ -251,24 +262,28 @@ void bench_route(int64_t T, int E, int K, int ng, int kg) {
                 bytes / (ms * 1e6), "GB/s", g_copy_gbs, ms);
 }
 
-void bench_permute_combine(int64_t T, int64_t K, int64_t E, int64_t D) {
-  const Tensor x = random_device({T, D});
+// Activations (x, x_sorted, y, out) f32, or bf16 with bf16_act.
+void bench_permute_combine(int64_t T, int64_t K, int64_t E, int64_t D, bool bf16_act) {
+  const DType act = bf16_act ? DType::kBF16 : DType::kF32;
+  const double es = bf16_act ? 2.0 : 4.0;  // bytes per activation
+  const Tensor x = random_device({T, D}, 1.0f, act);
   const Tensor ids = device_i32(random_ids(T, K, E), {T, K});
   Tensor off = Tensor::empty({E + 1}, DType::kI32, Device::kCuda);
   Tensor rows = Tensor::empty({T, K}, DType::kI32, Device::kCuda);
-  Tensor xs = Tensor::empty({T * K, D}, DType::kF32, Device::kCuda);
-  const std::string shape = "_T" + std::to_string(T) + "_K" + std::to_string(K) + "_E" +
-                            std::to_string(E) + "_D" + std::to_string(D);
+  Tensor xs = Tensor::empty({T * K, D}, act, Device::kCuda);
+  const std::string shape = std::string(bf16_act ? "_bf16act" : "") + "_T" + std::to_string(T) +
+                            "_K" + std::to_string(K) + "_E" + std::to_string(E) + "_D" +
+                            std::to_string(D);
   {
     const double ms = median_ms([&](int) { moe_permute(gpu(), x, ids, 0, E, off, rows, xs); }, 30);
-    const double bytes = 4.0 * T * D + 4.0 * T * K * D + 8.0 * T * K;  // x, x_sorted, ids, rows
+    const double bytes = es * T * D + es * T * K * D + 8.0 * T * K;  // x, x_sorted, ids, rows
     emit_gpubench(("moe_permute" + shape).c_str(), bytes / (ms * 1e6), "GB/s", g_copy_gbs, ms);
   }
   {
     const Tensor w = random_device({T, K}, 0.3f);
-    Tensor out = Tensor::empty({T, D}, DType::kF32, Device::kCuda);
+    Tensor out = Tensor::empty({T, D}, act, Device::kCuda);
     const double ms = median_ms([&](int) { moe_unpermute_combine(gpu(), xs, rows, w, out); }, 30);
-    const double bytes = 4.0 * T * K * D + 4.0 * T * D + 8.0 * T * K;  // y, out, rows, weights
+    const double bytes = es * T * K * D + es * T * D + 8.0 * T * K;  // y, out, rows, weights
     emit_gpubench(("moe_combine" + shape).c_str(), bytes / (ms * 1e6), "GB/s", g_copy_gbs, ms);
   }
 }
@@ -297,6 +312,7 @@ int main(int argc, char** argv) {
   for (int64_t rows : {512, 1024, 2048, -1}) {
     if (device_is_sm90()) {
       bench_swiglu(rows, "wgmma");
+      bench_swiglu(rows, "wgmma", false, true);
       if (!swiglu_only) bench_swiglu(rows, "wgmma128");
     }
     if (!swiglu_only && rows != 1024) bench_swiglu(rows, "mma");
@@ -304,11 +320,16 @@ int main(int argc, char** argv) {
   if (swiglu_only) return 0;
   bench_swiglu(512, "simt");
   bench_swiglu(512, "simt", true);
-  for (int64_t T : {1, 8, 64}) bench_swiglu_decode(T);
+  for (int64_t T : {1, 8, 64}) {
+    bench_swiglu_decode(T, false);
+    bench_swiglu_decode(T, true);
+  }
   bench_route(16384, 64, 8, 1, 1);
   bench_route(16384, 256, 8, 8, 4);
   bench_route(16384, 384, 8, 1, 1);
-  bench_permute_combine(8192, 8, 64, 2048);
-  bench_permute_combine(16, 8, 64, 2048);
+  for (bool bf16_act : {false, true}) {
+    bench_permute_combine(8192, 8, 64, 2048, bf16_act);
+    bench_permute_combine(16, 8, 64, 2048, bf16_act);
+  }
   return 0;
 }

@@ -8,30 +8,45 @@
 // that are strict subsets, experts with no rows, experts spanning several row tiles, ties in the
 // router's scores.
 //
+// bf16 activations: permute, the grouped SwiGLU and combine also run with bf16 x / x_sorted / y /
+// out, each dtype on its own (the model's bf16 -> bf16 and every mixed pair, on every GEMM path).
+// A bf16 input is drawn as f32, rounded to bf16 and widened again for the CPU twin, so both sides
+// read the same values; a bf16 output is widened and compared with the CPU's f32 result.
+//
 // Bounds (each check prints "GPUCHECK <name> <error> <bound> <PASS|FAIL>" for tests/gpu/run.sh):
 //  - moe_route ids: mismatches against the CPU, 0. The GPU computes the scores with the CPU's
 //    operations in the CPU's order (kernels/cuda/moe.cu), exp rounded as glibc's expf rounds, so
 //    even ties and near-ties select alike (observed: 0 mismatches in 48 cases on two seeds).
 //    Weights: scaled error <= 2 eps (observed <= 1 eps: glibc's expf is not always correctly
 //    rounded, so a one-ulp difference of a score can show);
-//  - moe_permute offsets and row_of_slot: mismatches, 0; x_sorted's kept rows: 0 (copies); rows
-//    past the kept ones: still NaN;
+//  - moe_permute offsets and row_of_slot: mismatches, 0; x_sorted's kept rows: 0 (copies, or one
+//    round-to-nearest-even of each f32 value into a bf16 x_sorted, compared with the CPU's copy
+//    rounded the same way); rows past the kept ones: still NaN;
 //  - moe_grouped_swiglu, f32 arithmetic (the SIMT path, f32 or bf16 weights): scaled error
 //    <= 1e-4 (the brief's f32 bound; two length-D and one length-I dot products of O(1) terms in
 //    another order: ~sqrt(D) eps, observed <= 1.4e-6). Tensor-core paths (x and h rounded to
 //    bf16 as operands, weights the same bf16 on both sides): relative L2 error <= 1e-2 (bf16's
-//    2^-9 relative rounding of two operands: observed <= 3.0e-3 for y, 1.7e-3 for g and u).
-//    Rows past the experts' rows: still NaN;
-//  - batch invariance of the whole chain (route, permute, grouped SwiGLU on each path, combine):
-//    a token's output row alone and inside batches of 600 and 201 tokens, bit for bit (0 bits
-//    differ);
+//    2^-9 relative rounding of two operands: observed <= 3.0e-3 for y, 1.7e-3 for g and u; a
+//    bf16 x is one of those operands already, a bf16 y adds one more rounding of at most 2^-9).
+//    A bf16 y on the SIMT path: relative L2 error <= 2^-8 (the f32 arithmetic's ~1e-6 plus one
+//    rounding of each output to bf16, <= 2^-9 relative: twice that leaves room, and a truncating
+//    or misplaced store exceeds it). Rows past the experts' rows: still NaN;
+//  - batch invariance of the whole chain (route, permute, grouped SwiGLU on each path, combine),
+//    f32 and bf16 activations: a token's output row alone and inside batches of 600 and 201
+//    tokens, bit for bit (0 bits differ);
 //  - moe_unpermute_combine: scaled error <= 2 eps (the same products and sums in the same order;
-//    the host compiler may fuse the CPU's multiply-add, the GPU rounds both; observed 1 eps);
+//    the host compiler may fuse the CPU's multiply-add, the GPU rounds both; observed 1 eps), for
+//    f32 or bf16 y (the same widened values on both sides); a bf16 out: relative L2 error <= 2^-8
+//    (one rounding of each sum to bf16, <= 2^-9 relative, on top of the f32 sums' ~1e-7);
+//  - the CPU twins and the backwards reject bf16 activations (death tests);
 //  - attnres_aggregate: scaled error <= (2 sqrt(D) + 16) eps (sums of squares and dot products
 //    of length D in another order, ~sqrt(D) eps each, through the softmax's logits of O(1), as
 //    the model's are, and two norms; observed 1.2e-7 at D = 37 to 3.4e-6 at D = 5000, at most
 //    0.22 of the bound).
 // Observed: H200, three runs, five seeds, every check passing; compute-sanitizer memcheck clean.
+// bf16 activations (H200, one run, 355 checks passing): permute 0 mismatches; SwiGLU on the tensor
+// cores <= 3.4e-3 (x f32, y bf16; 2.4e-3 for the model's bf16 x and y), on the SIMT path with a
+// bf16 y <= 1.7e-3 (bf16 x, f32 y: scaled 4.1e-7); combine into a bf16 out <= 1.7e-3.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -90,6 +105,27 @@ Tensor to_bf16(const Tensor& f) {
   for (int64_t i = 0; i < f.numel(); ++i) t.data<uint16_t>()[i] = f32_to_bf16(f.data<float>()[i]);
   return t;
 }
+
+// A host tensor (f32 or bf16) as f32.
+Tensor widen(const Tensor& t) {
+  if (t.dtype() == DType::kF32) return t;
+  Tensor f = Tensor::empty(t.shape());
+  for (int64_t i = 0; i < t.numel(); ++i) f.data<float>()[i] = bf16_to_f32(t.data<uint16_t>()[i]);
+  return f;
+}
+// f32 values as a bf16 tensor holds them (rounded to nearest even), still f32: the CPU twin's
+// input for a bf16 activation, or the CPU's f32 copy as a bf16 output of it must read.
+Tensor rounded(const Tensor& f) { return widen(to_bf16(f)); }
+// The device tensor of an activation of host f32 values, bf16 (the values rounded) or f32.
+Tensor dev_act(const Tensor& h, bool bf16) { return dev(bf16 ? to_bf16(h) : h); }
+// NaN everywhere, f32 or bf16.
+Tensor poisoned_act(Shape shape, bool bf16) {
+  const Tensor nan = Tensor::full(shape, std::nanf(""));
+  return dev(bf16 ? to_bf16(nan) : nan);
+}
+// A device activation read back as host f32.
+Tensor host_f32(const Tensor& d) { return widen(host(d)); }
+const char* act_name(bool bf16) { return bf16 ? "bf16" : "f32"; }
 
 void report(const std::string& name, double err, double tol) {
   const bool pass = err <= tol;  // false for NaN
@@ -217,32 +253,38 @@ struct PermuteCase {
   int skip_every = 0;  // > 0: experts e % skip_every == 1 never chosen (zero rows)
 };
 
-void run_permute_case(const PermuteCase& c) {
+// x_bf16, xs_bf16: the dtypes of x and x_sorted.
+void run_permute_case(const PermuteCase& c, bool x_bf16, bool xs_bf16) {
   std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(c.E - 1));
   std::vector<int32_t> ids(static_cast<size_t>(c.T * c.K));
   for (int32_t& id : ids) {
     do id = pick(rng());
     while (c.skip_every > 0 && id % c.skip_every == 1);
   }
-  const Tensor x = randn({c.T, c.D}), ids_h = i32_tensor(ids, {c.T, c.K});
+  Tensor x = randn({c.T, c.D});
+  if (x_bf16) x = rounded(x);
+  const Tensor ids_h = i32_tensor(ids, {c.T, c.K});
   const int64_t R = c.T * c.K + 5;
   Tensor off_ref = Tensor::empty({c.ne + 1}, DType::kI32);
   Tensor rows_ref = Tensor::empty({c.T, c.K}, DType::kI32);
   Tensor xs_ref = Tensor::full({R, c.D}, std::nanf(""));
   moe_permute(host_exec(), x, ids_h, c.first, c.E, off_ref, rows_ref, xs_ref);
   const int64_t kept = off_ref.data<int32_t>()[c.ne];
+  if (xs_bf16) xs_ref = rounded(xs_ref);
 
   const Tensor off_d = poisoned_i32({c.ne + 1}), rows_d = poisoned_i32({c.T, c.K});
-  const Tensor xs_d = poisoned({R, c.D});
-  moe_permute(gpu(), dev(x), dev(ids_h), c.first, c.E, off_d, rows_d, xs_d);
-  const Tensor xs = host(xs_d);
-  report("moe_permute_offsets_" + c.name, static_cast<double>(mismatches_i32(host(off_d), off_ref)),
+  const Tensor xs_d = poisoned_act({R, c.D}, xs_bf16);
+  moe_permute(gpu(), dev_act(x, x_bf16), dev(ids_h), c.first, c.E, off_d, rows_d, xs_d);
+  const Tensor xs = host_f32(xs_d);
+  const std::string tag =
+      c.name +
+      (x_bf16 || xs_bf16 ? std::string("_") + act_name(x_bf16) + "_to_" + act_name(xs_bf16) : "");
+  report("moe_permute_offsets_" + tag, static_cast<double>(mismatches_i32(host(off_d), off_ref)),
          0);
-  report("moe_permute_rows_" + c.name, static_cast<double>(mismatches_i32(host(rows_d), rows_ref)),
+  report("moe_permute_rows_" + tag, static_cast<double>(mismatches_i32(host(rows_d), rows_ref)), 0);
+  report("moe_permute_x_sorted_" + tag, scaled_err(head_rows(xs, kept), head_rows(xs_ref, kept)),
          0);
-  report("moe_permute_x_sorted_" + c.name, scaled_err(head_rows(xs, kept), head_rows(xs_ref, kept)),
-         0);
-  report("moe_permute_untouched_" + c.name, written_past(xs, kept), 0);
+  report("moe_permute_untouched_" + tag, written_past(xs, kept), 0);
 }
 
 TEST_F(MoeCuda, Permute) {
@@ -261,7 +303,15 @@ TEST_F(MoeCuda, Permute) {
       {"T300_K2_E1024_all_D8", 300, 2, 1024, 0, 1024, 8},
       {"T50_K4_E16_owned_none_D20", 50, 4, 16, 16, 0, 20},
   };
-  for (const PermuteCase& c : cases) run_permute_case(c);
+  for (const PermuteCase& c : cases) {
+    run_permute_case(c, false, false);
+    run_permute_case(c, true, true);  // the model's
+    // Mixed pairs, on a vectorised (D % 4 == 0) and a scalar case.
+    if (c.name == "T37_K3_E7_all_D67" || c.name == "T1000_K8_E64_owned_16to32_D128") {
+      run_permute_case(c, false, true);
+      run_permute_case(c, true, false);
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -274,6 +324,7 @@ struct SwigluCase {
   bool bf16;
   const char* path;  // "auto" goes through the public dispatch
   bool gate_up;
+  bool x_bf16 = false, y_bf16 = false;  // activation dtypes
 };
 
 struct ExpertWeights {
@@ -294,13 +345,17 @@ void run_swiglu_case(const SwigluCase& c) {
   for (int64_t e = 0; e < E; ++e) off[e + 1] = off[e] + c.counts[e];
   const int64_t kept = off[E], R = kept + 3, D = c.D, I = c.I;
   const ExpertWeights w = random_weights(E, D, I, c.bf16);
-  const Tensor x = randn({R, D}), off_h = i32_tensor(off, {E + 1});
+  Tensor x = randn({R, D});
+  if (c.x_bf16) x = rounded(x);
+  const Tensor off_h = i32_tensor(off, {E + 1});
   Tensor y_ref = Tensor::full({R, D}, std::nanf(""));
   Tensor gu_ref = c.gate_up ? Tensor::full({2, R, I}, std::nanf("")) : Tensor();
   moe_grouped_swiglu(host_exec(), x, off_h, w.gate, w.up, w.down, y_ref, gu_ref);
 
-  const Tensor y_d = poisoned({R, D}), gu_d = c.gate_up ? poisoned({2, R, I}) : Tensor();
-  const Tensor xd = dev(x), offd = dev(off_h), wg = dev(w.gate), wu = dev(w.up), wd = dev(w.down);
+  const Tensor y_d = poisoned_act({R, D}, c.y_bf16);
+  const Tensor gu_d = c.gate_up ? poisoned({2, R, I}) : Tensor();
+  const Tensor xd = dev_act(x, c.x_bf16), offd = dev(off_h), wg = dev(w.gate), wu = dev(w.up),
+               wd = dev(w.down);
   std::string ran = c.path;
   if (ran == "auto") {
     moe_grouped_swiglu(gpu(), xd, offd, wg, wu, wd, y_d, gu_d);
@@ -308,10 +363,16 @@ void run_swiglu_case(const SwigluCase& c) {
     ran = cuda::moe_grouped_swiglu_on(gpu(), c.path, xd, offd, wg, wu, wd, y_d, gu_d);
   }
   const bool tc = c.bf16 && ran != "simt";  // bf16 operands on the tensor cores
-  const std::string tag = c.name + "_" + ran + (c.gate_up ? "_gate_up" : "");
-  const Tensor y = host(y_d);
+  const std::string tag =
+      c.name + "_" + ran + (c.gate_up ? "_gate_up" : "") +
+      (c.x_bf16 || c.y_bf16 ? std::string("_x") + act_name(c.x_bf16) + "_y" + act_name(c.y_bf16)
+                            : "");
+  const Tensor y = host_f32(y_d);
   if (tc) {
     report("moe_swiglu_y_relL2_" + tag, rel_l2(head_rows(y, kept), head_rows(y_ref, kept)), 1e-2);
+  } else if (c.y_bf16) {
+    report("moe_swiglu_y_relL2_" + tag, rel_l2(head_rows(y, kept), head_rows(y_ref, kept)),
+           std::ldexp(1.0, -8));
   } else {
     report("moe_swiglu_y_" + tag, scaled_err(head_rows(y, kept), head_rows(y_ref, kept)), 1e-4);
   }
@@ -350,35 +411,52 @@ bool device_is_sm90() {
 TEST_F(MoeCuda, GroupedSwiglu) {
   // Experts with no rows, one row, tile-sized and multi-tile row counts.
   const std::vector<int32_t> awkward = {0, 1, 129, 300, 0, 5, 128};
+  std::vector<const char*> tc_paths = {"mma"};
+  if (device_is_sm90()) tc_paths.insert(tc_paths.end(), {"wgmma", "wgmma128"});
   std::vector<SwigluCase> cases;
   for (bool gu : {false, true}) {
     cases.push_back({"f32_D67_I45_E7", 67, 45, awkward, false, "simt", gu});
     cases.push_back({"bf16_D67_I45_E7", 67, 45, awkward, true, "simt", gu});
     cases.push_back({"bf16_D200_I136_E7", 200, 136, awkward, true, "simt", gu});
-    cases.push_back({"bf16_D200_I136_E7", 200, 136, awkward, true, "mma", gu});
-    if (device_is_sm90()) {
-      cases.push_back({"bf16_D200_I136_E7", 200, 136, awkward, true, "wgmma", gu});
-      cases.push_back({"bf16_D200_I136_E7", 200, 136, awkward, true, "wgmma128", gu});
+    for (const char* path : tc_paths) {
+      cases.push_back({"bf16_D200_I136_E7", 200, 136, awkward, true, path, gu});
     }
   }
-  // The public dispatch (f32 weights: SIMT; bf16 aligned: the tensor cores).
-  cases.push_back({"f32_D96_I40_E64", 96, 40, random_counts(64, 40, 0.3), false, "auto", false});
-  cases.push_back({"bf16_D256_I128_E64", 256, 128, random_counts(64, 40, 0.3), true, "auto", true});
-  // Decode-like: a few single rows among many empty experts.
-  cases.push_back(
-      {"bf16_D512_I256_E64_decode", 512, 256, random_counts(64, 1, 0.9), true, "auto", false});
+  // bf16 activations, every (x, y) pair, on every path (f32 and bf16 weights on the SIMT one).
+  for (const auto& [xb, yb] : {std::pair{true, true}, {true, false}, {false, true}}) {
+    cases.push_back({"f32_D67_I45_E7", 67, 45, awkward, false, "simt", false, xb, yb});
+    cases.push_back({"bf16_D67_I45_E7", 67, 45, awkward, true, "simt", xb && yb, xb, yb});
+    for (const char* path : tc_paths) {
+      cases.push_back({"bf16_D200_I136_E7", 200, 136, awkward, true, path, xb && yb, xb, yb});
+    }
+  }
+  // The public dispatch (f32 weights: SIMT; bf16 aligned: the tensor cores), f32 and bf16
+  // activations.
+  for (bool act : {false, true}) {
+    cases.push_back(
+        {"f32_D96_I40_E64", 96, 40, random_counts(64, 40, 0.3), false, "auto", false, act, act});
+    cases.push_back(
+        {"bf16_D256_I128_E64", 256, 128, random_counts(64, 40, 0.3), true, "auto", true, act, act});
+    // Decode-like: a few single rows among many empty experts.
+    cases.push_back({"bf16_D512_I256_E64_decode", 512, 256, random_counts(64, 1, 0.9), true, "auto",
+                     false, act, act});
+  }
   // Larger, Kimi-like proportions (D = 2 I) with row counts around a few tiles.
   const std::vector<int32_t> big = random_counts(8, 600, 0.1);
   for (const char* path : {"simt", "mma", "wgmma", "wgmma128"}) {
     if (std::string(path).rfind("wgmma", 0) == 0 && !device_is_sm90()) continue;
-    cases.push_back({"bf16_D1024_I512_E8", 1024, 512, big, true, path, false});
+    for (bool act : {false, true}) {
+      cases.push_back({"bf16_D1024_I512_E8", 1024, 512, big, true, path, false, act, act});
+    }
   }
   // More cluster tiles than the kWgmma grid has clusters: each cluster loops over several tiles
   // of different experts, its ring of stages carrying across them; ragged experts of 0 to 600
   // rows leave row tiles whose second CTA or warpgroup has no rows.
   if (device_is_sm90()) {
-    cases.push_back(
-        {"bf16_D264_I136_E64", 264, 136, random_counts(64, 600, 0.1), true, "wgmma", true});
+    const std::vector<int32_t> ragged = random_counts(64, 600, 0.1);
+    for (bool act : {false, true}) {
+      cases.push_back({"bf16_D264_I136_E64", 264, 136, ragged, true, "wgmma", true, act, act});
+    }
   }
   for (const SwigluCase& c : cases) run_swiglu_case(c);
 }
@@ -399,6 +477,12 @@ TEST_F(MoeCuda, GroupedSwigluWorkspace) {
   const Exec ex = cuda::device_exec(0, &ws);
   moe_grouped_swiglu(ex, x, offd, wg, wu, wd, y1);
   report("moe_swiglu_workspace_vs_scratch", scaled_err(host(y1), host(y0)), 0);
+  // bf16 activations (a smaller scratch: no copy of x).
+  const Tensor xb = dev(to_bf16(host(x)));
+  const Tensor yb0 = poisoned_act({R, D}, true), yb1 = poisoned_act({R, D}, true);
+  moe_grouped_swiglu(gpu(), xb, offd, wg, wu, wd, yb0);
+  moe_grouped_swiglu(ex, xb, offd, wg, wu, wd, yb1);
+  report("moe_swiglu_workspace_vs_scratch_bf16", scaled_err(host_f32(yb1), host_f32(yb0)), 0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -410,19 +494,21 @@ struct Chain {
   Tensor router;          // [E, D] host f32
   Tensor gate, up, down;  // device
   const char* path;
+  bool act_bf16 = false;  // x, the permuted rows, y and out bf16 (the model's activations)
 };
 
 // out [T, D] (host) for tokens x [T, D] with router logits [T, E] (host; computed once for the
 // largest batch and sliced, so that every batch routes from the same bits).
 Tensor run_chain(const Chain& c, const Tensor& x, const Tensor& logits) {
   const int64_t T = x.dim(0);
-  const Tensor xd = dev(x), ids = poisoned_i32({T, c.K}), wts = poisoned({T, c.K});
+  const bool b = c.act_bf16;
+  const Tensor xd = dev_act(x, b), ids = poisoned_i32({T, c.K}), wts = poisoned({T, c.K});
   moe_route(gpu(), dev(logits), Tensor(), c.params, ids, wts);
   const Tensor off = poisoned_i32({c.E + 1}), rows = poisoned_i32({T, c.K});
-  const Tensor xs = poisoned({T * c.K, c.D}), y = poisoned({T * c.K, c.D});
+  const Tensor xs = poisoned_act({T * c.K, c.D}, b), y = poisoned_act({T * c.K, c.D}, b);
   moe_permute(gpu(), xd, ids, 0, c.E, off, rows, xs);
   cuda::moe_grouped_swiglu_on(gpu(), c.path, xs, off, c.gate, c.up, c.down, y, Tensor());
-  const Tensor out = poisoned({T, c.D});
+  const Tensor out = poisoned_act({T, c.D}, b);
   moe_unpermute_combine(gpu(), y, rows, wts, out);
   return host(out);
 }
@@ -430,9 +516,9 @@ Tensor run_chain(const Chain& c, const Tensor& x, const Tensor& logits) {
 int64_t differing_bits(const Tensor& a, const Tensor& b) {
   if (a.nbytes() != b.nbytes()) return -1;
   int64_t n = 0;
-  const uint32_t* pa = static_cast<const uint32_t*>(a.raw());
-  const uint32_t* pb = static_cast<const uint32_t*>(b.raw());
-  for (int64_t i = 0; i < a.numel(); ++i) n += __builtin_popcount(pa[i] ^ pb[i]);
+  const uint8_t* pa = static_cast<const uint8_t*>(a.raw());
+  const uint8_t* pb = static_cast<const uint8_t*>(b.raw());
+  for (size_t i = 0; i < a.nbytes(); ++i) n += __builtin_popcount(pa[i] ^ pb[i]);
   return n;
 }
 
@@ -441,12 +527,16 @@ TEST_F(MoeCuda, BatchInvariance) {
     const char* path;
     int64_t D, I;
     bool bf16;
+    bool act_bf16 = false;
   };
-  std::vector<Cfg> cfgs = {
-      {"simt", 72, 40, false}, {"simt", 70, 36, true}, {"mma", 256, 136, true}};
+  std::vector<Cfg> cfgs = {{"simt", 72, 40, false},      {"simt", 70, 36, true},
+                           {"mma", 256, 136, true},      {"simt", 72, 40, false, true},
+                           {"simt", 70, 36, true, true}, {"mma", 256, 136, true, true}};
   if (device_is_sm90()) {
-    cfgs.push_back({"wgmma", 256, 136, true});
-    cfgs.push_back({"wgmma128", 256, 136, true});
+    for (bool act : {false, true}) {
+      cfgs.push_back({"wgmma", 256, 136, true, act});
+      cfgs.push_back({"wgmma128", 256, 136, true, act});
+    }
   }
   for (const Cfg& f : cfgs) {
     Chain c;
@@ -456,6 +546,7 @@ TEST_F(MoeCuda, BatchInvariance) {
     c.I = f.I;
     c.params.top_k = 4;
     c.path = f.path;
+    c.act_bf16 = f.act_bf16;
     c.router = randn({c.E, c.D}, 0.3f);
     const ExpertWeights w = random_weights(c.E, c.D, c.I, f.bf16);
     c.gate = dev(w.gate);
@@ -478,7 +569,8 @@ TEST_F(MoeCuda, BatchInvariance) {
         bits += differing_bits(alone, part.slice(0, t - 150, t - 149).clone());
     }
     const std::string tag = std::string(f.path) + (f.bf16 ? "_bf16" : "_f32") + "_D" +
-                            std::to_string(f.D) + "_I" + std::to_string(f.I);
+                            std::to_string(f.D) + "_I" + std::to_string(f.I) +
+                            (f.act_bf16 ? "_bf16_activations" : "");
     report("moe_chain_batch_invariance_bits_" + tag, static_cast<double>(bits), 0);
   }
 }
@@ -486,7 +578,8 @@ TEST_F(MoeCuda, BatchInvariance) {
 // ---------------------------------------------------------------------------------------------
 // moe_unpermute_combine.
 
-void run_combine_case(const std::string& name, int64_t T, int64_t K, int64_t D) {
+void run_combine_case(const std::string& name, int64_t T, int64_t K, int64_t D, bool y_bf16,
+                      bool out_bf16) {
   const int64_t R = T * K + 2;
   std::vector<int32_t> perm(static_cast<size_t>(R));
   std::iota(perm.begin(), perm.end(), 0);
@@ -495,19 +588,55 @@ void run_combine_case(const std::string& name, int64_t T, int64_t K, int64_t D) 
   std::vector<int32_t> rows(static_cast<size_t>(T * K));
   for (size_t j = 0; j < rows.size(); ++j) rows[j] = u(rng()) < 0.3 ? -1 : perm[j];
   for (int64_t i = 0; i < K; ++i) rows[static_cast<size_t>(i)] = -1;  // token 0: no owned slot
-  const Tensor y = randn({R, D}), wts = randn({T, K}, 0.3f), rows_h = i32_tensor(rows, {T, K});
+  Tensor y = randn({R, D});
+  if (y_bf16) y = rounded(y);
+  const Tensor wts = randn({T, K}, 0.3f), rows_h = i32_tensor(rows, {T, K});
   Tensor ref = Tensor::empty({T, D});
   moe_unpermute_combine(host_exec(), y, rows_h, wts, ref);
-  const Tensor out = poisoned({T, D});
-  moe_unpermute_combine(gpu(), dev(y), dev(rows_h), dev(wts), out);
-  report("moe_combine_" + name, scaled_err(host(out), ref), 2 * twin::kEps);
+  const Tensor out = poisoned_act({T, D}, out_bf16);
+  moe_unpermute_combine(gpu(), dev_act(y, y_bf16), dev(rows_h), dev(wts), out);
+  const std::string tag = name + (y_bf16 || out_bf16 ? std::string("_y") + act_name(y_bf16) +
+                                                           "_out" + act_name(out_bf16)
+                                                     : "");
+  if (out_bf16) {
+    report("moe_combine_relL2_" + tag, rel_l2(host_f32(out), ref), std::ldexp(1.0, -8));
+  } else {
+    report("moe_combine_" + tag, scaled_err(host_f32(out), ref), 2 * twin::kEps);
+  }
 }
 
 TEST_F(MoeCuda, UnpermuteCombine) {
-  run_combine_case("T1000_K8_D130", 1000, 8, 130);
-  run_combine_case("T1000_K8_D256", 1000, 8, 256);
-  run_combine_case("T37_K1_D67", 37, 1, 67);
-  run_combine_case("T5_K10_D2048", 5, 10, 2048);
+  // (y, out) dtypes: f32 (unchanged), the model's bf16 -> bf16, and the mixed pairs.
+  for (const auto& [yb, ob] :
+       {std::pair{false, false}, {true, true}, {true, false}, {false, true}}) {
+    run_combine_case("T1000_K8_D130", 1000, 8, 130, yb, ob);
+    run_combine_case("T1000_K8_D256", 1000, 8, 256, yb, ob);
+    run_combine_case("T37_K1_D67", 37, 1, 67, yb, ob);
+    run_combine_case("T5_K10_D2048", 5, 10, 2048, yb, ob);
+  }
+}
+
+// The CPU twins take f32 activations only, and the backwards f32 only on any device: bf16 stops
+// with a message naming the op and the tensor.
+TEST_F(MoeCuda, CpuAndBackwardsRejectBf16) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const Tensor xb = to_bf16(randn({4, 8})), xf = randn({4, 8});
+  const Tensor ids = i32_tensor({0, 1, 1, 0}, {4, 1}), off = Tensor::empty({3}, DType::kI32);
+  const Tensor rows = Tensor::empty({4, 1}, DType::kI32), wts = randn({4, 1});
+  EXPECT_DEATH(moe_permute(host_exec(), xb, ids, 0, 2, off, rows, Tensor::empty({4, 8})),
+               "moe_permute: x .*CPU kernel takes contiguous f32 only");
+  const ExpertWeights w = random_weights(2, 8, 4, true);
+  const Tensor off2 = i32_tensor({0, 2, 4}, {3});
+  EXPECT_DEATH(moe_grouped_swiglu(host_exec(), xf, off2, w.gate, w.up, w.down, xb),
+               "moe_grouped_swiglu: y .*CPU kernel takes contiguous f32 only");
+  const Tensor rows2 = i32_tensor({0, 1, 2, 3}, {4, 1});
+  EXPECT_DEATH(moe_unpermute_combine(host_exec(), xb, rows2, wts, Tensor::empty({4, 8})),
+               "moe_unpermute_combine: y .*CPU kernel takes contiguous f32 only");
+  EXPECT_DEATH(moe_permute_backward(host_exec(), xb, rows2, Tensor::empty({4, 8})),
+               "moe_permute_backward: d_x_sorted .*backward takes contiguous f32 only");
+  EXPECT_DEATH(moe_unpermute_combine_backward(host_exec(), xb, rows2, wts, xf,
+                                              Tensor::empty({4, 8}), Tensor::empty({4, 1})),
+               "moe_unpermute_combine_backward: y .*backward takes contiguous f32 only");
 }
 
 // ---------------------------------------------------------------------------------------------
