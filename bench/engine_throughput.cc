@@ -30,7 +30,10 @@ ABSL_FLAG(bool, deterministic, false, "batch-invariant numerics (the server's --
 ABSL_FLAG(std::string, device, "cpu", "where the model runs: cpu, cuda or cuda:N (the server's)");
 ABSL_FLAG(std::string, weight_dtype, "auto", "weight matrices: auto, f32 or bf16 (the server's)");
 ABSL_FLAG(std::string, act_dtype, "auto", "activations: auto, f32 or bf16 (the server's)");
-ABSL_FLAG(int64_t, cache_budget_mb, 1024, "KV pages + linear-state slots, MiB (the server's)");
+ABSL_FLAG(int64_t, cache_budget_mb, 0,
+          "KV pages + linear-state slots, MiB (the server's: 0 = derived from free memory on a "
+          "GPU, 1024 on the CPU)");
+ABSL_FLAG(double, gpu_memory_utilization, 0.9, "the server's");
 ABSL_FLAG(int, max_num_seqs, 64,
           "sequences per step (the server's); at least the largest concurrency");
 
@@ -82,6 +85,8 @@ std::unique_ptr<Engine> make_engine() {
   opt.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
   opt.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
   opt.cache_budget_bytes = absl::GetFlag(FLAGS_cache_budget_mb) << 20;
+  if (opt.cache_budget_bytes == 0 && device->is_cpu()) opt.cache_budget_bytes = int64_t{1} << 30;
+  opt.gpu_memory_utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);
   opt.enable_prefix_cache = false;  // random prompts: nothing to share; keep the work honest
   opt.deterministic = absl::GetFlag(FLAGS_deterministic);
   auto e = Engine::create(std::move(*model), nullptr, opt);
@@ -89,6 +94,11 @@ std::unique_ptr<Engine> make_engine() {
     std::fprintf(stderr, "loom-bench-engine: %s\n", std::string(e.status().message()).c_str());
     std::exit(1);
   }
+  if (const auto& plan = (*e)->memory_plan())
+    std::fprintf(stderr, "loom-bench-engine: %s\n", plan->describe().c_str());
+  const EngineStats st = (*e)->stats();
+  std::fprintf(stderr, "loom-bench-engine: caches: %d KV pages of %d tokens, %d state slots\n",
+               st.pages_total, opt.page_size, st.slots_total);
   return std::move(*e);
 }
 

@@ -41,6 +41,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> mo
   LOOM_ASSIGN_OR_RETURN(e->loop_,
                         EngineLoop::create(*e->model_, e->tokenizer_.get(), options, *e->inbox_));
   e->kv_pages_ = e->loop_->kv_page_capacity();
+  e->memory_plan_ = e->loop_->memory_plan();
   e->thread_ = std::thread([loop = e->loop_.get()] { loop->run(); });
   return e;
 }

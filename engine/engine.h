@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/device_memory_plan.h"
 #include "engine/model/model.h"
 #include "engine/request.h"
 #include "engine/request_stream.h"
@@ -24,10 +25,15 @@ class EngineInbox;
 class EngineLoop;
 
 struct EngineOptions {
-  int64_t cache_budget_bytes = int64_t{1} << 30;  // KV pages + linear-state slots
-  int32_t max_num_batched_tokens = 2048;          // tokens per step over all sequences
-  int32_t max_num_seqs = 64;                      // sequences per step (and live state slots)
-  int32_t page_size = 64;                         // tokens per KV page / prefix-cache block
+  // KV pages + linear-state slots. 0: on a GPU, derived from the memory left once the weights, a
+  // profiled largest step and the sampler are resident (engine/device_memory_plan.h).
+  int64_t cache_budget_bytes = int64_t{1} << 30;
+  // With a derived budget: the fraction of the device's memory the engine may fill (weights,
+  // step memory, sampler and caches together); the rest is left to other processes and CUDA.
+  double gpu_memory_utilization = 0.9;
+  int32_t max_num_batched_tokens = 2048;  // tokens per step over all sequences
+  int32_t max_num_seqs = 64;              // sequences per step (and live state slots)
+  int32_t page_size = 64;                 // tokens per KV page / prefix-cache block
   bool enable_prefix_cache = true;
   int32_t checkpoint_interval = 8;  // linear-state checkpoints every N blocks (prefix cache)
   int32_t max_model_len = 0;        // prompt + max_tokens limit; 0: the model's
@@ -83,6 +89,9 @@ class Engine {
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
   int32_t max_model_len() const { return max_model_len_; }
   int32_t max_n() const { return options_.max_n; }  // the largest n submit() accepts
+  // How the device's memory was split when the cache budget was derived (options'
+  // cache_budget_bytes == 0; engine/device_memory_plan.h), else nullopt.
+  const std::optional<DeviceMemoryPlan>& memory_plan() const { return memory_plan_; }
 
  private:
   Engine();
@@ -93,6 +102,7 @@ class Engine {
   EngineOptions options_;
   int32_t max_model_len_ = 0;
   int64_t kv_pages_ = 0;  // KV pool capacity (0: no attention layers)
+  std::optional<DeviceMemoryPlan> memory_plan_;
   // Shared by every thread (its own mutex): requests and cancellations in, stats out.
   std::unique_ptr<EngineInbox> inbox_;
   // Touched only by the loop thread after create(); declared after what it references.

@@ -5,6 +5,7 @@
 
 #include "core/status.h"
 #include "engine/choice_text.h"
+#include "engine/device_memory_plan.h"
 #include "engine/model/cache_store.h"
 #include "engine/model_runner.h"
 #include "engine/sampling/sampler.h"
@@ -93,7 +94,14 @@ absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::create(const Model& mode
   sizing_in.kv_bytes_per_token = kv_per_token;
   sizing_in.state_bytes_per_slot =
       static_cast<int64_t>(CacheStore::slot_bytes(cfg, store_options.act_dtype));
-  sizing_in.budget_bytes = options.cache_budget_bytes;
+  // A derived budget measures what the weights leave (device_memory_plan.h); the sampler is
+  // created first so that its scratch is resident when the free memory is read.
+  auto sampler = std::make_unique<BatchSampler>(model.device());
+  std::optional<DeviceMemoryPlan> plan;
+  if (options.cache_budget_bytes == 0) {
+    LOOM_ASSIGN_OR_RETURN(plan, plan_device_memory(model, options, *sampler));
+  }
+  sizing_in.budget_bytes = plan ? plan->cache_budget_bytes : options.cache_budget_bytes;
   sizing_in.page_size = options.page_size;
   sizing_in.max_num_seqs = options.max_num_seqs;
   sizing_in.num_checkpoint_slots = options.enable_prefix_cache ? -1 : 0;
@@ -116,8 +124,11 @@ absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::create(const Model& mode
   LOOM_ASSIGN_OR_RETURN(loop->sched_, Scheduler::create(sc));
   if (cfg.eos_token_id >= 0) loop->eos_ids_.push_back(cfg.eos_token_id);
   loop->seeds_.seed(options.seed != 0 ? options.seed : std::random_device{}());
-  loop->runner_ = std::make_unique<ModelRunner>(model, *loop->store_, options.deterministic);
-  loop->sampler_ = std::make_unique<BatchSampler>(model.device());
+  loop->runner_ =
+      std::make_unique<ModelRunner>(model, *loop->store_, options.deterministic,
+                                    plan ? static_cast<size_t>(plan->workspace_bytes) : 0);
+  loop->sampler_ = std::move(sampler);
+  loop->memory_plan_ = plan;
   // The largest step the scheduler can plan, so that no serving step grows the step data: the
   // token budget, every running sequence asking for logits, and the longest context's pages.
   StepShape largest;

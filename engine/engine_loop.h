@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -23,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/tensor.h"
+#include "engine/device_memory_plan.h"
 #include "engine/engine.h"
 #include "engine/engine_inbox.h"
 #include "engine/sampling/batch_sampler.h"
@@ -47,6 +49,8 @@ class EngineLoop {
 
   // The KV pool's size in pages, the most one request can ever hold (0: no attention layers).
   int64_t kv_page_capacity() const;
+  // The derived device memory plan (EngineOptions::cache_budget_bytes == 0), else nullopt.
+  const std::optional<DeviceMemoryPlan>& memory_plan() const { return memory_plan_; }
 
   // The loop thread's body: passes until the inbox says stopping, which cancels everything live.
   void run();
@@ -94,6 +98,7 @@ class EngineLoop {
   std::unique_ptr<Scheduler> sched_;
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<BatchSampler> sampler_;
+  std::optional<DeviceMemoryPlan> memory_plan_;                       // constant after create()
   absl::flat_hash_map<uint64_t, std::unique_ptr<LiveRequest>> live_;  // by request id
   // sample_and_emit's per-step lists, kept for their capacity: the choice of each planned
   // sequence (null when gone) and the sampler's slot of each logits row.

@@ -9,11 +9,12 @@ namespace loom {
 static_assert(CacheStore::kScratchPage == KvPagePool::kScratchPage);
 static_assert(CacheStore::kScratchSlot == StateSlotPool::kScratchSlot);
 
-ModelRunner::ModelRunner(const Model& model, CacheStore& store, bool batch_invariant)
+ModelRunner::ModelRunner(const Model& model, CacheStore& store, bool batch_invariant,
+                         size_t workspace_bytes)
     : model_(model),
       store_(store),
       batch_invariant_(batch_invariant),
-      workspace_(model.device()),
+      workspace_(model.device(), workspace_bytes),
       step_(model.device()) {
   LOOM_CHECK(store.device() == model.device(),
              "ModelRunner: the cache store is on %s, the model on %s",

@@ -20,7 +20,10 @@ class ModelRunner {
  public:
   // `batch_invariant`: run every step in batch-invariant numerics (EngineOptions::deterministic).
   // The store must be on the model's device; the runner's workspace and step data live there too.
-  ModelRunner(const Model& model, CacheStore& store, bool batch_invariant);
+  // `workspace_bytes`: step memory to allocate now (a derived memory plan's), instead of growing
+  // to the largest step's size when it first comes.
+  ModelRunner(const Model& model, CacheStore& store, bool batch_invariant,
+              size_t workspace_bytes = 0);
 
   // Runs `plan`; returns logits [k, V] for the k entries with sample == true, in plan order, on
   // the model's device: a view into the runner's workspace, valid until the next run(), which the

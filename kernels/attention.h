@@ -75,9 +75,10 @@ void gqa_attention_forward(const Exec& ex, const Tensor& q, const CacheView& k_c
 //   past_lens: i64 [B].
 
 // cache_write_rows for every sequence: its rows go to positions past_lens[b] onwards. pool:
-// [num_pages, page_size, row...] f32 or bf16 (each value rounded to nearest even, bit for bit the
-// same on every backend); rows: [N, row...] f32. No page may be written by two sequences. The
-// attention ops below read either pool dtype.
+// [num_pages, page_size, row...] f32 or bf16 (an f32 value rounded to nearest even, bit for bit
+// the same on every backend); rows: [N, row...] f32, or bf16 on a GPU (stored as they are, or
+// widened exactly into an f32 pool). No page may be written by two sequences. The attention ops
+// below read either pool dtype.
 void cache_write_varlen(const Exec& ex, const Tensor& pool, const Tensor& page_table,
                         const Tensor& cu_seqlens, const Tensor& past_lens, const Tensor& rows);
 

@@ -65,6 +65,19 @@ absl::Status device_available(Device device) {
 #endif
 }
 
+absl::StatusOr<DeviceMemory> device_memory(Device device) {
+  if (device.is_cpu())
+    return absl::InvalidArgumentError("device_memory: the host's memory is not a device's");
+  if (absl::Status st = device_available(device); !st.ok()) return st;
+#ifdef LOOM_WITH_CUDA
+  DeviceMemory m;
+  cuda::memory_info(device.index, &m.free_bytes, &m.total_bytes);
+  return m;
+#else
+  return absl::InvalidArgumentError("device_memory: this build has no CUDA backend");
+#endif
+}
+
 Exec exec_for(Device device, Workspace* workspace) {
   if (device.is_cpu()) {
     Exec ex;

@@ -48,6 +48,15 @@ absl::StatusOr<Device> parse_device(std::string_view name);
 // allocating on a device (Model::load does).
 absl::Status device_available(Device device);
 
+// A device's memory as its driver reports it now (cudaMemGetInfo): what is free and the total.
+struct DeviceMemory {
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+};
+// InvalidArgument for the host (its memory is not budgeted this way) or a device that is not
+// available (device_available's message).
+absl::StatusOr<DeviceMemory> device_memory(Device device);
+
 // The Exec of `device`: the host's, or the device's own stream (kernels/cuda/context.h), with
 // `workspace`. The device must be available (device_available).
 Exec exec_for(Device device, Workspace* workspace = nullptr);

@@ -121,8 +121,25 @@ int main(int argc, char** argv) {
   if (!chat.ok()) return fail(absl::StrCat("loading the chat template of ", dir), chat.status());
   const std::string chat_template = loom::describe_chat_template(*chat);
   const std::string chat_output = loom::describe_chat_output(*chat);
+  // A derived cache budget measures a device's free memory; the host's is not budgeted so.
+  if (options->engine.cache_budget_bytes == 0 && device->is_cpu())
+    options->engine.cache_budget_bytes = int64_t{1024} << 20;
   auto engine = loom::Engine::create(std::move(model).value(), tokenizer, options->engine);
   if (!engine.ok()) return fail("starting the engine", engine.status());
+  if (const auto& plan = (*engine)->memory_plan()) {
+    std::printf("loom-server: %s\n", plan->describe().c_str());
+  }
+  {
+    const loom::EngineStats st = (*engine)->stats();
+    std::printf(
+        "loom-server: caches: %d KV pages of %d tokens (%lld tokens), %d linear-state slots, "
+        "%lld MiB\n",
+        st.pages_total, options->engine.page_size,
+        static_cast<long long>(st.pages_total) * options->engine.page_size, st.slots_total,
+        static_cast<long long>(options->engine.cache_budget_bytes > 0
+                                   ? options->engine.cache_budget_bytes >> 20
+                                   : (*engine)->memory_plan()->cache_budget_bytes >> 20));
+  }
 
   loom::Metrics metrics;
   // One admission and drain gate for both frontends (server/admission.h).

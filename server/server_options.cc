@@ -27,7 +27,13 @@ ABSL_FLAG(std::vector<std::string>, allowed_hosts, {},
 ABSL_FLAG(std::string, api_key, "",
           "If set, HTTP routes but /health and /metrics need `Authorization: Bearer KEY` (401), "
           "gRPC methods but health the metadata `authorization: Bearer KEY` (UNAUTHENTICATED).");
-ABSL_FLAG(int64_t, cache_budget_mb, 1024, "Memory for KV pages and linear-state slots (MiB).");
+ABSL_FLAG(int64_t, cache_budget_mb, 0,
+          "Memory for KV pages and linear-state slots (MiB). 0: on a GPU, what is left of "
+          "--gpu_memory_utilization of its memory once the weights, a profiled largest step and "
+          "the sampler are resident (printed at start-up); 1024 on the CPU.");
+ABSL_FLAG(double, gpu_memory_utilization, 0.9,
+          "With --cache_budget_mb 0 on a GPU: the fraction of its memory the server may fill "
+          "(weights, step memory, sampler and caches); the rest is left to others.");
 ABSL_FLAG(int, max_num_batched_tokens, 2048, "Tokens per engine step over all sequences.");
 ABSL_FLAG(int, max_num_seqs, 64, "Sequences per engine step (and live state slots).");
 ABSL_FLAG(int, max_model_len, 8192,
@@ -126,7 +132,11 @@ absl::StatusOr<ServerOptions> server_options_from_flags() {
   } else {
     return bad("reasoning_parser", "must be auto or none");
   }
-  if (absl::GetFlag(FLAGS_cache_budget_mb) < 1) return bad("cache_budget_mb", "must be positive");
+  if (absl::GetFlag(FLAGS_cache_budget_mb) < 0)
+    return bad("cache_budget_mb", "must be 0 (derived) or positive");
+  o.engine.gpu_memory_utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);
+  if (!(o.engine.gpu_memory_utilization > 0 && o.engine.gpu_memory_utilization <= 1))
+    return bad("gpu_memory_utilization", "must be in (0, 1]");
   const std::string kv_dtype = absl::GetFlag(FLAGS_kv_dtype);
   if (kv_dtype == "auto") {
     o.engine.kv_dtype.reset();

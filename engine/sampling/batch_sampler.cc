@@ -1,5 +1,6 @@
 #include "engine/sampling/batch_sampler.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -80,12 +81,16 @@ struct BatchSampler::Gpu {
     batch.rows.push_back(r);
   }
 
-  void run(const Tensor& logits, bool poison) {
-    const size_t bytes = cuda::sample_scratch_bytes(batch, logits.dim(1));
+  void grow(size_t bytes, Device device) {
     if (bytes > scratch_bytes) {  // a larger step than any before: grow once
-      scratch = allocate_buffer(bytes, logits.device());
+      scratch.reset();            // give the old block back before taking the larger one
+      scratch = allocate_buffer(bytes, device);
       scratch_bytes = bytes;
     }
+  }
+
+  void run(const Tensor& logits, bool poison) {
+    grow(cuda::sample_scratch_bytes(batch, logits.dim(1)), logits.device());
     if (poison) {
       const std::vector<unsigned char> ff(scratch_bytes, 0xff);
       upload_async(exec_for(logits.device()), scratch.get(), ff.data(), ff.size());
@@ -112,6 +117,27 @@ BatchSampler::BatchSampler(Device device) : device_(device) {
 }
 
 BatchSampler::~BatchSampler() = default;
+
+size_t BatchSampler::reserve(int32_t max_rows, int64_t vocab) {
+#ifdef LOOM_WITH_CUDA
+  if (gpu_ == nullptr || max_rows <= 0) return 0;
+  cuda::SampleBatch worst;
+  for (int32_t r = 0; r < max_rows; ++r)
+    worst.rows.push_back({.row = r,
+                          .temperature = 1.0f,
+                          .top_p = 0.5f,
+                          .logprobs = cuda::launch::kSampleMaxLogprobs});
+  size_t bytes = 0;
+  for (const char* path : {"auto", "segmented", "per_row"})
+    bytes = std::max(bytes, cuda::sample_scratch_bytes(worst, vocab, path));
+  gpu_->grow(bytes, device_);
+  return gpu_->scratch_bytes;
+#else
+  (void)max_rows;
+  (void)vocab;
+  return 0;
+#endif
+}
 
 const std::vector<SampledToken>& BatchSampler::sample(const Tensor& logits,
                                                       std::span<const SampleSlot> slots) {

@@ -38,6 +38,11 @@ class BatchSampler {
   // are on the host. The device scratch is kept between calls and grows only for a larger step.
   const std::vector<SampledToken>& sample(const Tensor& logits, std::span<const SampleSlot> slots);
 
+  // Allocates now the device scratch the largest step needs (`max_rows` rows of `vocab` logits,
+  // every one sampled with top-p and logprobs: the sort's worst case), so that serving never grows
+  // it and a device memory budget can count it. Returns the scratch's bytes (0 on the host).
+  size_t reserve(int32_t max_rows, int64_t vocab);
+
   // Tests: fill the device scratch (the kernels' outputs included) with 0xff bytes before each
   // GPU call, so that a result the kernels fail to write shows up as a -1 token or a NaN.
   void TEST_poison_scratch(bool on) { poison_ = on; }

@@ -19,6 +19,7 @@
 
 #include <type_traits>
 
+#include "kernels/cuda/bf16_io.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/varlen_launch.h"
 
@@ -125,16 +126,6 @@ __device__ __forceinline__ void store4(T* p, float4 v) {
     *reinterpret_cast<uint2*>(p) = u;
   }
 }
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
-template <typename T>
-__device__ __forceinline__ T from_f32(float x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else {
-    return __float2bfloat16_rn(x);
-  }
-}
 
 // Rows of one dtype into a pool of the other (f32 rows into a bf16 KV cache, bf16 rows into an f32
 // one): the same walk, each element converted as it is stored, kElems (4 or 1) per access.
@@ -160,7 +151,7 @@ __global__ void __launch_bounds__(kThreads)
       if constexpr (kElems == 4) {
         store4(dst + 4 * e, load4(src + 4 * e));
       } else {
-        dst[e] = from_f32<Out>(to_f32(src[e]));
+        dev::st(dst + e, dev::ld(src + e));
       }
     }
   }

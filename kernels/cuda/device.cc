@@ -70,6 +70,11 @@ int visible_devices() {
   return count;
 }
 
+void memory_info(int index, size_t* free_bytes, size_t* total_bytes) {
+  const DeviceGuard on(index);
+  LOOM_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+}
+
 DeviceGuard::DeviceGuard(int index) {
   LOOM_CUDA_CHECK(cudaGetDevice(&previous_));
   if (previous_ != index) LOOM_CUDA_CHECK(cudaSetDevice(index));

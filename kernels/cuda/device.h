@@ -19,6 +19,8 @@ void init();
 // CUDA devices this process can use (0 when there is no driver or no device): never aborts, so a
 // caller can refuse a --device flag with a message.
 int visible_devices();
+// Free and total bytes of device `index` now (cudaMemGetInfo on that device).
+void memory_info(int index, size_t* free_bytes, size_t* total_bytes);
 
 // Blocks until all work enqueued on the stream of `device`'s context has finished (checks for
 // errors).

@@ -442,6 +442,48 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelCudaBf16Activations,
                          ::testing::Values("kimi_linear_b0", "qwen3_next_b0", "deepseek_v3_fp8",
                                            "kimi_linear_s1", "qwen3_next_s0", "fla_kda_s0"));
 
+// A derived cache budget (EngineOptions::cache_budget_bytes == 0, engine/device_memory_plan.h):
+// the plan's figures add up, the pools get what it says, what the device then has free is about
+// what the plan keeps free, and the engine serves.
+TEST(ModelCudaMemoryPlan, DerivedBudgetFillsTheDevice) {
+  const std::string dir = fixtures_dir() + "/kimi_linear_s1";
+  if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "no fixture " << dir;
+  auto model = Model::load(dir, Placement{.device = Device::kCuda});
+  ASSERT_TRUE(model.ok()) << model.status();
+  EngineOptions opt;
+  opt.cache_budget_bytes = 0;
+  opt.gpu_memory_utilization = 0.5;  // leave the rest to whatever else runs on the machine
+  opt.max_num_batched_tokens = 1000;
+  auto engine = Engine::create(std::move(*model), nullptr, opt);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ASSERT_TRUE((*engine)->memory_plan().has_value());
+  const DeviceMemoryPlan& p = *(*engine)->memory_plan();
+  std::printf("GPUINFO memory plan: %s\n", p.describe().c_str());
+  EXPECT_GT(p.profile_bytes, 0);
+  EXPECT_GE(p.workspace_bytes, p.profile_bytes);
+  EXPECT_GT(p.sampler_bytes, 0);
+  EXPECT_GT(p.cache_budget_bytes, 0);
+  EXPECT_EQ(p.kept_free_bytes, static_cast<int64_t>(0.5 * p.total_bytes));
+  const EngineStats st = (*engine)->stats();
+  EXPECT_GT(st.pages_total, 0);
+  // What is still free once the pools are resident: about what the plan keeps free (it also
+  // leaves 256 MiB of slack for cuBLAS and CUDA; the pools may round down by a page or a slot).
+  const absl::StatusOr<DeviceMemory> mem = device_memory(Device::kCuda);
+  ASSERT_TRUE(mem.ok()) << mem.status();
+  const double free_gib = static_cast<double>(mem->free_bytes) / (1 << 30);
+  const double kept_gib = static_cast<double>(p.kept_free_bytes) / (1 << 30);
+  check("memory_plan_free_after_pools_minus_kept_gib", std::abs(free_gib - kept_gib), 1.0);
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.ignore_eos = true;
+  greedy.max_tokens = 4;
+  auto s = (*engine)->submit(Request{{1, 2, 3, 4, 5}, greedy});
+  ASSERT_TRUE(s.ok()) << s.status();
+  size_t tokens = 0;
+  while (auto ev = (*s)->next()) tokens += ev->token_ids.size();
+  EXPECT_EQ(tokens, 4u);
+}
+
 // A CUDA model with a host cache store (or the reverse) is refused with a message, not run.
 TEST(ModelCudaErrors, DeviceMismatchIsAnError) {
   const std::string dir = fixtures_dir() + "/kimi_linear_s0";
