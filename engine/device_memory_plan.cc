@@ -26,12 +26,13 @@ double gib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 30); }
 
 std::string DeviceMemoryPlan::describe() const {
   return absl::StrFormat(
-      "device memory %.2f GiB: weights %.2f GiB, step workspace %.2f GiB (a %d-token prefill "
-      "needs %.2f GiB, plus the logits rows), sampler %.2f GiB, free then %.2f GiB, kept free "
-      "%.2f GiB (utilization %.2f): KV pages and state slots get %.2f GiB",
-      gib(total_bytes), gib(weights_bytes), gib(workspace_bytes), profile_tokens,
-      gib(profile_bytes), gib(sampler_bytes), gib(free_bytes), gib(kept_free_bytes), utilization,
-      gib(cache_budget_bytes));
+      "device memory %.2f GiB, this engine's share %.2f GiB (utilization %.2f): weights %.2f "
+      "GiB, step workspace %.2f GiB (a %d-token prefill needs %.2f GiB, plus the logits rows), "
+      "sampler %.2f GiB, slack %.2f GiB; KV pages and state slots get %.2f GiB (%.2f GiB was "
+      "free)",
+      gib(total_bytes), gib(share_bytes), utilization, gib(weights_bytes), gib(workspace_bytes),
+      profile_tokens, gib(profile_bytes), gib(sampler_bytes), gib(slack_bytes),
+      gib(cache_budget_bytes), gib(free_bytes));
 }
 
 absl::StatusOr<int64_t> profile_step_memory(const Model& model, int64_t tokens, int64_t page_size,
@@ -101,8 +102,14 @@ absl::StatusOr<DeviceMemoryPlan> plan_device_memory(const Model& model,
   LOOM_ASSIGN_OR_RETURN(const DeviceMemory mem, device_memory(device));
   p.total_bytes = static_cast<int64_t>(mem.total_bytes);
   p.free_bytes = static_cast<int64_t>(mem.free_bytes);
-  p.kept_free_bytes = static_cast<int64_t>((1.0 - p.utilization) * p.total_bytes);
-  p.cache_budget_bytes = p.free_bytes - p.kept_free_bytes - p.workspace_bytes - kSlackBytes;
+  p.share_bytes = static_cast<int64_t>(p.utilization * p.total_bytes);
+  p.slack_bytes = kSlackBytes;
+  // The share, less what this engine holds besides the pools; and never more than is free (the
+  // workspace is allocated after this, from the same free memory).
+  p.cache_budget_bytes =
+      std::min(p.share_bytes - p.weights_bytes - p.workspace_bytes - p.sampler_bytes,
+               p.free_bytes - p.workspace_bytes) -
+      p.slack_bytes;
   if (p.cache_budget_bytes <= 0)
     return absl::ResourceExhaustedError(absl::StrCat(
         "no device memory left for the KV cache and state slots: ", p.describe(),

@@ -1,10 +1,12 @@
 // How an engine on a GPU splits the device's memory when its cache budget is derived
 // (EngineOptions::cache_budget_bytes == 0) rather than given: the weights are loaded, one prefill
-// step of the largest token budget is run to measure the step memory it needs, the sampler's
-// scratch is allocated for the largest step, and what the driver then reports free, less the
-// share of the device the engine must leave unused (1 - gpu_memory_utilization), goes to KV pages
-// and state slots. vLLM sizes its cache the same way (a profiling forward, then the free memory);
-// measuring beats estimating because the step memory depends on every kernel's temporaries.
+// step of the largest token budget is run to measure the step memory it needs, and the sampler's
+// scratch is allocated for the largest step; of gpu_memory_utilization x the device's memory
+// (this engine's share, whatever other processes hold), what the weights, the step memory, the
+// sampler and a slack for CUDA's own allocations leave goes to KV pages and state slots, capped by
+// what the driver reports free. vLLM sizes its cache the same way (a profiling forward, then the
+// engine's share); measuring beats estimating because the step memory depends on every kernel's
+// temporaries.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +28,8 @@ struct DeviceMemoryPlan {
   int64_t workspace_bytes = 0;     // reserved for the runner: the profile plus every logits row
   int64_t sampler_bytes = 0;       // the sampler's scratch for the largest step
   int64_t free_bytes = 0;          // free once the weights and the sampler are resident
-  int64_t kept_free_bytes = 0;     // (1 - utilization) of the total, left to others
+  int64_t share_bytes = 0;         // utilization x total: what this engine may hold in all
+  int64_t slack_bytes = 0;         // left for cuBLAS workspaces, the step data, CUDA's own
   int64_t cache_budget_bytes = 0;  // for KV pages and state slots
   double utilization = 0;
 

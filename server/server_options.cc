@@ -28,12 +28,12 @@ ABSL_FLAG(std::string, api_key, "",
           "If set, HTTP routes but /health and /metrics need `Authorization: Bearer KEY` (401), "
           "gRPC methods but health the metadata `authorization: Bearer KEY` (UNAUTHENTICATED).");
 ABSL_FLAG(int64_t, cache_budget_mb, 0,
-          "Memory for KV pages and linear-state slots (MiB). 0: on a GPU, what is left of "
-          "--gpu_memory_utilization of its memory once the weights, a profiled largest step and "
-          "the sampler are resident (printed at start-up); 1024 on the CPU.");
+          "Memory for KV pages and linear-state slots (MiB). 0: on a GPU, what is left of this "
+          "server's share of its memory (--gpu_memory_utilization) once the weights, a profiled "
+          "largest step and the sampler are resident (printed at start-up); 1024 on the CPU.");
 ABSL_FLAG(double, gpu_memory_utilization, 0.9,
-          "With --cache_budget_mb 0 on a GPU: the fraction of its memory the server may fill "
-          "(weights, step memory, sampler and caches); the rest is left to others.");
+          "With --cache_budget_mb 0 on a GPU: the fraction of its memory this server may hold "
+          "(weights, step memory, sampler and caches), whatever others hold.");
 ABSL_FLAG(int, max_num_batched_tokens, 2048, "Tokens per engine step over all sequences.");
 ABSL_FLAG(int, max_num_seqs, 64, "Sequences per engine step (and live state slots).");
 ABSL_FLAG(int, max_model_len, 8192,

@@ -123,10 +123,11 @@ if [ "$suite" = all ] && [ -d .device-fixtures ]; then
   echo "run.sh: loom-conformance --device cuda in $(( $(date +%s) - t1 )) s"
 fi
 # The HTTP end-to-end test (tests/integration/http_server_test.py) against loom-server --device
-# cuda on a carried fixture.
+# cuda on a carried fixture. It runs several servers at once: each gets a fixed cache budget, since
+# a derived one (the default) takes --gpu_memory_utilization of the device for one server.
 if [ "$suite" = all ] && [ -x build-cuda/bin/loom-server ] && [ -d .device-fixtures/kimi_linear_s1 ]; then
   t1=$(date +%s)
-  if LOOM_SERVER_ARGS="--device cuda" timeout 600 python3 tests/integration/http_server_test.py \
+  if LOOM_SERVER_ARGS="--device cuda --cache_budget_mb 1024" timeout 600 python3 tests/integration/http_server_test.py \
       --server build-cuda/bin/loom-server --model .device-fixtures/kimi_linear_s1 \
       >"$logs/http_e2e.log" 2>&1; then r=PASS; else r=FAIL; test_rc=1; fi
   echo "run.sh: http_server_test.py against loom-server --device cuda: $r in $(( $(date +%s) - t1 )) s"
@@ -136,7 +137,7 @@ if [ "$suite" = all ] && [ -x build-cuda/bin/loom-server ] && [ -d .device-fixtu
   # path's last-bit differences between batch compositions into visible ones (a seeded sample
   # then differs between a solo and a loaded run, which this test checks), so it runs in
   # batch-invariant mode, where the bits do not depend on the batch at all.
-  if LOOM_SERVER_ARGS="--device cuda --kv_dtype bf16 --deterministic" timeout 600 python3 \
+  if LOOM_SERVER_ARGS="--device cuda --cache_budget_mb 1024 --kv_dtype bf16 --deterministic" timeout 600 python3 \
       tests/integration/http_server_test.py --server build-cuda/bin/loom-server \
       --model .device-fixtures/kimi_linear_s1 >"$logs/http_e2e_bf16kv.log" 2>&1; then r=PASS
   else r=FAIL; test_rc=1; fi
