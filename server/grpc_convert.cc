@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "google/protobuf/unknown_field_set.h"
+#include "nlohmann/json.hpp"
 #include "server/request_limits.h"
 
 namespace loom {
@@ -37,6 +38,29 @@ bool find_unknown_field(const google::protobuf::Message& m, const std::string& p
   }
   return false;
 }
+
+void add_logprobs(const std::vector<TokenLogprob>& lps,
+                  google::protobuf::RepeatedPtrField<v1::TokenLogprob>* out) {
+  for (const TokenLogprob& lp : lps) {
+    v1::TokenLogprob* l = out->Add();
+    l->set_token_id(lp.token);
+    l->set_logprob(lp.logprob);
+    for (const auto& [token, logprob] : lp.top) {
+      v1::TopLogprob* t = l->add_top();
+      t->set_token_id(token);
+      t->set_logprob(logprob);
+    }
+  }
+}
+
+std::string dump(const nlohmann::ordered_json& j) {
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+// Copies `s` into `out` (unset optional fields keep SamplingParams' defaults) and validates the
+// result: Generate's and Chat's sampling, one definition. `have_tokenizer`: stop strings need one.
+absl::Status sampling_from_proto(const v1::SamplingParams& s, bool have_tokenizer, int vocab_size,
+                                 SamplingParams* out);
 
 }  // namespace
 
@@ -77,8 +101,24 @@ absl::StatusOr<Request> request_from_proto(const v1::GenerateRequest& in,
       return absl::InvalidArgumentError("prompt: set either text or token_ids");
   }
 
-  const v1::SamplingParams& s = in.sampling();
-  SamplingParams& p = r.params;
+  LOOM_RETURN_IF_ERROR(
+      sampling_from_proto(in.sampling(), tokenizer != nullptr, vocab_size, &r.params));
+  const SamplingParams& p = r.params;
+  if (max_model_len > 0 &&
+      static_cast<int64_t>(r.prompt.size()) + p.max_tokens > static_cast<int64_t>(max_model_len))
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt (", r.prompt.size(), " tokens) + sampling.max_tokens (", p.max_tokens,
+                     ") exceeds the model's max_model_len ", max_model_len));
+  r.priority = in.priority();
+  r.tag = in.request_id();
+  return r;
+}
+
+namespace {
+
+absl::Status sampling_from_proto(const v1::SamplingParams& s, bool have_tokenizer, int vocab_size,
+                                 SamplingParams* out) {
+  SamplingParams& p = *out;
   if (s.has_temperature()) p.temperature = s.temperature();
   if (s.has_top_k()) p.top_k = s.top_k();
   if (s.has_top_p()) p.top_p = s.top_p();
@@ -104,18 +144,101 @@ absl::StatusOr<Request> request_from_proto(const v1::GenerateRequest& in,
     p.logprobs = s.logprobs();
   }
   if (s.has_n()) p.n = s.n();
-  if (!p.stop.empty() && tokenizer == nullptr)
+  if (!p.stop.empty() && !have_tokenizer)
     return absl::FailedPreconditionError(
         "sampling.stop: stop strings need a tokenizer, and this model is served without one");
   if (absl::Status st = p.validate(vocab_size); !st.ok())
     return absl::InvalidArgumentError(absl::StrCat("sampling.", st.message()));
-  if (max_model_len > 0 &&
-      static_cast<int64_t>(r.prompt.size()) + p.max_tokens > static_cast<int64_t>(max_model_len))
-    return absl::InvalidArgumentError(
-        absl::StrCat("prompt (", r.prompt.size(), " tokens) + sampling.max_tokens (", p.max_tokens,
-                     ") exceeds the model's max_model_len ", max_model_len));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> chat_body_from_proto(const v1::ChatRequest& in) {
+  using ojson = nlohmann::ordered_json;
+  auto text = [](const std::string& s) { return dump(ojson(s)); };
+  // The body as /v1/chat/completions would have it, fields in the order HTTP clients write them.
+  // Schemas and kwargs are JSON text already and go in verbatim (their key order is what the
+  // template prints); json::accept checks each is one JSON value first, without recursion.
+  ojson messages = ojson::array();
+  for (const v1::ChatMessage& m : in.messages()) {
+    ojson msg = ojson::object();
+    msg["role"] = m.role();
+    if (m.has_content()) msg["content"] = m.content();
+    if (!m.name().empty()) msg["name"] = m.name();
+    if (m.has_tool_call_id()) msg["tool_call_id"] = m.tool_call_id();
+    if (m.tool_calls_size() > 0) {
+      ojson calls = ojson::array();
+      for (const v1::ToolCall& c : m.tool_calls()) {
+        ojson call = ojson::object();
+        if (!c.id().empty()) call["id"] = c.id();
+        call["type"] = "function";
+        call["function"] = {{"name", c.name()}, {"arguments", c.arguments()}};
+        calls.push_back(std::move(call));
+      }
+      msg["tool_calls"] = std::move(calls);
+    }
+    if (m.has_reasoning_content()) msg["reasoning_content"] = m.reasoning_content();
+    messages.push_back(std::move(msg));
+  }
+  std::string body = absl::StrCat("{\"messages\":", dump(messages));
+  if (in.tools_size() > 0) {
+    body += ",\"tools\":[";
+    for (int i = 0; i < in.tools_size(); ++i) {
+      const v1::Tool& t = in.tools(i);
+      if (i > 0) body += ",";
+      absl::StrAppend(&body, "{\"type\":\"function\",\"function\":{\"name\":", text(t.name()));
+      if (!t.description().empty())
+        absl::StrAppend(&body, ",\"description\":", text(t.description()));
+      if (!t.parameters().empty()) {
+        if (!ojson::accept(t.parameters()))
+          return absl::InvalidArgumentError(absl::StrCat(
+              "tools[", i, "].parameters: is not JSON text (a JSON Schema object, as JSON)"));
+        absl::StrAppend(&body, ",\"parameters\":", t.parameters());
+      }
+      body += "}}";
+    }
+    body += "]";
+  }
+  switch (in.tool_choice_case()) {
+    case v1::ChatRequest::kToolChoiceMode:
+      absl::StrAppend(&body, ",\"tool_choice\":", text(in.tool_choice_mode()));
+      break;
+    case v1::ChatRequest::kToolChoiceFunction:
+      absl::StrAppend(
+          &body, ",\"tool_choice\":",
+          dump(ojson{{"type", "function"}, {"function", {{"name", in.tool_choice_function()}}}}));
+      break;
+    case v1::ChatRequest::TOOL_CHOICE_NOT_SET:
+      break;
+  }
+  if (!in.chat_template_kwargs().empty()) {
+    if (!ojson::accept(in.chat_template_kwargs()))
+      return absl::InvalidArgumentError(
+          "chat_template_kwargs: is not JSON text (an object of the template's switches)");
+    absl::StrAppend(&body, ",\"chat_template_kwargs\":", in.chat_template_kwargs());
+  }
+  body += "}";
+  return body;
+}
+
+absl::StatusOr<OpenAiRequest> chat_request_from_proto(const v1::ChatRequest& in, int vocab_size) {
+  LOOM_RETURN_IF_ERROR(check_no_unknown_fields(in));
+  LOOM_ASSIGN_OR_RETURN(const std::string body, chat_body_from_proto(in));
+  LOOM_ASSIGN_OR_RETURN(OpenAiRequest r, parse_chat_request(body));
+  // Stop strings are matched on text, which a chat request always has (prepare_chat needs the
+  // tokenizer): the server refuses Chat without one before it gets here.
+  LOOM_RETURN_IF_ERROR(
+      sampling_from_proto(in.sampling(), /*have_tokenizer=*/true, vocab_size, &r.params));
+  const v1::SamplingParams& s = in.sampling();
+  r.max_tokens.reset();
+  if (s.has_max_tokens()) r.max_tokens = s.max_tokens();
+  // build_engine_requests sets params.logprobs from these.
+  r.logprobs = s.has_logprobs();
+  r.top_logprobs = s.has_logprobs() ? s.logprobs() : 0;
   r.priority = in.priority();
-  r.tag = in.request_id();
+  r.parse_special_tokens = in.parse_special_tokens();
+  r.stream = true;
   return r;
 }
 
@@ -124,18 +247,34 @@ void response_from_output(const RequestOutput& out, v1::GenerateResponse* resp) 
   resp->set_index(out.index);
   resp->mutable_token_ids()->Add(out.token_ids.begin(), out.token_ids.end());
   resp->set_text(out.text);
-  for (const TokenLogprob& lp : out.logprobs) {
-    v1::TokenLogprob* l = resp->add_logprobs();
-    l->set_token_id(lp.token);
-    l->set_logprob(lp.logprob);
-    for (const auto& [token, logprob] : lp.top) {
-      v1::TopLogprob* t = l->add_top();
-      t->set_token_id(token);
-      t->set_logprob(logprob);
-    }
-  }
+  add_logprobs(out.logprobs, resp->mutable_logprobs());
   if (out.finish) {
     resp->set_finish_reason(finish_reason_to_proto(*out.finish));
+    resp->set_error(out.error);
+    resp->mutable_usage()->set_prompt_tokens(out.prompt_tokens);
+    resp->mutable_usage()->set_completion_tokens(out.completion_tokens);
+  }
+}
+
+void chat_response_from_output(const RequestOutput& out, const ChatDelta& delta,
+                               bool made_tool_calls, v1::ChatResponse* resp) {
+  resp->Clear();
+  resp->set_index(out.index);
+  resp->set_content(delta.content);
+  resp->set_reasoning_content(delta.reasoning);
+  for (const ToolCallDelta& d : delta.tool_calls) {
+    v1::ToolCallDelta* t = resp->add_tool_calls();
+    t->set_index(static_cast<int32_t>(d.index));
+    t->set_id(d.id);
+    t->set_name(d.name);
+    t->set_arguments(d.arguments);
+  }
+  resp->mutable_token_ids()->Add(out.token_ids.begin(), out.token_ids.end());
+  add_logprobs(out.logprobs, resp->mutable_logprobs());
+  if (out.finish) {
+    resp->set_finish_reason(*out.finish == FinishReason::kStop && made_tool_calls
+                                ? v1::FINISH_REASON_TOOL_CALLS
+                                : finish_reason_to_proto(*out.finish));
     resp->set_error(out.error);
     resp->mutable_usage()->set_prompt_tokens(out.prompt_tokens);
     resp->mutable_usage()->set_completion_tokens(out.completion_tokens);

@@ -1,12 +1,19 @@
 // Request validation of the gRPC frontend: every bad prompt or sampling field is INVALID_ARGUMENT
 // (or FAILED_PRECONDITION when it needs a tokenizer the model lacks) naming the field; good
 // requests map field by field onto the engine's Request; events map onto GenerateResponse.
+// Chat: a ChatRequest is refused with the very words HTTP uses for the same conversation, renders
+// to the same prompt tokens with a real checkpoint template, and its streamed tool-call deltas,
+// split at every byte, reassemble into the call HTTP's response builder returns.
 #include "server/grpc_convert.h"
 
 #include <string>
 
+#include "google/protobuf/text_format.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "server/chat_request.h"
+#include "server/openai_response.h"
 #include "server/request_limits.h"
 
 namespace loom {
@@ -243,6 +250,235 @@ TEST(GrpcConvert, MapsOutputs) {
   EXPECT_EQ(resp.finish_reason(), v1::FINISH_REASON_LENGTH);
   EXPECT_EQ(resp.usage().prompt_tokens(), 4);
   EXPECT_EQ(resp.usage().completion_tokens(), 9);
+}
+
+const std::string kTemplates = std::string(LOOM_FIXTURES_DIR) + "/chat_templates";
+
+v1::ChatRequest chat_proto(const std::string& text) {
+  v1::ChatRequest r;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &r)) << text;
+  return r;
+}
+
+// A ChatRequest and the /v1/chat/completions body that says the same thing must be accepted or
+// refused alike, with the same code and message.
+TEST(GrpcChat, RefusesWithHttpsWords) {
+  struct Case {
+    const char* proto;  // text format
+    const char* body;   // the HTTP body
+    const char* names;  // what the message must name
+  };
+  const Case cases[] = {
+      {R"(messages { role: "robot" content: "hi" })",
+       R"({"messages": [{"role": "robot", "content": "hi"}]})", "messages[0].role"},
+      {R"(messages { role: "user" content: "hi" } messages { role: "tool" content: "22C" })",
+       R"({"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "22C"}]})",
+       "messages[1].tool_call_id"},
+      {R"(messages { role: "user" })", R"({"messages": [{"role": "user"}]})",
+       "messages[0].content"},
+      {R"(messages { role: "user" content: "x" tool_calls { name: "f" arguments: "{}" } })",
+       R"({"messages": [{"role": "user", "content": "x", "tool_calls": [{"type": "function",
+          "function": {"name": "f", "arguments": "{}"}}]}]})",
+       "messages[0].tool_calls"},
+      {R"(messages { role: "user" content: "x" reasoning_content: "r" })",
+       R"({"messages": [{"role": "user", "content": "x", "reasoning_content": "r"}]})",
+       "messages[0].reasoning_content"},
+      {"", R"({"messages": []})", "messages"},
+      // Bad tool schemas: parameters not an object, no name.
+      {R"(messages { role: "user" content: "x" } tools { name: "f" parameters: "[1, 2]" })",
+       R"({"messages": [{"role": "user", "content": "x"}],
+          "tools": [{"type": "function", "function": {"name": "f", "parameters": [1, 2]}}]})",
+       "tools"},
+      {R"(messages { role: "user" content: "x" } tools { description: "d" })",
+       R"({"messages": [{"role": "user", "content": "x"}],
+          "tools": [{"type": "function", "function": {"name": "", "description": "d"}}]})",
+       "tools"},
+      // tool_choice: only auto and none.
+      {R"(messages { role: "user" content: "x" } tools { name: "f" } tool_choice_mode: "required")",
+       R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required",
+          "tools": [{"type": "function", "function": {"name": "f"}}]})",
+       "tool_choice"},
+      {R"(messages { role: "user" content: "x" } tools { name: "f" }
+          tool_choice_function: "nope")",
+       R"({"messages": [{"role": "user", "content": "x"}],
+          "tool_choice": {"type": "function", "function": {"name": "nope"}},
+          "tools": [{"type": "function", "function": {"name": "f"}}]})",
+       "tool_choice"},
+      {R"(messages { role: "user" content: "x" } chat_template_kwargs: "[1]")",
+       R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": [1]})",
+       "chat_template_kwargs"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.proto);
+    absl::StatusOr<OpenAiRequest> http = parse_chat_request(c.body);
+    absl::StatusOr<OpenAiRequest> grpc = chat_request_from_proto(chat_proto(c.proto), kVocab);
+    ASSERT_FALSE(http.ok()) << c.body;
+    ASSERT_FALSE(grpc.ok());
+    EXPECT_EQ(grpc.status(), http.status());
+    EXPECT_EQ(grpc.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(grpc.status().message().find(c.names), std::string::npos) << grpc.status();
+    EXPECT_EQ(static_cast<int>(to_grpc_status(grpc.status()).error_code()),
+              static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  }
+  // What only gRPC can send: schema or kwargs text that is not JSON, named by its gRPC field.
+  auto bad_json = chat_request_from_proto(
+      chat_proto(R"(messages { role: "user" content: "x" } tools { name: "f" parameters: "{" })"),
+      kVocab);
+  EXPECT_EQ(bad_json.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_json.status().message().find("tools[0].parameters"), std::string::npos);
+  bad_json = chat_request_from_proto(
+      chat_proto(R"(messages { role: "user" content: "x" } chat_template_kwargs: "{,}")"), kVocab);
+  EXPECT_NE(bad_json.status().message().find("chat_template_kwargs"), std::string::npos);
+  // Generate's sampling checks, with Generate's words.
+  auto hot = chat_request_from_proto(
+      chat_proto(R"(messages { role: "user" content: "x" } sampling { temperature: 3 })"), kVocab);
+  EXPECT_EQ(hot.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(hot.status().message().find("sampling.temperature"), std::string::npos);
+  // Unknown fields, as in Generate.
+  v1::ChatRequest newer = chat_proto(R"(messages { role: "user" content: "x" })");
+  unknown_fields(newer.mutable_messages(0))->AddVarint(42, 1);
+  auto refused = chat_request_from_proto(newer, kVocab);
+  EXPECT_NE(refused.status().message().find("messages[0]: unknown field number 42"),
+            std::string::npos)
+      << refused.status();
+}
+
+// A conversation with tools, a tool call and its result renders to the same prompt tokens over
+// both frontends with Qwen3-Next's own template (which prints the schema with tojson, key order
+// and all), and the sampling fields land where Generate puts them.
+TEST(GrpcChat, RendersAsHttpWithTheCheckpointTemplate) {
+  auto chat = load_chat_setup(kTemplates + "/qwen3_next", "qwen3_next", ReasoningParser::kAuto);
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  ASSERT_TRUE(chat->chat_template != nullptr);
+  auto tok = Tokenizer::byte_level();
+  const char* schema =
+      R"({"type": "object", "required": ["tz"], "properties": {"tz": {"type": "string", "maxLength": 8}}})";
+  v1::ChatRequest proto = chat_proto(R"(
+      messages { role: "system" content: "Be brief." }
+      messages { role: "user" content: "Time in Paris?" }
+      messages { role: "assistant" tool_calls { id: "call_0" name: "get_time"
+                 arguments: "{\"tz\": \"CET\"}" } }
+      messages { role: "tool" tool_call_id: "call_0" content: "12:00" }
+      tools { name: "get_time" description: "The current time." }
+      tool_choice_mode: "auto"
+      sampling { temperature: 0 seed: 7 max_tokens: 5 logprobs: 2 }
+      priority: 3)");
+  proto.mutable_tools(0)->set_parameters(schema);
+  const std::string body = absl::StrCat(R"({"messages": [
+      {"role": "system", "content": "Be brief."},
+      {"role": "user", "content": "Time in Paris?"},
+      {"role": "assistant", "tool_calls": [{"id": "call_0", "type": "function",
+       "function": {"name": "get_time", "arguments": "{\"tz\": \"CET\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_0", "content": "12:00"}],
+      "tools": [{"type": "function", "function": {"name": "get_time",
+                 "description": "The current time.", "parameters": )",
+                                        schema, R"(}}],
+      "tool_choice": "auto", "temperature": 0, "seed": 7, "max_tokens": 5, "logprobs": true,
+      "top_logprobs": 2, "priority": 3})");
+  auto grpc_req = chat_request_from_proto(proto, kVocab);
+  ASSERT_TRUE(grpc_req.ok()) << grpc_req.status();
+  auto http_req = parse_chat_request(body);
+  ASSERT_TRUE(http_req.ok()) << http_req.status();
+  // The same conversation (messages' keys may come in another order; the tools' schema keys
+  // keep theirs, which the template prints).
+  EXPECT_EQ(grpc_req->template_tools, http_req->template_tools);
+  EXPECT_EQ(nlohmann::json::parse(grpc_req->template_messages.dump()),
+            nlohmann::json::parse(http_req->template_messages.dump()));
+  auto g = prepare_chat(*grpc_req, *tok, *chat, 0);
+  auto h = prepare_chat(*http_req, *tok, *chat, 0);
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(g->request.prompt, h->request.prompt);
+  auto text = tok->decode(g->request.prompt);
+  ASSERT_TRUE(text.ok());
+  EXPECT_NE(text->find(R"("name": "get_time")"), std::string::npos) << *text;
+  EXPECT_NE(text->find(R"("required": ["tz"], "properties")"), std::string::npos) << *text;
+  EXPECT_NE(text->find("12:00"), std::string::npos);
+  ASSERT_TRUE(g->output.tool_calls.has_value());
+  EXPECT_EQ(*g->output.tool_calls, ToolCallSyntax::kQwen);
+  EXPECT_EQ(g->request.params.temperature, 0.0f);
+  EXPECT_EQ(g->request.params.seed, h->request.params.seed);
+  EXPECT_EQ(g->request.params.max_tokens, 5);
+  EXPECT_EQ(g->request.params.logprobs, 2);
+  EXPECT_EQ(h->request.params.logprobs, 2);
+  EXPECT_EQ(g->request.priority, 3);
+  // tool_choice none: the template still sees the tools, the reply is not parsed for calls.
+  proto.set_tool_choice_mode("none");
+  auto none = prepare_chat(*chat_request_from_proto(proto, kVocab), *tok, *chat, 0);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->output.tool_calls.has_value());
+  // No max_tokens: the context left, capped, as HTTP chat does.
+  proto.mutable_sampling()->clear_max_tokens();
+  auto left = prepare_chat(*chat_request_from_proto(proto, kVocab), *tok, *chat, 1000);
+  ASSERT_TRUE(left.ok());
+  EXPECT_EQ(left->request.params.max_tokens, 1000 - static_cast<int>(left->request.prompt.size()));
+}
+
+// A reply with text, then two tool calls, in Qwen's syntax: streamed over gRPC in pieces cut at
+// every byte, the ChatResponse deltas reassemble into the content and calls HTTP's builder returns
+// for the whole reply, and the choice finishes with TOOL_CALLS ("tool_calls" over HTTP).
+TEST(GrpcChat, ToolCallDeltasReassembleToHttpsCalls) {
+  const std::string reply =
+      "Let me look.<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\"}}\n"
+      "</tool_call>\n<tool_call>\n{\"name\": \"get_date\", \"arguments\": {}}\n</tool_call>";
+  ChatOutputOptions output;
+  output.tool_calls = ToolCallSyntax::kQwen;
+  // HTTP, not streamed.
+  ResponseContext rc;
+  rc.chat = true;
+  rc.output = output;
+  OpenAiResponseBuilder http(rc);
+  RequestOutput whole;
+  whole.text = reply;
+  whole.finish = FinishReason::kStop;
+  http.on_event(0, whole);
+  const nlohmann::json message = nlohmann::json::parse(http.final_json())["choices"][0];
+  ASSERT_EQ(message["finish_reason"], "tool_calls");
+  const nlohmann::json& calls = message["message"]["tool_calls"];
+  ASSERT_EQ(calls.size(), 2u);
+  for (size_t cut = 0; cut <= reply.size(); ++cut) {
+    SCOPED_TRACE(cut);
+    ChatReplyReader reader(output);
+    std::string content;
+    std::vector<v1::ToolCall> got;
+    v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
+    for (int part = 0; part < 2; ++part) {
+      RequestOutput ev;
+      ev.text = part == 0 ? reply.substr(0, cut) : reply.substr(cut);
+      if (part == 1) ev.finish = FinishReason::kStop;
+      v1::ChatResponse resp;
+      const ChatDelta delta = reader.feed(ev);  // before made_tool_calls()
+      chat_response_from_output(ev, delta, reader.made_tool_calls(), &resp);
+      content += resp.content();
+      for (const v1::ToolCallDelta& d : resp.tool_calls()) {
+        if (d.index() == static_cast<int>(got.size())) {
+          ASSERT_FALSE(d.id().empty());
+          got.emplace_back();
+          got.back().set_id(d.id());
+          got.back().set_name(d.name());
+        }
+        ASSERT_LT(d.index(), static_cast<int>(got.size()));
+        got[d.index()].mutable_arguments()->append(d.arguments());
+      }
+      finish = resp.finish_reason();
+    }
+    EXPECT_EQ(content, message["message"]["content"].get<std::string>());
+    ASSERT_EQ(got.size(), calls.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].id(), calls[i]["id"].get<std::string>());
+      EXPECT_EQ(got[i].name(), calls[i]["function"]["name"].get<std::string>());
+      EXPECT_EQ(got[i].arguments(), calls[i]["function"]["arguments"].get<std::string>());
+    }
+    EXPECT_EQ(finish, v1::FINISH_REASON_TOOL_CALLS);
+  }
+  // Without tools parsed the same text is all content, and the finish is plain STOP.
+  ChatReplyReader plain(ChatOutputOptions{});
+  v1::ChatResponse resp;
+  const ChatDelta delta = plain.feed(whole);
+  chat_response_from_output(whole, delta, plain.made_tool_calls(), &resp);
+  EXPECT_EQ(resp.content(), reply);
+  EXPECT_EQ(resp.tool_calls_size(), 0);
+  EXPECT_EQ(resp.finish_reason(), v1::FINISH_REASON_STOP);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "engine/engine.h"
+#include "server/chat_setup.h"
 #include "server/grpc_server.h"
 #include "server/metrics.h"
 
@@ -49,6 +50,13 @@ int main(int argc, char** argv) {
   } else if ((*model)->config().vocab_size >= 260) {
     tokenizer = loom::Tokenizer::byte_level();  // small bundled models: ids 0..259
   }
+  // Chat renders and reads as loom-server does: the folder's own template, else the family's.
+  auto chat =
+      loom::load_chat_setup(dir, (*model)->config().model_type, loom::ReasoningParser::kAuto);
+  if (!chat.ok()) {
+    std::cerr << "loom-grpc-harness: " << chat.status() << "\n";
+    return 1;
+  }
   loom::EngineOptions eo;
   eo.cache_budget_bytes = absl::GetFlag(FLAGS_cache_budget_mb) << 20;
   eo.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
@@ -64,6 +72,7 @@ int main(int argc, char** argv) {
   go.api_key = absl::GetFlag(FLAGS_api_key);
   go.max_running = eo.max_num_seqs;
   go.max_queue = absl::GetFlag(FLAGS_max_queue);
+  go.chat = *std::move(chat);
   auto server = loom::GrpcServer::start(
       **engine, tokenizer, std::filesystem::path(dir).filename().string(), &metrics, go);
   if (!server.ok()) {

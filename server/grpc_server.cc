@@ -9,8 +9,10 @@
 // wait in its call's queue and never hold up the pump, an idle or slow stream holds no thread, a
 // token goes out as soon as it is sampled, and nothing polls.
 //
-// Lifetime. Each Generate call is a GenerateCall, shared by gRPC (from Generate until OnDone), the
-// pump (until the engine closes its stream) and `live` (until it finishes). What to do next (a
+// Lifetime. Each Generate or Chat call is a StreamCall, shared by gRPC (from the handler until
+// OnDone), the pump (until the engine closes its stream) and `live` (until it finishes). Its
+// ResponseEncoder says how events become messages (GenerateResponse, or ChatResponse through one
+// ChatReplyReader per choice, server/chat_request.h). What to do next (a
 // write, the Finish) is decided under the call's own lock, by whichever thread changed its state,
 // and gRPC is called outside that lock: StartWrite only when no write is in flight, Finish once,
 // also with no write in flight, after the call has left `live`. Once finished, a call touches
@@ -51,6 +53,7 @@
 #include "grpcpp/support/server_interceptor.h"
 #include "loom/v1/loom.grpc.pb.h"
 #include "server/admission.h"
+#include "server/chat_request.h"
 #include "server/grpc_convert.h"
 #include "server/metrics.h"
 #include "server/stream_pump.h"
@@ -147,14 +150,64 @@ const char* rejection_label(grpc::StatusCode code) {
   }
 }
 
-using RawLoomService =
-    v1::Loom::WithRawCallbackMethod_Generate<v1::Loom::WithRawCallbackMethod_Tokenize<
+using RawLoomService = v1::Loom::WithRawCallbackMethod_Generate<
+    v1::Loom::WithRawCallbackMethod_Chat<v1::Loom::WithRawCallbackMethod_Tokenize<
         v1::Loom::WithRawCallbackMethod_Detokenize<v1::Loom::WithRawCallbackMethod_GetModelInfo<
-            v1::Loom::WithRawCallbackMethod_GetStats<v1::Loom::Service>>>>>;
+            v1::Loom::WithRawCallbackMethod_GetStats<v1::Loom::Service>>>>>>;
+
+// How a streaming call writes its engine events: Generate's as GenerateResponse, Chat's as
+// ChatResponse. Called by one thread at a time (under the call's lock), in event order.
+class ResponseEncoder {
+ public:
+  virtual ~ResponseEncoder() = default;
+  // Serializes the message of one event into `out`.
+  virtual grpc::Status encode(const RequestOutput& ev, grpc::ByteBuffer* out) = 0;
+  // The metrics label of a choice that ended with `reason` (after its last event was encoded).
+  virtual std::string_view finish_label(const RequestOutput& ev) const {
+    return finish_reason_name(*ev.finish);
+  }
+};
+
+class GenerateEncoder final : public ResponseEncoder {
+ public:
+  grpc::Status encode(const RequestOutput& ev, grpc::ByteBuffer* out) override {
+    response_from_output(ev, &resp_);
+    return serialize_response(resp_, out);
+  }
+
+ private:
+  v1::GenerateResponse resp_;
+};
+
+// Each choice's reply read by its own ChatReplyReader (server/chat_request.h), as HTTP reads it.
+class ChatEncoder final : public ResponseEncoder {
+ public:
+  ChatEncoder(const ChatOutputOptions& output, int n) {
+    readers_.reserve(n);
+    for (int i = 0; i < n; ++i) readers_.push_back(std::make_unique<ChatReplyReader>(output));
+  }
+  grpc::Status encode(const RequestOutput& ev, grpc::ByteBuffer* out) override {
+    if (ev.index < 0 || ev.index >= static_cast<int>(readers_.size()))
+      return grpc::Status(grpc::StatusCode::INTERNAL, "the engine sent an event of no choice");
+    ChatReplyReader& reader = *readers_[ev.index];
+    const ChatDelta delta = reader.feed(ev);
+    chat_response_from_output(ev, delta, reader.made_tool_calls(), &resp_);
+    return serialize_response(resp_, out);
+  }
+  std::string_view finish_label(const RequestOutput& ev) const override {
+    const bool calls = ev.index >= 0 && ev.index < static_cast<int>(readers_.size()) &&
+                       readers_[ev.index]->made_tool_calls();
+    return chat_finish_reason(*ev.finish, calls);  // "tool_calls", as HTTP reports it
+  }
+
+ private:
+  std::vector<std::unique_ptr<ChatReplyReader>> readers_;  // by choice index (not movable)
+  v1::ChatResponse resp_;
+};
 
 }  // namespace
 
-class GenerateCall;
+class StreamCall;
 
 struct GrpcServer::Impl final : public RawLoomService {
   Impl(Engine& e, std::shared_ptr<const Tokenizer> tok, std::string name, Metrics* m,
@@ -164,6 +217,7 @@ struct GrpcServer::Impl final : public RawLoomService {
         model_name(std::move(name)),
         metrics(m),
         api_key(options.api_key),
+        chat(options.chat),
         own_gate(options.admission
                      ? nullptr
                      : std::make_unique<AdmissionGate>(options.max_running, options.max_queue)),
@@ -174,6 +228,8 @@ struct GrpcServer::Impl final : public RawLoomService {
   // The Loom service, raw (see the top of this file).
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* ctx,
                                                        const grpc::ByteBuffer* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Chat(grpc::CallbackServerContext* ctx,
+                                                   const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx,
                                      const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* response) override;
@@ -189,6 +245,13 @@ struct GrpcServer::Impl final : public RawLoomService {
 
   // What every call passes first: the key (UNAUTHENTICATED), then the drain (UNAVAILABLE).
   grpc::Status admit_call(const grpc::CallbackServerContext& ctx);
+  // A streaming method's refusal (counted in metrics as HTTP counts the same refusal).
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* reject(const grpc::Status& status);
+  // Generate's and Chat's common tail: takes an admission ticket, submits `r` and hands its stream
+  // to the pump and a new StreamCall writing it with `encoder`.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* submit(grpc::CallbackServerContext* ctx,
+                                                     absl::Time received, Request r,
+                                                     std::unique_ptr<ResponseEncoder> encoder);
   // A unary method: admit_call, parse the request, `handle` it (a grpc::Status), serialize.
   template <class Req, class Resp, class Handle>
   grpc::ServerUnaryReactor* unary(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
@@ -200,6 +263,7 @@ struct GrpcServer::Impl final : public RawLoomService {
   const std::string model_name;
   Metrics* const metrics;
   const std::string api_key;
+  const ChatSetup chat;  // how Chat renders prompts and reads replies (HTTP's)
   const std::unique_ptr<AdmissionGate> own_gate;  // when the options bring none
   AdmissionGate* const gate;
   std::unique_ptr<grpc::Server> server;
@@ -209,28 +273,29 @@ struct GrpcServer::Impl final : public RawLoomService {
   StreamPump* const pump;
 
   absl::Mutex mu;  // never held with a call's own lock
-  // Generate calls by request id, registered until they finish.
-  std::map<uint64_t, std::shared_ptr<GenerateCall>> live ABSL_GUARDED_BY(mu);
+  // Generate and Chat calls by request id, registered until they finish.
+  std::map<uint64_t, std::shared_ptr<StreamCall>> live ABSL_GUARDED_BY(mu);
   bool draining ABSL_GUARDED_BY(mu) = false;
   bool stopped ABSL_GUARDED_BY(mu) = false;  // shutdown() took its list of live calls
   absl::Mutex shutdown_mu;                   // serializes shutdown()
   bool shut_down ABSL_GUARDED_BY(shutdown_mu) = false;
 };
 
-// One Generate call: the reactor gRPC drives and the sink the pump feeds (see the top of this
-// file). Thread-safe: every method may run on any thread, at the same time as the others.
-class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+// One Generate or Chat call: the reactor gRPC drives and the sink the pump feeds (see the top of
+// this file). Thread-safe: every method may run on any thread, at the same time as the others.
+class StreamCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  GenerateCall(GrpcServer::Impl& s, uint64_t request_id, absl::Time received,
-               AdmissionGate::Ticket ticket)
+  StreamCall(GrpcServer::Impl& s, uint64_t request_id, absl::Time received,
+             AdmissionGate::Ticket ticket, std::unique_ptr<ResponseEncoder> encoder)
       : s_(s),
         request_id_(request_id),
         received_(received),
+        encoder_(std::move(encoder)),
         ticket_(std::move(ticket)),
         last_token_(received) {}
 
   // Keeps the call alive for gRPC, which may call it until OnDone.
-  void hold_self(std::shared_ptr<GenerateCall> self) { self_ = std::move(self); }
+  void hold_self(std::shared_ptr<StreamCall> self) { self_ = std::move(self); }
 
   // The pump's sink: queues the events, then writes or finishes whatever is due.
   void on_events(std::vector<RequestOutput> events, bool closed) {
@@ -306,8 +371,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       RequestOutput ev = std::move(queue_.front());
       queue_.pop_front();
       observe(ev);
-      response_from_output(ev, &resp_);
-      if (grpc::Status st = serialize_response(resp_, &out_); !st.ok()) {
+      if (grpc::Status st = encoder_->encode(ev, &out_); !st.ok()) {
         cancel_locked();
         return finish_locked(st);
       }
@@ -346,6 +410,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (ev.finish) {
       prompt_tokens_ = ev.prompt_tokens;
       last_reason_ = *ev.finish;
+      last_label_ = encoder_->finish_label(ev);
     }
     if (!s_.metrics) return;
     if (!ev.token_ids.empty()) {
@@ -369,7 +434,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     // Metrics counts cancellations under its own label, "cancelled" (what cancel_locked() and the
     // HTTP frontend's disconnects report), not OpenAI's "abort".
     const std::string_view reason =
-        last_reason_ == FinishReason::kCancelled ? "cancelled" : finish_reason_name(last_reason_);
+        last_reason_ == FinishReason::kCancelled ? "cancelled" : last_label_;
     s_.metrics->on_request_finished(reason, prompt_tokens_, completion_tokens_);
     s_.metrics->observe_e2e(seconds_since(received_));
   }
@@ -377,7 +442,9 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   GrpcServer::Impl& s_;
   const uint64_t request_id_;
   const absl::Time received_;
-  std::shared_ptr<GenerateCall> self_;  // set by Generate, reset by OnDone
+  std::shared_ptr<StreamCall> self_;  // set by submit, reset by OnDone
+  // Used under mu_ only (encode: before the write it fills; finish_label: from observe).
+  const std::unique_ptr<ResponseEncoder> encoder_;
 
   absl::Mutex mu_;
   std::deque<RequestOutput> queue_ ABSL_GUARDED_BY(mu_);  // from the pump, not yet written
@@ -394,9 +461,9 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   int prompt_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   FinishReason last_reason_ ABSL_GUARDED_BY(mu_) = FinishReason::kNone;
+  std::string_view last_label_ ABSL_GUARDED_BY(mu_);  // its metrics label (a static string)
   // Written under mu_ when a write or the Finish is decided, read by gRPC (out_, until
   // OnWriteDone) or by the thread that calls Finish: nobody writes them meanwhile.
-  v1::GenerateResponse resp_;
   grpc::ByteBuffer out_;
   grpc::Status finish_status_;
 };
@@ -425,38 +492,34 @@ grpc::ServerUnaryReactor* GrpcServer::Impl::unary(grpc::CallbackServerContext* c
   return reactor;
 }
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>* GrpcServer::Impl::Generate(
-    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in) {
-  const absl::Time received = absl::Now();
-  auto reject = [&](const grpc::Status& status) {
-    struct Rejected final : grpc::ServerWriteReactor<grpc::ByteBuffer> {
-      explicit Rejected(const grpc::Status& st) { Finish(st); }
-      void OnDone() override { delete this; }
-    };
-    if (metrics) metrics->on_request_rejected(rejection_label(status.error_code()));
-    return new Rejected(status);
+grpc::ServerWriteReactor<grpc::ByteBuffer>* GrpcServer::Impl::reject(const grpc::Status& status) {
+  struct Rejected final : grpc::ServerWriteReactor<grpc::ByteBuffer> {
+    explicit Rejected(const grpc::Status& st) { Finish(st); }
+    void OnDone() override { delete this; }
   };
-  if (grpc::Status st = admit_call(*ctx); !st.ok()) return reject(st);
-  v1::GenerateRequest request;
-  if (grpc::Status st = parse_request(in, &request); !st.ok()) return reject(st);
-  absl::StatusOr<Request> r = request_from_proto(
-      request, tokenizer.get(), engine.config().vocab_size, engine.max_model_len());
-  if (!r.ok()) return reject(to_grpc_status(r.status()));
-  if (r->tag.empty()) r->tag = absl::StrCat("grpc:", ctx->peer());
+  if (metrics) metrics->on_request_rejected(rejection_label(status.error_code()));
+  return new Rejected(status);
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* GrpcServer::Impl::submit(
+    grpc::CallbackServerContext* ctx, absl::Time received, Request r,
+    std::unique_ptr<ResponseEncoder> encoder) {
+  if (r.tag.empty()) r.tag = absl::StrCat("grpc:", ctx->peer());
   AdmissionGate::Ticket ticket;
   if (absl::Status st = gate->try_acquire(1, &ticket); !st.ok()) return reject(to_grpc_status(st));
-  absl::StatusOr<std::shared_ptr<RequestStream>> stream = engine.submit(*std::move(r));
+  absl::StatusOr<std::shared_ptr<RequestStream>> stream = engine.submit(std::move(r));
   if (!stream.ok()) {
     if (absl::IsFailedPrecondition(stream.status()))  // the engine was shut down
       return reject(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the engine is shutting down"));
     return reject(to_grpc_status(stream.status()));
   }
   const uint64_t id = (*stream)->id();
-  std::shared_ptr<GenerateCall> call;
+  std::shared_ptr<StreamCall> call;
   {
     absl::MutexLock lock(&mu);
     if (!stopped) {
-      call = std::make_shared<GenerateCall>(*this, id, received, std::move(ticket));
+      call =
+          std::make_shared<StreamCall>(*this, id, received, std::move(ticket), std::move(encoder));
       call->hold_self(call);
       live.emplace(id, call);
     }
@@ -470,6 +533,42 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GrpcServer::Impl::Generate(
     call->on_events(std::move(events), closed);
   });
   return call.get();
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* GrpcServer::Impl::Generate(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in) {
+  const absl::Time received = absl::Now();
+  if (grpc::Status st = admit_call(*ctx); !st.ok()) return reject(st);
+  v1::GenerateRequest request;
+  if (grpc::Status st = parse_request(in, &request); !st.ok()) return reject(st);
+  absl::StatusOr<Request> r = request_from_proto(
+      request, tokenizer.get(), engine.config().vocab_size, engine.max_model_len());
+  if (!r.ok()) return reject(to_grpc_status(r.status()));
+  return submit(ctx, received, *std::move(r), std::make_unique<GenerateEncoder>());
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* GrpcServer::Impl::Chat(grpc::CallbackServerContext* ctx,
+                                                                   const grpc::ByteBuffer* in) {
+  const absl::Time received = absl::Now();
+  if (grpc::Status st = admit_call(*ctx); !st.ok()) return reject(st);
+  v1::ChatRequest request;
+  if (grpc::Status st = parse_request(in, &request); !st.ok()) return reject(st);
+  if (!tokenizer) {
+    return reject(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                               "this model is served without a tokenizer: Chat needs one to render "
+                               "messages; use Generate with token_ids"));
+  }
+  // HTTP's parser, renderer and reader (server/chat_request.h), from the same request.
+  absl::StatusOr<OpenAiRequest> parsed =
+      chat_request_from_proto(request, engine.config().vocab_size);
+  if (!parsed.ok()) return reject(to_grpc_status(parsed.status()));
+  absl::StatusOr<PreparedChat> prepared =
+      prepare_chat(*parsed, *tokenizer, chat, engine.max_model_len());
+  if (!prepared.ok()) return reject(to_grpc_status(prepared.status()));
+  prepared->request.tag = request.request_id();
+  const int n = prepared->request.params.n;
+  return submit(ctx, received, std::move(prepared->request),
+                std::make_unique<ChatEncoder>(prepared->output, n));
 }
 
 grpc::ServerUnaryReactor* GrpcServer::Impl::Tokenize(grpc::CallbackServerContext* ctx,
@@ -610,7 +709,7 @@ void GrpcServer::shutdown() {
   if (s.shut_down) return;
   s.shut_down = true;
   begin_drain();
-  std::vector<std::shared_ptr<GenerateCall>> calls;
+  std::vector<std::shared_ptr<StreamCall>> calls;
   {
     absl::MutexLock lock(&s.mu);
     s.stopped = true;

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "engine/engine.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "server/chat_setup.h"
 
 namespace loom {
 
@@ -33,6 +34,9 @@ struct GrpcServerOptions {
   // after that, until the engine closes them; it then drops them without touching the server.
   // Null: the server runs its own pump of one thread.
   StreamPump* pump = nullptr;
+  // How Chat renders prompts and reads replies: loom-server passes the HTTP frontend's (one
+  // load_chat_setup for both). The default is the native family's built-in template and syntax.
+  ChatSetup chat;
 };
 
 class GrpcServer {

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/chat/chat_template.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -135,6 +136,27 @@ class GrpcServerTest : public ::testing::Test {
     if (resp == std::string("\x08\x01", 2)) return "SERVING";
     if (resp == std::string("\x08\x02", 2)) return "NOT_SERVING";
     return "unexpected response";
+  }
+
+  // A one-message chat of two tokens at most.
+  static v1::ChatRequest hi_chat() {
+    v1::ChatRequest req;
+    v1::ChatMessage* m = req.add_messages();
+    m->set_role("user");
+    m->set_content("hi");
+    req.mutable_sampling()->set_max_tokens(2);
+    return req;
+  }
+
+  // Runs a Chat call to its end: the messages and the final status.
+  std::pair<std::vector<v1::ChatResponse>, grpc::Status> chat(const v1::ChatRequest& req) {
+    grpc::ClientContext ctx;
+    set_deadline(&ctx);
+    auto reader = stub_->Chat(&ctx, req);
+    std::vector<v1::ChatResponse> out;
+    v1::ChatResponse resp;
+    while (reader->Read(&resp)) out.push_back(resp);
+    return {out, reader->Finish()};
   }
 
   std::shared_ptr<const Tokenizer> tokenizer_;
@@ -373,6 +395,12 @@ TEST_F(GrpcServerTest, DrainRefusesNewWorkAndLetsLiveStreamsFinish) {
   auto refused = stub_->Generate(&c2, req);
   EXPECT_FALSE(refused->Read(&resp));
   EXPECT_EQ(refused->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+  grpc::ClientContext c4;
+  set_deadline(&c4);
+  auto refused_chat = stub_->Chat(&c4, hi_chat());
+  v1::ChatResponse chat_resp;
+  EXPECT_FALSE(refused_chat->Read(&chat_resp));
+  EXPECT_EQ(refused_chat->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
   grpc::ClientContext c3;
   set_deadline(&c3);
   v1::TokenizeResponse tresp;
@@ -389,6 +417,96 @@ TEST_F(GrpcServerTest, DrainRefusesNewWorkAndLetsLiveStreamsFinish) {
   EXPECT_TRUE(final_seen);
   EXPECT_EQ(tokens, 300);
   EXPECT_EQ(server_->in_flight(), 0);
+}
+
+// A chat with a tool streams the reply as content (the untrained model writes no call) to one
+// final message with usage and logprobs; the prompt is the native template's rendering, tools
+// included (its tokens counted in usage equal the template's own rendering).
+TEST_F(GrpcServerTest, ChatStreamsToOneFinalMessage) {
+  v1::ChatRequest req = hi_chat();
+  v1::Tool* tool = req.add_tools();
+  tool->set_name("get_time");
+  tool->set_parameters(R"({"type": "object", "properties": {}})");
+  req.mutable_sampling()->set_max_tokens(6);
+  req.mutable_sampling()->set_temperature(0);
+  req.mutable_sampling()->set_ignore_eos(true);
+  req.mutable_sampling()->set_logprobs(1);
+  auto [messages, status] = chat(req);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_FALSE(messages.empty());
+  int tokens = 0, logprobs = 0, finals = 0;
+  std::string content;
+  for (const v1::ChatResponse& m : messages) {
+    EXPECT_EQ(finals, 0) << "a message after the final one";
+    tokens += m.token_ids_size();
+    logprobs += m.logprobs_size();
+    content += m.content();
+    if (m.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      ++finals;
+      EXPECT_EQ(m.finish_reason(), v1::FINISH_REASON_LENGTH);
+      EXPECT_EQ(m.usage().completion_tokens(), 6);
+      std::vector<ChatMessage> conv(1);
+      conv[0].role = "user";
+      conv[0].content = "hi";
+      std::vector<ToolDefinition> tools(1);
+      tools[0].name = "get_time";
+      tools[0].parameters_json = R"({"type": "object", "properties": {}})";
+      auto rendered = render_chat_prompt(ChatFormat::kNative, conv, tools, RenderOptions());
+      ASSERT_TRUE(rendered.ok());
+      EXPECT_EQ(m.usage().prompt_tokens(), static_cast<int>(rendered->text.size()))
+          << "byte-level: one token per byte of the rendered prompt";
+    }
+  }
+  EXPECT_EQ(finals, 1);
+  EXPECT_EQ(tokens, 6);
+  EXPECT_EQ(logprobs, 6);
+  // Not expect_released(): the rendered prompt fills a 64-token block, which the prefix cache
+  // keeps (with its state checkpoint) for the next turn.
+  engine_->wait_idle();
+  EXPECT_TRUE(stats_reach([](const EngineStats& st) { return st.running + st.waiting == 0; }));
+}
+
+// Invalid chats are INVALID_ARGUMENT with HTTP's words, and reach nothing in the engine; too
+// long a prompt is refused by the engine's own check (as over HTTP).
+TEST_F(GrpcServerTest, BadChatIsInvalidArgument) {
+  struct Case {
+    const char* names;
+    void (*set)(v1::ChatRequest*);
+  };
+  const Case cases[] = {
+      {"messages[0].role", [](v1::ChatRequest* r) { r->mutable_messages(0)->set_role("robot"); }},
+      {"messages[1].tool_call_id",
+       [](v1::ChatRequest* r) {
+         v1::ChatMessage* m = r->add_messages();
+         m->set_role("tool");
+         m->set_content("22C");
+       }},
+      {"tools",
+       [](v1::ChatRequest* r) {
+         v1::Tool* t = r->add_tools();
+         t->set_name("f");
+         t->set_parameters("\"not an object\"");
+       }},
+      {"tool_choice",
+       [](v1::ChatRequest* r) {
+         r->add_tools()->set_name("f");
+         r->set_tool_choice_function("unknown_function");
+       }},
+      {"sampling.temperature",
+       [](v1::ChatRequest* r) { r->mutable_sampling()->set_temperature(3); }},
+      {"exceeds the context limit",
+       [](v1::ChatRequest* r) { r->mutable_sampling()->set_max_tokens(1 << 30); }},
+  };
+  for (const Case& c : cases) {
+    v1::ChatRequest req = hi_chat();
+    c.set(&req);
+    auto [messages, status] = chat(req);
+    EXPECT_TRUE(messages.empty()) << c.names;
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.names;
+    EXPECT_NE(status.error_message().find(c.names), std::string::npos)
+        << c.names << ": " << status.error_message();
+  }
+  EXPECT_EQ(engine_->stats().prompt_tokens, 0) << "a rejected chat reached the engine";
 }
 
 class GrpcAuthTest : public GrpcServerTest {
@@ -413,6 +531,15 @@ class GrpcAuthTest : public GrpcServerTest {
       req.mutable_sampling()->set_max_tokens(2);
       auto reader = stub_->Generate(&ctx, req);
       v1::GenerateResponse resp;
+      while (reader->Read(&resp)) {
+      }
+      codes.push_back(reader->Finish().error_code());
+    }
+    {
+      grpc::ClientContext ctx;
+      prepare(&ctx);
+      auto reader = stub_->Chat(&ctx, hi_chat());
+      v1::ChatResponse resp;
       while (reader->Read(&resp)) {
       }
       codes.push_back(reader->Finish().error_code());
@@ -450,12 +577,12 @@ class GrpcAuthTest : public GrpcServerTest {
 };
 
 TEST_F(GrpcAuthTest, EveryMethodButHealthNeedsTheKey) {
-  const std::vector<grpc::StatusCode> denied(5, grpc::StatusCode::UNAUTHENTICATED);
+  const std::vector<grpc::StatusCode> denied(6, grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(call_all(""), denied);
   EXPECT_EQ(call_all("Bearer wrong"), denied);
   EXPECT_EQ(call_all("Bearer sekre"), denied);
   EXPECT_EQ(call_all("sekret"), denied);
-  EXPECT_EQ(call_all("Bearer sekret"), std::vector<grpc::StatusCode>(5, grpc::StatusCode::OK));
+  EXPECT_EQ(call_all("Bearer sekret"), std::vector<grpc::StatusCode>(6, grpc::StatusCode::OK));
   // Health stays open (supervisors probe without credentials).
   EXPECT_EQ(health(""), "SERVING");
   expect_released();

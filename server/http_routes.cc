@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "core/status.h"
 #include "nlohmann/json.hpp"
+#include "server/chat_request.h"
 #include "server/openai_request.h"
 
 namespace loom {
@@ -203,10 +204,22 @@ RouteResult generate(HttpContext& ctx, std::string_view body, bool chat) {
     result.reply = error_reply(e);
     return result;
   }
-  bool opens_reasoning = false;
-  auto requests =
-      build_engine_requests(*req, *ctx.tokenizer, ctx.chat.format, ctx.engine->max_model_len(),
-                            ctx.chat.chat_template.get(), &opens_reasoning);
+  // Chat: rendered and read as every frontend does it (server/chat_request.h).
+  absl::StatusOr<std::vector<Request>> requests;
+  ChatOutputOptions output;
+  if (chat) {
+    auto prepared = prepare_chat(*req, *ctx.tokenizer, ctx.chat, ctx.engine->max_model_len());
+    if (prepared.ok()) {
+      output = prepared->output;
+      requests = std::vector<Request>();
+      requests->push_back(std::move(prepared->request));
+    } else {
+      requests = prepared.status();
+    }
+  } else {
+    requests =
+        build_engine_requests(*req, *ctx.tokenizer, ctx.chat.format, ctx.engine->max_model_len());
+  }
   if (!requests.ok()) {
     result.reply = error_reply(api_error_from_status(requests.status()));
     return result;
@@ -241,11 +254,7 @@ RouteResult generate(HttpContext& ctx, std::string_view body, bool chat) {
   rc.stream = req->stream;
   rc.include_usage = req->include_usage;
   rc.logprobs = req->logprobs;
-  if (chat) {
-    rc.output.reasoning = ctx.chat.reasoning;
-    rc.output.starts_in_reasoning = opens_reasoning;
-    if (req->parse_tools()) rc.output.tool_calls = ctx.chat.tool_call_syntax;
-  }
+  if (chat) rc.output = output;
   rc.id = absl::StrFormat("%s-%x%08x", chat ? "chatcmpl" : "cmpl", ctx.started_unix, serial);
   rc.created = static_cast<int64_t>(std::time(nullptr));
   rc.model = ctx.options.served_model_name;

@@ -144,8 +144,8 @@ int main(int argc, char** argv) {
   loom::Metrics metrics;
   // One admission and drain gate for both frontends (server/admission.h).
   loom::AdmissionGate admission(options->engine.max_num_seqs, options->http.max_queue);
-  auto http = loom::HttpServer::start(**engine, tokenizer, std::move(chat).value(), &metrics,
-                                      options->http, admission);
+  auto http =
+      loom::HttpServer::start(**engine, tokenizer, *chat, &metrics, options->http, admission);
   if (!http.ok()) return fail("starting HTTP", http.status());
 
 #ifdef LOOM_WITH_GRPC
@@ -157,6 +157,7 @@ int main(int argc, char** argv) {
     g.api_key = options->http.api_key;
     g.admission = &admission;
     g.pump = &(*http)->pump();  // one set of --pump_threads for both frontends; HTTP stops it last
+    g.chat = *chat;             // Chat renders and reads replies as HTTP does
     auto started =
         loom::GrpcServer::start(**engine, tokenizer, options->http.served_model_name, &metrics, g);
     if (!started.ok()) return fail("starting gRPC", started.status());

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "nlohmann/json.hpp"
+#include "server/chat_request.h"
 
 namespace loom {
 namespace {
@@ -102,8 +103,8 @@ struct OpenAiResponseBuilder::Choice {
   bool started = false;  // streaming chat: the role chunk was sent
   bool any_tool_call = false;
   std::optional<FinishReason> finish;
-  int64_t text_offset = 0;                   // completions logprobs
-  std::unique_ptr<ChatOutputParser> parser;  // streaming chat whose replies are read
+  int64_t text_offset = 0;                  // completions logprobs
+  std::unique_ptr<ChatReplyReader> reader;  // streaming chat (the gRPC frontend's reader too)
 };
 
 OpenAiResponseBuilder::OpenAiResponseBuilder(ResponseContext ctx)
@@ -111,7 +112,7 @@ OpenAiResponseBuilder::OpenAiResponseBuilder(ResponseContext ctx)
   choices_.reserve(ctx_.num_prompts * ctx_.n);
   for (int i = 0; i < ctx_.num_prompts * ctx_.n; ++i) {
     auto c = std::make_unique<Choice>();
-    if (ctx_.stream && reads_output()) c->parser = std::make_unique<ChatOutputParser>(ctx_.output);
+    if (ctx_.stream && ctx_.chat) c->reader = std::make_unique<ChatReplyReader>(ctx_.output);
     choices_.push_back(std::move(c));
   }
 }
@@ -147,20 +148,14 @@ std::vector<std::string> OpenAiResponseBuilder::on_event(int prompt, const Reque
   }
   if (ctx_.stream) {
     auto chunks = stream_event(c, index, out);
-    if (out.finish) {
-      last_reason_ = *out.finish == FinishReason::kStop && c.any_tool_call
-                         ? "tool_calls"
-                         : finish_reason_name(*out.finish);
-    }
+    if (out.finish) last_reason_ = chat_finish_reason(*out.finish, c.any_tool_call);
     return chunks;
   }
   c.text += out.text;
   if (ctx_.logprobs) c.logprobs.insert(c.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
   if (out.finish) {
     c.any_tool_call = reads_output() && !parse_chat_output(ctx_.output, c.text).tool_calls.empty();
-    last_reason_ = *out.finish == FinishReason::kStop && c.any_tool_call
-                       ? "tool_calls"
-                       : finish_reason_name(*out.finish);
+    last_reason_ = chat_finish_reason(*out.finish, c.any_tool_call);
   }
   return {};
 }
@@ -211,20 +206,8 @@ std::vector<std::string> OpenAiResponseBuilder::stream_event(Choice& c, int inde
     c.started = true;
     chunks.push_back(chat_chunk({{"role", "assistant"}, {"content", ""}}, nullptr, nullptr));
   }
-  ChatDelta delta;
-  if (c.parser) {
-    delta = c.parser->feed(out.text);
-    if (out.finish) {
-      ChatDelta tail = c.parser->finish();
-      delta.reasoning += tail.reasoning;
-      delta.content += tail.content;
-      delta.tool_calls.insert(delta.tool_calls.end(), tail.tool_calls.begin(),
-                              tail.tool_calls.end());
-    }
-  } else {
-    delta.content = out.text;
-  }
-  if (!delta.tool_calls.empty()) c.any_tool_call = true;
+  const ChatDelta delta = c.reader->feed(out);
+  c.any_tool_call = c.reader->made_tool_calls();
   json lp = nullptr;
   if (ctx_.logprobs && !out.logprobs.empty()) {
     lp = {{"content", chat_logprob_entries(ctx_.tokenizer, out.logprobs)}, {"refusal", nullptr}};
@@ -239,10 +222,8 @@ std::vector<std::string> OpenAiResponseBuilder::stream_event(Choice& c, int inde
     chunks.push_back(chat_chunk(std::move(d), std::move(lp), nullptr));
   }
   if (out.finish) {
-    const std::string reason(*out.finish == FinishReason::kStop && c.any_tool_call
-                                 ? std::string_view("tool_calls")
-                                 : finish_reason_name(*out.finish));
-    chunks.push_back(chat_chunk(json::object(), nullptr, reason));
+    chunks.push_back(chat_chunk(json::object(), nullptr,
+                                std::string(chat_finish_reason(*out.finish, c.any_tool_call))));
   }
   return chunks;
 }

@@ -32,12 +32,13 @@ _FINISH = {
     loom_pb2.FINISH_REASON_LENGTH: "length",
     loom_pb2.FINISH_REASON_CANCELLED: "cancelled",
     loom_pb2.FINISH_REASON_ERROR: "error",
+    loom_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
 }
 _SAMPLING_FIELDS = [f.name for f in loom_pb2.SamplingParams.DESCRIPTOR.fields]
 
 
 def finish_reason_name(value):
-    """FinishReason enum value -> "stop", "length", "cancelled", "error" or None."""
+    """FinishReason enum value -> "stop", "length", "cancelled", "error", "tool_calls" or None."""
     return _FINISH.get(value)
 
 
@@ -56,6 +57,9 @@ class LoomClient:
         self._generate = self.channel.unary_stream(
             _SERVICE + "Generate", request_serializer=ser,
             response_deserializer=loom_pb2.GenerateResponse.FromString)
+        self._chat = self.channel.unary_stream(
+            _SERVICE + "Chat", request_serializer=ser,
+            response_deserializer=loom_pb2.ChatResponse.FromString)
         self._tokenize = self.channel.unary_unary(
             _SERVICE + "Tokenize", request_serializer=ser,
             response_deserializer=loom_pb2.TokenizeResponse.FromString)
@@ -140,6 +144,86 @@ class LoomClient:
                     c["error"] = msg.error
         return [choices[i] for i in sorted(choices)]
 
+    @staticmethod
+    def make_chat_request(messages, tools=None, tool_choice=None, priority=0, request_id="",
+                          parse_special_tokens=False, chat_template_kwargs=None, **sampling):
+        """A ChatRequest from OpenAI-shaped arguments. messages: dicts with role, content and, as
+        OpenAI has them, name, tool_call_id, reasoning_content and tool_calls ([{"id", "function":
+        {"name", "arguments"}}]). tools: OpenAI function tools ({"type": "function", "function":
+        {"name", "description", "parameters"}}) or flat {"name", "description", "parameters"};
+        parameters a dict (sent as JSON text, key order kept) or a JSON string. tool_choice:
+        "auto", "none", "required" or {"type": "function", "function": {"name": ...}}.
+        chat_template_kwargs: a dict. `sampling` as in make_request."""
+        import json
+        req = loom_pb2.ChatRequest(priority=priority, request_id=request_id,
+                                   parse_special_tokens=parse_special_tokens)
+        for m in messages:
+            unknown = set(m) - {"role", "content", "name", "tool_call_id", "reasoning_content",
+                                "tool_calls"}
+            if unknown:
+                raise TypeError("unknown message fields: %s" % ", ".join(sorted(unknown)))
+            pm = req.messages.add(role=m["role"], name=m.get("name") or "")
+            for key in ("content", "tool_call_id", "reasoning_content"):
+                if m.get(key) is not None:
+                    setattr(pm, key, m[key])
+            for c in m.get("tool_calls") or []:
+                fn = c.get("function", c)
+                pm.tool_calls.add(id=c.get("id") or "", name=fn["name"],
+                                  arguments=fn.get("arguments", ""))
+        for t in tools or []:
+            fn = t.get("function", t)
+            params = fn.get("parameters")
+            if params is not None and not isinstance(params, str):
+                params = json.dumps(params)
+            req.tools.add(name=fn.get("name", ""), description=fn.get("description") or "",
+                          parameters=params or "")
+        if isinstance(tool_choice, str):
+            req.tool_choice_mode = tool_choice
+        elif tool_choice is not None:
+            req.tool_choice_function = tool_choice.get("function", tool_choice)["name"]
+        if chat_template_kwargs is not None:
+            req.chat_template_kwargs = json.dumps(chat_template_kwargs)
+        req.sampling.CopyFrom(LoomClient.make_request([0], **sampling).sampling)
+        return req
+
+    def chat(self, messages, timeout=None, **kwargs):
+        """Streams ChatResponse messages (fields: index, content, reasoning_content, tool_calls
+        (ToolCallDelta: index, id, name, arguments), token_ids, logprobs, finish_reason, error,
+        usage). Arguments as make_chat_request. The iterator is also a grpc.Call (.cancel())."""
+        return self._chat(self.make_chat_request(messages, **kwargs), timeout=self._t(timeout),
+                          metadata=self.metadata)
+
+    def chat_reply(self, messages, timeout=None, **kwargs):
+        """Runs a chat to the end. Returns one dict per choice: content, reasoning_content,
+        tool_calls (OpenAI-shaped: [{"id", "type", "function": {"name", "arguments"}}], the
+        streamed deltas reassembled), token_ids, logprobs, finish_reason, prompt_tokens,
+        completion_tokens."""
+        choices = {}
+        for msg in self.chat(messages, timeout=timeout, **kwargs):
+            c = choices.setdefault(msg.index, {"content": "", "reasoning_content": "",
+                                               "tool_calls": [], "token_ids": [], "logprobs": [],
+                                               "finish_reason": None, "prompt_tokens": 0,
+                                               "completion_tokens": 0})
+            c["content"] += msg.content
+            c["reasoning_content"] += msg.reasoning_content
+            for d in msg.tool_calls:
+                while len(c["tool_calls"]) <= d.index:
+                    c["tool_calls"].append({"id": "", "type": "function",
+                                            "function": {"name": "", "arguments": ""}})
+                call = c["tool_calls"][d.index]
+                call["id"] = call["id"] or d.id
+                call["function"]["name"] = call["function"]["name"] or d.name
+                call["function"]["arguments"] += d.arguments
+            c["token_ids"].extend(msg.token_ids)
+            c["logprobs"].extend(msg.logprobs)
+            if msg.finish_reason != loom_pb2.FINISH_REASON_UNSPECIFIED:
+                c["finish_reason"] = finish_reason_name(msg.finish_reason)
+                c["prompt_tokens"] = msg.usage.prompt_tokens
+                c["completion_tokens"] = msg.usage.completion_tokens
+                if msg.error:
+                    c["error"] = msg.error
+        return [choices[i] for i in sorted(choices)]
+
     def tokenize(self, text, parse_special_tokens=False, timeout=None):
         """Text -> list of token ids."""
         req = loom_pb2.TokenizeRequest(text=text, parse_special_tokens=parse_special_tokens)
@@ -203,6 +287,13 @@ def main(argv=None):
     g.add_argument("--stop", action="append", default=[])
     g.add_argument("--n", type=int, default=None)
     g.add_argument("--show-ids", action="store_true", help="print token ids, not text")
+    ch = sub.add_parser("chat", help="stream a chat reply to one user message")
+    ch.add_argument("message", help="the user's message")
+    ch.add_argument("--system", default=None, help="a system message before it")
+    ch.add_argument("--tools", default=None, help="a JSON file of OpenAI function tools")
+    ch.add_argument("--max-tokens", type=int, default=None)
+    ch.add_argument("--temperature", type=float, default=None)
+    ch.add_argument("--seed", type=int, default=None)
     t = sub.add_parser("tokenize", help="text -> token ids")
     t.add_argument("text")
     d = sub.add_parser("detokenize", help="token ids -> text")
@@ -228,6 +319,25 @@ def main(argv=None):
                         sys.stdout.write("\n[choice %d: %s, %d prompt + %d completion tokens]\n" % (
                             msg.index, finish_reason_name(msg.finish_reason),
                             msg.usage.prompt_tokens, msg.usage.completion_tokens))
+            elif a.cmd == "chat":
+                import json
+                messages = ([{"role": "system", "content": a.system}] if a.system else []) + [
+                    {"role": "user", "content": a.message}]
+                tools = None
+                if a.tools:
+                    with open(a.tools) as f:
+                        tools = json.load(f)
+                for msg in c.chat(messages, tools=tools, max_tokens=a.max_tokens,
+                                  temperature=a.temperature, seed=a.seed):
+                    sys.stdout.write(msg.reasoning_content + msg.content)
+                    for d in msg.tool_calls:
+                        sys.stdout.write("\n[tool call %d: %s] %s" % (d.index, d.name, d.arguments)
+                                         if d.id else d.arguments)
+                    sys.stdout.flush()
+                    if msg.finish_reason:
+                        sys.stdout.write("\n[%s, %d prompt + %d completion tokens]\n" % (
+                            finish_reason_name(msg.finish_reason), msg.usage.prompt_tokens,
+                            msg.usage.completion_tokens))
             elif a.cmd == "tokenize":
                 print(",".join(map(str, c.tokenize(a.text))))
             elif a.cmd == "detokenize":
