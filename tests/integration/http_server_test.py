@@ -739,9 +739,19 @@ def test_default_limits(port, headers):
         check(status == 200 and len(body["choices"]) == 4, "%s n=4 -> 200" % path)
 
 
+def strict_batch_invariance():
+    """Whether a seeded request must give the same tokens alone and under load: on the CPU (its
+    kernels compute each row alike whatever the batch) and with --deterministic anywhere."""
+    args = os.environ.get("LOOM_SERVER_ARGS", "").split()
+    on_gpu = any(a.startswith("cuda") for a in args[args.index("--device") + 1:][:1]) \
+        if "--device" in args else False
+    return not on_gpu or "--deterministic" in args
+
+
 def test_concurrent_streams(port, headers):
     initial = metrics(port)
     results = {}
+    differing_under_load = []
 
     def client(i):
         body = {"prompt": "client %d says" % i, "max_tokens": 32, "seed": 1000 + i, "stream": True,
@@ -766,8 +776,18 @@ def test_concurrent_streams(port, headers):
         solo_status, solo, _ = request(port, "POST", "/v1/completions",
                                        {"prompt": "client %d says" % i, "max_tokens": 32,
                                         "seed": 1000 + i, "ignore_eos": True}, headers=headers)
-        check(solo_status == 200 and stream_text(events, False) == solo["choices"][0]["text"],
-              "client %d stream == solo run" % i)
+        same = solo_status == 200 and stream_text(events, False) == solo["choices"][0]["text"]
+        if not same and not strict_batch_invariance():
+            print("NOTE client %d: the sampled stream under load differs from the solo run (default "
+                  "numerics on a GPU are not batch-invariant; --deterministic is)" % i)
+            differing_under_load.append(i)
+            continue
+        check(same, "client %d stream == solo run" % i)
+    # A GPU in default numerics may move a logit's last bits with the batch's shape (GEMM and
+    # attention splits), which can flip a seeded draw that falls within an ulp of a boundary: a few
+    # of the 48 may differ, never many.
+    check(len(differing_under_load) <= 3,
+          "at most 3 of 48 streams differ from their solo runs under load: %s" % differing_under_load)
     # Pools back to their initial free counts (prefix cache disabled on this server).
     m, back = wait_pools_back(port, initial)
     check(back, "pools back to initial: pages %s/%s slots %s/%s" % (m["loom_kv_pages_free"], initial["loom_kv_pages_free"],
