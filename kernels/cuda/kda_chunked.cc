@@ -7,6 +7,7 @@
 
 #include "core/workspace.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/kda_checks.h"
 #include "kernels/cuda/kda_chunked_launch.h"
 #include "kernels/cuda/kda_decode.h"
 #include "kernels/kda.h"
@@ -26,16 +27,8 @@ launch::KdaVarlenArgs check_args(const char* fn, const Tensor& q, const Tensor& 
   LOOM_CHECK_CUDA_ARG(fn, beta);
   LOOM_CHECK_CUDA_ARG(fn, states);
   LOOM_CHECK_CUDA_ARG(fn, out);
+  check_kda_activations(fn, q, k, v, beta, out);
   const DType act = q.dtype();
-  LOOM_CHECK((act == DType::kF32 || act == DType::kBF16) && k.dtype() == act && v.dtype() == act &&
-                 out.dtype() == act && (beta.dtype() == DType::kF32 || beta.dtype() == act),
-             "%s: q %s k %s v %s beta %s out %s: expected f32 or bf16 activations, beta f32 or "
-             "of their dtype",
-             fn, q.describe().c_str(), k.describe().c_str(), v.describe().c_str(),
-             beta.describe().c_str(), out.describe().c_str());
-  LOOM_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() && beta.is_contiguous() &&
-                 out.is_contiguous(),
-             "%s: q, k, v, beta and out must be contiguous", fn);
   LOOM_CHECK_F32(g);
   LOOM_CHECK_F32(states);
   LOOM_CHECK(q.ndim() == 3 && v.ndim() == 3 && states.ndim() == 4 && states.dim(0) > 0,

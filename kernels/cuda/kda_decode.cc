@@ -2,6 +2,7 @@
 #include "kernels/cuda/kda_decode.h"
 
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/kda_checks.h"
 #include "kernels/cuda/kda_chunked_launch.h"
 
 namespace loom::cuda {
@@ -18,14 +19,8 @@ void kda_decode_batched(const Exec& ex, const Tensor& q, const Tensor& k, const 
   LOOM_CHECK_CUDA_ARG(fn, state_pool);
   LOOM_CHECK_CUDA_ARG(fn, state_slots);
   LOOM_CHECK_CUDA_ARG(fn, out);
-  // q, k, v, out: all f32 or all bf16; beta f32 or of their dtype; g and the pool f32.
+  check_kda_activations(fn, q, k, v, beta, out);
   const DType act = q.dtype();
-  LOOM_CHECK((act == DType::kF32 || act == DType::kBF16) && k.dtype() == act && v.dtype() == act &&
-                 out.dtype() == act && (beta.dtype() == DType::kF32 || beta.dtype() == act),
-             "%s: q %s k %s v %s beta %s out %s: expected f32 or bf16 activations, beta f32 or "
-             "of their dtype",
-             fn, q.describe().c_str(), k.describe().c_str(), v.describe().c_str(),
-             beta.describe().c_str(), out.describe().c_str());
   LOOM_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() && g.is_contiguous() &&
                  beta.is_contiguous() && out.is_contiguous() && state_pool.is_contiguous(),
              "%s: every tensor must be contiguous", fn);
