@@ -16,7 +16,8 @@ ABSL_FLAG(std::string, url, "http://127.0.0.1:8000", "Server address (http://hos
 ABSL_FLAG(std::string, api_key, "",
           "Bearer key for servers started with --api_key (default: $LOOM_API_KEY).");
 ABSL_FLAG(std::string, model, "",
-          "Model name sent with each request (default: the first model GET /v1/models lists).");
+          "serve: the model name sent with each request (default: the first model GET /v1/models "
+          "lists); offline: the model directory (or config.json with --random_weights).");
 ABSL_FLAG(std::string, concurrency, "1,2,4,8,16,32",
           "Comma-separated concurrency levels: requests kept in flight, one closed loop each.");
 ABSL_FLAG(int, requests, 0, "Requests per level; 0: max(4 * concurrency, 16).");
