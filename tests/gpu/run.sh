@@ -13,6 +13,7 @@
 #   LOOM_GPU_SANITIZE=1 bash ...     # also memcheck (cuda_kernels_test) and racecheck (kernel tests)
 #   LOOM_GPU_SUITE=kda_chunked bash  # only the chunked KDA test, benchmark and peer
 #   LOOM_GPU_NO_PEER=1 bash ...      # skip the flash-linear-attention peers (Triton compiles ~2 min)
+#   LOOM_GPU_NO_BENCH=1 bash ...     # skip the CUDA benchmarks (tests, conformance, end to end only)
 # When .peers/fla holds flash-linear-attention's source (git-ignored), its recurrent KDA decode and
 # chunked KDA forward are timed after Loom's benchmarks at the same shapes
 # (bench/peers/fla_kda_decode.py, bench/peers/fla_chunk_kda.py).
@@ -65,7 +66,8 @@ if ! cmake --preset cuda -DLOOM_BENCH=OFF -DLOOM_SERVER=ON "${extra[@]}" >"$logs
   tail -40 "$logs/configure.log"; echo "run.sh: configure FAILED"; exit 1
 fi
 suite=${LOOM_GPU_SUITE:-all}
-targets=(--target gpu_tests kda_chunked_bench loom-conformance loom-server loom-bench-engine)
+targets=(--target gpu_tests kda_chunked_bench loom-conformance loom-server loom-bench-engine
+         loom-bench)
 # The gRPC client's Python stubs (build-cuda/python), where the server has gRPC.
 if cmake --build build-cuda --target help 2>/dev/null | grep -qE '^loom_python_client(:| )'; then
   targets+=(loom_python_client)
@@ -170,13 +172,15 @@ grep -E "^\[  FAILED|LOOM_CHECK|CUDA call|Failure" "$logs/test.log" | head -20
 t2=$(date +%s)
 bench_rc=0
 : >"$logs/bench.log"
-if [ "$suite" = all ]; then
+if [ "$suite" = all ] && [ "${LOOM_GPU_NO_BENCH:-0}" != 1 ]; then
   for b in build-cuda/bin/*_cuda_bench; do
     [ -x "$b" ] || continue
     "$b" >>"$logs/bench.log" 2>&1 || { bench_rc=1; echo "run.sh: $b FAILED"; }
   done
 fi
-build-cuda/bin/kda_chunked_bench >>"$logs/bench.log" 2>&1 || bench_rc=1
+if [ "${LOOM_GPU_NO_BENCH:-0}" != 1 ]; then
+  build-cuda/bin/kda_chunked_bench >>"$logs/bench.log" 2>&1 || bench_rc=1
+fi
 # The serving engine on the GPU (a carried fixture: a tiny model, so this measures the engine's
 # per-step floor, not the kernels), default and batch-invariant numerics.
 if [ "$suite" = all ] && [ -x build-cuda/bin/loom-bench-engine ] && [ -d .device-fixtures/kimi_linear_s1 ]; then
