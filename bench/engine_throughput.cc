@@ -2,6 +2,7 @@
 // second at several concurrencies (greedy, EOS ignored so every request generates exactly
 // max_tokens) and the time to first token of a long prompt. Prints a Markdown table for
 // bench/results/engine-cpu.md (and the GPU runs of bench/results/gpu-h200.md).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -34,6 +35,7 @@ ABSL_FLAG(int64_t, cache_budget_mb, 0,
           "KV pages + linear-state slots, MiB (the server's: 0 = derived from free memory on a "
           "GPU, 1024 on the CPU)");
 ABSL_FLAG(double, gpu_memory_utilization, 0.9, "the server's");
+ABSL_FLAG(bool, cuda_graphs, true, "decode steps as CUDA graphs on a GPU (the server's)");
 ABSL_FLAG(int, max_num_seqs, 64,
           "sequences per step (the server's); at least the largest concurrency");
 
@@ -89,6 +91,7 @@ std::unique_ptr<Engine> make_engine() {
   opt.gpu_memory_utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);
   opt.enable_prefix_cache = false;  // random prompts: nothing to share; keep the work honest
   opt.deterministic = absl::GetFlag(FLAGS_deterministic);
+  opt.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   auto e = Engine::create(std::move(*model), nullptr, opt);
   if (!e.ok()) {
     std::fprintf(stderr, "loom-bench-engine: %s\n", std::string(e.status().message()).c_str());
@@ -96,6 +99,8 @@ std::unique_ptr<Engine> make_engine() {
   }
   if (const auto& plan = (*e)->memory_plan())
     std::fprintf(stderr, "loom-bench-engine: %s\n", plan->describe().c_str());
+  if (const auto& graphs = (*e)->graph_capture())
+    std::fprintf(stderr, "loom-bench-engine: %s\n", graphs->describe().c_str());
   const EngineStats st = (*e)->stats();
   std::fprintf(stderr, "loom-bench-engine: caches: %d KV pages of %d tokens, %d state slots\n",
                st.pages_total, opt.page_size, st.slots_total);
@@ -118,9 +123,12 @@ int run() {
     while (s->next()) {
     }
   }
+  // Step ms: the median gap between request 0's tokens, read as they arrive (the others are
+  // drained afterwards): a decode step's time once every prompt is in, prefill steps left out.
   std::printf(
-      "| concurrency | requests | output tokens | seconds | output tok/s | per-request tok/s |\n");
-  std::printf("|---|---|---|---|---|---|\n");
+      "| concurrency | requests | output tokens | seconds | output tok/s | per-request tok/s | "
+      "decode step ms (median) |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
   for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_concurrency), ',')) {
     const int conc = std::stoi(std::string(c));
     std::vector<std::shared_ptr<RequestStream>> streams;
@@ -130,11 +138,24 @@ int run() {
       streams.push_back(*engine->submit(r));
     }
     int64_t tokens = 0;
-    for (auto& s : streams)
-      while (auto ev = s->next()) tokens += static_cast<int64_t>(ev->token_ids.size());
+    std::vector<double> gaps;
+    auto last = Clock::now();
+    for (size_t i = 0; i < streams.size(); ++i)
+      while (auto ev = streams[i]->next()) {
+        tokens += static_cast<int64_t>(ev->token_ids.size());
+        if (i != 0 || ev->token_ids.empty()) continue;
+        const auto now = Clock::now();
+        if (tokens > 1) gaps.push_back(std::chrono::duration<double>(now - last).count());
+        last = now;
+      }
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-    std::printf("| %d | %d | %lld | %.2f | %.1f | %.1f |\n", conc, conc,
-                static_cast<long long>(tokens), secs, tokens / secs, tokens / secs / conc);
+    double step_ms = 0;
+    if (!gaps.empty()) {
+      std::nth_element(gaps.begin(), gaps.begin() + gaps.size() / 2, gaps.end());
+      step_ms = gaps[gaps.size() / 2] * 1e3;
+    }
+    std::printf("| %d | %d | %lld | %.2f | %.1f | %.1f | %.2f |\n", conc, conc,
+                static_cast<long long>(tokens), secs, tokens / secs, tokens / secs / conc, step_ms);
   }
   // Time to first token of one long prompt, on an idle engine.
   SamplingParams one = greedy;

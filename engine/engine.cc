@@ -42,6 +42,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> mo
                         EngineLoop::create(*e->model_, e->tokenizer_.get(), options, *e->inbox_));
   e->kv_pages_ = e->loop_->kv_page_capacity();
   e->memory_plan_ = e->loop_->memory_plan();
+  e->graph_capture_ = e->loop_->graph_capture();
   e->thread_ = std::thread([loop = e->loop_.get()] { loop->run(); });
   return e;
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/decode_graphs.h"
 #include "engine/device_memory_plan.h"
 #include "engine/model/model.h"
 #include "engine/request.h"
@@ -49,6 +50,9 @@ struct EngineOptions {
   // Cache sizing counts its bytes; Engine::create refuses a dtype the model's device cannot read
   // with CacheStore::validate's message.
   std::optional<DType> kv_dtype;
+  // Decode steps replayed as CUDA graphs, one per batch-size bucket (engine/decode_graphs.h),
+  // recorded at start-up; ignored on the CPU. Off: every step launches its kernels one by one.
+  bool cuda_graphs = true;
 };
 
 struct EngineStats {
@@ -92,6 +96,8 @@ class Engine {
   // How the device's memory was split when the cache budget was derived (options'
   // cache_budget_bytes == 0; engine/device_memory_plan.h), else nullopt.
   const std::optional<DeviceMemoryPlan>& memory_plan() const { return memory_plan_; }
+  // What was recorded at start-up when decode steps run as CUDA graphs, else nullopt.
+  const std::optional<GraphCaptureReport>& graph_capture() const { return graph_capture_; }
 
  private:
   Engine();
@@ -103,6 +109,7 @@ class Engine {
   int32_t max_model_len_ = 0;
   int64_t kv_pages_ = 0;  // KV pool capacity (0: no attention layers)
   std::optional<DeviceMemoryPlan> memory_plan_;
+  std::optional<GraphCaptureReport> graph_capture_;
   // Shared by every thread (its own mutex): requests and cancellations in, stats out.
   std::unique_ptr<EngineInbox> inbox_;
   // Touched only by the loop thread after create(); declared after what it references.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "engine/choice_text.h"
 #include "engine/device_memory_plan.h"
@@ -144,6 +145,14 @@ absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::create(const Model& mode
         std::min<int64_t>(sizing.num_pages, (context + options.page_size - 1) / options.page_size);
   }
   loop->runner_->reserve(largest);
+  if (options.cuda_graphs && graphs_supported(model.device())) {
+    absl::StatusOr<GraphCaptureReport> report = loop->runner_->enable_decode_graphs(largest);
+    if (!report.ok())
+      return absl::Status(report.status().code(),
+                          absl::StrCat(report.status().message(),
+                                       " (--cuda_graphs=false runs decode steps without graphs)"));
+    loop->graph_capture_ = *std::move(report);
+  }
   // Totals count what requests can get: the scratch page and slot are never handed out.
   loop->stats_.pages_total = loop->sched_->kv_pool().free_count();
   loop->stats_.slots_total = loop->sched_->slot_pool().free_count();

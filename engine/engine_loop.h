@@ -51,6 +51,9 @@ class EngineLoop {
   int64_t kv_page_capacity() const;
   // The derived device memory plan (EngineOptions::cache_budget_bytes == 0), else nullopt.
   const std::optional<DeviceMemoryPlan>& memory_plan() const { return memory_plan_; }
+  // The start-up recording of the decode graphs (EngineOptions::cuda_graphs on a GPU), else
+  // nullopt.
+  const std::optional<GraphCaptureReport>& graph_capture() const { return graph_capture_; }
 
   // The loop thread's body: passes until the inbox says stopping, which cancels everything live.
   void run();
@@ -99,6 +102,7 @@ class EngineLoop {
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<BatchSampler> sampler_;
   std::optional<DeviceMemoryPlan> memory_plan_;                       // constant after create()
+  std::optional<GraphCaptureReport> graph_capture_;                   // constant after create()
   absl::flat_hash_map<uint64_t, std::unique_ptr<LiveRequest>> live_;  // by request id
   // sample_and_emit's per-step lists, kept for their capacity: the choice of each planned
   // sequence (null when gone) and the sampler's slot of each logits row.

@@ -1,5 +1,8 @@
 #include "engine/model_runner.h"
 
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "scheduler/id_pool.h"
 
@@ -21,12 +24,26 @@ ModelRunner::ModelRunner(const Model& model, CacheStore& store, bool batch_invar
              device_name(store.device()).c_str(), device_name(model.device()).c_str());
 }
 
+absl::StatusOr<GraphCaptureReport> ModelRunner::enable_decode_graphs(const StepShape& largest) {
+  if (!graphs_supported(model_.device()))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA graphs need a CUDA device; the model is on ", device_name(model_.device())));
+  // A decode step holds one token per sequence: the token budget bounds its sequences too.
+  const int64_t seqs = std::min({largest.seqs, largest.tokens, largest.logit_rows});
+  graphs_ = std::make_unique<DecodeGraphs>(model_, store_, workspace_, step_, batch_invariant_,
+                                           static_cast<int32_t>(seqs), largest.page_cols);
+  absl::StatusOr<GraphCaptureReport> report = graphs_->capture_all();
+  if (!report.ok()) graphs_.reset();
+  return report;
+}
+
 absl::StatusOr<Tensor> ModelRunner::run(const BatchPlan& plan) {
   ForwardBatch& batch = batch_;
   batch.store = &store_;
   batch.batch_invariant = batch_invariant_;
   batch.workspace = &workspace_;
   batch.step = &step_;
+  batch.page_cols = 0;
   batch.token_ids.clear();
   batch.seqs.resize(plan.seqs.size());
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
@@ -46,8 +63,11 @@ absl::StatusOr<Tensor> ModelRunner::run(const BatchPlan& plan) {
     in.start = s.start_pos;
     in.slot = s.state_slot;
     in.pages = s.page_table;  // a view: make_layout packs the one copy
+    in.padding = false;
   }
-  LOOM_ASSIGN_OR_RETURN(Tensor logits, model_.forward(batch));
+  LOOM_ASSIGN_OR_RETURN(Tensor logits, graphs_ != nullptr && graphs_->accepts(batch)
+                                           ? graphs_->run(batch)
+                                           : model_.forward(batch));
   if (store_.has_linear()) {
     for (const SeqPlan& s : plan.seqs)
       if (s.save_to_slot >= 0) store_.copy_slot(s.state_slot, s.save_to_slot);

@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "core/tensor.h"
 #include "core/workspace.h"
+#include "engine/decode_graphs.h"
 #include "engine/model/cache_store.h"
 #include "engine/model/model.h"
 #include "engine/model/step_data.h"
@@ -34,6 +35,13 @@ class ModelRunner {
   // Sizes the step data for the largest step (the engine's limits), so that no step grows it.
   void reserve(const StepShape& largest) { step_.reserve(largest); }
 
+  // From now on decode steps run as CUDA graphs (engine/decode_graphs.h), up to `largest`'s
+  // sequences (and tokens) and page-table width; records every batch-size bucket now. Call after
+  // reserve(largest). InvalidArgument on a device without graphs; a recording's error otherwise.
+  absl::StatusOr<GraphCaptureReport> enable_decode_graphs(const StepShape& largest);
+  // Null unless enabled: replays and recordings so far (tests, benchmarks).
+  const DecodeGraphs* decode_graphs() const { return graphs_.get(); }
+
   // The step memory every run() reuses: once both have seen the largest step, a step allocates
   // nothing and packs its step data once (tests count both).
   const Workspace& workspace() const { return workspace_; }
@@ -46,6 +54,7 @@ class ModelRunner {
   Workspace workspace_;
   StepData step_;
   ForwardBatch batch_;  // reused so its vectors keep their capacity from step to step
+  std::unique_ptr<DecodeGraphs> graphs_;
 };
 
 }  // namespace loom

@@ -19,11 +19,13 @@ void silu_mul_forward(const Exec& ex, const Tensor& gate, const Tensor& up, cons
 #endif
 }
 
-void embedding_forward(const Exec& ex, const Tensor& ids, const Tensor& table, const Tensor& out) {
+void embedding_forward(const Exec& ex, const Tensor& ids, const Tensor& table, const Tensor& out,
+                       EmbeddingIds ids_state) {
   LOOM_ON_EXEC_DEVICE(ex, "embedding_forward", table, out);
+  // The host checks as it reads: a checked id costs nothing there.
   if (ex.device.is_cpu()) return cpu::embedding_forward(ids, table, out);
 #ifdef LOOM_WITH_CUDA
-  return cuda::embedding_forward(ex, ids, table, out);
+  return cuda::embedding_forward(ex, ids, table, out, ids_state == EmbeddingIds::kChecked);
 #else
   no_kernel_for(ex, "embedding_forward");
 #endif

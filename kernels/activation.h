@@ -20,9 +20,17 @@ inline float softplusf(float x) { return x > 20.0f ? x : std::log1p(std::exp(x))
 // out = silu(gate) * up. gate, up, out: same shape; out may alias gate (same dtype).
 void silu_mul_forward(const Exec& ex, const Tensor& gate, const Tensor& up, const Tensor& out);
 
-// out[t, :] = table[ids[t], :]. ids: [T] i32 or i64 (each in [0, V), checked); table: [V, D];
-// out: [T, D] (on CUDA, a bf16 table widens into an f32 out and the reverse rounds).
-void embedding_forward(const Exec& ex, const Tensor& ids, const Tensor& table, const Tensor& out);
+// Whether embedding_forward reports ids outside [0, V). kChecked: the caller validated every id
+// already (the model's step data is checked on the host before it is uploaded); an id out of range
+// still reads a zero row but is not reported, so on a GPU the call neither allocates nor waits for
+// the device (what a CUDA graph's capture needs, and one host synchronisation less per step).
+enum class EmbeddingIds : bool { kVerify, kChecked };
+
+// out[t, :] = table[ids[t], :]. ids: [T] i32 or i64 (each in [0, V), checked unless `ids_state`
+// says the caller did); table: [V, D]; out: [T, D] (on CUDA, a bf16 table widens into an f32 out
+// and the reverse rounds).
+void embedding_forward(const Exec& ex, const Tensor& ids, const Tensor& table, const Tensor& out,
+                       EmbeddingIds ids_state = EmbeddingIds::kVerify);
 
 // Backward of silu_mul_forward: dgate = dout * up * silu'(gate), dup = dout * silu(gate), with
 // silu'(g) = sigmoid(g) * (1 + g * (1 - sigmoid(g))). All the same shape; elementwise, so dgate and

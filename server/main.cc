@@ -129,6 +129,9 @@ int main(int argc, char** argv) {
   if (const auto& plan = (*engine)->memory_plan()) {
     std::printf("loom-server: %s\n", plan->describe().c_str());
   }
+  if (const auto& graphs = (*engine)->graph_capture()) {
+    std::printf("loom-server: %s\n", graphs->describe().c_str());
+  }
   {
     const loom::EngineStats st = (*engine)->stats();
     std::printf(

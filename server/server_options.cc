@@ -48,6 +48,10 @@ ABSL_FLAG(bool, deterministic, false,
           "Batch-invariant numerics: a request's tokens and logprobs are bit-identical alone or "
           "under any load, chunking, prefix-cache hit or preemption (slower; see "
           "docs/operations.md).");
+ABSL_FLAG(bool, cuda_graphs, true,
+          "On a GPU, run decode steps as CUDA graphs recorded at start-up, one per batch-size "
+          "bucket (one launch a step instead of a few hundred); false launches every kernel. "
+          "Ignored on the CPU.");
 ABSL_FLAG(std::string, kv_dtype, "auto",
           "Storage dtype of the attention KV pages: auto (the activations' dtype: f32, or bf16 "
           "on a GPU serving bf16 matrices), f32 or bf16 (half the bytes per cached token, so "
@@ -106,6 +110,7 @@ absl::StatusOr<ServerOptions> server_options_from_flags() {
   o.engine.max_n = absl::GetFlag(FLAGS_max_n);
   o.engine.seed = absl::GetFlag(FLAGS_seed);
   o.engine.deterministic = absl::GetFlag(FLAGS_deterministic);
+  o.engine.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   o.engine.enable_prefix_cache = absl::GetFlag(FLAGS_enable_prefix_cache);
 
   auto bad = [](std::string_view flag, std::string_view why) {

@@ -191,6 +191,14 @@ void CacheStore::reset_slot(int64_t slot) {
   }
 }
 
+void CacheStore::reset_page(int64_t page) {
+  LOOM_CHECK(page >= 0 && page < options_.num_pages, "CacheStore::reset_page(%lld)",
+             static_cast<long long>(page));
+  for (Layer& l : layers_)
+    for (const Tensor& pool : l.pools)
+      if (pool.defined()) cache_zero_slots(ex_, pool, page, page + 1);
+}
+
 void CacheStore::copy_slot(const CacheStore& from, int64_t src, int64_t dst) {
   check_peer(from, "copy_slot");
   for (size_t l = 0; l < layers_.size(); ++l) {

@@ -83,6 +83,9 @@ class CacheStore {
 
   // Zeroes every linear layer's state in `slot` (a sequence starting fresh).
   void reset_slot(int64_t slot);
+  // Zeroes page `page` of every attention layer's pools (the decode graphs' scratch page, so that
+  // a padding row's attention never meets a stale non-finite value in a tile it loads).
+  void reset_page(int64_t page);
   // Copies every linear layer's state from `src` to `dst` (prefix-cache checkpoints).
   void copy_slot(int64_t src, int64_t dst) { copy_slot(*this, src, dst); }
   // The same from slot `src` of `from`, a store of the same model on the same device.

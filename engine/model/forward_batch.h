@@ -36,6 +36,10 @@ struct SequenceInput {
   // scheduler's per-request table), which must outlive the forward call. The step data gets the
   // one copy of it.
   std::span<const int32_t> pages;
+  // A filler row of a fixed-shape step (a CUDA graph's batch-size bucket, engine/decode_graphs.h):
+  // one token at position 0 in the scratch slot and page (CacheStore::kScratchSlot/kScratchPage),
+  // which no live sequence uses, so fillers may share them; their logits are ignored.
+  bool padding = false;
 };
 
 struct ForwardBatch {
@@ -51,6 +55,9 @@ struct ForwardBatch {
   // Where the step's integer inputs are packed (engine/model/step_data.h); null: the call packs
   // into its own.
   StepData* step = nullptr;
+  // Width of the packed page table: at least this many columns (0: the longest sequence's
+  // pages). A CUDA graph step fixes it, since the attention kernels' launch bounds follow it.
+  int64_t page_cols = 0;
 };
 
 }  // namespace loom

@@ -88,9 +88,7 @@ absl::StatusOr<Tensor> Model::forward_private(const ForwardBatch& batch,
   return logits;
 }
 
-absl::StatusOr<Tensor> Model::forward_store(const ForwardBatch& batch, ActivationTape* tape) const {
-  // Without the caller's step data and workspace (tools, tests) the call uses its own, and the
-  // logits it returns own their memory.
+absl::Status Model::check_devices(const ForwardBatch& batch) const {
   const Device device = placement_.device;
   if (batch.store != nullptr && batch.store->device() != device)
     return absl::InvalidArgumentError(absl::StrCat("the cache store is on ",
@@ -104,6 +102,14 @@ absl::StatusOr<Tensor> Model::forward_store(const ForwardBatch& batch, Activatio
     return absl::InvalidArgumentError(absl::StrCat("the workspace is on ",
                                                    device_name(batch.workspace->device()),
                                                    " but the model on ", device_name(device)));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> Model::forward_store(const ForwardBatch& batch, ActivationTape* tape) const {
+  // Without the caller's step data and workspace (tools, tests) the call uses its own, and the
+  // logits it returns own their memory.
+  const Device device = placement_.device;
+  LOOM_RETURN_IF_ERROR(check_devices(batch));
   std::unique_ptr<StepData> own_step;
   StepData* step = batch.step;
   if (step == nullptr) {
@@ -120,16 +126,40 @@ absl::StatusOr<Tensor> Model::forward_store(const ForwardBatch& batch, Activatio
   ex.batch_invariant = batch.batch_invariant;
   // Validate everything before touching any cache, so a bad batch changes nothing.
   LOOM_ASSIGN_OR_RETURN(BatchLayout layout, make_layout(batch, ex, *step));
-  const int64_t rows = layout.num_rows;
-  if (rows == 0) return Tensor::empty({0, cfg_.vocab_size}, DType::kF32, device);
+  if (layout.num_rows == 0) return Tensor::empty({0, cfg_.vocab_size}, DType::kF32, device);
+  Tensor logits = launch_layers(ex, layout, tape);
+  return own_ws ? logits.clone() : logits;
+}
 
+absl::StatusOr<BatchLayout> Model::prepare(const ForwardBatch& batch) const {
+  if (batch.step == nullptr || batch.workspace == nullptr)
+    return absl::InvalidArgumentError("Model::prepare needs the batch's step data and workspace");
+  for (const SequenceInput& in : batch.seqs)
+    if (in.cache != nullptr)
+      return absl::InvalidArgumentError("Model::prepare takes store-backed sequences only");
+  LOOM_RETURN_IF_ERROR(check_devices(batch));
+  Exec ex = exec_for(placement_.device, batch.workspace);
+  ex.batch_invariant = batch.batch_invariant;
+  return make_layout(batch, ex, *batch.step);
+}
+
+Tensor Model::launch(const ForwardBatch& batch, const BatchLayout& layout) const {
+  Exec ex = exec_for(placement_.device, batch.workspace);
+  ex.batch_invariant = batch.batch_invariant;
+  return launch_layers(ex, layout, nullptr);
+}
+
+Tensor Model::launch_layers(const Exec& ex, const BatchLayout& layout, ActivationTape* tape) const {
+  Workspace* ws = ex.workspace;
+  const int64_t rows = layout.num_rows;
   ws->reset();
   const ForwardContext ctx{ex, layout, act_dtype_, tape};
 
   const int64_t d = cfg_.hidden_size;
   // The residual stream stays f32 whatever the activations are (Placement::activations).
   Tensor embedding = ctx.take({rows, d}, DType::kF32);
-  embedding_forward(ctx.ex, layout.token_ids, embed_, embedding);
+  // make_layout checked every id on the host before the upload.
+  embedding_forward(ctx.ex, layout.token_ids, embed_, embedding, EmbeddingIds::kChecked);
   ctx.record(-1, "embedding", embedding);
   // `normed`: the final normalised hidden state of every row.
   Tensor normed = cfg_.attnres_block_size > 0 ? run_block_attnres(ctx, embedding)
@@ -140,7 +170,7 @@ absl::StatusOr<Tensor> Model::forward_store(const ForwardBatch& batch, Activatio
   gather_rows(ctx.ex, normed, layout.logit_rows, picked);
   Tensor logits = ctx.take({m, cfg_.vocab_size}, DType::kF32);  // the samplers read f32
   linear_forward(ctx.ex, picked, lm_head_, logits);
-  return own_ws ? logits.clone() : logits;
+  return logits;
 }
 
 Tensor Model::run_plain_residual(const ForwardContext& ctx, Tensor h) const {

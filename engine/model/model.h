@@ -67,6 +67,15 @@ class Model {
   // reading the logits (Tensor::to, kernels/exec.h download) waits for it.
   absl::StatusOr<Tensor> forward(const ForwardBatch& batch, ActivationTape* tape = nullptr) const;
 
+  // A store-backed forward in two halves, for a caller that records the second as a CUDA graph
+  // and replays it (engine/decode_graphs.h). prepare() validates the batch and publishes its step
+  // data (the step's one upload); launch() resets the workspace and enqueues every kernel of the
+  // forward over that layout, returning the logits (a view into the workspace). Once the
+  // workspace has seen the step's shape, launch() neither allocates nor waits for the device.
+  // Both need batch.step and batch.workspace; forward() of such a batch is the two in a row.
+  absl::StatusOr<BatchLayout> prepare(const ForwardBatch& batch) const;
+  Tensor launch(const ForwardBatch& batch, const BatchLayout& layout) const;
+
   // Training (CPU, f32): the mean next-token cross-entropy of `tokens` (position t predicts token
   // t + 1, from a fresh state) over the scored positions (all, or those with loss_mask[t] != 0;
   // the mask has one entry per token, the last never scored) and its gradient with respect to
@@ -92,6 +101,11 @@ class Model {
   absl::StatusOr<Tensor> forward_store(const ForwardBatch& batch, ActivationTape* tape) const;
   // Runs private caches through forward_store (see there).
   absl::StatusOr<Tensor> forward_private(const ForwardBatch& batch, ActivationTape* tape) const;
+  // InvalidArgument unless the batch's store, step data and workspace (those set) are on the
+  // model's device.
+  absl::Status check_devices(const ForwardBatch& batch) const;
+  // Every kernel of the forward over a packed layout (resets ex.workspace first).
+  Tensor launch_layers(const Exec& ex, const BatchLayout& layout, ActivationTape* tape) const;
   // Validates a store batch and packs its step data into `step`.
   absl::StatusOr<BatchLayout> make_layout(const ForwardBatch& batch, const Exec& ex,
                                           StepData& step) const;

@@ -23,6 +23,12 @@ absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch, const 
   // Attention writes every sequence's rows before any sequence attends, so a page one sequence
   // reads may not be written by another either.
   absl::flat_hash_set<int32_t> written_pages, used_slots;
+  // With fillers in the batch, the scratch slot and page are theirs: no real sequence may use them.
+  if (std::any_of(batch.seqs.begin(), batch.seqs.end(),
+                  [](const SequenceInput& in) { return in.padding; })) {
+    used_slots.insert(CacheStore::kScratchSlot);
+    written_pages.insert(CacheStore::kScratchPage);
+  }
   for (size_t s = 0; s < batch.seqs.size(); ++s) {
     const SequenceInput& in = batch.seqs[s];
     if (in.num_tokens <= 0)
@@ -33,6 +39,20 @@ absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch, const 
     if (in.start < 0)
       return absl::InvalidArgumentError(absl::StrCat("sequence ", s, " starts at ", in.start));
     const int64_t past = in.start;
+    if (in.padding) {
+      // Fillers share the scratch slot and page: they are checked to be exactly that.
+      if (in.num_tokens != 1 || in.start != 0 ||
+          (needs_slots && in.slot != CacheStore::kScratchSlot) ||
+          (needs_pages && (in.pages.empty() || in.pages[0] != CacheStore::kScratchPage)))
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sequence ", s,
+            ": a padding row is one token at position 0 in the scratch slot and page"));
+      shape.page_cols = std::max<int64_t>(shape.page_cols, needs_pages ? 1 : 0);
+      rows += 1;
+      layout.max_seqlen = std::max<int64_t>(layout.max_seqlen, 1);
+      shape.logit_rows += in.logits == LogitsMode::kNone ? 0 : 1;
+      continue;
+    }
     if (needs_slots) {
       if (in.slot < 0 || in.slot >= batch.store->num_slots())
         return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": state slot ", in.slot,
@@ -67,9 +87,11 @@ absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch, const 
                                                          : 0;
   }
   if (needs_pages) {
+    shape.page_cols = std::max(shape.page_cols, batch.page_cols);
     const int64_t ps = batch.store->page_size();
     for (size_t s = 0; s < batch.seqs.size(); ++s) {
       const SequenceInput& in = batch.seqs[s];
+      if (in.padding) continue;
       for (int64_t p = 0; p < in.start / ps; ++p)
         if (written_pages.contains(in.pages[p]))
           return absl::InvalidArgumentError(absl::StrCat(

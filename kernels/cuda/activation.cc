@@ -34,7 +34,8 @@ void check_host_ids(const Id* ids, int64_t t, int64_t v) {
 }
 }  // namespace
 
-void embedding_forward(const Exec& ex, const Tensor& ids, const Tensor& table, const Tensor& out) {
+void embedding_forward(const Exec& ex, const Tensor& ids, const Tensor& table, const Tensor& out,
+                       bool ids_checked) {
   LOOM_CHECK_CUDA_ARG("embedding_forward", table);
   LOOM_CHECK_CUDA_ARG("embedding_forward", out);
   LOOM_CHECK(ids.ndim() == 1 && ids.is_contiguous() &&
@@ -67,6 +68,17 @@ void embedding_forward(const Exec& ex, const Tensor& ids, const Tensor& table, c
     } else {
       launch::gather_rows_i64(stream_of(ex), static_cast<const int64_t*>(dev_ids.get()),
                               table.raw(), table_bf16, out.raw(), out_bf16, t, v, d, nullptr);
+    }
+    return;
+  }
+  if (ids_checked) {
+    // Validated by the caller: an id out of range would still read a zero row.
+    if (i32) {
+      launch::gather_rows_i32(stream_of(ex), ids.data<int32_t>(), table.raw(), table_bf16,
+                              out.raw(), out_bf16, t, v, d, nullptr);
+    } else {
+      launch::gather_rows_i64(stream_of(ex), ids.data<int64_t>(), table.raw(), table_bf16,
+                              out.raw(), out_bf16, t, v, d, nullptr);
     }
     return;
   }

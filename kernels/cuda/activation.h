@@ -17,6 +17,8 @@ void silu_mul_forward(const Exec& ex, const Tensor& gate, const Tensor& up, cons
 // the launch (abort naming the first bad id, as on the CPU). Device ids are checked in the kernel
 // ("clamp and flag"): a bad id writes a zero row and flags its position; the host then reads the
 // flag back (one 4-byte copy and a stream synchronisation per call) and aborts naming the id.
-void embedding_forward(const Exec& ex, const Tensor& ids, const Tensor& table, const Tensor& out);
+// ids_checked: device ids the caller validated; no flag, no download, no synchronisation.
+void embedding_forward(const Exec& ex, const Tensor& ids, const Tensor& table, const Tensor& out,
+                       bool ids_checked = false);
 
 }  // namespace loom::cuda

@@ -45,6 +45,8 @@ void device_copy(void* dst, Device dst_device, const void* src, Device src_devic
                cublasGetStatusString(loom_cublas_st_), static_cast<int>(loom_cublas_st_));        \
   } while (0)
 
+constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
+
 // Enough for the largest NVLink domains; a larger index is refused with a message.
 constexpr int kMaxDevices = 64;
 
@@ -104,6 +106,12 @@ const DeviceContext& device_context(int index) {
     LOOM_CUBLAS_INIT_CHECK(cublasSetMathMode(c.blas, CUBLAS_DEFAULT_MATH));
     LOOM_CUBLAS_INIT_CHECK(cublasSetPointerMode(c.blas, CUBLAS_POINTER_MODE_HOST));
     LOOM_CUBLAS_INIT_CHECK(cublasSetStream(c.blas, c.stream));
+    // A workspace of our own, set after the stream (cublasSetStream drops a user workspace):
+    // without one cuBLAS may allocate during a call, which a CUDA graph's capture cannot record.
+    // 32 MiB is what cuBLAS asks for on Hopper; the handle is only ever used on c.stream.
+    void* workspace = nullptr;
+    LOOM_CUDA_CHECK(cudaMalloc(&workspace, kBlasWorkspaceBytes));
+    LOOM_CUBLAS_INIT_CHECK(cublasSetWorkspace(c.blas, workspace, kBlasWorkspaceBytes));
   });
   return contexts[index];
 }
