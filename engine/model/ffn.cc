@@ -2,7 +2,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "engine/model/layers.h"
-#include "engine/parallel/local_expert_dispatcher.h"
+#include "engine/parallel/expert_dispatcher_binding.h"
 #include "kernels/activation.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
@@ -80,7 +80,10 @@ class MoeFfn final : public Ffn {
     LOOM_ASSIGN_OR_RETURN(w_gate_, w.load_experts(p + "experts.gate", {e, i, d}));
     LOOM_ASSIGN_OR_RETURN(w_up_, w.load_experts(p + "experts.up", {e, i, d}));
     LOOM_ASSIGN_OR_RETURN(w_down_, w.load_experts(p + "experts.down", {e, d, i}));
-    dispatcher_ = std::make_unique<LocalExpertDispatcher>(e, w.placement().owned_experts(e));
+    // A LocalExpertDispatcher of the placement's experts, or the rank's expert-parallel one
+    // (expert_dispatcher_binding.h).
+    LOOM_ASSIGN_OR_RETURN(dispatcher_,
+                          expert_dispatcher_for_layer(e, w.placement().owned_experts(e)));
     LOOM_CHECK(dispatcher_->owned().count() == w_gate_.dim(0),
                "MoE layer %d: the dispatcher owns %d experts, the weights hold %d", layer,
                dispatcher_->owned().count(), w_gate_.dim(0));
@@ -218,7 +221,7 @@ class MoeFfn final : public Ffn {
   RouterParams params_;
   Tensor router_, bias_, w_gate_, w_up_, w_down_, shared_gate_;
   std::unique_ptr<DenseFfn> shared_;
-  std::unique_ptr<ExpertDispatcher> dispatcher_;
+  std::shared_ptr<ExpertDispatcher> dispatcher_;  // one rank's may serve all its layers
 };
 
 }  // namespace

@@ -24,6 +24,13 @@ struct Dispatched {
   // rank), and the router's gate weights [T, K] f32.
   Tensor row_of_slot;
   Tensor weights;
+  // Expert parallelism only (ExpertParallelDispatcher; undefined for the local dispatcher): how
+  // the slots travelled, so that combine and the backwards move results back the same way, and
+  // combine's two exchange buffers, taken at dispatch (combine gets no workspace).
+  // expert_parallel_dispatcher.h says what each holds for each exchange.
+  Tensor peer_counts;  // i64 host: rows exchanged with each rank
+  Tensor moved_rows;   // i32: where each row that arrived here sits in `rows`
+  Tensor send_back, recv_back;
 };
 
 class ExpertDispatcher {

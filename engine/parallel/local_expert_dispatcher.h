@@ -6,8 +6,8 @@
 // share of expert parallelism: slots routed to experts outside the range are not sent to the
 // grouped GEMMs (row -1 in Dispatched::row_of_slot) and add nothing in combine, so each token gets
 // the weighted sum over its owned choices only (zeros when it has none). The shares of ranks that
-// cover every expert sum to the layer's routed output; the dispatcher that moves the other slots
-// to their owners and back (NCCL all-to-all) is expert parallelism's, not built yet.
+// cover every expert sum to the layer's routed output; moving the other slots to their owners
+// and back is ExpertParallelDispatcher's job (expert_parallel_dispatcher.h).
 // Activations follow the kernels (kernels/moe.h): f32, or bf16 on CUDA, forward only; the
 // backwards take f32.
 #pragma once

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -28,6 +29,9 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "engine/model/model.h"
+#include "engine/parallel/expert_dispatcher_binding.h"
+#include "engine/parallel/expert_parallel_dispatcher.h"
+#include "engine/parallel/thread_communicator.h"
 #include "kernels/exec.h"
 #include "nlohmann/json.hpp"
 #include "weights/safetensors.h"
@@ -52,6 +56,20 @@ ABSL_FLAG(bool, batch, false, "run all prompts together in one varlen batch");
 ABSL_FLAG(bool, hidden, false, "also report per-layer hidden-state differences (full prefill)");
 ABSL_FLAG(bool, deterministic, false,
           "batch-invariant numerics (the engine's --deterministic): same bounds, other kernels");
+ABSL_FLAG(int, expert_parallel, 1,
+          "ranks (threads, on the CPU) to spread the MoE experts over: each rank loads its own "
+          "expert range (the first num_experts % N ranks one more), runs attention and the dense "
+          "parts on its own prompts and exchanges tokens with the others per MoE layer. Unbatched, "
+          "each prompt runs on rank i % N while the others join every step with a dummy forward "
+          "(the experts see exactly one rank's tokens: bit-identical to one rank); with --batch "
+          "the prompts are split over the ranks, all decoding at once (ranks without prompts "
+          "idle). The same bounds as one rank");
+ABSL_FLAG(std::string, expert_dispatch, "all_to_all",
+          "with --expert_parallel: all_gather (hidden states and routing gathered, experts over "
+          "every rank's tokens, outputs reduce-scattered: static shapes) or all_to_all (only the "
+          "rows each rank needs move)");
+ABSL_FLAG(double, expert_parallel_timeout_s, 120,
+          "with --expert_parallel: a rank waiting longer at a collective fails the run");
 ABSL_FLAG(std::string, random_weights, "",
           "refused: the goldens were computed from the fixture's own weights (the server's and "
           "loom-bench-engine's flag)");
@@ -186,10 +204,25 @@ absl::StatusOr<std::vector<Prompt>> load_prompts(const std::string& dir) {
   return prompts;
 }
 
-// Runs one step for the given sequences: seq i feeds tokens[i] with `mode` logits.
-absl::StatusOr<Tensor> step(const Model& model, std::vector<SequenceCache*> caches,
+// One rank of the run: its model and, with expert parallelism, its communicator and dispatcher.
+struct Rank {
+  const Model* model = nullptr;
+  Communicator* comm = nullptr;  // null: one rank holding every expert, no lockstep
+  ExpertParallelDispatcher* dispatcher = nullptr;
+};
+
+// Runs one step for the given sequences: seq i feeds tokens[i] with `mode` logits. With expert
+// parallelism the ranks first agree that the step runs (lockstep_tokens), and the rank's
+// collectives must all have succeeded for its logits to mean anything.
+absl::StatusOr<Tensor> step(const Rank& rank, std::vector<SequenceCache*> caches,
                             const std::vector<std::vector<int32_t>>& tokens, LogitsMode mode,
                             ActivationTape* tape = nullptr) {
+  const Model& model = *rank.model;
+  if (rank.comm != nullptr) {
+    int64_t n = 0;
+    for (const auto& t : tokens) n += static_cast<int64_t>(t.size());
+    LOOM_RETURN_IF_ERROR(lockstep_tokens(*rank.comm, n).status());
+  }
   ForwardBatch b;
   b.batch_invariant = absl::GetFlag(FLAGS_deterministic);
   for (size_t i = 0; i < caches.size(); ++i) {
@@ -199,13 +232,34 @@ absl::StatusOr<Tensor> step(const Model& model, std::vector<SequenceCache*> cach
   }
   // Compared on the host, whatever device the model runs on.
   LOOM_ASSIGN_OR_RETURN(Tensor logits, model.forward(b, tape));
+  if (rank.comm != nullptr) LOOM_RETURN_IF_ERROR(rank.comm->status());
   return logits.to(Device::kCpu);
 }
 
+// A rank with nothing (more) to run joins the others' steps with dummy forwards (one filler token
+// in a scratch cache, sent to no expert) until every rank is idle at once.
+absl::Status idle_until_all_done(const Rank& rank) {
+  while (true) {
+    LOOM_ASSIGN_OR_RETURN(const int64_t total, lockstep_tokens(*rank.comm, 0));
+    if (total == 0) return absl::OkStatus();
+    SequenceCache scratch = rank.model->new_cache();
+    ForwardBatch b;
+    b.batch_invariant = absl::GetFlag(FLAGS_deterministic);
+    b.token_ids = {0};
+    b.seqs.push_back({.num_tokens = 1, .logits = LogitsMode::kNone, .cache = &scratch});
+    rank.dispatcher->set_dummy_step(true);
+    const absl::StatusOr<Tensor> none = rank.model->forward(b);
+    rank.dispatcher->set_dummy_step(false);
+    LOOM_RETURN_IF_ERROR(none.status());
+    LOOM_RETURN_IF_ERROR(rank.comm->status());
+  }
+}
+
 // Evaluates the prompts in `group` together (one prompt when unbatched).
-absl::Status run_group(const Model& model, std::vector<Prompt>& prompts,
+absl::Status run_group(const Rank& rank, std::vector<Prompt>& prompts,
                        const std::vector<size_t>& group, std::vector<Result>& results,
                        bool want_hidden) {
+  const Model& model = *rank.model;
   const int64_t vocab = model.config().vocab_size;
   // 1. Full prefill, all logits; its caches then continue into greedy decoding.
   std::vector<SequenceCache> caches;
@@ -219,7 +273,7 @@ absl::Status run_group(const Model& model, std::vector<Prompt>& prompts,
   // The reference's hidden states: every layer's input, then the final normalised output.
   ActivationTape tape({"residual", "final_normed"});
   LOOM_ASSIGN_OR_RETURN(Tensor logits,
-                        step(model, ptrs, toks, LogitsMode::kAll, want_hidden ? &tape : nullptr));
+                        step(rank, ptrs, toks, LogitsMode::kAll, want_hidden ? &tape : nullptr));
   std::vector<Tensor> hidden;  // on the host
   for (int l = 0; l <= model.config().num_layers; ++l) {
     const Tensor* h = tape.find(l < model.config().num_layers ? l : -1,
@@ -274,7 +328,7 @@ absl::Status run_group(const Model& model, std::vector<Prompt>& prompts,
       next[k] = {static_cast<int32_t>(tok)};
     }
     if (s + 1 == steps) break;
-    LOOM_ASSIGN_OR_RETURN(Tensor l, step(model, ptrs, next, LogitsMode::kLast));
+    LOOM_ASSIGN_OR_RETURN(Tensor l, step(rank, ptrs, next, LogitsMode::kLast));
     for (size_t k = 0; k < group.size(); ++k)
       step_logits[k].assign(l.data<float>() + k * vocab, l.data<float>() + (k + 1) * vocab);
   }
@@ -290,8 +344,8 @@ absl::Status run_group(const Model& model, std::vector<Prompt>& prompts,
     first.emplace_back(p.ids.begin(), p.ids.begin() + p.cut);
     second.emplace_back(p.ids.begin() + p.cut, p.ids.end());
   }
-  LOOM_ASSIGN_OR_RETURN(Tensor l1, step(model, cptrs, first, LogitsMode::kAll));
-  LOOM_ASSIGN_OR_RETURN(Tensor l2, step(model, cptrs, second, LogitsMode::kAll));
+  LOOM_ASSIGN_OR_RETURN(Tensor l1, step(rank, cptrs, first, LogitsMode::kAll));
+  LOOM_ASSIGN_OR_RETURN(Tensor l2, step(rank, cptrs, second, LogitsMode::kAll));
   int64_t r1 = 0, r2 = 0;
   for (size_t k = 0; k < group.size(); ++k) {
     Prompt& p = prompts[group[k]];
@@ -304,6 +358,54 @@ absl::Status run_group(const Model& model, std::vector<Prompt>& prompts,
     r2 += t2;
   }
   return absl::OkStatus();
+}
+
+// Evaluates every prompt over `ranks` thread ranks (--expert_parallel), in phases of at most one
+// group per rank: unbatched, phase i runs prompt i on rank i % ranks; batched, one phase runs the
+// prompts split in contiguous shares (so the ranks' tokens in rank order are the one-rank batch).
+// After its group, or without one, a rank joins the others' steps with dummy forwards until every
+// rank is idle, so each phase ends on all ranks together. `models` receives the ranks' models.
+absl::Status run_expert_parallel(int ranks, ExpertExchange exchange, const std::string& dir,
+                                 const Placement& placement, std::vector<Prompt>& prompts,
+                                 bool batched, std::vector<Result>& results,
+                                 std::vector<std::unique_ptr<Model>>& models) {
+  LOOM_ASSIGN_OR_RETURN(const ModelConfig cfg, load_model_config(dir));
+  const int64_t experts = cfg.moe.num_experts;
+  if (std::find(cfg.ffns.begin(), cfg.ffns.end(), FfnType::kMoe) == cfg.ffns.end() ||
+      experts < ranks)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--expert_parallel ", ranks, " needs an MoE model with at least one expert per rank (",
+        cfg.model_type, " has ", experts, " experts)"));
+  std::vector<std::vector<std::vector<size_t>>> phases;  // [phase][rank]: the rank's prompts
+  if (batched) {
+    phases.emplace_back(ranks);
+    for (size_t i = 0; i < prompts.size(); ++i) phases[0][i * ranks / prompts.size()].push_back(i);
+  } else {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      phases.emplace_back(ranks);
+      phases.back()[i % ranks] = {i};
+    }
+  }
+  models.resize(ranks);
+  const bool hidden = absl::GetFlag(FLAGS_hidden);
+  const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_expert_parallel_timeout_s));
+  return run_thread_ranks(ranks, timeout, [&](Communicator& comm) -> absl::Status {
+    const int r = comm.rank();
+    auto dispatcher = std::make_shared<ExpertParallelDispatcher>(comm, experts, exchange);
+    Placement p = placement;
+    p.experts = dispatcher->owned();
+    {
+      const ScopedExpertDispatcher bind(dispatcher);
+      LOOM_ASSIGN_OR_RETURN(models[r], Model::load(dir, cfg, p));
+    }
+    const Rank rank{.model = models[r].get(), .comm = &comm, .dispatcher = dispatcher.get()};
+    for (const auto& phase : phases) {
+      if (!phase[r].empty())
+        LOOM_RETURN_IF_ERROR(run_group(rank, prompts, phase[r], results, hidden));
+      LOOM_RETURN_IF_ERROR(idle_until_all_done(rank));
+    }
+    return absl::OkStatus();
+  });
 }
 
 int run() {
@@ -350,15 +452,21 @@ int run() {
   }
   if (const int rc = check_blas_coretype(); rc != 0) return rc;
   const bool batched = absl::GetFlag(FLAGS_batch);
-  const auto t0 = std::chrono::steady_clock::now();
-  absl::StatusOr<std::unique_ptr<Model>> model = Model::load(
-      dir, Placement{.device = *device,
-                     .dtype = *weight_dtype,
-                     .activations = bf16 ? ActivationDType::kBF16 : ActivationDType::kF32});
-  if (!model.ok()) {
-    std::fprintf(stderr, "loom-conformance: %s\n", std::string(model.status().message()).c_str());
+  const int ranks = absl::GetFlag(FLAGS_expert_parallel);
+  absl::StatusOr<ExpertExchange> exchange =
+      parse_expert_exchange(absl::GetFlag(FLAGS_expert_dispatch));
+  if (ranks < 1 || !exchange.ok() || (ranks > 1 && (!device->is_cpu() || bf16))) {
+    std::fprintf(stderr,
+                 "loom-conformance: --expert_parallel %d --expert_dispatch %s: expected N >= 1 "
+                 "and all_gather or all_to_all; ranks are CPU threads (f32) until NCCL ranks "
+                 "exist\n",
+                 ranks, absl::GetFlag(FLAGS_expert_dispatch).c_str());
     return 2;
   }
+  const auto t0 = std::chrono::steady_clock::now();
+  const Placement placement{.device = *device,
+                            .dtype = *weight_dtype,
+                            .activations = bf16 ? ActivationDType::kBF16 : ActivationDType::kF32};
   const std::string golden_dir =
       absl::GetFlag(FLAGS_golden).empty() ? dir : absl::GetFlag(FLAGS_golden);
   absl::StatusOr<std::vector<Prompt>> prompts = load_prompts(golden_dir);
@@ -367,20 +475,35 @@ int run() {
     return 2;
   }
   std::vector<Result> results(prompts->size());
-  std::vector<std::vector<size_t>> groups;
-  if (batched) {
-    groups.emplace_back();
-    for (size_t i = 0; i < prompts->size(); ++i) groups[0].push_back(i);
-  } else {
-    for (size_t i = 0; i < prompts->size(); ++i) groups.push_back({i});
-  }
-  for (const auto& g : groups) {
-    absl::Status st = run_group(**model, *prompts, g, results, absl::GetFlag(FLAGS_hidden));
-    if (!st.ok()) {
-      std::fprintf(stderr, "loom-conformance: %s\n", std::string(st.message()).c_str());
-      return 2;
+  std::vector<std::unique_ptr<Model>> models;  // one per rank
+  absl::Status st;
+  if (ranks == 1) {
+    absl::StatusOr<std::unique_ptr<Model>> model = Model::load(dir, placement);
+    if (model.ok()) {
+      models.push_back(*std::move(model));
+      std::vector<std::vector<size_t>> groups;
+      if (batched) {
+        groups.emplace_back();
+        for (size_t i = 0; i < prompts->size(); ++i) groups[0].push_back(i);
+      } else {
+        for (size_t i = 0; i < prompts->size(); ++i) groups.push_back({i});
+      }
+      for (const auto& g : groups) {
+        st = run_group(Rank{.model = models[0].get()}, *prompts, g, results,
+                       absl::GetFlag(FLAGS_hidden));
+        if (!st.ok()) break;
+      }
+    } else {
+      st = model.status();
     }
+  } else {
+    st = run_expert_parallel(ranks, *exchange, dir, placement, *prompts, batched, results, models);
   }
+  if (!st.ok()) {
+    std::fprintf(stderr, "loom-conformance: %s\n", std::string(st.message()).c_str());
+    return 2;
+  }
+  const Model& model = *models[0];
   // bf16: per prompt, the reference's own bf16 error (golden.json reference_bf16).
   std::vector<double> ref_rel, ref_top1;
   if (bf16) {
@@ -445,10 +568,10 @@ int run() {
   name = name.substr(name.find_last_of('/') + 1);
   nlohmann::json summary = {
       {"fixture", name},
-      {"model_type", (*model)->config().model_type},
+      {"model_type", model.config().model_type},
       {"batch", batched},
-      {"weight_dtype", weight_dtype_name((*model)->placement().dtype)},
-      {"parameter_bytes", (*model)->parameters().bytes()},
+      {"weight_dtype", weight_dtype_name(model.placement().dtype)},
+      {"parameter_bytes", model.parameters().bytes()},
       {"prompts", results.size()},
       {"worst_max_abs", worst_abs},
       {"worst_rel_l2", worst_rel},
@@ -459,6 +582,15 @@ int run() {
       {"seconds", secs},
       {"ok", ok}};
   summary["blas_core"] = openblas_get_corename();
+  if (ranks > 1) {
+    nlohmann::json per_rank = nlohmann::json::array();
+    for (const auto& m : models)
+      per_rank.push_back({{"experts", {m->placement().experts->begin, m->placement().experts->end}},
+                          {"parameter_bytes", m->parameters().bytes()}});
+    summary["expert_parallel"] = ranks;
+    summary["expert_dispatch"] = expert_exchange_name(*exchange);
+    summary["ranks"] = per_rank;
+  }
   std::cout << summary.dump() << std::endl;
   return ok ? 0 : 1;
 }
@@ -472,7 +604,8 @@ int main(int argc, char** argv) {
       "usage: loom-conformance --fixture DIR [--golden DIR] [--device cpu|cuda[:N]] [--dtype "
       "f32|bf16] "
       "[--weight_dtype auto|f32|bf16] [--batch] "
-      "[--hidden]");
+      "[--hidden] [--deterministic] [--expert_parallel N [--expert_dispatch "
+      "all_gather|all_to_all]]");
   absl::ParseCommandLine(argc, argv);
   if (!absl::GetFlag(FLAGS_random_weights).empty()) {
     std::fprintf(stderr,

@@ -1,0 +1,32 @@
+#include "engine/parallel/expert_dispatcher_binding.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "engine/parallel/local_expert_dispatcher.h"
+
+namespace loom {
+namespace {
+thread_local std::shared_ptr<ExpertDispatcher> bound;  // null: no binding
+}  // namespace
+
+ScopedExpertDispatcher::ScopedExpertDispatcher(std::shared_ptr<ExpertDispatcher> dispatcher) {
+  LOOM_CHECK(bound == nullptr, "ScopedExpertDispatcher: this thread already has a binding");
+  LOOM_CHECK(dispatcher != nullptr, "ScopedExpertDispatcher: null dispatcher");
+  bound = std::move(dispatcher);
+}
+
+ScopedExpertDispatcher::~ScopedExpertDispatcher() { bound.reset(); }
+
+absl::StatusOr<std::shared_ptr<ExpertDispatcher>> expert_dispatcher_for_layer(int64_t num_experts,
+                                                                              ExpertRange owned) {
+  if (bound == nullptr) return std::make_shared<LocalExpertDispatcher>(num_experts, owned);
+  const ExpertRange r = bound->owned();
+  if (r != owned)
+    return absl::InvalidArgumentError(
+        absl::StrCat("the expert-parallel dispatcher owns experts [", r.begin, ", ", r.end,
+                     ") but the weights hold [", owned.begin, ", ", owned.end,
+                     "): load the rank's model with Placement::experts = its dispatcher's range"));
+  return bound;
+}
+
+}  // namespace loom

@@ -1,0 +1,31 @@
+// How a rank's model gets its expert-parallel dispatcher: bound to the loading thread for the
+// duration of Model::load. Each MoE layer asks for its dispatcher once, when it is built
+// (engine/model/ffn.cc); with no binding on the thread it gets a LocalExpertDispatcher of the
+// placement's experts, as always. A binding is per thread because a rank is one thread (thread
+// ranks load their models concurrently), and scoped so that it cannot leak into a later load.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "engine/parallel/expert_dispatcher.h"
+
+namespace loom {
+
+class ScopedExpertDispatcher {
+ public:
+  // While this lives, MoE layers built on this thread dispatch through `dispatcher` (shared by
+  // all of them; it must keep no state between calls). Bindings do not nest.
+  explicit ScopedExpertDispatcher(std::shared_ptr<ExpertDispatcher> dispatcher);
+  ScopedExpertDispatcher(const ScopedExpertDispatcher&) = delete;
+  ScopedExpertDispatcher& operator=(const ScopedExpertDispatcher&) = delete;
+  ~ScopedExpertDispatcher();
+};
+
+// The dispatcher of an MoE layer of `num_experts` whose weights hold experts `owned`: the
+// thread's bound one, or a new LocalExpertDispatcher. InvalidArgument when the bound dispatcher
+// owns other experts than the weights (the model was loaded with another Placement::experts).
+absl::StatusOr<std::shared_ptr<ExpertDispatcher>> expert_dispatcher_for_layer(int64_t num_experts,
+                                                                              ExpertRange owned);
+
+}  // namespace loom
