@@ -32,7 +32,7 @@ ABSL_DECLARE_FLAG(uint64_t, seed);
 ABSL_FLAG(std::string, random_weights, "",
           "offline: random weights from this seed for the config.json at --model (no checkpoint)");
 ABSL_FLAG(std::string, device, "cpu", "offline: cpu, cuda or cuda:N");
-ABSL_FLAG(std::string, weight_dtype, "auto", "offline: weight matrices: auto, f32 or bf16");
+ABSL_FLAG(std::string, weight_dtype, "auto", "offline: weight matrices: auto, f32, bf16 or fp8");
 ABSL_FLAG(std::string, act_dtype, "auto", "offline: activations: auto, f32 or bf16");
 ABSL_FLAG(std::string, batches, "1,8,64,256", "offline: decode batch sizes");
 ABSL_FLAG(int64_t, context, 4096, "offline: prompt tokens of each decoding sequence");
@@ -42,6 +42,7 @@ ABSL_FLAG(std::string, long_context, "",
           "offline: context lengths (e.g. 131072,1000000) timed to first token and per token");
 ABSL_FLAG(int64_t, long_decode_steps, 16, "offline: tokens timed after a long prompt");
 ABSL_FLAG(int64_t, max_num_batched_tokens, 8192, "offline: the engine's token budget per step");
+ABSL_FLAG(bool, cuda_graphs, true, "offline: decode steps as CUDA graph replays (the server's)");
 ABSL_FLAG(int64_t, cache_budget_mb, 0,
           "offline: KV pages + state slots, MiB (0: derived on a GPU, 1024 on the CPU)");
 
@@ -251,6 +252,7 @@ absl::StatusOr<OfflineOptions> offline_options_from_flags() {
   o.decode_steps = absl::GetFlag(FLAGS_decode_steps);
   o.long_decode_steps = absl::GetFlag(FLAGS_long_decode_steps);
   o.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
+  o.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   o.cache_budget_mb = absl::GetFlag(FLAGS_cache_budget_mb);
   o.seed = absl::GetFlag(FLAGS_seed);
   o.json = absl::GetFlag(FLAGS_json);
@@ -307,6 +309,7 @@ int run_offline(const OfflineOptions& o) {
   eo.max_num_seqs = static_cast<int32_t>(max_batch);
   eo.max_num_batched_tokens = static_cast<int32_t>(o.max_num_batched_tokens);
   eo.enable_prefix_cache = false;  // random prompts share nothing; keep the work honest
+  eo.cuda_graphs = o.cuda_graphs;
   eo.max_model_len = static_cast<int32_t>(std::min<int64_t>(longest, INT32_MAX));
   eo.cache_budget_bytes =
       o.cache_budget_mb > 0 ? o.cache_budget_mb << 20 : (device->is_cpu() ? int64_t{1} << 30 : 0);

@@ -26,6 +26,7 @@ struct OfflineOptions {
   std::vector<int64_t> long_context = {};  // e.g. 131072, 1000000
   int64_t long_decode_steps = 16;
   int64_t max_num_batched_tokens = 8192;
+  bool cuda_graphs = true;      // decode steps as graph replays (EngineOptions::cuda_graphs)
   int64_t cache_budget_mb = 0;  // 0: derived on a GPU, 1024 on the CPU (the server's rule)
   uint64_t seed = 1;            // prompts' token ids
   std::string json;             // write the report here too
