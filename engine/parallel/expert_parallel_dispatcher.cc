@@ -218,6 +218,31 @@ Dispatched ExpertParallelDispatcher::dispatch_all_to_all(const Tensor& x, const 
   return out;
 }
 
+bool ExpertParallelDispatcher::return_rows(const Tensor& rows, const Dispatched& d) {
+  const int n = comm_.size();
+  const int64_t k = d.weights.dim(1);
+  if (exchange_ == ExpertExchange::kAllGather) {
+    // Each gathered slot's row at its token's place in its rank's block, kNeutral elsewhere.
+    const int64_t* tokens = d.peer_counts.data<int64_t>();
+    const int64_t cap = d.recv_back.dim(0) / std::max<int64_t>(k, 1);
+    const int32_t* moved = d.moved_rows.data<int32_t>();
+    for (int q = 0; q < n; ++q) {
+      const Tensor block = d.send_back.slice(0, q * cap * k, (q + 1) * cap * k);
+      gather_rows(rows, moved, tokens[q] * k, block);
+      const Tensor pad = block.slice(0, tokens[q] * k, cap * k);
+      std::fill(pad.data<float>(), pad.data<float>() + pad.numel(), kNeutral);
+      moved += tokens[q] * k;
+    }
+    return comm_.reduce_scatter(d.send_back, d.recv_back).ok();
+  }
+  const int64_t* sent = d.peer_counts.data<int64_t>();
+  gather_rows(rows, d.moved_rows.data<int32_t>(), d.send_back.dim(0), d.send_back);
+  return comm_
+      .all_to_all(d.send_back, std::span<const int64_t>(sent + n, n), d.recv_back,
+                  std::span<const int64_t>(sent, n))
+      .ok();
+}
+
 void ExpertParallelDispatcher::combine(const Exec& ex, const Tensor& y, const Dispatched& d,
                                        const Tensor& out) {
   check_f32_host(ex, "combine", {&y, &out});
@@ -229,31 +254,7 @@ void ExpertParallelDispatcher::combine(const Exec& ex, const Tensor& y, const Di
     const Tensor filler = out.slice(0, sent_tokens, out.dim(0));
     std::fill(filler.data<float>(), filler.data<float>() + filler.numel(), 0.0f);
   }
-  const int n = comm_.size();
-  const int64_t k = d.weights.dim(1);
-  if (exchange_ == ExpertExchange::kAllGather) {
-    // Each gathered slot's output at its token's place in its rank's block, kNeutral elsewhere.
-    const int64_t* tokens = d.peer_counts.data<int64_t>();
-    const int64_t cap = d.recv_back.dim(0) / std::max<int64_t>(k, 1);
-    const int32_t* moved = d.moved_rows.data<int32_t>();
-    for (int q = 0; q < n; ++q) {
-      const Tensor block = d.send_back.slice(0, q * cap * k, (q + 1) * cap * k);
-      gather_rows(y, moved, tokens[q] * k, block);
-      const Tensor pad = block.slice(0, tokens[q] * k, cap * k);
-      std::fill(pad.data<float>(), pad.data<float>() + pad.numel(), kNeutral);
-      moved += tokens[q] * k;
-    }
-    if (!comm_.reduce_scatter(d.send_back, d.recv_back).ok()) return zero();
-  } else {
-    const int64_t* sent = d.peer_counts.data<int64_t>();
-    const int64_t* received = sent + n;
-    gather_rows(y, d.moved_rows.data<int32_t>(), d.send_back.dim(0), d.send_back);
-    if (!comm_
-             .all_to_all(d.send_back, std::span<const int64_t>(received, n), d.recv_back,
-                         std::span<const int64_t>(sent, n))
-             .ok())
-      return zero();
-  }
+  if (!return_rows(y, d)) return zero();
   moe_unpermute_combine(host_exec(), d.recv_back, d.row_of_slot, d.weights,
                         out.slice(0, 0, sent_tokens));
 }
@@ -330,31 +331,10 @@ void ExpertParallelDispatcher::dispatch_backward(const Exec& ex, const Tensor& d
   if (!comm_.status().ok()) return;  // d_x keeps what it had: the driver discards the step
   Workspace& ws = *ex.workspace;
   const Workspace::Mark scope(ws);
-  const int n = comm_.size();
   const int64_t t = d_x.dim(0), k = d.weights.dim(1);
   // The rows' gradients go back as the outputs did (send_back / recv_back are free again), then
   // each token adds its slots' in top-k order (moe_permute_backward, as the local dispatcher).
-  if (exchange_ == ExpertExchange::kAllGather) {
-    const int64_t* tokens = d.peer_counts.data<int64_t>();
-    const int64_t cap = d.recv_back.dim(0) / std::max<int64_t>(k, 1);
-    const int32_t* moved = d.moved_rows.data<int32_t>();
-    for (int q = 0; q < n; ++q) {
-      const Tensor block = d.send_back.slice(0, q * cap * k, (q + 1) * cap * k);
-      gather_rows(d_rows, moved, tokens[q] * k, block);
-      const Tensor pad = block.slice(0, tokens[q] * k, cap * k);
-      std::fill(pad.data<float>(), pad.data<float>() + pad.numel(), kNeutral);
-      moved += tokens[q] * k;
-    }
-    if (!comm_.reduce_scatter(d.send_back, d.recv_back).ok()) return;
-  } else {
-    const int64_t* sent = d.peer_counts.data<int64_t>();
-    gather_rows(d_rows, d.moved_rows.data<int32_t>(), d.send_back.dim(0), d.send_back);
-    if (!comm_
-             .all_to_all(d.send_back, std::span<const int64_t>(sent + n, n), d.recv_back,
-                         std::span<const int64_t>(sent, n))
-             .ok())
-      return;
-  }
+  if (!return_rows(d_rows, d)) return;
   moe_permute_backward(host_exec(), d.recv_back.slice(0, 0, t * k), d.row_of_slot, d_x);
 }
 

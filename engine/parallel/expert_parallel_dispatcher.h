@@ -88,6 +88,11 @@ class ExpertParallelDispatcher final : public ExpertDispatcher {
   // The Dispatched of a failed exchange: no rows; combine writes zeros.
   Dispatched failed(const Tensor& weights, int64_t d, Workspace& ws) const;
   int owner_of(int64_t expert) const;
+  // Sends per-slot rows computed here (`rows`, in this rank's expert order: outputs, or their
+  // gradients) back to the ranks of their tokens, into d.recv_back in each token's slot order,
+  // through d.send_back. The all-gather exchange reduce-scatters with kNeutral padding; the
+  // all-to-all one sends exactly the rows each rank gets back. False when the exchange failed.
+  bool return_rows(const Tensor& rows, const Dispatched& d);
 
   Communicator& comm_;
   const int64_t num_experts_;
