@@ -3,11 +3,12 @@
 One loom-server with HTTP and gRPC (--grpc_port 0), driven with the standard library (HTTP) and
 grpcio (clients/python):
 
-  * the API key: every gRPC method (Generate, Tokenize, Detokenize, GetModelInfo, GetStats and
+  * the API key: every gRPC method (Generate, Chat, Tokenize, Detokenize, GetModelInfo, GetStats and
     server reflection) answers UNAUTHENTICATED without `authorization: Bearer KEY`, HTTP answers
     401 with `WWW-Authenticate: Bearer`; gRPC health and /health stay open;
   * admission: N simultaneous generations against --max_num_seqs 1 --max_queue 2 admit exactly 3,
-    over HTTP, over gRPC and mixed; the rest get 429 with Retry-After / RESOURCE_EXHAUSTED;
+    over HTTP, over gRPC (Generate, and Chat among them) and mixed; the rest get 429 with
+    Retry-After / RESOURCE_EXHAUSTED;
   * one sampling validation: temperature 3 is refused on both, naming the field;
   * the drain: on SIGTERM gRPC health is NOT_SERVING and /health 503 at once, new work is refused
     on both (UNAVAILABLE / 503); a gRPC and an HTTP stream started before the signal both finish
@@ -142,6 +143,8 @@ class AuthAndValidationTest(unittest.TestCase):
             with self.subTest(key=key), self.server.client(api_key=key) as c:
                 calls = {
                     "Generate": lambda: list(c.generate("hi", max_tokens=2)),
+                    "Chat": lambda: list(c.chat([{"role": "user", "content": "hi"}],
+                                                max_tokens=2)),
                     "Tokenize": lambda: c.tokenize("hi"),
                     "Detokenize": lambda: c.detokenize([104]),
                     "GetModelInfo": c.model_info,
@@ -235,7 +238,11 @@ class AdmissionTest(unittest.TestCase):
                     self.assertEqual(s.headers.get("retry-after"), "1")
                     results[i] = "refused"
                 return
-            call = client.generate("queue", max_tokens=5000, ignore_eos=True)
+            if kind == "grpc_chat":
+                call = client.chat([{"role": "user", "content": "queue"}], max_tokens=5000,
+                                   ignore_eos=True)
+            else:
+                call = client.generate("queue", max_tokens=5000, ignore_eos=True)
             with lock:
                 grpc_calls.append(call)
             try:
@@ -294,6 +301,10 @@ class AdmissionTest(unittest.TestCase):
 
     def test_mixed(self):
         self.check_rounds(["http", "grpc"] * (self.N // 2))
+
+    def test_chat_counts_like_generate(self):
+        # gRPC Chat goes through the same gate: chats, generations and HTTP requests together.
+        self.check_rounds(["grpc_chat", "grpc", "http"] * 3 + ["grpc_chat"])
 
 
 class DrainTest(unittest.TestCase):
