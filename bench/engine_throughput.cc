@@ -29,7 +29,8 @@ ABSL_FLAG(int, ttft_prompt_len, 2000, "prompt tokens of the time-to-first-token 
 ABSL_FLAG(int, max_num_batched_tokens, 2048, "engine token budget per step");
 ABSL_FLAG(bool, deterministic, false, "batch-invariant numerics (the server's --deterministic)");
 ABSL_FLAG(std::string, device, "cpu", "where the model runs: cpu, cuda or cuda:N (the server's)");
-ABSL_FLAG(std::string, weight_dtype, "auto", "weight matrices: auto, f32 or bf16 (the server's)");
+ABSL_FLAG(std::string, weight_dtype, "auto",
+          "weight matrices: auto, f32, bf16 or fp8 (the server's)");
 ABSL_FLAG(std::string, act_dtype, "auto", "activations: auto, f32 or bf16 (the server's)");
 ABSL_FLAG(int64_t, cache_budget_mb, 0,
           "KV pages + linear-state slots, MiB (the server's: 0 = derived from free memory on a "

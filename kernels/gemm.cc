@@ -12,8 +12,10 @@ namespace loom {
 void linear_forward(const Exec& ex, const Tensor& x, const Tensor& w, const Tensor& out,
                     float beta) {
   LOOM_ON_EXEC_DEVICE(ex, "linear_forward", x, w, out);
-  LOOM_CHECK((w.dtype() == DType::kF32 || w.dtype() == DType::kBF16) && w.is_contiguous(),
-             "linear_forward: w must be contiguous f32 or bf16, got %s", w.describe().c_str());
+  LOOM_CHECK(
+      (w.dtype() == DType::kF32 || w.dtype() == DType::kBF16 || w.dtype() == DType::kF8E4M3) &&
+          w.is_contiguous(),
+      "linear_forward: w must be contiguous f32, bf16 or fp8, got %s", w.describe().c_str());
   LOOM_CHECK(w.ndim() == 2 && x.ndim() >= 1 && out.ndim() == x.ndim(),
              "linear_forward: x %s w %s out %s", x.describe().c_str(), w.describe().c_str(),
              out.describe().c_str());
@@ -30,6 +32,9 @@ void linear_forward(const Exec& ex, const Tensor& x, const Tensor& w, const Tens
     return cpu::linear_forward(x, w, out, beta);
   }
 #ifdef LOOM_WITH_CUDA
+  LOOM_CHECK(w.dtype() != DType::kF8E4M3,
+             "linear_forward: fp8 matrices run on the CPU only in this build (w %s)",
+             w.describe().c_str());
   // f32 x and out with f32 or bf16 w; bf16 x or out (bf16 activations) with bf16 w only. Under
   // ex.batch_invariant the CUDA twin runs Loom's row-invariant kernels instead of cuBLAS.
   const bool bf16_activations = x.dtype() == DType::kBF16 || out.dtype() == DType::kBF16;

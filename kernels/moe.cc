@@ -127,9 +127,10 @@ void moe_grouped_swiglu(const Exec& ex, const Tensor& x, const Tensor& offsets,
              "moe_grouped_swiglu: offsets %s", offsets.describe().c_str());
   const DType wt = w_gate.dtype();
   for (const Tensor* w : {&w_gate, &w_up, &w_down}) {
-    LOOM_CHECK((wt == DType::kF32 || wt == DType::kBF16) && w->dtype() == wt && w->is_contiguous(),
-               "moe_grouped_swiglu: expert weights must be contiguous f32 or bf16, all one dtype: "
-               "w_gate %s w_up %s w_down %s",
+    LOOM_CHECK((wt == DType::kF32 || wt == DType::kBF16 || wt == DType::kF8E4M3) &&
+                   w->dtype() == wt && w->is_contiguous(),
+               "moe_grouped_swiglu: expert weights must be contiguous f32, bf16 or fp8, all one "
+               "dtype: w_gate %s w_up %s w_down %s",
                w_gate.describe().c_str(), w_up.describe().c_str(), w_down.describe().c_str());
   }
   LOOM_CHECK(x.ndim() == 2 && w_gate.ndim() == 3, "moe_grouped_swiglu: x %s w_gate %s",
@@ -151,6 +152,9 @@ void moe_grouped_swiglu(const Exec& ex, const Tensor& x, const Tensor& offsets,
     return cpu::moe_grouped_swiglu(x, offsets, w_gate, w_up, w_down, y, gate_up);
   }
 #ifdef LOOM_WITH_CUDA
+  LOOM_CHECK(wt != DType::kF8E4M3,
+             "moe_grouped_swiglu: fp8 matrices run on the CPU only in this build (w_gate %s)",
+             w_gate.describe().c_str());
   return cuda::moe_grouped_swiglu(ex, x, offsets, w_gate, w_up, w_down, y, gate_up);
 #else
   no_kernel_for(ex, "moe_grouped_swiglu");

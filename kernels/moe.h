@@ -99,9 +99,11 @@ void moe_permute_backward(const Exec& ex, const Tensor& d_x_sorted, const Tensor
 // r in [offsets[e], offsets[e + 1]): one GEMM per projection per expert over its rows.
 // x, y: [R, D] f32 (on CUDA either may be bf16; y's rows from offsets[E_local] on untouched);
 // offsets: [E_local + 1] i32,
-// non-decreasing; w_gate, w_up: [E_local, I, D]; w_down: [E_local, D, I], all three f32 or all
-// bf16 (widened to f32 and accumulated in f32, as linear_forward does: the same bits as f32
-// weights of the same values in batch-invariant mode, within f32 rounding otherwise).
+// non-decreasing; w_gate, w_up: [E_local, I, D]; w_down: [E_local, D, I], all three f32, all
+// bf16 or, on the CPU, all stored FP8 (core/fp8_matrix.h: each expert's matrix in its own 128 x 128
+// blocks) (widened to f32, FP8 times its block's scale, and accumulated in f32, as linear_forward
+// does: the same bits as f32 weights of the same values in batch-invariant mode, within f32
+// rounding otherwise).
 // gate_up: undefined (the default), or [2, R, I] f32: training keeps the gate (gate_up[0]) and up
 // (gate_up[1]) pre-activations of every row there for moe_grouped_swiglu_backward (rows from
 // offsets[E_local] on untouched); y is the same bits either way.

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/allocator.h"
+#include "core/fp8_matrix.h"
 #include "core/status.h"
 
 namespace loom {
@@ -14,8 +15,9 @@ absl::StatusOr<WeightDType> parse_weight_dtype(std::string_view name) {
   if (name == "auto") return WeightDType::kAuto;
   if (name == "f32") return WeightDType::kF32;
   if (name == "bf16") return WeightDType::kBF16;
-  return absl::InvalidArgumentError(absl::StrCat("weight dtype '", absl_sv(name),
-                                                 "' is not supported; expected auto, f32 or bf16"));
+  if (name == "fp8") return WeightDType::kFP8;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "weight dtype '", absl_sv(name), "' is not supported; expected auto, f32, bf16 or fp8"));
 }
 
 std::string_view weight_dtype_name(WeightDType dtype) {
@@ -26,6 +28,8 @@ std::string_view weight_dtype_name(WeightDType dtype) {
       return "f32";
     case WeightDType::kBF16:
       return "bf16";
+    case WeightDType::kFP8:
+      return "fp8";
   }
   return "?";
 }
@@ -73,11 +77,29 @@ std::shared_ptr<void> ParameterArena::allocate_chunk(size_t bytes) {
 }
 
 Tensor ParameterArena::allocate(std::string_view name, const Shape& shape, DType dtype) {
+  return carve(name, shape, dtype, static_cast<size_t>(shape.numel()) * dtype_size(dtype));
+}
+
+Tensor ParameterArena::allocate_fp8(std::string_view name, const Shape& shape) {
+  Tensor t = carve(name, shape, DType::kF8E4M3, fp8_storage_bytes(shape));
+  if (device_.is_cpu()) {
+    fp8_write_trailer(t.raw(), shape.numel());
+  } else {
+    // The trailer goes up once (a device pointer is never dereferenced on the host).
+    uint64_t trailer[2] = {fp8_detail::kMagic, static_cast<uint64_t>(shape.numel())};
+    const Tensor src = Tensor::wrap(trailer, {16}, DType::kU8);
+    Tensor::wrap(static_cast<char*>(t.raw()) + fp8_detail::trailer_offset(shape.numel()), {16},
+                 DType::kU8, device_)
+        .copy_from(src);
+  }
+  return t;
+}
+
+Tensor ParameterArena::carve(std::string_view name, const Shape& shape, DType dtype, size_t n) {
   LOOM_CHECK(!frozen_, "parameter arena: '%s' allocated after freeze(); parameters are immutable",
              std::string(name).c_str());
   LOOM_CHECK(find(name) == nullptr, "parameter arena: '%s' allocated twice",
              std::string(name).c_str());
-  const size_t n = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
   const size_t need = std::max<size_t>((n + kAlignment - 1) / kAlignment * kAlignment, kAlignment);
   if (chunks_.empty() || chunks_.back().size - used_ < need) {
     const size_t size = std::max(chunk_bytes_, need);
@@ -108,7 +130,10 @@ void ParameterArena::freeze(bool read_only) {
 size_t ParameterArena::bytes(DType dtype) const {
   size_t total = 0;
   for (const Entry& e : entries_)
-    if (e.tensor.dtype() == dtype) total += e.tensor.nbytes();
+    if (e.tensor.dtype() == dtype) {
+      // A stored FP8 matrix's scales share its allocation (core/fp8_matrix.h).
+      total += dtype == DType::kF8E4M3 ? fp8_storage_bytes(e.tensor.shape()) : e.tensor.nbytes();
+    }
   return total;
 }
 

@@ -27,11 +27,17 @@ struct ExpertRange {
 };
 
 // The storage dtype of the weight matrices. kAuto keeps the checkpoint's precision: bf16 when
-// every matrix of the checkpoint is stored in bf16 (so storing them in bf16 loses nothing), f32
-// otherwise (f32, f16 and FP8 checkpoints, synthetic weights).
-enum class WeightDType : uint8_t { kAuto, kF32, kBF16 };
+// every matrix of the checkpoint is stored in bf16 (so storing them in bf16 loses nothing); on the
+// CPU, kFP8 when the checkpoint holds FP8 matrices in 128 x 128 blocks (each of those kept as
+// stored, the others in bf16 when stored in bf16, else f32: DeepSeek-V3 ships lm_head in bf16);
+// f32 otherwise (f32 and f16 checkpoints, synthetic weights, and FP8 checkpoints on a GPU until it
+// has FP8 GEMMs).
+// kFP8: every matrix as float8_e4m3fn with one f32 scale per 128 x 128 block (core/fp8_matrix.h):
+// FP8 checkpoint tensors keep their bytes and scales, every other matrix is quantized at load
+// (weights/fp8.h). CPU only in this build; not trainable.
+enum class WeightDType : uint8_t { kAuto, kF32, kBF16, kFP8 };
 
-// "auto", "f32" or "bf16" (flags); InvalidArgument naming the accepted values otherwise.
+// "auto", "f32", "bf16" or "fp8" (flags); InvalidArgument naming the accepted values otherwise.
 absl::StatusOr<WeightDType> parse_weight_dtype(std::string_view name);
 std::string_view weight_dtype_name(WeightDType dtype);
 
@@ -57,7 +63,9 @@ std::string_view activation_dtype_name(ActivationDType dtype);
 //    kv_b_proj (read inside mla_attention_varlen, f32 only).
 // The CPU kernels widen bf16 matrices to f32 in registers or bounded scratch and accumulate in
 // f32 (kernels/gemm.h), so a bf16 checkpoint stored in bf16 computes the same numbers as stored in
-// f32, in half the memory.
+// f32, in half the memory. FP8 matrices are widened the same way, each value times its block's
+// scale (one f32 product): the numbers of the dequantized f32 matrix, in a quarter of its memory.
+// MLA's kv_b_proj stays f32 under kFP8 as under kBF16 (dequantized at load).
 struct Placement {
   Device device = Device::kCpu;
   WeightDType dtype = WeightDType::kF32;
@@ -74,8 +82,14 @@ struct Placement {
   ExpertRange owned_experts(int64_t num_experts) const {
     return experts ? *experts : ExpertRange{0, num_experts};
   }
-  // The dtype matrices are stored in once kAuto is resolved (kF32 or kBF16; kAuto gives kF32).
-  DType matrix_dtype() const { return dtype == WeightDType::kBF16 ? DType::kBF16 : DType::kF32; }
+  // The dtype matrices are stored in once kAuto is resolved (kF32, kBF16 or kF8E4M3; kAuto gives
+  // kF32). Under a resolved kAuto with FP8 (WeightLoader::placed), matrices the checkpoint does
+  // not store in FP8 keep their own precision.
+  DType matrix_dtype() const {
+    return dtype == WeightDType::kBF16  ? DType::kBF16
+           : dtype == WeightDType::kFP8 ? DType::kF8E4M3
+                                        : DType::kF32;
+  }
   // "cpu, bf16 matrices, experts [0, 8)" (or "all experts").
   std::string describe() const;
 };
@@ -101,12 +115,16 @@ class ParameterArena {
   // Uninitialised contiguous memory for the parameter `name`. Aborts after freeze() (parameters
   // are immutable after the load) and for a name given twice.
   Tensor allocate(std::string_view name, const Shape& shape, DType dtype);
+  // A stored FP8 matrix (core/fp8_matrix.h): the f8e4m3 tensor of `shape` with its block scales
+  // in the same allocation (values and scales uninitialised; fp8_matrix_scales finds them).
+  Tensor allocate_fp8(std::string_view name, const Shape& shape);
   // Ends the load: no allocation afterwards; with `read_only`, host chunks become read-only
   // pages (a model being trained keeps them writable).
   void freeze(bool read_only = true);
   bool frozen() const { return frozen_; }
 
-  // Bytes of the parameters themselves (all, or those of one dtype).
+  // Bytes of the parameters themselves (all, or those of one dtype; an FP8 matrix counts its
+  // scales too).
   size_t bytes() const { return bytes_; }
   size_t bytes(DType dtype) const;
   // Bytes of the chunks (parameters plus alignment padding and the last chunk's unused tail; on
@@ -129,6 +147,7 @@ class ParameterArena {
     size_t size = 0;
   };
   std::shared_ptr<void> allocate_chunk(size_t bytes);
+  Tensor carve(std::string_view name, const Shape& shape, DType dtype, size_t bytes);
 
   Device device_;
   size_t chunk_bytes_;

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "core/fp8_matrix.h"
 #include "core/status.h"
 #include "weights/adapters/adapters.h"
 #include "weights/fp8.h"
@@ -140,13 +141,162 @@ absl::StatusOr<WeightLoader> WeightLoader::placed(ParameterArena& arena,
           absl::StrCat("placement expert range [", r.begin, ", ", r.end,
                        ") is not a non-empty range of the model's ", e, " experts"));
   }
+  if (placement.dtype == WeightDType::kFP8 && !placement.device.is_cpu())
+    return absl::InvalidArgumentError(
+        "fp8 matrices run on the CPU only in this build (the GPU has no FP8 GEMMs yet): load "
+        "with bf16 or f32 weights (--weight_dtype) on a GPU");
+  if (placement.dtype == WeightDType::kFP8 && placement.trainable)
+    return absl::InvalidArgumentError(
+        "a trainable model keeps f32 master weights: load it with f32 (or auto) matrices, not "
+        "fp8");
   WeightLoader w = *this;
   w.arena_ = &arena;
   w.placement_ = placement;
-  if (placement.dtype == WeightDType::kAuto)
-    w.placement_.dtype =
-        natural_matrix_dtype() == DType::kBF16 ? WeightDType::kBF16 : WeightDType::kF32;
+  w.fp8_keeps_others_ = false;
+  if (placement.dtype == WeightDType::kAuto) {
+    // FP8 matrices stay FP8 where the kernels take them (the CPU; a trained model is f32).
+    if (placement.device.is_cpu() && !placement.trainable && holds_fp8_matrices()) {
+      w.placement_.dtype = WeightDType::kFP8;
+      w.fp8_keeps_others_ = true;
+    } else {
+      w.placement_.dtype =
+          natural_matrix_dtype() == DType::kBF16 ? WeightDType::kBF16 : WeightDType::kF32;
+    }
+  }
   return w;
+}
+
+bool WeightLoader::holds_fp8_matrices() const {
+  if (!ckpt_ || cfg_.fp8_block_rows != kFp8BlockSize || cfg_.fp8_block_cols != kFp8BlockSize)
+    return false;
+  for (const std::string& name : ckpt_->names()) {
+    const SafetensorsFile::Entry* e = ckpt_->find(name);
+    if (e != nullptr && e->dtype == DType::kF8E4M3 && e->shape.ndim() >= 2) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<Tensor> WeightLoader::copy_stored_fp8(std::string_view canonical, const Shape& shape,
+                                                     ExpertRange rows) const {
+  if (cfg_.fp8_block_rows != kFp8BlockSize || cfg_.fp8_block_cols != kFp8BlockSize) return Tensor();
+  absl::StatusOr<TensorSource> src = tensor_source(cfg_, canonical);
+  if (!src.ok() || src->names.empty() || src->transform || shape.ndim() < 2) return Tensor();
+  for (const std::string& n : src->names) {
+    const SafetensorsFile::Entry* e = ckpt_->find(n);
+    if (e == nullptr || e->dtype != DType::kF8E4M3 || !ckpt_->contains(n + "_scale_inv"))
+      return Tensor();  // not (all) FP8: quantized from the f32 values, or an error there
+  }
+  const bool whole = rows == all_rows(shape);
+  // The parts in output order: their values and scale grids, back to back, are the matrix's.
+  struct Part {
+    Tensor q, scale;
+  };
+  std::vector<Part> parts;
+  auto part = [&](const std::string& n, const Shape& want, ExpertRange take) -> absl::Status {
+    LOOM_ASSIGN_OR_RETURN(Tensor q, ckpt_->get(n));
+    LOOM_ASSIGN_OR_RETURN(Tensor scale, ckpt_->get(n + "_scale_inv"));
+    if (q.shape() != want || scale.shape() != fp8_scale_shape(want))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "FP8 tensor '", n, "' ", q.shape().to_string(), " with '", n, "_scale_inv' ",
+          scale.shape().to_string(), " (for ", absl_sv(canonical), "): expected ", want.to_string(),
+          " with ", fp8_scale_shape(want).to_string(), " (128 x 128 blocks)"));
+    if (scale.dtype() != DType::kF32) {
+      if (scale.dtype() != DType::kBF16 && scale.dtype() != DType::kF16)
+        return absl::InvalidArgumentError(
+            absl::StrCat("'", n, "_scale_inv' has dtype ", absl_sv(dtype_name(scale.dtype()))));
+      scale = scale.to_f32();  // exact
+    }
+    if (take != all_rows(want)) {
+      q = q.slice(0, take.begin, take.end);
+      scale = scale.slice(0, take.begin, take.end);
+    }
+    parts.push_back({q, scale});
+    return absl::OkStatus();
+  };
+  Shape tail;  // shape[1:]
+  for (int d = 1; d < shape.ndim(); ++d) tail.push_back(shape[d]);
+  switch (src->combine) {
+    case TensorSource::Combine::kStack:
+      if (static_cast<int64_t>(src->names.size()) != shape[0]) return Tensor();
+      for (int64_t e = rows.begin; e < rows.end; ++e)
+        LOOM_RETURN_IF_ERROR(part(src->names[e], tail, all_rows(tail)));
+      break;
+    case TensorSource::Combine::kConcat: {
+      // Rows of parts concatenated: their scale grids concatenate when every part but the last
+      // ends on a block boundary.
+      if (!whole || shape.ndim() != 2) return Tensor();
+      int64_t total = 0;
+      for (size_t i = 0; i < src->names.size(); ++i) {
+        const Shape& ps = ckpt_->find(src->names[i])->shape;
+        if (ps.ndim() != 2 || ps[1] != shape[1]) return Tensor();
+        if (i + 1 < src->names.size() && ps[0] % kFp8BlockSize != 0) return Tensor();
+        total += ps[0];
+      }
+      if (total != shape[0]) return Tensor();
+      for (const std::string& n : src->names)
+        LOOM_RETURN_IF_ERROR(part(n, ckpt_->find(n)->shape, all_rows(ckpt_->find(n)->shape)));
+      break;
+    }
+    case TensorSource::Combine::kSingle:
+      if (src->names.size() != 1) return Tensor();
+      if (ckpt_->find(src->names[0])->shape != shape) return Tensor();
+      LOOM_RETURN_IF_ERROR(part(src->names[0], shape, rows));
+      break;
+  }
+  Shape out = shape;
+  if (!whole) out[0] = rows.count();
+  Tensor dst = arena_ != nullptr ? arena_->allocate_fp8(canonical, out) : fp8_matrix_empty(out);
+  const Tensor scales = fp8_matrix_scales(dst);
+  auto* q = static_cast<char*>(dst.raw());
+  auto* s = static_cast<char*>(scales.raw());
+  for (const Part& p : parts) {
+    const Tensor pq = p.q.is_contiguous() ? p.q : p.q.clone();
+    const Tensor ps = p.scale.is_contiguous() ? p.scale : p.scale.clone();
+    std::memcpy(q, pq.raw(), pq.nbytes());
+    std::memcpy(s, ps.raw(), ps.nbytes());
+    q += pq.nbytes();
+    s += ps.nbytes();
+  }
+  LOOM_CHECK(q == static_cast<char*>(dst.raw()) + dst.nbytes() &&
+                 s == static_cast<char*>(scales.raw()) + scales.nbytes(),
+             "copy_stored_fp8: parts of %s do not fill %s", std::string(canonical).c_str(),
+             dst.describe().c_str());
+  return dst;
+}
+
+absl::StatusOr<Tensor> WeightLoader::load_fp8(std::string_view canonical, const Shape& shape,
+                                              ExpertRange rows) const {
+  Tensor dst;
+  if (ckpt_) {
+    LOOM_ASSIGN_OR_RETURN(dst, copy_stored_fp8(canonical, shape, rows));
+  }
+  if (!dst.defined()) {
+    if (fp8_keeps_others_) {
+      // kAuto over an FP8 checkpoint: a matrix not stored in FP8 (DeepSeek-V3's lm_head) keeps
+      // its precision, as kAuto does for any checkpoint.
+      bool bf16 = ckpt_ != nullptr;
+      absl::StatusOr<TensorSource> src = tensor_source(cfg_, canonical);
+      if (src.ok()) {
+        for (const std::string& n : src->names) {
+          const SafetensorsFile::Entry* e = ckpt_ ? ckpt_->find(n) : nullptr;
+          bf16 &= e != nullptr && e->dtype == DType::kBF16;
+        }
+      }
+      return load_as(canonical, shape, bf16 ? DType::kBF16 : DType::kF32, rows);
+    }
+    // Everything else is quantized from its f32 values, read by an unplaced copy of this loader.
+    WeightLoader plain = *this;
+    plain.arena_ = nullptr;
+    plain.record_ = nullptr;
+    plain.placement_ = Placement{};
+    LOOM_ASSIGN_OR_RETURN(Tensor w, plain.load_as(canonical, shape, DType::kF32, rows));
+    if (!w.is_contiguous()) w = w.clone();
+    dst = arena_ != nullptr ? arena_->allocate_fp8(canonical, w.shape())
+                            : fp8_matrix_empty(w.shape());
+    LOOM_RETURN_IF_ERROR(quantize_fp8_blocks(w, dst, canonical));
+  }
+  if (record_ != nullptr) record_->emplace_back(std::string(canonical), dst);
+  return dst;
 }
 
 Tensor WeightLoader::destination(std::string_view canonical, const Shape& shape,
@@ -180,6 +330,7 @@ absl::StatusOr<Tensor> WeightLoader::load_experts(std::string_view canonical,
 
 absl::StatusOr<Tensor> WeightLoader::load_as(std::string_view canonical, const Shape& shape,
                                              DType dtype, ExpertRange rows) const {
+  if (dtype == DType::kF8E4M3) return load_fp8(canonical, shape, rows);
   absl::StatusOr<Tensor> t;
   if (generate_) {
     Shape out = shape;

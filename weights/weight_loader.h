@@ -63,7 +63,11 @@ class WeightLoader {
   absl::StatusOr<Tensor> load(std::string_view canonical, const Shape& shape) const;
   // A GEMM weight matrix, stored in the placement's matrix dtype: a bf16 checkpoint tensor is
   // copied as bf16 bytes for a bf16 placement (never through f32); f32, f16 and dequantized FP8
-  // values are rounded to bf16 once (round to nearest even).
+  // values are rounded to bf16 once (round to nearest even). An fp8 placement keeps an FP8
+  // checkpoint tensor's bytes and scales as they are (128 x 128 blocks; stacked or concatenated
+  // parts too, when their row blocks line up) and quantizes anything else from its f32 values
+  // (weights/fp8.h), except under a resolved kAuto, which keeps a matrix the checkpoint does not
+  // store in FP8 in bf16 (stored in bf16) or f32.
   absl::StatusOr<Tensor> load_matrix(std::string_view canonical, const Shape& shape) const;
   // The routed experts' weights: `shape` is the whole layer's, [num_experts, ...]; the result is
   // the placement's experts only, [owned.count(), ...], in the matrix dtype. Only the owned
@@ -82,6 +86,16 @@ class WeightLoader {
   absl::StatusOr<Tensor> load_from_checkpoint(std::string_view canonical, const Shape& shape,
                                               DType dtype, ExpertRange rows) const;
   Tensor invent(std::string_view canonical, const Shape& shape) const;
+  // load_as for an fp8 matrix dtype (load_matrix's comment).
+  absl::StatusOr<Tensor> load_fp8(std::string_view canonical, const Shape& shape,
+                                  ExpertRange rows) const;
+  // The checkpoint's own FP8 bytes and scales for rows `rows` of `canonical`, copied into a stored
+  // FP8 matrix; an undefined tensor when the checkpoint does not hold it as FP8 in 128 x 128
+  // blocks that line up (then it is quantized from its f32 values).
+  absl::StatusOr<Tensor> copy_stored_fp8(std::string_view canonical, const Shape& shape,
+                                         ExpertRange rows) const;
+  // Whether the checkpoint holds FP8 matrices in 128 x 128 blocks (kAuto then keeps them).
+  bool holds_fp8_matrices() const;
   // Destination memory: from the arena when placed, else a fresh host tensor.
   Tensor destination(std::string_view canonical, const Shape& shape, DType dtype) const;
 
@@ -92,6 +106,9 @@ class WeightLoader {
   Record* record_ = nullptr;
   ParameterArena* arena_ = nullptr;  // null: unplaced (fresh tensors and views of the file)
   Placement placement_;
+  // Set when kAuto resolved to kFP8: matrices the checkpoint does not store in FP8 keep their
+  // precision instead of being quantized.
+  bool fp8_keeps_others_ = false;
 };
 
 }  // namespace loom

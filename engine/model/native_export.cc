@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "core/fp8_matrix.h"
 #include "core/status.h"
 #include "engine/model/model.h"
 #include "weights/adapters/adapters.h"
@@ -17,12 +18,18 @@ absl::Status write_native_checkpoint(const ModelConfig& cfg, const WeightLoader:
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
   std::vector<std::pair<std::string, Tensor>> out;
+  bool fp8 = false;
   for (const auto& [name, t] : tensors) {
     if (name == "lm_head.weight" && cfg.tie_word_embeddings) continue;
     bool duplicate = false;
     for (const auto& [n, _] : out) duplicate |= n == name;
     if (duplicate) continue;
-    if (options.bf16 && t.dtype() == DType::kF32) {
+    if (t.dtype() == DType::kF8E4M3) {
+      // The stored pair, as DeepSeek-V3 names it: X and X_scale_inv.
+      out.emplace_back(name, t);
+      out.emplace_back(name + "_scale_inv", fp8_matrix_scales(t));
+      fp8 = true;
+    } else if (options.bf16 && t.dtype() == DType::kF32) {
       Tensor b = Tensor::empty(t.shape(), DType::kBF16);
       const Tensor src = t.is_contiguous() ? t : t.clone();
       for (int64_t i = 0; i < t.numel(); ++i)
@@ -34,6 +41,8 @@ absl::Status write_native_checkpoint(const ModelConfig& cfg, const WeightLoader:
   }
   ModelConfig native = cfg;
   native.model_type = "loom";
+  // FP8 tensors written are in Loom's 128 x 128 blocks; without any, nothing is quantized.
+  native.fp8_block_rows = native.fp8_block_cols = fp8 ? static_cast<int>(kFp8BlockSize) : 0;
   LOOM_RETURN_IF_ERROR(
       write_safetensors(dir + "/model.safetensors", out, {{"format", "pt"}, {"loom_format", "1"}}));
   const std::string cfg_path = dir + "/config.json";
@@ -53,7 +62,12 @@ absl::Status convert_to_native(const std::string& from, const std::string& to,
   LOOM_ASSIGN_OR_RETURN(WeightLoader loader, WeightLoader::open(from, cfg));
   WeightLoader::Record record;
   loader.set_recorder(&record);
-  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::load(cfg, loader));
+  // kAuto keeps FP8 matrices only for an FP8 source; any other loads as f32, as it always did.
+  const WeightDType matrices = options.matrices == WeightDType::kAuto && cfg.fp8_block_rows == 0
+                                   ? WeightDType::kF32
+                                   : options.matrices;
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                        Model::load(cfg, loader, Placement{.dtype = matrices}));
   LOOM_RETURN_IF_ERROR(write_native_checkpoint(cfg, record, to, options));
   for (const char* name : {"tokenizer.json", "tokenizer_config.json", "generation_config.json",
                            "special_tokens_map.json"}) {

@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cmath>
 #include <string>
@@ -10,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "core/fp8_matrix.h"
 
 namespace loom::cpu {
 namespace {
@@ -186,6 +188,65 @@ void row_invariant_sgemm(bool trans_b, int64_t m, int64_t n, int64_t k, float al
 
 thread_local bool t_row_invariant = false;
 
+namespace {
+
+// c[m, n] = a[m, k] @ b^T + beta * c for a b [n, k] stored narrower than f32: `widen(j0, rows,
+// dst)` writes rows [j0, j0 + rows) of b as f32 into dst ([rows, k], contiguous). Panels of b are
+// widened once into per-thread scratch (reused from call to call) and each panel runs the f32
+// product of the mode; m > 0, n > 0, k > 0.
+template <typename Widen>
+void widened_bt(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, float beta, float* c,
+                int64_t ldc, const Widen& widen_rows) {
+  if (t_row_invariant || m <= kBf16RowKernelRows) {
+    // The row-invariant kernel, whose arithmetic per element does not depend on n (in
+    // batch-invariant mode the same bits as f32 weights), on L2-sized panels (256 KiB, or 4 rows
+    // of b if longer), one thread per panel: widened, then multiplied while still in cache.
+    constexpr int64_t kL2PanelFloats = int64_t{1} << 16;
+    const int64_t panel = std::max<int64_t>(4, kL2PanelFloats / k / 4 * 4);
+    const int64_t panels = (n + panel - 1) / panel;
+#pragma omp parallel for schedule(static) if (n * k >= (int64_t{1} << 15))
+    for (int64_t p = 0; p < panels; ++p) {
+      thread_local std::vector<float> scratch;
+      const int64_t j0 = p * panel, np = std::min(panel, n - j0);
+      if (scratch.size() < static_cast<size_t>(np * k)) scratch.resize(np * k);
+      widen_rows(j0, np, scratch.data());
+      row_invariant_bt(m, np, k, 1.0f, a, lda, static_cast<const float*>(scratch.data()), k, beta,
+                       c + j0, ldc, /*threaded=*/false);
+    }
+    return;
+  }
+  // OpenBLAS re-packs a once per panel: panels of 8 rows of b per row of a (at least 64, so few
+  // rows get L2-sized panels; at most 4 MiB, or 16 rows of b if longer) keep that re-packing small
+  // next to the product.
+  constexpr int64_t kPanelFloats = int64_t{1} << 20;
+  const int64_t panel =
+      std::min({n, std::max<int64_t>(16, kPanelFloats / k), std::max<int64_t>(64, 8 * m)});
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < static_cast<size_t>(panel * k)) scratch.resize(panel * k);
+  float* w = scratch.data();
+  for (int64_t j0 = 0; j0 < n; j0 += panel) {
+    const int64_t np = std::min(panel, n - j0);
+    const int64_t chunk = 8;  // rows of b per task of the widening
+#pragma omp parallel for schedule(static) if (np * k >= (int64_t{1} << 16))
+    for (int64_t r = 0; r < np; r += chunk) widen_rows(j0 + r, std::min(chunk, np - r), w + r * k);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(np),
+                static_cast<int>(k), 1.0f, a, static_cast<int>(lda), w, static_cast<int>(k), beta,
+                c + j0, static_cast<int>(ldc));
+  }
+}
+
+// e4m3fn codes widened to f32 (exact; 0x7F and 0xFF are NaN, which no quantizer writes).
+const float* e4m3_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t;
+    for (int i = 0; i < 256; ++i) t[i] = f8e4m3_to_f32(static_cast<uint8_t>(i));
+    return t;
+  }();
+  return table.data();
+}
+
+}  // namespace
+
 RowInvariantScope::RowInvariantScope(bool on) : previous_(t_row_invariant) { t_row_invariant = on; }
 RowInvariantScope::~RowInvariantScope() { t_row_invariant = previous_; }
 
@@ -259,54 +320,54 @@ void sgemm_bf16_bt(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
   }
   // More rows are bound by arithmetic: panels of b are widened once into per-thread scratch
   // (reused from call to call) and each panel runs the f32 product of the mode.
-  auto widen_rows = [&](int64_t j0, int64_t rows, float* dst) {
+  widened_bt(m, n, k, a, lda, beta, c, ldc, [&](int64_t j0, int64_t rows, float* dst) {
     for (int64_t r = 0; r < rows; ++r) {
       const uint16_t* src = b + (j0 + r) * ldb;
       for (int64_t l = 0; l < k; ++l) dst[r * k + l] = bf16_to_f32(src[l]);
     }
-  };
-  if (t_row_invariant || m <= kBf16RowKernelRows) {
-    // The row-invariant kernel, whose arithmetic per element does not depend on n (in
-    // batch-invariant mode the same bits as f32 weights), on L2-sized panels (256 KiB, or 4 rows
-    // of b if longer), one thread per panel: widened, then multiplied while still in cache.
-    constexpr int64_t kL2PanelFloats = int64_t{1} << 16;
-    const int64_t panel = std::max<int64_t>(4, kL2PanelFloats / k / 4 * 4);
-    const int64_t panels = (n + panel - 1) / panel;
-#pragma omp parallel for schedule(static) if (n * k >= (int64_t{1} << 15))
-    for (int64_t p = 0; p < panels; ++p) {
-      thread_local std::vector<float> scratch;
-      const int64_t j0 = p * panel, np = std::min(panel, n - j0);
-      if (scratch.size() < static_cast<size_t>(np * k)) scratch.resize(np * k);
-      widen_rows(j0, np, scratch.data());
-      row_invariant_bt(m, np, k, 1.0f, a, lda, static_cast<const float*>(scratch.data()), k, beta,
-                       c + j0, ldc, /*threaded=*/false);
+  });
+}
+
+void sgemm_fp8_bt(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint8_t* b,
+                  int64_t ldb, const float* scale_inv, int64_t ld_scale, float beta, float* c,
+                  int64_t ldc) {
+  LOOM_CHECK(m >= 0 && n >= 0 && k >= 0, "sgemm_fp8_bt: negative size m=%d n=%d k=%d", m, n, k);
+  LOOM_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
+                 ldc <= INT_MAX,
+             "sgemm_fp8_bt: size beyond 32-bit BLAS indices (m=%d n=%d k=%d)", m, n, k);
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // b is not read: sgemm's handling of c (beta = 0 writes zeros)
+    return sgemm(false, true, m, n, 0, 1.0f, a, lda, nullptr, ldb, beta, c, ldc);
+  }
+  // Every row count widens panels (the dequantization is a table lookup and a product per weight,
+  // too much to redo in registers for each tile of rows): the values are the dequantized matrix's,
+  // f32(q) * scale_inv[row / 128, col / 128] as one f32 product, so the products that follow are
+  // the f32 kernel's on that matrix.
+  const float* lut = e4m3_table();
+  widened_bt(m, n, k, a, lda, beta, c, ldc, [&](int64_t j0, int64_t rows, float* dst) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint8_t* src = b + (j0 + r) * ldb;
+      const float* srow = scale_inv + (j0 + r) / kFp8BlockSize * ld_scale;
+      float* out = dst + r * k;
+      for (int64_t l0 = 0; l0 < k; l0 += kFp8BlockSize) {
+        const float s = srow[l0 / kFp8BlockSize];
+        const int64_t l1 = std::min(k, l0 + kFp8BlockSize);
+        for (int64_t l = l0; l < l1; ++l) out[l] = lut[src[l]] * s;
+      }
     }
-    return;
-  }
-  // OpenBLAS re-packs a once per panel: panels of 8 rows of b per row of a (at least 64, so few
-  // rows get L2-sized panels; at most 4 MiB, or 16 rows of b if longer) keep that re-packing small
-  // next to the product.
-  constexpr int64_t kPanelFloats = int64_t{1} << 20;
-  const int64_t panel =
-      std::min({n, std::max<int64_t>(16, kPanelFloats / k), std::max<int64_t>(64, 8 * m)});
-  thread_local std::vector<float> scratch;
-  if (scratch.size() < static_cast<size_t>(panel * k)) scratch.resize(panel * k);
-  float* w = scratch.data();
-  for (int64_t j0 = 0; j0 < n; j0 += panel) {
-    const int64_t np = std::min(panel, n - j0);
-    const int64_t chunk = 8;  // rows of b per task of the widening
-#pragma omp parallel for schedule(static) if (np * k >= (int64_t{1} << 16))
-    for (int64_t r = 0; r < np; r += chunk) widen_rows(j0 + r, std::min(chunk, np - r), w + r * k);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(np),
-                static_cast<int>(k), 1.0f, a, static_cast<int>(lda), w, static_cast<int>(k), beta,
-                c + j0, static_cast<int>(ldc));
-  }
+  });
 }
 
 void sgemm_weight(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const void* w,
-                  DType w_dtype, int64_t ldw, float beta, float* c, int64_t ldc) {
+                  DType w_dtype, int64_t ldw, float beta, float* c, int64_t ldc,
+                  const float* w_scale_inv) {
   if (w_dtype == DType::kBF16) {
     return sgemm_bf16_bt(m, n, k, a, lda, static_cast<const uint16_t*>(w), ldw, beta, c, ldc);
+  }
+  if (w_dtype == DType::kF8E4M3) {
+    LOOM_CHECK(w_scale_inv != nullptr, "sgemm_weight: fp8 weights without their scales");
+    return sgemm_fp8_bt(m, n, k, a, lda, static_cast<const uint8_t*>(w), ldw, w_scale_inv,
+                        (k + kFp8BlockSize - 1) / kFp8BlockSize, beta, c, ldc);
   }
   LOOM_CHECK(w_dtype == DType::kF32, "sgemm_weight: %s weights",
              std::string(dtype_name(w_dtype)).c_str());
@@ -318,7 +379,9 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& out, float b
   const int64_t n = w.dim(0);
   const int64_t k = w.dim(1);
   const int64_t m = k > 0 ? x.numel() / k : out.numel() / (n > 0 ? n : 1);
-  sgemm_weight(m, n, k, x.data<float>(), k, w.raw(), w.dtype(), k, beta, out.data<float>(), n);
+  const float* scales = w.dtype() == DType::kF8E4M3 ? fp8_matrix_scales(w).data<float>() : nullptr;
+  sgemm_weight(m, n, k, x.data<float>(), k, w.raw(), w.dtype(), k, beta, out.data<float>(), n,
+               scales);
 }
 
 void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out,

@@ -7,7 +7,7 @@
 
 namespace loom::cpu {
 
-// w f32 or bf16 (contracts checked in kernels/gemm.cc).
+// w f32, bf16 or a stored fp8 matrix (contracts checked in kernels/gemm.cc).
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& out, float beta);
 void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out,
             float alpha, float beta);
@@ -29,10 +29,22 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
 // sgemm.
 void sgemm_bf16_bt(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b,
                    int64_t ldb, float beta, float* c, int64_t ldc);
-// c = a @ w^T + beta * c for a weight w [n, k] (row stride ldw) stored as f32 (sgemm) or bf16
-// (sgemm_bf16_bt): the GEMM of a linear layer or an expert.
+// c[m, n] = a[m, k] @ b^T + beta * c with b [n, k] float8_e4m3fn (row stride ldb) in 128 x 128
+// blocks, block (i, j)'s scale at scale_inv[i * ld_scale + j] (core/fp8_matrix.h): f32
+// activations, f32 accumulation. Panels of b are dequantized into per-thread scratch, each value
+// f32(q) * scale as one f32 product, and multiplied as sgemm_bf16_bt multiplies its widened panels
+// (the row-invariant kernel for every row count up to 32 and for any in batch-invariant mode,
+// OpenBLAS beyond): in batch-invariant mode the same bits as sgemm on the dequantized f32 matrix,
+// within f32 rounding of it otherwise. Same threading rule as sgemm.
+void sgemm_fp8_bt(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint8_t* b,
+                  int64_t ldb, const float* scale_inv, int64_t ld_scale, float beta, float* c,
+                  int64_t ldc);
+// c = a @ w^T + beta * c for a weight w [n, k] (row stride ldw) stored as f32 (sgemm), bf16
+// (sgemm_bf16_bt) or e4m3 (sgemm_fp8_bt, with w_scale_inv its [ceil(n / 128), ceil(k / 128)]
+// scale grid): the GEMM of a linear layer or an expert.
 void sgemm_weight(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const void* w,
-                  DType w_dtype, int64_t ldw, float beta, float* c, int64_t ldc);
+                  DType w_dtype, int64_t ldw, float beta, float* c, int64_t ldc,
+                  const float* w_scale_inv = nullptr);
 
 // The BLAS in use and how it threads, for startup logs: "OpenBLAS 0.3.21 ... (OpenMP, 2 threads)".
 // While one is alive on a thread, every sgemm of that thread uses the row-invariant kernel

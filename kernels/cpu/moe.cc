@@ -6,6 +6,7 @@
 #include <numeric>
 #include <vector>
 
+#include "core/fp8_matrix.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/gemm.h"
 
@@ -399,7 +400,7 @@ void moe_grouped_swiglu(const Tensor& x, const Tensor& offsets, const Tensor& w_
 
   // Per expert: h = silu(xe @ Wg^T) * (xe @ Wu^T); ye = h @ Wd^T. Experts run one after another,
   // each GEMM threaded by OpenBLAS: calling (pthreads) OpenBLAS from inside an OpenMP region
-  // would oversubscribe the cores. f32 or bf16 weights (sgemm_weight: bf16 widened to f32,
+  // would oversubscribe the cores. f32, bf16 or fp8 weights (sgemm_weight: widened to f32,
   // accumulated in f32). With gate_up, the gate and up GEMMs write there (the same GEMMs, so the
   // same bits) and h goes to scratch instead of over the gate.
   const bool keep = gate_up.defined();
@@ -413,6 +414,13 @@ void moe_grouped_swiglu(const Tensor& x, const Tensor& offsets, const Tensor& w_
   const char* wg = static_cast<const char*>(w_gate.raw());
   const char* wu = static_cast<const char*>(w_up.raw());
   const char* wd = static_cast<const char*>(w_down.raw());
+  // FP8 experts: each expert's scale grid follows the previous one's (core/fp8_matrix.h).
+  const bool fp8 = wt == DType::kF8E4M3;
+  const float* sg = fp8 ? fp8_matrix_scales(w_gate).data<float>() : nullptr;
+  const float* su = fp8 ? fp8_matrix_scales(w_up).data<float>() : nullptr;
+  const float* sd = fp8 ? fp8_matrix_scales(w_down).data<float>() : nullptr;
+  const int64_t up_grid = fp8 ? fp8_scale_shape({inter, d}).numel() : 0;
+  const int64_t down_grid = fp8 ? fp8_scale_shape({d, inter}).numel() : 0;
   for (int64_t e = 0; e < ne; ++e) {
     const int64_t n = off[e + 1] - off[e];
     if (n == 0) continue;
@@ -420,11 +428,13 @@ void moe_grouped_swiglu(const Tensor& x, const Tensor& offsets, const Tensor& w_
     const size_t expert_bytes = static_cast<size_t>(inter * d) * es;
     float* ge = keep ? gp + off[e] * inter : g.data();
     float* ue = keep ? up + off[e] * inter : u.data();
-    sgemm_weight(n, inter, d, xe, d, wg + e * expert_bytes, wt, d, 0.0f, ge, inter);
-    sgemm_weight(n, inter, d, xe, d, wu + e * expert_bytes, wt, d, 0.0f, ue, inter);
+    sgemm_weight(n, inter, d, xe, d, wg + e * expert_bytes, wt, d, 0.0f, ge, inter,
+                 fp8 ? sg + e * up_grid : nullptr);
+    sgemm_weight(n, inter, d, xe, d, wu + e * expert_bytes, wt, d, 0.0f, ue, inter,
+                 fp8 ? su + e * up_grid : nullptr);
     silu_mul(ge, ue, g.data(), n * inter);
     sgemm_weight(n, d, inter, g.data(), inter, wd + e * expert_bytes, wt, inter, 0.0f,
-                 yp + off[e] * d, d);
+                 yp + off[e] * d, d, fp8 ? sd + e * down_grid : nullptr);
   }
 }
 

@@ -50,8 +50,9 @@ ABSL_FLAG(std::string, dtype, "f32",
           "points))");
 ABSL_FLAG(std::string, weight_dtype, "auto",
           "storage dtype of the weight matrices: auto (the checkpoint's: bf16 for a bf16 "
-          "checkpoint, f32 otherwise), f32 or bf16; bf16 weights are widened to f32 in the GEMMs, "
-          "so the f32 bounds hold");
+          "checkpoint, on the CPU fp8 for an FP8 one, f32 otherwise), f32, bf16 or fp8 (CPU "
+          "only); bf16 and fp8 weights are widened to f32 in the GEMMs, so a checkpoint stored so "
+          "meets the f32 bounds");
 ABSL_FLAG(bool, batch, false, "run all prompts together in one varlen batch");
 ABSL_FLAG(bool, hidden, false, "also report per-layer hidden-state differences (full prefill)");
 ABSL_FLAG(bool, deterministic, false,
@@ -442,10 +443,10 @@ int run() {
     return 2;
   }
   if (bf16) {
-    if (*weight_dtype == WeightDType::kF32) {
+    if (*weight_dtype == WeightDType::kF32 || *weight_dtype == WeightDType::kFP8) {
       std::fprintf(stderr,
                    "loom-conformance: --dtype bf16 computes with bf16 weight matrices; "
-                   "--weight_dtype f32 contradicts it\n");
+                   "--weight_dtype f32 or fp8 contradicts it\n");
       return 2;
     }
     weight_dtype = WeightDType::kBF16;
@@ -603,7 +604,7 @@ int main(int argc, char** argv) {
       "Checks Loom's forward pass against a fixture's golden outputs.\n"
       "usage: loom-conformance --fixture DIR [--golden DIR] [--device cpu|cuda[:N]] [--dtype "
       "f32|bf16] "
-      "[--weight_dtype auto|f32|bf16] [--batch] "
+      "[--weight_dtype auto|f32|bf16|fp8] [--batch] "
       "[--hidden] [--deterministic] [--expert_parallel N [--expert_dispatch "
       "all_gather|all_to_all]]");
   absl::ParseCommandLine(argc, argv);

@@ -317,7 +317,7 @@ TEST(Gemm, Bf16WeightsBatchInvariantBitIdentical) {
 TEST(GemmDeathTest, F16WeightsAbort) {
   Tensor x = Tensor::zeros({4, 8}), w = Tensor::empty({5, 8}, DType::kF16);
   Tensor out = Tensor::zeros({4, 5});
-  EXPECT_DEATH(linear_forward(host_exec(), x, w, out), "contiguous f32 or bf16");
+  EXPECT_DEATH(linear_forward(host_exec(), x, w, out), "contiguous f32, bf16 or fp8");
 }
 
 TEST(GemmDeathTest, ShapeMismatchAborts) {

@@ -80,10 +80,11 @@ TEST(WeightDType, ParsesFlagValues) {
   EXPECT_EQ(*parse_weight_dtype("auto"), WeightDType::kAuto);
   EXPECT_EQ(*parse_weight_dtype("f32"), WeightDType::kF32);
   EXPECT_EQ(*parse_weight_dtype("bf16"), WeightDType::kBF16);
-  for (const char* bad : {"f16", "fp8", "BF16", ""}) {
+  EXPECT_EQ(*parse_weight_dtype("fp8"), WeightDType::kFP8);
+  for (const char* bad : {"f16", "FP8", "BF16", ""}) {
     const auto r = parse_weight_dtype(bad);
     ASSERT_FALSE(r.ok()) << bad;
-    EXPECT_NE(r.status().message().find("auto, f32 or bf16"), std::string::npos);
+    EXPECT_NE(r.status().message().find("auto, f32, bf16 or fp8"), std::string::npos);
   }
 }
 
@@ -104,7 +105,7 @@ TEST(PlacedLoader, AutoResolvesToTheCheckpointsPrecision) {
        {std::pair<const char*, WeightDType>{"kimi_linear_b0", WeightDType::kBF16},
         {"qwen3_next_b0", WeightDType::kBF16},
         {"kimi_linear_s0", WeightDType::kF32},
-        {"deepseek_v3_fp8", WeightDType::kF32}}) {
+        {"deepseek_v3_fp8", WeightDType::kFP8}}) {
     Opened o = open_fixture(fixture);
     ParameterArena arena(Device::kCpu);
     auto placed = o.loader.placed(arena, {.dtype = WeightDType::kAuto});

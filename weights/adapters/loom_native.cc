@@ -226,6 +226,13 @@ nlohmann::json native_config_json(const ModelConfig& c) {
       j["rope"]["truncate"] = r.truncate;
     }
   }
+  if (c.fp8_block_rows > 0) {
+    // FP8 matrices stored with their block scales (X, X_scale_inv), as DeepSeek-V3 declares them.
+    j["quantization_config"] = {{"quant_method", "fp8"},
+                                {"fmt", "e4m3"},
+                                {"activation_scheme", "dynamic"},
+                                {"weight_block_size", {c.fp8_block_rows, c.fp8_block_cols}}};
+  }
   j["moe"] = {{"num_experts", c.moe.num_experts},
               {"top_k", c.moe.top_k},
               {"intermediate_size", c.moe.intermediate_size},
