@@ -37,6 +37,16 @@ _FINISH = {
 _SAMPLING_FIELDS = [f.name for f in loom_pb2.SamplingParams.DESCRIPTOR.fields]
 
 
+def _record_finish(choice, msg):
+    """A choice's final message (Generate's or Chat's) sets its finish reason, usage and error."""
+    if msg.finish_reason != loom_pb2.FINISH_REASON_UNSPECIFIED:
+        choice["finish_reason"] = finish_reason_name(msg.finish_reason)
+        choice["prompt_tokens"] = msg.usage.prompt_tokens
+        choice["completion_tokens"] = msg.usage.completion_tokens
+        if msg.error:
+            choice["error"] = msg.error
+
+
 def finish_reason_name(value):
     """FinishReason enum value -> "stop", "length", "cancelled", "error", "tool_calls" or None."""
     return _FINISH.get(value)
@@ -136,12 +146,7 @@ class LoomClient:
             c["text"] += msg.text
             c["token_ids"].extend(msg.token_ids)
             c["logprobs"].extend(msg.logprobs)
-            if msg.finish_reason != loom_pb2.FINISH_REASON_UNSPECIFIED:
-                c["finish_reason"] = finish_reason_name(msg.finish_reason)
-                c["prompt_tokens"] = msg.usage.prompt_tokens
-                c["completion_tokens"] = msg.usage.completion_tokens
-                if msg.error:
-                    c["error"] = msg.error
+            _record_finish(c, msg)
         return [choices[i] for i in sorted(choices)]
 
     @staticmethod
@@ -216,12 +221,7 @@ class LoomClient:
                 call["function"]["arguments"] += d.arguments
             c["token_ids"].extend(msg.token_ids)
             c["logprobs"].extend(msg.logprobs)
-            if msg.finish_reason != loom_pb2.FINISH_REASON_UNSPECIFIED:
-                c["finish_reason"] = finish_reason_name(msg.finish_reason)
-                c["prompt_tokens"] = msg.usage.prompt_tokens
-                c["completion_tokens"] = msg.usage.completion_tokens
-                if msg.error:
-                    c["error"] = msg.error
+            _record_finish(c, msg)
         return [choices[i] for i in sorted(choices)]
 
     def tokenize(self, text, parse_special_tokens=False, timeout=None):
