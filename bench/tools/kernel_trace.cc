@@ -34,10 +34,17 @@ struct KernelRecord {
 std::mutex g_mu;
 std::vector<KernelRecord>* g_records = nullptr;  // leaked on purpose: read in the destructor
 bool g_enabled = false;
+int64_t g_buffers = 0;  // buffers handed back by CUPTI
+size_t g_dropped = 0;   // records CUPTI dropped for want of buffer space
+void flush_at_exit();
 
 constexpr size_t kBufferBytes = 8 << 20;
 
 void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  // Registered once CUDA is initialised, after the runtime's own exit handler, so it runs
+  // before the runtime tears the context down (exit handlers run in reverse order).
+  static const bool registered = std::atexit(flush_at_exit) == 0;
+  (void)registered;
   *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBufferBytes));
   *size = *buffer != nullptr ? kBufferBytes : 0;
   *max_records = 0;
@@ -55,7 +62,8 @@ std::string demangle(const char* name) {
   return out;
 }
 
-void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t* buffer, size_t,
+                               size_t valid) {
   CUpti_Activity* record = nullptr;
   std::vector<KernelRecord> batch;
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
@@ -65,9 +73,13 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
     batch.push_back({k->start, k->end, k->graphId != 0, demangle(k->name)});
   }
+  size_t dropped = 0;
+  cuptiActivityGetNumDroppedRecords(ctx, stream_id, &dropped);
   std::free(buffer);
   std::lock_guard<std::mutex> lock(g_mu);
   g_records->insert(g_records->end(), batch.begin(), batch.end());
+  g_buffers += 1;
+  g_dropped += dropped;
 }
 
 struct Group {
@@ -147,11 +159,17 @@ __attribute__((constructor)) void trace_start() {
     std::fprintf(stderr, "loom_kernel_trace: CUPTI refused the kernel activity; no trace\n");
     return;
   }
+  // Buffers also come back every 200 ms, so a program killed before its exit handlers loses at
+  // most the last fraction of a second.
+  cuptiActivityFlushPeriod(200);
   g_enabled = true;
 }
 
-__attribute__((destructor)) void trace_finish() {
-  if (!g_enabled) return;
+bool g_written = false;
+
+void write_report() {
+  if (!g_enabled || g_written) return;
+  g_written = true;
   cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   const char* path = std::getenv("LOOM_KERNEL_TRACE");
   const char* rows_env = std::getenv("LOOM_KERNEL_TRACE_ROWS");
@@ -159,10 +177,17 @@ __attribute__((destructor)) void trace_finish() {
   FILE* f = path != nullptr ? std::fopen(path, "w") : stderr;
   if (f == nullptr) f = stderr;
   std::lock_guard<std::mutex> lock(g_mu);
-  std::fprintf(f, "# Kernel trace (CUPTI activity, device timestamps)\n");
+  std::fprintf(f,
+               "# Kernel trace (CUPTI activity, device timestamps)\n\n%zu kernel records from %lld "
+               "buffers, %zu dropped\n",
+               g_records->size(), static_cast<long long>(g_buffers), g_dropped);
   write_table(f, *g_records, /*in_graph=*/true, rows);
   write_table(f, *g_records, /*in_graph=*/false, rows);
   if (f != stderr) std::fclose(f);
 }
+
+void flush_at_exit() { write_report(); }
+
+__attribute__((destructor)) void trace_finish() { write_report(); }
 
 }  // namespace
