@@ -325,11 +325,13 @@ def model_folder(template):
     """A temporary model folder: the fixture model with a real checkpoint chat template
     (../shared/fixtures/chat_templates/<template>), as tests/integration/chat_template_server_test.py
     makes them."""
-    templates = os.path.join(os.path.dirname(os.path.normpath(ARGS.model)), "chat_templates")
+    # Absolute: the links live in a temporary folder, so a relative --model would dangle.
+    model = os.path.abspath(ARGS.model)
+    templates = os.path.join(os.path.dirname(model), "chat_templates")
     d = tempfile.mkdtemp(prefix="loom-grpc-chat-")
     for f in ("config.json", "model.safetensors", "generation_config.json"):
-        if os.path.exists(os.path.join(ARGS.model, f)):
-            os.symlink(os.path.join(ARGS.model, f), os.path.join(d, f))
+        if os.path.exists(os.path.join(model, f)):
+            os.symlink(os.path.join(model, f), os.path.join(d, f))
     for f in ("chat_template.jinja", "tokenizer_config.json"):
         os.symlink(os.path.join(templates, template, f), os.path.join(d, f))
     return d
