@@ -5,6 +5,7 @@
 #include "kernels/cpu/elementwise.h"
 #ifdef LOOM_WITH_CUDA
 #include "kernels/cuda/activation.h"
+#include "kernels/cuda/backward.h"
 #endif
 
 namespace loom {
@@ -41,7 +42,11 @@ void silu_mul_backward(const Exec& ex, const Tensor& gate, const Tensor& up, con
   }
   LOOM_CHECK(dgate.raw() != dup.raw() || gate.numel() == 0, "silu_mul_backward: dgate aliases dup");
   if (ex.device.is_cpu()) return cpu::silu_mul_backward(gate, up, dout, dgate, dup);
+#ifdef LOOM_WITH_CUDA
+  return cuda::silu_mul_backward(ex, gate, up, dout, dgate, dup);
+#else
   no_kernel_for(ex, "silu_mul_backward");
+#endif
 }
 
 void embedding_backward(const Exec& ex, const Tensor& ids, const Tensor& dout,
@@ -60,7 +65,11 @@ void embedding_backward(const Exec& ex, const Tensor& ids, const Tensor& dout,
              "embedding_backward: ids %s dout %s dtable %s", ids.describe().c_str(),
              dout.describe().c_str(), dtable.describe().c_str());
   if (ex.device.is_cpu()) return cpu::scatter_add_rows("embedding_backward", dout, ids, dtable);
+#ifdef LOOM_WITH_CUDA
+  return cuda::scatter_add_rows(ex, "embedding_backward", dout, ids, dtable);
+#else
   no_kernel_for(ex, "embedding_backward");
+#endif
 }
 
 }  // namespace loom

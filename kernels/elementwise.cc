@@ -3,6 +3,7 @@
 
 #include "kernels/cpu/elementwise.h"
 #ifdef LOOM_WITH_CUDA
+#include "kernels/cuda/backward.h"
 #include "kernels/cuda/elementwise.h"
 #endif
 
@@ -117,7 +118,11 @@ void add_bias_backward(const Exec& ex, const Tensor& dx, const Tensor& dbias) {
   LOOM_CHECK(dx.ndim() == 2 && dbias.numel() == dx.dim(1), "add_bias_backward: dx %s dbias %s",
              dx.describe().c_str(), dbias.describe().c_str());
   if (ex.device.is_cpu()) return cpu::add_bias_backward(dx, dbias);
+#ifdef LOOM_WITH_CUDA
+  return cuda::add_bias_backward(ex, dx, dbias);
+#else
   no_kernel_for(ex, "add_bias_backward");
+#endif
 }
 
 void mul_sigmoid_backward(const Exec& ex, const Tensor& x, const Tensor& gate, const Tensor& dout,
@@ -126,7 +131,11 @@ void mul_sigmoid_backward(const Exec& ex, const Tensor& x, const Tensor& gate, c
   check_same_numel("mul_sigmoid_backward", {&x, &gate, &dout, &dx, &dgate});
   LOOM_CHECK(dx.raw() != dgate.raw() || x.numel() == 0, "mul_sigmoid_backward: dx aliases dgate");
   if (ex.device.is_cpu()) return cpu::mul_gate_backward(x, gate, dout, dx, dgate, false);
+#ifdef LOOM_WITH_CUDA
+  return cuda::mul_sigmoid_backward(ex, x, gate, dout, dx, dgate);
+#else
   no_kernel_for(ex, "mul_sigmoid_backward");
+#endif
 }
 
 void mul_sigmoid_rows_backward(const Exec& ex, const Tensor& x, const Tensor& gate,
@@ -139,7 +148,11 @@ void mul_sigmoid_rows_backward(const Exec& ex, const Tensor& x, const Tensor& ga
              "mul_sigmoid_rows_backward: x %s gate %s dout %s dx %s", x.describe().c_str(),
              gate.describe().c_str(), dout.describe().c_str(), dx.describe().c_str());
   if (ex.device.is_cpu()) return cpu::mul_sigmoid_rows_backward(x, gate, dout, dx, dgate);
+#ifdef LOOM_WITH_CUDA
+  return cuda::mul_sigmoid_rows_backward(ex, x, gate, dout, dx, dgate);
+#else
   no_kernel_for(ex, "mul_sigmoid_rows_backward");
+#endif
 }
 
 void mul_silu_backward(const Exec& ex, const Tensor& x, const Tensor& gate, const Tensor& dout,
@@ -148,14 +161,22 @@ void mul_silu_backward(const Exec& ex, const Tensor& x, const Tensor& gate, cons
   check_same_numel("mul_silu_backward", {&x, &gate, &dout, &dx, &dgate});
   LOOM_CHECK(dx.raw() != dgate.raw() || x.numel() == 0, "mul_silu_backward: dx aliases dgate");
   if (ex.device.is_cpu()) return cpu::mul_gate_backward(x, gate, dout, dx, dgate, true);
+#ifdef LOOM_WITH_CUDA
+  return cuda::mul_silu_backward(ex, x, gate, dout, dx, dgate);
+#else
   no_kernel_for(ex, "mul_silu_backward");
+#endif
 }
 
 void sigmoid_backward(const Exec& ex, const Tensor& y, const Tensor& dout, const Tensor& dx) {
   LOOM_ON_EXEC_DEVICE(ex, "sigmoid_backward", y, dout, dx);
   check_same_numel("sigmoid_backward", {&y, &dout, &dx});
   if (ex.device.is_cpu()) return cpu::sigmoid_backward(y, dout, dx);
+#ifdef LOOM_WITH_CUDA
+  return cuda::sigmoid_backward(ex, y, dout, dx);
+#else
   no_kernel_for(ex, "sigmoid_backward");
+#endif
 }
 
 void gather_rows_backward(const Exec& ex, const Tensor& ddst, const Tensor& rows,
@@ -171,7 +192,11 @@ void gather_rows_backward(const Exec& ex, const Tensor& ddst, const Tensor& rows
              "gather_rows_backward: ddst %s rows %s dsrc %s", ddst.describe().c_str(),
              rows.describe().c_str(), dsrc.describe().c_str());
   if (ex.device.is_cpu()) return cpu::scatter_add_rows("gather_rows_backward", ddst, rows, dsrc);
+#ifdef LOOM_WITH_CUDA
+  return cuda::scatter_add_rows(ex, "gather_rows_backward", ddst, rows, dsrc);
+#else
   no_kernel_for(ex, "gather_rows_backward");
+#endif
 }
 
 }  // namespace loom

@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/norm.h"
 #ifdef LOOM_WITH_CUDA
+#include "kernels/cuda/backward.h"
 #include "kernels/cuda/norm.h"
 #endif
 
@@ -57,7 +58,11 @@ void rmsnorm_backward(const Exec& ex, const Tensor& x, const Tensor& w, float ep
     const Tensor rstd = ex.workspace ? ex.workspace->take(rows) : Tensor::empty(rows);
     return cpu::rmsnorm_backward(x, w, eps, weight_offset, dout, dx, dw, rstd);
   }
+#ifdef LOOM_WITH_CUDA
+  return cuda::rmsnorm_backward(ex, x, w, eps, weight_offset, dout, dx, dw);
+#else
   no_kernel_for(ex, "rmsnorm_backward");
+#endif
 }
 
 void l2norm_backward(const Exec& ex, const Tensor& x, float eps, float scale, const Tensor& dout,
@@ -65,7 +70,11 @@ void l2norm_backward(const Exec& ex, const Tensor& x, float eps, float scale, co
   LOOM_ON_EXEC_DEVICE(ex, "l2norm_backward", x, dout, dx);
   check_row_grads("l2norm_backward", x, dout, dx);
   if (ex.device.is_cpu()) return cpu::l2norm_backward(x, eps, scale, dout, dx);
+#ifdef LOOM_WITH_CUDA
+  return cuda::l2norm_backward(ex, x, eps, scale, dout, dx);
+#else
   no_kernel_for(ex, "l2norm_backward");
+#endif
 }
 
 }  // namespace loom

@@ -114,7 +114,11 @@ void rope_backward(const Exec& ex, const Tensor& dx, const Tensor& positions,
   LOOM_ON_EXEC_DEVICE(ex, "rope_backward", dx, positions, table.inv_freq);
   check_rope_args("rope_backward", dx, positions, table, dim_offset, false);
   if (ex.device.is_cpu()) return cpu::rope_apply(dx, positions, table, dim_offset, true);
+#ifdef LOOM_WITH_CUDA
+  return cuda::rope_backward(ex, dx, positions, table, dim_offset);
+#else
   no_kernel_for(ex, "rope_backward");
+#endif
 }
 
 }  // namespace loom

@@ -100,9 +100,9 @@ void kda_decode_batched(cudaStream_t stream, const float* q, const float* k, con
                         int layout = 0);
 
 // rope: x f32 or bf16 (x_bf16), rotated in place; positions [T] i64 and inv_freq [rd/2] on the
-// device.
+// device. inverse: rope_backward's transposed rotation (kernels/rope.h).
 void rope(cudaStream_t stream, void* x, bool x_bf16, const int64_t* positions,
           const float* inv_freq, float attention_factor, int64_t T, int64_t H, int64_t d,
-          int64_t rotary_dim, int64_t dim_offset, bool interleaved);
+          int64_t rotary_dim, int64_t dim_offset, bool interleaved, bool inverse = false);
 
 }  // namespace loom::cuda::launch

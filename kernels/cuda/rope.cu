@@ -10,7 +10,7 @@ namespace {
 template <typename T>
 __global__ void rope_kernel(T* x, const int64_t* __restrict__ positions,
                             const float* __restrict__ inv_freq, float af, int64_t H, int64_t d,
-                            int rd, int64_t off, bool interleaved) {
+                            int rd, int64_t off, bool interleaved, bool inverse) {
   extern __shared__ float buf[];
   const int64_t t = blockIdx.x, h = blockIdx.y;
   T* v = x + (t * H + h) * d + off;
@@ -21,10 +21,16 @@ __global__ void rope_kernel(T* x, const int64_t* __restrict__ positions,
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     const float angle = inv_freq[i] * pos;
     const float c = cosf(angle) * af, s = sinf(angle) * af;
-    const float a = interleaved ? buf[2 * i] : buf[i];
-    const float b = interleaved ? buf[2 * i + 1] : buf[i + half];
-    dev::st(v + i, a * c - b * s);
-    dev::st(v + i + half, b * c + a * s);
+    const int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+    if (!inverse) {
+      const float a = buf[ia], b = buf[ib];
+      dev::st(v + i, a * c - b * s);
+      dev::st(v + i + half, b * c + a * s);
+    } else {  // the transposed rotation, pairs written back where the forward read them
+      const float p = buf[i], q = buf[i + half];
+      dev::st(v + ia, p * c + q * s);
+      dev::st(v + ib, q * c - p * s);
+    }
   }
 }
 
@@ -33,7 +39,7 @@ __global__ void rope_kernel(T* x, const int64_t* __restrict__ positions,
 namespace launch {
 void rope(cudaStream_t stream, void* x, bool x_bf16, const int64_t* positions,
           const float* inv_freq, float attention_factor, int64_t T, int64_t H, int64_t d,
-          int64_t rotary_dim, int64_t dim_offset, bool interleaved) {
+          int64_t rotary_dim, int64_t dim_offset, bool interleaved, bool inverse) {
   if (T == 0 || H == 0 || rotary_dim == 0) return;
   LOOM_CHECK_GRID(T);
   if (H > 65535) {
@@ -54,7 +60,7 @@ void rope(cudaStream_t stream, void* x, bool x_bf16, const int64_t* positions,
     using X = typename decltype(xt)::type;
     rope_kernel<X><<<grid, threads, smem, stream>>>(
         static_cast<X*>(x), positions, inv_freq, attention_factor, H, d,
-        static_cast<int>(rotary_dim), dim_offset, interleaved);
+        static_cast<int>(rotary_dim), dim_offset, interleaved, inverse);
   });
   LOOM_CUDA_CHECK_LAUNCH();
 }

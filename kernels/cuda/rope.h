@@ -11,5 +11,8 @@ namespace loom::cuda {
 // positions and table.inv_freq are device tensors (step data; the table copied once).
 void rope_forward(const Exec& ex, const Tensor& x, const Tensor& positions, const RopeTable& table,
                   int64_t dim_offset);
+// dx (f32) holds dy on entry: the transposed rotation in place (kernels/rope.h).
+void rope_backward(const Exec& ex, const Tensor& dx, const Tensor& positions,
+                   const RopeTable& table, int64_t dim_offset);
 
 }  // namespace loom::cuda

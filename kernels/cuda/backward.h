@@ -1,0 +1,33 @@
+// CUDA twins of the backward passes of kernels/norm.h, kernels/activation.h and
+// kernels/elementwise.h: the same contracts (checked by those dispatchers, f32 only), every
+// tensor on the GPU, enqueued on the Exec's stream. Temporaries (a norm's row scales, column
+// partials, a scatter's sorted order) are stream-ordered allocations. Parameter gradients are
+// deterministic (kernels/cuda/backward.cu says how); the row scatters match the CPU bit for bit.
+#pragma once
+
+#include "core/tensor.h"
+#include "kernels/exec.h"
+
+namespace loom::cuda {
+
+void rmsnorm_backward(const Exec& ex, const Tensor& x, const Tensor& w, float eps,
+                      float weight_offset, const Tensor& dout, const Tensor& dx, const Tensor& dw);
+void l2norm_backward(const Exec& ex, const Tensor& x, float eps, float scale, const Tensor& dout,
+                     const Tensor& dx);
+void silu_mul_backward(const Exec& ex, const Tensor& gate, const Tensor& up, const Tensor& dout,
+                       const Tensor& dgate, const Tensor& dup);
+void add_bias_backward(const Exec& ex, const Tensor& dx, const Tensor& dbias);
+void mul_sigmoid_backward(const Exec& ex, const Tensor& x, const Tensor& gate, const Tensor& dout,
+                          const Tensor& dx, const Tensor& dgate);
+void mul_silu_backward(const Exec& ex, const Tensor& x, const Tensor& gate, const Tensor& dout,
+                       const Tensor& dx, const Tensor& dgate);
+void mul_sigmoid_rows_backward(const Exec& ex, const Tensor& x, const Tensor& gate,
+                               const Tensor& dout, const Tensor& dx, const Tensor& dgate);
+void sigmoid_backward(const Exec& ex, const Tensor& y, const Tensor& dout, const Tensor& dx);
+// dst[ids[i], :] += src[i, :] in source order for every target row (embedding_backward,
+// gather_rows_backward). ids: [n] i32/i64 on the host or the GPU, read back and checked in
+// [0, dst rows) before anything is written (abort naming `op` and the first bad index).
+void scatter_add_rows(const Exec& ex, const char* op, const Tensor& src, const Tensor& ids,
+                      const Tensor& dst);
+
+}  // namespace loom::cuda

@@ -1,0 +1,47 @@
+// Launchers of the CUDA backward kernels (kernels/cuda/backward.cu): raw device pointers, f32,
+// contiguous, enqueued on `stream`. The host side (kernels/cuda/backward.cc) checks the contracts
+// of kernels/{norm,activation,elementwise}.h first.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace loom::cuda::launch {
+
+// Rows summed into column partials, this many rows a partial (kernels/cuda/backward.cu): the
+// scratch a column sum needs is ceil(n / kColumnSumRows) * c floats.
+inline constexpr int64_t kColumnSumRows = 64;
+
+// rstd[r] = 1 / sqrt(mean(x[r]^2) + eps) over rows of d.
+void row_rstd(cudaStream_t stream, const float* x, int64_t n, int64_t d, float eps, float* rstd);
+// dw[j] += sum_r dout[r, j] * x[r, j] * rstd[r] (rstd null: 1), summed in a fixed order: rows in
+// chunks of kColumnSumRows into `partials`, then the chunks in order.
+void column_sums(cudaStream_t stream, const float* dout, const float* x, const float* rstd,
+                 int64_t n, int64_t c, float* partials, float* dw);
+// dx = rstd * ((off + w) * dout - xhat * mean((off + w) * dout * xhat)), xhat = x * rstd.
+void rmsnorm_dx(cudaStream_t stream, const float* x, const float* w, float off, const float* dout,
+                const float* rstd, int64_t n, int64_t d, float* dx);
+void l2norm_dx(cudaStream_t stream, const float* x, const float* dout, int64_t n, int64_t d,
+               float eps, float scale, float* dx);
+
+enum class GateGrad : int { kSiluMul, kMulSigmoid, kMulSilu };
+// Elementwise gate backward over n elements:
+//   kSiluMul:    a = gate, b = up:  da = dout * up * silu'(gate), db = dout * silu(gate);
+//   kMulSigmoid: a = x, b = gate:  da = dout * sigmoid(gate),    db = dout * x * sigmoid'(gate);
+//   kMulSilu:    a = x, b = gate:  da = dout * silu(gate),       db = dout * x * silu'(gate).
+void gate_backward(cudaStream_t stream, GateGrad kind, const float* a, const float* b,
+                   const float* dout, int64_t n, float* da, float* db);
+void sigmoid_backward(cudaStream_t stream, const float* y, const float* dout, int64_t n,
+                      float* dx);
+// dx[r, :] = dout[r, :] * sigmoid(gate[r]), dgate[r] = sigmoid'(gate[r]) * (dout[r, :] . x[r, :]).
+void mul_sigmoid_rows_backward(cudaStream_t stream, const float* x, const float* gate,
+                               const float* dout, int64_t n, int64_t c, float* dx, float* dgate);
+// dst[ids[perm[k]], :] += src[perm[k], :] for k in each segment [seg_begin[s], seg_begin[s+1]),
+// all k of a segment naming the same row seg_row[s], in increasing k: perm lists the source rows
+// stably sorted by their target, so every target row receives its sources in source order.
+void scatter_add_segments(cudaStream_t stream, const float* src, const int64_t* perm,
+                          const int64_t* seg_begin, const int64_t* seg_row, int64_t segments,
+                          int64_t c, float* dst);
+
+}  // namespace loom::cuda::launch

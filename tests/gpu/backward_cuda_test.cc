@@ -1,0 +1,267 @@
+// The CUDA backward passes of the norms, gates, RoPE and row scatters (kernels/cuda/backward.h,
+// kernels/cuda/rope.h) against their CPU twins, on fresh random inputs (the seed is printed;
+// LOOM_GPU_TEST_SEED replays one), at sizes that are not multiples of the kernels' tiles. Outputs
+// are NaN before each call; parameter gradients start from random values (they accumulate).
+//
+// Bounds (each check prints "GPUCHECK <name> <error> <bound> <PASS|FAIL>" for tests/gpu/run.sh):
+//  - elementwise gates and sigmoid: the same formulas on both sides; expf (<= 2 ulp on the GPU, ~1
+//    in glibc) inside a sigmoid and two or three products: <= 8 eps scaled (max |diff| / max(1,
+//    max |ref|)), as cuda_kernels_test.cc's pointwise ops;
+//  - RoPE backward: the rotation's bound from cuda_kernels_test.cc (8 eps scaled);
+//  - norm dx: the row's sum of squares and the dot product with dout are length-d sums in
+//    different orders (~sqrt(d) u each, twin_tolerances.h's norm bound), entering dx through the
+//    scale and the mean: (sqrt(d) + 16) eps scaled;
+//  - parameter gradients (a norm's weight, a bias): column sums of N terms, sequential on the CPU,
+//    in 64-row chunks on the GPU. In condition units (|diff| / (|dw0| + sum_r |term_r|)) the
+//    sequential sum's error is ~u sqrt(N) for zero-mean terms (twin_tolerances.h's GEMM argument):
+//    bound (sqrt(N) + 16) eps; a dropped row is ~1/N there (1e-3 at N = 1000);
+//  - row scatters (embedding and gather_rows backward): every target row adds its sources in
+//    source order on both sides: 0 differing bits.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/activation.h"
+#include "kernels/cuda/device.h"
+#include "kernels/elementwise.h"
+#include "kernels/norm.h"
+#include "kernels/rope.h"
+#include "tests/gpu/gpu_test_support.h"
+#include "tests/gpu/twin_tolerances.h"
+
+namespace loom {
+namespace {
+
+std::mt19937_64& rng() {
+  static std::mt19937_64 r(gpu_test_seed());
+  return r;
+}
+
+Tensor randn(Shape shape, float scale = 1.0f) { return twin::randn(rng(), shape, scale); }
+Tensor dev(const Tensor& h) { return cuda::to_device(h); }
+Tensor host(const Tensor& d) { return cuda::to_host(d); }
+Tensor poisoned(Shape shape) { return dev(Tensor::full(shape, std::nanf(""))); }
+
+const Exec& gpu() {
+  static const Exec ex = cuda::device_exec(0);
+  return ex;
+}
+
+void report(const std::string& name, double err, double tol) {
+  const bool pass = err <= tol;  // false for NaN
+  std::printf("GPUCHECK %s %.3e %.3e %s\n", name.c_str(), err, tol, pass ? "PASS" : "FAIL");
+  std::fflush(stdout);
+  EXPECT_LE(err, tol) << name;
+}
+
+double scaled(const Tensor& got_dev, const Tensor& ref) {
+  return twin::scaled_err(host(got_dev), ref);
+}
+
+// max_j |got_j - ref_j| / cond_j for host tensors (inf on NaN).
+double condition_err(const Tensor& got, const Tensor& ref, const std::vector<double>& cond) {
+  double worst = 0.0;
+  for (int64_t j = 0; j < ref.numel(); ++j) {
+    const double g = got.data<float>()[j], r = ref.data<float>()[j];
+    if (!std::isfinite(g)) return INFINITY;
+    worst = std::max(worst, std::fabs(g - r) / std::max(cond[j], 1e-30));
+  }
+  return worst;
+}
+
+int64_t differing_bits(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape()) return std::max(a.numel(), b.numel());
+  int64_t n = 0;
+  for (int64_t i = 0; i < a.numel(); ++i)
+    n += std::memcmp(a.data<float>() + i, b.data<float>() + i, sizeof(float)) != 0;
+  return n;
+}
+
+double sum_tol(int64_t n) { return (std::sqrt(static_cast<double>(n)) + 16) * twin::kEps; }
+double norm_dx_tol(int64_t d) { return (std::sqrt(static_cast<double>(d)) + 16) * twin::kEps; }
+
+TEST(CudaBackward, Rmsnorm) {
+  for (const auto& [n, d] : {std::pair<int64_t, int64_t>{67, 129}, {1000, 2304}, {1, 7}}) {
+    for (float offset : {0.0f, 1.0f}) {
+      for (bool alias : {false, true}) {
+        const Tensor x = randn({n, d}), w = randn({d}, 0.5f), dout = randn({n, d});
+        const Tensor dw0 = randn({d});
+        Tensor dx_ref = Tensor::empty({n, d}), dw_ref = dw0.clone();
+        rmsnorm_backward(host_exec(), x, w, 1e-6f, offset, dout, dx_ref, dw_ref);
+        const Tensor xd = dev(x), wd = dev(w), doutd = dev(dout), dwd = dev(dw0);
+        const Tensor dxd = alias ? doutd : poisoned({n, d});
+        rmsnorm_backward(gpu(), xd, wd, 1e-6f, offset, doutd, dxd, dwd);
+        // Condition of each dw column: |dw0| + sum over rows of |dout * x * rstd|.
+        std::vector<double> rs(static_cast<size_t>(n));
+        for (int64_t r = 0; r < n; ++r) {
+          double ss = 0.0;
+          for (int64_t i = 0; i < d; ++i) {
+            const double xi = x.data<float>()[r * d + i];
+            ss += xi * xi;
+          }
+          rs[r] = 1.0 / std::sqrt(ss / static_cast<double>(d) + 1e-6);
+        }
+        std::vector<double> cond(static_cast<size_t>(d));
+        for (int64_t j = 0; j < d; ++j) {
+          double c = std::fabs(dw0.data<float>()[j]);
+          for (int64_t r = 0; r < n; ++r)
+            c += std::fabs(double(dout.data<float>()[r * d + j]) * x.data<float>()[r * d + j] *
+                           rs[r]);
+          cond[j] = c;
+        }
+        const std::string tag = "rmsnorm_backward_" + std::to_string(n) + "x" + std::to_string(d) +
+                                (offset != 0 ? "_zc" : "") + (alias ? "_alias" : "");
+        report(tag + "_dx", scaled(dxd, dx_ref), norm_dx_tol(d));
+        report(tag + "_dw", condition_err(host(dwd), dw_ref, cond), sum_tol(n));
+      }
+    }
+  }
+}
+
+TEST(CudaBackward, L2norm) {
+  for (const auto& [rows, d] : {std::pair<int64_t, int64_t>{37 * 5, 128}, {53, 72}, {3, 1000}}) {
+    const Tensor x = randn({rows, d}), dout = randn({rows, d});
+    Tensor ref = Tensor::empty({rows, d});
+    l2norm_backward(host_exec(), x, 1e-6f, 0.7f, dout, ref);
+    const Tensor dxd = poisoned({rows, d});
+    l2norm_backward(gpu(), dev(x), 1e-6f, 0.7f, dev(dout), dxd);
+    report("l2norm_backward_" + std::to_string(rows) + "x" + std::to_string(d), scaled(dxd, ref),
+           norm_dx_tol(d));
+  }
+}
+
+TEST(CudaBackward, Gates) {
+  const int64_t n = 10007;
+  const Tensor a = randn({n}, 2.0f), b = randn({n}, 3.0f), dout = randn({n});
+  {
+    Tensor da = Tensor::empty({n}), db = Tensor::empty({n});
+    silu_mul_backward(host_exec(), a, b, dout, da, db);
+    const Tensor dad = poisoned({n}), dbd = poisoned({n});
+    silu_mul_backward(gpu(), dev(a), dev(b), dev(dout), dad, dbd);
+    report("silu_mul_backward_dgate", scaled(dad, da), 8 * twin::kEps);
+    report("silu_mul_backward_dup", scaled(dbd, db), 8 * twin::kEps);
+  }
+  {
+    Tensor da = Tensor::empty({n}), db = Tensor::empty({n});
+    mul_sigmoid_backward(host_exec(), a, b, dout, da, db);
+    // In place: dx over x, dgate over gate.
+    const Tensor ad = dev(a), bd = dev(b);
+    mul_sigmoid_backward(gpu(), ad, bd, dev(dout), ad, bd);
+    report("mul_sigmoid_backward_dx_inplace", scaled(ad, da), 8 * twin::kEps);
+    report("mul_sigmoid_backward_dgate_inplace", scaled(bd, db), 8 * twin::kEps);
+  }
+  {
+    Tensor da = Tensor::empty({n}), db = Tensor::empty({n});
+    mul_silu_backward(host_exec(), a, b, dout, da, db);
+    const Tensor dad = poisoned({n}), dbd = poisoned({n});
+    mul_silu_backward(gpu(), dev(a), dev(b), dev(dout), dad, dbd);
+    report("mul_silu_backward_dx", scaled(dad, da), 8 * twin::kEps);
+    report("mul_silu_backward_dgate", scaled(dbd, db), 8 * twin::kEps);
+  }
+  {
+    Tensor y = Tensor::empty({n});
+    for (int64_t i = 0; i < n; ++i) y.data<float>()[i] = sigmoidf(a.data<float>()[i]);
+    Tensor dx = Tensor::empty({n});
+    sigmoid_backward(host_exec(), y, dout, dx);
+    const Tensor dxd = poisoned({n});
+    sigmoid_backward(gpu(), dev(y), dev(dout), dxd);
+    report("sigmoid_backward", scaled(dxd, dx), 8 * twin::kEps);
+  }
+}
+
+TEST(CudaBackward, MulSigmoidRows) {
+  const int64_t n = 45, c = 333;
+  const Tensor x = randn({n, c}), gate = randn({n}, 2.0f), dout = randn({n, c});
+  Tensor dx = Tensor::empty({n, c}), dg = Tensor::empty({n});
+  mul_sigmoid_rows_backward(host_exec(), x, gate, dout, dx, dg);
+  const Tensor dxd = poisoned({n, c}), dgd = poisoned({n});
+  mul_sigmoid_rows_backward(gpu(), dev(x), dev(gate), dev(dout), dxd, dgd);
+  report("mul_sigmoid_rows_backward_dx", scaled(dxd, dx), 8 * twin::kEps);
+  // dgate is a length-c dot product times sigmoid': the norm dx bound's dot-product term.
+  report("mul_sigmoid_rows_backward_dgate", scaled(dgd, dg), norm_dx_tol(c));
+}
+
+TEST(CudaBackward, AddBias) {
+  for (const auto& [n, c] : {std::pair<int64_t, int64_t>{1000, 517}, {63, 1}, {129, 64}}) {
+    const Tensor dx = randn({n, c}), db0 = randn({c});
+    Tensor ref = db0.clone();
+    add_bias_backward(host_exec(), dx, ref);
+    const Tensor dbd = dev(db0);
+    add_bias_backward(gpu(), dev(dx), dbd);
+    std::vector<double> cond(static_cast<size_t>(c));
+    for (int64_t j = 0; j < c; ++j) {
+      double s = std::fabs(db0.data<float>()[j]);
+      for (int64_t r = 0; r < n; ++r) s += std::fabs(dx.data<float>()[r * c + j]);
+      cond[j] = s;
+    }
+    report("add_bias_backward_" + std::to_string(n) + "x" + std::to_string(c),
+           condition_err(host(dbd), ref, cond), sum_tol(n));
+  }
+}
+
+// Embedding (i32 and i64 ids, on the host and the device) and gather_rows backward: heavy
+// repeats (a few target rows named by many sources) and rows never named.
+TEST(CudaBackward, RowScatters) {
+  const int64_t t = 301, v = 97, d = 130;
+  std::uniform_int_distribution<int64_t> pick(0, v - 1), hot(0, 4);
+  std::vector<int64_t> ids64(static_cast<size_t>(t));
+  for (auto& id : ids64) id = rng()() % 3 == 0 ? hot(rng()) : pick(rng());
+  Tensor ids_i64 = Tensor::empty({t}, DType::kI64), ids_i32 = Tensor::empty({t}, DType::kI32);
+  for (int64_t i = 0; i < t; ++i) {
+    ids_i64.data<int64_t>()[i] = ids64[i];
+    ids_i32.data<int32_t>()[i] = static_cast<int32_t>(ids64[i]);
+  }
+  const Tensor dout = randn({t, d}), table0 = randn({v, d});
+  Tensor ref = table0.clone();
+  embedding_backward(host_exec(), ids_i64, dout, ref);
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool i32 = variant % 2 == 1, on_device = variant >= 2;
+    const Tensor& ids = i32 ? ids_i32 : ids_i64;
+    const Tensor dtable = dev(table0);
+    embedding_backward(gpu(), on_device ? dev(ids) : ids, dev(dout), dtable);
+    report(std::string("embedding_backward_") + (i32 ? "i32" : "i64") +
+               (on_device ? "_device_ids" : "_host_ids") + "_differing_bits",
+           static_cast<double>(differing_bits(host(dtable), ref)), 0.0);
+  }
+  Tensor gref = table0.clone();
+  gather_rows_backward(host_exec(), dout, ids_i64, gref);
+  const Tensor dsrc = dev(table0);
+  gather_rows_backward(gpu(), dev(dout), dev(ids_i64), dsrc);
+  report("gather_rows_backward_differing_bits",
+         static_cast<double>(differing_bits(host(dsrc), gref)), 0.0);
+}
+
+TEST(CudaBackward, Rope) {
+  const int64_t T = 61, H = 3, d = 133, off = 5;
+  std::vector<int64_t> pos;
+  std::uniform_int_distribution<int64_t> pick(0, 100000);
+  for (int64_t t = 0; t < T; ++t) pos.push_back(pick(rng()));
+  Tensor pos_t = Tensor::empty({T}, DType::kI64);
+  std::copy(pos.begin(), pos.end(), pos_t.data<int64_t>());
+  for (RopeStyle style : {RopeStyle::kHalf, RopeStyle::kInterleaved}) {
+    for (bool yarn : {false, true}) {
+      const RopeTable table =
+          yarn ? rope_table_yarn(10000.0, 64, style, 40.0, 4096, 32, 1, 1.0, 1.0, -1.0, true)
+               : rope_table_default(1e6, 126, style);
+      const Tensor dy = randn({T, H, d});
+      Tensor ref = dy.clone();
+      rope_backward(host_exec(), ref, pos_t, table, yarn ? off : 0);
+      const Tensor dxd = dev(dy);
+      RopeTable table_d = table;
+      table_d.inv_freq = dev(table.inv_freq);
+      rope_backward(gpu(), dxd, dev(pos_t), table_d, yarn ? off : 0);
+      report(std::string("rope_backward_") + (style == RopeStyle::kHalf ? "half" : "interleaved") +
+                 (yarn ? "_yarn" : ""),
+             scaled(dxd, ref), 8 * twin::kEps);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace loom
