@@ -15,6 +15,9 @@
 //    in 64-row chunks on the GPU. In condition units (|diff| / (|dw0| + sum_r |term_r|)) the
 //    sequential sum's error is ~u sqrt(N) for zero-mean terms (twin_tolerances.h's GEMM argument):
 //    bound (sqrt(N) + 16) eps; a dropped row is ~1/N there (1e-3 at N = 1000);
+//  - linear_backward (cuBLAS through matmul): d_x and d_w are dot products of length N and M of
+//    zero-mean terms; scaled by the largest |ref| (~3 sqrt(len) sigma) the error of either order
+//    is ~u: bound kGemmTol (16 eps), as the forward GEMM's;
 //  - row scatters (embedding and gather_rows backward): every target row adds its sources in
 //    source order on both sides: 0 differing bits.
 #include <cuda_runtime_api.h>
@@ -30,6 +33,7 @@
 #include "kernels/activation.h"
 #include "kernels/cuda/device.h"
 #include "kernels/elementwise.h"
+#include "kernels/gemm_backward.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
 #include "tests/gpu/gpu_test_support.h"
@@ -235,6 +239,21 @@ TEST(CudaBackward, RowScatters) {
   gather_rows_backward(gpu(), dev(dout), dev(ids_i64), dsrc);
   report("gather_rows_backward_differing_bits",
          static_cast<double>(differing_bits(host(dsrc), gref)), 0.0);
+}
+
+TEST(CudaBackward, Linear) {
+  for (float beta : {0.0f, 1.0f}) {
+    const int64_t m = 133, k = 257, n = 67;
+    const Tensor x = randn({m, k}), w = randn({n, k}), dy = randn({m, n});
+    const Tensor dx0 = randn({m, k}), dw0 = randn({n, k});
+    Tensor dx = dx0.clone(), dw = dw0.clone();
+    linear_backward(host_exec(), x, w, dy, dx, beta, dw);
+    const Tensor dxd = beta == 0.0f ? poisoned({m, k}) : dev(dx0), dwd = dev(dw0);
+    linear_backward(gpu(), dev(x), dev(w), dev(dy), dxd, beta, dwd);
+    const std::string tag = std::string("linear_backward") + (beta != 0 ? "_accumulate" : "");
+    report(tag + "_dx", scaled(dxd, dx), twin::kGemmTol);
+    report(tag + "_dw", scaled(dwd, dw), twin::kGemmTol);
+  }
 }
 
 TEST(CudaBackward, Rope) {
