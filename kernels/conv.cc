@@ -3,6 +3,7 @@
 
 #include "kernels/cpu/conv.h"
 #ifdef LOOM_WITH_CUDA
+#include "kernels/cuda/backward.h"
 #include "kernels/cuda/conv.h"
 #include "kernels/cuda/conv_varlen.h"
 #endif
@@ -45,7 +46,12 @@ void causal_conv1d_backward(const Exec& ex, const Tensor& x, const Tensor& weigh
   if (ex.device.is_cpu())
     return cpu::causal_conv1d_backward(x, weight, initial_state, apply_silu, dout, dfinal_state, dx,
                                        dweight, dinitial_state);
+#ifdef LOOM_WITH_CUDA
+  return cuda::causal_conv1d_backward(ex, x, weight, initial_state, apply_silu, dout, dfinal_state,
+                                      dx, dweight, dinitial_state);
+#else
   no_kernel_for(ex, "causal_conv1d_backward");
+#endif
 }
 
 void causal_conv1d_step(const Exec& ex, const Tensor& x, const Tensor& weight,

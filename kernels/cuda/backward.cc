@@ -91,6 +91,36 @@ void sigmoid_backward(const Exec& ex, const Tensor& y, const Tensor& dout, const
   launch::sigmoid_backward(stream_of(ex), f(y), f(dout), y.numel(), fm(dx));
 }
 
+void causal_conv1d_backward(const Exec& ex, const Tensor& x, const Tensor& weight,
+                            const Tensor& initial_state, bool apply_silu, const Tensor& dout,
+                            const Tensor& dfinal_state, const Tensor& dx, const Tensor& dweight,
+                            const Tensor& dinitial_state) {
+  check_args("causal_conv1d_backward", {&x, &weight, &dout, &dx, &dweight});
+  for (const Tensor* t : {&initial_state, &dfinal_state, &dinitial_state})
+    if (t->defined()) check_on_device("causal_conv1d_backward", "state", *t);
+  launch::ConvBackwardArgs a{};
+  a.T = x.dim(0);
+  a.C = x.dim(1);
+  a.W = weight.dim(1);
+  if (a.C == 0) return;
+  cudaStream_t s = stream_of(ex);
+  const int64_t chunks = (a.T + launch::kColumnSumRows - 1) / launch::kColumnSumRows;
+  Scratch dpre(static_cast<size_t>(a.T * a.C) * sizeof(float), s);
+  Scratch partials(static_cast<size_t>(chunks * a.C * a.W) * sizeof(float), s);
+  a.x = f(x);
+  a.weight = f(weight);
+  a.s0 = initial_state.defined() ? f(initial_state) : nullptr;
+  a.dout = f(dout);
+  a.dfin = dfinal_state.defined() ? f(dfinal_state) : nullptr;
+  a.dx = fm(dx);
+  a.dweight = fm(dweight);
+  a.ds0 = dinitial_state.defined() ? fm(dinitial_state) : nullptr;
+  a.dpre = static_cast<float*>(dpre.get());
+  a.partials = static_cast<float*>(partials.get());
+  a.silu = apply_silu;
+  launch::causal_conv1d_backward(s, a);
+}
+
 void scatter_add_rows(const Exec& ex, const char* op, const Tensor& src, const Tensor& ids,
                       const Tensor& dst) {
   check_args(op, {&src, &dst});

@@ -279,3 +279,118 @@ void scatter_add_segments(cudaStream_t stream, const float* src, const int64_t* 
 
 }  // namespace launch
 }  // namespace loom::cuda
+
+// ---- causal_conv1d_backward -----------------------------------------------------------------
+namespace loom::cuda {
+namespace {
+
+using launch::ConvBackwardArgs;
+
+// xpad[p][c]: the initial state's rows, then x (zeros without a state).
+__device__ __forceinline__ float conv_xpad(const ConvBackwardArgs& a, int64_t p, int64_t c) {
+  const int64_t P = a.W - 1;
+  if (p >= P) return a.x[(p - P) * a.C + c];
+  return a.s0 != nullptr ? a.s0[p * a.C + c] : 0.0f;
+}
+
+__global__ void __launch_bounds__(kPointThreads) conv_dpre_kernel(ConvBackwardArgs a) {
+  const int64_t n = a.T * a.C;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kPointThreads + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kPointThreads) {
+    const int64_t t = i / a.C, c = i % a.C;
+    const float g = a.dout[i];
+    if (!a.silu) {
+      a.dpre[i] = g;
+      continue;
+    }
+    float pre = 0.0f;  // the forward's order: j = 0 .. W-1 from 0
+    for (int64_t j = 0; j < a.W; ++j) pre += a.weight[c * a.W + j] * conv_xpad(a, t + j, c);
+    float s, sn;
+    sig_pair(pre, s, sn);
+    a.dpre[i] = g * (s * (1.0f + pre * sn));
+  }
+}
+
+// partials[chunk, c, j] = sum over the chunk's t of dpre[t, c] * xpad[t + j, c], t ascending.
+__global__ void __launch_bounds__(kColThreads) conv_dweight_partials_kernel(ConvBackwardArgs a) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColThreads + threadIdx.x;
+  if (c >= a.C) return;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * launch::kColumnSumRows;
+  const int64_t t1 = t0 + launch::kColumnSumRows < a.T ? t0 + launch::kColumnSumRows : a.T;
+  float* out = a.partials + (static_cast<int64_t>(blockIdx.y) * a.C + c) * a.W;
+  for (int64_t j = 0; j < a.W; ++j) {
+    float acc = 0.0f;
+    for (int64_t t = t0; t < t1; ++t) acc += a.dpre[t * a.C + c] * conv_xpad(a, t + j, c);
+    out[j] = acc;
+  }
+}
+
+__global__ void __launch_bounds__(kColThreads)
+    conv_dweight_total_kernel(ConvBackwardArgs a, int64_t chunks) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kColThreads + threadIdx.x;  // c * W + j
+  if (i >= a.C * a.W) return;
+  float s = 0.0f;
+  for (int64_t k = 0; k < chunks; ++k) s += a.partials[k * a.C * a.W + i];
+  a.dweight[i] += s;
+}
+
+// Rows p < W-1 of dxpad: the initial state's gradient.
+__global__ void __launch_bounds__(kPointThreads) conv_dstate_kernel(ConvBackwardArgs a) {
+  const int64_t P = a.W - 1, n = P * a.C;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kPointThreads + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kPointThreads) {
+    const int64_t p = i / a.C, c = i % a.C;
+    float acc = 0.0f;
+    for (int64_t j = 0; j <= p; ++j)
+      if (p - j < a.T) acc += a.weight[c * a.W + j] * a.dpre[(p - j) * a.C + c];
+    if (a.dfin != nullptr && p >= a.T) acc += a.dfin[(p - a.T) * a.C + c];
+    a.ds0[i] = acc;
+  }
+}
+
+// Rows p = t + W-1 of dxpad: dx, plus the final state's gradient on the last W-1 of them.
+__global__ void __launch_bounds__(kPointThreads) conv_dx_kernel(ConvBackwardArgs a) {
+  const int64_t P = a.W - 1, n = a.T * a.C;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kPointThreads + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kPointThreads) {
+    const int64_t t = i / a.C, c = i % a.C;
+    float acc = 0.0f;
+    for (int64_t j = 0; j < a.W; ++j) {
+      const int64_t q = t + P - j;
+      if (q < a.T) acc += a.weight[c * a.W + j] * a.dpre[q * a.C + c];
+    }
+    const int64_t r = t + P - a.T;
+    if (a.dfin != nullptr && r >= 0) acc += a.dfin[r * a.C + c];
+    a.dx[i] = acc;
+  }
+}
+
+}  // namespace
+
+namespace launch {
+void causal_conv1d_backward(cudaStream_t stream, const ConvBackwardArgs& a) {
+  if (a.C == 0) return;
+  if (a.T > 0) {
+    conv_dpre_kernel<<<dev::grid_for(a.T * a.C, kPointThreads), kPointThreads, 0, stream>>>(a);
+    LOOM_CUDA_CHECK_LAUNCH();
+    const int64_t chunks = (a.T + kColumnSumRows - 1) / kColumnSumRows;
+    check_y(chunks, "causal_conv1d_backward");
+    const dim3 grid(blocks_of(a.C, kColThreads), static_cast<unsigned>(chunks));
+    conv_dweight_partials_kernel<<<grid, kColThreads, 0, stream>>>(a);
+    LOOM_CUDA_CHECK_LAUNCH();
+    conv_dweight_total_kernel<<<blocks_of(a.C * a.W, kColThreads), kColThreads, 0, stream>>>(
+        a, chunks);
+    LOOM_CUDA_CHECK_LAUNCH();
+  }
+  if (a.ds0 != nullptr && a.W > 1) {
+    conv_dstate_kernel<<<dev::grid_for((a.W - 1) * a.C, kPointThreads), kPointThreads, 0, stream>>>(
+        a);
+    LOOM_CUDA_CHECK_LAUNCH();
+  }
+  if (a.T > 0) {
+    conv_dx_kernel<<<dev::grid_for(a.T * a.C, kPointThreads), kPointThreads, 0, stream>>>(a);
+    LOOM_CUDA_CHECK_LAUNCH();
+  }
+}
+}  // namespace launch
+}  // namespace loom::cuda

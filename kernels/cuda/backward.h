@@ -24,6 +24,11 @@ void mul_silu_backward(const Exec& ex, const Tensor& x, const Tensor& gate, cons
 void mul_sigmoid_rows_backward(const Exec& ex, const Tensor& x, const Tensor& gate,
                                const Tensor& dout, const Tensor& dx, const Tensor& dgate);
 void sigmoid_backward(const Exec& ex, const Tensor& y, const Tensor& dout, const Tensor& dx);
+// initial_state, dfinal_state, dinitial_state may be undefined (kernels/conv.h).
+void causal_conv1d_backward(const Exec& ex, const Tensor& x, const Tensor& weight,
+                            const Tensor& initial_state, bool apply_silu, const Tensor& dout,
+                            const Tensor& dfinal_state, const Tensor& dx, const Tensor& dweight,
+                            const Tensor& dinitial_state);
 // dst[ids[i], :] += src[i, :] in source order for every target row (embedding_backward,
 // gather_rows_backward). ids: [n] i32/i64 on the host or the GPU, read back and checked in
 // [0, dst rows) before anything is written (abort naming `op` and the first bad index).

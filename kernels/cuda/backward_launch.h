@@ -45,3 +45,27 @@ void scatter_add_segments(cudaStream_t stream, const float* src, const int64_t* 
                           int64_t c, float* dst);
 
 }  // namespace loom::cuda::launch
+
+namespace loom::cuda::launch {
+
+// causal_conv1d_backward over one sequence (kernels/conv.h), in four launches: dpre (the
+// activation's gradient, into `dpre` scratch [T, C]), dweight += (chunked column sums, as
+// column_sums), dinitial_state, dx (may alias dout: dout is read only by the first launch).
+// s0, dfin, ds0 may be null (no initial state, no gradient of the final state, not wanted).
+struct ConvBackwardArgs {
+  const float* x;       // [T, C]
+  const float* weight;  // [C, W]
+  const float* s0;      // [W-1, C] or null
+  const float* dout;    // [T, C]
+  const float* dfin;    // [W-1, C] or null
+  float* dx;            // [T, C]
+  float* dweight;       // [C, W]
+  float* ds0;           // [W-1, C] or null
+  float* dpre;          // scratch [T, C]
+  float* partials;      // scratch [ceil(T / kColumnSumRows), C, W]
+  int64_t T, C, W;
+  bool silu;
+};
+void causal_conv1d_backward(cudaStream_t stream, const ConvBackwardArgs& a);
+
+}  // namespace loom::cuda::launch

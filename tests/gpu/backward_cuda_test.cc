@@ -18,6 +18,9 @@
 //  - linear_backward (cuBLAS through matmul): d_x and d_w are dot products of length N and M of
 //    zero-mean terms; scaled by the largest |ref| (~3 sqrt(len) sigma) the error of either order
 //    is ~u: bound kGemmTol (16 eps), as the forward GEMM's;
+//  - causal_conv1d_backward: dx and the initial state's gradient are sums of W products (plus the
+//    final state's gradient), the activation's gradient holds an expf: (W + 8) eps scaled; dweight
+//    is a column sum over T as above, its condition taken with |silu'| <= 1.1;
 //  - row scatters (embedding and gather_rows backward): every target row adds its sources in
 //    source order on both sides: 0 differing bits.
 #include <cuda_runtime_api.h>
@@ -31,6 +34,7 @@
 #include <vector>
 
 #include "kernels/activation.h"
+#include "kernels/conv.h"
 #include "kernels/cuda/device.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm_backward.h"
@@ -253,6 +257,46 @@ TEST(CudaBackward, Linear) {
     const std::string tag = std::string("linear_backward") + (beta != 0 ? "_accumulate" : "");
     report(tag + "_dx", scaled(dxd, dx), twin::kGemmTol);
     report(tag + "_dw", scaled(dwd, dw), twin::kGemmTol);
+  }
+}
+
+TEST(CudaBackward, CausalConv1d) {
+  const int64_t C = 67, W = 4, P = W - 1;
+  for (int64_t T : {1, 2, 37, 200}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool silu = variant % 2 == 0, states = variant < 2, alias = variant == 3;
+      const Tensor x = randn({T, C}), w = randn({C, W}, 0.5f), dout = randn({T, C});
+      const Tensor s0 = states ? randn({P, C}) : Tensor(), dfin = states ? randn({P, C}) : Tensor();
+      const Tensor dw0 = randn({C, W});
+      Tensor dx = Tensor::empty({T, C}), dw = dw0.clone();
+      Tensor ds0 = states ? Tensor::empty({P, C}) : Tensor();
+      causal_conv1d_backward(host_exec(), x, w, s0, silu, dout, dfin, dx, dw, ds0);
+      const Tensor doutd = dev(dout), dwd = dev(dw0);
+      const Tensor dxd = alias ? doutd : poisoned({T, C});
+      const Tensor ds0d = states ? poisoned({P, C}) : Tensor();
+      causal_conv1d_backward(gpu(), dev(x), dev(w), states ? dev(s0) : Tensor(), silu, doutd,
+                             states ? dev(dfin) : Tensor(), dxd, dwd, ds0d);
+      std::vector<double> cond(static_cast<size_t>(C * W));
+      for (int64_t c = 0; c < C; ++c) {
+        for (int64_t j = 0; j < W; ++j) {
+          double s = std::fabs(dw0.data<float>()[c * W + j]);
+          for (int64_t t = 0; t < T; ++t) {
+            const int64_t p = t + j;
+            const double xp = p >= P ? x.data<float>()[(p - P) * C + c]
+                                     : (states ? s0.data<float>()[p * C + c] : 0.0);
+            s += 1.1 * std::fabs(dout.data<float>()[t * C + c] * xp);
+          }
+          cond[c * W + j] = s;
+        }
+      }
+      const std::string tag = "causal_conv1d_backward_T" + std::to_string(T) +
+                              (silu ? "_silu" : "") + (states ? "_states" : "") +
+                              (alias ? "_alias" : "");
+      const double tol = (W + 8) * twin::kEps;
+      report(tag + "_dx", scaled(dxd, dx), tol);
+      report(tag + "_dweight", condition_err(host(dwd), dw, cond), sum_tol(T));
+      if (states) report(tag + "_dinitial_state", scaled(ds0d, ds0), tol);
+    }
   }
 }
 
