@@ -2,6 +2,9 @@
 #include "kernels/optim.h"
 
 #include "kernels/cpu/optim.h"
+#ifdef LOOM_WITH_CUDA
+#include "kernels/cuda/optim.h"
+#endif
 
 namespace loom {
 
@@ -19,7 +22,11 @@ void adamw_update(const Exec& ex, const AdamWStep& s, const Tensor& param, const
              "%s: step %lld beta1 %g beta2 %g eps %g lr %g weight_decay %g", kOp,
              static_cast<long long>(s.step), s.beta1, s.beta2, s.eps, s.lr, s.weight_decay);
   if (ex.device.is_cpu()) return cpu::adamw_update(s, param, grad, m, v);
+#ifdef LOOM_WITH_CUDA
+  return cuda::adamw_update(ex, s, param, grad, m, v);
+#else
   no_kernel_for(ex, kOp);
+#endif
 }
 
 void sum_of_squares(const Exec& ex, const Tensor& x, const Tensor& out) {
@@ -29,7 +36,11 @@ void sum_of_squares(const Exec& ex, const Tensor& x, const Tensor& out) {
   LOOM_CHECK(out.dtype() == DType::kF32 && out.numel() == 1, "%s: out %s, want f32 [1]", kOp,
              out.describe().c_str());
   if (ex.device.is_cpu()) return cpu::sum_of_squares(x, out);
+#ifdef LOOM_WITH_CUDA
+  return cuda::sum_of_squares(ex, x, out);
+#else
   no_kernel_for(ex, kOp);
+#endif
 }
 
 }  // namespace loom

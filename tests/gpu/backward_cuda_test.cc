@@ -21,6 +21,10 @@
 //  - causal_conv1d_backward: dx and the initial state's gradient are sums of W products (plus the
 //    final state's gradient), the activation's gradient holds an expf: (W + 8) eps scaled; dweight
 //    is a column sum over T as above, its condition taken with |silu'| <= 1.1;
+//  - AdamW: the CPU's arithmetic element by element (a division, a square root, products that
+//    either side may contract into fused multiply-adds): 8 eps scaled on param, m and v after
+//    three steps; the sum of squares: a double sum in another order, rounded once to f32: 2 eps
+//    relative;
 //  - row scatters (embedding and gather_rows backward): every target row adds its sources in
 //    source order on both sides: 0 differing bits.
 #include <cuda_runtime_api.h>
@@ -39,6 +43,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/gemm_backward.h"
 #include "kernels/norm.h"
+#include "kernels/optim.h"
 #include "kernels/rope.h"
 #include "tests/gpu/gpu_test_support.h"
 #include "tests/gpu/twin_tolerances.h"
@@ -297,6 +302,37 @@ TEST(CudaBackward, CausalConv1d) {
       report(tag + "_dweight", condition_err(host(dwd), dw, cond), sum_tol(T));
       if (states) report(tag + "_dinitial_state", scaled(ds0d, ds0), tol);
     }
+  }
+}
+
+TEST(CudaBackward, AdamWAndSumOfSquares) {
+  const int64_t n = 10007;
+  const Tensor p0 = randn({n}), m0 = randn({n}, 0.1f);
+  Tensor v0 = randn({n}, 0.1f);
+  for (int64_t i = 0; i < n; ++i) v0.data<float>()[i] = std::fabs(v0.data<float>()[i]);
+  Tensor p = p0.clone(), m = m0.clone(), v = v0.clone();
+  const Tensor pd = dev(p0), md = dev(m0), vd = dev(v0);
+  for (int64_t step = 1; step <= 3; ++step) {
+    const Tensor g = randn({n});
+    AdamWStep s;
+    s.lr = 1e-2f;
+    s.weight_decay = 0.1f;
+    s.step = step;
+    s.grad_scale = 0.7f;
+    adamw_update(host_exec(), s, p, g, m, v);
+    adamw_update(gpu(), s, pd, dev(g), md, vd);
+  }
+  report("adamw_param", scaled(pd, p), 8 * twin::kEps);
+  report("adamw_m", scaled(md, m), 8 * twin::kEps);
+  report("adamw_v", scaled(vd, v), 8 * twin::kEps);
+  for (int64_t len : {int64_t{1}, int64_t{4095}, int64_t{1000003}}) {
+    const Tensor x = randn({len});
+    Tensor ref = Tensor::empty({1});
+    sum_of_squares(host_exec(), x, ref);
+    const Tensor out = poisoned({1});
+    sum_of_squares(gpu(), dev(x), out);
+    const double got = host(out).data<float>()[0], want = ref.data<float>()[0];
+    report("sum_of_squares_" + std::to_string(len), std::fabs(got - want) / want, 2 * twin::kEps);
   }
 }
 
