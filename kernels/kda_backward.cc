@@ -2,6 +2,9 @@
 #include "kernels/kda_backward.h"
 
 #include "kernels/cpu/kda_backward.h"
+#ifdef LOOM_WITH_CUDA
+#include "kernels/cuda/backward.h"
+#endif
 
 namespace loom {
 namespace {
@@ -81,7 +84,11 @@ void kda_gate_backward(const Exec& ex, const Tensor& f, const Tensor& A_log, con
   }
   if (ex.device.is_cpu())
     return cpu::kda_gate_backward(f, A_log, dt_bias, lower_bound, d_g, d_f, d_A_log, d_dt_bias);
+#ifdef LOOM_WITH_CUDA
+  return cuda::kda_gate_backward(ex, f, A_log, dt_bias, lower_bound, d_g, d_f, d_A_log, d_dt_bias);
+#else
   no_kernel_for(ex, kOp);
+#endif
 }
 
 }  // namespace loom

@@ -121,6 +121,32 @@ void causal_conv1d_backward(const Exec& ex, const Tensor& x, const Tensor& weigh
   launch::causal_conv1d_backward(s, a);
 }
 
+// Elementwise gradients into d_f and a scratch d_A_log per element; the parameter gradients are
+// column sums over tokens in fixed chunks (as column_sums), then d_A_log's columns head by head.
+void kda_gate_backward(const Exec& ex, const Tensor& gate_in, const Tensor& A_log,
+                       const Tensor& dt_bias, float lower_bound, const Tensor& d_g,
+                       const Tensor& d_f, const Tensor& d_A_log, const Tensor& d_dt_bias) {
+  check_args("kda_gate_backward", {&gate_in, &A_log, &d_g, &d_f, &d_A_log});
+  if (dt_bias.defined()) check_args("kda_gate_backward", {&dt_bias, &d_dt_bias});
+  const int64_t T = gate_in.dim(0), width = gate_in.dim(1), H = A_log.numel();
+  if (T == 0 || width == 0) return;
+  cudaStream_t s = stream_of(ex);
+  const int64_t chunks = (T + launch::kColumnSumRows - 1) / launch::kColumnSumRows;
+  Scratch d_alog(static_cast<size_t>(T * width) * sizeof(float), s);
+  Scratch da_col(static_cast<size_t>(width) * sizeof(float), s);
+  Scratch partials(static_cast<size_t>(chunks * width) * sizeof(float), s);
+  float* dal = static_cast<float*>(d_alog.get());
+  float* cols = static_cast<float*>(da_col.get());
+  float* part = static_cast<float*>(partials.get());
+  launch::kda_gate_grads(s, f(gate_in), f(A_log), dt_bias.defined() ? f(dt_bias) : nullptr,
+                         lower_bound, f(d_g), T, width, H, fm(d_f), dal);
+  if (dt_bias.defined())
+    launch::column_sums(s, f(d_f), nullptr, nullptr, T, width, part, fm(d_dt_bias));
+  LOOM_CUDA_CHECK(cudaMemsetAsync(cols, 0, static_cast<size_t>(width) * sizeof(float), s));
+  launch::column_sums(s, dal, nullptr, nullptr, T, width, part, cols);
+  launch::group_sums(s, cols, H, width / H, fm(d_A_log));
+}
+
 void scatter_add_rows(const Exec& ex, const char* op, const Tensor& src, const Tensor& ids,
                       const Tensor& dst) {
   check_args(op, {&src, &dst});

@@ -394,3 +394,66 @@ void causal_conv1d_backward(cudaStream_t stream, const ConvBackwardArgs& a) {
 }
 }  // namespace launch
 }  // namespace loom::cuda
+
+// ---- kda_gate_backward ----------------------------------------------------------------------
+namespace loom::cuda {
+namespace {
+
+// The CPU's formulas (kernels/cpu/kda_backward.cc): softplus gates without a lower bound,
+// lb * sigmoid(a x) with one.
+__global__ void __launch_bounds__(kPointThreads)
+    kda_gate_grads_kernel(const float* f, const float* __restrict__ a_log,
+                          const float* __restrict__ bias, float lb, const float* d_g, int64_t n,
+                          int64_t width, int64_t per_head, float* d_f, float* __restrict__ d_alog) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kPointThreads + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kPointThreads) {
+    const int64_t c = i % width;
+    const float a = expf(a_log[c / per_head]);
+    const float x = f[i] + (bias != nullptr ? bias[c] : 0.0f);
+    const float up = d_g[i];
+    float dx, dalog;
+    if (lb == 0.0f) {
+      const float sp = x > 20.0f ? x : log1pf(expf(x));
+      dx = -a / (1.0f + expf(-x));
+      dalog = -a * sp;
+    } else {
+      const float s = 1.0f / (1.0f + expf(-a * x));
+      dx = lb * s * (1.0f - s) * a;
+      dalog = dx * x;
+    }
+    d_f[i] = up * dx;
+    d_alog[i] = up * dalog;
+  }
+}
+
+__global__ void group_sums_kernel(const float* __restrict__ cols, int64_t groups, int64_t per_group,
+                                  float* __restrict__ out) {
+  const int64_t h = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (h >= groups) return;
+  float s = 0.0f;
+  for (int64_t c = h * per_group; c < (h + 1) * per_group; ++c) s += cols[c];
+  out[h] += s;
+}
+
+}  // namespace
+
+namespace launch {
+void kda_gate_grads(cudaStream_t stream, const float* f, const float* a_log, const float* bias,
+                    float lower_bound, const float* d_g, int64_t T, int64_t width, int64_t H,
+                    float* d_f, float* d_alog) {
+  const int64_t n = T * width;
+  if (n == 0) return;
+  kda_gate_grads_kernel<<<dev::grid_for(n, kPointThreads), kPointThreads, 0, stream>>>(
+      f, a_log, bias, lower_bound, d_g, n, width, width / H, d_f, d_alog);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+void group_sums(cudaStream_t stream, const float* cols, int64_t groups, int64_t per_group,
+                float* out) {
+  if (groups == 0) return;
+  group_sums_kernel<<<blocks_of(groups, kColThreads), kColThreads, 0, stream>>>(cols, groups,
+                                                                                per_group, out);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+}  // namespace launch
+}  // namespace loom::cuda

@@ -29,6 +29,9 @@ void causal_conv1d_backward(const Exec& ex, const Tensor& x, const Tensor& weigh
                             const Tensor& initial_state, bool apply_silu, const Tensor& dout,
                             const Tensor& dfinal_state, const Tensor& dx, const Tensor& dweight,
                             const Tensor& dinitial_state);
+void kda_gate_backward(const Exec& ex, const Tensor& f, const Tensor& A_log, const Tensor& dt_bias,
+                       float lower_bound, const Tensor& d_g, const Tensor& d_f,
+                       const Tensor& d_A_log, const Tensor& d_dt_bias);
 // dst[ids[i], :] += src[i, :] in source order for every target row (embedding_backward,
 // gather_rows_backward). ids: [n] i32/i64 on the host or the GPU, read back and checked in
 // [0, dst rows) before anything is written (abort naming `op` and the first bad index).

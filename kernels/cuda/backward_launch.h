@@ -69,3 +69,16 @@ struct ConvBackwardArgs {
 void causal_conv1d_backward(cudaStream_t stream, const ConvBackwardArgs& a);
 
 }  // namespace loom::cuda::launch
+
+namespace loom::cuda::launch {
+
+// kda_gate_backward's elementwise part (kernels/kda_backward.h): d_f = d_g * dg/dx and
+// d_alog = d_g * dg/dA_log per element, with x = f + dt_bias (bias may be null).
+void kda_gate_grads(cudaStream_t stream, const float* f, const float* a_log, const float* bias,
+                    float lower_bound, const float* d_g, int64_t T, int64_t width, int64_t H,
+                    float* d_f, float* d_alog);
+// out[h] += sum of cols[h * per_group .. (h + 1) * per_group) in order.
+void group_sums(cudaStream_t stream, const float* cols, int64_t groups, int64_t per_group,
+                float* out);
+
+}  // namespace loom::cuda::launch

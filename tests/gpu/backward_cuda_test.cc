@@ -25,6 +25,9 @@
 //    either side may contract into fused multiply-adds): 8 eps scaled on param, m and v after
 //    three steps; the sum of squares: a double sum in another order, rounded once to f32: 2 eps
 //    relative;
+//  - kda_gate_backward: d_f is a product of exp/log1p/sigmoid terms (a few ulp each on either
+//    side): 16 eps scaled; d_dt_bias and d_A_log are sums over tokens (and a head's columns) as
+//    above, in condition units with a budget of sum_tol(T * columns per head);
 //  - row scatters (embedding and gather_rows backward): every target row adds its sources in
 //    source order on both sides: 0 differing bits.
 #include <cuda_runtime_api.h>
@@ -42,6 +45,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm_backward.h"
+#include "kernels/kda_backward.h"
 #include "kernels/norm.h"
 #include "kernels/optim.h"
 #include "kernels/rope.h"
@@ -333,6 +337,54 @@ TEST(CudaBackward, AdamWAndSumOfSquares) {
     sum_of_squares(gpu(), dev(x), out);
     const double got = host(out).data<float>()[0], want = ref.data<float>()[0];
     report("sum_of_squares_" + std::to_string(len), std::fabs(got - want) / want, 2 * twin::kEps);
+  }
+}
+
+TEST(CudaBackward, KdaGate) {
+  const int64_t T = 300, H = 3, per_head = 67, width = H * per_head;
+  for (float lb : {0.0f, -5.0f}) {
+    for (bool with_bias : {false, true}) {
+      const Tensor f = randn({T, width}, 2.0f), a_log = randn({H}, 0.5f), d_g = randn({T, width});
+      const Tensor bias = with_bias ? randn({width}) : Tensor();
+      const Tensor da0 = randn({H}), db0 = with_bias ? randn({width}) : Tensor();
+      Tensor df = Tensor::empty({T, width}), da = da0.clone(),
+             db = with_bias ? db0.clone() : Tensor();
+      kda_gate_backward(host_exec(), f, a_log, bias, lb, d_g, df, da, db);
+      const Tensor dfd = poisoned({T, width}), dad = dev(da0),
+                   dbd = with_bias ? dev(db0) : Tensor();
+      kda_gate_backward(gpu(), dev(f), dev(a_log), with_bias ? dev(bias) : Tensor(), lb, dev(d_g),
+                        dfd, dad, dbd);
+      // Conditions from double-precision magnitudes of each summed term.
+      std::vector<double> cond_a(static_cast<size_t>(H)), cond_b(static_cast<size_t>(width));
+      for (int64_t c = 0; c < width; ++c) {
+        const double a = std::exp(double(a_log.data<float>()[c / per_head]));
+        double sa = 0.0, sb = with_bias ? std::fabs(db0.data<float>()[c]) : 0.0;
+        for (int64_t t = 0; t < T; ++t) {
+          const double x =
+              f.data<float>()[t * width + c] + (with_bias ? bias.data<float>()[c] : 0.0);
+          const double up = std::fabs(d_g.data<float>()[t * width + c]);
+          double dx, dalog;
+          if (lb == 0.0f) {
+            dx = a / (1.0 + std::exp(-x));
+            dalog = a * (x > 20 ? x : std::log1p(std::exp(x)));
+          } else {
+            const double sg = 1.0 / (1.0 + std::exp(-a * x));
+            dx = std::fabs(lb * sg * (1.0 - sg) * a);
+            dalog = dx * std::fabs(x);
+          }
+          sa += up * dalog;
+          sb += up * dx;
+        }
+        cond_a[c / per_head] += sa;
+        cond_b[c] = sb;
+      }
+      for (int64_t h = 0; h < H; ++h) cond_a[h] += std::fabs(da0.data<float>()[h]);
+      const std::string tag = std::string("kda_gate_backward") +
+                              (lb != 0 ? "_bounded" : "_softplus") + (with_bias ? "_bias" : "");
+      report(tag + "_d_f", scaled(dfd, df), 16 * twin::kEps);
+      report(tag + "_d_A_log", condition_err(host(dad), da, cond_a), sum_tol(T * per_head));
+      if (with_bias) report(tag + "_d_dt_bias", condition_err(host(dbd), db, cond_b), sum_tol(T));
+    }
   }
 }
 
