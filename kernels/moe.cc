@@ -11,6 +11,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/moe.h"
 #ifdef LOOM_WITH_CUDA
+#include "kernels/cuda/backward.h"
 #include "kernels/cuda/moe.h"
 #endif
 
@@ -63,7 +64,11 @@ void moe_route_backward(const Exec& ex, const Tensor& logits, const Tensor& expe
   if (ex.device.is_cpu()) {
     return cpu::moe_route_backward(logits, expert_ids, params, d_weights, d_logits);
   }
+#ifdef LOOM_WITH_CUDA
+  return cuda::moe_route_backward(ex, logits, expert_ids, params, d_weights, d_logits);
+#else
   no_kernel_for(ex, kOp);
+#endif
 }
 
 void moe_aux_loss_forward_backward(const Exec& ex, const Tensor& logits, const Tensor& expert_ids,
@@ -116,7 +121,11 @@ void moe_permute_backward(const Exec& ex, const Tensor& d_x_sorted, const Tensor
   if (ex.device.is_cpu()) {
     return cpu::moe_permute_backward(d_x_sorted, row_of_slot, d_x);
   }
+#ifdef LOOM_WITH_CUDA
+  return cuda::moe_permute_backward(ex, d_x_sorted, row_of_slot, d_x);
+#else
   no_kernel_for(ex, kOp);
+#endif
 }
 
 void moe_grouped_swiglu(const Exec& ex, const Tensor& x, const Tensor& offsets,
@@ -208,7 +217,12 @@ void moe_grouped_swiglu_backward(const Exec& ex, const Tensor& x, const Tensor& 
     return cpu::moe_grouped_swiglu_backward(x, offsets, w_gate, w_up, w_down, gate_up, d_y, d_x,
                                             d_w_gate, d_w_up, d_w_down);
   }
+#ifdef LOOM_WITH_CUDA
+  return cuda::moe_grouped_swiglu_backward(ex, x, offsets, w_gate, w_up, w_down, gate_up, d_y, d_x,
+                                           d_w_gate, d_w_up, d_w_down);
+#else
   no_kernel_for(ex, kOp);
+#endif
 }
 
 void moe_unpermute_combine(const Exec& ex, const Tensor& y, const Tensor& row_of_slot,
@@ -249,7 +263,11 @@ void moe_unpermute_combine_backward(const Exec& ex, const Tensor& y, const Tenso
   if (ex.device.is_cpu()) {
     return cpu::moe_unpermute_combine_backward(y, row_of_slot, weights, d_out, d_y, d_weights);
   }
+#ifdef LOOM_WITH_CUDA
+  return cuda::moe_unpermute_combine_backward(ex, y, row_of_slot, weights, d_out, d_y, d_weights);
+#else
   no_kernel_for(ex, kOp);
+#endif
 }
 
 }  // namespace loom

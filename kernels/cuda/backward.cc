@@ -7,8 +7,10 @@
 #include <numeric>
 #include <vector>
 
+#include "kernels/activation.h"
 #include "kernels/cuda/backward_launch.h"
 #include "kernels/cuda/device.h"
+#include "kernels/gemm.h"
 
 namespace loom::cuda {
 namespace {
@@ -18,6 +20,29 @@ float* fm(const Tensor& t) { return static_cast<float*>(t.raw()); }
 
 void check_args(const char* fn, std::initializer_list<const Tensor*> ts) {
   for (const Tensor* t : ts) check_on_device(fn, "tensor", *t);
+}
+
+// An i32 device (or host) tensor's values on the host.
+std::vector<int32_t> read_i32(const Exec& ex, const Tensor& t) {
+  std::vector<int32_t> out(static_cast<size_t>(t.numel()));
+  if (out.empty()) return out;
+  if (t.device().is_cpu()) {
+    std::copy_n(t.data<int32_t>(), out.size(), out.data());
+  } else {
+    LOOM_CUDA_CHECK(
+        cudaMemcpyAsync(out.data(), t.raw(), t.nbytes(), cudaMemcpyDeviceToHost, stream_of(ex)));
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_of(ex)));
+  }
+  return out;
+}
+
+void check_range(const char* op, const char* what, const std::vector<int32_t>& v, int64_t lo,
+                 int64_t hi) {
+  for (size_t j = 0; j < v.size(); ++j) {
+    LOOM_CHECK(v[j] >= lo && v[j] < hi, "%s: %s[%lld] = %d outside [%lld, %lld)", op, what,
+               static_cast<long long>(j), v[j], static_cast<long long>(lo),
+               static_cast<long long>(hi));
+  }
 }
 
 }  // namespace
@@ -145,6 +170,100 @@ void kda_gate_backward(const Exec& ex, const Tensor& gate_in, const Tensor& A_lo
   LOOM_CUDA_CHECK(cudaMemsetAsync(cols, 0, static_cast<size_t>(width) * sizeof(float), s));
   launch::column_sums(s, dal, nullptr, nullptr, T, width, part, cols);
   launch::group_sums(s, cols, H, width / H, fm(d_A_log));
+}
+
+void moe_route_backward(const Exec& ex, const Tensor& logits, const Tensor& expert_ids,
+                        const RouterParams& params, const Tensor& d_weights,
+                        const Tensor& d_logits) {
+  static constexpr const char* kOp = "moe_route_backward";
+  check_args(kOp, {&logits, &expert_ids, &d_weights, &d_logits});
+  const int64_t T = logits.dim(0), E = logits.dim(1), K = params.top_k;
+  check_range(kOp, "expert_ids", read_i32(ex, expert_ids), 0, E);
+  if (T == 0) return;
+  cudaStream_t s = stream_of(ex);
+  Scratch sc(static_cast<size_t>(2 * T * E) * sizeof(float), s);
+  float* sp = static_cast<float*>(sc.get());
+  launch::moe_route_backward(s, f(logits), expert_ids.data<int32_t>(), f(d_weights), T, E, K,
+                             params.score == RouterScore::kSigmoid, params.renormalize,
+                             params.routed_scaling, sp, sp + T * E, fm(d_logits));
+}
+
+void moe_permute_backward(const Exec& ex, const Tensor& d_x_sorted, const Tensor& row_of_slot,
+                          const Tensor& d_x) {
+  static constexpr const char* kOp = "moe_permute_backward";
+  check_args(kOp, {&d_x_sorted, &row_of_slot, &d_x});
+  check_range(kOp, "row_of_slot", read_i32(ex, row_of_slot), -1, d_x_sorted.dim(0));
+  launch::moe_permute_backward(stream_of(ex), f(d_x_sorted), row_of_slot.data<int32_t>(),
+                               d_x.dim(0), row_of_slot.dim(1), d_x.dim(1), fm(d_x));
+}
+
+void moe_unpermute_combine_backward(const Exec& ex, const Tensor& y, const Tensor& row_of_slot,
+                                    const Tensor& weights, const Tensor& d_out, const Tensor& d_y,
+                                    const Tensor& d_weights) {
+  static constexpr const char* kOp = "moe_unpermute_combine_backward";
+  check_args(kOp, {&y, &row_of_slot, &weights, &d_out, &d_y, &d_weights});
+  const std::vector<int32_t> rows = read_i32(ex, row_of_slot);
+  check_range(kOp, "row_of_slot", rows, -1, y.dim(0));
+  // Distinct rows (moe_permute's): two slots writing one row of d_y would race.
+  std::vector<int32_t> owned;
+  for (int32_t r : rows)
+    if (r >= 0) owned.push_back(r);
+  std::sort(owned.begin(), owned.end());
+  LOOM_CHECK(std::adjacent_find(owned.begin(), owned.end()) == owned.end(),
+             "%s: row_of_slot names a row twice", kOp);
+  launch::moe_unpermute_combine_backward(stream_of(ex), f(y), row_of_slot.data<int32_t>(),
+                                         f(weights), f(d_out), d_out.dim(0), row_of_slot.dim(1),
+                                         d_out.dim(1), fm(d_y), fm(d_weights));
+}
+
+void moe_grouped_swiglu_backward(const Exec& ex, const Tensor& x, const Tensor& offsets,
+                                 const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down,
+                                 const Tensor& gate_up, const Tensor& d_y, const Tensor& d_x,
+                                 const Tensor& d_w_gate, const Tensor& d_w_up,
+                                 const Tensor& d_w_down) {
+  static constexpr const char* kOp = "moe_grouped_swiglu_backward";
+  check_args(kOp,
+             {&x, &offsets, &w_gate, &w_up, &w_down, &d_y, &d_x, &d_w_gate, &d_w_up, &d_w_down});
+  const int64_t r = x.dim(0);
+  const int64_t ne = w_gate.dim(0), inter = w_gate.dim(1);
+  const std::vector<int32_t> off = read_i32(ex, offsets);
+  LOOM_CHECK(off[0] == 0, "%s: offsets[0] = %d, expected 0", kOp, off[0]);
+  int64_t max_rows = 0;
+  for (int64_t e = 0; e < ne; ++e) {
+    LOOM_CHECK(off[e + 1] >= off[e] && off[e + 1] <= r,
+               "%s: offsets[%lld .. %lld] = %d, %d: decreasing or past %lld rows", kOp,
+               static_cast<long long>(e), static_cast<long long>(e + 1), off[e], off[e + 1],
+               static_cast<long long>(r));
+    max_rows = std::max<int64_t>(max_rows, off[e + 1] - off[e]);
+  }
+  if (max_rows == 0) return;
+  const bool kept = gate_up.defined();
+  // g, u (recomputed unless kept), h = silu(g) * u, dg (first d_h) and du: max_rows x I each.
+  const Tensor buf = Tensor::empty({5, max_rows, inter}, DType::kF32, ex.device);
+  for (int64_t e = 0; e < ne; ++e) {
+    const int64_t b = off[e], n = off[e + 1] - off[e];
+    if (n == 0) continue;
+    const Tensor xe = x.slice(0, b, b + n), dye = d_y.slice(0, b, b + n),
+                 dxe = d_x.slice(0, b, b + n);
+    const Tensor wg = w_gate.select(e), wu = w_up.select(e), wd = w_down.select(e);
+    const Tensor dwg = d_w_gate.select(e), dwu = d_w_up.select(e), dwd = d_w_down.select(e);
+    const Tensor ge = kept ? gate_up.select(0).slice(0, b, b + n) : buf.select(0).slice(0, 0, n);
+    const Tensor ue = kept ? gate_up.select(1).slice(0, b, b + n) : buf.select(1).slice(0, 0, n);
+    const Tensor h = buf.select(2).slice(0, 0, n), dg = buf.select(3).slice(0, 0, n),
+                 du = buf.select(4).slice(0, 0, n);
+    if (!kept) {
+      ::loom::linear_forward(ex, xe, wg, ge);
+      ::loom::linear_forward(ex, xe, wu, ue);
+    }
+    ::loom::silu_mul_forward(ex, ge, ue, h);
+    ::loom::matmul(ex, dye, false, wd, false, dg);              // d_h = d_ye @ Wd
+    ::loom::matmul(ex, dye, true, h, false, dwd, 1.0f, 1.0f);   // d_Wd += d_ye^T @ h
+    ::loom::silu_mul_backward(ex, ge, ue, dg, dg, du);          // (dg, du) from d_h
+    ::loom::matmul(ex, dg, false, wg, false, dxe);              // d_xe = dg @ Wg
+    ::loom::matmul(ex, du, false, wu, false, dxe, 1.0f, 1.0f);  //      + du @ Wu
+    ::loom::matmul(ex, dg, true, xe, false, dwg, 1.0f, 1.0f);   // d_Wg += dg^T @ xe
+    ::loom::matmul(ex, du, true, xe, false, dwu, 1.0f, 1.0f);   // d_Wu += du^T @ xe
+  }
 }
 
 void scatter_add_rows(const Exec& ex, const char* op, const Tensor& src, const Tensor& ids,

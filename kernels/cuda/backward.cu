@@ -457,3 +457,142 @@ void group_sums(cudaStream_t stream, const float* cols, int64_t groups, int64_t 
 }
 }  // namespace launch
 }  // namespace loom::cuda
+
+// ---- MoE backward ---------------------------------------------------------------------------
+namespace loom::cuda {
+namespace {
+
+__global__ void __launch_bounds__(kColThreads)
+    moe_permute_backward_kernel(const float* __restrict__ src, const int32_t* __restrict__ rows,
+                                int64_t K, int64_t D, float* __restrict__ d_x) {
+  const int64_t c = static_cast<int64_t>(blockIdx.y) * kColThreads + threadIdx.x;
+  if (c >= D) return;
+  const int64_t t = blockIdx.x;
+  const int32_t* row = rows + t * K;
+  bool any = false;
+  float acc = 0.0f;
+  for (int64_t i = 0; i < K; ++i) {
+    if (row[i] < 0) continue;
+    const float g = src[static_cast<int64_t>(row[i]) * D + c];
+    acc = any ? acc + g : g;
+    any = true;
+  }
+  if (any) d_x[t * D + c] += acc;
+}
+
+// One block a slot: d_y's row, and the dot product in double (per-thread column-order partials,
+// then a fixed tree).
+__global__ void __launch_bounds__(kRowThreads)
+    moe_combine_backward_kernel(const float* __restrict__ y, const int32_t* __restrict__ rows,
+                                const float* __restrict__ w, const float* __restrict__ d_out,
+                                int64_t K, int64_t D, float* __restrict__ d_y,
+                                float* __restrict__ d_w) {
+  __shared__ double s[kRowThreads];
+  const int64_t j = blockIdx.x, t = j / K;
+  const int32_t r = rows[j];
+  if (r < 0) {
+    if (threadIdx.x == 0) d_w[j] = 0.0f;
+    return;
+  }
+  const float* g = d_out + t * D;
+  const float* yr = y + static_cast<int64_t>(r) * D;
+  float* dy = d_y + static_cast<int64_t>(r) * D;
+  const float wj = w[j];
+  double dot = 0.0;
+  for (int64_t c = threadIdx.x; c < D; c += kRowThreads) {
+    dot += static_cast<double>(g[c]) * yr[c];
+    dy[c] = wj * g[c];
+  }
+  s[threadIdx.x] = dot;
+  __syncthreads();
+  for (int h = kRowThreads / 2; h > 0; h /= 2) {
+    if (threadIdx.x < h) s[threadIdx.x] += s[threadIdx.x + h];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) d_w[j] = static_cast<float>(s[0]);
+}
+
+// The CPU's row loop (kernels/cpu/moe.cc moe_route_backward), one thread a row. A row of
+// d_logits is written only after the row's logits were read (d_logits may alias logits).
+__global__ void __launch_bounds__(kPointThreads)
+    moe_route_backward_kernel(const float* logits, const int32_t* __restrict__ ids,
+                              const float* __restrict__ d_w, int64_t T, int64_t E, int64_t K,
+                              bool sigmoid, bool renormalize, float c, float* __restrict__ s_buf,
+                              float* __restrict__ ds_buf, float* d_logits) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kPointThreads + threadIdx.x;
+  if (i >= T) return;
+  const float* l = logits + i * E;
+  const int32_t* id = ids + i * K;
+  const float* dw = d_w + i * K;
+  float* s = s_buf + i * E;
+  float* ds = ds_buf + i * E;
+  if (sigmoid) {
+    for (int64_t j = 0; j < E; ++j) s[j] = 1.0f / (1.0f + expf(-l[j]));
+  } else {
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < E; ++j) mx = fmaxf(mx, l[j]);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < E; ++j) {
+      s[j] = expf(l[j] - mx);
+      sum += s[j];
+    }
+    for (int64_t j = 0; j < E; ++j) s[j] /= sum;
+  }
+  for (int64_t j = 0; j < E; ++j) ds[j] = 0.0f;
+  float dot = 0.0f, denom = 1.0f;
+  if (renormalize) {
+    float sum = 0.0f;
+    for (int64_t j = 0; j < K; ++j) sum += s[id[j]];
+    denom = sigmoid ? sum + 1e-20f : sum;
+    for (int64_t j = 0; j < K; ++j) dot += dw[j] * (s[id[j]] / denom * c);
+  }
+  float sdot = 0.0f;  // softmax: sum(s * d_s) over the chosen experts
+  for (int64_t j = 0; j < K; ++j) {
+    const float da = renormalize ? (c * dw[j] - dot) / denom : c * dw[j];
+    ds[id[j]] += da;
+    sdot += s[id[j]] * da;
+  }
+  float* dl = d_logits + i * E;
+  if (sigmoid) {
+    for (int64_t j = 0; j < E; ++j) {
+      const float lj = l[j];
+      dl[j] = ds[j] == 0.0f ? 0.0f : ds[j] * (s[j] * (1.0f / (1.0f + expf(lj))));
+    }
+  } else {
+    for (int64_t j = 0; j < E; ++j) dl[j] = s[j] * (ds[j] - sdot);
+  }
+}
+
+}  // namespace
+
+namespace launch {
+void moe_permute_backward(cudaStream_t stream, const float* d_x_sorted, const int32_t* rows,
+                          int64_t T, int64_t K, int64_t D, float* d_x) {
+  if (T == 0 || D == 0) return;
+  const int64_t col_blocks = (D + kColThreads - 1) / kColThreads;
+  check_y(col_blocks, "moe_permute_backward");
+  const dim3 grid(blocks_of(T, 1), static_cast<unsigned>(col_blocks));
+  moe_permute_backward_kernel<<<grid, kColThreads, 0, stream>>>(d_x_sorted, rows, K, D, d_x);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+void moe_unpermute_combine_backward(cudaStream_t stream, const float* y, const int32_t* rows,
+                                    const float* w, const float* d_out, int64_t T, int64_t K,
+                                    int64_t D, float* d_y, float* d_w) {
+  if (T * K == 0) return;
+  moe_combine_backward_kernel<<<blocks_of(T * K, 1), kRowThreads, 0, stream>>>(y, rows, w, d_out, K,
+                                                                               D, d_y, d_w);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+void moe_route_backward(cudaStream_t stream, const float* logits, const int32_t* ids,
+                        const float* d_w, int64_t T, int64_t E, int64_t K, bool sigmoid,
+                        bool renormalize, float scaling, float* s_scratch, float* ds_scratch,
+                        float* d_logits) {
+  if (T == 0) return;
+  moe_route_backward_kernel<<<blocks_of(T, kPointThreads), kPointThreads, 0, stream>>>(
+      logits, ids, d_w, T, E, K, sigmoid, renormalize, scaling, s_scratch, ds_scratch, d_logits);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+}  // namespace launch
+}  // namespace loom::cuda

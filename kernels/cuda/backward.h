@@ -7,6 +7,7 @@
 
 #include "core/tensor.h"
 #include "kernels/exec.h"
+#include "kernels/moe.h"
 
 namespace loom::cuda {
 
@@ -32,6 +33,24 @@ void causal_conv1d_backward(const Exec& ex, const Tensor& x, const Tensor& weigh
 void kda_gate_backward(const Exec& ex, const Tensor& f, const Tensor& A_log, const Tensor& dt_bias,
                        float lower_bound, const Tensor& d_g, const Tensor& d_f,
                        const Tensor& d_A_log, const Tensor& d_dt_bias);
+// The MoE backwards (kernels/moe.h). Index tensors (row_of_slot, expert_ids, offsets) are read
+// back and checked on the host first (a training step's few thousand entries), so a bad index
+// aborts with the CPU's words instead of reading out of bounds.
+void moe_route_backward(const Exec& ex, const Tensor& logits, const Tensor& expert_ids,
+                        const RouterParams& params, const Tensor& d_weights,
+                        const Tensor& d_logits);
+void moe_permute_backward(const Exec& ex, const Tensor& d_x_sorted, const Tensor& row_of_slot,
+                          const Tensor& d_x);
+void moe_unpermute_combine_backward(const Exec& ex, const Tensor& y, const Tensor& row_of_slot,
+                                    const Tensor& weights, const Tensor& d_out, const Tensor& d_y,
+                                    const Tensor& d_weights);
+// Per owned expert, the CPU's sequence of products (cuBLAS through matmul) and silu_mul's
+// backward on the GPU; the offsets come to the host to slice the experts' rows.
+void moe_grouped_swiglu_backward(const Exec& ex, const Tensor& x, const Tensor& offsets,
+                                 const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down,
+                                 const Tensor& gate_up, const Tensor& d_y, const Tensor& d_x,
+                                 const Tensor& d_w_gate, const Tensor& d_w_up,
+                                 const Tensor& d_w_down);
 // dst[ids[i], :] += src[i, :] in source order for every target row (embedding_backward,
 // gather_rows_backward). ids: [n] i32/i64 on the host or the GPU, read back and checked in
 // [0, dst rows) before anything is written (abort naming `op` and the first bad index).

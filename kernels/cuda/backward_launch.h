@@ -82,3 +82,23 @@ void group_sums(cudaStream_t stream, const float* cols, int64_t groups, int64_t 
                 float* out);
 
 }  // namespace loom::cuda::launch
+
+namespace loom::cuda::launch {
+
+// moe_permute_backward: d_x[t] += sum over i in order of d_x_sorted[rows[t, i]] (rows of -1
+// skipped; a token with none untouched).
+void moe_permute_backward(cudaStream_t stream, const float* d_x_sorted, const int32_t* rows,
+                          int64_t T, int64_t K, int64_t D, float* d_x);
+// moe_unpermute_combine_backward: d_y[rows[j]] = w[j] * d_out[t]; d_w[j] = d_out[t] . y[rows[j]]
+// (a double sum; 0 for a row of -1).
+void moe_unpermute_combine_backward(cudaStream_t stream, const float* y, const int32_t* rows,
+                                    const float* w, const float* d_out, int64_t T, int64_t K,
+                                    int64_t D, float* d_y, float* d_w);
+// moe_route_backward, one thread a row (the CPU's sequential sums), with [T, E] scratch for the
+// scores and their gradients.
+void moe_route_backward(cudaStream_t stream, const float* logits, const int32_t* ids,
+                        const float* d_w, int64_t T, int64_t E, int64_t K, bool sigmoid,
+                        bool renormalize, float scaling, float* s_scratch, float* ds_scratch,
+                        float* d_logits);
+
+}  // namespace loom::cuda::launch

@@ -28,14 +28,23 @@
 //  - kda_gate_backward: d_f is a product of exp/log1p/sigmoid terms (a few ulp each on either
 //    side): 16 eps scaled; d_dt_bias and d_A_log are sums over tokens (and a head's columns) as
 //    above, in condition units with a budget of sum_tol(T * columns per head);
+//  - MoE: moe_permute_backward adds a token's K rows in the CPU's order (0 differing bits without
+//    contraction differences: asserted <= 4 eps scaled); moe_unpermute_combine_backward's d_y is
+//    one product (0 bits: asserted <= 1 eps scaled) and d_weights a double dot product rounded
+//    once (2 eps scaled); moe_route_backward is the CPU's row loop with expf: 16 eps scaled;
+//    moe_grouped_swiglu_backward is the CPU's sequence of GEMMs through cuBLAS: kGemmTol (16 eps)
+//    scaled on d_x and on each accumulated weight gradient; owned expert ranges of all 16
+//    experts and of 7 (rows of -1, tokens with no owned slot);
 //  - row scatters (embedding and gather_rows backward): every target row adds its sources in
 //    source order on both sides: 0 differing bits.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -46,6 +55,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/gemm_backward.h"
 #include "kernels/kda_backward.h"
+#include "kernels/moe.h"
 #include "kernels/norm.h"
 #include "kernels/optim.h"
 #include "kernels/rope.h"
@@ -385,6 +395,86 @@ TEST(CudaBackward, KdaGate) {
       report(tag + "_d_A_log", condition_err(host(dad), da, cond_a), sum_tol(T * per_head));
       if (with_bias) report(tag + "_d_dt_bias", condition_err(host(dbd), db, cond_b), sum_tol(T));
     }
+  }
+}
+
+Tensor random_expert_ids(int64_t t, int64_t k, int64_t e) {
+  Tensor ids = Tensor::empty({t, k}, DType::kI32);
+  std::vector<int32_t> all(static_cast<size_t>(e));
+  std::iota(all.begin(), all.end(), 0);
+  for (int64_t i = 0; i < t; ++i) {
+    std::shuffle(all.begin(), all.end(), rng());
+    std::copy(all.begin(), all.begin() + k, ids.data<int32_t>() + i * k);
+  }
+  return ids;
+}
+
+TEST(CudaBackward, Moe) {
+  const int64_t T = 37, E = 16, K = 4, D = 70, I = 48;
+  for (const auto& [first, count] : {std::pair<int64_t, int64_t>{0, 16}, {4, 7}}) {
+    const std::string range = "_experts" + std::to_string(first) + "+" + std::to_string(count);
+    const Tensor x = randn({T, D}), ids = random_expert_ids(T, K, E);
+    Tensor offsets = Tensor::empty({count + 1}, DType::kI32);
+    Tensor rows = Tensor::empty({T, K}, DType::kI32);
+    Tensor x_sorted = Tensor::zeros({T * K, D});
+    moe_permute(host_exec(), x, ids, first, E, offsets, rows, x_sorted);
+    const int64_t R = T * K;
+    {  // permute backward
+      const Tensor dxs = randn({R, D}), dx0 = randn({T, D});
+      Tensor ref = dx0.clone();
+      moe_permute_backward(host_exec(), dxs, rows, ref);
+      const Tensor dxd = dev(dx0);
+      moe_permute_backward(gpu(), dev(dxs), dev(rows), dxd);
+      report("moe_permute_backward" + range, scaled(dxd, ref), 4 * twin::kEps);
+    }
+    {  // unpermute-combine backward
+      const Tensor y = randn({R, D}), w = randn({T, K}), dout = randn({T, D});
+      Tensor dy = Tensor::zeros({R, D}), dw = Tensor::empty({T, K});
+      moe_unpermute_combine_backward(host_exec(), y, rows, w, dout, dy, dw);
+      const Tensor dyd = dev(Tensor::zeros({R, D})), dwd = poisoned({T, K});
+      moe_unpermute_combine_backward(gpu(), dev(y), dev(rows), dev(w), dev(dout), dyd, dwd);
+      report("moe_combine_backward_d_y" + range, scaled(dyd, dy), twin::kEps);
+      report("moe_combine_backward_d_weights" + range, scaled(dwd, dw), 2 * twin::kEps);
+    }
+    {  // grouped SwiGLU backward, kept pre-activations and recomputed
+      const Tensor wg = randn({count, I, D}, 0.1f), wu = randn({count, I, D}, 0.1f),
+                   wd = randn({count, D, I}, 0.1f), dy = randn({R, D});
+      Tensor y = Tensor::zeros({R, D}), gate_up = Tensor::zeros({2, R, I});
+      moe_grouped_swiglu(host_exec(), x_sorted, offsets, wg, wu, wd, y, gate_up);
+      for (bool kept : {true, false}) {
+        const Tensor g0 = randn({count, I, D}), u0 = randn({count, I, D}),
+                     d0 = randn({count, D, I});
+        Tensor dx = Tensor::zeros({R, D}), dwg = g0.clone(), dwu = u0.clone(), dwd = d0.clone();
+        moe_grouped_swiglu_backward(host_exec(), x_sorted, offsets, wg, wu, wd,
+                                    kept ? gate_up : Tensor(), dy, dx, dwg, dwu, dwd);
+        const Tensor dxd = dev(Tensor::zeros({R, D})), dwgd = dev(g0), dwud = dev(u0),
+                     dwdd = dev(d0);
+        moe_grouped_swiglu_backward(gpu(), dev(x_sorted), dev(offsets), dev(wg), dev(wu), dev(wd),
+                                    kept ? dev(gate_up) : Tensor(), dev(dy), dxd, dwgd, dwud, dwdd);
+        const std::string tag = "moe_grouped_swiglu_backward" + range + (kept ? "_kept" : "");
+        report(tag + "_d_x", scaled(dxd, dx), twin::kGemmTol);
+        report(tag + "_d_w_gate", scaled(dwgd, dwg), twin::kGemmTol);
+        report(tag + "_d_w_up", scaled(dwud, dwu), twin::kGemmTol);
+        report(tag + "_d_w_down", scaled(dwdd, dwd), twin::kGemmTol);
+      }
+    }
+  }
+  // Router backward: sigmoid (renormalised, scaled) and softmax (renormalised and not).
+  for (int variant = 0; variant < 3; ++variant) {
+    RouterParams p;
+    p.score = variant == 0 ? RouterScore::kSigmoid : RouterScore::kSoftmax;
+    p.top_k = static_cast<int>(K);
+    p.renormalize = variant != 2;
+    p.routed_scaling = variant == 0 ? 2.5f : 1.0f;
+    const Tensor logits = randn({T, E}, 2.0f), ids = random_expert_ids(T, K, E), dw = randn({T, K});
+    Tensor ref = Tensor::empty({T, E});
+    moe_route_backward(host_exec(), logits, ids, p, dw, ref);
+    const Tensor dl = poisoned({T, E});
+    moe_route_backward(gpu(), dev(logits), dev(ids), p, dev(dw), dl);
+    report(std::string("moe_route_backward_") + (variant == 0   ? "sigmoid"
+                                                 : variant == 1 ? "softmax"
+                                                                : "softmax_plain"),
+           scaled(dl, ref), 16 * twin::kEps);
   }
 }
 
