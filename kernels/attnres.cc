@@ -6,6 +6,7 @@
 #include "kernels/cpu/attnres.h"
 #ifdef LOOM_WITH_CUDA
 #include "kernels/cuda/attnres.h"
+#include "kernels/cuda/backward.h"
 #endif
 
 namespace loom {
@@ -70,7 +71,12 @@ void attnres_aggregate_backward(const Exec& ex, const Tensor& sources, const Ten
     return cpu::attnres_aggregate_backward(sources, query, key_norm, out_norm, eps, dout, dsources,
                                            dquery, dkey_norm, dout_norm, scratch);
   }
+#ifdef LOOM_WITH_CUDA
+  return cuda::attnres_aggregate_backward(ex, sources, query, key_norm, out_norm, eps, dout,
+                                          dsources, dquery, dkey_norm, dout_norm);
+#else
   no_kernel_for(ex, "attnres_aggregate_backward");
+#endif
 }
 
 }  // namespace loom

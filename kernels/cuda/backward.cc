@@ -172,6 +172,24 @@ void kda_gate_backward(const Exec& ex, const Tensor& gate_in, const Tensor& A_lo
   launch::group_sums(s, cols, H, width / H, fm(d_A_log));
 }
 
+void attnres_aggregate_backward(const Exec& ex, const Tensor& sources, const Tensor& query,
+                                const Tensor& key_norm, const Tensor& out_norm, float eps,
+                                const Tensor& dout, const Tensor& dsources, const Tensor& dquery,
+                                const Tensor& dkey_norm, const Tensor& dout_norm) {
+  check_args("attnres_aggregate_backward", {&sources, &query, &key_norm, &out_norm, &dout,
+                                            &dsources, &dquery, &dkey_norm, &dout_norm});
+  LOOM_CHECK(sources.dtype() == DType::kF32,
+             "attnres_aggregate_backward: sources %s: the backward is f32 only",
+             sources.describe().c_str());
+  const int64_t S = sources.dim(0), N = sources.dim(1), D = sources.dim(2);
+  if (N == 0 || D == 0) return;
+  const int64_t blocks = (N + launch::kAttnResTokenBlock - 1) / launch::kAttnResTokenBlock;
+  Scratch partials(static_cast<size_t>(blocks * 3 * D) * sizeof(float), stream_of(ex));
+  launch::attnres_backward(stream_of(ex), f(sources), f(query), f(key_norm), f(out_norm), eps,
+                           f(dout), S, N, D, fm(dsources), static_cast<float*>(partials.get()),
+                           fm(dquery), fm(dkey_norm), fm(dout_norm));
+}
+
 void moe_route_backward(const Exec& ex, const Tensor& logits, const Tensor& expert_ids,
                         const RouterParams& params, const Tensor& d_weights,
                         const Tensor& d_logits) {

@@ -596,3 +596,155 @@ void moe_route_backward(cudaStream_t stream, const float* logits, const int32_t*
 }
 }  // namespace launch
 }  // namespace loom::cuda
+
+// ---- attnres_aggregate_backward -------------------------------------------------------------
+namespace loom::cuda {
+namespace {
+
+constexpr int kAttnResThreads = 256;
+
+// The CPU's per-token recomputation and backward (kernels/cpu/attnres.cc), the sums over D as
+// block reductions. Shared: mix, dm, du [D]; logit, inv, p, dp [S]; one scalar.
+__global__ void __launch_bounds__(kAttnResThreads)
+    attnres_backward_kernel(const float* src, const float* __restrict__ w,
+                            const float* __restrict__ r, const float* __restrict__ o, float eps,
+                            const float* __restrict__ gout, int64_t S, int64_t N, int64_t D,
+                            float* dsrc, float* __restrict__ partials) {
+  extern __shared__ float sh[];
+  __shared__ float red[32];
+  __shared__ float pdp_s;
+  float* mix = sh;
+  float* dm = mix + D;
+  float* du = dm + D;
+  float* logit = du + D;
+  float* inv = logit + S;
+  float* p = inv + S;
+  float* dp = p + S;
+  const float fd = static_cast<float>(D);
+  float* part_w = partials + static_cast<int64_t>(blockIdx.x) * 3 * D;
+  float* part_r = part_w + D;
+  float* part_o = part_r + D;
+  for (int64_t j = threadIdx.x; j < 3 * D; j += kAttnResThreads) part_w[j] = 0.0f;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * launch::kAttnResTokenBlock;
+  const int64_t t1 = t0 + launch::kAttnResTokenBlock < N ? t0 + launch::kAttnResTokenBlock : N;
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int64_t i = 0; i < S; ++i) {
+      const float* v = src + (i * N + t) * D;
+      float ss = 0.0f;
+      for (int64_t j = threadIdx.x; j < D; j += kAttnResThreads) ss += v[j] * v[j];
+      const float inv_i = 1.0f / sqrtf(dev::block_sum(ss, red) / fd + eps);
+      float dot = 0.0f;
+      for (int64_t j = threadIdx.x; j < D; j += kAttnResThreads)
+        dot += (v[j] * inv_i) * r[j] * w[j];
+      dot = dev::block_sum(dot, red);
+      if (threadIdx.x == 0) {
+        logit[i] = dot;
+        inv[i] = inv_i;
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {  // the softmax over depth, in the CPU's order
+      float mx = -INFINITY;
+      for (int64_t i = 0; i < S; ++i) mx = fmaxf(mx, logit[i]);
+      float z = 0.0f;
+      for (int64_t i = 0; i < S; ++i) z += (p[i] = expf(logit[i] - mx));
+      for (int64_t i = 0; i < S; ++i) p[i] /= z;
+    }
+    __syncthreads();
+    float ss = 0.0f;
+    for (int64_t j = threadIdx.x; j < D; j += kAttnResThreads) {
+      float m = 0.0f;
+      for (int64_t i = 0; i < S; ++i) m += p[i] * src[(i * N + t) * D + j];
+      mix[j] = m;
+      ss += m * m;
+    }
+    const float inv_m = 1.0f / sqrtf(dev::block_sum(ss, red) / fd + eps);
+    const float* g = gout + t * D;
+    float gm = 0.0f;
+    for (int64_t j = threadIdx.x; j < D; j += kAttnResThreads) {
+      const float mhat = mix[j] * inv_m;
+      part_o[j] += g[j] * mhat;
+      gm += g[j] * o[j] * mhat;
+    }
+    gm = dev::block_sum(gm, red);
+    for (int64_t j = threadIdx.x; j < D; j += kAttnResThreads)
+      dm[j] = inv_m * (g[j] * o[j] - mix[j] * inv_m * (gm / fd));
+    for (int64_t i = 0; i < S; ++i) {
+      const float* v = src + (i * N + t) * D;
+      float dot = 0.0f;
+      for (int64_t j = threadIdx.x; j < D; j += kAttnResThreads) dot += dm[j] * v[j];
+      dot = dev::block_sum(dot, red);
+      if (threadIdx.x == 0) dp[i] = dot;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float pdp = 0.0f;
+      for (int64_t i = 0; i < S; ++i) pdp += p[i] * dp[i];
+      pdp_s = pdp;
+    }
+    __syncthreads();
+    const float pdp = pdp_s;
+    // Every read of this token's sources is behind a barrier now: each thread rewrites only
+    // the elements it reads (dsources may alias sources).
+    for (int64_t j = threadIdx.x; j < D; j += kAttnResThreads) du[j] = 0.0f;
+    for (int64_t i = 0; i < S; ++i) {
+      const float ds = p[i] * (dp[i] - pdp);
+      const float* v = src + (i * N + t) * D;
+      float* dv = dsrc + (i * N + t) * D;
+      const float k = logit[i] * inv[i] / fd;
+      for (int64_t j = threadIdx.x; j < D; j += kAttnResThreads) {
+        const float vj = v[j];
+        du[j] += ds * (vj * inv[i]);
+        dv[j] = p[i] * dm[j] + ds * inv[i] * (r[j] * w[j] - k * vj);
+      }
+    }
+    for (int64_t j = threadIdx.x; j < D; j += kAttnResThreads) {
+      part_w[j] += du[j] * r[j];
+      part_r[j] += du[j] * w[j];
+    }
+    __syncthreads();  // the shared rows are rewritten by the next token
+  }
+}
+
+__global__ void __launch_bounds__(kColThreads)
+    attnres_param_total_kernel(const float* __restrict__ partials, int64_t blocks, int64_t D,
+                               float* __restrict__ dw, float* __restrict__ dr,
+                               float* __restrict__ dov) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kColThreads + threadIdx.x;
+  if (j >= D) return;
+  float sw = 0.0f, sr = 0.0f, so = 0.0f;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* part = partials + b * 3 * D;
+    sw += part[j];
+    sr += part[D + j];
+    so += part[2 * D + j];
+  }
+  dw[j] += sw;
+  dr[j] += sr;
+  dov[j] += so;
+}
+
+}  // namespace
+
+namespace launch {
+void attnres_backward(cudaStream_t stream, const float* sources, const float* query,
+                      const float* key_norm, const float* out_norm, float eps, const float* dout,
+                      int64_t S, int64_t N, int64_t D, float* dsources, float* partials,
+                      float* dquery, float* dkey_norm, float* dout_norm) {
+  if (N == 0 || D == 0) return;
+  const int64_t blocks = (N + kAttnResTokenBlock - 1) / kAttnResTokenBlock;
+  const size_t smem = static_cast<size_t>(3 * D + 4 * S) * sizeof(float);
+  if (smem > 48 * 1024) {
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(attnres_backward_kernel,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem)));
+  }
+  attnres_backward_kernel<<<blocks_of(blocks, 1), kAttnResThreads, smem, stream>>>(
+      sources, query, key_norm, out_norm, eps, dout, S, N, D, dsources, partials);
+  LOOM_CUDA_CHECK_LAUNCH();
+  attnres_param_total_kernel<<<blocks_of(D, kColThreads), kColThreads, 0, stream>>>(
+      partials, blocks, D, dquery, dkey_norm, dout_norm);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+}  // namespace launch
+}  // namespace loom::cuda

@@ -33,6 +33,10 @@ void causal_conv1d_backward(const Exec& ex, const Tensor& x, const Tensor& weigh
 void kda_gate_backward(const Exec& ex, const Tensor& f, const Tensor& A_log, const Tensor& dt_bias,
                        float lower_bound, const Tensor& d_g, const Tensor& d_f,
                        const Tensor& d_A_log, const Tensor& d_dt_bias);
+void attnres_aggregate_backward(const Exec& ex, const Tensor& sources, const Tensor& query,
+                                const Tensor& key_norm, const Tensor& out_norm, float eps,
+                                const Tensor& dout, const Tensor& dsources, const Tensor& dquery,
+                                const Tensor& dkey_norm, const Tensor& dout_norm);
 // The MoE backwards (kernels/moe.h). Index tensors (row_of_slot, expert_ids, offsets) are read
 // back and checked on the host first (a training step's few thousand entries), so a bad index
 // aborts with the CPU's words instead of reading out of bounds.

@@ -102,3 +102,16 @@ void moe_route_backward(cudaStream_t stream, const float* logits, const int32_t*
                         float* d_logits);
 
 }  // namespace loom::cuda::launch
+
+namespace loom::cuda::launch {
+
+// attnres_aggregate_backward (kernels/attnres.h): one block per 16 tokens (the CPU's blocks),
+// each token recomputed and differentiated with block reductions; the blocks' parameter partials
+// [nblk, 3 D] (dquery, dkey_norm, dout_norm) then added in block order.
+inline constexpr int64_t kAttnResTokenBlock = 16;
+void attnres_backward(cudaStream_t stream, const float* sources, const float* query,
+                      const float* key_norm, const float* out_norm, float eps, const float* dout,
+                      int64_t S, int64_t N, int64_t D, float* dsources, float* partials,
+                      float* dquery, float* dkey_norm, float* dout_norm);
+
+}  // namespace loom::cuda::launch

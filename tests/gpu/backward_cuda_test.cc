@@ -35,6 +35,11 @@
 //    moe_grouped_swiglu_backward is the CPU's sequence of GEMMs through cuBLAS: kGemmTol (16 eps)
 //    scaled on d_x and on each accumulated weight gradient; owned expert ranges of all 16
 //    experts and of 7 (rows of -1, tokens with no owned slot);
+//  - attnres_aggregate_backward: per token the CPU's recomputation with every length-D sum as a
+//    block reduction (sums of squares, logits, the output norm, S dot products): the norm bound's
+//    (sqrt(D) + 16) eps scaled on dsources, times 4 for the softmax and the two norms chained;
+//    the parameter gradients are sums over N tokens of those: the per-token bound plus
+//    4 sum_tol(N), scaled by the largest |ref|;
 //  - row scatters (embedding and gather_rows backward): every target row adds its sources in
 //    source order on both sides: 0 differing bits.
 #include <cuda_runtime_api.h>
@@ -47,9 +52,11 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/activation.h"
+#include "kernels/attnres.h"
 #include "kernels/conv.h"
 #include "kernels/cuda/device.h"
 #include "kernels/elementwise.h"
@@ -70,7 +77,9 @@ std::mt19937_64& rng() {
   return r;
 }
 
-Tensor randn(Shape shape, float scale = 1.0f) { return twin::randn(rng(), shape, scale); }
+Tensor randn(Shape shape, float scale = 1.0f, float mean = 0.0f) {
+  return twin::randn(rng(), shape, scale, mean);
+}
 Tensor dev(const Tensor& h) { return cuda::to_device(h); }
 Tensor host(const Tensor& d) { return cuda::to_host(d); }
 Tensor poisoned(Shape shape) { return dev(Tensor::full(shape, std::nanf(""))); }
@@ -475,6 +484,30 @@ TEST(CudaBackward, Moe) {
                                                  : variant == 1 ? "softmax"
                                                                 : "softmax_plain"),
            scaled(dl, ref), 16 * twin::kEps);
+  }
+}
+
+TEST(CudaBackward, AttnRes) {
+  for (const auto& [S, N, D] :
+       {std::tuple<int64_t, int64_t, int64_t>{3, 37, 129}, {9, 100, 2304}, {1, 5, 64}}) {
+    for (bool alias : {false, true}) {
+      const Tensor src = randn({S, N, D}), q = randn({D}, 0.1f), kn = randn({D}, 0.5f, 1.0f),
+                   on = randn({D}, 0.5f, 1.0f), dout = randn({N, D});
+      const Tensor dq0 = randn({D}), dk0 = randn({D}), do0 = randn({D});
+      Tensor ds = Tensor::empty({S, N, D}), dq = dq0.clone(), dk = dk0.clone(), dov = do0.clone();
+      attnres_aggregate_backward(host_exec(), src, q, kn, on, 1e-6f, dout, ds, dq, dk, dov);
+      const Tensor srcd = dev(src), dsd = alias ? srcd : poisoned({S, N, D}), dqd = dev(dq0),
+                   dkd = dev(dk0), dod = dev(do0);
+      attnres_aggregate_backward(gpu(), srcd, dev(q), dev(kn), dev(on), 1e-6f, dev(dout), dsd, dqd,
+                                 dkd, dod);
+      const std::string tag = "attnres_backward_S" + std::to_string(S) + "_N" + std::to_string(N) +
+                              "_D" + std::to_string(D) + (alias ? "_alias" : "");
+      report(tag + "_dsources", scaled(dsd, ds), 4 * norm_dx_tol(D));
+      const double param_tol = 4 * norm_dx_tol(D) + 4 * sum_tol(N);
+      report(tag + "_dquery", scaled(dqd, dq), param_tol);
+      report(tag + "_dkey_norm", scaled(dkd, dk), param_tol);
+      report(tag + "_dout_norm", scaled(dod, dov), param_tol);
+    }
   }
 }
 
