@@ -2,6 +2,9 @@
 #include "kernels/attention_backward.h"
 
 #include "kernels/cpu/attention_backward.h"
+#ifdef LOOM_WITH_CUDA
+#include "kernels/cuda/backward.h"
+#endif
 
 namespace loom {
 namespace {
@@ -33,7 +36,11 @@ void causal_attention_forward(const Exec& ex, const Tensor& q, const Tensor& k, 
              "%s: out %s lse %s for q %s v %s", kOp, out.describe().c_str(), lse.describe().c_str(),
              q.describe().c_str(), v.describe().c_str());
   if (ex.device.is_cpu()) return cpu::causal_attention_forward(q, k, v, scale, out, lse);
+#ifdef LOOM_WITH_CUDA
+  return cuda::causal_attention_forward(ex, q, k, v, scale, out, lse);
+#else
   no_kernel_for(ex, kOp);
+#endif
 }
 
 void causal_attention_backward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -55,7 +62,11 @@ void causal_attention_backward(const Exec& ex, const Tensor& q, const Tensor& k,
              k.describe().c_str(), v.describe().c_str());
   if (ex.device.is_cpu())
     return cpu::causal_attention_backward(q, k, v, out, lse, d_out, scale, dq, dk, dv);
+#ifdef LOOM_WITH_CUDA
+  return cuda::causal_attention_backward(ex, q, k, v, out, lse, d_out, scale, dq, dk, dv);
+#else
   no_kernel_for(ex, kOp);
+#endif
 }
 
 }  // namespace loom

@@ -190,6 +190,41 @@ void attnres_aggregate_backward(const Exec& ex, const Tensor& sources, const Ten
                            fm(dquery), fm(dkey_norm), fm(dout_norm));
 }
 
+namespace {
+void check_attention_limits(const char* op, int64_t T, int64_t d, int64_t dv) {
+  LOOM_CHECK(
+      T <= launch::kAttnMaxTrainLen && d <= launch::kAttnMaxHeadDim &&
+          dv <= launch::kAttnMaxHeadDim,
+      "%s (CUDA): %lld tokens with head dims %lld / %lld; this kernel keeps a query's scores "
+      "in shared memory and takes at most %lld tokens and head dims of %lld",
+      op, static_cast<long long>(T), static_cast<long long>(d), static_cast<long long>(dv),
+      static_cast<long long>(launch::kAttnMaxTrainLen),
+      static_cast<long long>(launch::kAttnMaxHeadDim));
+}
+}  // namespace
+
+void causal_attention_forward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
+                              float scale, const Tensor& out, const Tensor& lse) {
+  check_args("causal_attention_forward", {&q, &k, &v, &out, &lse});
+  const int64_t T = q.dim(0), Hq = q.dim(1), Hkv = k.dim(1), d = q.dim(2), dv = v.dim(2);
+  check_attention_limits("causal_attention_forward", T, d, dv);
+  launch::causal_attention_forward(stream_of(ex), f(q), f(k), f(v), scale, T, Hq, Hkv, d, dv,
+                                   fm(out), fm(lse));
+}
+
+void causal_attention_backward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& out, const Tensor& lse, const Tensor& d_out,
+                               float scale, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  check_args("causal_attention_backward", {&q, &k, &v, &out, &lse, &d_out, &dq, &dk, &dv});
+  const int64_t T = q.dim(0), Hq = q.dim(1), Hkv = k.dim(1), d = q.dim(2), w = v.dim(2);
+  check_attention_limits("causal_attention_backward", T, d, w);
+  if (T == 0 || Hq == 0) return;
+  Scratch d_rows(static_cast<size_t>(T * Hq) * sizeof(float), stream_of(ex));
+  launch::causal_attention_backward(stream_of(ex), f(q), f(k), f(v), f(out), f(lse), f(d_out),
+                                    scale, T, Hq, Hkv, d, w, static_cast<float*>(d_rows.get()),
+                                    fm(dq), fm(dk), fm(dv));
+}
+
 void moe_route_backward(const Exec& ex, const Tensor& logits, const Tensor& expert_ids,
                         const RouterParams& params, const Tensor& d_weights,
                         const Tensor& d_logits) {

@@ -748,3 +748,186 @@ void attnres_backward(cudaStream_t stream, const float* sources, const float* qu
 }
 }  // namespace launch
 }  // namespace loom::cuda
+
+// ---- causal attention for training ----------------------------------------------------------
+namespace loom::cuda {
+namespace {
+
+constexpr int kAttnThreads = 128;
+constexpr int kAttnWarps = kAttnThreads / 32;
+constexpr int kAttnTile = 64;  // queries per step of the dk/dv pass
+constexpr int kAttnPerThread = launch::kAttnMaxHeadDim / kAttnThreads;
+
+__device__ __forceinline__ float warp_dot(const float* a, const float* b, int64_t n, int lane) {
+  float s = 0.0f;
+  for (int64_t c = lane; c < n; c += 32) s += a[c] * b[c];
+  return dev::warp_sum(s);
+}
+
+__device__ __forceinline__ float block_max(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  v = lane < kAttnWarps ? red[lane] : -INFINITY;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__global__ void __launch_bounds__(kAttnThreads)
+    attn_train_fwd_kernel(const float* __restrict__ q, const float* __restrict__ k,
+                          const float* __restrict__ v, float scale, int64_t Hq, int64_t Hkv,
+                          int64_t d, int64_t dv, float* __restrict__ out, float* __restrict__ lse) {
+  extern __shared__ float s[];
+  __shared__ float red[32];
+  const int64_t i = blockIdx.x, h = blockIdx.y, hk = h / (Hq / Hkv);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float* qi = q + (i * Hq + h) * d;
+  for (int64_t j = warp; j <= i; j += kAttnWarps) {
+    const float dot = warp_dot(qi, k + (j * Hkv + hk) * d, d, lane);
+    if (lane == 0) s[j] = scale * dot;
+  }
+  __syncthreads();
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j <= i; j += kAttnThreads) m = fmaxf(m, s[j]);
+  m = block_max(m, red);
+  float z = 0.0f;
+  for (int64_t j = threadIdx.x; j <= i; j += kAttnThreads) z += (s[j] = expf(s[j] - m));
+  z = dev::block_sum(z, red);
+  for (int64_t c = threadIdx.x; c < dv; c += kAttnThreads) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j <= i; ++j) acc += s[j] / z * v[(j * Hkv + hk) * dv + c];
+    out[(i * Hq + h) * dv + c] = acc;
+  }
+  if (threadIdx.x == 0) lse[i * Hq + h] = m + logf(z);
+}
+
+// dq of (query i, head h) and D_i = dO_i . O_i (kept for the dk/dv pass).
+__global__ void __launch_bounds__(kAttnThreads)
+    attn_train_dq_kernel(const float* __restrict__ q, const float* __restrict__ k,
+                         const float* __restrict__ v, const float* __restrict__ out,
+                         const float* __restrict__ lse, const float* __restrict__ d_out,
+                         float scale, int64_t Hq, int64_t Hkv, int64_t d, int64_t dv,
+                         float* __restrict__ d_rows, float* __restrict__ dq) {
+  extern __shared__ float ds[];
+  __shared__ float red[32];
+  const int64_t i = blockIdx.x, h = blockIdx.y, hk = h / (Hq / Hkv);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float* qi = q + (i * Hq + h) * d;
+  const float* doi = d_out + (i * Hq + h) * dv;
+  float part = 0.0f;
+  for (int64_t c = threadIdx.x; c < dv; c += kAttnThreads)
+    part += doi[c] * out[(i * Hq + h) * dv + c];
+  const float D = dev::block_sum(part, red);
+  const float l = lse[i * Hq + h];
+  for (int64_t j = warp; j <= i; j += kAttnWarps) {
+    const float sdot = warp_dot(qi, k + (j * Hkv + hk) * d, d, lane);
+    const float vdot = warp_dot(doi, v + (j * Hkv + hk) * dv, dv, lane);
+    if (lane == 0) {
+      const float p = expf(scale * sdot - l);
+      ds[j] = p * (vdot - D) * scale;
+    }
+  }
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < d; c += kAttnThreads) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j <= i; ++j) acc += ds[j] * k[(j * Hkv + hk) * d + c];
+    dq[(i * Hq + h) * d + c] = acc;
+  }
+  if (threadIdx.x == 0) d_rows[i * Hq + h] = D;
+}
+
+// dk, dv of (key j, kv head hk): the query heads of hk in order, queries i >= j ascending.
+__global__ void __launch_bounds__(kAttnThreads)
+    attn_train_dkv_kernel(const float* __restrict__ q, const float* __restrict__ k,
+                          const float* __restrict__ v, const float* __restrict__ lse,
+                          const float* __restrict__ d_out, const float* __restrict__ d_rows,
+                          float scale, int64_t T, int64_t Hq, int64_t Hkv, int64_t d, int64_t dv,
+                          float* __restrict__ dk, float* __restrict__ dvv) {
+  __shared__ float pb[kAttnTile], dsb[kAttnTile];
+  const int64_t j = blockIdx.x, hk = blockIdx.y, group = Hq / Hkv;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float* kj = k + (j * Hkv + hk) * d;
+  const float* vj = v + (j * Hkv + hk) * dv;
+  float dk_acc[kAttnPerThread], dv_acc[kAttnPerThread];
+#pragma unroll
+  for (int e = 0; e < kAttnPerThread; ++e) dk_acc[e] = dv_acc[e] = 0.0f;
+  for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+    for (int64_t i0 = j; i0 < T; i0 += kAttnTile) {
+      const int64_t n = T - i0 < kAttnTile ? T - i0 : kAttnTile;
+      for (int64_t x = warp; x < n; x += kAttnWarps) {
+        const int64_t i = i0 + x;
+        const float sdot = warp_dot(q + (i * Hq + h) * d, kj, d, lane);
+        const float vdot = warp_dot(d_out + (i * Hq + h) * dv, vj, dv, lane);
+        if (lane == 0) {
+          const float p = expf(scale * sdot - lse[i * Hq + h]);
+          pb[x] = p;
+          dsb[x] = p * (vdot - d_rows[i * Hq + h]) * scale;
+        }
+      }
+      __syncthreads();
+      for (int64_t x = 0; x < n; ++x) {
+        const int64_t i = i0 + x;
+        const float* qi = q + (i * Hq + h) * d;
+        const float* doi = d_out + (i * Hq + h) * dv;
+#pragma unroll
+        for (int e = 0; e < kAttnPerThread; ++e) {
+          const int64_t c = threadIdx.x + e * kAttnThreads;
+          if (c < d) dk_acc[e] += dsb[x] * qi[c];
+          if (c < dv) dv_acc[e] += pb[x] * doi[c];
+        }
+      }
+      __syncthreads();
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < kAttnPerThread; ++e) {
+    const int64_t c = threadIdx.x + e * kAttnThreads;
+    if (c < d) dk[(j * Hkv + hk) * d + c] = dk_acc[e];
+    if (c < dv) dvv[(j * Hkv + hk) * dv + c] = dv_acc[e];
+  }
+}
+
+void set_scores_smem(const void* kernel, size_t bytes) {
+  if (bytes > 48 * 1024) {
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(bytes)));
+  }
+}
+
+}  // namespace
+
+namespace launch {
+void causal_attention_forward(cudaStream_t stream, const float* q, const float* k, const float* v,
+                              float scale, int64_t T, int64_t Hq, int64_t Hkv, int64_t d,
+                              int64_t dv, float* out, float* lse) {
+  if (T == 0 || Hq == 0) return;
+  check_y(Hq, "causal_attention_forward");
+  const size_t smem = static_cast<size_t>(T) * sizeof(float);
+  set_scores_smem(reinterpret_cast<const void*>(attn_train_fwd_kernel), smem);
+  const dim3 grid(blocks_of(T, 1), static_cast<unsigned>(Hq));
+  attn_train_fwd_kernel<<<grid, kAttnThreads, smem, stream>>>(q, k, v, scale, Hq, Hkv, d, dv, out,
+                                                              lse);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+void causal_attention_backward(cudaStream_t stream, const float* q, const float* k, const float* v,
+                               const float* out, const float* lse, const float* d_out, float scale,
+                               int64_t T, int64_t Hq, int64_t Hkv, int64_t d, int64_t dv,
+                               float* d_rows, float* dq, float* dk, float* dvv) {
+  if (T == 0 || Hq == 0) return;
+  check_y(Hq, "causal_attention_backward");
+  const size_t smem = static_cast<size_t>(T) * sizeof(float);
+  set_scores_smem(reinterpret_cast<const void*>(attn_train_dq_kernel), smem);
+  attn_train_dq_kernel<<<dim3(blocks_of(T, 1), static_cast<unsigned>(Hq)), kAttnThreads, smem,
+                         stream>>>(q, k, v, out, lse, d_out, scale, Hq, Hkv, d, dv, d_rows, dq);
+  LOOM_CUDA_CHECK_LAUNCH();
+  attn_train_dkv_kernel<<<dim3(blocks_of(T, 1), static_cast<unsigned>(Hkv)), kAttnThreads, 0,
+                          stream>>>(q, k, v, lse, d_out, d_rows, scale, T, Hq, Hkv, d, dv, dk, dvv);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+}  // namespace launch
+}  // namespace loom::cuda

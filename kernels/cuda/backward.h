@@ -37,6 +37,13 @@ void attnres_aggregate_backward(const Exec& ex, const Tensor& sources, const Ten
                                 const Tensor& key_norm, const Tensor& out_norm, float eps,
                                 const Tensor& dout, const Tensor& dsources, const Tensor& dquery,
                                 const Tensor& dkey_norm, const Tensor& dout_norm);
+// Training attention (kernels/attention_backward.h): T up to launch::kAttnMaxTrainLen and head
+// dims up to launch::kAttnMaxHeadDim (refused beyond, with the limits named).
+void causal_attention_forward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
+                              float scale, const Tensor& out, const Tensor& lse);
+void causal_attention_backward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& out, const Tensor& lse, const Tensor& d_out,
+                               float scale, const Tensor& dq, const Tensor& dk, const Tensor& dv);
 // The MoE backwards (kernels/moe.h). Index tensors (row_of_slot, expert_ids, offsets) are read
 // back and checked on the host first (a training step's few thousand entries), so a bad index
 // aborts with the CPU's words instead of reading out of bounds.

@@ -115,3 +115,23 @@ void attnres_backward(cudaStream_t stream, const float* sources, const float* qu
                       float* dquery, float* dkey_norm, float* dout_norm);
 
 }  // namespace loom::cuda::launch
+
+namespace loom::cuda::launch {
+
+// causal_attention_forward / _backward (kernels/attention_backward.h), one sequence: the CPU's
+// loops with the length-d dot products as warp reductions. Forward and the dq pass take a block
+// per (query, head) with the query's T scores in shared memory; the dk/dv pass a block per (key,
+// kv head), summing its query heads in order and the queries in ascending order. d_rows: [T, Hq]
+// scratch for D_i = dO_i . O_i. Head dims up to kAttnMaxHeadDim.
+inline constexpr int64_t kAttnMaxHeadDim = 512;
+inline constexpr int64_t kAttnMaxTrainLen = 49152;  // the scores' shared memory: 192 KB
+void causal_attention_forward(cudaStream_t stream, const float* q, const float* k, const float* v,
+                              float scale, int64_t T, int64_t Hq, int64_t Hkv, int64_t d,
+                              int64_t dv, float* out, float* lse);
+void causal_attention_backward(cudaStream_t stream, const float* q, const float* k,
+                               const float* v, const float* out, const float* lse,
+                               const float* d_out, float scale, int64_t T, int64_t Hq,
+                               int64_t Hkv, int64_t d, int64_t dv, float* d_rows, float* dq,
+                               float* dk, float* dvv);
+
+}  // namespace loom::cuda::launch

@@ -40,6 +40,10 @@
 //    (sqrt(D) + 16) eps scaled on dsources, times 4 for the softmax and the two norms chained;
 //    the parameter gradients are sums over N tokens of those: the per-token bound plus
 //    4 sum_tol(N), scaled by the largest |ref|;
+//  - causal attention for training: scores are length-d dot products (warp trees against the
+//    CPU's sequential sums, ~sqrt(d) u), then exp and sums over up to T keys: out and lse within
+//    4 (sqrt(d) + 16) eps scaled; dq, dk, dv add sums over T queries or keys on top:
+//    4 (sqrt(d) + sqrt(T) + 16) eps scaled;
 //  - row scatters (embedding and gather_rows backward): every target row adds its sources in
 //    source order on both sides: 0 differing bits.
 #include <cuda_runtime_api.h>
@@ -56,6 +60,7 @@
 #include <vector>
 
 #include "kernels/activation.h"
+#include "kernels/attention_backward.h"
 #include "kernels/attnres.h"
 #include "kernels/conv.h"
 #include "kernels/cuda/device.h"
@@ -508,6 +513,39 @@ TEST(CudaBackward, AttnRes) {
       report(tag + "_dkey_norm", scaled(dkd, dk), param_tol);
       report(tag + "_dout_norm", scaled(dod, dov), param_tol);
     }
+  }
+}
+
+TEST(CudaBackward, CausalAttention) {
+  struct Case {
+    int64_t T, Hq, Hkv, d, dv;
+  };
+  for (const Case& c : {Case{70, 4, 2, 48, 40}, Case{300, 2, 1, 192, 128}, Case{1, 3, 3, 17, 9}}) {
+    const Tensor q = randn({c.T, c.Hq, c.d}), k = randn({c.T, c.Hkv, c.d}),
+                 v = randn({c.T, c.Hkv, c.dv}), dout = randn({c.T, c.Hq, c.dv});
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+    Tensor out = Tensor::empty({c.T, c.Hq, c.dv}), lse = Tensor::empty({c.T, c.Hq});
+    causal_attention_forward(host_exec(), q, k, v, scale, out, lse);
+    Tensor dq = Tensor::empty(q.shape()), dk = Tensor::empty(k.shape()),
+           dv = Tensor::empty(v.shape());
+    causal_attention_backward(host_exec(), q, k, v, out, lse, dout, scale, dq, dk, dv);
+    const Tensor qd = dev(q), kd = dev(k), vd = dev(v), outd = poisoned(out.shape()),
+                 lsed = poisoned(lse.shape());
+    causal_attention_forward(gpu(), qd, kd, vd, scale, outd, lsed);
+    const Tensor dqd = poisoned(q.shape()), dkd = poisoned(k.shape()), dvd = poisoned(v.shape());
+    // The backward reads the CPU's forward results, so its bound does not include the forward's.
+    causal_attention_backward(gpu(), qd, kd, vd, dev(out), dev(lse), dev(dout), scale, dqd, dkd,
+                              dvd);
+    const std::string tag = "causal_attention_T" + std::to_string(c.T) + "_H" +
+                            std::to_string(c.Hq) + "x" + std::to_string(c.Hkv) + "_d" +
+                            std::to_string(c.d);
+    const double fwd_tol = 4 * norm_dx_tol(c.d);
+    const double bwd_tol = 4 * (std::sqrt(double(c.d)) + std::sqrt(double(c.T)) + 16) * twin::kEps;
+    report(tag + "_out", scaled(outd, out), fwd_tol);
+    report(tag + "_lse", scaled(lsed, lse), fwd_tol);
+    report(tag + "_dq", scaled(dqd, dq), bwd_tol);
+    report(tag + "_dk", scaled(dkd, dk), bwd_tol);
+    report(tag + "_dv", scaled(dvd, dv), bwd_tol);
   }
 }
 
