@@ -88,7 +88,11 @@ void moe_aux_loss_forward_backward(const Exec& ex, const Tensor& logits, const T
   if (ex.device.is_cpu()) {
     return cpu::moe_aux_loss_forward_backward(logits, expert_ids, score, alpha, loss, d_logits);
   }
+#ifdef LOOM_WITH_CUDA
+  return cuda::moe_aux_loss_forward_backward(ex, logits, expert_ids, score, alpha, loss, d_logits);
+#else
   no_kernel_for(ex, kOp);
+#endif
 }
 
 void moe_permute(const Exec& ex, const Tensor& x, const Tensor& expert_ids, int64_t first_expert,

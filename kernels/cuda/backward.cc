@@ -241,6 +241,41 @@ void moe_route_backward(const Exec& ex, const Tensor& logits, const Tensor& expe
                              params.routed_scaling, sp, sp + T * E, fm(d_logits));
 }
 
+void moe_aux_loss_forward_backward(const Exec& ex, const Tensor& logits, const Tensor& expert_ids,
+                                   RouterScore score, float alpha, const Tensor& loss,
+                                   const Tensor& d_logits) {
+  static constexpr const char* kOp = "moe_aux_loss_forward_backward";
+  check_args(kOp, {&logits, &expert_ids, &loss, &d_logits});
+  const int64_t T = logits.dim(0), E = logits.dim(1);
+  const std::vector<int32_t> ids = read_i32(ex, expert_ids);
+  check_range(kOp, "expert_ids", ids, 0, E);
+  // The CPU's coefficients: dL/dp[t, e] = alpha E f_e / T, rounded to f32 for the gradient.
+  std::vector<int64_t> count(static_cast<size_t>(E), 0);
+  for (int32_t id : ids) ++count[id];
+  const double scale =
+      T > 0 ? static_cast<double>(alpha) * E / (static_cast<double>(ids.size()) * T) : 0.0;
+  std::vector<double> coef(static_cast<size_t>(E));
+  std::vector<float> c(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    coef[e] = scale * static_cast<double>(count[e]);
+    c[e] = static_cast<float>(coef[e]);
+  }
+  cudaStream_t s = stream_of(ex);
+  // coef [E] and mass [E] doubles, then c [E] floats, then the scores' scratch (two [T, E]).
+  const size_t doubles = static_cast<size_t>(2 * E) * sizeof(double);
+  Scratch buf(doubles + static_cast<size_t>(E + 2 * T * E) * sizeof(float), s);
+  double* coef_d = static_cast<double*>(buf.get());
+  double* mass = coef_d + E;
+  float* c_d = reinterpret_cast<float*>(static_cast<char*>(buf.get()) + doubles);
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(coef_d, coef.data(), static_cast<size_t>(E) * sizeof(double),
+                                  cudaMemcpyHostToDevice, s));
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(c_d, c.data(), static_cast<size_t>(E) * sizeof(float),
+                                  cudaMemcpyHostToDevice, s));
+  // The host vectors live until the copies have run: pageable copies are staged before return.
+  launch::moe_aux_loss(s, f(logits), T, E, score == RouterScore::kSigmoid, c_d, coef_d, c_d + E,
+                       c_d + E + T * E, mass, fm(loss), fm(d_logits));
+}
+
 void moe_permute_backward(const Exec& ex, const Tensor& d_x_sorted, const Tensor& row_of_slot,
                           const Tensor& d_x) {
   static constexpr const char* kOp = "moe_permute_backward";

@@ -931,3 +931,76 @@ void causal_attention_backward(cudaStream_t stream, const float* q, const float*
 }
 }  // namespace launch
 }  // namespace loom::cuda
+
+// ---- moe_aux_loss_forward_backward ----------------------------------------------------------
+namespace loom::cuda {
+namespace {
+
+__global__ void __launch_bounds__(kPointThreads)
+    moe_aux_rows_kernel(const float* __restrict__ logits, int64_t T, int64_t E, bool sigmoid,
+                        const float* __restrict__ c, float* __restrict__ p_buf,
+                        float* __restrict__ s_buf, float* __restrict__ d_logits) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kPointThreads + threadIdx.x;
+  if (i >= T) return;
+  const float* l = logits + i * E;
+  float* p = p_buf + i * E;
+  float* s = s_buf + i * E;
+  float inv = 1.0f;
+  if (sigmoid) {
+    float sum = 0.0f;
+    for (int64_t j = 0; j < E; ++j) sum += (s[j] = 1.0f / (1.0f + expf(-l[j])));
+    inv = 1.0f / sum;
+    for (int64_t j = 0; j < E; ++j) p[j] = s[j] * inv;
+  } else {
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < E; ++j) mx = fmaxf(mx, l[j]);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < E; ++j) sum += (p[j] = expf(l[j] - mx));
+    for (int64_t j = 0; j < E; ++j) p[j] /= sum;
+  }
+  float dot = 0.0f;
+  for (int64_t j = 0; j < E; ++j) dot += p[j] * c[j];
+  float* dl = d_logits + i * E;
+  for (int64_t j = 0; j < E; ++j) {
+    const float g =
+        sigmoid ? (c[j] - dot) * inv * (s[j] * (1.0f / (1.0f + expf(l[j])))) : p[j] * (c[j] - dot);
+    dl[j] = __fadd_rn(dl[j], g);  // a finished gradient added, as the CPU does (no FMA)
+  }
+}
+
+__global__ void __launch_bounds__(kColThreads)
+    moe_aux_mass_kernel(const float* __restrict__ p_buf, int64_t T, int64_t E,
+                        double* __restrict__ mass) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * kColThreads + threadIdx.x;
+  if (e >= E) return;
+  double m = 0.0;
+  for (int64_t t = 0; t < T; ++t) m += p_buf[t * E + e];
+  mass[e] = m;
+}
+
+__global__ void moe_aux_loss_kernel(const double* __restrict__ coef,
+                                    const double* __restrict__ mass, int64_t E,
+                                    float* __restrict__ loss) {
+  double sum = 0.0;
+  for (int64_t e = 0; e < E; ++e) sum += coef[e] * mass[e];
+  *loss = static_cast<float>(sum);
+}
+
+}  // namespace
+
+namespace launch {
+void moe_aux_loss(cudaStream_t stream, const float* logits, int64_t T, int64_t E, bool sigmoid,
+                  const float* c, const double* coef, float* p_buf, float* s_buf, double* mass,
+                  float* loss, float* d_logits) {
+  if (T > 0) {
+    moe_aux_rows_kernel<<<blocks_of(T, kPointThreads), kPointThreads, 0, stream>>>(
+        logits, T, E, sigmoid, c, p_buf, s_buf, d_logits);
+    LOOM_CUDA_CHECK_LAUNCH();
+    moe_aux_mass_kernel<<<blocks_of(E, kColThreads), kColThreads, 0, stream>>>(p_buf, T, E, mass);
+    LOOM_CUDA_CHECK_LAUNCH();
+  }
+  moe_aux_loss_kernel<<<1, 1, 0, stream>>>(coef, mass, T > 0 ? E : 0, loss);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+}  // namespace launch
+}  // namespace loom::cuda

@@ -50,6 +50,9 @@ void causal_attention_backward(const Exec& ex, const Tensor& q, const Tensor& k,
 void moe_route_backward(const Exec& ex, const Tensor& logits, const Tensor& expert_ids,
                         const RouterParams& params, const Tensor& d_weights,
                         const Tensor& d_logits);
+void moe_aux_loss_forward_backward(const Exec& ex, const Tensor& logits, const Tensor& expert_ids,
+                                   RouterScore score, float alpha, const Tensor& loss,
+                                   const Tensor& d_logits);
 void moe_permute_backward(const Exec& ex, const Tensor& d_x_sorted, const Tensor& row_of_slot,
                           const Tensor& d_x);
 void moe_unpermute_combine_backward(const Exec& ex, const Tensor& y, const Tensor& row_of_slot,

@@ -135,3 +135,15 @@ void causal_attention_backward(cudaStream_t stream, const float* q, const float*
                                float* dk, float* dvv);
 
 }  // namespace loom::cuda::launch
+
+namespace loom::cuda::launch {
+
+// moe_aux_loss_forward_backward (kernels/moe.h), given on the host-counted slots: c[e] =
+// alpha E f_e / T (f32, as the CPU rounds it) and coef[e] = the same in double. One thread a row
+// for the scores (into p_buf [T, E]) and d_logits += (each gradient finished before it is added);
+// one thread an expert for its probability mass in row order (double); one thread for the loss.
+void moe_aux_loss(cudaStream_t stream, const float* logits, int64_t T, int64_t E, bool sigmoid,
+                  const float* c, const double* coef, float* p_buf, float* s_buf,
+                  double* mass, float* loss, float* d_logits);
+
+}  // namespace loom::cuda::launch

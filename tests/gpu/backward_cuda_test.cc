@@ -32,9 +32,10 @@
 //    contraction differences: asserted <= 4 eps scaled); moe_unpermute_combine_backward's d_y is
 //    one product (0 bits: asserted <= 1 eps scaled) and d_weights a double dot product rounded
 //    once (2 eps scaled); moe_route_backward is the CPU's row loop with expf: 16 eps scaled;
-//    moe_grouped_swiglu_backward is the CPU's sequence of GEMMs through cuBLAS: kGemmTol (16 eps)
-//    scaled on d_x and on each accumulated weight gradient; owned expert ranges of all 16
-//    experts and of 7 (rows of -1, tokens with no owned slot);
+//    the auxiliary loss: double sums of the same f32 scores (expf against glibc's exp): 4 eps
+//    relative, its gradient 16 eps scaled; moe_grouped_swiglu_backward is the CPU's sequence of
+//    GEMMs through cuBLAS: kGemmTol (16 eps) scaled on d_x and on each accumulated weight gradient;
+//    owned expert ranges of all 16 experts and of 7 (rows of -1, tokens with no owned slot);
 //  - attnres_aggregate_backward: per token the CPU's recomputation with every length-D sum as a
 //    block reduction (sums of squares, logits, the output norm, S dot products): the norm bound's
 //    (sqrt(D) + 16) eps scaled on dsources, times 4 for the softmax and the two norms chained;
@@ -472,6 +473,20 @@ TEST(CudaBackward, Moe) {
         report(tag + "_d_w_down", scaled(dwdd, dwd), twin::kGemmTol);
       }
     }
+  }
+  // The auxiliary balancing loss and its gradient, added to a d_logits that holds values.
+  for (RouterScore score : {RouterScore::kSigmoid, RouterScore::kSoftmax}) {
+    const Tensor logits = randn({T, E}, 2.0f), ids = random_expert_ids(T, K, E),
+                 dl0 = randn({T, E}, 0.01f);
+    Tensor loss = Tensor::empty({1}), dl = dl0.clone();
+    moe_aux_loss_forward_backward(host_exec(), logits, ids, score, 0.01f, loss, dl);
+    const Tensor lossd = poisoned({1}), dld = dev(dl0);
+    moe_aux_loss_forward_backward(gpu(), dev(logits), dev(ids), score, 0.01f, lossd, dld);
+    const std::string tag =
+        std::string("moe_aux_loss_") + (score == RouterScore::kSigmoid ? "sigmoid" : "softmax");
+    const double got = host(lossd).data<float>()[0], want = loss.data<float>()[0];
+    report(tag + "_loss", std::fabs(got - want) / std::fabs(want), 4 * twin::kEps);
+    report(tag + "_d_logits", scaled(dld, dl), 16 * twin::kEps);
   }
   // Router backward: sigmoid (renormalised, scaled) and softmax (renormalised and not).
   for (int variant = 0; variant < 3; ++variant) {
