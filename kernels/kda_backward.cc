@@ -57,7 +57,12 @@ void kda_recurrent_backward(const Exec& ex, const Tensor& q, const Tensor& k, co
   if (ex.device.is_cpu())
     return cpu::kda_recurrent_backward(q, k, v, g, beta, scale, initial_state, d_out, d_final_state,
                                        dq, dk, dv, dg, dbeta, d_initial_state);
+#ifdef LOOM_WITH_CUDA
+  return cuda::kda_recurrent_backward(ex, q, k, v, g, beta, scale, initial_state, d_out,
+                                      d_final_state, dq, dk, dv, dg, dbeta, d_initial_state);
+#else
   no_kernel_for(ex, kOp);
+#endif
 }
 
 void kda_gate_backward(const Exec& ex, const Tensor& f, const Tensor& A_log, const Tensor& dt_bias,

@@ -146,6 +146,49 @@ void causal_conv1d_backward(const Exec& ex, const Tensor& x, const Tensor& weigh
   launch::causal_conv1d_backward(s, a);
 }
 
+void kda_recurrent_backward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& g, const Tensor& beta, float scale,
+                            const Tensor& initial_state, const Tensor& d_out,
+                            const Tensor& d_final_state, const Tensor& dq, const Tensor& dk,
+                            const Tensor& dv, const Tensor& dg, const Tensor& dbeta,
+                            const Tensor& d_initial_state) {
+  static constexpr const char* kOp = "kda_recurrent_backward";
+  check_args(kOp, {&q, &k, &v, &g, &beta, &initial_state, &d_out, &dq, &dk, &dv, &dg, &dbeta});
+  if (d_final_state.defined()) check_args(kOp, {&d_final_state});
+  if (d_initial_state.defined()) check_args(kOp, {&d_initial_state});
+  launch::KdaBackwardArgs a{};
+  a.T = q.dim(0);
+  a.Hk = q.dim(1);
+  a.dk = q.dim(2);
+  a.Hv = v.dim(1);
+  a.dv = v.dim(2);
+  LOOM_CHECK(a.dk <= launch::kKdaBackwardMaxDim && a.dv <= launch::kKdaBackwardMaxDim,
+             "%s (CUDA): head dims %lld x %lld; this kernel takes up to %lld", kOp,
+             static_cast<long long>(a.dk), static_cast<long long>(a.dv),
+             static_cast<long long>(launch::kKdaBackwardMaxDim));
+  a.scalar_g = g.dim(2) == 1;
+  a.q = f(q);
+  a.k = f(k);
+  a.v = f(v);
+  a.g = f(g);
+  a.beta = f(beta);
+  a.s0 = f(initial_state);
+  a.d_out = f(d_out);
+  a.d_final = d_final_state.defined() ? f(d_final_state) : nullptr;
+  a.scale = scale;
+  a.dq = fm(dq);
+  a.dk_out = fm(dk);
+  a.dv_out = fm(dv);
+  a.dg = fm(dg);
+  a.dbeta = fm(dbeta);
+  a.d_s0 = d_initial_state.defined() ? fm(d_initial_state) : nullptr;
+  Scratch scratch(static_cast<size_t>(launch::kda_backward_scratch_floats(a.T, a.Hv, a.dk, a.dv)) *
+                      sizeof(float),
+                  stream_of(ex));
+  a.scratch = static_cast<float*>(scratch.get());
+  launch::kda_recurrent_backward(stream_of(ex), a);
+}
+
 // Elementwise gradients into d_f and a scratch d_A_log per element; the parameter gradients are
 // column sums over tokens in fixed chunks (as column_sums), then d_A_log's columns head by head.
 void kda_gate_backward(const Exec& ex, const Tensor& gate_in, const Tensor& A_log,

@@ -1004,3 +1004,218 @@ void moe_aux_loss(cudaStream_t stream, const float* logits, int64_t T, int64_t E
 }
 }  // namespace launch
 }  // namespace loom::cuda
+
+// ---- kda_recurrent_backward -----------------------------------------------------------------
+namespace loom::cuda {
+namespace {
+
+using launch::KdaBackwardArgs;
+constexpr int64_t kKdaSeg = 64;  // kKdaBackwardSegment (kernels/kda_backward.h)
+
+struct KdaHeadScratch {
+  float *ckpt, *pre, *S, *Sp, *dS, *dq_h, *dk_h;
+};
+
+__device__ __forceinline__ KdaHeadScratch kda_head_scratch(const KdaBackwardArgs& a, int64_t h) {
+  const int64_t area = a.dk * a.dv, segments = a.T > 0 ? (a.T + kKdaSeg - 1) / kKdaSeg : 1;
+  const int64_t per_head = (segments + kKdaSeg + 3) * area;
+  KdaHeadScratch s;
+  s.ckpt = a.scratch + h * per_head;
+  s.pre = s.ckpt + segments * area;
+  s.S = s.pre + kKdaSeg * area;
+  s.Sp = s.S + area;
+  s.dS = s.Sp + area;
+  float* shares = a.scratch + a.Hv * per_head;
+  s.dq_h = shares + h * a.T * a.dk;
+  s.dk_h = shares + a.Hv * a.T * a.dk + h * a.T * a.dk;
+  return s;
+}
+
+// One forward token on S (column j by thread j): S = diag(e) S, kv = S^T k, S += k b (v - kv)^T.
+// A correctness-first form (one block a head, the state in global memory, the time loop serial):
+// the chunked backward on tensor cores is the fast path still to come.
+__device__ void kda_bw_forward_token(const KdaBackwardArgs& a, float* S, const float* kt,
+                                     const float* vt, const float* gt, float bt) {
+  const int64_t j = threadIdx.x;
+  if (j < a.dv) {
+    float kv = 0.0f;
+    for (int64_t i = 0; i < a.dk; ++i) {
+      const float e = expf(gt[a.scalar_g ? 0 : i]);
+      float& s = S[i * a.dv + j];
+      s *= e;
+      kv += kt[i] * s;
+    }
+    const float diff = vt[j] - kv;
+    for (int64_t i = 0; i < a.dk; ++i) S[i * a.dv + j] += kt[i] * bt * diff;  // the CPU's order
+  }
+}
+
+__global__ void kda_backward_head_kernel(KdaBackwardArgs a) {
+  extern __shared__ float sm[];
+  const int64_t h = blockIdx.x, hk = h / (a.Hv / a.Hk);
+  const int64_t dk = a.dk, dv = a.dv, area = dk * dv, gw = a.scalar_g ? 1 : dk;
+  const int64_t x = threadIdx.x;
+  float* e = sm;           // [dk]
+  float* kv = e + dk;      // [dv]
+  float* u = kv + dv;      // [dv]
+  float* du = u + dv;      // [dv]
+  float* dkv = du + dv;    // [dv]
+  float* accg = dkv + dv;  // [dk]
+  const KdaHeadScratch s = kda_head_scratch(a, h);
+  auto qt = [&](int64_t t) { return a.q + (t * a.Hk + hk) * dk; };
+  auto kt = [&](int64_t t) { return a.k + (t * a.Hk + hk) * dk; };
+  auto vt = [&](int64_t t) { return a.v + (t * a.Hv + h) * dv; };
+  auto gt = [&](int64_t t) { return a.g + (t * a.Hv + h) * gw; };
+  auto bt = [&](int64_t t) { return a.beta[t * a.Hv + h]; };
+  const int64_t segments = a.T > 0 ? (a.T + kKdaSeg - 1) / kKdaSeg : 1;
+  // Checkpoints: the state before tokens 0, seg, 2 seg, ... (column j by thread j throughout the
+  // forward sweeps, so no barrier is needed between them).
+  for (int64_t idx = x; idx < area; idx += blockDim.x) s.S[idx] = a.s0[h * area + idx];
+  __syncthreads();
+  for (int64_t t = 0; t < a.T; ++t) {
+    if (t % kKdaSeg == 0 && x < dv)
+      for (int64_t i = 0; i < dk; ++i) s.ckpt[(t / kKdaSeg) * area + i * dv + x] = s.S[i * dv + x];
+    kda_bw_forward_token(a, s.S, kt(t), vt(t), gt(t), bt(t));
+  }
+  __syncthreads();
+  for (int64_t idx = x; idx < area; idx += blockDim.x)
+    s.dS[idx] = a.d_final != nullptr ? a.d_final[h * area + idx] : 0.0f;
+  __syncthreads();
+  for (int64_t c = segments - 1; c >= 0; --c) {
+    const int64_t t0 = c * kKdaSeg, t1 = t0 + kKdaSeg < a.T ? t0 + kKdaSeg : a.T;
+    if (x < dv) {  // replay the segment (column x), keeping the state before each token
+      for (int64_t i = 0; i < dk; ++i) s.S[i * dv + x] = s.ckpt[c * area + i * dv + x];
+      for (int64_t t = t0; t < t1; ++t) {
+        for (int64_t i = 0; i < dk; ++i) s.pre[(t - t0) * area + i * dv + x] = s.S[i * dv + x];
+        kda_bw_forward_token(a, s.S, kt(t), vt(t), gt(t), bt(t));
+      }
+    }
+    __syncthreads();
+    for (int64_t t = t1 - 1; t >= t0; --t) {
+      const float* P = s.pre + (t - t0) * area;
+      const float* qv = qt(t);
+      const float* kvec = kt(t);
+      const float* vv = vt(t);
+      const float* gv = gt(t);
+      const float b = bt(t);
+      const float* dO = a.d_out + (t * a.Hv + h) * dv;
+      if (x < dk) e[x] = expf(gv[a.scalar_g ? 0 : x]);
+      __syncthreads();
+      // 1. S' = diag(e) P, kv = S'^T k, u = b (v - kv): columns.
+      if (x < dv) {
+        float acc = 0.0f;
+        for (int64_t i = 0; i < dk; ++i) {
+          const float sp = e[i] * P[i * dv + x];
+          s.Sp[i * dv + x] = sp;
+          acc += kvec[i] * sp;
+        }
+        kv[x] = acc;
+        u[x] = b * (vv[x] - acc);
+      }
+      __syncthreads();
+      // 2. o = S_t^T (scale q): dq and the output's share of dS: rows.
+      if (x < dk) {
+        float acc = 0.0f;
+        const float qi = a.scale * qv[x];
+        for (int64_t j = 0; j < dv; ++j) {
+          acc += (s.Sp[x * dv + j] + kvec[x] * u[j]) * dO[j];
+          s.dS[x * dv + j] += qi * dO[j];
+        }
+        s.dq_h[t * dk + x] = a.scale * acc;
+      }
+      __syncthreads();
+      // 3. S_t = S' + k u^T: dk (rows) and du (columns).
+      if (x < dk) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < dv; ++j) acc += s.dS[x * dv + j] * u[j];
+        s.dk_h[t * dk + x] = acc;
+      }
+      if (x < dv) {
+        float acc = 0.0f;
+        for (int64_t i = 0; i < dk; ++i) acc += kvec[i] * s.dS[i * dv + x];
+        du[x] = acc;
+      }
+      __syncthreads();
+      // 4. u = b (v - kv).
+      if (x < dv) {
+        a.dv_out[(t * a.Hv + h) * dv + x] = b * du[x];
+        dkv[x] = -b * du[x];
+      }
+      if (x == 0) {
+        float db = 0.0f;
+        for (int64_t j = 0; j < dv; ++j) db += du[j] * (vv[j] - kv[j]);
+        a.dbeta[t * a.Hv + h] = db;
+      }
+      __syncthreads();
+      // 5. kv = S'^T k and S' = diag(e) P: rows.
+      if (x < dk) {
+        float acc_k = 0.0f, acc_g = 0.0f;
+        for (int64_t j = 0; j < dv; ++j) {
+          const float sp = s.Sp[x * dv + j];
+          acc_k += sp * dkv[j];
+          const float dsp = s.dS[x * dv + j] + kvec[x] * dkv[j];
+          acc_g += sp * dsp;
+          s.dS[x * dv + j] = e[x] * dsp;
+        }
+        s.dk_h[t * dk + x] += acc_k;
+        if (a.scalar_g) {
+          accg[x] = acc_g;
+        } else {
+          a.dg[(t * a.Hv + h) * gw + x] = acc_g;
+        }
+      }
+      __syncthreads();
+      if (a.scalar_g && x == 0) {
+        float sum = 0.0f;
+        for (int64_t i = 0; i < dk; ++i) sum += accg[i];
+        a.dg[t * a.Hv + h] = sum;
+      }
+      __syncthreads();
+    }
+  }
+  if (a.d_s0 != nullptr)
+    for (int64_t idx = x; idx < area; idx += blockDim.x) a.d_s0[h * area + idx] = s.dS[idx];
+}
+
+// dq, dk [T, Hk, dk]: the value heads' shares summed per key head in head order.
+__global__ void __launch_bounds__(kPointThreads) kda_backward_sum_heads_kernel(KdaBackwardArgs a) {
+  const int64_t n = a.T * a.Hk * a.dk, group = a.Hv / a.Hk;
+  const float* shares =
+      a.scratch +
+      a.Hv * ((a.T > 0 ? (a.T + kKdaSeg - 1) / kKdaSeg : 1) + kKdaSeg + 3) * a.dk * a.dv;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * kPointThreads + threadIdx.x; idx < n;
+       idx += static_cast<int64_t>(gridDim.x) * kPointThreads) {
+    const int64_t i = idx % a.dk, hk = (idx / a.dk) % a.Hk, t = idx / (a.dk * a.Hk);
+    float sq = 0.0f, sk = 0.0f;
+    for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+      sq += shares[(h * a.T + t) * a.dk + i];
+      sk += shares[a.Hv * a.T * a.dk + (h * a.T + t) * a.dk + i];
+    }
+    a.dq[idx] = sq;
+    a.dk_out[idx] = sk;
+  }
+}
+
+}  // namespace
+
+namespace launch {
+int64_t kda_backward_scratch_floats(int64_t T, int64_t Hv, int64_t dk, int64_t dv) {
+  const int64_t segments = T > 0 ? (T + kKdaSeg - 1) / kKdaSeg : 1;
+  return Hv * (segments + kKdaSeg + 3) * dk * dv + 2 * Hv * T * dk;
+}
+
+void kda_recurrent_backward(cudaStream_t stream, const KdaBackwardArgs& a) {
+  if (a.Hv == 0) return;
+  const int64_t width = a.dk > a.dv ? a.dk : a.dv;
+  const int threads = static_cast<int>((width + 31) / 32 * 32);
+  const size_t smem = static_cast<size_t>(2 * a.dk + 4 * a.dv) * sizeof(float);
+  kda_backward_head_kernel<<<blocks_of(a.Hv, 1), threads, smem, stream>>>(a);
+  LOOM_CUDA_CHECK_LAUNCH();
+  const int64_t n = a.T * a.Hk * a.dk;
+  if (n > 0) {
+    kda_backward_sum_heads_kernel<<<dev::grid_for(n, kPointThreads), kPointThreads, 0, stream>>>(a);
+    LOOM_CUDA_CHECK_LAUNCH();
+  }
+}
+}  // namespace launch
+}  // namespace loom::cuda

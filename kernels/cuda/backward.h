@@ -30,6 +30,13 @@ void causal_conv1d_backward(const Exec& ex, const Tensor& x, const Tensor& weigh
                             const Tensor& initial_state, bool apply_silu, const Tensor& dout,
                             const Tensor& dfinal_state, const Tensor& dx, const Tensor& dweight,
                             const Tensor& dinitial_state);
+// One block per value head, the CPU's segment replay; head dims up to 1024 (refused beyond).
+void kda_recurrent_backward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& g, const Tensor& beta, float scale,
+                            const Tensor& initial_state, const Tensor& d_out,
+                            const Tensor& d_final_state, const Tensor& dq, const Tensor& dk,
+                            const Tensor& dv, const Tensor& dg, const Tensor& dbeta,
+                            const Tensor& d_initial_state);
 void kda_gate_backward(const Exec& ex, const Tensor& f, const Tensor& A_log, const Tensor& dt_bias,
                        float lower_bound, const Tensor& d_g, const Tensor& d_f,
                        const Tensor& d_A_log, const Tensor& d_dt_bias);

@@ -147,3 +147,24 @@ void moe_aux_loss(cudaStream_t stream, const float* logits, int64_t T, int64_t E
                   double* mass, float* loss, float* d_logits);
 
 }  // namespace loom::cuda::launch
+
+namespace loom::cuda::launch {
+
+// kda_recurrent_backward (kernels/kda_backward.h): the CPU's segment replay, one block per value
+// head. Thread x walks column x of the [dk, dv] state for the sums over rows and row x for the
+// sums over columns; the state, its replays and its gradient live in per-head global scratch
+// (kda_backward_scratch_floats). dq_heads, dk_heads: [Hv, T, dk] scratch (each head's share),
+// then summed per key head in head order. Head dims up to kKdaBackwardMaxDim.
+inline constexpr int64_t kKdaBackwardMaxDim = 1024;
+int64_t kda_backward_scratch_floats(int64_t T, int64_t Hv, int64_t dk, int64_t dv);
+struct KdaBackwardArgs {
+  const float *q, *k, *v, *g, *beta, *s0, *d_out, *d_final;  // d_final may be null
+  float scale;
+  int64_t T, Hk, Hv, dk, dv;
+  bool scalar_g;
+  float *dq, *dk_out, *dv_out, *dg, *dbeta, *d_s0;  // d_s0 may be null
+  float* scratch;  // kda_backward_scratch_floats(T, Hv, dk, dv) floats
+};
+void kda_recurrent_backward(cudaStream_t stream, const KdaBackwardArgs& a);
+
+}  // namespace loom::cuda::launch

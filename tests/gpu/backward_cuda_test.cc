@@ -45,6 +45,10 @@
 //    CPU's sequential sums, ~sqrt(d) u), then exp and sums over up to T keys: out and lse within
 //    4 (sqrt(d) + 16) eps scaled; dq, dk, dv add sums over T queries or keys on top:
 //    4 (sqrt(d) + sqrt(T) + 16) eps scaled;
+//  - kda_recurrent_backward: the reverse recurrence through the same replayed states, each token
+//    a few length-dk or length-dv dot products as the forward's (twin_tolerances.h's kda_tol,
+//    whose argument - non-expansive per-token maps damp older errors - holds for the transposed
+//    maps too), chained through five stages a token: 8 kda_tol(dk) scaled on every gradient;
 //  - row scatters (embedding and gather_rows backward): every target row adds its sources in
 //    source order on both sides: 0 differing bits.
 #include <cuda_runtime_api.h>
@@ -561,6 +565,38 @@ TEST(CudaBackward, CausalAttention) {
     report(tag + "_dq", scaled(dqd, dq), bwd_tol);
     report(tag + "_dk", scaled(dkd, dk), bwd_tol);
     report(tag + "_dv", scaled(dvd, dv), bwd_tol);
+  }
+}
+
+TEST(CudaBackward, KdaRecurrent) {
+  const twin::KdaCase cases[] = {{70, 2, 4, 32, 24, false, false},
+                                 {130, 1, 2, 128, 128, true, true},
+                                 {1, 1, 1, 16, 8, false, true}};
+  for (const twin::KdaCase& c : cases) {
+    const twin::KdaInputs in = twin::kda_inputs(rng(), c);
+    const Tensor d_out = randn({c.T, c.Hv, c.dv}), d_final = randn({c.Hv, c.dk, c.dv});
+    Tensor dq = Tensor::empty(in.q.shape()), dk = Tensor::empty(in.k.shape()),
+           dv = Tensor::empty(in.v.shape()), dg = Tensor::empty(in.g.shape()),
+           db = Tensor::empty(in.beta.shape()), ds0 = Tensor::empty(in.s0.shape());
+    kda_recurrent_backward(host_exec(), in.q, in.k, in.v, in.g, in.beta, in.scale, in.s0, d_out,
+                           d_final, dq, dk, dv, dg, db, ds0);
+    const Tensor dqd = poisoned(dq.shape()), dkd = poisoned(dk.shape()), dvd = poisoned(dv.shape()),
+                 dgd = poisoned(dg.shape()), dbd = poisoned(db.shape()),
+                 ds0d = poisoned(ds0.shape());
+    kda_recurrent_backward(gpu(), dev(in.q), dev(in.k), dev(in.v), dev(in.g), dev(in.beta),
+                           in.scale, dev(in.s0), dev(d_out), dev(d_final), dqd, dkd, dvd, dgd, dbd,
+                           ds0d);
+    const std::string tag = "kda_recurrent_backward_T" + std::to_string(c.T) + "_" +
+                            std::to_string(c.Hk) + "x" + std::to_string(c.Hv) + "_" +
+                            std::to_string(c.dk) + "x" + std::to_string(c.dv) +
+                            (c.scalar_g ? "_scalar_g" : "");
+    const double tol = 8 * twin::kda_tol(c.dk);
+    report(tag + "_dq", scaled(dqd, dq), tol);
+    report(tag + "_dk", scaled(dkd, dk), tol);
+    report(tag + "_dv", scaled(dvd, dv), tol);
+    report(tag + "_dg", scaled(dgd, dg), tol);
+    report(tag + "_dbeta", scaled(dbd, db), tol);
+    report(tag + "_d_initial_state", scaled(ds0d, ds0), tol);
   }
 }
 
