@@ -6,6 +6,7 @@
 #include "core/status.h"
 #include "engine/engine_inbox.h"
 #include "engine/engine_loop.h"
+#include "engine/session_store.h"
 
 namespace loom {
 
@@ -18,8 +19,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> mo
   if (options.max_num_batched_tokens < 1 || options.max_num_seqs < 1 || options.page_size < 1)
     return absl::InvalidArgumentError(
         "max_num_batched_tokens, max_num_seqs and page_size must be >= 1");
+  if (options.max_sessions < 0 || !(options.session_ttl_s > 0) || options.session_max_bytes < 0 ||
+      options.sessions_max_bytes < 0)
+    return absl::InvalidArgumentError(
+        "max_sessions, session_max_bytes and sessions_max_bytes must be >= 0 and session_ttl_s > "
+        "0");
   std::unique_ptr<Engine> e(new Engine());
   e->options_ = options;
+  e->sessions_ =
+      std::make_unique<SessionStore>(options.max_sessions, absl::Seconds(options.session_ttl_s));
   e->tokenizer_ = std::move(tokenizer);
   const ModelConfig& cfg = model->config();
   e->max_model_len_ = options.max_model_len > 0         ? options.max_model_len
@@ -38,8 +46,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> mo
   }
 
   e->model_ = std::move(model);
-  LOOM_ASSIGN_OR_RETURN(e->loop_,
-                        EngineLoop::create(*e->model_, e->tokenizer_.get(), options, *e->inbox_));
+  LOOM_ASSIGN_OR_RETURN(e->loop_, EngineLoop::create(*e->model_, e->tokenizer_.get(), options,
+                                                     *e->inbox_, *e->sessions_));
   e->kv_pages_ = e->loop_->kv_page_capacity();
   e->memory_plan_ = e->loop_->memory_plan();
   e->graph_capture_ = e->loop_->graph_capture();
@@ -65,6 +73,30 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Engine::submit(Request request) {
         absl::StrCat("n: at most ", options_.max_n, " choices per request on this server"));
   if (!request.params.stop.empty() && tokenizer_ == nullptr)
     return absl::InvalidArgumentError("stop strings need a tokenizer; this engine has none");
+  if (request.session.empty()) {
+    LOOM_RETURN_IF_ERROR(check_length(request));
+    return inbox_->push(std::move(request));
+  }
+  if (request.params.n != 1)
+    return absl::InvalidArgumentError("a session turn generates one choice (n must be 1)");
+  // The turn holds the session from here: every refusal below gives it back.
+  LOOM_ASSIGN_OR_RETURN(SessionStore::Turn turn,
+                        sessions_->begin_turn(request.session, request.prompt, absl::Now()));
+  request.prompt = std::move(turn.prompt);
+  absl::Status length = check_length(request);
+  if (!length.ok()) {
+    sessions_->abort_turn(turn.key);
+    return absl::Status(length.code(),
+                        absl::StrCat("session '", request.session,
+                                     "': its history and the new tokens: ", length.message()));
+  }
+  absl::StatusOr<std::shared_ptr<RequestStream>> stream =
+      inbox_->push(std::move(request), turn.key);
+  if (!stream.ok()) sessions_->abort_turn(turn.key);
+  return stream;
+}
+
+absl::Status Engine::check_length(const Request& request) const {
   const int64_t need = static_cast<int64_t>(request.prompt.size()) + request.params.max_tokens;
   if (need > max_model_len_)
     return absl::InvalidArgumentError(absl::StrCat(
@@ -75,7 +107,13 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Engine::submit(Request request) {
         absl::StrCat("the prompt (", request.prompt.size(), " tokens) plus max_tokens (",
                      request.params.max_tokens, ") needs more KV cache than this server has (",
                      kv_pages_, " pages of ", options_.page_size, " tokens)"));
-  return inbox_->push(std::move(request));
+  return absl::OkStatus();
+}
+
+absl::Status Engine::delete_session(const std::string& name) {
+  LOOM_ASSIGN_OR_RETURN(uint64_t key, sessions_->erase(name));
+  inbox_->drop_session(key);
+  return absl::OkStatus();
 }
 
 void Engine::cancel(uint64_t request_id) { inbox_->cancel(request_id); }
@@ -87,6 +125,13 @@ void Engine::shutdown() {
 
 void Engine::wait_idle() { inbox_->wait_idle(); }
 
-EngineStats Engine::stats() const { return inbox_->stats(); }
+EngineStats Engine::stats() const {
+  EngineStats s = inbox_->stats();
+  const SessionStore::Stats ss = sessions_->stats();
+  s.sessions = ss.sessions;
+  s.session_history_tokens = ss.history_tokens;
+  s.sessions_expired = ss.expired;
+  return s;
+}
 
 }  // namespace loom

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -24,6 +25,7 @@ namespace loom {
 
 class EngineInbox;
 class EngineLoop;
+class SessionStore;
 
 struct EngineOptions {
   // KV pages + linear-state slots. 0: on a GPU, derived from the memory left once the weights, a
@@ -53,6 +55,18 @@ struct EngineOptions {
   // Decode steps replayed as CUDA graphs, one per batch-size bucket (engine/decode_graphs.h),
   // recorded at start-up; ignored on the CPU. Off: every step launches its kernels one by one.
   bool cuda_graphs = true;
+  // Sessions (Request::session, engine/session_store.h). Live sessions at most; a new one past
+  // this is refused.
+  int32_t max_sessions = 1024;
+  // A session idle this long is dropped (its history and kept cache).
+  double session_ttl_s = 3600;
+  // Cache (KV pages + state slot) one session may keep between turns; 0: no limit but the cache.
+  // A session over it keeps only its token history, and its next turn is recomputed.
+  int64_t session_max_bytes = 0;
+  // Cache all sessions together may keep between turns; 0: no limit but the cache. Past it, and
+  // whenever running requests need the memory, the least recently used session's cache is evicted
+  // (its next turn is recomputed from its history).
+  int64_t sessions_max_bytes = 0;
 };
 
 struct EngineStats {
@@ -62,6 +76,14 @@ struct EngineStats {
   int64_t steps = 0, prompt_tokens = 0, generated_tokens = 0, preemptions = 0;
   int64_t prefix_hit_tokens = 0, prefix_query_tokens = 0;
   int64_t finished_stop = 0, finished_length = 0, finished_cancelled = 0, finished_error = 0;
+  // Sessions: live ones and their token histories; those whose end-of-turn cache is kept, what
+  // that cache holds (pages shared with the prefix cache counted in full); evictions of kept
+  // caches (budget or memory pressure) and sessions dropped by the ttl, since start.
+  int32_t sessions = 0, sessions_resident = 0;
+  int64_t session_history_tokens = 0;
+  int32_t session_pages = 0, session_slots = 0;
+  int64_t session_bytes = 0;
+  int64_t session_evictions = 0, sessions_expired = 0;
 };
 
 class Engine {
@@ -76,8 +98,13 @@ class Engine {
 
   // Queues a request and returns its stream. InvalidArgument (nothing queued) for an empty or
   // out-of-vocabulary prompt, invalid sampling parameters, stop strings without a tokenizer, or a
-  // prompt + max_tokens over max_model_len; FailedPrecondition after shutdown. Thread-safe.
+  // prompt + max_tokens over max_model_len (a session turn: history + new tokens + max_tokens),
+  // n > 1 on a session; FailedPrecondition after shutdown or while the session's previous turn
+  // runs; ResourceExhausted for a new session past max_sessions. Thread-safe.
   absl::StatusOr<std::shared_ptr<RequestStream>> submit(Request request);
+  // Deletes a session: its history and kept cache. NotFound when there is none. A turn still
+  // running completes, but nothing of it is kept. Thread-safe.
+  absl::Status delete_session(const std::string& name);
   // Cancels a live request (its choices end with kCancelled; pages and slot are freed at the next
   // step). Unknown or finished ids are ignored. Thread-safe.
   void cancel(uint64_t request_id);
@@ -101,6 +128,8 @@ class Engine {
 
  private:
   Engine();
+  // The context-limit and KV-capacity checks of submit() on the whole prompt.
+  absl::Status check_length(const Request& request) const;
 
   // Constant after create().
   std::unique_ptr<Model> model_;
@@ -112,6 +141,8 @@ class Engine {
   std::optional<GraphCaptureReport> graph_capture_;
   // Shared by every thread (its own mutex): requests and cancellations in, stats out.
   std::unique_ptr<EngineInbox> inbox_;
+  // Shared by every thread (its own mutex): session histories.
+  std::unique_ptr<SessionStore> sessions_;
   // Touched only by the loop thread after create(); declared after what it references.
   std::unique_ptr<EngineLoop> loop_;
   std::thread thread_;

@@ -4,12 +4,13 @@
 
 namespace loom {
 
-absl::StatusOr<std::shared_ptr<RequestStream>> EngineInbox::push(Request request) {
+absl::StatusOr<std::shared_ptr<RequestStream>> EngineInbox::push(Request request,
+                                                                 uint64_t session) {
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::FailedPreconditionError("the engine is shutting down");
   const uint64_t id = next_id_++;
   auto stream = std::make_shared<RequestStream>(id, request.params.n);
-  inbox_.push_back({id, std::move(request), stream});
+  inbox_.push_back({id, std::move(request), stream, session});
   ++live_;
   return stream;
 }
@@ -17,6 +18,11 @@ absl::StatusOr<std::shared_ptr<RequestStream>> EngineInbox::push(Request request
 void EngineInbox::cancel(uint64_t request_id) {
   absl::MutexLock lock(&mu_);
   cancels_.push_back(request_id);
+}
+
+void EngineInbox::drop_session(uint64_t key) {
+  absl::MutexLock lock(&mu_);
+  dropped_sessions_.push_back(key);
 }
 
 void EngineInbox::stop() {
@@ -35,17 +41,18 @@ EngineStats EngineInbox::stats() const {
   return stats_;
 }
 
-EngineInbox::Intake EngineInbox::take(bool busy) {
+EngineInbox::Intake EngineInbox::take(bool busy, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   // `busy` comes in as a value: absl evaluates the condition on whichever thread releases the
   // mutex, and the scheduler may only be read on the loop thread.
   auto has_work = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return busy || !inbox_.empty() || !cancels_.empty() || stopping_;
+    return busy || !inbox_.empty() || !cancels_.empty() || !dropped_sessions_.empty() || stopping_;
   };
-  mu_.Await(absl::Condition(&has_work));
+  mu_.AwaitWithDeadline(absl::Condition(&has_work), deadline);
   Intake in;
   in.arrivals.swap(inbox_);
   in.cancels.swap(cancels_);
+  in.dropped_sessions.swap(dropped_sessions_);
   in.stopping = stopping_;
   return in;
 }

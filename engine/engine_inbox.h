@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "engine/engine.h"
 #include "engine/request.h"
 #include "engine/request_stream.h"
@@ -22,18 +23,22 @@ class EngineInbox {
     uint64_t id;
     Request request;
     std::shared_ptr<RequestStream> stream;
+    uint64_t session = 0;  // the session's key (SessionStore) for a session turn, else 0
   };
   // Everything queued since the loop's previous take().
   struct Intake {
-    std::vector<Pending> arrivals;  // in submission order
-    std::vector<uint64_t> cancels;  // request ids, in cancel() order
-    bool stopping = false;          // stop() was called: cancel everything and return
+    std::vector<Pending> arrivals;           // in submission order
+    std::vector<uint64_t> cancels;           // request ids, in cancel() order
+    std::vector<uint64_t> dropped_sessions;  // keys of deleted sessions
+    bool stopping = false;                   // stop() was called: cancel everything and return
   };
 
   // Any thread. Queues `request` (already validated) under a new id and returns its stream;
   // FailedPrecondition once stop() was called.
-  absl::StatusOr<std::shared_ptr<RequestStream>> push(Request request);
+  absl::StatusOr<std::shared_ptr<RequestStream>> push(Request request, uint64_t session = 0);
   void cancel(uint64_t request_id);
+  // Any thread: the session with this key was deleted; the loop drops the cache it kept.
+  void drop_session(uint64_t key);
   // Any thread: from now on push() fails and the loop's next take() says stopping. Idempotent.
   void stop();
   // Any thread: waits until every pushed request's stream was closed and published as such.
@@ -42,8 +47,8 @@ class EngineInbox {
   EngineStats stats() const;
 
   // The loop thread: waits for something to do (at once when `busy`: the scheduler still has
-  // requests), then takes everything queued.
-  Intake take(bool busy);
+  // requests) or for `deadline` (a session's expiry), then takes everything queued.
+  Intake take(bool busy, absl::Time deadline = absl::InfiniteFuture());
   // The loop thread: publishes `stats` and retires `closed` streams (closed since the previous
   // publish) from the live count together, so wait_idle() returns with final pool counts.
   void publish(const EngineStats& stats, int64_t closed);
@@ -52,6 +57,7 @@ class EngineInbox {
   mutable absl::Mutex mu_;
   std::vector<Pending> inbox_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> cancels_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> dropped_sessions_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t live_ ABSL_GUARDED_BY(mu_) = 0;  // pushed and not yet retired by publish()
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

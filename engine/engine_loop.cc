@@ -10,6 +10,7 @@
 #include "engine/model/cache_store.h"
 #include "engine/model_runner.h"
 #include "engine/sampling/sampler.h"
+#include "engine/session_store.h"
 #include "scheduler/cache_sizing.h"
 #include "scheduler/scheduler.h"
 
@@ -64,6 +65,9 @@ struct EngineLoop::Choice {
 
 struct EngineLoop::LiveRequest {
   uint64_t id = 0;
+  uint64_t session = 0;  // the session's key for a session turn, else 0
+  // A session turn that the scheduler finished: the sequence's tokens (the next history).
+  std::optional<std::vector<int32_t>> session_history;
   Request request;
   std::shared_ptr<RequestStream> stream;
   std::vector<Choice> choices;
@@ -71,15 +75,16 @@ struct EngineLoop::LiveRequest {
 };
 
 EngineLoop::EngineLoop(const EngineOptions& options, const Tokenizer* tokenizer, int64_t vocab,
-                       EngineInbox& inbox)
-    : options_(options), tokenizer_(tokenizer), vocab_(vocab), inbox_(inbox) {}
+                       EngineInbox& inbox, SessionStore& sessions)
+    : options_(options), tokenizer_(tokenizer), vocab_(vocab), inbox_(inbox), sessions_(sessions) {}
 
 EngineLoop::~EngineLoop() = default;
 
 absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::create(const Model& model,
                                                                const Tokenizer* tokenizer,
                                                                const EngineOptions& options,
-                                                               EngineInbox& inbox) {
+                                                               EngineInbox& inbox,
+                                                               SessionStore& sessions) {
   const ModelConfig& cfg = model.config();
   // Size the pools from the store's own byte counts: per-token KV bytes of each attention
   // layer, state bytes per slot.
@@ -108,7 +113,8 @@ absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::create(const Model& mode
   sizing_in.num_checkpoint_slots = options.enable_prefix_cache ? -1 : 0;
   LOOM_ASSIGN_OR_RETURN(CacheSizing sizing, cache_sizing_compute(sizing_in));
 
-  std::unique_ptr<EngineLoop> loop(new EngineLoop(options, tokenizer, cfg.vocab_size, inbox));
+  std::unique_ptr<EngineLoop> loop(
+      new EngineLoop(options, tokenizer, cfg.vocab_size, inbox, sessions));
   store_options.num_pages = sizing.num_pages;
   store_options.num_slots = sizing.num_state_slots;
   LOOM_ASSIGN_OR_RETURN(loop->store_, CacheStore::create(cfg, store_options));
@@ -122,6 +128,11 @@ absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::create(const Model& mode
   sc.num_state_slots = sizing.num_state_slots;
   sc.enable_prefix_cache = options.enable_prefix_cache;
   sc.checkpoint_interval = options.checkpoint_interval;
+  sc.parking.page_bytes =
+      static_cast<int64_t>(CacheStore::page_bytes(cfg, options.page_size, store_options.kv_dtype));
+  sc.parking.slot_bytes = sizing_in.state_bytes_per_slot;
+  sc.parking.max_bytes_per_sequence = options.session_max_bytes;
+  sc.parking.max_bytes = options.sessions_max_bytes;
   LOOM_ASSIGN_OR_RETURN(loop->sched_, Scheduler::create(sc));
   if (cfg.eos_token_id >= 0) loop->eos_ids_.push_back(cfg.eos_token_id);
   loop->seeds_.seed(options.seed != 0 ? options.seed : std::random_device{}());
@@ -166,7 +177,9 @@ int64_t EngineLoop::kv_page_capacity() const {
 
 void EngineLoop::run() {
   for (;;) {
-    EngineInbox::Intake in = inbox_.take(sched_->has_unfinished());
+    EngineInbox::Intake in = inbox_.take(sched_->has_unfinished(), next_expiry_);
+    drop_sessions(in.dropped_sessions);
+    if (absl::Now() >= next_expiry_) drop_sessions(sessions_.expire(absl::Now()));
     for (EngineInbox::Pending& p : in.arrivals) add_request(std::move(p));
     if (in.stopping) {
       for (auto& [id, r] : live_) in.cancels.push_back(id);
@@ -174,14 +187,31 @@ void EngineLoop::run() {
     for (uint64_t id : in.cancels) cancel_request(id);
     if (in.stopping) break;
     if (sched_->has_unfinished()) step();
+    next_expiry_ = sessions_.next_expiry();
     publish_stats();
   }
   publish_stats();
 }
 
+void EngineLoop::drop_sessions(const std::vector<uint64_t>& keys) {
+  for (uint64_t key : keys) sched_->drop_parked(key);
+}
+
+void EngineLoop::end_session(LiveRequest& r, FinishReason reason) {
+  const bool completed = reason == FinishReason::kStop || reason == FinishReason::kLength;
+  std::optional<std::vector<int32_t>> history;
+  if (completed) history = std::move(r.session_history);
+  // A failed step may have left the parked state half written; the old history is recomputed.
+  // (A cancelled turn parked nothing: what was parked before it, if still there, stays valid.)
+  if (reason == FinishReason::kError) sched_->drop_parked(r.session);
+  if (!sessions_.end_turn(r.session, std::move(history), absl::Now()))
+    sched_->drop_parked(r.session);  // deleted while the turn ran
+}
+
 void EngineLoop::add_request(EngineInbox::Pending pending) {
   auto r = std::make_unique<LiveRequest>();
   r->id = pending.id;
+  r->session = pending.session;
   r->request = std::move(pending.request);
   r->stream = std::move(pending.stream);
   const SamplingParams& sp = r->request.params;
@@ -219,6 +249,7 @@ void EngineLoop::admit(LiveRequest& r, Choice& c) {
   sr.prompt = r.request.prompt;
   sr.max_new_tokens = r.request.params.max_tokens;
   sr.priority = r.request.priority;
+  sr.park_key = r.session;
   absl::Status st = sched_->add(std::move(sr));
   c.admitted = st.ok();
   if (!st.ok()) finish(r, c, FinishReason::kError, std::string(st.message()));
@@ -338,10 +369,11 @@ void EngineLoop::complete(const StepResult& result) {
   absl::StatusOr<std::vector<FinishedRequest>> done = sched_->complete(result);
   LOOM_CHECK(done.ok(), "scheduler rejected the engine's step result: %s",
              std::string(done.status().message()).c_str());
-  for (const FinishedRequest& f : *done) {
+  for (FinishedRequest& f : *done) {
     LiveRequest* r = find_request(f.request_id);
     if (r == nullptr) continue;
     Choice& c = r->choices[index_of(f.request_id)];
+    if (r->session != 0) r->session_history = std::move(f.tokens);
     // Only a length end is the scheduler's own; the engine recorded every other reason when it
     // reported the sequence finished.
     const FinishReason reason = c.reason != FinishReason::kNone   ? c.reason
@@ -366,6 +398,7 @@ void EngineLoop::finish(LiveRequest& r, Choice& c, FinishReason reason, std::str
   out.completion_tokens = c.generated;
   r.stream->push(std::move(out));
   count_finished(reason, stats_);
+  if (r.session != 0) end_session(r, reason);
   if (--r.open == 0) {
     r.stream->close();
     ++closed_;  // the live count drops with the stats update, so wait_idle() sees final pool counts
@@ -377,6 +410,12 @@ void EngineLoop::publish_stats() {
   stats_.running = sched_->num_running();
   stats_.pages_free = sched_->kv_pool().free_count();
   stats_.slots_free = sched_->slot_pool().free_count();
+  const ParkedSequences& parked = sched_->parked();
+  stats_.sessions_resident = parked.count();
+  stats_.session_pages = parked.pages();
+  stats_.session_slots = parked.slots();
+  stats_.session_bytes = parked.bytes();
+  stats_.session_evictions = parked.evictions();
   inbox_.publish(stats_, closed_);
   closed_ = 0;
 }

@@ -35,16 +35,19 @@ namespace loom {
 class CacheStore;
 class ModelRunner;
 class Scheduler;
+class SessionStore;
 
 class EngineLoop {
  public:
   // Sizes the KV page and state slot pools from options.cache_budget_bytes and builds the
   // scheduler and the model runner. Fails when the budget cannot hold one request. `model`,
-  // `tokenizer` (may be null) and `inbox` must outlive the loop. Publishes the first stats.
+  // `tokenizer` (may be null), `inbox` and `sessions` must outlive the loop. Publishes the first
+  // stats.
   static absl::StatusOr<std::unique_ptr<EngineLoop>> create(const Model& model,
                                                             const Tokenizer* tokenizer,
                                                             const EngineOptions& options,
-                                                            EngineInbox& inbox);
+                                                            EngineInbox& inbox,
+                                                            SessionStore& sessions);
   ~EngineLoop();
 
   // The KV pool's size in pages, the most one request can ever hold (0: no attention layers).
@@ -63,7 +66,7 @@ class EngineLoop {
   struct LiveRequest;
 
   EngineLoop(const EngineOptions& options, const Tokenizer* tokenizer, int64_t vocab,
-             EngineInbox& inbox);
+             EngineInbox& inbox, SessionStore& sessions);
 
   // Intake: new requests become live (their first choices admitted), cancelled ones end.
   void add_request(EngineInbox::Pending pending);
@@ -83,7 +86,14 @@ class EngineLoop {
   void complete(const StepResult& result);
 
   // Publishes a choice's final event; closes the stream after the request's last open choice.
+  // Ends a session turn (end_session).
   void finish(LiveRequest& r, Choice& c, FinishReason reason, std::string error);
+  // A session turn ended with `reason`: a stop or length keeps the sequence's tokens as the
+  // session's history (r.session_history, from the scheduler) and the cache the scheduler parked;
+  // anything else keeps the old history and drops what was parked.
+  void end_session(LiveRequest& r, FinishReason reason);
+  // Drops the cache kept for the sessions deleted or expired since the last pass.
+  void drop_sessions(const std::vector<uint64_t>& keys);
   void publish_stats();
 
   // The live request a scheduler id names; null once it is gone (finished or cancelled).
@@ -95,6 +105,7 @@ class EngineLoop {
   const int64_t vocab_;
   std::vector<int32_t> eos_ids_;
   EngineInbox& inbox_;
+  SessionStore& sessions_;
 
   // Owned by the loop thread (the store first, destroyed last: the runner writes into it).
   std::unique_ptr<CacheStore> store_;
@@ -110,7 +121,8 @@ class EngineLoop {
   std::vector<SampleSlot> slots_;
   std::mt19937_64 seeds_;  // seeds choices whose request brings none
   EngineStats stats_;      // counters and pool totals; publish_stats() adds the gauges
-  int64_t closed_ = 0;     // streams closed since the last publish_stats()
+  absl::Time next_expiry_ = absl::InfiniteFuture();  // the sessions' next ttl expiry
+  int64_t closed_ = 0;  // streams closed since the last publish_stats()
 };
 
 }  // namespace loom

@@ -17,6 +17,10 @@ struct Request {
   SamplingParams params;
   int32_t priority = 0;  // higher first; FCFS within a priority
   std::string tag;       // free text for logs (e.g. the HTTP request id)
+  // Non-empty: a turn of this session (engine/session_store.h). `prompt` holds only the turn's new
+  // tokens; the engine prepends the session's history and continues from the state it kept at
+  // the end of the previous turn. The first turn creates the session. Requires n == 1.
+  std::string session;
 };
 
 // Why a choice ended. kStop: EOS, a stop token or a stop string; kLength: max_tokens; kCancelled:

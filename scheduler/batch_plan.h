@@ -75,6 +75,10 @@ struct FinishedRequest {
   uint64_t request_id = 0;
   SchedFinish cause = SchedFinish::kByEngine;
   int32_t num_output_tokens = 0;
+  // A session turn (SchedRequest::park_key): every token of the sequence (prompt + outputs, the
+  // last output not computed), and whether its pages and slot were parked (false: over budget).
+  std::vector<int32_t> tokens;
+  bool parked = false;
 };
 
 }  // namespace loom

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <optional>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -29,6 +31,7 @@ struct Req {
   std::vector<int32_t> tokens;  // prompt + outputs
   int32_t prompt_len = 0;
   int32_t max_new_tokens = 1;
+  uint64_t park_key = 0;
   bool running = false;
   int32_t num_computed = 0;  // tokens in cache
   int32_t prefill_len = 0;   // tokens known at (re)admission; prefill done at num_computed == it
@@ -69,6 +72,7 @@ struct Scheduler::Impl {
   std::unique_ptr<KvPagePool> kv;
   std::unique_ptr<StateSlotPool> slots;
   std::unique_ptr<PrefixCache> cache;  // null when prefix caching is off
+  std::unique_ptr<ParkedSequences> parked;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Req>> reqs;
   std::map<QueueKey, Req*> waiting;
   std::map<QueueKey, Req*> running;
@@ -82,14 +86,25 @@ struct Scheduler::Impl {
   int32_t bs() const { return cfg.page_size; }
   bool use_ckpts() const { return cache && cfg.has_linear_layers; }
 
+  // Unused prefix-cache entries go first, then parked session sequences (least recently parked
+  // first): a parked sequence is a conversation's whole state, a cache entry one more prefix.
   void ensure_free_pages(int32_t n) {
-    while (kv->free_count() < n && cache && cache->evict_for_page()) {
+    while (kv->free_count() < n && ((cache && cache->evict_for_page()) || parked->evict_lru())) {
     }
   }
   IdPool::Handle alloc_slot() {
-    while (slots->free_count() == 0 && cache && cache->evict_for_slot()) {
+    while (slots->free_count() == 0 &&
+           ((cache && cache->evict_for_slot()) || parked->evict_lru())) {
     }
     return slots->allocate_one();
+  }
+  // Pages eviction might free (an upper bound: parked pages may be shared with the cache).
+  int32_t evictable_pages() const {
+    return (cache ? cache->count_evictable_pages() : 0) + parked->pages();
+  }
+  bool slot_obtainable() const {
+    return slots->free_count() > 0 || (cache && cache->has_evictable_checkpoint()) ||
+           parked->slots() > 0;
   }
 
   void release_resources(Req* r) {
@@ -107,6 +122,21 @@ struct Scheduler::Impl {
     release_resources(r);
     (r->running ? running : waiting).erase(r->key());
     reqs.erase(r->id);  // destroys r
+  }
+
+  // A finished session turn: its full blocks go to the prefix cache (a recompute after an
+  // eviction then starts from them where a checkpoint allows), its pages and slot are parked.
+  bool park(Req* r) {
+    if (cache) {
+      cache->hash_blocks(std::span<const int32_t>(r->tokens).first(r->num_computed), &r->hashes);
+      if (cfg.has_attention_layers)
+        cache->insert(r->tokens, r->hashes, r->num_computed / bs(), r->pages, IdPool::Handle());
+    }
+    ParkedSequence p;
+    p.pages = std::move(r->pages);
+    p.slot = std::move(r->slot);
+    p.num_computed = r->num_computed;
+    return parked->park(r->park_key, std::move(p));
   }
 
   void preempt(Req* v, BatchPlan* plan) {
@@ -198,21 +228,18 @@ struct Scheduler::Impl {
   // chunk's pages are available (after evicting unused prefix-cache entries). Returns the chunk
   // length, or 0 when r was not admitted.
   int32_t admit(Req* r, int32_t budget) {
+    if (r->park_key != 0) {
+      if (std::optional<ParkedSequence> p = parked->take(r->park_key)) {
+        if (p->num_computed < static_cast<int32_t>(r->tokens.size())) return resume(r, *p, budget);
+      }  // else a sequence longer than the turn's tokens: not this session's, dropped
+    }
     PrefixCache::Match m;
     if (cache) {
       cache->hash_blocks(r->tokens, &r->hashes);
       m = cache->match(r->tokens, r->hashes);
     }
     const int32_t known = static_cast<int32_t>(r->tokens.size());
-    std::vector<int32_t> ckpts;
-    if (use_ckpts()) {
-      const int32_t last_full = known / bs();
-      for (int32_t b = 1; b <= last_full; ++b) {
-        if ((b % cfg.checkpoint_interval == 0 || b == last_full) && b * bs() > m.length) {
-          ckpts.push_back(b * bs());
-        }
-      }
-    }
+    std::vector<int32_t> ckpts = checkpoint_positions(known, m.length);
     // The first chunk (the rule of chunk_len: every pending checkpoint lies past m.length).
     int32_t n = std::min(known - m.length, budget);
     if (!ckpts.empty()) n = std::min(n, ckpts.front() - m.length);
@@ -222,14 +249,8 @@ struct Scheduler::Impl {
                                                   : 0;
     // Evict nothing for an admission that cannot succeed anyway (keeps the cache warm while the
     // queue head waits for memory).
-    if (need > kv->free_count() &&
-        (!cache || need > kv->free_count() + cache->count_evictable_pages())) {
-      return 0;
-    }
-    if (cfg.has_linear_layers && slots->free_count() == 0 &&
-        (!cache || !cache->has_evictable_checkpoint())) {
-      return 0;
-    }
+    if (need > kv->free_count() + evictable_pages()) return 0;
+    if (cfg.has_linear_layers && !slot_obtainable()) return 0;
     IdPool::Handle slot;
     if (cfg.has_linear_layers) {
       slot = alloc_slot();
@@ -246,9 +267,58 @@ struct Scheduler::Impl {
     r->pending_hit = m.length;
     r->prefill_len = known;
     r->ckpt_positions = std::move(ckpts);
+    start_running(r);
+    return n;
+  }
+
+  // Checkpoint positions of a prefill of `known` tokens from `start`: every checkpoint_interval-th
+  // block boundary and the last full block's end, past `start`.
+  std::vector<int32_t> checkpoint_positions(int32_t known, int32_t start) const {
+    std::vector<int32_t> ckpts;
+    if (!use_ckpts()) return ckpts;
+    const int32_t last_full = known / bs();
+    for (int32_t b = 1; b <= last_full; ++b) {
+      if ((b % cfg.checkpoint_interval == 0 || b == last_full) && b * bs() > start) {
+        ckpts.push_back(b * bs());
+      }
+    }
+    return ckpts;
+  }
+
+  void start_running(Req* r) {
     waiting.erase(r->key());
     r->running = true;
     running.emplace(r->key(), r);
+  }
+
+  // Admission of a session turn from its parked sequence `p`: its pages and its slot (the state at
+  // exactly p.num_computed) become r's, and the prefill starts there. When the first chunk's pages
+  // cannot be had, `p` goes back to its place and r waits.
+  int32_t resume(Req* r, ParkedSequence& p, int32_t budget) {
+    const int32_t known = static_cast<int32_t>(r->tokens.size());
+    const int32_t start = p.num_computed;
+    std::vector<int32_t> ckpts = checkpoint_positions(known, start);
+    int32_t n = std::min(known - start, budget);
+    if (!ckpts.empty()) n = std::min(n, ckpts.front() - start);
+    if (cfg.has_attention_layers) {
+      const int32_t need = kv->pages_for_tokens(start + n) - static_cast<int32_t>(p.pages.size());
+      if (need > 0) {
+        if (need <= kv->free_count() + evictable_pages()) ensure_free_pages(need);
+        if (!kv->allocate(need, &p.pages)) {
+          parked->put_back(r->park_key, std::move(p));
+          return 0;
+        }
+      }
+    }
+    if (cache) cache->hash_blocks(r->tokens, &r->hashes);
+    r->pages = std::move(p.pages);
+    r->slot = std::move(p.slot);
+    r->restore.reset();
+    r->num_computed = start;
+    r->pending_hit = start;
+    r->prefill_len = known;
+    r->ckpt_positions = std::move(ckpts);
+    start_running(r);
     return n;
   }
 };
@@ -288,6 +358,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::create(const SchedulerConf
     o.hash = c.block_hash;
     m.cache = std::make_unique<PrefixCache>(o);
   }
+  m.parked = std::make_unique<ParkedSequences>(c.parking);
   return s;
 }
 
@@ -316,6 +387,7 @@ absl::Status Scheduler::add(SchedRequest request) {
   r->prompt_len = static_cast<int32_t>(request.prompt.size());
   r->tokens = std::move(request.prompt);
   r->max_new_tokens = request.max_new_tokens;
+  r->park_key = request.park_key;
   m.waiting.emplace(r->key(), r.get());
   m.reqs.emplace(r->id, std::move(r));
   return absl::OkStatus();
@@ -446,7 +518,12 @@ absl::StatusOr<std::vector<FinishedRequest>> Scheduler::complete(const StepResul
     if (res.token) r->tokens.push_back(*res.token);
     if (res.finished || r->num_outputs() >= r->max_new_tokens) {
       const SchedFinish cause = res.finished ? SchedFinish::kByEngine : SchedFinish::kLength;
-      finished.push_back({r->id, cause, r->num_outputs()});
+      FinishedRequest f{r->id, cause, r->num_outputs()};
+      if (r->park_key != 0) {
+        f.parked = m.park(r);
+        f.tokens = std::move(r->tokens);
+      }
+      finished.push_back(std::move(f));
       m.free_request(r);
     }
   }
@@ -461,6 +538,8 @@ const KvPagePool& Scheduler::kv_pool() const { return *impl_->kv; }
 const StateSlotPool& Scheduler::slot_pool() const { return *impl_->slots; }
 const PrefixCache* Scheduler::prefix_cache() const { return impl_->cache.get(); }
 const SchedulerConfig& Scheduler::config() const { return impl_->cfg; }
+const ParkedSequences& Scheduler::parked() const { return *impl_->parked; }
+void Scheduler::drop_parked(uint64_t park_key) { impl_->parked->drop(park_key); }
 
 void Scheduler::for_each_request(const std::function<void(const RequestView&)>& fn) const {
   for (const auto& [id, r] : impl_->reqs) {

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "scheduler/batch_plan.h"
 #include "scheduler/id_pool.h"
+#include "scheduler/parked_sequences.h"
 #include "scheduler/prefix_cache.h"
 
 namespace loom {
@@ -36,6 +37,8 @@ struct SchedulerConfig {
   // of a prompt's last full block). Each one forces a prefill chunk to end there.
   int32_t checkpoint_interval = 8;
   BlockHashFn block_hash = nullptr;  // tests only; nullptr: block_hash_default
+  // What sequences parked between the turns of a session may hold (SchedRequest::park_key).
+  ParkingBudget parking;
 };
 
 struct SchedRequest {
@@ -43,6 +46,13 @@ struct SchedRequest {
   std::vector<int32_t> prompt;  // non-empty
   int32_t max_new_tokens = 1;   // >= 1; the scheduler finishes the request at this many outputs
   int32_t priority = 0;         // higher runs first; FCFS (add order) within a priority
+  // Nonzero: a turn of a session. At admission the request continues from the sequence parked
+  // under this key, if one is (its pages, and its state at exactly its num_computed; REQUIRES:
+  // that sequence's tokens are the prompt's first ones, which the session's owner guarantees);
+  // otherwise it starts as any request does (prefix cache, recompute). When it finishes, its pages
+  // and slot are parked under the key instead of freed (FinishedRequest::parked), and its tokens
+  // are returned. Preemption and cancel() free them as for any request.
+  uint64_t park_key = 0;
 };
 
 // Read-only view of a live request, for the engine's metrics and for tests.
@@ -89,6 +99,9 @@ class Scheduler {
   const KvPagePool& kv_pool() const;
   const StateSlotPool& slot_pool() const;
   const PrefixCache* prefix_cache() const;  // null when prefix caching is off
+  // Sequences parked between session turns; drop_parked() forgets one (no-op when none is).
+  const ParkedSequences& parked() const;
+  void drop_parked(uint64_t park_key);
   const SchedulerConfig& config() const;
   void for_each_request(const std::function<void(const RequestView&)>& fn) const;
 
