@@ -56,6 +56,7 @@
 #include "server/chat_request.h"
 #include "server/grpc_convert.h"
 #include "server/metrics.h"
+#include "server/readiness.h"
 #include "server/stream_pump.h"
 
 namespace loom {
@@ -268,6 +269,8 @@ struct GrpcServer::Impl final : public RawLoomService {
   AdmissionGate* const gate;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
+  Readiness* readiness = nullptr;  // options.readiness, until shutdown() unsubscribes
+  int readiness_listener = 0;
   // After `server`: the calls its jobs hold die before gRPC does.
   const std::unique_ptr<StreamPump> own_pump;  // when the options bring none
   StreamPump* const pump;
@@ -680,9 +683,21 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::start(
   impl->server = builder.BuildAndStart();
   if (!impl->server || impl->port == 0)
     return absl::UnavailableError(absl::StrCat("gRPC: cannot listen on ", host, ":", options.port));
-  // Health: the server as a whole ("") and the service by name, both SERVING until shutdown().
-  impl->server->GetHealthCheckService()->SetServingStatus(true);
-  impl->server->GetHealthCheckService()->SetServingStatus(v1::Loom::service_full_name(), true);
+  // Health: the server as a whole ("") and the service by name, following the readiness when
+  // there is one. Set under mu, as begin_drain() does, and never after it: the drain is final.
+  // Watch streams hear every set, so each change is set once, for every service at once.
+  impl->server->GetHealthCheckService()->SetServingStatus(v1::Loom::service_full_name(), false);
+  Impl* const s = impl.get();
+  auto set_serving = [s](bool serving) {
+    absl::MutexLock lock(&s->mu);
+    if (!s->draining) s->server->GetHealthCheckService()->SetServingStatus(serving);
+  };
+  if (options.readiness != nullptr) {
+    impl->readiness = options.readiness;
+    impl->readiness_listener = options.readiness->subscribe(set_serving);
+  } else {
+    set_serving(true);
+  }
   return std::unique_ptr<GrpcServer>(new GrpcServer(std::move(impl)));
 }
 
@@ -693,9 +708,9 @@ void GrpcServer::begin_drain() {
     absl::MutexLock lock(&s.mu);
     if (s.draining) return;
     s.draining = true;
+    // Every service, the server as a whole ("") included.
+    s.server->GetHealthCheckService()->SetServingStatus(false);
   }
-  // Every service, the server as a whole ("") included.
-  s.server->GetHealthCheckService()->SetServingStatus(false);
 }
 
 int64_t GrpcServer::in_flight() const {
@@ -708,6 +723,7 @@ void GrpcServer::shutdown() {
   absl::MutexLock shutdown_lock(&s.shutdown_mu);
   if (s.shut_down) return;
   s.shut_down = true;
+  if (s.readiness != nullptr) s.readiness->unsubscribe(s.readiness_listener);
   begin_drain();
   std::vector<std::shared_ptr<StreamCall>> calls;
   {

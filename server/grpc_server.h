@@ -17,6 +17,7 @@ namespace loom {
 class AdmissionGate;  // server/admission.h
 class Metrics;        // server/metrics.h (may be absent from the build; then pass null)
 class StreamPump;     // server/stream_pump.h
+class Readiness;      // server/readiness.h
 
 struct GrpcServerOptions {
   std::string host = "127.0.0.1";
@@ -37,6 +38,10 @@ struct GrpcServerOptions {
   // How Chat renders prompts and reads replies: loom-server passes the HTTP frontend's (one
   // load_chat_setup for both). The default is the native family's built-in template and syntax.
   ChatSetup chat;
+  // Health (grpc.health.v1, the server as a whole and loom.v1.Loom) follows it: NOT_SERVING until
+  // ready, SERVING while ready, NOT_SERVING from the drain on. It must outlive the server. Null:
+  // SERVING from start() to the drain.
+  Readiness* readiness = nullptr;
 };
 
 class GrpcServer {

@@ -11,6 +11,7 @@
 #include "nlohmann/json.hpp"
 #include "server/chat_request.h"
 #include "server/openai_request.h"
+#include "server/readiness.h"
 
 namespace loom {
 namespace {
@@ -130,6 +131,18 @@ bool is_loopback_name(std::string_view name) {
     }
   }
   return octets == 4;
+}
+
+// GET /ready (server/readiness.h): 200 once every start-up check passed, 503 before and from the
+// drain on, with the checks in the body either way.
+HttpReply ready_reply(const HttpContext& ctx) {
+  const Readiness* readiness = ctx.options.readiness;
+  if (ctx.draining && (readiness == nullptr || !readiness->draining())) {
+    return json_reply(503, dump({{"status", "draining"},
+                                 {"reason", "the server is draining: it takes no new requests"}}));
+  }
+  if (readiness == nullptr) return json_reply(200, dump({{"status", "ready"}}));
+  return json_reply(readiness->ready() ? 200 : 503, readiness->to_json());
 }
 
 HttpReply tokenize(const HttpContext& ctx, std::string_view body) {
@@ -331,6 +344,7 @@ RouteResult handle_request(HttpContext& ctx, const HttpRequestView& request) {
       {"/v1/models", false},     {"/health", false},
       {"/metrics", false},       {"/tokenize", true},
       {"/detokenize", true},     {"/v1/models/{id}", false},
+      {"/ready", false},
   };
   const Route* route = nullptr;
   for (const Route& r : kRoutes) {
@@ -347,7 +361,7 @@ RouteResult handle_request(HttpContext& ctx, const HttpRequestView& request) {
   }
   // The key guards everything but the probes a supervisor and a scraper need (the gRPC frontend
   // leaves grpc.health.v1 open likewise).
-  if (path != "/health" && path != "/metrics" && !ctx.options.api_key.empty()) {
+  if (path != "/health" && path != "/ready" && path != "/metrics" && !ctx.options.api_key.empty()) {
     if (!api_key_matches(request.authorization, ctx.options.api_key)) {
       ApiError e = make_api_error(401, "missing or wrong API key (Authorization: Bearer ...)");
       e.code = "invalid_api_key";
@@ -369,6 +383,10 @@ RouteResult handle_request(HttpContext& ctx, const HttpRequestView& request) {
   }
   if (path == "/health") {
     result.reply = ctx.draining ? error(503, "draining") : json_reply(200, "{\"status\":\"ok\"}");
+    return result;
+  }
+  if (path == "/ready") {
+    result.reply = ready_reply(ctx);
     return result;
   }
   if (path == "/metrics") {

@@ -16,6 +16,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "engine/engine.h"
@@ -27,6 +28,7 @@
 #include "server/chat_setup.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
+#include "server/readiness.h"
 #include "server/server_options.h"
 #ifdef LOOM_WITH_GRPC
 #include "server/grpc_server.h"
@@ -98,6 +100,14 @@ int main(int argc, char** argv) {
           ? loom::Model::load_random(options->model_path, *options->random_weights, placement)
           : loom::Model::load(dir, placement);
   if (!model.ok()) return fail(absl::StrCat("loading ", options->model_path), model.status());
+  // GET /ready and gRPC health report these start-up checks (server/readiness.h).
+  loom::Readiness readiness;
+  readiness.pass(
+      loom::Readiness::Check::kModel,
+      absl::StrFormat("%s: %.3f GB of parameters on %s, loaded in %.2f s",
+                      (*model)->config().model_type, (*model)->parameters().bytes() / 1e9,
+                      (*model)->placement().describe(),
+                      absl::ToDoubleSeconds(absl::Now() - load_start)));
   if (options->random_weights) {
     std::printf(
         "loom-server: random weights (seed %llu) for %s: %.3f GB of parameters on %s, filled "
@@ -134,6 +144,16 @@ int main(int argc, char** argv) {
   if (const auto& graphs = (*engine)->graph_capture()) {
     std::printf("loom-server: %s\n", graphs->describe().c_str());
   }
+  readiness.pass(
+      loom::Readiness::Check::kWorkspace,
+      (*engine)->memory_plan()
+          ? (*engine)->memory_plan()->describe()
+          : absl::StrCat("cache budget given: ", options->engine.cache_budget_bytes >> 20, " MiB"));
+  readiness.pass(loom::Readiness::Check::kCudaGraphs,
+                 (*engine)->graph_capture() ? (*engine)->graph_capture()->describe()
+                 : !options->engine.cuda_graphs
+                     ? std::string("off (--cuda_graphs=false)")
+                     : absl::StrCat("none on ", loom::device_name(*device)));
   {
     const loom::EngineStats st = (*engine)->stats();
     std::printf(
@@ -149,6 +169,7 @@ int main(int argc, char** argv) {
   loom::Metrics metrics;
   // One admission and drain gate for both frontends (server/admission.h).
   loom::AdmissionGate admission(options->engine.max_num_seqs, options->http.max_queue);
+  options->http.readiness = &readiness;
   auto http =
       loom::HttpServer::start(**engine, tokenizer, *chat, &metrics, options->http, admission);
   if (!http.ok()) return fail("starting HTTP", http.status());
@@ -163,12 +184,20 @@ int main(int argc, char** argv) {
     g.admission = &admission;
     g.pump = &(*http)->pump();  // one set of --pump_threads for both frontends; HTTP stops it last
     g.chat = *chat;             // Chat renders and reads replies as HTTP does
+    g.readiness = &readiness;
     auto started =
         loom::GrpcServer::start(**engine, tokenizer, options->http.served_model_name, &metrics, g);
     if (!started.ok()) return fail("starting gRPC", started.status());
     grpc = std::move(started).value();
   }
 #endif
+
+  // Before the "listening" lines: whoever waits for them finds the server ready.
+  std::string listening = absl::StrCat("http ", options->http.host, ":", (*http)->port());
+#ifdef LOOM_WITH_GRPC
+  if (grpc) absl::StrAppend(&listening, ", grpc ", options->http.host, ":", grpc->port());
+#endif
+  readiness.pass(loom::Readiness::Check::kFrontends, listening);
 
   std::printf("loom-server: cpu blas %s\n", loom::cpu::blas_description().c_str());
   if (loom::cpu::blas_uses_own_thread_pool() && std::getenv("OMP_WAIT_POLICY") == nullptr) {
@@ -213,6 +242,7 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "loom-server: %s: draining (up to %g s, %lld requests in flight)\n",
                sig == SIGTERM ? "SIGTERM" : "SIGINT", options->drain_timeout_s,
                static_cast<long long>(admission.in_use()));
+  readiness.begin_drain();
   admission.begin_drain();
   (*http)->begin_drain();
 #ifdef LOOM_WITH_GRPC

@@ -13,6 +13,8 @@
 
 namespace loom {
 
+class Readiness;  // server/readiness.h
+
 // How the HTTP frontend listens and what it accepts.
 struct HttpOptions {
   std::string host = "127.0.0.1";
@@ -34,6 +36,9 @@ struct HttpOptions {
   bool untrained = false;         // the model dir has an UNTRAINED marker
   // Host header names accepted besides loopback ones ("*": any); see host_allowed().
   std::vector<std::string> allowed_hosts;
+  // What GET /ready reports (set by main.cc, not a flag; must outlive the server). Null: ready
+  // from the start (the engine exists) until the drain.
+  const Readiness* readiness = nullptr;
 };
 
 // --reasoning_parser: whether chat replies have their reasoning block split off.
