@@ -10,7 +10,7 @@ JOBS ?= $(shell nproc)
 DEB_PACKAGES := cmake ninja-build g++ pkg-config libabsl-dev nlohmann-json3-dev libopenblas-openmp-dev \
   libpcre2-dev libutf8proc-dev libgtest-dev libgmock-dev libbenchmark-dev \
   libboost-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc \
-  python3-grpcio python3-protobuf curl gnuplot-nox
+  python3-grpcio python3-protobuf python3-yaml yamllint curl gnuplot-nox
 # Node.js and npm (for the openai SDK integration test) come with this machine kind, not from
 # Debian: the Debian npm package conflicts with them. `openai-sdk` (part of `make test`) installs
 # the pinned SDK into build/npm-openai when node and npm exist; the test then runs offline, FAILS
