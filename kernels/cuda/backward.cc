@@ -7,10 +7,10 @@
 #include <numeric>
 #include <vector>
 
-#include "kernels/activation.h"
+#include "kernels/cuda/activation.h"
 #include "kernels/cuda/backward_launch.h"
 #include "kernels/cuda/device.h"
-#include "kernels/gemm.h"
+#include "kernels/cuda/gemm.h"
 
 namespace loom::cuda {
 namespace {
@@ -383,17 +383,17 @@ void moe_grouped_swiglu_backward(const Exec& ex, const Tensor& x, const Tensor& 
     const Tensor h = buf.select(2).slice(0, 0, n), dg = buf.select(3).slice(0, 0, n),
                  du = buf.select(4).slice(0, 0, n);
     if (!kept) {
-      ::loom::linear_forward(ex, xe, wg, ge);
-      ::loom::linear_forward(ex, xe, wu, ue);
+      linear_forward(ex, xe, wg, ge, 0.0f);
+      linear_forward(ex, xe, wu, ue, 0.0f);
     }
-    ::loom::silu_mul_forward(ex, ge, ue, h);
-    ::loom::matmul(ex, dye, false, wd, false, dg);              // d_h = d_ye @ Wd
-    ::loom::matmul(ex, dye, true, h, false, dwd, 1.0f, 1.0f);   // d_Wd += d_ye^T @ h
-    ::loom::silu_mul_backward(ex, ge, ue, dg, dg, du);          // (dg, du) from d_h
-    ::loom::matmul(ex, dg, false, wg, false, dxe);              // d_xe = dg @ Wg
-    ::loom::matmul(ex, du, false, wu, false, dxe, 1.0f, 1.0f);  //      + du @ Wu
-    ::loom::matmul(ex, dg, true, xe, false, dwg, 1.0f, 1.0f);   // d_Wg += dg^T @ xe
-    ::loom::matmul(ex, du, true, xe, false, dwu, 1.0f, 1.0f);   // d_Wu += du^T @ xe
+    silu_mul_forward(ex, ge, ue, h);
+    matmul(ex, dye, false, wd, false, dg, 1.0f, 0.0f);  // d_h = d_ye @ Wd
+    matmul(ex, dye, true, h, false, dwd, 1.0f, 1.0f);   // d_Wd += d_ye^T @ h
+    silu_mul_backward(ex, ge, ue, dg, dg, du);          // (dg, du) from d_h
+    matmul(ex, dg, false, wg, false, dxe, 1.0f, 0.0f);  // d_xe = dg @ Wg
+    matmul(ex, du, false, wu, false, dxe, 1.0f, 1.0f);  //      + du @ Wu
+    matmul(ex, dg, true, xe, false, dwg, 1.0f, 1.0f);   // d_Wg += dg^T @ xe
+    matmul(ex, du, true, xe, false, dwu, 1.0f, 1.0f);   // d_Wu += du^T @ xe
   }
 }
 
