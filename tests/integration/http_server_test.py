@@ -750,9 +750,11 @@ def test_concurrent_streams(port, headers, deterministic):
     differing_under_load = []
 
     def client(i):
-        body = {"prompt": "client %d says" % i, "max_tokens": 32, "seed": 1000 + i, "stream": True,
-                "ignore_eos": True}
         disconnect = 3 if i % 4 == 0 else None
+        # A client that disconnects asks for many tokens, so that its disconnect always comes
+        # before its end (32 tokens on a GPU can all be written before the client closes).
+        body = {"prompt": "client %d says" % i, "max_tokens": 32 if disconnect is None else 2000,
+                "seed": 1000 + i, "stream": True, "ignore_eos": True}
         try:
             results[i] = stream(port, "/v1/completions", body, disconnect_after=disconnect, headers=headers)
         except Exception as e:  # noqa: BLE001
