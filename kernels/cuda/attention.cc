@@ -5,6 +5,7 @@
 //        attention_mla_tc.cu or attention_simt.cu), combine + out of latent space (attention.cu).
 #include "kernels/cuda/attention.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <optional>
@@ -17,11 +18,16 @@ namespace {
 
 // Sequences of at most this many new rows split their keys (decode, a few draft tokens).
 constexpr int kSplitRows = 8;
-// Default split sizes. MLA: a split's partial (H x R f32, 64 KB at 32 heads) is ~5% of the
+// Per-length split sizes. MLA: a split's partial (H x R f32, 64 KB at 32 heads) is ~5% of the
 // 1.2 MB of bf16 cache that 1024 keys hold, and a 128K context still makes 128 splits. GQA: a
 // partial is Hq x dv floats, small against 256 keys of K and V.
 constexpr int kMlaMinChunk = 1024, kMlaMaxSplits = 128;
 constexpr int kGqaMinChunk = 256, kGqaMaxSplits = 64;
+// Occupancy-aware MLA splits (tensor-core paths, default mode): partial slots a call may use, in
+// waves of the persistent kernel's concurrent items. The schedule's cost model never wants
+// more than a few waves of split items (each costs a partial), and the cap bounds the
+// workspace by the machine instead of by batch x 128 splits (512 MB at batch 64).
+constexpr int kMlaPartWaves = 16;
 
 size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
@@ -182,7 +188,7 @@ void gqa(const Exec& ex, const Tensor& q, const Tensor& k_pool, const Tensor& v_
   const cudaStream_t stream = stream_of(ex);
   launch::attn_schedule(stream, policy, a.cu, a.past, N, B, a.sched);
   launch::attn_simt(stream, a, qpw, bounds.items);
-  launch::attn_combine(stream, a, bounds.split_rows);
+  launch::attn_combine(stream, a, bounds.split_rows, /*spread=*/false);
 }
 
 // ---- MLA ------------------------------------------------------------------------------------
@@ -287,6 +293,23 @@ LatentPlan plan_latent(const char* fn, const Exec& ex, const MlaCall& c, const A
     rows_per_item = launch::attn_simt_shape(c.a, 4).rows_per_item;
   }
   p.policy = policy_for(ex, t, rows_per_item, key_block, kMlaMinChunk, kMlaMaxSplits);
+  // The default mode's tensor-core paths size their splits by the batch (attention_launch.h,
+  // AttnPolicy): the floor one key tile, the rest chosen on the device from the lengths.
+  if (p.policy.split_rows > 0 && p.path != LatentPath::kSimt && t.split != 1 && t.min_chunk == 0) {
+    const int64_t htiles = (c.a.heads + 31) / 32;  // both kernels take 32 heads a unit
+    const int64_t resident = p.path == LatentPath::kWgmma ? launch::mla_wgmma_resident(p.bn)
+                                                          : launch::mla_tc_resident(p.bn, p.stages);
+    const int64_t key_bytes = static_cast<int64_t>(c.a.d1 + c.a.d2) * 2;  // bf16 pools
+    launch::AttnPolicy& q = p.policy;
+    q.min_chunk = key_block;
+    q.wave_items = static_cast<int>(std::max<int64_t>(1, resident / htiles));
+    // A unit stages 32 heads of f32 queries; a partial is H x R f32, written then read back.
+    q.unit_keys =
+        static_cast<int>((int64_t{32} * (c.a.d1 + c.a.d2) * 4 + key_bytes - 1) / key_bytes);
+    q.part_keys = static_cast<int>((2 * int64_t{c.a.heads} * c.a.dv * 4 + htiles * key_bytes - 1) /
+                                   (htiles * key_bytes));
+    q.max_parts = std::max(kMlaPartWaves * q.wave_items, q.max_splits);
+  }
   p.bounds = launch::attn_bounds(p.policy, c.N, c.B, c.a.max_pages * c.a.page_size);
   check_bounds(fn, p.bounds, c.N, c.a.max_pages * c.a.page_size);
   return p;
@@ -364,8 +387,15 @@ void mla(const Exec& ex, const Tensor& q, const Tensor& latent_pool, const Tenso
   const bool act_bf16 = q.dtype() == DType::kBF16;
   launch::mla_absorb_q(stream, q.raw(), act_bf16, kv_b.data<float>(), q_lat, N, H, dn, dr, dv, R);
   run_latent(stream, a, p, N, c.B);
-  launch::mla_project_out(stream, o_lat, a.part_acc, a.part_ml, a.sched, kv_b.data<float>(),
-                          out.raw(), act_bf16, N, H, dn, dv, R);
+  // Few rows: the projection splits each row's value dims over several blocks, each of which
+  // would combine the row's partials again; combine them once, into o_lat, first.
+  // Only where splits are sized by the batch already (occupancy): elsewhere a row's bits must not
+  // depend on how many rows come with it, and this choice does.
+  const bool by_batch = p.policy.wave_items > 0;
+  const bool combine_first = by_batch && N <= 16 && p.bounds.split_rows > 0;
+  if (combine_first) launch::attn_combine(stream, a, p.bounds.split_rows, /*spread=*/true);
+  launch::mla_project_out(stream, o_lat, combine_first ? nullptr : a.part_acc, a.part_ml, a.sched,
+                          kv_b.data<float>(), out.raw(), act_bf16, N, H, dn, dv, R);
 }
 
 }  // namespace
@@ -433,7 +463,7 @@ void mla_latent_attention_varlen(const Exec& ex, const Tensor& q_lat, const Tens
   a.o = o_lat.raw();
   const cudaStream_t stream = stream_of(ex);
   run_latent(stream, a, p, N, c.B);
-  launch::attn_combine(stream, a, p.bounds.split_rows);
+  launch::attn_combine(stream, a, p.bounds.split_rows, /*spread=*/p.policy.wave_items > 0);
 }
 
 }  // namespace loom::cuda

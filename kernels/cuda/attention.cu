@@ -89,21 +89,120 @@ __device__ __forceinline__ int64_t policy_chunk(const launch::AttnPolicy& p, int
   return launch::keys_per_split(p, L);
 }
 
+__device__ __forceinline__ uint32_t cdiv32(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
+
+// The occupancy-aware choice of min_chunk for a call (policy.wave_items > 0): candidate k splits
+// the longest splittable sequence (Lmax keys) into k + 1 chunks, c_k = max(floor,
+// ceil(Lmax / (k + 1)) rounded up to the key tile), and every other sequence by the same
+// min_chunk. Its estimated time, in keys of one persistent block's traffic:
+//   ceil(U / W) * (u + unit_keys) + part_keys * P / W
+// U: items; W: items that run at once; u: the longest split sequence's chunk (the longest item
+// of a wave); P: partial slots (each written and read back once). The least estimate wins,
+// ties to fewer splits; a candidate needing more than max_parts slots is out (k = 0 never
+// splits, so one always fits). Warp w weighs candidates w, w + 32, ...; lanes the sequences.
+// 32-bit arithmetic: the host refuses contexts of 2^31 keys. Contains __syncthreads.
+__device__ int64_t choose_chunk(const launch::AttnPolicy& p, const int64_t* cuv, const int64_t* pv,
+                                int64_t B, int64_t* est_s, int64_t* red_s) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const uint32_t srows = static_cast<uint32_t>(p.split_rows);
+  // Sequence b's new rows T and its last row's visible keys (the host bounds both below 2^31).
+  auto length = [&](int64_t b, uint32_t& T) {
+    const int64_t t = cuv[b + 1] - cuv[b];
+    T = static_cast<uint32_t>(t < 0 ? 0 : (t > INT32_MAX ? INT32_MAX : t));
+    const int64_t L = pv[b] + t;
+    return static_cast<uint32_t>(L < 0 ? 0 : (L > INT32_MAX ? INT32_MAX : L));
+  };
+  uint32_t lmax = 0;
+  for (int64_t b = tid; b < B; b += kSchedThreads) {
+    uint32_t T;
+    const uint32_t L = length(b, T);
+    if (T >= 1 && T <= srows) lmax = max(lmax, L);
+  }
+  for (int o = 16; o > 0; o >>= 1) lmax = max(lmax, __shfl_xor_sync(0xffffffffu, lmax, o));
+  if (lane == 0) red_s[warp] = lmax;
+  __syncthreads();
+  lmax = 0;
+  for (int w = 0; w < kSchedThreads / 32; ++w) lmax = max(lmax, static_cast<uint32_t>(red_s[w]));
+  const uint32_t kb = static_cast<uint32_t>(p.key_block),
+                 floor = static_cast<uint32_t>(p.min_chunk);
+  if (lmax <= floor) return p.min_chunk;  // nothing splits anyway
+  const int nc = static_cast<int>(min(static_cast<uint32_t>(p.max_splits), cdiv32(lmax, floor)));
+  const uint32_t rpi = static_cast<uint32_t>(p.rows_per_item);
+  const uint32_t msplits = static_cast<uint32_t>(p.max_splits);
+  const int64_t W = p.wave_items;
+  for (int k = warp; k < nc; k += kSchedThreads / 32) {
+    const uint32_t c = max(floor, cdiv32(cdiv32(lmax, k + 1), kb) * kb);
+    uint32_t items = 0, parts = 0, umax = 0;
+    for (int64_t b = lane; b < B; b += 32) {
+      uint32_t T;
+      const uint32_t L = length(b, T);
+      if (T == 0) continue;
+      if (T > srows) {  // never splits: a unit per row tile
+        items += cdiv32(T, rpi);
+        continue;
+      }
+      // keys_per_split with min_chunk = c, in 32 bits.
+      uint32_t n = min(cdiv32(L, c), msplits), chunk = 0;
+      if (n > 1) chunk = cdiv32(cdiv32(L, n), kb) * kb;
+      if (chunk == 0) {
+        items += cdiv32(T, rpi);
+        umax = max(umax, L);
+        continue;
+      }
+      umax = max(umax, chunk);
+      const uint32_t P = L - T;
+      for (uint32_t t0 = 0; t0 < T; t0 += rpi) items += cdiv32(P + min(T, t0 + rpi), chunk);
+      for (uint32_t i = 0; i < T; ++i) {
+        const uint32_t ns = cdiv32(P + i + 1, chunk);
+        if (ns > 1) parts += ns;
+      }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      items += __shfl_xor_sync(0xffffffffu, items, o);
+      parts += __shfl_xor_sync(0xffffffffu, parts, o);
+      umax = max(umax, __shfl_xor_sync(0xffffffffu, umax, o));
+    }
+    if (lane == 0) {
+      const bool fits = p.max_parts <= 0 || parts <= static_cast<uint32_t>(p.max_parts);
+      est_s[k] = fits ? (static_cast<int64_t>(items) + W - 1) / W * (umax + p.unit_keys) +
+                            static_cast<int64_t>(p.part_keys) * parts / W
+                      : INT64_MAX;
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int best = 0;
+    for (int k = 1; k < nc; ++k)
+      if (est_s[k] < est_s[best]) best = k;
+    red_s[0] = max(floor, cdiv32(cdiv32(lmax, best + 1), kb) * kb);
+  }
+  __syncthreads();
+  const int64_t chosen = red_s[0];
+  __syncthreads();  // red_s is read by every thread before anyone reuses it
+  return chosen;
+}
+
 __global__ void __launch_bounds__(kSchedThreads)
-    attn_schedule_kernel(const launch::AttnPolicy p, const int64_t* __restrict__ cu,
+    attn_schedule_kernel(launch::AttnPolicy p, const int64_t* __restrict__ cu,
                          const int64_t* __restrict__ past, int64_t N, int64_t B,
                          const launch::AttnSchedule s) {
   __shared__ int32_t warp_tot[3][32];
   __shared__ int32_t carry[3];
   __shared__ int64_t cu_s[kSchedCachedCu + 1];
+  __shared__ int64_t past_s[kSchedCachedCu];
+  __shared__ int64_t est_s[256], red_s[kSchedThreads / 32];
   const int tid = threadIdx.x;
   const bool cached = B <= kSchedCachedCu;
   if (cached) {
     for (int64_t b = tid; b <= B; b += kSchedThreads) cu_s[b] = cu[b];
+    if (p.wave_items > 0)
+      for (int64_t b = tid; b < B; b += kSchedThreads) past_s[b] = past[b];
   }
   if (tid < 3) carry[tid] = 0;
   __syncthreads();
   const int64_t* cuv = cached ? cu_s : cu;
+  if (p.wave_items > 0 && p.split_rows > 0)
+    p.min_chunk = static_cast<int>(choose_chunk(p, cuv, cached ? past_s : past, B, est_s, red_s));
   const int64_t rpi = p.rows_per_item;
 
   // Phase 1: per sequence, its item, part and split-row counts; exclusive offsets by scan.
@@ -230,22 +329,41 @@ __device__ __forceinline__ float split_weights(const float* __restrict__ part_ml
   return den;
 }
 
-// Block (split row, head): the row's output columns from its partials.
-__global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(const launch::AttnArgs a) {
-  __shared__ float w[kCombineThreads], lw[kCombineThreads];
+// Block (split row, head, slice of `cols` columns): the row's output columns from its partials.
+// With cols < kCombineThreads the threads form kCombineThreads / cols groups: group g sums the
+// splits g, g + groups, ... in order, then group 0 adds the groups' sums in group order (cols
+// and so the order follow from host-known sizes alone: the same for every replay of a graph).
+__global__ void __launch_bounds__(kCombineThreads)
+    attn_combine_kernel(const launch::AttnArgs a, int cols) {
+  __shared__ float w[kCombineThreads], lw[kCombineThreads], red[kCombineThreads];
   const int32_t count = a.sched.counts[1];
   const int H = a.heads, dv = a.dv, h = blockIdx.y;
+  const int groups = kCombineThreads / cols, cl = threadIdx.x % cols, g = threadIdx.x / cols;
   for (int32_t idx = blockIdx.x; idx < count; idx += gridDim.x) {
     const int64_t r = a.sched.split_row_list[idx];
     const int ns = a.sched.row_nsplit[r];
     const int64_t p0 = a.sched.row_part[r];
     const float den = split_weights(a.part_ml, p0, ns, H, h, w, lw);
-    for (int c = threadIdx.x; c < dv; c += kCombineThreads) {
+    for (int c0 = blockIdx.z * cols; c0 < dv; c0 += gridDim.z * cols) {
+      const int c = c0 + cl;
       float num = 0.0f;
+      if (c < dv) {
 #pragma unroll 16  // independent loads in flight; the sum stays in split order
-      for (int sp = 0; sp < ns; ++sp)
-        num = fmaf(w[sp], a.part_acc[((p0 + sp) * H + h) * dv + c], num);
-      store_act(a.o, r * a.o_row + h * a.o_head + c, num / den, a.o_bf16);
+        for (int sp = g; sp < ns; sp += groups)
+          num = fmaf(w[sp], a.part_acc[((p0 + sp) * H + h) * dv + c], num);
+      }
+      if (groups == 1) {
+        if (c < dv) store_act(a.o, r * a.o_row + h * a.o_head + c, num / den, a.o_bf16);
+        continue;
+      }
+      red[threadIdx.x] = num;
+      __syncthreads();
+      if (g == 0 && c < dv) {
+        float sum = red[cl];
+        for (int k = 1; k < groups; ++k) sum += red[k * cols + cl];
+        store_act(a.o, r * a.o_row + h * a.o_head + c, sum / den, a.o_bf16);
+      }
+      __syncthreads();  // red is rewritten by the next slice
     }
   }
 }
@@ -325,7 +443,8 @@ constexpr int kProjectThreads = 256;
 
 // out[t, h, v] = sum_k o_lat[t, h, k] W[h * (dn + dv) + dn + v, k]: a warp per v, lanes over k
 // (four consecutive k per lane and step when R % 4 == 0), then an xor-shuffle sum. The block's TM
-// rows of o_lat are staged first, combined from their partials for split rows.
+// rows of o_lat are staged first, combined from their partials for split rows (part_acc null:
+// o_lat holds every row combined already).
 template <int TM>
 __global__ void __launch_bounds__(kProjectThreads)
     mla_project_out_kernel(const float* __restrict__ o_lat, const float* __restrict__ part_acc,
@@ -343,7 +462,7 @@ __global__ void __launch_bounds__(kProjectThreads)
       for (int k = threadIdx.x; k < R; k += kProjectThreads) dst[k] = 0.0f;
       continue;
     }
-    const int ns = sched.row_nsplit[t];
+    const int ns = part_acc == nullptr ? 1 : sched.row_nsplit[t];
     if (ns <= 1) {
       const float* src = o_lat + (t * H + h) * R;
       for (int k = threadIdx.x; k < R; k += kProjectThreads) dst[k] = src[k];
@@ -458,6 +577,7 @@ AttnBounds attn_bounds(const AttnPolicy& p, int64_t N, int64_t B, int64_t max_co
   b.items = tiles + split_tiles * (max_splits - 1);
   b.split_rows = rows;
   b.parts = rows * max_splits;
+  if (p.wave_items > 0 && p.max_parts > 0 && b.parts > p.max_parts) b.parts = p.max_parts;
   return b;
 }
 
@@ -492,11 +612,18 @@ void attn_schedule(cudaStream_t stream, const AttnPolicy& policy, const int64_t*
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
-void attn_combine(cudaStream_t stream, const AttnArgs& a, int64_t max_split_rows) {
+void attn_combine(cudaStream_t stream, const AttnArgs& a, int64_t max_split_rows, bool spread) {
   if (max_split_rows <= 0) return;
-  const dim3 grid(static_cast<unsigned>(max_split_rows < 65536 ? max_split_rows : 65536),
-                  static_cast<unsigned>(a.heads));
-  attn_combine_kernel<<<grid, kCombineThreads, 0, stream>>>(a);
+  const int64_t rows = max_split_rows < 65536 ? max_split_rows : 65536;
+  // Enough blocks to keep every multiprocessor's loads in flight when few rows split (a batch
+  // of 1 at 128K keys: 32 (row, head) blocks would read its 8 MB of partials at ~0.4 TB/s).
+  constexpr int64_t kWantBlocks = 512;
+  int cols = kCombineThreads;
+  while (spread && cols > 32 && rows * a.heads * ((a.dv + cols - 1) / cols) < kWantBlocks)
+    cols /= 2;
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(a.heads),
+                  static_cast<unsigned>((a.dv + cols - 1) / cols));
+  attn_combine_kernel<<<grid, kCombineThreads, 0, stream>>>(a, cols);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 

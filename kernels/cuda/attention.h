@@ -43,7 +43,9 @@ void mla_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& latent_
 struct AttentionTuning {
   int mla_path = 0;    // 0: by shape; 1: CUDA cores; 2: tensor cores, mma.sync; 3: tensor cores,
                        // TMA + wgmma (Hopper); 2 and 3 need what they need
-  int min_chunk = 0;   // keys per split at least
+  int split = 0;       // 0: by path (MLA on tensor cores: by the batch's occupancy, the others
+                       // by each sequence's length); 1: by each sequence's length alone
+  int min_chunk = 0;   // keys per split at least (implies split = 1)
   int max_splits = 0;  // splits at most (1: never split)
   int tc_keys = 0;     // tensor-core key tile: 32 or 64
   int tc_stages = 0;   // mma.sync tile buffers: 2 (64 keys) or 3, 4 (32 keys); wgmma: fixed

@@ -23,16 +23,33 @@ namespace loom::cuda::launch {
 // rows (decode, a few draft tokens) splits its keys into chunks of keys_per_split(L) keys (L: its
 // last row's visible length), each chunk an item of its own, combined afterwards
 // (flash-decoding); other sequences never split. split_rows = 0: nothing splits.
+//
+// Two ways to size the chunks:
+//  - per length (wave_items = 0): min_chunk as given, so a row's split, and with it its bits,
+//    depend on its own length alone (the GQA and CUDA-core paths; the tensor-core MLA paths when
+//    a test or benchmark asks for it);
+//  - by occupancy (wave_items > 0; MLA on tensor cores in the default mode): the schedule kernel
+//    picks one min_chunk for the whole call from every sequence's length (choose_chunk in
+//    attention.cu), so that the items fill the persistent kernel's wave_items concurrent items
+//    a whole number of times without splitting more than that needs. min_chunk is then the
+//    floor of that choice. A row's bits then depend on the other sequences' lengths: the
+//    batch-invariant mode never splits, so it is unaffected.
 struct AttnPolicy {
   int rows_per_item = 1;
   int split_rows = 0;
   int min_chunk = 512;  // keys per split at least; a multiple of key_block
   int max_splits = 64;
   int key_block = 32;  // chunks are multiples of the kernel's key tile
+  // Occupancy-aware sizing (0: per length). The costs are in keys of cache traffic: a unit's
+  // fixed cost (staging its queries), a split partial's (written, then read by the combine).
+  int wave_items = 0;
+  int unit_keys = 0;
+  int part_keys = 0;
+  int max_parts = 0;  // partial slots a call may use at most (the workspace's bound), 0: no cap
 };
 
-// Keys per split of a sequence whose last new row sees L keys (0: it does not split). A function
-// of L and the policy alone, so a row's numerics never depend on the rest of the batch.
+// Keys per split of a sequence whose last new row sees L keys (0: it does not split), given the
+// policy's min_chunk (with wave_items > 0, the one the schedule chose for the call).
 LOOM_ATTN_HD inline int64_t keys_per_split(const AttnPolicy& p, int64_t L) {
   int64_t n = (L + p.min_chunk - 1) / p.min_chunk;
   if (n > p.max_splits) n = p.max_splits;
@@ -132,6 +149,8 @@ void attn_simt(cudaStream_t stream, const AttnArgs& a, int qpw, int64_t max_item
 // tile (32 or 64), stages: tile buffers (2 for 64 keys, 3 or 4 for 32).
 bool mla_tc_supported(const AttnArgs& a);
 void mla_attn_tc(cudaStream_t stream, const AttnArgs& a, int64_t max_items, int bn, int stages);
+// Blocks of the kernel that mla_attn_tc launches with these tiles, resident at once.
+int64_t mla_tc_resident(int bn, int stages);
 
 // The Hopper MLA kernel (attention_mla_wgmma.cu): what mla_tc_supported needs, a rope pool, fewer
 // than 2^31 pool rows, and a compute capability 9.0 device; the same units and outputs as
@@ -139,13 +158,20 @@ void mla_attn_tc(cudaStream_t stream, const AttnArgs& a, int64_t max_items, int 
 // a page are copied without TMA (slower), so pages of a multiple of bn keys are its case.
 bool mla_wgmma_supported(const AttnArgs& a);
 void mla_attn_wgmma(cudaStream_t stream, const AttnArgs& a, int64_t max_items, int bn);
+// Blocks of the kernel that mla_attn_wgmma launches with this tile, resident at once.
+int64_t mla_wgmma_resident(int bn);
 
-// Combines the partials of every split row into its output o (GQA).
-void attn_combine(cudaStream_t stream, const AttnArgs& a, int64_t max_split_rows);
+// Combines the partials of every split row into its output o (GQA, and MLA's latent core). With
+// `spread` and few split rows, each (row, head) spreads over several blocks of columns, and a
+// block's threads over groups of splits (summed per group in split order, then over the groups
+// in order): the order then depends on how many rows split, so only calls whose splits depend
+// on the batch already (occupancy-sized) spread; the others sum every split in order.
+void attn_combine(cudaStream_t stream, const AttnArgs& a, int64_t max_split_rows, bool spread);
 
 // MLA projections (attention.cu), f32, every output element a fixed-order sum (row-invariant):
 //   q_lat[t, h, :R] = W_UK_h^T q[t, h, :dn], q_lat[t, h, R:] = q[t, h, dn:] (the rope part);
-//   out[t, h, :] = W_UV_h o_lat[t, h, :], o_lat combined from the partials for split rows.
+//   out[t, h, :] = W_UV_h o_lat[t, h, :], o_lat combined from the partials for split rows
+//   (part_acc null: attn_combine has combined them into o_lat already).
 // kv_b [H * (dn + dv), R]; q [N, H, dn + dr] and out [N, H, dv] f32 or bf16 (act_bf16).
 void mla_absorb_q(cudaStream_t stream, const void* q, bool act_bf16, const float* kv_b,
                   float* q_lat, int64_t N, int64_t H, int64_t dn, int64_t dr, int64_t dv,

@@ -38,6 +38,7 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cuda/attention_launch.h"
 #include "kernels/cuda/common.cuh"
@@ -419,6 +420,18 @@ void mla_attn_tc(cudaStream_t stream, const AttnArgs& a, int64_t max_items, int 
   if (bn == 32 && stages == 4) return launch_tc<32, 4>(stream, a, max_items);
   if (bn == 32 && stages == 3) return launch_tc<32, 3>(stream, a, max_items);
   return launch_tc<64, 2>(stream, a, max_items);
+}
+
+int64_t mla_tc_resident(int bn, int stages) {
+  auto blocks = [](auto bn_c, auto st_c) {
+    constexpr int BN = decltype(bn_c)::value, ST = decltype(st_c)::value;
+    return resident_blocks(reinterpret_cast<const void*>(mla_tc_kernel<512, 64, BN, ST>), kThreads,
+                           Tc<512, 64, BN, ST>::BYTES);
+  };
+  using I32 = std::integral_constant<int, 32>;
+  if (bn == 32 && stages == 4) return blocks(I32{}, std::integral_constant<int, 4>{});
+  if (bn == 32 && stages == 3) return blocks(I32{}, std::integral_constant<int, 3>{});
+  return blocks(std::integral_constant<int, 64>{}, std::integral_constant<int, 2>{});
 }
 
 }  // namespace launch

@@ -711,5 +711,13 @@ void mla_attn_wgmma(cudaStream_t stream, const AttnArgs& a, int64_t max_items, i
   return launch_wgmma<64, 2>(stream, a, max_items);
 }
 
+int64_t mla_wgmma_resident(int bn) {
+  if (bn == 32)
+    return resident_blocks(reinterpret_cast<const void*>(mla_wgmma_kernel<32, 4>), kThreads,
+                           Cfg<32, 4>::kBytes);
+  return resident_blocks(reinterpret_cast<const void*>(mla_wgmma_kernel<64, 2>), kThreads,
+                         Cfg<64, 2>::kBytes);
+}
+
 }  // namespace launch
 }  // namespace loom::cuda

@@ -8,9 +8,12 @@
 //    over the latent cache alone (mla_latent_attention_varlen: schedule, attention, combine);
 //    "op" rows the whole mla_attention_varlen (plus the two projections, which read kv_b, 16.8 MB
 //    of f32, every call). Bytes: the cache rows read, (512 + 64) * 2 per key and sequence.
-//    Paths: the default (by shape: TMA + wgmma on the H200 with pages of 64), "_mma" the
-//    mma.sync kernel it replaced (attention_mla_tc.cu), "_wgmma" the wgmma kernel forced;
-//    variants: keys per split (min_chunk) and the key tile (keys, stages).
+//    Paths: the default (by shape: TMA + wgmma on the H200 with pages of 64, splits sized by
+//    the batch's occupancy), "_graph" the same replayed as a CUDA graph (as the engine's decode
+//    steps run), "_mma" the mma.sync kernel (attention_mla_tc.cu); variants: "_perlen" splits
+//    sized by each sequence's length alone (1024 keys at least, the earlier default),
+//    "_chunk2048" the same with 2048. "fixed_cost" rows: a call over one or two key tiles, and
+//    the floor of any launch (a 4-byte memset), to show what bounds the small cells.
 //  - GQA decode (32 query heads over 8 KV heads of 128, f32 and bf16 caches) and prefill.
 // Caches are filled from a random block (never zeros); page ids are shuffled.
 // Prints "GPUBENCH <name> <achieved> <unit> <roofline> <fraction> <median ms>" lines.
@@ -29,6 +32,7 @@
 #include "kernels/attention.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/graph.h"
 #include "tests/gpu/gpu_test_support.h"
 
 namespace loom {
@@ -107,6 +111,21 @@ double median_ms(const std::function<void()>& fn, int iters) {
       stream(), [&](int) { fn(); }, iters, 3);
 }
 
+// The median time of replaying what `fn` enqueues, recorded once as a CUDA graph (after one
+// eager call, so that first-call setup stays out of the recording).
+double graph_ms(const std::function<void()>& fn, int iters) {
+  fn();
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  const absl::StatusOr<cuda::CapturedGraph> g = cuda::capture(stream(), [&] { fn(); });
+  if (!g.ok()) {
+    std::fprintf(stderr, "graph capture failed: %s\n", g.status().ToString().c_str());
+    std::exit(1);
+  }
+  const double ms = median_ms([&] { cuda::replay(g->exec, stream()); }, iters);
+  cuda::destroy(g->exec);
+  return ms;
+}
+
 double g_copy_gbs = 0.0;
 
 void bench_copy() {
@@ -143,12 +162,38 @@ void bench_mla_decode(Workspace& ws) {
   };
   const std::vector<Variant> variants = {
       {"mma", {.mla_path = 2}},
-      {"wgmma", {.mla_path = 3}},
-      {"wgmma_k32", {.mla_path = 3, .tc_keys = 32}},
-      {"chunk512", {.min_chunk = 512}},
+      {"perlen", {.split = 1}},
       {"chunk2048", {.min_chunk = 2048}},
-      {"mma_k32s4", {.mla_path = 2, .tc_keys = 32, .tc_stages = 4}},
   };
+  // The fixed cost of a call: one key tile of one row (schedule + attention), and two tiles split
+  // in two (+ the combine); eager, and replayed as a CUDA graph (how the engine runs decode).
+  for (const auto& [ctx, t] :
+       {std::pair<int64_t, cuda::AttentionTuning>{64, {}}, {128, {.min_chunk = 64}}}) {
+    const Step s = make_step(1, 1, ctx - 1, ps, num_pages);
+    const Tensor q_lat = filled({1, m.heads, m.latent_dim + m.rope_dim}, DType::kF32, 0.05f);
+    const Tensor o_lat = Tensor::empty({1, m.heads, m.latent_dim}, DType::kF32, Device::kCuda);
+    const cuda::AttentionTuning tune = t;
+    auto call = [&] {
+      ws.reset();
+      cuda::mla_latent_attention_varlen(ex, q_lat, latent, rope, s.table, s.cu, s.past, scale,
+                                        o_lat, tune);
+    };
+    const std::string name = "mla_decode_core_fixed_cost_B1_ctx" + std::to_string(ctx) +
+                             (ctx == 128 ? "_2splits" : "_nosplit");
+    const double bytes = static_cast<double>(ctx) * (m.latent_dim + m.rope_dim) * 2;
+    double ms = median_ms(call, 200);
+    emit_gpubench(name.c_str(), bytes / (ms * 1e6), "GB/s", g_copy_gbs, ms);
+    ms = graph_ms(call, 200);
+    emit_gpubench((name + "_graph").c_str(), bytes / (ms * 1e6), "GB/s", g_copy_gbs, ms);
+  }
+  {  // the floor of any call: one 4-byte memset, eager and in a graph
+    Tensor t = Tensor::empty({1}, DType::kF32, Device::kCuda);
+    auto call = [&] { LOOM_CUDA_CHECK(cudaMemsetAsync(t.raw(), 0, 4, stream())); };
+    double ms = median_ms(call, 200);
+    emit_gpubench("launch_floor_memset4", 0.0, "GB/s", g_copy_gbs, ms);
+    ms = graph_ms(call, 200);
+    emit_gpubench("launch_floor_memset4_graph", 0.0, "GB/s", g_copy_gbs, ms);
+  }
   for (int64_t B : {1, 8, 64}) {
     for (int64_t ctx : {4096, 32768, 131072}) {
       const Step s = make_step(B, 1, ctx - 1, ps, num_pages);
@@ -181,6 +226,15 @@ void bench_mla_decode(Workspace& ws) {
       ms = core({});
       emit_gpubench(("mla_decode_core_" + shape).c_str(), bytes / (ms * 1e6), "GB/s", g_copy_gbs,
                     ms);
+      ms = graph_ms(
+          [&] {
+            ws.reset();
+            cuda::mla_latent_attention_varlen(ex, q_lat, latent, rope, s.table, s.cu, s.past,
+                                              scale, o_lat);
+          },
+          iters);
+      emit_gpubench(("mla_decode_core_" + shape + "_graph").c_str(), bytes / (ms * 1e6), "GB/s",
+                    g_copy_gbs, ms);
       for (const Variant& v : variants) {
         ms = core(v.t);
         emit_gpubench(("mla_decode_core_" + shape + "_" + v.name).c_str(), bytes / (ms * 1e6),

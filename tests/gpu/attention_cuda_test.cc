@@ -22,9 +22,14 @@
 //    forced onto pages of 16 (every tile crosses pages: its copy path without TMA) and on decode
 //    batches of 1, 3 and 37 rows whose contexts are not multiples of a tile or a page;
 //  - bf16 q and out: 1e-2 (the output rounding alone is ~2e-3 relative).
-// Batch invariance: every sequence's rows alone (B = 1) equal its rows in the batch bit for bit,
-// with splits (default) and without (batch-invariant mode); in batch-invariant mode a prefill
-// split into two chunks equals the whole chunk bit for bit.
+// Splits: the tensor-core MLA paths size them by the batch in the default mode (one chunk size per
+// call, chosen on the device for occupancy), so a sequence alone splits differently from the same
+// sequence in a batch: each sequence alone is checked against the CPU twin there, and the
+// per-length policy (AttentionTuning::split = 1) stays covered as a variant. GQA and the CUDA-core
+// MLA path split by each sequence's length: bit-identical alone and batched in both modes.
+// Batch invariance (batch-invariant mode, nothing splits): every sequence's rows alone (B = 1)
+// equal its rows in the batch bit for bit, and a prefill split into two chunks equals the whole
+// chunk bit for bit. MlaWgmmaRacecheck is a small case for compute-sanitizer's racecheck.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -142,8 +147,9 @@ struct Step {
   }
 };
 
+// min_cols: page-table columns at least (the padding names page 0).
 Step make_step(const std::vector<int64_t>& lens, const std::vector<int64_t>& past,
-               int64_t page_size) {
+               int64_t page_size, int64_t min_cols = 0) {
   Step s;
   s.lens = lens;
   s.past = past;
@@ -159,7 +165,7 @@ Step make_step(const std::vector<int64_t>& lens, const std::vector<int64_t>& pas
     used += need[b];
   }
   s.N = s.cu.back();
-  s.max_pages += 1;  // a padding column in every row
+  s.max_pages = std::max(s.max_pages + 1, min_cols);  // a padding column in every row
   s.num_pages = used + 3;
   std::vector<int32_t> ids(static_cast<size_t>(s.num_pages));
   std::iota(ids.begin(), ids.end(), 0);
@@ -340,7 +346,7 @@ void run_mla(const MlaCase& c, const Step& s) {
   {
     const Tensor o = poisoned({s.N, c.dims.heads, c.dims.v_dim}, c.act);
     if (c.tuning.mla_path == 0 && c.tuning.max_splits == 0 && c.tuning.tc_keys == 0 &&
-        c.tuning.min_chunk == 0) {
+        c.tuning.min_chunk == 0 && c.tuning.split == 0) {
       mla_attention_varlen(gpu(), in.qd, in.latent_d, in.rope_d, s.table_d, s.cu_d, s.past_d,
                            in.kv_b_d, c.dims, in.scale, o);
     } else {
@@ -427,6 +433,20 @@ TEST(AttentionCuda, MlaVarlen) {
        DType::kF32,
        {.mla_path = 3, .min_chunk = 128},
        1e-2},
+      {"deepseek_h32_ps64_bf16pool_wgmma_perlen",
+       kDeepSeek,
+       64,
+       DType::kBF16,
+       DType::kF32,
+       {.mla_path = 3, .split = 1},
+       1e-2},
+      {"deepseek_h32_ps16_bf16pool_mma_perlen",
+       kDeepSeek,
+       16,
+       DType::kBF16,
+       DType::kF32,
+       {.mla_path = 2, .split = 1},
+       1e-2},
   };
   for (const MlaCase& c : cases) run_mla(c, mixed_step(c.page_size));
   // A pure decode batch over long contexts and a single prefill.
@@ -435,16 +455,23 @@ TEST(AttentionCuda, MlaVarlen) {
 }
 
 // Decode batches for the tensor-core kernels at lengths that are not multiples of a key tile or
-// a page: batch 1, 3 and 37 (contexts 1..~2600), split (default) and not.
+// a page: batch 1, 3, 37 (contexts 1..~2600) and 40 (a wide page table), split by the batch
+// (default), by each length, and not.
 TEST(AttentionCuda, MlaDecodeAwkward) {
   cuda::init();
   std::vector<int64_t> past37(37);
   std::uniform_int_distribution<int64_t> len(0, 2600);
   for (int64_t& p : past37) p = len(rng());
+  std::vector<int64_t> past40(40);
+  std::uniform_int_distribution<int64_t> short_len(0, 700);
+  for (int64_t& p : past40) p = short_len(rng());
   const std::vector<std::pair<std::string, Step>> steps = {
       {"b1", make_step({1}, {4998}, 64)},
       {"b3", make_step({1, 1, 1}, {1000, 64, 130}, 64)},
       {"b37", make_step(std::vector<int64_t>(37, 1), past37, 64)},
+      // A page table of 200 columns (12,800 keys): the workspace's partial slots are capped by
+      // the machine (16 waves of items) below 40 rows x 128 splits.
+      {"b40_wide", make_step(std::vector<int64_t>(40, 1), past40, 64, 200)},
   };
   for (const auto& [name, s] : steps) {
     for (const MlaCase& c : std::vector<MlaCase>{
@@ -461,6 +488,13 @@ TEST(AttentionCuda, MlaDecodeAwkward) {
               DType::kBF16,
               DType::kF32,
               {.mla_path = 3, .tc_keys = 32},
+              1e-2},
+             {"deepseek_decode_" + name + "_wgmma_perlen",
+              kDeepSeek,
+              64,
+              DType::kBF16,
+              DType::kF32,
+              {.mla_path = 3, .split = 1},
               1e-2},
              {"deepseek_decode_" + name + "_wgmma_nosplit",
               kDeepSeek,
@@ -497,6 +531,26 @@ void check_alone(const std::string& name, const Step& s, const Op& op) {
     same = same && bit_equal(one, all.slice(0, s.cu[b], s.cu[b + 1]).clone());
   }
   report(name, same ? 0.0 : 1.0, 0.0);
+}
+
+// Runs `op` on each sequence alone and compares its rows with `ref`, the CPU twin's output for
+// the whole step; reports the worst relative L2 error of a sequence.
+template <class Op>
+void check_alone_twin(const std::string& name, const Step& s, const Tensor& ref, double tol,
+                      const Op& op) {
+  double worst = 0.0;
+  for (int64_t b = 0; b < s.B; ++b) {
+    if (s.lens[b] == 0) continue;
+    worst = std::max(worst, rel_l2(op(s.alone(b)), ref.slice(0, s.cu[b], s.cu[b + 1]).clone()));
+  }
+  report(name, worst, tol);
+}
+
+Tensor mla_cpu(const MlaCase& c, const MlaInputs& in, const Step& s) {
+  Tensor ref = Tensor::empty({s.N, c.dims.heads, c.dims.v_dim});
+  mla_attention_varlen(host_exec(), in.q, in.latent, in.rope, s.table, s.cu_h, s.past_h, in.kv_b,
+                       c.dims, in.scale, ref);
+  return ref;
 }
 
 // Splits sequence b's rows at `at` into two calls (the second with at more cached positions) and
@@ -536,6 +590,7 @@ TEST(AttentionCuda, BatchInvariance) {
   wg.tuning.mla_path = 3;
   MlaCase sm{"small_simt", {3, 12, 6, 10, 20}, 16};
   const MlaInputs si = mla_inputs(sm, s);
+  const Tensor ref_t = mla_cpu(tc, ti, s);
 
   for (bool invariant : {false, true}) {
     const Exec ex = invariant ? gpu_invariant() : gpu();
@@ -569,10 +624,16 @@ TEST(AttentionCuda, BatchInvariance) {
         return out;
       };
     };
+    // GQA and the CUDA-core MLA path split by each sequence's length: invariant in both modes.
     check_alone("batch_invariance_gqa_alone" + mode, s, gqa_op);
-    check_alone("batch_invariance_mla_tc_alone" + mode, s, mla_op(tc, ti));
     check_alone("batch_invariance_mla_simt_alone" + mode, s, mla_op(sm, si));
-    check_alone("batch_invariance_mla_wgmma_ps16_alone" + mode, s, mla_op(wg, ti));
+    if (invariant) {
+      check_alone("batch_invariance_mla_tc_alone" + mode, s, mla_op(tc, ti));
+      check_alone("batch_invariance_mla_wgmma_ps16_alone" + mode, s, mla_op(wg, ti));
+    } else {  // split by the batch: each sequence alone against the CPU twin
+      check_alone_twin("mla_tc_alone_vs_cpu", s, ref_t, 1e-2, mla_op(tc, ti));
+      check_alone_twin("mla_wgmma_ps16_alone_vs_cpu", s, ref_t, 1e-2, mla_op(wg, ti));
+    }
     if (invariant) {
       const int64_t at = s.lens[prefill] / 3;
       check_chunked("batch_invariance_gqa_chunked" + mode, s, prefill, at, gqa_op);
@@ -585,7 +646,8 @@ TEST(AttentionCuda, BatchInvariance) {
 }
 
 // The same for the wgmma kernel where its tiles are TMA boxes (pages of 64): a mixed batch and
-// a decode batch of 37 rows, each sequence alone against the batch, bit for bit.
+// a decode batch of 37 rows, each sequence alone against the batch, bit for bit in batch-invariant
+// mode; against the CPU twin in the default mode (split by the batch).
 TEST(AttentionCuda, MlaWgmmaBatchInvariance) {
   cuda::init();
   std::vector<int64_t> past37(37);
@@ -596,6 +658,7 @@ TEST(AttentionCuda, MlaWgmmaBatchInvariance) {
       const MlaCase c{"deepseek_wgmma", kDeepSeek,   64,
                       DType::kBF16,     DType::kF32, {.mla_path = 3, .tc_keys = keys}};
       const MlaInputs in = mla_inputs(c, s);
+      const Tensor ref = mla_cpu(c, in, s);
       for (bool invariant : {false, true}) {
         const Exec ex = invariant ? gpu_invariant() : gpu();
         // Sequence b alone reads q rows [cu[b], cu[b + 1]) of the batch's q.
@@ -613,12 +676,40 @@ TEST(AttentionCuda, MlaWgmmaBatchInvariance) {
                                            c.dims, in.scale, out, c.tuning);
           return out;
         };
-        check_alone("batch_invariance_mla_wgmma_k" + std::to_string(keys) + "_B" +
-                        std::to_string(s.B) + "_alone" + (invariant ? "_invariant_mode" : ""),
-                    s, op);
+        const std::string name = "mla_wgmma_k" + std::to_string(keys) + "_B" + std::to_string(s.B);
+        if (invariant) {
+          check_alone("batch_invariance_" + name + "_alone_invariant_mode", s, op);
+        } else {
+          check_alone_twin(name + "_alone_vs_cpu", s, ref, 1e-2, op);
+        }
       }
     }
   }
+}
+
+// A small decode step on the wgmma kernel (a few units of a few tiles) for compute-sanitizer's
+// racecheck: split by the batch, by 64-key chunks and not at all, against the CPU twin.
+TEST(AttentionCuda, MlaWgmmaRacecheck) {
+  cuda::init();
+  const Step s = make_step({1, 1}, {299, 189}, 64);
+  for (const MlaCase& c : std::vector<MlaCase>{
+           {"racecheck_wgmma", kDeepSeek, 64, DType::kBF16, DType::kF32, {.mla_path = 3}, 1e-2},
+           {"racecheck_wgmma_chunk64",
+            kDeepSeek,
+            64,
+            DType::kBF16,
+            DType::kF32,
+            {.mla_path = 3, .min_chunk = 64},
+            1e-2},
+           {"racecheck_wgmma_nosplit",
+            kDeepSeek,
+            64,
+            DType::kBF16,
+            DType::kF32,
+            {.mla_path = 3, .max_splits = 1},
+            1e-2},
+       })
+    run_mla(c, s);
 }
 
 // Shapes and dtypes the CUDA twins refuse, with a message naming the op. Death tests re-execute
