@@ -11,9 +11,10 @@ namespace loom {
 void cross_entropy_forward_backward(const Exec& ex, const Tensor& hidden, const Tensor& lm_head,
                                     const Tensor& targets, int64_t ignore_index, float loss_scale,
                                     const Tensor& loss, const Tensor& row_loss,
-                                    const Tensor& dhidden, const Tensor& dlm_head) {
+                                    const Tensor& dhidden, const Tensor& dlm_head,
+                                    const Tensor& row_weight) {
   LOOM_ON_EXEC_DEVICE(ex, "cross_entropy_forward_backward", hidden, lm_head, targets, loss,
-                      row_loss, dhidden, dlm_head);
+                      row_loss, dhidden, dlm_head, row_weight);
   LOOM_CHECK_F32(hidden);
   LOOM_CHECK_F32(lm_head);
   LOOM_CHECK_F32(loss);
@@ -30,6 +31,10 @@ void cross_entropy_forward_backward(const Exec& ex, const Tensor& hidden, const 
   if (row_loss.defined()) {
     LOOM_CHECK_F32(row_loss);
     LOOM_CHECK_SHAPE(row_loss, t);
+  }
+  if (row_weight.defined()) {
+    LOOM_CHECK_F32(row_weight);
+    LOOM_CHECK_SHAPE(row_weight, t);
   }
   if (dhidden.defined()) {
     LOOM_CHECK_F32(dhidden);
@@ -50,7 +55,8 @@ void cross_entropy_forward_backward(const Exec& ex, const Tensor& hidden, const 
     const Tensor scratch = take(shapes.f32, DType::kF32);
     const Tensor rows = take(shapes.rows, DType::kI64);
     return cpu::cross_entropy_forward_backward(hidden, lm_head, targets, ignore_index, loss_scale,
-                                               loss, row_loss, dhidden, dlm_head, scratch, rows);
+                                               loss, row_loss, dhidden, dlm_head, scratch, rows,
+                                               row_weight);
   }
   no_kernel_for(ex, "cross_entropy_forward_backward");
 }

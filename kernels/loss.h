@@ -18,6 +18,12 @@ namespace loom {
 // loss_scale is 1 for the gradient of this call's mean; count / total_count when a step's loss is
 // the mean over several calls (micro-batches, data-parallel ranks).
 //
+// With row_weight ([T] f32) defined, the objective is a weighted sum instead of the mean (a policy
+// gradient's per-token weights, trainer/rl):
+//   loss = sum over the counted rows of row_weight[t] * row_loss[t]
+//   dhidden, dlm_head: loss_scale * the gradients of that sum (row t's dlogits scaled by
+//   loss_scale * row_weight[t]; a weight may be negative or zero)
+//
 // hidden: [T, D]; lm_head: [V, D]; targets: [T] i32 or i64, each in [0, V) or == ignore_index
 // (checked before anything is written); loss: [1]; row_loss: [T] (0 at ignored rows) or undefined;
 // dhidden: [T, D] or undefined, dlm_head: [V, D] or undefined (both undefined: the loss only).
@@ -38,6 +44,7 @@ namespace loom {
 void cross_entropy_forward_backward(const Exec& ex, const Tensor& hidden, const Tensor& lm_head,
                                     const Tensor& targets, int64_t ignore_index, float loss_scale,
                                     const Tensor& loss, const Tensor& row_loss,
-                                    const Tensor& dhidden, const Tensor& dlm_head);
+                                    const Tensor& dhidden, const Tensor& dlm_head,
+                                    const Tensor& row_weight = Tensor());
 
 }  // namespace loom

@@ -65,8 +65,23 @@ absl::StatusOr<StepStats> TrainStep::run(std::span<const Example> batch) {
     }
   }
   stats.aux_loss = grads_.aux_loss() / static_cast<double>(batch.size());
-  // Global norm of the mean gradient, summed in the arena's order.
-  const double mean = 1.0 / static_cast<double>(batch.size());
+  LOOM_ASSIGN_OR_RETURN(StepStats updated, update(1.0 / static_cast<double>(batch.size())));
+  stats.grad_norm = updated.grad_norm;
+  stats.step = updated.step;
+  stats.lr = updated.lr;
+  stats.routing = std::move(updated.routing);
+  return stats;
+}
+
+Gradients& TrainStep::begin(float aux_loss_alpha) {
+  grads_.zero();
+  grads_.set_aux_loss_alpha(aux_loss_alpha);
+  return grads_;
+}
+
+absl::StatusOr<StepStats> TrainStep::update(double mean) {
+  StepStats stats;
+  // Global norm of the scaled gradient, summed in the arena's order.
   Tensor sq = Tensor::empty({1});
   double total = 0;
   for (const auto& [name, mo] : moments_) {

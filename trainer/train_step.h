@@ -66,6 +66,14 @@ class TrainStep {
   absl::StatusOr<StepStats> run(std::span<const Example> batch);
   int64_t steps() const { return step_; }
 
+  // The same update from gradients a caller accumulates itself (a policy-gradient objective,
+  // trainer/rl): begin() zeroes the gradients and returns them, the caller's backward passes add
+  // into them, and update() multiplies them by `scale` (1 / examples for a mean; 1 when the
+  // objective is already normalised), takes the global norm, clips, runs AdamW and balances the
+  // MoE biases as run() does. The returned stats have grad_norm, lr, step and routing only.
+  Gradients& begin(float aux_loss_alpha = 0.0f);
+  absl::StatusOr<StepStats> update(double scale);
+
   // The optimizer state (step count and both moments of every parameter, by canonical name) as
   // tensors, and back: what a checkpoint saves so a resumed run continues the same updates.
   std::vector<std::pair<std::string, Tensor>> state() const;

@@ -82,10 +82,13 @@ class Model {
   // every parameter, accumulated into `grads` under canonical names (model_backward.cc).
   absl::StatusOr<double> loss_and_gradients(std::span<const int32_t> tokens, Gradients& grads,
                                             std::span<const uint8_t> loss_mask = {},
-                                            std::vector<float>* row_loss = nullptr) const;
+                                            std::vector<float>* row_loss = nullptr,
+                                            std::span<const float> row_weights = {}) const;
   // With `row_loss` set, it also receives each position's loss (n entries: row_loss[t] for
   // predicting token t + 1, 0 at unscored positions and at the last), the same bits with or
-  // without it.
+  // without it. With `row_weights` (n entries) the objective is the weighted sum
+  // sum_t row_weights[t] * row_loss[t] over the scored positions instead of the mean (a policy
+  // gradient's per-token weights, trainer/rl); it is what the call returns then.
 
   // Changes the RoPE base of the rotary layers (config().rope.theta) and rebuilds their rotary
   // tables (staged context extension: a longer stage trains with a larger base). Returns how many

@@ -2,6 +2,7 @@
 // sublayer's input and output), the fused cross-entropy, and the backward of every layer, last
 // first. Layers recompute their insides from their taped input (Mixer::backward), so the tape
 // holds O(layers * tokens * hidden) floats and no per-token recurrent state.
+#include <algorithm>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -44,7 +45,8 @@ Tensor copy_of(const ForwardContext& ctx, const Tensor& t) {
 
 absl::StatusOr<double> Model::loss_and_gradients(std::span<const int32_t> tokens, Gradients& grads,
                                                  std::span<const uint8_t> loss_mask,
-                                                 std::vector<float>* row_loss) const {
+                                                 std::vector<float>* row_loss,
+                                                 std::span<const float> row_weights) const {
   if (!placement_.device.is_cpu())
     return absl::UnimplementedError(
         absl::StrCat("training: the backward passes run on the CPU; this model is on ",
@@ -53,6 +55,9 @@ absl::StatusOr<double> Model::loss_and_gradients(std::span<const int32_t> tokens
   if (!loss_mask.empty() && static_cast<int64_t>(loss_mask.size()) != n)
     return absl::InvalidArgumentError(
         absl::StrCat("training: a loss mask of ", loss_mask.size(), " entries for ", n, " tokens"));
+  if (!row_weights.empty() && static_cast<int64_t>(row_weights.size()) != n)
+    return absl::InvalidArgumentError(
+        absl::StrCat("training: ", row_weights.size(), " row weights for ", n, " tokens"));
   int64_t scored = 0;
   for (int64_t t = 0; t + 1 < n; ++t) scored += loss_mask.empty() || loss_mask[t] != 0;
   if (scored == 0)
@@ -95,9 +100,14 @@ absl::StatusOr<double> Model::loss_and_gradients(std::span<const int32_t> tokens
   Tensor loss = Tensor::empty({1});
   Tensor d_normed = ctx.take({n, d});
   Tensor rows = row_loss != nullptr ? Tensor::empty({n}) : Tensor();
+  Tensor weights;
+  if (!row_weights.empty()) {
+    weights = Tensor::empty({n});
+    std::copy(row_weights.begin(), row_weights.end(), weights.data<float>());
+  }
   cross_entropy_forward_backward(ex, taped(tape, -1, "final_normed"), lm_head_, targets,
                                  kIgnoreTarget, 1.0f, loss, rows, d_normed,
-                                 grads.get("lm_head.weight", lm_head_.shape()));
+                                 grads.get("lm_head.weight", lm_head_.shape()), weights);
   // 3. The layers, last first.
   Tensor d_embedding = ctx.take({n, d});
   LOOM_RETURN_IF_ERROR(cfg_.attnres_block_size > 0

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "kernels/cpu/gemm.h"
 
@@ -41,7 +42,8 @@ void cross_entropy_forward_backward(const Tensor& hidden, const Tensor& lm_head,
                                     const Tensor& targets, int64_t ignore_index, float loss_scale,
                                     const Tensor& loss, const Tensor& row_loss,
                                     const Tensor& dhidden, const Tensor& dlm_head,
-                                    const Tensor& scratch, const Tensor& rows) {
+                                    const Tensor& scratch, const Tensor& rows,
+                                    const Tensor& row_weight) {
   const int64_t t_count = hidden.dim(0), d = hidden.dim(1), v = lm_head.dim(0);
   // Validate every target before writing anything; count the rows that take part.
   int64_t counted = 0;
@@ -54,7 +56,10 @@ void cross_entropy_forward_backward(const Tensor& hidden, const Tensor& lm_head,
     ++counted;
   }
   const bool want_grads = dhidden.defined() || dlm_head.defined();
-  const float coef = counted > 0 ? loss_scale / static_cast<float>(counted) : 0.0f;
+  // Row t's dlogits factor: loss_scale / counted for the mean, loss_scale * row_weight[t] for the
+  // weighted sum.
+  const float* rw = row_weight.defined() ? row_weight.data<float>() : nullptr;
+  const float mean_coef = counted > 0 ? loss_scale / static_cast<float>(counted) : 0.0f;
   const float* h = hidden.data<float>();
   const float* w = lm_head.data<float>();
   float* rl = row_loss.defined() ? row_loss.data<float>() : nullptr;
@@ -78,6 +83,7 @@ void cross_entropy_forward_backward(const Tensor& hidden, const Tensor& lm_head,
   float* run_sum = run_max + tr_max;            // [tr]
   float* lse = run_sum + tr_max;                // [tr]
   float* target_logit = lse + tr_max;           // [tr]
+  std::vector<float> coef(tr_max, mean_coef);   // [tr]: the chunk rows' dlogits factors
   int64_t* row_of = rows.data<int64_t>();       // [tr]: the hidden row of chunk row i
 
   double loss_sum = 0.0;  // row losses in row order
@@ -117,7 +123,8 @@ void cross_entropy_forward_backward(const Tensor& hidden, const Tensor& lm_head,
       lse[i] = run_max[i] + std::log(run_sum[i]);
       const float li = lse[i] - target_logit[i];
       if (rl) rl[row_of[i]] = li;
-      loss_sum += li;
+      loss_sum += rw ? static_cast<double>(rw[row_of[i]]) * li : li;
+      if (rw) coef[i] = loss_scale * rw[row_of[i]];
     }
     if (!want_grads) continue;
     // Pass 2: the same logits again (the same GEMM: the same bits), turned into
@@ -128,9 +135,9 @@ void cross_entropy_forward_backward(const Tensor& hidden, const Tensor& lm_head,
 #pragma omp parallel for schedule(static) if (tr * vc > 32768)
       for (int64_t i = 0; i < tr; ++i) {
         float* l = logits + i * vc;
-        for (int64_t j = 0; j < vc; ++j) l[j] = std::exp(l[j] - lse[i]) * coef;
+        for (int64_t j = 0; j < vc; ++j) l[j] = std::exp(l[j] - lse[i]) * coef[i];
         const int64_t y = target_at(targets, row_of[i]);
-        if (y >= v0 && y < v0 + vc) l[y - v0] -= coef;
+        if (y >= v0 && y < v0 + vc) l[y - v0] -= coef[i];
       }
       // dhbuf (+)= dlogits @ lm_head[v0 : v0 + vc]
       if (dh)
@@ -149,7 +156,10 @@ void cross_entropy_forward_backward(const Tensor& hidden, const Tensor& lm_head,
       for (int64_t i = 0; i < tr; ++i)
         std::memcpy(dh + row_of[i] * d, dhbuf + i * d, sizeof(float) * d);
   }
-  loss.data<float>()[0] = counted > 0 ? static_cast<float>(loss_sum / counted) : 0.0f;
+  if (rw)
+    loss.data<float>()[0] = static_cast<float>(loss_sum);
+  else
+    loss.data<float>()[0] = counted > 0 ? static_cast<float>(loss_sum / counted) : 0.0f;
 }
 
 }  // namespace loom::cpu

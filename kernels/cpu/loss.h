@@ -19,6 +19,7 @@ void cross_entropy_forward_backward(const Tensor& hidden, const Tensor& lm_head,
                                     const Tensor& targets, int64_t ignore_index, float loss_scale,
                                     const Tensor& loss, const Tensor& row_loss,
                                     const Tensor& dhidden, const Tensor& dlm_head,
-                                    const Tensor& scratch, const Tensor& rows);
+                                    const Tensor& scratch, const Tensor& rows,
+                                    const Tensor& row_weight);
 
 }  // namespace loom::cpu

@@ -1,0 +1,90 @@
+#include "trainer/rl/policy_loss.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "kernels/exec.h"
+#include "kernels/loss.h"
+
+namespace loom {
+
+absl::StatusOr<std::vector<float>> token_logprobs(const Model& model,
+                                                  std::span<const int32_t> tokens) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n < 2) return absl::InvalidArgumentError("token_logprobs: fewer than 2 tokens");
+  const Tensor* lm_head = model.parameters().find("lm_head.weight");
+  if (lm_head == nullptr || lm_head->dtype() != DType::kF32 || !model.device().is_cpu())
+    return absl::FailedPreconditionError(
+        "token_logprobs: needs a CPU model with f32 matrices (loaded trainable)");
+  SequenceCache cache = model.new_cache();
+  ForwardBatch batch;
+  batch.token_ids.assign(tokens.begin(), tokens.end());
+  batch.seqs.push_back({.num_tokens = n, .logits = LogitsMode::kNone, .cache = &cache});
+  ActivationTape tape({"final_normed"});
+  LOOM_RETURN_IF_ERROR(model.forward(batch, &tape).status());
+  const Tensor* hidden = tape.find(-1, "final_normed");
+  if (hidden == nullptr) return absl::InternalError("token_logprobs: no final_normed recorded");
+  constexpr int64_t kIgnore = -100;
+  Tensor targets = Tensor::empty({n}, DType::kI64);
+  for (int64_t t = 0; t < n; ++t) targets.data<int64_t>()[t] = t + 1 < n ? tokens[t + 1] : kIgnore;
+  Tensor loss = Tensor::empty({1}), rows = Tensor::empty({n});
+  cross_entropy_forward_backward(host_exec(), *hidden, *lm_head, targets, kIgnore, 1.0f, loss, rows,
+                                 Tensor(), Tensor());
+  std::vector<float> out(n);
+  for (int64_t t = 0; t < n; ++t) out[t] = -rows.data<float>()[t];
+  return out;
+}
+
+absl::StatusOr<PolicyLossStats> accumulate_policy_gradient(const Model& model,
+                                                           std::span<const Trajectory* const> batch,
+                                                           const GrpoOptions& options,
+                                                           Gradients& grads) {
+  PolicyLossStats s;
+  for (const Trajectory* tr : batch) {
+    const size_t n = tr->tokens.size();
+    if (tr->sampled.size() != n || tr->behav_logp.size() != n || tr->old_logp.size() != n ||
+        (options.kl_coef > 0 && tr->ref_logp.size() != n))
+      return absl::InvalidArgumentError(
+          absl::StrCat("policy loss: a trajectory of ", n, " tokens with ", tr->sampled.size(),
+                       " mask entries, ", tr->behav_logp.size(), " behaviour and ",
+                       tr->old_logp.size(), " rollout logprobs"));
+    for (size_t i = 0; i + 1 < n; ++i) s.tokens += tr->sampled[i] != 0;
+  }
+  if (s.tokens == 0) return s;
+  const double inv_n = 1.0 / static_cast<double>(s.tokens);
+  int64_t clipped = 0;
+  std::vector<float> weights;
+  for (const Trajectory* tr : batch) {
+    const size_t n = tr->tokens.size();
+    LOOM_ASSIGN_OR_RETURN(const std::vector<float> logp, token_logprobs(model, tr->tokens));
+    weights.assign(n, 0.0f);
+    bool any = false;
+    for (size_t i = 0; i + 1 < n; ++i) {
+      if (!tr->sampled[i]) continue;
+      TokenInputs in{.logp = logp[i],
+                     .old_logp = tr->old_logp[i],
+                     .behav_logp = tr->behav_logp[i],
+                     .ref_logp = options.kl_coef > 0 ? tr->ref_logp[i] : 0.0,
+                     .advantage = tr->advantage};
+      const TokenTerm term = grpo_token_term(in, options);
+      s.loss += term.loss * inv_n;
+      s.entropy -= logp[i] * inv_n;
+      s.kl += term.kl * inv_n;
+      s.tis_mean += term.tis * inv_n;
+      s.ratio_mean += term.ratio * inv_n;
+      s.mismatch += std::fabs(tr->old_logp[i] - tr->behav_logp[i]) * inv_n;
+      clipped += term.clipped;
+      // row_loss = -logp: d L / d row_loss = -d_logp / N.
+      weights[i] = static_cast<float>(-term.d_logp * inv_n);
+      any |= weights[i] != 0.0f;
+    }
+    if (!any) continue;
+    LOOM_RETURN_IF_ERROR(
+        model.loss_and_gradients(tr->tokens, grads, tr->sampled, nullptr, weights).status());
+  }
+  s.clip_fraction = static_cast<double>(clipped) * inv_n;
+  return s;
+}
+
+}  // namespace loom

@@ -1,0 +1,45 @@
+// The trainer's side of a GRPO step over the model: per-token logprobs of a sequence (a forward
+// without a backward), and the policy objective's gradient accumulated through
+// Model::loss_and_gradients with per-token weights: the objective's derivative with respect to
+// each response token's logprob (grpo.h), which the fused cross-entropy's weighted form turns
+// into the parameters' gradients (row_loss = -logp, so the row weight is -d_logp / N).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/gradients.h"
+#include "engine/model/model.h"
+#include "trainer/rl/grpo.h"
+#include "trainer/rl/trajectory.h"
+
+namespace loom {
+
+// logp[i] = log p(tokens[i + 1] | tokens[0..i]) for every i < n - 1 (logp[n - 1] = 0), from a
+// fresh state, with the model's training forward (CPU, f32). InvalidArgument for fewer than 2
+// tokens or an id outside the vocabulary.
+absl::StatusOr<std::vector<float>> token_logprobs(const Model& model,
+                                                  std::span<const int32_t> tokens);
+
+struct PolicyLossStats {
+  int64_t tokens = 0;        // response tokens N (the token mean's denominator)
+  double loss = 0;           // the objective L
+  double clip_fraction = 0;  // share of tokens whose clipped branch was active
+  double entropy = 0;     // mean -logp of the sampled tokens: an estimate of the policy's entropy
+  double kl = 0;          // mean k3 (0 without a KL term)
+  double tis_mean = 0;    // mean truncated importance weight (1 when off)
+  double mismatch = 0;    // mean |old_logp - behav_logp|: the engine/trainer logprob gap
+  double ratio_mean = 0;  // mean importance ratio to the rollout-time policy
+};
+
+// Adds the gradient of the token-mean GRPO objective over `batch` (each trajectory's advantage,
+// old_logp and behav_logp set; ref_logp with a KL term) into `grads`. Trajectories whose
+// advantage is 0 and which carry no KL term add nothing and are skipped.
+absl::StatusOr<PolicyLossStats> accumulate_policy_gradient(const Model& model,
+                                                           std::span<const Trajectory* const> batch,
+                                                           const GrpoOptions& options,
+                                                           Gradients& grads);
+
+}  // namespace loom
