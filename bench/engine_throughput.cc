@@ -14,6 +14,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
 #include "engine/engine.h"
+#include "engine/model/cache_store.h"
 #include "engine/model/random_weights.h"
 #include "kernels/exec.h"
 
@@ -32,6 +33,7 @@ ABSL_FLAG(std::string, device, "cpu", "where the model runs: cpu, cuda or cuda:N
 ABSL_FLAG(std::string, weight_dtype, "auto",
           "weight matrices: auto, f32, bf16 or fp8 (the server's)");
 ABSL_FLAG(std::string, act_dtype, "auto", "activations: auto, f32 or bf16 (the server's)");
+ABSL_FLAG(std::string, kv_dtype, "auto", "KV pages: auto, f32, bf16 or fp8 (the server's)");
 ABSL_FLAG(int64_t, cache_budget_mb, 0,
           "KV pages + linear-state slots, MiB (the server's: 0 = derived from free memory on a "
           "GPU, 1024 on the CPU)");
@@ -57,7 +59,10 @@ std::unique_ptr<Engine> make_engine() {
   const absl::StatusOr<WeightDType> dtype = parse_weight_dtype(absl::GetFlag(FLAGS_weight_dtype));
   const absl::StatusOr<ActivationDType> act =
       parse_activation_dtype(absl::GetFlag(FLAGS_act_dtype));
-  for (const absl::Status& st : {device.status(), dtype.status(), act.status()}) {
+  const absl::StatusOr<std::optional<DType>> kv_dtype =
+      parse_kv_dtype(absl::GetFlag(FLAGS_kv_dtype));
+  for (const absl::Status& st :
+       {device.status(), dtype.status(), act.status(), kv_dtype.status()}) {
     if (!st.ok()) {
       std::fprintf(stderr, "loom-bench-engine: %s\n", std::string(st.message()).c_str());
       std::exit(2);
@@ -93,6 +98,8 @@ std::unique_ptr<Engine> make_engine() {
   opt.enable_prefix_cache = false;  // random prompts: nothing to share; keep the work honest
   opt.deterministic = absl::GetFlag(FLAGS_deterministic);
   opt.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  opt.kv_dtype = *kv_dtype;
+  const DType act_dtype = (*model)->act_dtype();  // what kv_dtype auto resolves to
   auto e = Engine::create(std::move(*model), nullptr, opt);
   if (!e.ok()) {
     std::fprintf(stderr, "loom-bench-engine: %s\n", std::string(e.status().message()).c_str());
@@ -103,8 +110,14 @@ std::unique_ptr<Engine> make_engine() {
   if (const auto& graphs = (*e)->graph_capture())
     std::fprintf(stderr, "loom-bench-engine: %s\n", graphs->describe().c_str());
   const EngineStats st = (*e)->stats();
-  std::fprintf(stderr, "loom-bench-engine: caches: %d KV pages of %d tokens, %d state slots\n",
-               st.pages_total, opt.page_size, st.slots_total);
+  const ModelConfig& cfg = (*e)->config();
+  const DType kv = opt.kv_dtype.value_or(act_dtype);
+  std::fprintf(stderr,
+               "loom-bench-engine: caches: %d KV pages of %d tokens (%zu bytes each, kv %s), %d "
+               "state slots (%zu bytes each)\n",
+               st.pages_total, opt.page_size, CacheStore::page_bytes(cfg, opt.page_size, kv),
+               std::string(dtype_name(kv)).c_str(), st.slots_total,
+               CacheStore::slot_bytes(cfg, act_dtype));
   return std::move(*e);
 }
 

@@ -157,4 +157,21 @@ uint16_t f32_to_f16(float f) {
   return sign | static_cast<uint16_t>(r >> 13);
 }
 
+uint8_t f32_to_f8e4m3(double x) {
+  LOOM_CHECK(!std::isnan(x), "f32_to_f8e4m3 of NaN");
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
+  const double a = std::fabs(x);
+  if (a >= 448.0) return sign | 0x7E;  // saturate: 448 is S.1111.110
+  int e = 0;
+  std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1): the binade's exponent is e - 1
+  // Below 2^-6 (the smallest normal) the spacing is the subnormals' 2^-9; above, 2^(exp - 3).
+  const double quantum = a < 0x1p-6 ? 0x1p-9 : std::ldexp(1.0, e - 1 - 3);
+  const double v = std::nearbyint(a / quantum) * quantum;  // ties to even (default rounding)
+  if (v < 0x1p-6) return sign | static_cast<uint8_t>(v / 0x1p-9);  // subnormal codes 0..7
+  std::frexp(v, &e);  // v may have rounded up into the next binade
+  const int exp = e - 1;
+  const int mant = static_cast<int>(v / std::ldexp(1.0, exp - 3)) - 8;
+  return sign | static_cast<uint8_t>(((exp + 7) << 3) | mant);
+}
+
 }  // namespace loom

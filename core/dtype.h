@@ -62,5 +62,11 @@ uint16_t f32_to_f16(float f);
 // Exact widenings of the FP8 formats (every FP8 value is an f32 value).
 float f8e4m3_to_f32(uint8_t v);
 float f8e5m2_to_f32(uint8_t v);
+// The e4m3fn code nearest to x, ties to even, saturated to +-448 (e4m3fn has no infinities, and a
+// weight beyond the largest finite value is better clipped than turned into NaN); -0 and negative
+// values that round to 0 keep the sign bit. x must not be NaN. Takes a double so that a quotient
+// w / scale_inv is rounded once, straight to e4m3 (an f32 quotient would round twice, and could
+// land on an e4m3 tie the exact quotient is not on).
+uint8_t f32_to_f8e4m3(double x);
 
 }  // namespace loom

@@ -10,6 +10,25 @@
 
 namespace loom {
 
+// FP8 KV pages (pool dtype kF8E4M3, --kv_dtype fp8): each cached vector (an MLA latent or rope
+// key of one position; a GQA key or value of one position and one kv head) is stored as its n
+// e4m3fn codes followed by its f32 scale (kKvFp8ScaleBytes bytes), so the pool's last dimension
+// is n + 4 bytes and a row copy carries its scales. scale = f32(amax / 448) of the vector (1 for
+// an all-zero one; NaN when it holds a non-finite value, so attention sees NaN as it would in an
+// f32 cache); code = e4m3(x / scale), the quotient exact, ties to even, saturated to +-448; value
+// = f32(code) * scale, an f32 product. The write quantizes (kernels/cpu/kv_fp8.h), the attention
+// reads dequantize a page at a time; the CUDA kernels refuse these pools.
+inline constexpr int64_t kKvFp8ScaleBytes = 4;
+// The pool's last dimension for vectors of n values stored in kv_dtype.
+inline int64_t kv_pool_last_dim(DType kv_dtype, int64_t n) {
+  return kv_dtype == DType::kF8E4M3 && n > 0 ? n + kKvFp8ScaleBytes : n;
+}
+// The values a vector of a pool holds: its last dimension without the fp8 scale.
+inline int64_t kv_pool_vector_dim(const Tensor& pool) {
+  const int64_t last = pool.dim(pool.ndim() - 1);
+  return pool.dtype() == DType::kF8E4M3 && last > 0 ? last - kKvFp8ScaleBytes : last;
+}
+
 // One sequence's view of a cache laid out in fixed-size pages: position j is row j % page_size of
 // page pages[j / page_size] of `pool` ([num_pages, page_size, row...]). The serving engine's paged
 // pools and a private contiguous cache ([S, row...], one page holding every row) are both views.
@@ -20,9 +39,16 @@ struct CacheView {
 
   static CacheView contiguous(const Tensor& rows);  // rows: [S, row...]; pages -> {0}
   int64_t page_size() const { return pool.dim(1); }
+  // Elements of a position's row in the pool (for fp8 pools: bytes, scales included).
   int64_t row_elems() const { return pool.numel() / (pool.dim(0) * pool.dim(1)); }
+  // Values of a position's row (row_elems() without the fp8 scales).
+  int64_t row_values() const {
+    const int64_t last = pool.dim(pool.ndim() - 1);
+    return last == 0 ? 0 : row_elems() / last * kv_pool_vector_dim(pool);
+  }
   // Start of position j's row in the pool's element type T (float for f32 pools, uint16_t for
-  // bf16 ones; host caches only; no bounds check beyond LOOM_CHECKs at kernel entry).
+  // bf16 ones, uint8_t for fp8 ones; host caches only; no bounds check beyond LOOM_CHECKs at kernel
+  // entry).
   template <typename T = float>
   T* row(int64_t j) const {
     return pool.data<T>() +
@@ -33,7 +59,8 @@ struct CacheView {
 };
 
 // Writes rows[i] to position start + i of `view` (its page table must cover those positions).
-// rows: [n, row...] f32; the pool f32 or bf16 (rounded to nearest even).
+// rows: [n, row...] f32; the pool f32, bf16 (rounded to nearest even) or fp8 (quantized per
+// vector, see kKvFp8ScaleBytes; host only).
 void cache_write_rows(const Exec& ex, const CacheView& view, int64_t start, const Tensor& rows);
 
 // MLA. The cache holds, per position, only the normalised latent c (rows of R = kv_lora_rank) and
@@ -76,9 +103,10 @@ void gqa_attention_forward(const Exec& ex, const Tensor& q, const CacheView& k_c
 
 // cache_write_rows for every sequence: its rows go to positions past_lens[b] onwards. pool:
 // [num_pages, page_size, row...] f32 or bf16 (an f32 value rounded to nearest even, bit for bit
-// the same on every backend); rows: [N, row...] f32, or bf16 on a GPU (stored as they are, or
-// widened exactly into an f32 pool). No page may be written by two sequences. The attention ops
-// below read either pool dtype.
+// the same on every backend), or fp8 on the host (rows of vectors of n + 4 bytes, see
+// kKvFp8ScaleBytes; a CUDA call stops with a message); rows: [N, row...] f32, or bf16 on a GPU
+// (stored as they are, or widened exactly into an f32 pool). No page may be written by two
+// sequences. The attention ops below read any of these pool dtypes (fp8 on the host only).
 void cache_write_varlen(const Exec& ex, const Tensor& pool, const Tensor& page_table,
                         const Tensor& cu_seqlens, const Tensor& past_lens, const Tensor& rows);
 

@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "engine/model/cache_store.h"
 #include "engine/model/random_weights.h"
 
 ABSL_FLAG(std::string, model, "build/default-model",
@@ -54,9 +55,10 @@ ABSL_FLAG(bool, cuda_graphs, true,
           "Ignored on the CPU.");
 ABSL_FLAG(std::string, kv_dtype, "auto",
           "Storage dtype of the attention KV pages: auto (the activations' dtype: f32, or bf16 "
-          "on a GPU serving bf16 matrices), f32 or bf16 (half the bytes per cached token, so "
+          "on a GPU serving bf16 matrices), f32, bf16 (half the bytes per cached token, so "
           "twice the pages for the same --cache_budget_mb; on a GPU MLA decode then runs on "
-          "tensor cores). Linear-attention states stay f32.");
+          "tensor cores) or fp8 (CPU only: e4m3 with one f32 scale per cached vector, about a "
+          "quarter of f32's bytes). Linear-attention states stay f32.");
 ABSL_FLAG(int64_t, max_body_bytes, 4 << 20, "Largest request body accepted (413 beyond).");
 ABSL_FLAG(int64_t, max_header_bytes, 16 << 10, "Largest request header block (431 beyond).");
 ABSL_FLAG(int, max_queue, 256,
@@ -142,16 +144,10 @@ absl::StatusOr<ServerOptions> server_options_from_flags() {
   o.engine.gpu_memory_utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);
   if (!(o.engine.gpu_memory_utilization > 0 && o.engine.gpu_memory_utilization <= 1))
     return bad("gpu_memory_utilization", "must be in (0, 1]");
-  const std::string kv_dtype = absl::GetFlag(FLAGS_kv_dtype);
-  if (kv_dtype == "auto") {
-    o.engine.kv_dtype.reset();
-  } else if (kv_dtype == "f32") {
-    o.engine.kv_dtype = DType::kF32;
-  } else if (kv_dtype == "bf16") {
-    o.engine.kv_dtype = DType::kBF16;
-  } else {
-    return bad("kv_dtype", "must be auto, f32 or bf16");
-  }
+  const absl::StatusOr<std::optional<DType>> kv_dtype =
+      parse_kv_dtype(absl::GetFlag(FLAGS_kv_dtype));
+  if (!kv_dtype.ok()) return bad("kv_dtype", "must be auto, f32, bf16 or fp8");
+  o.engine.kv_dtype = *kv_dtype;
   if (o.engine.max_num_batched_tokens < 1) return bad("max_num_batched_tokens", "must be >= 1");
   if (o.engine.max_num_seqs < 1) return bad("max_num_seqs", "must be >= 1");
   if (o.engine.max_model_len < 0) return bad("max_model_len", "must be >= 0");

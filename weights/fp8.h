@@ -18,12 +18,7 @@ namespace loom {
 absl::StatusOr<Tensor> dequantize_fp8_blocks(const Tensor& q, const Tensor& scale_inv,
                                              int block_rows, int block_cols, std::string_view name);
 
-// The e4m3fn code nearest to x, ties to even, saturated to +-448 (e4m3fn has no infinities, and a
-// weight beyond the largest finite value is better clipped than turned into NaN); -0 and negative
-// values that round to 0 keep the sign bit. x must not be NaN. Takes a double so that a quotient
-// w / scale_inv is rounded once, straight to e4m3 (an f32 quotient would round twice, and could
-// land on an e4m3 tie the exact quotient is not on).
-uint8_t f32_to_f8e4m3(double x);
+// The e4m3 encoder (f32_to_f8e4m3) is in core/dtype.h: the KV cache uses it too.
 
 // Quantizes the f32 matrix (or stack of matrices) `w` [.., N, K] into `q`, a stored FP8 matrix of
 // the same shape (core/fp8_matrix.h: from the arena or fp8_matrix_empty): per 128 x 128 block

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/attention.h"
 #include "kernels/cache_ops.h"
 #ifdef LOOM_WITH_CUDA
 #include "kernels/cuda/context.h"
@@ -34,12 +35,25 @@ Exec exec_on(Device device) {
 
 }  // namespace
 
+absl::StatusOr<std::optional<DType>> parse_kv_dtype(std::string_view name) {
+  if (name == "auto") return std::optional<DType>();
+  if (name == "f32") return std::optional<DType>(DType::kF32);
+  if (name == "bf16") return std::optional<DType>(DType::kBF16);
+  if (name == "fp8") return std::optional<DType>(DType::kF8E4M3);
+  return absl::InvalidArgumentError(
+      absl::StrCat("kv_dtype '", std::string(name), "': must be auto, f32, bf16 or fp8"));
+}
+
 std::vector<int64_t> CacheStore::kv_bytes_per_token(const ModelConfig& cfg, DType kv_dtype) {
+  // The pools' own shapes (kv_pool_last_dim: fp8 vectors carry a 4-byte scale each).
   const int64_t es = static_cast<int64_t>(dtype_size(kv_dtype));
   std::vector<int64_t> out;
   for (MixerType m : cfg.mixers) {
-    if (m == MixerType::kMla) out.push_back(es * (cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim));
-    if (m == MixerType::kGqa) out.push_back(es * 2 * cfg.gqa.num_kv_heads * cfg.gqa.head_dim);
+    if (m == MixerType::kMla)
+      out.push_back(es * (kv_pool_last_dim(kv_dtype, cfg.mla.kv_lora_rank) +
+                          kv_pool_last_dim(kv_dtype, cfg.mla.qk_rope_head_dim)));
+    if (m == MixerType::kGqa)
+      out.push_back(es * 2 * cfg.gqa.num_kv_heads * kv_pool_last_dim(kv_dtype, cfg.gqa.head_dim));
   }
   return out;
 }
@@ -73,13 +87,19 @@ absl::Status CacheStore::validate(const ModelConfig& cfg, const Options& o) {
   const std::pair<const char*, DType> dtypes[] = {{"kv_dtype", o.kv_dtype},
                                                   {"act_dtype", o.act_dtype}};
   for (const auto& [what, dtype] : dtypes) {
-    if (!is_float(dtype))
+    if (!is_float(dtype) && !(dtype == DType::kF8E4M3 && what == dtypes[0].first))
       return absl::InvalidArgumentError(absl::StrCat(
           "CacheStore: ", what, " ", std::string(dtype_name(dtype)), " is not a float type"));
   }
   // Both backends' attention kernels read f32 or bf16 pages (the CPU's widen a page at a time);
-  // the convolution tails follow the activations: f32, or bf16 on a GPU.
-  if (o.kv_dtype != DType::kF32 && o.kv_dtype != DType::kBF16)
+  // fp8 pages (e4m3 with a scale per vector, kernels/attention.h) only the CPU's, which
+  // dequantize a page at a time; the convolution tails follow the activations: f32, or bf16 on
+  // a GPU.
+  if (o.kv_dtype == DType::kF8E4M3 && !o.device.is_cpu())
+    return absl::InvalidArgumentError(
+        absl::StrCat("CacheStore: kv_dtype fp8 on ", device_name(o.device),
+                     ": fp8 KV pages run on the CPU only in this build; use f32 or bf16"));
+  if (o.kv_dtype != DType::kF32 && o.kv_dtype != DType::kBF16 && o.kv_dtype != DType::kF8E4M3)
     return absl::InvalidArgumentError(absl::StrCat("CacheStore: kv_dtype ",
                                                    std::string(dtype_name(o.kv_dtype)), " on ",
                                                    device_name(o.device), ": use f32 or bf16"));
@@ -120,13 +140,18 @@ CacheStore::CacheStore(const ModelConfig& cfg, const Options& options) : options
     switch (cfg.mixers[l]) {
       case MixerType::kMla:
         has_attention_ = true;
-        layer.pools[0] = zeroed({p, ps, cfg.mla.kv_lora_rank}, options.kv_dtype);
-        layer.pools[1] = zeroed({p, ps, cfg.mla.qk_rope_head_dim}, options.kv_dtype);
+        layer.pools[0] = zeroed({p, ps, kv_pool_last_dim(options.kv_dtype, cfg.mla.kv_lora_rank)},
+                                options.kv_dtype);
+        layer.pools[1] =
+            zeroed({p, ps, kv_pool_last_dim(options.kv_dtype, cfg.mla.qk_rope_head_dim)},
+                   options.kv_dtype);
         break;
       case MixerType::kGqa:
         has_attention_ = true;
         for (Tensor& pool : layer.pools)
-          pool = zeroed({p, ps, cfg.gqa.num_kv_heads, cfg.gqa.head_dim}, options.kv_dtype);
+          pool = zeroed(
+              {p, ps, cfg.gqa.num_kv_heads, kv_pool_last_dim(options.kv_dtype, cfg.gqa.head_dim)},
+              options.kv_dtype);
         break;
       case MixerType::kKda:
       case MixerType::kGdn:

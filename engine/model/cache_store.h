@@ -13,6 +13,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -22,6 +24,11 @@
 #include "weights/model_config.h"
 
 namespace loom {
+
+// The KV page dtype a user names (--kv_dtype on loom-server and loom-bench-engine): "auto" (unset:
+// the activations' dtype), "f32", "bf16", or "fp8" (DType::kF8E4M3: e4m3 with one f32 scale per
+// cached vector, kernels/attention.h; CPU only). InvalidArgument for anything else.
+absl::StatusOr<std::optional<DType>> parse_kv_dtype(std::string_view name);
 
 class CacheStore {
  public:
@@ -38,7 +45,7 @@ class CacheStore {
     int64_t page_size = 64;  // positions per page
     int64_t num_slots = 0;   // linear-state slots (ids 0 .. num_slots-1)
     Device device = Device::kCpu;
-    DType kv_dtype = DType::kF32;   // the page pools
+    DType kv_dtype = DType::kF32;   // the page pools: f32, bf16 or (CPU) kF8E4M3 (fp8)
     DType act_dtype = DType::kF32;  // the convolution tails
   };
 
@@ -72,7 +79,8 @@ class CacheStore {
   bool has_linear() const { return has_linear_; }
 
   // Layer `layer`'s pool `which` (MLA: 0 latent [P, page, R], 1 rope [P, page, dr]; GQA: 0 key,
-  // 1 value [P, page, Hkv, d]). The layer must be an attention layer.
+  // 1 value [P, page, Hkv, d]; under fp8 each last dimension is 4 bytes longer, for the vector's
+  // scale: kv_pool_last_dim). The layer must be an attention layer.
   const Tensor& pool(int layer, int which) const;
   // Slot `slot`'s state of linear layer `layer`.
   Tensor recurrent(int layer, int64_t slot) const;  // [Hv, dk, dv]

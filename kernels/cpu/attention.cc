@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/kv_fp8.h"
 #include "kernels/cpu/varlen.h"
 
 namespace loom::cpu {
@@ -52,8 +53,20 @@ const float* widen_bf16_rows(const uint16_t* rows, int64_t elems) {
   return buf.data();
 }
 
+// A page's run of fp8 cache rows dequantized to f32 (kernels/attention.h's format), the scales
+// dropped: `rows` rows of row_values() floats. The same per-thread buffer discipline as above.
+const float* dequantize_fp8_rows(const CacheView& v, const uint8_t* rows, int64_t n) {
+  thread_local std::vector<float> buf;
+  const int64_t dim = kv_pool_vector_dim(v.pool);
+  const int64_t vectors = v.row_elems() / v.pool.dim(v.pool.ndim() - 1);
+  buf.resize(static_cast<size_t>(n * vectors * dim));
+  kv_fp8_dequantize_rows(rows, n, vectors, dim, buf.data());
+  return buf.data();
+}
+
 // Rows of keys or values: dense (row j at dense + j * ld) or a paged cache view (row j at
-// view->row(j) + col; bf16 pages are widened a page at a time). blocks() yields maximal runs
+// view->row(j) + col; bf16 and fp8 pages are widened a page at a time, so col and the stride
+// count values, not a pool's fp8 bytes). blocks() yields maximal runs
 // [j0, j1) that are contiguous in memory, so every product below is one GEMM per page (one GEMM
 // in all for a dense or contiguous cache).
 struct Rows {
@@ -64,7 +77,7 @@ struct Rows {
 
   static Rows of_dense(const float* p, int64_t ld) { return Rows{p, ld, nullptr, 0}; }
   static Rows of_view(const CacheView& v, int64_t col) { return Rows{nullptr, 0, &v, col}; }
-  int64_t stride() const { return view ? view->row_elems() : ld; }
+  int64_t stride() const { return view ? view->row_values() : ld; }
   template <typename F>
   void blocks(int64_t len, F&& f) const {
     if (view == nullptr) {
@@ -76,6 +89,8 @@ struct Rows {
       const int64_t j1 = std::min(len, (j0 / ps + 1) * ps);
       if (view->pool.dtype() == DType::kBF16) {
         f(j0, j1, widen_bf16_rows(view->row<uint16_t>(j0), (j1 - j0) * stride()) + col);
+      } else if (view->pool.dtype() == DType::kF8E4M3) {
+        f(j0, j1, dequantize_fp8_rows(*view, view->row<uint8_t>(j0), j1 - j0) + col);
       } else {
         f(j0, j1, view->row(j0) + col);
       }
@@ -140,18 +155,22 @@ struct MlaShapes {
   int64_t t, s, h, dn, dr, dv, r;
 };
 
-// The pools the CPU kernels read and write: contiguous host f32 or bf16 (Rows::blocks widens bf16).
+// The pools the CPU kernels read and write: contiguous host f32, bf16 or fp8 (Rows::blocks widens
+// bf16 and dequantizes fp8; an fp8 pool's last dimension holds the scale's 4 bytes).
 void check_host_pool(const char* fn, const char* what, const Tensor& pool) {
-  LOOM_CHECK((pool.dtype() == DType::kF32 || pool.dtype() == DType::kBF16) &&
-                 pool.device().is_cpu() && pool.is_contiguous(),
-             "%s: %s pool %s, expected a contiguous f32 or bf16 host pool", fn, what,
-             pool.describe().c_str());
+  const bool fp8 = pool.dtype() == DType::kF8E4M3;
+  LOOM_CHECK((pool.dtype() == DType::kF32 || pool.dtype() == DType::kBF16 || fp8) &&
+                 pool.device().is_cpu() && pool.is_contiguous() &&
+                 (!fp8 || (pool.ndim() >= 3 && pool.dim(pool.ndim() - 1) > kKvFp8ScaleBytes)),
+             "%s: %s pool %s, expected a contiguous f32, bf16 or fp8 host pool (fp8: vectors of "
+             "n values + a 4-byte scale)",
+             fn, what, pool.describe().c_str());
 }
 
 void check_view(const char* fn, const char* what, const CacheView& v, int64_t row_elems) {
   check_host_pool(fn, what, v.pool);
   LOOM_CHECK(v.pool.ndim() >= 2 && v.pages.dtype() == DType::kI32 && v.pages.ndim() == 1 &&
-                 v.length >= 0 && v.row_elems() == row_elems,
+                 v.length >= 0 && v.row_values() == row_elems,
              "%s: %s view of %s (length %lld) needs rows of %lld values", fn, what,
              v.pool.describe().c_str(), static_cast<long long>(v.length),
              static_cast<long long>(row_elems));
@@ -197,7 +216,7 @@ void cache_write_rows(const CacheView& view, int64_t start, const Tensor& rows) 
   LOOM_CHECK_F32(rows);
   check_host_pool("cache_write_rows", "the", view.pool);
   const int64_t n = rows.ndim() >= 1 ? rows.dim(0) : 0;
-  const int64_t w = view.row_elems();
+  const int64_t w = view.row_values();
   LOOM_CHECK(n == 0 || rows.numel() / n == w, "cache_write_rows: rows %s into rows of %lld",
              rows.describe().c_str(), static_cast<long long>(w));
   LOOM_CHECK(n == 0 || (start + n - 1) / view.page_size() < view.pages.dim(0),
@@ -214,6 +233,12 @@ void cache_write_rows(const CacheView& view, int64_t start, const Tensor& rows) 
     if (view.pool.dtype() == DType::kBF16) {
       uint16_t* dst = view.row<uint16_t>(j);
       for (int64_t e = 0; e < w; ++e) dst[e] = f32_to_bf16(src[e]);
+    } else if (view.pool.dtype() == DType::kF8E4M3) {
+      // Each vector of the row (the row itself for MLA, one kv head for GQA) with its scale.
+      const int64_t dim = kv_pool_vector_dim(view.pool);
+      uint8_t* dst = view.row<uint8_t>(j);
+      for (int64_t e = 0; e < w / dim; ++e)
+        kv_fp8_quantize(src + e * dim, dim, dst + e * (dim + kKvFp8ScaleBytes));
     } else {
       std::memcpy(view.row(j), src, w * sizeof(float));
     }
@@ -308,9 +333,11 @@ void gqa_attention_forward(const Tensor& q, const CacheView& k_cache, const Cach
              "gqa_attention_forward: q %s k pool %s v pool %s", q.describe().c_str(),
              k_cache.pool.describe().c_str(), v_cache.pool.describe().c_str());
   const int64_t t = q.dim(0), hq = q.dim(1), d = q.dim(2);
-  const int64_t s = k_cache.length, hkv = k_cache.pool.dim(2), dv = v_cache.pool.dim(3);
+  // kv_pool_vector_dim: an fp8 pool's last dimension also holds each vector's scale.
+  const int64_t s = k_cache.length, hkv = k_cache.pool.dim(2),
+                dv = kv_pool_vector_dim(v_cache.pool);
   LOOM_CHECK(hkv > 0 && hq % hkv == 0 && s >= t && v_cache.length == s && d > 0 && dv > 0 &&
-                 v_cache.pool.dim(2) == hkv && k_cache.pool.dim(3) == d,
+                 v_cache.pool.dim(2) == hkv && kv_pool_vector_dim(k_cache.pool) == d,
              "gqa_attention_forward: q %s k pool %s v pool %s, S = %lld (need Hq %% Hkv == 0, "
              "S >= T)",
              q.describe().c_str(), k_cache.pool.describe().c_str(), v_cache.pool.describe().c_str(),
