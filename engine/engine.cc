@@ -59,7 +59,8 @@ Engine::~Engine() { shutdown(); }
 
 const ModelConfig& Engine::config() const { return model_->config(); }
 
-absl::StatusOr<std::shared_ptr<RequestStream>> Engine::submit(Request request) {
+absl::StatusOr<std::shared_ptr<RequestStream>> Engine::submit(Request request,
+                                                             int64_t* session_continued) {
   const ModelConfig& cfg = model_->config();
   if (request.prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
   for (size_t i = 0; i < request.prompt.size(); ++i)
@@ -73,6 +74,7 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Engine::submit(Request request) {
         absl::StrCat("n: at most ", options_.max_n, " choices per request on this server"));
   if (!request.params.stop.empty() && tokenizer_ == nullptr)
     return absl::InvalidArgumentError("stop strings need a tokenizer; this engine has none");
+  if (session_continued != nullptr) *session_continued = 0;
   if (request.session.empty()) {
     LOOM_RETURN_IF_ERROR(check_length(request));
     return inbox_->push(std::move(request));
@@ -81,7 +83,10 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Engine::submit(Request request) {
     return absl::InvalidArgumentError("a session turn generates one choice (n must be 1)");
   // The turn holds the session from here: every refusal below gives it back.
   LOOM_ASSIGN_OR_RETURN(SessionStore::Turn turn,
-                        sessions_->begin_turn(request.session, request.prompt, absl::Now()));
+                        sessions_->begin_turn(request.session, request.prompt, absl::Now(),
+                                              request.session_whole_prompt));
+  if (turn.dropped != 0) inbox_->drop_session(turn.dropped);  // its kept cache is not this prompt's
+  if (session_continued != nullptr) *session_continued = turn.continued;
   request.prompt = std::move(turn.prompt);
   absl::Status length = check_length(request);
   if (!length.ok()) {

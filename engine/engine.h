@@ -102,7 +102,10 @@ class Engine {
   // prompt + max_tokens over max_model_len (a session turn: history + new tokens + max_tokens),
   // n > 1 on a session; FailedPrecondition after shutdown or while the session's previous turn
   // runs; ResourceExhausted for a new session past max_sessions. Thread-safe.
-  absl::StatusOr<std::shared_ptr<RequestStream>> submit(Request request);
+  // `session_continued` (optional): set to the history tokens a session turn continues from
+  // without recomputing them (0 for a new session, a restart or no session).
+  absl::StatusOr<std::shared_ptr<RequestStream>> submit(Request request,
+                                                        int64_t* session_continued = nullptr);
   // Deletes a session: its history and kept cache. NotFound when there is none. A turn still
   // running completes, but nothing of it is kept. Thread-safe.
   absl::Status delete_session(const std::string& name);

@@ -396,9 +396,11 @@ void EngineLoop::finish(LiveRequest& r, Choice& c, FinishReason reason, std::str
   out.error = std::move(error);
   out.prompt_tokens = static_cast<int32_t>(r.request.prompt.size());
   out.completion_tokens = c.generated;
+  // The session's turn ends before its last event goes out: a client that sends the next turn
+  // as soon as it reads this one must find the session idle, with this turn in its history.
+  if (r.session != 0) end_session(r, reason);
   r.stream->push(std::move(out));
   count_finished(reason, stats_);
-  if (r.session != 0) end_session(r, reason);
   if (--r.open == 0) {
     r.stream->close();
     ++closed_;  // the live count drops with the stats update, so wait_idle() sees final pool counts

@@ -21,6 +21,12 @@ struct Request {
   // tokens; the engine prepends the session's history and continues from the state it kept at
   // the end of the previous turn. The first turn creates the session. Requires n == 1.
   std::string session;
+  // A session turn whose `prompt` is the whole conversation rather than its new tokens (the
+  // Responses API renders the whole conversation through the chat template): when the session's
+  // history is a proper prefix of it, the turn continues the session with the rest; otherwise the
+  // session starts over from `prompt` (its kept cache dropped), so the tokens the model sees are
+  // `prompt` either way. Checked atomically with the turn's start.
+  bool session_whole_prompt = false;
 };
 
 // Why a choice ended. kStop: EOS, a stop token or a stop string; kLength: max_tokens; kCancelled:

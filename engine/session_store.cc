@@ -1,5 +1,6 @@
 #include "engine/session_store.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,9 +9,10 @@ namespace loom {
 
 absl::StatusOr<SessionStore::Turn> SessionStore::begin_turn(const std::string& name,
                                                             std::span<const int32_t> new_tokens,
-                                                            absl::Time now) {
+                                                            absl::Time now, bool whole) {
   absl::MutexLock lock(&mu_);
   uint64_t key;
+  uint64_t dropped = 0;
   auto it = by_name_.find(name);
   // A session past its ttl that the loop has not expired yet is gone all the same.
   if (it != by_name_.end() && !sessions_.at(it->second).busy &&
@@ -18,6 +20,16 @@ absl::StatusOr<SessionStore::Turn> SessionStore::begin_turn(const std::string& n
     remove(it->second);
     ++expired_;
     it = by_name_.end();
+  }
+  if (whole && it != by_name_.end() && !sessions_.at(it->second).busy) {
+    const std::vector<int32_t>& h = sessions_.at(it->second).history;
+    const bool continues =
+        h.size() < new_tokens.size() && std::equal(h.begin(), h.end(), new_tokens.begin());
+    if (!continues) {
+      dropped = it->second;
+      remove(it->second);
+      it = by_name_.end();
+    }
   }
   if (it == by_name_.end()) {
     if (static_cast<int32_t>(sessions_.size()) >= max_sessions_)
@@ -39,6 +51,12 @@ absl::StatusOr<SessionStore::Turn> SessionStore::begin_turn(const std::string& n
   s.last_used = now;
   Turn turn;
   turn.key = key;
+  turn.dropped = dropped;
+  turn.continued = static_cast<int64_t>(s.history.size());
+  if (whole) {
+    turn.prompt.assign(new_tokens.begin(), new_tokens.end());
+    return turn;
+  }
   turn.prompt.reserve(s.history.size() + new_tokens.size());
   turn.prompt = s.history;
   turn.prompt.insert(turn.prompt.end(), new_tokens.begin(), new_tokens.end());

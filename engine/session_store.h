@@ -35,12 +35,16 @@ class SessionStore {
   struct Turn {
     uint64_t key = 0;             // the session's key (unique for the engine's life)
     std::vector<int32_t> prompt;  // the history followed by the new tokens
+    int64_t continued = 0;        // history tokens the turn continues from (0: a fresh start)
+    uint64_t dropped = 0;         // the key of a session replaced by a whole-prompt turn, or 0
   };
   // Starts a turn of session `name`, creating the session when there is none. FailedPrecondition
   // while the session's previous turn is still running; ResourceExhausted for a new session when
   // max_sessions are live.
+  // `whole` (Request::session_whole_prompt): `new_tokens` is the whole conversation; a session
+  // whose history is not a proper prefix of it is replaced by a new one (Turn::dropped).
   absl::StatusOr<Turn> begin_turn(const std::string& name, std::span<const int32_t> new_tokens,
-                                  absl::Time now);
+                                  absl::Time now, bool whole = false);
   // Undoes begin_turn for a turn that was never queued (a refused request): a session it created
   // is removed, an existing one is idle again.
   void abort_turn(uint64_t key);

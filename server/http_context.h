@@ -12,6 +12,7 @@
 #include "server/admission.h"
 #include "server/chat_setup.h"
 #include "server/metrics.h"
+#include "server/response_store.h"
 #include "server/server_options.h"
 #include "server/stream_pump.h"
 
@@ -26,6 +27,8 @@ struct HttpContext {
   StreamPump* pump = nullptr;          // the server's (HttpServer::pump())
   AdmissionGate* admission = nullptr;  // shared with the other frontends (main.cc)
   int64_t started_unix = 0;
+  // Responses stored by POST /v1/responses (server/responses_route.h); shared with their builders.
+  std::shared_ptr<ResponseStore> responses;
 
   std::atomic<bool> draining{false};      // new requests get 503
   std::atomic<int64_t> in_flight{0};      // generations between submit and their last byte

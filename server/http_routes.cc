@@ -12,6 +12,7 @@
 #include "server/chat_request.h"
 #include "server/openai_request.h"
 #include "server/readiness.h"
+#include "server/responses_route.h"
 
 namespace loom {
 namespace {
@@ -207,14 +208,8 @@ RouteResult generate(HttpContext& ctx, std::string_view body, bool chat) {
     result.reply = error_reply(api_error_from_status(req.status()));
     return result;
   }
-  if (!req->model.empty() && req->model != ctx.options.served_model_name) {
-    ApiError e = make_api_error(
-        404,
-        absl::StrCat("The model `", req->model, "` does not exist (this server serves `",
-                     ctx.options.served_model_name, "`)"),
-        "model");
-    e.code = "model_not_found";
-    result.reply = error_reply(e);
+  if (auto refused = unknown_model_reply(ctx, req->model)) {
+    result.reply = *std::move(refused);
     return result;
   }
   // Chat: rendered and read as every frontend does it (server/chat_request.h).
@@ -240,11 +235,8 @@ RouteResult generate(HttpContext& ctx, std::string_view body, bool chat) {
   // One admission rule for every frontend (server/admission.h): atomic, so simultaneous
   // requests cannot overshoot --max_queue.
   AdmissionGate::Ticket ticket;
-  if (absl::Status st = ctx.admission->try_acquire(static_cast<int>(requests->size()), &ticket);
-      !st.ok()) {
-    result.reply = error_reply(api_error_from_status(st));
-    if (absl::IsResourceExhausted(st))
-      result.reply.headers.push_back({"Retry-After", absl::StrCat(kRetryAfterSeconds)});
+  if (auto refused = admit(ctx, static_cast<int>(requests->size()), &ticket)) {
+    result.reply = *std::move(refused);
     return result;
   }
   const uint64_t serial = ctx.next_request.fetch_add(1);
@@ -280,6 +272,26 @@ RouteResult generate(HttpContext& ctx, std::string_view body, bool chat) {
 }
 
 }  // namespace
+
+std::optional<HttpReply> unknown_model_reply(const HttpContext& ctx, const std::string& model) {
+  if (model.empty() || model == ctx.options.served_model_name) return std::nullopt;
+  ApiError e =
+      make_api_error(404,
+                     absl::StrCat("The model `", model, "` does not exist (this server serves `",
+                                  ctx.options.served_model_name, "`)"),
+                     "model");
+  e.code = "model_not_found";
+  return error_reply(e);
+}
+
+std::optional<HttpReply> admit(HttpContext& ctx, int requests, AdmissionGate::Ticket* ticket) {
+  absl::Status st = ctx.admission->try_acquire(requests, ticket);
+  if (st.ok()) return std::nullopt;
+  HttpReply reply = error_reply(api_error_from_status(st));
+  if (absl::IsResourceExhausted(st))
+    reply.headers.push_back({"Retry-After", absl::StrCat(kRetryAfterSeconds)});
+  return reply;
+}
 
 std::string_view request_path(std::string_view target, std::string_view* authority) {
   std::string_view path = target.substr(0, target.find('?'));
@@ -327,7 +339,8 @@ RouteResult handle_request(HttpContext& ctx, const HttpRequestView& request) {
     result.reply = error_reply(e);
     return result;
   }
-  const bool get = request.method == "GET", post = request.method == "POST";
+  const bool get = request.method == "GET", post = request.method == "POST",
+             del = request.method == "DELETE";
   // GET /v1/models/{id}: the id is the rest of the path (served names may contain '/').
   std::string model_id;
   constexpr std::string_view kModelPrefix = "/v1/models/";
@@ -335,16 +348,31 @@ RouteResult handle_request(HttpContext& ctx, const HttpRequestView& request) {
     model_id = percent_decode(path.substr(kModelPrefix.size()));
     path = "/v1/models/{id}";
   }
+  // GET and DELETE /v1/responses/{id}.
+  std::string response_id;
+  constexpr std::string_view kResponsePrefix = "/v1/responses/";
+  if (path.size() > kResponsePrefix.size() &&
+      path.substr(0, kResponsePrefix.size()) == kResponsePrefix) {
+    response_id = percent_decode(path.substr(kResponsePrefix.size()));
+    path = "/v1/responses/{id}";
+  }
   struct Route {
     std::string_view path;
     bool post;
+    bool del = false;  // DELETE as well as GET
   };
   static constexpr Route kRoutes[] = {
-      {"/v1/completions", true}, {"/v1/chat/completions", true},
-      {"/v1/models", false},     {"/health", false},
-      {"/metrics", false},       {"/tokenize", true},
-      {"/detokenize", true},     {"/v1/models/{id}", false},
+      {"/v1/completions", true},
+      {"/v1/chat/completions", true},
+      {"/v1/models", false},
+      {"/health", false},
+      {"/metrics", false},
+      {"/tokenize", true},
+      {"/detokenize", true},
+      {"/v1/models/{id}", false},
       {"/ready", false},
+      {"/v1/responses", true},
+      {"/v1/responses/{id}", false, true},
   };
   const Route* route = nullptr;
   for (const Route& r : kRoutes) {
@@ -354,9 +382,10 @@ RouteResult handle_request(HttpContext& ctx, const HttpRequestView& request) {
     result.reply = error(404, absl::StrCat("no route ", absl_sv(path)));
     return result;
   }
-  if ((route->post && !post) || (!route->post && !get)) {
-    result.reply = error(405, absl::StrCat(absl_sv(path), " takes ", route->post ? "POST" : "GET"));
-    result.reply.headers.push_back({"Allow", route->post ? "POST" : "GET"});
+  if ((route->post && !post) || (!route->post && !get && !(route->del && del))) {
+    const char* allow = route->post ? "POST" : route->del ? "GET, DELETE" : "GET";
+    result.reply = error(405, absl::StrCat(absl_sv(path), " takes ", allow));
+    result.reply.headers.push_back({"Allow", allow});
     return result;
   }
   // The key guards everything but the probes a supervisor and a scraper need (the gRPC frontend
@@ -406,6 +435,10 @@ RouteResult handle_request(HttpContext& ctx, const HttpRequestView& request) {
     result.reply = tokenize(ctx, request.body);
   else if (path == "/detokenize")
     result.reply = detokenize(ctx, request.body);
+  else if (path == "/v1/responses")
+    return create_response(ctx, request.body);
+  else if (path == "/v1/responses/{id}")
+    result.reply = del ? delete_response(ctx, response_id) : get_response(ctx, response_id);
   else
     return generate(ctx, request.body, path == "/v1/chat/completions");
   return result;

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "server/http_context.h"
 #include "server/http_response.h"
 #include "server/openai_response.h"
+#include "server/response_renderer.h"
 
 namespace loom {
 
@@ -46,11 +48,14 @@ bool is_json_content_type(std::string_view content_type);
 
 // A submitted request: its engine streams (one per prompt) and how to render their events.
 struct Generation {
-  std::unique_ptr<OpenAiResponseBuilder> builder;
+  std::unique_ptr<ResponseRenderer> builder;  // OpenAiResponseBuilder or ResponsesBuilder
   std::vector<std::shared_ptr<RequestStream>> streams;
   bool stream = false;
   std::chrono::steady_clock::time_point received;
   AdmissionGate::Ticket ticket;  // counts against --max_queue until the generation is destroyed
+  // Streaming: payloads sent (framed by the builder) right after the response head, before any
+  // engine event (the Responses API's response.created and response.in_progress).
+  std::vector<std::string> stream_head;
 };
 
 struct RouteResult {
@@ -59,5 +64,12 @@ struct RouteResult {
 };
 
 RouteResult handle_request(HttpContext& ctx, const HttpRequestView& request);
+
+// For the generating routes. A 404 (OpenAI's model_not_found) when `model` is set and is not the
+// served model's name.
+std::optional<HttpReply> unknown_model_reply(const HttpContext& ctx, const std::string& model);
+// The admission gate (server/admission.h) for `requests` engine requests: nullopt and `*ticket`
+// held, or the refusal (429 with Retry-After, 503 while draining).
+std::optional<HttpReply> admit(HttpContext& ctx, int requests, AdmissionGate::Ticket* ticket);
 
 }  // namespace loom

@@ -67,6 +67,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::start(
   impl->ctx.metrics = metrics;
   impl->ctx.options = options;
   impl->ctx.started_unix = static_cast<int64_t>(std::time(nullptr));
+  impl->ctx.responses = std::make_shared<ResponseStore>(
+      options.max_stored_responses, absl::Seconds(options.stored_response_ttl_s));
   impl->pump = std::make_unique<StreamPump>(options.pump_threads);
   impl->ctx.pump = impl->pump.get();
 

@@ -182,6 +182,7 @@ class Session : public std::enable_shared_from_this<Session> {
       // HTTP/1.0 has no chunked coding: the stream ends when the connection closes.
       if (http10_) keep_alive_ = false;
       send(sse_response_head(/*chunked=*/!http10_));
+      for (const std::string& p : gen_->stream_head) send_stream(gen_->builder->sse_frame(p));
     }
     for (size_t i = 0; i < gen_->streams.size(); ++i) {
       ctx_.pump->add(gen_->streams[i], [self = shared_from_this(), i](
@@ -243,22 +244,22 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       std::vector<std::string> chunks = gen_->builder->on_event(prompt, e);
       if (gen_->stream && !gone_) {
-        for (const std::string& c : chunks) send_stream(sse_event(c));
+        for (const std::string& c : chunks) send_stream(gen_->builder->sse_frame(c));
       }
     }
     if (closed && --open_streams_ == 0) finish_generation();
   }
 
   void finish_generation() {
-    OpenAiResponseBuilder& b = *gen_->builder;
+    ResponseRenderer& b = *gen_->builder;
     int status = 200;
     std::string reason = b.last_finish_reason();
     if (gone_) {
       status = 499;  // client closed the connection (nginx's convention), logged only
       reason = "cancelled";
     } else if (gen_->stream) {
-      for (const std::string& c : b.stream_tail()) send_stream(sse_event(c));
-      send_stream(sse_done());
+      for (const std::string& c : b.stream_tail()) send_stream(b.sse_frame(c));
+      if (const std::string end = b.sse_end(); !end.empty()) send_stream(end);
       if (!http10_) send(http_last_chunk());
     } else if (!b.error().empty()) {
       status = 500;

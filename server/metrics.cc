@@ -160,6 +160,21 @@ std::string Metrics::render(const EngineStats& s) const {
   gauge("loom_prefix_cache_hit_rate", "Prefix-cache hit tokens over query tokens, since start.",
         s.prefix_query_tokens > 0 ? static_cast<double>(s.prefix_hit_tokens) / s.prefix_query_tokens
                                   : 0.0);
+  // Sessions (Request::session): what conversations kept between turns hold.
+  gauge("loom_sessions", "Live sessions (conversations kept between turns).", s.sessions);
+  gauge("loom_sessions_resident", "Sessions whose cache (KV pages, state slot) is kept.",
+        s.sessions_resident);
+  gauge("loom_session_history_tokens", "Tokens in all sessions' histories.",
+        static_cast<double>(s.session_history_tokens));
+  gauge("loom_session_kv_pages", "KV pages kept by sessions between turns.", s.session_pages);
+  gauge("loom_session_state_slots", "State slots kept by sessions between turns.", s.session_slots);
+  gauge("loom_session_cache_bytes", "Cache bytes kept by sessions between turns.",
+        static_cast<double>(s.session_bytes));
+  counter("loom_session_evictions_total",
+          "Session caches evicted (budget or memory pressure); their next turn recomputes.",
+          static_cast<double>(s.session_evictions));
+  counter("loom_sessions_expired_total", "Sessions dropped by the time-to-live.",
+          static_cast<double>(s.sessions_expired));
   header(&out, "loom_engine_choices_finished_total", "counter",
          "Choices the engine finished, by reason.");
   absl::StrAppend(&out, "loom_engine_choices_finished_total{reason=\"stop\"} ", s.finished_stop,

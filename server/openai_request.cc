@@ -20,15 +20,13 @@ namespace {
 
 using json = nlohmann::json;
 
-// Nesting deeper than this is rejected before parsing: nlohmann's dump() recurses.
-constexpr int kMaxJsonDepth = 64;
-
 absl::Status bad(std::string_view param, std::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(absl_sv(param), ": ", absl_sv(what)));
 }
 
-// Fails when brackets outside strings nest deeper than kMaxJsonDepth.
-absl::Status check_depth(std::string_view body) {
+}  // namespace
+
+absl::Status check_json_depth(std::string_view body) {
   int depth = 0;
   bool in_string = false, escaped = false;
   for (char c : body) {
@@ -54,8 +52,10 @@ absl::Status check_depth(std::string_view body) {
   return absl::OkStatus();
 }
 
+namespace {
+
 absl::StatusOr<json> parse_body(std::string_view body) {
-  LOOM_RETURN_IF_ERROR(check_depth(body));
+  LOOM_RETURN_IF_ERROR(check_json_depth(body));
   json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     return absl::InvalidArgumentError(

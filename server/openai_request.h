@@ -64,6 +64,11 @@ inline constexpr int kMaxChoices = 64;
 // Chat requests without max_tokens get the context left, capped here.
 inline constexpr int kDefaultChatMaxTokens = 4096;
 
+// Nesting deeper than this is rejected before parsing: nlohmann's dump() recurses.
+inline constexpr int kMaxJsonDepth = 64;
+// Fails (InvalidArgument) when brackets outside strings nest deeper than kMaxJsonDepth.
+absl::Status check_json_depth(std::string_view body);
+
 absl::StatusOr<OpenAiRequest> parse_completion_request(std::string_view body);
 absl::StatusOr<OpenAiRequest> parse_chat_request(std::string_view body);
 

@@ -15,6 +15,7 @@
 #include "engine/chat/chat_output_parser.h"
 #include "engine/request.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "server/response_renderer.h"
 
 namespace loom {
 
@@ -34,26 +35,26 @@ struct ResponseContext {
   const Tokenizer* tokenizer = nullptr;  // for logprob token strings; must outlive the builder
 };
 
-class OpenAiResponseBuilder {
+class OpenAiResponseBuilder : public ResponseRenderer {
  public:
   explicit OpenAiResponseBuilder(ResponseContext ctx);
-  ~OpenAiResponseBuilder();
+  ~OpenAiResponseBuilder() override;
 
   // Consumes one event of prompt `prompt`'s engine request. Streaming: returns the chunk objects
   // (JSON text) it produces, in order; non-streaming: accumulates and returns nothing.
-  std::vector<std::string> on_event(int prompt, const RequestOutput& out);
+  std::vector<std::string> on_event(int prompt, const RequestOutput& out) override;
   // Streaming, after every choice finished: the usage chunk when asked for (else nothing).
-  std::vector<std::string> stream_tail() const;
+  std::vector<std::string> stream_tail() const override;
   // Non-streaming, after every choice finished: the response object.
-  std::string final_json() const;
+  std::string final_json() const override;
 
   bool done() const { return finished_ == static_cast<int>(choices_.size()); }
   // The first engine error of any choice (empty if none): the caller answers 500.
-  const std::string& error() const { return error_; }
-  int prompt_tokens() const;
-  int completion_tokens() const;
+  const std::string& error() const override { return error_; }
+  int prompt_tokens() const override;
+  int completion_tokens() const override;
   // Finish reason of the last choice to finish ("stop", "length", "tool_calls", "abort", "error").
-  const std::string& last_finish_reason() const { return last_reason_; }
+  const std::string& last_finish_reason() const override { return last_reason_; }
 
  private:
   struct Choice;  // per-choice text, tokens, logprobs, stream parser (defined in the .cc)

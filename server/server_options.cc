@@ -82,6 +82,19 @@ ABSL_FLAG(std::string, reasoning_parser, "auto",
 ABSL_FLAG(double, drain_timeout_s, 30,
           "On SIGTERM/SIGINT, seconds in-flight requests (HTTP and gRPC) get to finish before "
           "they are ended with an error and the process exits.");
+ABSL_FLAG(int, max_sessions, 1024,
+          "Conversations kept between turns (/v1/responses with store, gRPC session); a new one "
+          "past this is refused with 429.");
+ABSL_FLAG(double, session_ttl_s, 3600,
+          "Seconds an idle session (and a stored /v1/responses response) is kept.");
+ABSL_FLAG(int64_t, session_max_mb, 0,
+          "Cache (KV pages + state slot) one session may keep between turns, MiB; 0: no limit but "
+          "the cache. Over it, the session keeps its tokens and its next turn is recomputed.");
+ABSL_FLAG(int64_t, sessions_max_mb, 0,
+          "Cache all sessions together may keep between turns, MiB; 0: no limit but the cache. "
+          "Past it the least recently used session's cache is evicted.");
+ABSL_FLAG(int64_t, max_stored_responses, 10000,
+          "Responses POST /v1/responses stores (store: true); the oldest are dropped first.");
 
 namespace loom {
 
@@ -114,6 +127,12 @@ absl::StatusOr<ServerOptions> server_options_from_flags() {
   o.engine.deterministic = absl::GetFlag(FLAGS_deterministic);
   o.engine.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   o.engine.enable_prefix_cache = absl::GetFlag(FLAGS_enable_prefix_cache);
+  o.engine.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  o.engine.session_ttl_s = absl::GetFlag(FLAGS_session_ttl_s);
+  o.engine.session_max_bytes = absl::GetFlag(FLAGS_session_max_mb) << 20;
+  o.engine.sessions_max_bytes = absl::GetFlag(FLAGS_sessions_max_mb) << 20;
+  o.http.max_stored_responses = absl::GetFlag(FLAGS_max_stored_responses);
+  o.http.stored_response_ttl_s = o.engine.session_ttl_s;
 
   auto bad = [](std::string_view flag, std::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat("--", absl_sv(flag), ": ", absl_sv(why)));
@@ -132,6 +151,11 @@ absl::StatusOr<ServerOptions> server_options_from_flags() {
     return bad("max_pending_write_bytes", "must be at least 65536");
   }
   if (!(o.drain_timeout_s >= 0)) return bad("drain_timeout_s", "must be >= 0");
+  if (o.engine.max_sessions < 0) return bad("max_sessions", "must be >= 0");
+  if (!(o.engine.session_ttl_s > 0)) return bad("session_ttl_s", "must be positive");
+  if (absl::GetFlag(FLAGS_session_max_mb) < 0) return bad("session_max_mb", "must be >= 0");
+  if (absl::GetFlag(FLAGS_sessions_max_mb) < 0) return bad("sessions_max_mb", "must be >= 0");
+  if (o.http.max_stored_responses < 1) return bad("max_stored_responses", "must be >= 1");
   if (reasoning_parser == "auto") {
     o.reasoning_parser = ReasoningParser::kAuto;
   } else if (reasoning_parser == "none") {

@@ -39,6 +39,10 @@ struct HttpOptions {
   // What GET /ready reports (set by main.cc, not a flag; must outlive the server). Null: ready
   // from the start (the engine exists) until the drain.
   const Readiness* readiness = nullptr;
+  // POST /v1/responses with store: how many responses are kept (oldest dropped first) and for
+  // how long (the engine's session ttl: a continuation never outlives its session by design).
+  int64_t max_stored_responses = 10000;
+  double stored_response_ttl_s = 3600;
 };
 
 // --reasoning_parser: whether chat replies have their reasoning block split off.
