@@ -1,5 +1,6 @@
 #include "core/dtype.h"
 
+#include <array>
 #include <cmath>
 #include <limits>
 
@@ -91,6 +92,15 @@ float f8e4m3_to_f32(uint8_t v) {
   if (exp == 0xF && man == 0x7) return std::numeric_limits<float>::quiet_NaN();
   if (exp == 0) return sign * std::ldexp(static_cast<float>(man), -9);  // subnormal: man/8 * 2^-6
   return sign * std::ldexp(1.0f + static_cast<float>(man) / 8.0f, exp - 7);
+}
+
+const float* f8e4m3_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t;
+    for (int i = 0; i < 256; ++i) t[i] = f8e4m3_to_f32(static_cast<uint8_t>(i));
+    return t;
+  }();
+  return table.data();
 }
 
 float f8e5m2_to_f32(uint8_t v) {

@@ -61,6 +61,9 @@ float f16_to_f32(uint16_t v);
 uint16_t f32_to_f16(float f);
 // Exact widenings of the FP8 formats (every FP8 value is an f32 value).
 float f8e4m3_to_f32(uint8_t v);
+// f8e4m3_to_f32 of every code, built once (0x7F and 0xFF are NaN; no quantizer writes them):
+// the CPU kernels widen FP8 weights and KV pages through it.
+const float* f8e4m3_table();
 float f8e5m2_to_f32(uint8_t v);
 // The e4m3fn code nearest to x, ties to even, saturated to +-448 (e4m3fn has no infinities, and a
 // weight beyond the largest finite value is better clipped than turned into NaN); -0 and negative

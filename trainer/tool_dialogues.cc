@@ -31,17 +31,6 @@ std::vector<ToolDefinition> dialogue_tools() {
   };
 }
 
-// Every byte range of `ranges` clipped to [begin, end), shifted to start at 0.
-std::vector<Tokenizer::Range> clip_ranges(const std::vector<std::pair<size_t, size_t>>& ranges,
-                                          size_t begin, size_t end) {
-  std::vector<Tokenizer::Range> out;
-  for (const auto& [b, e] : ranges) {
-    const size_t lo = std::max(b, begin), hi = std::min(e, end);
-    if (lo < hi) out.push_back({lo - begin, hi - begin});
-  }
-  return out;
-}
-
 }  // namespace
 
 absl::Status ToolDialogueOptions::validate() const {
@@ -207,6 +196,16 @@ bool answer_turn_correct(ToolCallSyntax syntax, std::string_view generated,
   const ParsedOutput out = parse_tool_calls(syntax, generated);
   return out.tool_calls.empty() && absl::StripAsciiWhitespace(out.content) ==
                                        absl::StripAsciiWhitespace(absl_sv(expected_content));
+}
+
+std::vector<Tokenizer::Range> clip_ranges(const std::vector<std::pair<size_t, size_t>>& ranges,
+                                          size_t begin, size_t end) {
+  std::vector<Tokenizer::Range> out;
+  for (const auto& [b, e] : ranges) {
+    const size_t lo = std::max(b, begin), hi = std::min(e, end);
+    if (lo < hi) out.push_back({lo - begin, hi - begin});
+  }
+  return out;
 }
 
 }  // namespace loom

@@ -87,4 +87,9 @@ bool answer_turn_correct(ToolCallSyntax syntax, std::string_view generated,
 // `text` up to the first `marker` (all of it when there is none).
 std::string_view cut_at_marker(std::string_view text, std::string_view marker);
 
+// Every byte range of `ranges` clipped to [begin, end), shifted to start at 0 (a rendered chat's
+// markup ranges for a slice of its text).
+std::vector<Tokenizer::Range> clip_ranges(const std::vector<std::pair<size_t, size_t>>& ranges,
+                                          size_t begin, size_t end);
+
 }  // namespace loom

@@ -235,16 +235,6 @@ void widened_bt(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, fl
   }
 }
 
-// e4m3fn codes widened to f32 (exact; 0x7F and 0xFF are NaN, which no quantizer writes).
-const float* e4m3_table() {
-  static const std::array<float, 256> table = [] {
-    std::array<float, 256> t;
-    for (int i = 0; i < 256; ++i) t[i] = f8e4m3_to_f32(static_cast<uint8_t>(i));
-    return t;
-  }();
-  return table.data();
-}
-
 }  // namespace
 
 RowInvariantScope::RowInvariantScope(bool on) : previous_(t_row_invariant) { t_row_invariant = on; }
@@ -343,7 +333,7 @@ void sgemm_fp8_bt(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, 
   // too much to redo in registers for each tile of rows): the values are the dequantized matrix's,
   // f32(q) * scale_inv[row / 128, col / 128] as one f32 product, so the products that follow are
   // the f32 kernel's on that matrix.
-  const float* lut = e4m3_table();
+  const float* lut = f8e4m3_table();
   widened_bt(m, n, k, a, lda, beta, c, ldc, [&](int64_t j0, int64_t rows, float* dst) {
     for (int64_t r = 0; r < rows; ++r) {
       const uint8_t* src = b + (j0 + r) * ldb;

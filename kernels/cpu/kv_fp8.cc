@@ -9,20 +9,6 @@
 #include "kernels/attention.h"
 
 namespace loom::cpu {
-namespace {
-
-// e4m3fn codes widened by core's decoder, once (exact; 0x7F and 0xFF are NaN, never written).
-const float* e4m3_values() {
-  static const std::array<float, 256> table = [] {
-    std::array<float, 256> t;
-    for (int i = 0; i < 256; ++i) t[i] = f8e4m3_to_f32(static_cast<uint8_t>(i));
-    return t;
-  }();
-  return table.data();
-}
-
-}  // namespace
-
 void kv_fp8_quantize(const float* x, int64_t n, uint8_t* dst) {
   float amax = 0.0f;
   bool finite = true;
@@ -49,7 +35,7 @@ void kv_fp8_quantize(const float* x, int64_t n, uint8_t* dst) {
 void kv_fp8_dequantize(const uint8_t* src, int64_t n, float* out) {
   float scale;
   std::memcpy(&scale, src + n, kKvFp8ScaleBytes);
-  const float* lut = e4m3_values();
+  const float* lut = f8e4m3_table();
   for (int64_t i = 0; i < n; ++i) out[i] = lut[src[i]] * scale;
 }
 

@@ -101,26 +101,9 @@ EnvReset ArithmeticEnv::reset(uint64_t seed) {
 }
 
 EnvStep ArithmeticEnv::step(const ChatMessage& reply) {
-  EnvStep s;
-  if (done_) {
-    s.done = true;
-    return s;
-  }
-  if (reply.tool_calls.empty()) {
-    int64_t v = 0;
-    reward_ = last_integer(reply.content, &v) && v == answer_ ? 1.0 : 0.0;
-    done_ = true;
-    s.done = true;
-    return s;
-  }
-  for (const ToolCall& c : reply.tool_calls) {
-    ChatMessage m{.role = "tool"};
-    m.tool_call_id = c.id;
-    m.content = c.name == "calculator" ? calculate(c.arguments_json)
-                                       : absl::StrCat("error: unknown tool '", c.name, "'");
-    s.messages.push_back(std::move(m));
-  }
-  return s;
+  return answer_or_run_tool(
+      reply, answer_, "calculator", [&](std::string_view args) { return calculate(args); }, done_,
+      reward_);
 }
 
 }  // namespace loom

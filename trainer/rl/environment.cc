@@ -47,6 +47,31 @@ absl::StatusOr<std::unique_ptr<Environment>> make_environment(const EnvironmentC
   return std::make_unique<RetrievalEnv>(config.retrieval);
 }
 
+EnvStep answer_or_run_tool(const ChatMessage& reply, int64_t answer, std::string_view tool,
+                           absl::FunctionRef<std::string(std::string_view arguments_json)> run,
+                           bool& done, double& reward) {
+  EnvStep s;
+  if (done) {
+    s.done = true;
+    return s;
+  }
+  if (reply.tool_calls.empty()) {
+    int64_t v = 0;
+    reward = last_integer(reply.content, &v) && v == answer ? 1.0 : 0.0;
+    done = true;
+    s.done = true;
+    return s;
+  }
+  for (const ToolCall& c : reply.tool_calls) {
+    ChatMessage m{.role = "tool"};
+    m.tool_call_id = c.id;
+    m.content =
+        c.name == tool ? run(c.arguments_json) : absl::StrCat("error: unknown tool '", c.name, "'");
+    s.messages.push_back(std::move(m));
+  }
+  return s;
+}
+
 bool last_integer(std::string_view text, int64_t* value) {
   size_t end = text.size();
   while (end > 0 && !std::isdigit(static_cast<unsigned char>(text[end - 1]))) --end;

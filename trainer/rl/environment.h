@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "engine/chat/chat_template.h"
 
@@ -73,5 +74,13 @@ absl::StatusOr<std::unique_ptr<Environment>> make_environment(const EnvironmentC
 // The last integer written in `text` (an optional '-' and digits; at most 18 digits), if any:
 // what the built-in environments compare with the right answer.
 bool last_integer(std::string_view text, int64_t* value);
+
+// The built-in environments' step: once `done`, nothing; a reply without tool calls is the final
+// answer (reward 1 when its last integer is `answer`, else 0; the episode ends); otherwise every
+// call gets a tool result in call order, from `run` for calls of `tool` and an error naming any
+// other tool. `done` and `reward` are the environment's own state.
+EnvStep answer_or_run_tool(const ChatMessage& reply, int64_t answer, std::string_view tool,
+                           absl::FunctionRef<std::string(std::string_view arguments_json)> run,
+                           bool& done, double& reward);
 
 }  // namespace loom

@@ -11,17 +11,6 @@
 namespace loom {
 namespace {
 
-// The byte ranges of `ranges` clipped to [begin, end) and shifted to start at 0.
-std::vector<Tokenizer::Range> clip(const std::vector<std::pair<size_t, size_t>>& ranges,
-                                   size_t begin, size_t end) {
-  std::vector<Tokenizer::Range> out;
-  for (const auto& [b, e] : ranges) {
-    const size_t lo = std::max(b, begin), hi = std::min(e, end);
-    if (lo < hi) out.push_back({lo - begin, hi - begin});
-  }
-  return out;
-}
-
 struct Episode {
   const EpisodeSpec* spec = nullptr;
   std::vector<ChatMessage> messages;
@@ -95,7 +84,8 @@ absl::Status finish_turn(const Tokenizer& tokenizer, const ChatSetup& chat,
   // The model wrote through the marker; the template's text after it is the context.
   const size_t begin = with_reply.size() - chat.after_end.size();
   const std::vector<int32_t> context = tokenizer.encode_with_special_ranges(
-      std::string_view(next.text).substr(begin), clip(next.markup_ranges, begin, next.text.size()));
+      std::string_view(next.text).substr(begin),
+      clip_ranges(next.markup_ranges, begin, next.text.size()));
   append_context(tr, context);
   return absl::OkStatus();
 }
