@@ -92,6 +92,25 @@ ExpertParallelDispatcher::ExpertParallelDispatcher(Communicator& comm, int64_t n
       exchange_(exchange),
       owned_(expert_range_of_rank(num_experts, comm.rank(), comm.size())) {}
 
+ExpertParallelDispatcher::ExpertParallelDispatcher(Communicator& comm, ExpertLoadBalancer& balancer,
+                                                   int layer, ExpertExchange exchange)
+    : comm_(comm),
+      num_experts_(balancer.num_experts()),
+      exchange_(exchange),
+      owned_{0, balancer.num_experts()},
+      balancer_(&balancer),
+      layer_(layer) {
+  LOOM_CHECK(layer >= 0 && layer < balancer.num_layers() &&
+                 balancer.placement(layer).num_ranks == comm.size(),
+             "ExpertParallelDispatcher: layer %d of a balancer of %d layers over %d ranks, %d here",
+             layer, balancer.num_layers(), balancer.placement(0).num_ranks, comm.size());
+}
+
+int ExpertParallelDispatcher::destination(int64_t expert, int64_t t, int rank) const {
+  if (balancer_ == nullptr) return owner_of(expert);
+  return route_expert(balancer_->placement(layer_), expert, t, rank);
+}
+
 int ExpertParallelDispatcher::owner_of(int64_t expert) const {
   // Inverse of expert_range_of_rank: the first `extra` ranks hold base + 1 experts.
   const int n = comm_.size();
@@ -120,7 +139,12 @@ Dispatched ExpertParallelDispatcher::dispatch(const Exec& ex, const Tensor& x,
   for (int64_t j = 0; j < expert_ids.numel(); ++j)
     LOOM_CHECK(ids[j] >= 0 && ids[j] < num_experts_, "expert_ids[%d] = %d outside [0, %d)", j,
                ids[j], num_experts_);
-  if (dummy_) {
+  if (balancer_ != nullptr) {
+    // Before routing: layer 0 may open a step with a new placement (a collective on every rank).
+    balancer_->begin_layer(layer_);
+    if (!dummy()) balancer_->count(layer_, ids, expert_ids.numel());
+  }
+  if (dummy()) {
     const Tensor none = x.slice(0, 0, 0), no_ids = expert_ids.slice(0, 0, 0),
                  no_weights = weights.slice(0, 0, 0);
     return exchange_ == ExpertExchange::kAllGather
@@ -154,13 +178,27 @@ Dispatched ExpertParallelDispatcher::dispatch_all_gather(const Tensor& x, const 
   x_all = compact(x_all, tokens, n, cap);
   ids_all = compact(ids_all, tokens, n, cap);
 
+  // Balanced, a rank holds its experts' copies and computes only the gathered slots routed to
+  // it; the others' ids become num_experts, an expert past the owned ones that moe_permute skips
+  // (so their moved_rows are -1 and the reduce-scatter takes those slots from their own rank).
+  int64_t id_limit = num_experts_;
+  if (balancer_ != nullptr) {
+    int32_t* gathered = ids_all.data<int32_t>();
+    int64_t g = 0;
+    for (int q = 0; q < n; ++q)
+      for (int64_t tq = 0; tq < tokens[q]; ++tq)
+        for (int64_t i = 0; i < k; ++i, ++g)
+          if (destination(gathered[g], tq, q) != comm_.rank())
+            gathered[g] = static_cast<int32_t>(num_experts_);
+    id_limit = num_experts_ + 1;
+  }
   int64_t owned_slots = 0;
   for (int64_t j = 0; j < ids_all.numel(); ++j)
     owned_slots += owned_.contains(ids_all.data<int32_t>()[j]);
   out.rows = ws.take({owned_slots, d});
   out.offsets = ws.take({owned_.count() + 1}, DType::kI32);
   out.moved_rows = ws.take(ids_all.shape(), DType::kI32);
-  moe_permute(host_exec(), x_all, ids_all, owned_.begin, num_experts_, out.offsets, out.moved_rows,
+  moe_permute(host_exec(), x_all, ids_all, owned_.begin, id_limit, out.offsets, out.moved_rows,
               out.rows);
   out.row_of_slot = ws.take({t, k}, DType::kI32);
   for (int64_t j = 0; j < t * k; ++j) out.row_of_slot.data<int32_t>()[j] = static_cast<int32_t>(j);
@@ -178,7 +216,8 @@ Dispatched ExpertParallelDispatcher::dispatch_all_to_all(const Tensor& x, const 
   // The slots grouped by destination rank, slot order within (moe_permute with ranks for experts).
   Tensor dest = ws.take({t, k}, DType::kI32), send_offsets = ws.take({n + 1}, DType::kI32);
   const int32_t* ids = expert_ids.data<int32_t>();
-  for (int64_t j = 0; j < t * k; ++j) dest.data<int32_t>()[j] = owner_of(ids[j]);
+  for (int64_t j = 0; j < t * k; ++j)
+    dest.data<int32_t>()[j] = destination(ids[j], j / std::max<int64_t>(k, 1), comm_.rank());
   Tensor x_send = ws.take({t * k, d});
   out.row_of_slot = ws.take({t, k}, DType::kI32);
   moe_permute(host_exec(), x, dest, 0, n, send_offsets, out.row_of_slot, x_send);

@@ -27,6 +27,13 @@
 //    (row of `rows` of each received row), send_back [R_in, D], recv_back [T * K, D],
 //    row_of_slot [T, K] (the row of recv_back holding each slot's output).
 //
+// Balanced (an ExpertLoadBalancer, expert_load_balancer.h): each MoE layer has its own dispatcher
+// and placement; the rank holds every expert's weights (owned() is all of them) and computes the
+// slots route_expert sends to its copies. An expert with copies on several ranks sees its rows
+// split between them, each row computed as one rank would (the exchanges above are unchanged, the
+// all-gather's rank skipping the gathered slots routed elsewhere), so the outputs match one rank
+// wherever the grouped GEMMs compute a row independently of the rows around it.
+//
 // Host only (the thread communicator's memory; NCCL's dispatcher will be the GPU's), f32. Every
 // rank calls dispatch and combine for every MoE layer of every step, a rank without tokens with
 // T = 0. A failed collective (a rank failed, or timed out) leaves combine's output zero: the
@@ -39,6 +46,7 @@
 #include "absl/status/statusor.h"
 #include "engine/parallel/communicator.h"
 #include "engine/parallel/expert_dispatcher.h"
+#include "engine/parallel/expert_load_balancer.h"
 
 namespace loom {
 
@@ -58,6 +66,10 @@ class ExpertParallelDispatcher final : public ExpertDispatcher {
   // outlive the dispatcher, which is used by the rank's thread only (one dispatcher may serve every
   // MoE layer of the rank's model: it keeps no state between calls).
   ExpertParallelDispatcher(Communicator& comm, int64_t num_experts, ExpertExchange exchange);
+  // Balanced: MoE layer `layer` of `balancer`'s (which must outlive the dispatcher, as comm);
+  // owned() is every expert, and the dummy step is the balancer's (set there, for all layers).
+  ExpertParallelDispatcher(Communicator& comm, ExpertLoadBalancer& balancer, int layer,
+                           ExpertExchange exchange);
 
   ExpertRange owned() const override { return owned_; }
   ExpertExchange exchange() const { return exchange_; }
@@ -88,6 +100,10 @@ class ExpertParallelDispatcher final : public ExpertDispatcher {
   // The Dispatched of a failed exchange: no rows; combine writes zeros.
   Dispatched failed(const Tensor& weights, int64_t d, Workspace& ws) const;
   int owner_of(int64_t expert) const;
+  // The rank that computes slot (token t of rank `rank`, expert): owner_of, or balanced the
+  // layer's route_expert.
+  int destination(int64_t expert, int64_t t, int rank) const;
+  bool dummy() const { return balancer_ != nullptr ? balancer_->dummy_step() : dummy_; }
   // Sends per-slot rows computed here (`rows`, in this rank's expert order: outputs, or their
   // gradients) back to the ranks of their tokens, into d.recv_back in each token's slot order,
   // through d.send_back. The all-gather exchange reduce-scatters with kNeutral padding; the
@@ -98,6 +114,8 @@ class ExpertParallelDispatcher final : public ExpertDispatcher {
   const int64_t num_experts_;
   const ExpertExchange exchange_;
   const ExpertRange owned_;
+  ExpertLoadBalancer* const balancer_ = nullptr;  // null: contiguous ranges, no balancer
+  const int layer_ = 0;                           // the balancer's MoE layer
   bool dummy_ = false;
 };
 

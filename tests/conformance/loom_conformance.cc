@@ -30,6 +30,7 @@
 #include "core/status.h"
 #include "engine/model/model.h"
 #include "engine/parallel/expert_dispatcher_binding.h"
+#include "engine/parallel/expert_load_balancer.h"
 #include "engine/parallel/expert_parallel_dispatcher.h"
 #include "engine/parallel/thread_communicator.h"
 #include "kernels/exec.h"
@@ -69,6 +70,16 @@ ABSL_FLAG(std::string, expert_dispatch, "all_to_all",
           "with --expert_parallel: all_gather (hidden states and routing gathered, experts over "
           "every rank's tokens, outputs reduce-scattered: static shapes) or all_to_all (only the "
           "rows each rank needs move)");
+ABSL_FLAG(int64_t, redundant_experts, 0,
+          "with --expert_parallel: K extra physical expert slots per MoE layer, given to copies of "
+          "the hottest experts (engine/parallel/expert_load_balancer.h); every rank then loads "
+          "every expert and computes the slots routed to its copies. 0 with "
+          "--eplb_interval_steps 0: the contiguous ranges");
+ABSL_FLAG(int, eplb_interval_steps, 0,
+          "with --expert_parallel: recompute the expert placement from the load of the last "
+          "--eplb_window_steps steps every this many steps (0: never)");
+ABSL_FLAG(int, eplb_window_steps, 0,
+          "with --eplb_interval_steps: the steps of expert load counted (0: the interval)");
 ABSL_FLAG(double, expert_parallel_timeout_s, 120,
           "with --expert_parallel: a rank waiting longer at a collective fails the run");
 ABSL_FLAG(std::string, random_weights, "",
@@ -209,7 +220,13 @@ absl::StatusOr<std::vector<Prompt>> load_prompts(const std::string& dir) {
 struct Rank {
   const Model* model = nullptr;
   Communicator* comm = nullptr;  // null: one rank holding every expert, no lockstep
-  ExpertParallelDispatcher* dispatcher = nullptr;
+  ExpertParallelDispatcher* dispatcher = nullptr;  // the contiguous ranges' (one for all layers)
+  ExpertLoadBalancer* balancer = nullptr;          // or the balancer of per-layer dispatchers
+
+  void set_dummy_step(bool dummy) const {
+    if (balancer != nullptr) balancer->set_dummy_step(dummy);
+    if (dispatcher != nullptr) dispatcher->set_dummy_step(dummy);
+  }
 };
 
 // Runs one step for the given sequences: seq i feeds tokens[i] with `mode` logits. With expert
@@ -248,9 +265,9 @@ absl::Status idle_until_all_done(const Rank& rank) {
     b.batch_invariant = absl::GetFlag(FLAGS_deterministic);
     b.token_ids = {0};
     b.seqs.push_back({.num_tokens = 1, .logits = LogitsMode::kNone, .cache = &scratch});
-    rank.dispatcher->set_dummy_step(true);
+    rank.set_dummy_step(true);
     const absl::StatusOr<Tensor> none = rank.model->forward(b);
-    rank.dispatcher->set_dummy_step(false);
+    rank.set_dummy_step(false);
     LOOM_RETURN_IF_ERROR(none.status());
     LOOM_RETURN_IF_ERROR(rank.comm->status());
   }
@@ -369,7 +386,8 @@ absl::Status run_group(const Rank& rank, std::vector<Prompt>& prompts,
 absl::Status run_expert_parallel(int ranks, ExpertExchange exchange, const std::string& dir,
                                  const Placement& placement, std::vector<Prompt>& prompts,
                                  bool batched, std::vector<Result>& results,
-                                 std::vector<std::unique_ptr<Model>>& models) {
+                                 std::vector<std::unique_ptr<Model>>& models,
+                                 ExpertLoadBalancer::Balance& balance) {
   LOOM_ASSIGN_OR_RETURN(const ModelConfig cfg, load_model_config(dir));
   const int64_t experts = cfg.moe.num_experts;
   if (std::find(cfg.ffns.begin(), cfg.ffns.end(), FfnType::kMoe) == cfg.ffns.end() ||
@@ -387,24 +405,43 @@ absl::Status run_expert_parallel(int ranks, ExpertExchange exchange, const std::
       phases.back()[i % ranks] = {i};
     }
   }
+  const ExpertBalanceOptions balance_options{
+      .redundant_experts = absl::GetFlag(FLAGS_redundant_experts),
+      .interval_steps = absl::GetFlag(FLAGS_eplb_interval_steps),
+      .window_steps = absl::GetFlag(FLAGS_eplb_window_steps)};
+  LOOM_RETURN_IF_ERROR(check_expert_balance_options(balance_options, experts, ranks));
+  const int moe_layers =
+      static_cast<int>(std::count(cfg.ffns.begin(), cfg.ffns.end(), FfnType::kMoe));
   models.resize(ranks);
   const bool hidden = absl::GetFlag(FLAGS_hidden);
   const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_expert_parallel_timeout_s));
   return run_thread_ranks(ranks, timeout, [&](Communicator& comm) -> absl::Status {
     const int r = comm.rank();
-    auto dispatcher = std::make_shared<ExpertParallelDispatcher>(comm, experts, exchange);
     Placement p = placement;
-    p.experts = dispatcher->owned();
-    {
+    Rank rank{.comm = &comm};
+    std::shared_ptr<ExpertParallelDispatcher> dispatcher;
+    std::unique_ptr<ExpertLoadBalancer> balancer;
+    if (balance_options.enabled()) {
+      // Every rank loads every expert (p.experts unset) and computes its copies' slots.
+      balancer = std::make_unique<ExpertLoadBalancer>(comm, moe_layers, experts, balance_options);
+      rank.balancer = balancer.get();
+      const ScopedExpertDispatcher bind(balancer->dispatcher_factory(exchange));
+      LOOM_ASSIGN_OR_RETURN(models[r], Model::load(dir, cfg, p));
+    } else {
+      dispatcher = std::make_shared<ExpertParallelDispatcher>(comm, experts, exchange);
+      rank.dispatcher = dispatcher.get();
+      p.experts = dispatcher->owned();
       const ScopedExpertDispatcher bind(dispatcher);
       LOOM_ASSIGN_OR_RETURN(models[r], Model::load(dir, cfg, p));
     }
-    const Rank rank{.model = models[r].get(), .comm = &comm, .dispatcher = dispatcher.get()};
+    rank.model = models[r].get();
     for (const auto& phase : phases) {
       if (!phase[r].empty())
         LOOM_RETURN_IF_ERROR(run_group(rank, prompts, phase[r], results, hidden));
       LOOM_RETURN_IF_ERROR(idle_until_all_done(rank));
     }
+    // Every rank's balancer holds the same numbers (the gathered window): rank 0 reports them.
+    if (balancer != nullptr && r == 0) balance = balancer->balance();
     return absl::OkStatus();
   });
 }
@@ -464,6 +501,15 @@ int run() {
                  ranks, absl::GetFlag(FLAGS_expert_dispatch).c_str());
     return 2;
   }
+  if (ranks == 1 && (absl::GetFlag(FLAGS_redundant_experts) != 0 ||
+                     absl::GetFlag(FLAGS_eplb_interval_steps) != 0 ||
+                     absl::GetFlag(FLAGS_eplb_window_steps) != 0)) {
+    std::fprintf(stderr,
+                 "loom-conformance: --redundant_experts, --eplb_interval_steps and "
+                 "--eplb_window_steps balance experts over ranks: they need --expert_parallel N "
+                 "with N >= 2\n");
+    return 2;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   const Placement placement{.device = *device,
                             .dtype = *weight_dtype,
@@ -477,6 +523,7 @@ int run() {
   }
   std::vector<Result> results(prompts->size());
   std::vector<std::unique_ptr<Model>> models;  // one per rank
+  ExpertLoadBalancer::Balance balance;         // --redundant_experts, --eplb_interval_steps
   absl::Status st;
   if (ranks == 1) {
     absl::StatusOr<std::unique_ptr<Model>> model = Model::load(dir, placement);
@@ -498,7 +545,8 @@ int run() {
       st = model.status();
     }
   } else {
-    st = run_expert_parallel(ranks, *exchange, dir, placement, *prompts, batched, results, models);
+    st = run_expert_parallel(ranks, *exchange, dir, placement, *prompts, batched, results, models,
+                             balance);
   }
   if (!st.ok()) {
     std::fprintf(stderr, "loom-conformance: %s\n", std::string(st.message()).c_str());
@@ -586,11 +634,24 @@ int run() {
   if (ranks > 1) {
     nlohmann::json per_rank = nlohmann::json::array();
     for (const auto& m : models)
-      per_rank.push_back({{"experts", {m->placement().experts->begin, m->placement().experts->end}},
+      per_rank.push_back({{"experts",
+                           {m->placement().owned_experts(m->config().moe.num_experts).begin,
+                            m->placement().owned_experts(m->config().moe.num_experts).end}},
                           {"parameter_bytes", m->parameters().bytes()}});
     summary["expert_parallel"] = ranks;
     summary["expert_dispatch"] = expert_exchange_name(*exchange);
     summary["ranks"] = per_rank;
+    if (absl::GetFlag(FLAGS_redundant_experts) != 0 ||
+        absl::GetFlag(FLAGS_eplb_interval_steps) != 0) {
+      summary["redundant_experts"] = absl::GetFlag(FLAGS_redundant_experts);
+      summary["eplb_interval_steps"] = absl::GetFlag(FLAGS_eplb_interval_steps);
+      // Mean over MoE layers of mean / max rank load over the last gathered window: of the
+      // placement in use, of the one computed from it, and of the contiguous ranges.
+      summary["expert_load_balance"] = {{"replacements", balance.replacements},
+                                        {"in_use", balance.before},
+                                        {"recomputed", balance.after},
+                                        {"contiguous", balance.contiguous}};
+    }
   }
   std::cout << summary.dump() << std::endl;
   return ok ? 0 : 1;
@@ -606,7 +667,8 @@ int main(int argc, char** argv) {
       "f32|bf16] "
       "[--weight_dtype auto|f32|bf16|fp8] [--batch] "
       "[--hidden] [--deterministic] [--expert_parallel N [--expert_dispatch "
-      "all_gather|all_to_all]]");
+      "all_gather|all_to_all] [--redundant_experts K] [--eplb_interval_steps P "
+      "[--eplb_window_steps W]]]");
   absl::ParseCommandLine(argc, argv);
   if (!absl::GetFlag(FLAGS_random_weights).empty()) {
     std::fprintf(stderr,
