@@ -9,12 +9,16 @@
 //    one rank (printed beside: one rank's batched against unbatched logits). Held to 5e-4
 //    absolute, half the fixtures' bound against the reference (measured: at most 1.8e-4, on
 //    qwen3_next_b0); with batch-invariant kernels they are bit-identical.
+// With the expert load balancer (redundant copies, placements recomputed every step or two, every
+// rank holding every expert's weights): the same bounds, and bit-identical under batch-invariant
+// kernels, where splitting an expert's rows over its copies changes no row.
 // Every rank, and the one-rank reference, runs one OpenMP thread: OpenBLAS's OpenMP build rounds
 // a GEMM differently with its thread count (with 2 threads for the reference and 1 per rank the
 // first mode differs by up to 5e-5). Prints the worst difference of each configuration.
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -26,6 +30,7 @@
 #include "core/status.h"
 #include "engine/model/model.h"
 #include "engine/parallel/expert_dispatcher_binding.h"
+#include "engine/parallel/expert_load_balancer.h"
 #include "engine/parallel/expert_parallel_dispatcher.h"
 #include "engine/parallel/thread_communicator.h"
 #include "weights/safetensors.h"
@@ -53,8 +58,14 @@ std::vector<std::vector<int32_t>> load_prompt_ids(const std::string& dir) {
 struct Rank {
   const Model* model;
   Communicator* comm;                    // null: one rank
-  ExpertParallelDispatcher* dispatcher;  // null: one rank
+  ExpertParallelDispatcher* dispatcher;  // null: one rank, or balanced
   bool deterministic;
+  ExpertLoadBalancer* balancer = nullptr;  // balanced: its layers' dispatchers
+
+  void set_dummy_step(bool dummy) const {
+    if (dispatcher != nullptr) dispatcher->set_dummy_step(dummy);
+    if (balancer != nullptr) balancer->set_dummy_step(dummy);
+  }
 };
 
 absl::StatusOr<Tensor> step(const Rank& rank, const std::vector<SequenceCache*>& caches,
@@ -84,9 +95,9 @@ absl::Status idle(const Rank& rank) {
     b.batch_invariant = rank.deterministic;
     b.token_ids = {0};
     b.seqs.push_back({.num_tokens = 1, .logits = LogitsMode::kNone, .cache = &scratch});
-    rank.dispatcher->set_dummy_step(true);
+    rank.set_dummy_step(true);
     const absl::StatusOr<Tensor> none = rank.model->forward(b);
-    rank.dispatcher->set_dummy_step(false);
+    rank.set_dummy_step(false);
     LOOM_RETURN_IF_ERROR(none.status());
     LOOM_RETURN_IF_ERROR(rank.comm->status());
   }
@@ -139,8 +150,10 @@ std::vector<std::vector<std::vector<size_t>>> phases_of(size_t prompts, int rank
   return phases;
 }
 
+// `balance`: with the expert load balancer (ranks > 1).
 std::vector<std::vector<float>> run_ranks(const std::string& dir, int ranks,
-                                          ExpertExchange exchange, bool split, bool deterministic) {
+                                          ExpertExchange exchange, bool split, bool deterministic,
+                                          const ExpertBalanceOptions* balance = nullptr) {
   const auto prompts = load_prompt_ids(dir);
   std::vector<std::vector<float>> out(prompts.size());
   auto cfg = load_model_config(dir);
@@ -163,15 +176,24 @@ std::vector<std::vector<float>> run_ranks(const std::string& dir, int ranks,
   const absl::Status st = run_thread_ranks(
       ranks, absl::Seconds(60),
       [&](Communicator& comm) -> absl::Status {
-        auto dispatcher =
-            std::make_shared<ExpertParallelDispatcher>(comm, cfg->moe.num_experts, exchange);
+        std::shared_ptr<ExpertParallelDispatcher> dispatcher;
+        std::unique_ptr<ExpertLoadBalancer> balancer;
         std::unique_ptr<Model> model;
-        {
+        if (balance != nullptr) {
+          const int layers =
+              static_cast<int>(std::count(cfg->ffns.begin(), cfg->ffns.end(), FfnType::kMoe));
+          balancer =
+              std::make_unique<ExpertLoadBalancer>(comm, layers, cfg->moe.num_experts, *balance);
+          const ScopedExpertDispatcher bind(balancer->dispatcher_factory(exchange));
+          LOOM_ASSIGN_OR_RETURN(model, Model::load(dir, *cfg, Placement{}));
+        } else {
+          dispatcher =
+              std::make_shared<ExpertParallelDispatcher>(comm, cfg->moe.num_experts, exchange);
           const ScopedExpertDispatcher bind(dispatcher);
           LOOM_ASSIGN_OR_RETURN(model,
                                 Model::load(dir, *cfg, Placement{.experts = dispatcher->owned()}));
         }
-        const Rank rank{model.get(), &comm, dispatcher.get(), deterministic};
+        const Rank rank{model.get(), &comm, dispatcher.get(), deterministic, balancer.get()};
         for (const auto& phase : phases) {
           if (!phase[comm.rank()].empty())
             LOOM_RETURN_IF_ERROR(run_prompts(rank, prompts, phase[comm.rank()], out));
@@ -233,6 +255,41 @@ TEST_P(ExpertParallelModel, MatchesOneRank) {
   const double worst =
       max_abs_diff(run_ranks(dir, 3, ExpertExchange::kAllGather, true, true), one, &identical);
   EXPECT_TRUE(identical) << worst;
+}
+
+TEST_P(ExpertParallelModel, BalancedMatchesOneRank) {
+  const std::string dir = kFixtures + "/" + GetParam();
+  struct Config {
+    int ranks;
+    ExpertExchange exchange;
+    ExpertBalanceOptions balance;
+  };
+  const Config configs[] = {
+      {2, ExpertExchange::kAllGather, {.redundant_experts = 2, .interval_steps = 1}},
+      {3, ExpertExchange::kAllToAll, {.redundant_experts = 4, .interval_steps = 2}}};
+  for (const bool deterministic : {false, true}) {
+    for (const bool split : {false, true}) {
+      const auto one = run_ranks(dir, 1, ExpertExchange::kAllToAll, split, deterministic);
+      for (const Config& c : configs) {
+        bool identical = false;
+        const double worst = max_abs_diff(
+            run_ranks(dir, c.ranks, c.exchange, split, deterministic, &c.balance), one, &identical);
+        std::printf("%s balanced N=%d K=%ld %s %s%s: max |logits - one rank's| = %.3g%s\n",
+                    GetParam().c_str(), c.ranks, static_cast<long>(c.balance.redundant_experts),
+                    std::string(expert_exchange_name(c.exchange)).c_str(),
+                    split ? "prompts split over ranks" : "one rank's tokens per step",
+                    deterministic ? ", batch-invariant" : "", worst,
+                    identical ? " (bit-identical)" : "");
+        // An expert's rows split over its copies go through GEMMs of other row counts: the
+        // batching noise of the split runs above, in the expert GEMMs too.
+        if (deterministic) {
+          EXPECT_TRUE(identical) << "N=" << c.ranks << ": " << worst;
+        } else {
+          EXPECT_LE(worst, 5e-4) << "N=" << c.ranks;
+        }
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(MoeFixtures, ExpertParallelModel,
