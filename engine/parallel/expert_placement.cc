@@ -188,7 +188,7 @@ double expert_load_balance(const ExpertPlacement& p, std::span<const int64_t> lo
 int route_expert(const ExpertPlacement& p, int64_t expert, int64_t token_index, int my_rank) {
   const auto& c = p.copies[static_cast<size_t>(expert)];
   if (std::binary_search(c.begin(), c.end(), my_rank)) return my_rank;
-  return c[static_cast<size_t>(token_index % static_cast<int64_t>(c.size()))];
+  return c[static_cast<size_t>((token_index + my_rank) % static_cast<int64_t>(c.size()))];
 }
 
 ExpertLoadWindow::ExpertLoadWindow(int num_layers, int64_t num_experts, int steps)

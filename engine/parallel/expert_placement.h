@@ -66,8 +66,10 @@ std::vector<double> expert_rank_loads(const ExpertPlacement& placement,
 double expert_load_balance(const ExpertPlacement& placement, std::span<const int64_t> load);
 
 // The rank that computes slot (token token_index of rank my_rank, expert `expert`): my_rank when
-// it holds a copy (the row need not travel), else copies[expert][token_index % copies]. Every rank
-// computes the same answer for the same arguments, so all-gather ranks agree without talking.
+// it holds a copy (the row need not travel), else copies[expert][(token_index + my_rank) %
+// copies]: consecutive tokens take the copies in turn, and the turn starts at a different copy on
+// each rank, so that decode steps of one token per rank do not all land on the first copy. Every
+// rank computes the same answer for the same arguments, so all-gather ranks agree without talking.
 int route_expert(const ExpertPlacement& placement, int64_t expert, int64_t token_index,
                  int my_rank);
 

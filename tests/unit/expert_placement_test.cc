@@ -174,6 +174,12 @@ TEST(ExpertPlacement, RoutePrefersOwnCopyAndSpreadsTheOthers) {
       for (const int32_t q : c) EXPECT_EQ(hits[q], 100) << "rank " << r << " to copy on " << q;
     }
   }
+  // One token per rank (a decode step): the ranks without a copy start their turns at different
+  // copies instead of all sending to the first.
+  std::vector<int> first_token_hits(6, 0);
+  for (int r = 0; r < 6; ++r)
+    if (!p.holds(r, 0)) ++first_token_hits[route_expert(p, 0, 0, r)];
+  EXPECT_EQ(*std::max_element(first_token_hits.begin(), first_token_hits.end()), 1);
   // A single-copy expert always goes to its one rank.
   for (int64_t e = 1; e < 12; ++e) {
     if (p.copies[e].size() != 1) continue;
