@@ -60,7 +60,7 @@ Engine::~Engine() { shutdown(); }
 const ModelConfig& Engine::config() const { return model_->config(); }
 
 absl::StatusOr<std::shared_ptr<RequestStream>> Engine::submit(Request request,
-                                                             int64_t* session_continued) {
+                                                              int64_t* session_continued) {
   const ModelConfig& cfg = model_->config();
   if (request.prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
   for (size_t i = 0; i < request.prompt.size(); ++i)
@@ -119,6 +119,38 @@ absl::Status Engine::delete_session(const std::string& name) {
   LOOM_ASSIGN_OR_RETURN(uint64_t key, sessions_->erase(name));
   inbox_->drop_session(key);
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Engine::update_weights(const ParameterArena& source) {
+  const ParameterArena& target = model_->parameters();
+  // Host parameters of a served model are read-only pages after the load (a stray write
+  // faults); only a model loaded trainable keeps them writable.
+  if (target.device().is_cpu() && !model_->placement().trainable)
+    return absl::FailedPreconditionError(
+        "update_weights: the engine's model was loaded with read-only parameters; load it with "
+        "Placement::trainable to update its weights in place");
+  // Checked in full before anything is written, so a mismatch leaves the model as it was.
+  std::vector<std::pair<Tensor, Tensor>> copies;  // (engine parameter, source)
+  copies.reserve(target.entries().size());
+  for (const ParameterArena::Entry& e : target.entries()) {
+    const Tensor* src = source.find(e.name);
+    if (src == nullptr)
+      return absl::InvalidArgumentError(
+          absl::StrCat("update_weights: the source has no parameter '", e.name, "'"));
+    if (!(src->shape() == e.tensor.shape()) || src->dtype() != e.tensor.dtype())
+      return absl::InvalidArgumentError(absl::StrCat("update_weights: parameter '", e.name, "' is ",
+                                                     e.tensor.describe(), " in the engine but ",
+                                                     src->describe(), " in the source"));
+    copies.emplace_back(e.tensor, *src);
+  }
+  EngineInbox::WeightUpdate update;
+  update.copy = [&copies] {
+    for (const auto& [dst, src] : copies) dst.copy_from(src);
+  };
+  inbox_->push_weight_update(&update);
+  update.done.WaitForNotification();
+  if (!update.result.ok()) return update.result;
+  return update.version;
 }
 
 void Engine::cancel(uint64_t request_id) { inbox_->cancel(request_id); }

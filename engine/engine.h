@@ -85,6 +85,9 @@ struct EngineStats {
   int32_t session_pages = 0, session_slots = 0;
   int64_t session_bytes = 0;
   int64_t session_evictions = 0, sessions_expired = 0;
+  // The weight version requests are sampled under now, and the updates applied since start
+  // (Engine::update_weights).
+  int64_t weight_version = 0, weight_updates = 0;
 };
 
 class Engine {
@@ -109,6 +112,18 @@ class Engine {
   // Deletes a session: its history and kept cache. NotFound when there is none. A turn still
   // running completes, but nothing of it is kept. Thread-safe.
   absl::Status delete_session(const std::string& name);
+  // Replaces the model's parameter values in place with those of `source` (a trainer's model:
+  // every parameter of the engine's model must be in it under the same canonical name, shape and
+  // dtype; the source may be on another device) and returns the new weight version (the previous
+  // one + 1; every RequestOutput carries the version its request was sampled under). The copy runs
+  // on the loop thread between steps, and this call waits for it. It also drops the prefix cache
+  // (attention pages and linear-state checkpoints) and every session's kept cache, so nothing the
+  // old weights computed is reused: a session's next turn is recomputed from its history.
+  // FailedPrecondition (nothing changed) while any request is live, after shutdown, or when the
+  // model's parameters are read-only (load it with Placement::trainable to update it);
+  // InvalidArgument naming the first parameter that is missing or differs. Thread-safe; `source`
+  // must not change during the call.
+  absl::StatusOr<int64_t> update_weights(const ParameterArena& source);
   // Cancels a live request (its choices end with kCancelled; pages and slot are freed at the next
   // step). Unknown or finished ids are ignored. Thread-safe.
   void cancel(uint64_t request_id);

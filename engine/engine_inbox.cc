@@ -25,6 +25,18 @@ void EngineInbox::drop_session(uint64_t key) {
   dropped_sessions_.push_back(key);
 }
 
+void EngineInbox::push_weight_update(WeightUpdate* update) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) {
+      weight_updates_.push_back(update);
+      return;
+    }
+  }
+  update->result = absl::FailedPreconditionError("the engine is shutting down");
+  update->done.Notify();
+}
+
 void EngineInbox::stop() {
   absl::MutexLock lock(&mu_);
   stopping_ = true;
@@ -46,13 +58,15 @@ EngineInbox::Intake EngineInbox::take(bool busy, absl::Time deadline) {
   // `busy` comes in as a value: absl evaluates the condition on whichever thread releases the
   // mutex, and the scheduler may only be read on the loop thread.
   auto has_work = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return busy || !inbox_.empty() || !cancels_.empty() || !dropped_sessions_.empty() || stopping_;
+    return busy || !inbox_.empty() || !cancels_.empty() || !dropped_sessions_.empty() ||
+           !weight_updates_.empty() || stopping_;
   };
   mu_.AwaitWithDeadline(absl::Condition(&has_work), deadline);
   Intake in;
   in.arrivals.swap(inbox_);
   in.cancels.swap(cancels_);
   in.dropped_sessions.swap(dropped_sessions_);
+  in.weight_updates.swap(weight_updates_);
   in.stopping = stopping_;
   return in;
 }

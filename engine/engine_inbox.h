@@ -8,8 +8,10 @@
 #include <memory>
 #include <vector>
 
+#include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "engine/engine.h"
 #include "engine/request.h"
@@ -25,12 +27,21 @@ class EngineInbox {
     std::shared_ptr<RequestStream> stream;
     uint64_t session = 0;  // the session's key (SessionStore) for a session turn, else 0
   };
+  // A weight update for the loop thread to apply between steps (Engine::update_weights). The
+  // caller owns it and waits on `done`; the loop fills `result` and `version`, then notifies.
+  struct WeightUpdate {
+    absl::AnyInvocable<void()> copy;  // writes the new values into the model's parameters
+    absl::Status result;
+    int64_t version = 0;  // the weight version from then on
+    absl::Notification done;
+  };
   // Everything queued since the loop's previous take().
   struct Intake {
-    std::vector<Pending> arrivals;           // in submission order
-    std::vector<uint64_t> cancels;           // request ids, in cancel() order
-    std::vector<uint64_t> dropped_sessions;  // keys of deleted sessions
-    bool stopping = false;                   // stop() was called: cancel everything and return
+    std::vector<Pending> arrivals;              // in submission order
+    std::vector<uint64_t> cancels;              // request ids, in cancel() order
+    std::vector<uint64_t> dropped_sessions;     // keys of deleted sessions
+    std::vector<WeightUpdate*> weight_updates;  // in update_weights() order
+    bool stopping = false;                      // stop() was called: cancel everything and return
   };
 
   // Any thread. Queues `request` (already validated) under a new id and returns its stream;
@@ -39,6 +50,9 @@ class EngineInbox {
   void cancel(uint64_t request_id);
   // Any thread: the session with this key was deleted; the loop drops the cache it kept.
   void drop_session(uint64_t key);
+  // Any thread: queues `update` (which must outlive its `done`) for the loop. After stop() it is
+  // refused at once (FailedPrecondition in its result, `done` notified).
+  void push_weight_update(WeightUpdate* update);
   // Any thread: from now on push() fails and the loop's next take() says stopping. Idempotent.
   void stop();
   // Any thread: waits until every pushed request's stream was closed and published as such.
@@ -58,6 +72,7 @@ class EngineInbox {
   std::vector<Pending> inbox_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> cancels_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> dropped_sessions_ ABSL_GUARDED_BY(mu_);
+  std::vector<WeightUpdate*> weight_updates_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t live_ ABSL_GUARDED_BY(mu_) = 0;  // pushed and not yet retired by publish()
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

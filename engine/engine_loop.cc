@@ -65,7 +65,8 @@ struct EngineLoop::Choice {
 
 struct EngineLoop::LiveRequest {
   uint64_t id = 0;
-  uint64_t session = 0;  // the session's key for a session turn, else 0
+  uint64_t session = 0;        // the session's key for a session turn, else 0
+  int64_t weight_version = 0;  // the loop's weight version when the request became live
   // A session turn that the scheduler finished: the sequence's tokens (the next history).
   std::optional<std::vector<int32_t>> session_history;
   Request request;
@@ -180,6 +181,16 @@ void EngineLoop::run() {
     EngineInbox::Intake in = inbox_.take(sched_->has_unfinished(), next_expiry_);
     drop_sessions(in.dropped_sessions);
     if (absl::Now() >= next_expiry_) drop_sessions(sessions_.expire(absl::Now()));
+    // Updates first: the arrivals taken with them were submitted around the update call and are
+    // sampled under the new weights (their outputs say so).
+    for (EngineInbox::WeightUpdate* u : in.weight_updates) {
+      if (in.stopping) {
+        u->result = absl::FailedPreconditionError("the engine is shutting down");
+        u->done.Notify();
+      } else {
+        update_weights(*u);
+      }
+    }
     for (EngineInbox::Pending& p : in.arrivals) add_request(std::move(p));
     if (in.stopping) {
       for (auto& [id, r] : live_) in.cancels.push_back(id);
@@ -197,6 +208,29 @@ void EngineLoop::drop_sessions(const std::vector<uint64_t>& keys) {
   for (uint64_t key : keys) sched_->drop_parked(key);
 }
 
+void EngineLoop::update_weights(EngineInbox::WeightUpdate& update) {
+  if (!live_.empty() || sched_->has_unfinished()) {
+    update.result = absl::FailedPreconditionError(
+        absl::StrCat("update_weights: ", live_.size(),
+                     " requests are live; update the weights between generations (wait for every "
+                     "stream to finish, e.g. Engine::wait_idle)"));
+    update.done.Notify();
+    return;
+  }
+  update.copy();
+  // Cached prefixes and parked session states hold attention pages and linear-attention states
+  // the old weights computed; reusing them would mix two policies in one sequence.
+  const absl::Status cleared = sched_->invalidate_caches();
+  LOOM_CHECK(cleared.ok(), "invalidate_caches with no live request: %s",
+             std::string(cleared.message()).c_str());
+  stats_.weight_version = ++weight_version_;
+  ++stats_.weight_updates;
+  update.version = weight_version_;
+  update.result = absl::OkStatus();
+  publish_stats();  // stats() read right after the call shows the new version and empty caches
+  update.done.Notify();
+}
+
 void EngineLoop::end_session(LiveRequest& r, FinishReason reason) {
   const bool completed = reason == FinishReason::kStop || reason == FinishReason::kLength;
   std::optional<std::vector<int32_t>> history;
@@ -212,6 +246,7 @@ void EngineLoop::add_request(EngineInbox::Pending pending) {
   auto r = std::make_unique<LiveRequest>();
   r->id = pending.id;
   r->session = pending.session;
+  r->weight_version = weight_version_;
   r->request = std::move(pending.request);
   r->stream = std::move(pending.stream);
   const SamplingParams& sp = r->request.params;
@@ -337,6 +372,7 @@ bool EngineLoop::emit(LiveRequest& r, Choice& c, const SampledToken& token) {
   RequestOutput out;
   out.index = c.index;
   out.token_ids.push_back(token.token);
+  out.weight_version = r.weight_version;
   if (sp.logprobs >= 0) out.logprobs.push_back({token.token, token.logprob, token.top_logprobs});
   const bool past_min = c.generated > sp.min_tokens;
   bool stop = past_min && ((!sp.ignore_eos && contains(eos_ids_, token.token)) ||
@@ -396,6 +432,7 @@ void EngineLoop::finish(LiveRequest& r, Choice& c, FinishReason reason, std::str
   out.error = std::move(error);
   out.prompt_tokens = static_cast<int32_t>(r.request.prompt.size());
   out.completion_tokens = c.generated;
+  out.weight_version = r.weight_version;
   // The session's turn ends before its last event goes out: a client that sends the next turn
   // as soon as it reads this one must find the session idle, with this turn in its history.
   if (r.session != 0) end_session(r, reason);

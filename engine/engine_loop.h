@@ -94,6 +94,10 @@ class EngineLoop {
   void end_session(LiveRequest& r, FinishReason reason);
   // Drops the cache kept for the sessions deleted or expired since the last pass.
   void drop_sessions(const std::vector<uint64_t>& keys);
+  // Applies a queued weight update between steps: refused (FailedPrecondition) while any request
+  // is live; otherwise the parameters are written, the prefix cache and the sessions' kept caches
+  // are dropped (computed by the old weights) and the version goes up by one.
+  void update_weights(EngineInbox::WeightUpdate& update);
   void publish_stats();
 
   // The live request a scheduler id names; null once it is gone (finished or cancelled).
@@ -122,7 +126,8 @@ class EngineLoop {
   std::mt19937_64 seeds_;  // seeds choices whose request brings none
   EngineStats stats_;      // counters and pool totals; publish_stats() adds the gauges
   absl::Time next_expiry_ = absl::InfiniteFuture();  // the sessions' next ttl expiry
-  int64_t closed_ = 0;  // streams closed since the last publish_stats()
+  int64_t closed_ = 0;          // streams closed since the last publish_stats()
+  int64_t weight_version_ = 0;  // update_weights() applied so far
 };
 
 }  // namespace loom

@@ -69,6 +69,9 @@ struct RequestOutput {
   // Usage, on the final event of each choice.
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
+  // The engine's weight version (Engine::update_weights) the request was sampled under, on every
+  // event: a request is never sampled across an update.
+  int64_t weight_version = 0;
 };
 
 }  // namespace loom

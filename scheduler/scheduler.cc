@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/status.h"
 
@@ -540,6 +541,16 @@ const PrefixCache* Scheduler::prefix_cache() const { return impl_->cache.get(); 
 const SchedulerConfig& Scheduler::config() const { return impl_->cfg; }
 const ParkedSequences& Scheduler::parked() const { return *impl_->parked; }
 void Scheduler::drop_parked(uint64_t park_key) { impl_->parked->drop(park_key); }
+
+absl::Status Scheduler::invalidate_caches() {
+  if (has_unfinished() || !impl_->inflight.empty())
+    return absl::FailedPreconditionError(
+        absl::StrCat("the scheduler has ", num_waiting() + num_running(), " live requests"));
+  if (impl_->cache) impl_->cache->clear();
+  while (impl_->parked->evict_lru()) {
+  }
+  return absl::OkStatus();
+}
 
 void Scheduler::for_each_request(const std::function<void(const RequestView&)>& fn) const {
   for (const auto& [id, r] : impl_->reqs) {

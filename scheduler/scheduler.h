@@ -102,6 +102,10 @@ class Scheduler {
   // Sequences parked between session turns; drop_parked() forgets one (no-op when none is).
   const ParkedSequences& parked() const;
   void drop_parked(uint64_t park_key);
+  // Forgets every cached prefix (pages and linear-state checkpoints) and every parked sequence
+  // (counted as evictions): what they hold was computed by weights the model no longer has.
+  // FailedPrecondition while any request is live (its pages and slot hold the old weights' state).
+  absl::Status invalidate_caches();
   const SchedulerConfig& config() const;
   void for_each_request(const std::function<void(const RequestView&)>& fn) const;
 

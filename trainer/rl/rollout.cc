@@ -192,7 +192,17 @@ absl::StatusOr<std::vector<Trajectory>> run_rollouts(Engine& engine, const Token
       std::vector<int32_t> ids;
       std::vector<float> logprobs;
       FinishReason finish = FinishReason::kNone;
+      const bool first_turn = e.tr.turns == 0;
       while (std::optional<RequestOutput> ev = e.stream->next()) {
+        // Every turn of an episode must come from one policy: the trainer scores the whole
+        // trajectory against the behaviour logprobs of a single weight version.
+        if (first_turn && ids.empty()) e.tr.version = ev->weight_version;
+        if (ev->weight_version != e.tr.version) {
+          cancel_all();
+          return absl::FailedPreconditionError(
+              absl::StrCat("rollout: the engine's weights changed mid-episode (version ",
+                           e.tr.version, " then ", ev->weight_version, ")"));
+        }
         ids.insert(ids.end(), ev->token_ids.begin(), ev->token_ids.end());
         for (const TokenLogprob& lp : ev->logprobs) logprobs.push_back(lp.logprob);
         if (ev->finish) finish = *ev->finish;

@@ -54,7 +54,9 @@ struct EpisodeSpec {
 // Runs every episode to its end: a final answer, a turn cut at max_turn_tokens, the model's EOS,
 // max_turns turns, or a next prompt over max_trajectory_tokens (the last three: truncated). The
 // trajectories come back in the order of `episodes`, with tokens, sampled mask, behaviour
-// logprobs, turns, response tokens and the environment's reward (task_reward) filled.
+// logprobs, turns, response tokens, the environment's reward (task_reward) and the weight version
+// the engine sampled them under (version) filled; FailedPrecondition if the engine's weights
+// change while an episode runs (its turns would mix two policies).
 // InvalidArgument when a prompt does not fit the engine; the engine's own errors as they are.
 absl::StatusOr<std::vector<Trajectory>> run_rollouts(Engine& engine, const Tokenizer& tokenizer,
                                                      const ChatSetup& chat,
