@@ -7,6 +7,7 @@
 #include "core/status.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "nlohmann/json.hpp"
+#include "server/chat_session.h"
 #include "server/request_limits.h"
 
 namespace loom {
@@ -154,12 +155,8 @@ absl::Status sampling_from_proto(const v1::SamplingParams& s, bool have_tokenize
 
 }  // namespace
 
-absl::StatusOr<std::string> chat_body_from_proto(const v1::ChatRequest& in) {
+nlohmann::ordered_json chat_messages_from_proto(const v1::ChatRequest& in) {
   using ojson = nlohmann::ordered_json;
-  auto text = [](const std::string& s) { return dump(ojson(s)); };
-  // The body as /v1/chat/completions would have it, fields in the order HTTP clients write them.
-  // Schemas and kwargs are JSON text already and go in verbatim (their key order is what the
-  // template prints); json::accept checks each is one JSON value first, without recursion.
   ojson messages = ojson::array();
   for (const v1::ChatMessage& m : in.messages()) {
     ojson msg = ojson::object();
@@ -181,6 +178,18 @@ absl::StatusOr<std::string> chat_body_from_proto(const v1::ChatRequest& in) {
     if (m.has_reasoning_content()) msg["reasoning_content"] = m.reasoning_content();
     messages.push_back(std::move(msg));
   }
+  return messages;
+}
+
+absl::StatusOr<std::string> chat_body_from_proto(const v1::ChatRequest& in,
+                                                 const nlohmann::ordered_json& history) {
+  using ojson = nlohmann::ordered_json;
+  auto text = [](const std::string& s) { return dump(ojson(s)); };
+  // The body as /v1/chat/completions would have it, fields in the order HTTP clients write them.
+  // Schemas and kwargs are JSON text already and go in verbatim (their key order is what the
+  // template prints); json::accept checks each is one JSON value first, without recursion.
+  ojson messages = history;
+  for (ojson& m : chat_messages_from_proto(in)) messages.push_back(std::move(m));
   std::string body = absl::StrCat("{\"messages\":", dump(messages));
   if (in.tools_size() > 0) {
     body += ",\"tools\":[";
@@ -222,9 +231,21 @@ absl::StatusOr<std::string> chat_body_from_proto(const v1::ChatRequest& in) {
   return body;
 }
 
-absl::StatusOr<OpenAiRequest> chat_request_from_proto(const v1::ChatRequest& in, int vocab_size) {
+absl::Status check_chat_session_fields(const v1::ChatRequest& in) {
+  if (in.session_id().empty()) {
+    if (in.session_must_exist())
+      return absl::InvalidArgumentError("session_must_exist: needs session_id");
+    if (in.has_store()) return absl::InvalidArgumentError("store: needs session_id");
+    return absl::OkStatus();
+  }
+  return check_session_id(in.session_id(), "session_id");
+}
+
+absl::StatusOr<OpenAiRequest> chat_request_from_proto(const v1::ChatRequest& in, int vocab_size,
+                                                      const nlohmann::ordered_json& history) {
   LOOM_RETURN_IF_ERROR(check_no_unknown_fields(in));
-  LOOM_ASSIGN_OR_RETURN(const std::string body, chat_body_from_proto(in));
+  LOOM_RETURN_IF_ERROR(check_chat_session_fields(in));
+  LOOM_ASSIGN_OR_RETURN(const std::string body, chat_body_from_proto(in, history));
   LOOM_ASSIGN_OR_RETURN(OpenAiRequest r, parse_chat_request(body));
   // Stop strings are matched on text, which a chat request always has (prepare_chat needs the
   // tokenizer): the server refuses Chat without one before it gets here.

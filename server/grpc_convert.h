@@ -9,6 +9,7 @@
 #include "engine/tokenizer/tokenizer.h"
 #include "grpcpp/support/status.h"
 #include "loom/v1/loom.pb.h"
+#include "nlohmann/json.hpp"
 #include "server/openai_request.h"
 
 namespace loom {
@@ -29,11 +30,25 @@ absl::StatusOr<Request> request_from_proto(const v1::GenerateRequest& in,
 // be a string"); gRPC adds only "tools[i].parameters: ..." for schema text that is not JSON. The
 // sampling fields are Generate's (same checks, same "sampling." messages); unset max_tokens leaves
 // the chat default (the context left). InvalidArgument for anything wrong, before any work.
-absl::StatusOr<OpenAiRequest> chat_request_from_proto(const v1::ChatRequest& in, int vocab_size);
+// A session turn: `history` (the stored conversation, chat messages) goes before `in`'s messages.
+absl::StatusOr<OpenAiRequest> chat_request_from_proto(
+    const v1::ChatRequest& in, int vocab_size,
+    const nlohmann::ordered_json& history = nlohmann::ordered_json::array());
 
-// The OpenAI /v1/chat/completions body the conversation of `in` corresponds to (no sampling
-// fields). InvalidArgument when a tool's parameters or chat_template_kwargs is not JSON text.
-absl::StatusOr<std::string> chat_body_from_proto(const v1::ChatRequest& in);
+// The OpenAI /v1/chat/completions body the conversation of `in` (after `history`) corresponds to
+// (no sampling fields). InvalidArgument when a tool's parameters or chat_template_kwargs is not
+// JSON text.
+absl::StatusOr<std::string> chat_body_from_proto(
+    const v1::ChatRequest& in,
+    const nlohmann::ordered_json& history = nlohmann::ordered_json::array());
+
+// `in`'s messages as chat messages (OpenAI's shape, as chat_body_from_proto writes them): what a
+// session keeps of the turn.
+nlohmann::ordered_json chat_messages_from_proto(const v1::ChatRequest& in);
+
+// The session fields of a ChatRequest (server/chat_session.h): session_id well formed,
+// session_must_exist and store only with it. InvalidArgument naming the field.
+absl::Status check_chat_session_fields(const v1::ChatRequest& in);
 
 // INVALID_ARGUMENT naming the first field of `message` or of a message inside it (sampling,
 // token_ids, map entries) that this server's loom.v1 does not know: a newer client's field, which

@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "server/chat_request.h"
+#include "server/chat_session.h"
 #include "server/openai_response.h"
 #include "server/request_limits.h"
 
@@ -479,6 +480,55 @@ TEST(GrpcChat, ToolCallDeltasReassembleToHttpsCalls) {
   EXPECT_EQ(resp.content(), reply);
   EXPECT_EQ(resp.tool_calls_size(), 0);
   EXPECT_EQ(resp.finish_reason(), v1::FINISH_REASON_STOP);
+}
+
+// Session fields: checked before any work, naming the field; a session turn's body is the stored
+// conversation followed by the new messages, and what the session keeps of the turn is exactly
+// the new messages as the body has them.
+TEST(GrpcChat, SessionFields) {
+  auto refused = [](const char* text, const char* names) {
+    absl::StatusOr<OpenAiRequest> r = chat_request_from_proto(chat_proto(text), 1000);
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_NE(r.status().message().find(names), std::string::npos) << r.status();
+  };
+  refused(R"(messages { role: "user" content: "x" } session_id: "a b")", "session_id");
+  refused(R"(messages { role: "user" content: "x" } session_id: "caf\303\251")", "session_id");
+  refused(R"(messages { role: "user" content: "x" } store: false)", "store");
+  refused(R"(messages { role: "user" content: "x" } session_must_exist: true)",
+          "session_must_exist");
+  const std::string long_id(kMaxSessionIdBytes + 1, 'a');
+  v1::ChatRequest too_long = chat_proto(R"(messages { role: "user" content: "x" })");
+  too_long.set_session_id(long_id);
+  EXPECT_EQ(check_chat_session_fields(too_long).code(), absl::StatusCode::kInvalidArgument);
+  too_long.set_session_id(long_id.substr(1));
+  EXPECT_TRUE(check_chat_session_fields(too_long).ok());
+  EXPECT_TRUE(check_session_id("sess_1.a:B-2", "session_id").ok());
+
+  const v1::ChatRequest turn = chat_proto(
+      R"(messages { role: "tool" content: "sunny" tool_call_id: "call_0" }
+         session_id: "s1" session_must_exist: true store: true)");
+  const nlohmann::ordered_json history = nlohmann::ordered_json::parse(R"([
+      {"role": "user", "content": "Weather?"},
+      {"role": "assistant", "content": "", "tool_calls": [{"id": "call_0", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{}"}}]}])");
+  absl::StatusOr<std::string> body = chat_body_from_proto(turn, history);
+  ASSERT_TRUE(body.ok()) << body.status();
+  const nlohmann::ordered_json messages = nlohmann::ordered_json::parse(*body)["messages"];
+  ASSERT_EQ(messages.size(), 3u);
+  EXPECT_EQ(messages[0], history[0]);
+  EXPECT_EQ(messages[1], history[1]);
+  EXPECT_EQ(messages[2], chat_messages_from_proto(turn)[0]);
+  EXPECT_EQ(messages[2]["tool_call_id"], "call_0");
+  absl::StatusOr<OpenAiRequest> parsed = chat_request_from_proto(turn, 1000, history);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->messages.size(), 3u);
+  // The session fields change nothing in the body.
+  v1::ChatRequest plain = turn;
+  plain.clear_session_id();
+  plain.clear_session_must_exist();
+  plain.clear_store();
+  EXPECT_EQ(chat_body_from_proto(plain, history).value(), *body);
 }
 
 }  // namespace

@@ -36,6 +36,7 @@
 #include <chrono>
 #include <deque>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -54,9 +55,11 @@
 #include "loom/v1/loom.grpc.pb.h"
 #include "server/admission.h"
 #include "server/chat_request.h"
+#include "server/chat_session.h"
 #include "server/grpc_convert.h"
 #include "server/metrics.h"
 #include "server/readiness.h"
+#include "server/response_store.h"
 #include "server/stream_pump.h"
 
 namespace loom {
@@ -142,6 +145,8 @@ const char* rejection_label(grpc::StatusCode code) {
   switch (code) {
     case grpc::StatusCode::UNAUTHENTICATED:
       return "401";
+    case grpc::StatusCode::NOT_FOUND:
+      return "404";
     case grpc::StatusCode::RESOURCE_EXHAUSTED:
       return "429";
     case grpc::StatusCode::UNAVAILABLE:
@@ -151,10 +156,14 @@ const char* rejection_label(grpc::StatusCode code) {
   }
 }
 
-using RawLoomService = v1::Loom::WithRawCallbackMethod_Generate<
-    v1::Loom::WithRawCallbackMethod_Chat<v1::Loom::WithRawCallbackMethod_Tokenize<
-        v1::Loom::WithRawCallbackMethod_Detokenize<v1::Loom::WithRawCallbackMethod_GetModelInfo<
-            v1::Loom::WithRawCallbackMethod_GetStats<v1::Loom::Service>>>>>>;
+using RawLoomService =
+    v1::Loom::WithRawCallbackMethod_Generate<v1::Loom::WithRawCallbackMethod_Chat<
+        v1::Loom::WithRawCallbackMethod_DeleteSession<v1::Loom::WithRawCallbackMethod_Tokenize<
+            v1::Loom::WithRawCallbackMethod_Detokenize<v1::Loom::WithRawCallbackMethod_GetModelInfo<
+                v1::Loom::WithRawCallbackMethod_GetStats<v1::Loom::Service>>>>>>>;
+
+// The engine session of gRPC session `id`: a name of its own, apart from HTTP's "responses:...".
+std::string engine_session(const std::string& id) { return absl::StrCat("grpc:", id); }
 
 // How a streaming call writes its engine events: Generate's as GenerateResponse, Chat's as
 // ChatResponse. Called by one thread at a time (under the call's lock), in event order.
@@ -167,6 +176,9 @@ class ResponseEncoder {
   virtual std::string_view finish_label(const RequestOutput& ev) const {
     return finish_reason_name(*ev.finish);
   }
+  // The engine took the request; `continued`: the session history tokens it continues from.
+  // Before any event.
+  virtual void on_submitted(int64_t /*continued*/) {}
 };
 
 class GenerateEncoder final : public ResponseEncoder {
@@ -181,18 +193,32 @@ class GenerateEncoder final : public ResponseEncoder {
 };
 
 // Each choice's reply read by its own ChatReplyReader (server/chat_request.h), as HTTP reads it.
+// A session turn (one choice) also collects its reply and, when the turn completes, keeps the
+// conversation (server/chat_session.h) before encoding the last message, so a client that sends
+// the next turn as soon as it sees the end finds it, as over HTTP.
 class ChatEncoder final : public ResponseEncoder {
  public:
-  ChatEncoder(const ChatOutputOptions& output, int n) {
+  ChatEncoder(const ChatOutputOptions& output, int n, std::string session_id, ConversationTurn kept)
+      : session_id_(std::move(session_id)), kept_(std::move(kept)) {
     readers_.reserve(n);
     for (int i = 0; i < n; ++i) readers_.push_back(std::make_unique<ChatReplyReader>(output));
   }
+  void on_submitted(int64_t continued) override { cached_tokens_ = static_cast<int>(continued); }
   grpc::Status encode(const RequestOutput& ev, grpc::ByteBuffer* out) override {
     if (ev.index < 0 || ev.index >= static_cast<int>(readers_.size()))
       return grpc::Status(grpc::StatusCode::INTERNAL, "the engine sent an event of no choice");
     ChatReplyReader& reader = *readers_[ev.index];
     const ChatDelta delta = reader.feed(ev);
     chat_response_from_output(ev, delta, reader.made_tool_calls(), &resp_);
+    if (!session_id_.empty()) {
+      resp_.set_session_id(session_id_);
+      transcript_.add(delta);
+      if (ev.finish) {
+        resp_.mutable_usage()->set_cached_tokens(cached_tokens_);
+        if (*ev.finish == FinishReason::kStop || *ev.finish == FinishReason::kLength)
+          kept_.record(transcript_.message(), "");
+      }
+    }
     return serialize_response(resp_, out);
   }
   std::string_view finish_label(const RequestOutput& ev) const override {
@@ -204,6 +230,11 @@ class ChatEncoder final : public ResponseEncoder {
  private:
   std::vector<std::unique_ptr<ChatReplyReader>> readers_;  // by choice index (not movable)
   v1::ChatResponse resp_;
+  // Session turns only (n is 1).
+  const std::string session_id_;  // empty: no session
+  const ConversationTurn kept_;   // null store: store false
+  ReplyTranscript transcript_;
+  int cached_tokens_ = 0;
 };
 
 }  // namespace
@@ -224,13 +255,20 @@ struct GrpcServer::Impl final : public RawLoomService {
                      : std::make_unique<AdmissionGate>(options.max_running, options.max_queue)),
         gate(options.admission ? options.admission : own_gate.get()),
         own_pump(options.pump ? nullptr : std::make_unique<StreamPump>(1)),
-        pump(options.pump ? options.pump : own_pump.get()) {}
+        pump(options.pump ? options.pump : own_pump.get()),
+        sessions(options.sessions
+                     ? options.sessions
+                     : std::make_shared<ResponseStore>(kDefaultMaxSessionConversations,
+                                                       absl::Seconds(kDefaultSessionTtlS))) {}
 
   // The Loom service, raw (see the top of this file).
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* ctx,
                                                        const grpc::ByteBuffer* request) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Chat(grpc::CallbackServerContext* ctx,
                                                    const grpc::ByteBuffer* request) override;
+  grpc::ServerUnaryReactor* DeleteSession(grpc::CallbackServerContext* ctx,
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx,
                                      const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* response) override;
@@ -274,6 +312,8 @@ struct GrpcServer::Impl final : public RawLoomService {
   // After `server`: the calls its jobs hold die before gRPC does.
   const std::unique_ptr<StreamPump> own_pump;  // when the options bring none
   StreamPump* const pump;
+  // Chat sessions' conversations by session id (thread-safe; shared with their ChatEncoders).
+  const std::shared_ptr<ResponseStore> sessions;
 
   absl::Mutex mu;  // never held with a call's own lock
   // Generate and Chat calls by request id, registered until they finish.
@@ -510,12 +550,17 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GrpcServer::Impl::submit(
   if (r.tag.empty()) r.tag = absl::StrCat("grpc:", ctx->peer());
   AdmissionGate::Ticket ticket;
   if (absl::Status st = gate->try_acquire(1, &ticket); !st.ok()) return reject(to_grpc_status(st));
-  absl::StatusOr<std::shared_ptr<RequestStream>> stream = engine.submit(std::move(r));
+  int64_t continued = 0;
+  absl::StatusOr<std::shared_ptr<RequestStream>> stream = engine.submit(std::move(r), &continued);
   if (!stream.ok()) {
-    if (absl::IsFailedPrecondition(stream.status()))  // the engine was shut down
-      return reject(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the engine is shutting down"));
+    // The engine was shut down, or the session's previous turn still runs: both worth a retry
+    // (HTTP's 503), and the engine's words say which.
+    if (absl::IsFailedPrecondition(stream.status()))
+      return reject(
+          grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(stream.status().message())));
     return reject(to_grpc_status(stream.status()));
   }
+  encoder->on_submitted(continued);
   const uint64_t id = (*stream)->id();
   std::shared_ptr<StreamCall> call;
   {
@@ -561,17 +606,69 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GrpcServer::Impl::Chat(grpc::Callbac
                                "this model is served without a tokenizer: Chat needs one to render "
                                "messages; use Generate with token_ids"));
   }
+  // A session turn continues the conversation kept under its id (server/chat_session.h). The
+  // request's own checks come before the lookup, so a malformed request is never NOT_FOUND.
+  if (grpc::Status st = to_grpc_status(check_no_unknown_fields(request)); !st.ok())
+    return reject(st);
+  if (grpc::Status st = to_grpc_status(check_chat_session_fields(request)); !st.ok())
+    return reject(st);
+  const std::string& id = request.session_id();
+  ConversationTurn kept;
+  nlohmann::ordered_json history = nlohmann::ordered_json::array();
+  if (!id.empty()) {
+    kept.session = engine_session(id);
+    if (std::optional<ResponseStore::Entry> entry = sessions->get(id, absl::Now())) {
+      history = std::move(entry->messages);
+      kept.session = std::move(entry->session);
+    } else if (request.session_must_exist()) {
+      return reject(
+          grpc::Status(grpc::StatusCode::NOT_FOUND,
+                       absl::StrCat("session_id: no session '", id,
+                                    "' (never created, deleted, expired or evicted); send without "
+                                    "session_must_exist to start it")));
+    }
+    if (!request.has_store() || request.store()) {
+      kept.store = sessions;
+      kept.key = id;
+      kept.conversation = history;
+      for (nlohmann::ordered_json& m : chat_messages_from_proto(request))
+        kept.conversation.push_back(std::move(m));
+    }
+  }
   // HTTP's parser, renderer and reader (server/chat_request.h), from the same request.
   absl::StatusOr<OpenAiRequest> parsed =
-      chat_request_from_proto(request, engine.config().vocab_size);
+      chat_request_from_proto(request, engine.config().vocab_size, history);
   if (!parsed.ok()) return reject(to_grpc_status(parsed.status()));
   absl::StatusOr<PreparedChat> prepared =
       prepare_chat(*parsed, *tokenizer, chat, engine.max_model_len());
   if (!prepared.ok()) return reject(to_grpc_status(prepared.status()));
   prepared->request.tag = request.request_id();
+  kept.apply(&prepared->request);
   const int n = prepared->request.params.n;
   return submit(ctx, received, std::move(prepared->request),
-                std::make_unique<ChatEncoder>(prepared->output, n));
+                std::make_unique<ChatEncoder>(prepared->output, n, id, std::move(kept)));
+}
+
+grpc::ServerUnaryReactor* GrpcServer::Impl::DeleteSession(grpc::CallbackServerContext* ctx,
+                                                          const grpc::ByteBuffer* in,
+                                                          grpc::ByteBuffer* out) {
+  return unary<v1::DeleteSessionRequest, v1::DeleteSessionResponse>(
+      ctx, in, out, [this](const v1::DeleteSessionRequest& request, v1::DeleteSessionResponse*) {
+        const std::string& id = request.session_id();
+        if (grpc::Status st = to_grpc_status(check_session_id(id, "session_id")); !st.ok())
+          return st;
+        std::string session = engine_session(id);
+        const bool stored = sessions->erase(id, absl::Now(), &session, nullptr);
+        // The engine may still hold the session after its conversation left the store (evicted
+        // past --max_stored_responses): delete what is there.
+        const bool in_engine = engine.delete_session(session).ok();
+        if (!stored && !in_engine) {
+          return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                              absl::StrCat("session_id: no session '", id,
+                                           "' (never created, deleted, expired or evicted)"));
+        }
+        return grpc::Status::OK;
+      });
 }
 
 grpc::ServerUnaryReactor* GrpcServer::Impl::Tokenize(grpc::CallbackServerContext* ctx,

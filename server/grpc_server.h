@@ -18,6 +18,7 @@ class AdmissionGate;  // server/admission.h
 class Metrics;        // server/metrics.h (may be absent from the build; then pass null)
 class StreamPump;     // server/stream_pump.h
 class Readiness;      // server/readiness.h
+class ResponseStore;  // server/response_store.h
 
 struct GrpcServerOptions {
   std::string host = "127.0.0.1";
@@ -42,7 +43,14 @@ struct GrpcServerOptions {
   // ready, SERVING while ready, NOT_SERVING from the drain on. It must outlive the server. Null:
   // SERVING from start() to the drain.
   Readiness* readiness = nullptr;
+  // Chat sessions' conversations, by session id (server/chat_session.h). loom-server passes one
+  // bounded as HTTP's stored responses (--max_stored_responses, --session_ttl_s). Null: the server
+  // keeps its own, of kDefaultMaxSessionConversations for kDefaultSessionTtlS.
+  std::shared_ptr<ResponseStore> sessions;
 };
+
+inline constexpr int64_t kDefaultMaxSessionConversations = 10000;
+inline constexpr double kDefaultSessionTtlS = 3600;
 
 class GrpcServer {
  public:

@@ -363,8 +363,9 @@ TEST_F(GrpcServerTest, UnknownFieldsAreInvalidArgument) {
 // (typed callback handlers would answer UNIMPLEMENTED).
 TEST_F(GrpcServerTest, MalformedProtobufIsInvalidArgument) {
   const std::string garbage = "\xff\xff\xff\xff\x0f";  // a field tag with no valid wire type
-  for (const char* method : {"/loom.v1.Loom/Generate", "/loom.v1.Loom/Tokenize",
-                             "/loom.v1.Loom/Detokenize", "/loom.v1.Loom/GetStats"}) {
+  for (const char* method :
+       {"/loom.v1.Loom/Generate", "/loom.v1.Loom/DeleteSession", "/loom.v1.Loom/Tokenize",
+        "/loom.v1.Loom/Detokenize", "/loom.v1.Loom/GetStats"}) {
     const grpc::Status st = raw_call(method, garbage).first;
     EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
         << method << ": " << st.error_message();

@@ -29,6 +29,7 @@
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/readiness.h"
+#include "server/response_store.h"
 #include "server/server_options.h"
 #ifdef LOOM_WITH_GRPC
 #include "server/grpc_server.h"
@@ -185,6 +186,9 @@ int main(int argc, char** argv) {
     g.pump = &(*http)->pump();  // one set of --pump_threads for both frontends; HTTP stops it last
     g.chat = *chat;             // Chat renders and reads replies as HTTP does
     g.readiness = &readiness;
+    // Session conversations bounded as HTTP's stored responses (server/chat_session.h).
+    g.sessions = std::make_shared<loom::ResponseStore>(
+        options->http.max_stored_responses, absl::Seconds(options->http.stored_response_ttl_s));
     auto started =
         loom::GrpcServer::start(**engine, tokenizer, options->http.served_model_name, &metrics, g);
     if (!started.ok()) return fail("starting gRPC", started.status());

@@ -95,6 +95,7 @@ void ResponsesBuilder::close_open(std::vector<std::string>* out) {
 std::vector<std::string> ResponsesBuilder::on_event(int /*prompt*/, const RequestOutput& out) {
   std::vector<std::string> events;
   const ChatDelta delta = reader_.feed(out);
+  transcript_.add(delta);
   const std::string item_prefix = turn_.id.substr(turn_.id.find('_') + 1);
   // Opens an item of `type` unless one is open; returns its index.
   auto open = [&](const std::string& type, ojson item) {
@@ -204,25 +205,7 @@ std::vector<std::string> ResponsesBuilder::on_event(int /*prompt*/, const Reques
       break;
   }
   const bool done = status_ == "completed" || status_ == "incomplete";
-  if (done && turn_.store) {
-    // The conversation continues from here: this reply as the chat message the template renders.
-    ojson reply = {{"role", "assistant"}, {"content", text_}};
-    if (!reasoning_.empty()) reply["reasoning_content"] = reasoning_;
-    ojson calls = ojson::array();
-    for (const ojson& item : items_) {
-      if (item["type"] != "function_call") continue;
-      calls.push_back({{"id", item["call_id"]},
-                       {"type", "function"},
-                       {"function", {{"name", item["name"]}, {"arguments", item["arguments"]}}}});
-    }
-    if (!calls.empty()) reply["tool_calls"] = std::move(calls);
-    ResponseStore::Entry entry;
-    entry.session = turn_.session;
-    entry.messages = turn_.conversation;
-    entry.messages.push_back(std::move(reply));
-    entry.response_json = dump(response());
-    turn_.store->put(turn_.id, std::move(entry), absl::Now());
-  }
+  if (done) turn_.kept.record(transcript_.message(), dump(response()));
   if (stream_) {
     const char* type = status_ == "completed"    ? "response.completed"
                        : status_ == "incomplete" ? "response.incomplete"

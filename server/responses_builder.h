@@ -4,8 +4,8 @@
 // response.function_call_arguments.delta, ..., response.output_item.done, response.completed),
 // each with its sequence_number. The reply is read with ChatReplyReader, the chat endpoints'
 // parsers (server/chat_request.h). When the turn completes (stop or length) and the request said
-// store, the response and its conversation go into the ResponseStore before the last event is
-// handed out, so a client that continues at once finds it.
+// store, the response and its conversation are kept (ConversationTurn::record, the mechanism gRPC
+// sessions share) before the last event is handed out, so a client that continues at once finds it.
 // Not thread-safe: one per request.
 #pragma once
 
@@ -16,6 +16,7 @@
 
 #include "nlohmann/json.hpp"
 #include "server/chat_request.h"
+#include "server/chat_session.h"
 #include "server/response_renderer.h"
 #include "server/response_store.h"
 
@@ -30,11 +31,9 @@ struct ResponsesTurn {
   // tool_choice, temperature, top_p, max_output_tokens, metadata, ...).
   nlohmann::ordered_json echo = nlohmann::ordered_json::object();
   int cached_tokens = 0;  // prompt tokens continued from the session's kept history
-  // Storing (null store: store false).
-  std::shared_ptr<ResponseStore> store;
-  std::string session;
-  nlohmann::ordered_json
-      conversation;  // the messages this turn's prompt rendered (no instructions)
+  // Where the conversation is kept under the response id (server/chat_session.h); its null store:
+  // store false.
+  ConversationTurn kept;
 };
 
 class ResponsesBuilder : public ResponseRenderer {
@@ -75,6 +74,7 @@ class ResponsesBuilder : public ResponseRenderer {
   int message_ = -1;                           // index in items_ of the open message, if any
   std::vector<int> calls_;                     // items_ index of tool call k (parser's index)
   std::string text_, reasoning_;
+  ReplyTranscript transcript_;  // the reply as the next turn's assistant message
 };
 
 }  // namespace loom

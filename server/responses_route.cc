@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "core/status.h"
 #include "server/chat_request.h"
+#include "server/chat_session.h"
 #include "server/openai_error.h"
 #include "server/openai_request.h"
 #include "server/responses_builder.h"
@@ -88,14 +89,19 @@ RouteResult create_response(HttpContext& ctx, std::string_view body) {
     result.reply = error_reply(api_error_from_status(prepared.status()));
     return result;
   }
-  Request request = std::move(prepared->request);
-  request.tag = absl::StrCat("resp-", serial);
   // Only a stored response can be continued, so only it needs a session. store: false with a
   // previous response computes the whole conversation and leaves the session as it was.
+  ConversationTurn kept;
   if (req->store) {
-    request.session = session;
-    request.session_whole_prompt = true;
+    kept.store = ctx.responses;
+    kept.key = id;
+    kept.session = std::move(session);
+    kept.conversation = std::move(history);
+    for (const ojson& m : req->input_messages) kept.conversation.push_back(m);
   }
+  Request request = std::move(prepared->request);
+  request.tag = absl::StrCat("resp-", serial);
+  kept.apply(&request);
   AdmissionGate::Ticket ticket;
   if (auto refused = admit(ctx, 1, &ticket)) {
     result.reply = *std::move(refused);
@@ -114,12 +120,7 @@ RouteResult create_response(HttpContext& ctx, std::string_view body) {
   turn.output = prepared->output;
   turn.echo = echo(*req);
   turn.cached_tokens = static_cast<int>(continued);
-  if (req->store) {
-    turn.store = ctx.responses;
-    turn.session = session;
-    turn.conversation = std::move(history);
-    for (const ojson& m : req->input_messages) turn.conversation.push_back(m);
-  }
+  turn.kept = std::move(kept);
   auto builder = std::make_unique<ResponsesBuilder>(std::move(turn), req->stream);
   auto gen = std::make_unique<Generation>();
   gen->ticket = std::move(ticket);

@@ -4,7 +4,8 @@
 // through the same chat preparation (server/chat_request.h) and admission gate as
 // /v1/chat/completions.
 //
-// A stored response maps to an engine session (Request::session). Each turn renders the whole
+// A stored response maps to an engine session (Request::session), kept as gRPC sessions are
+// (server/chat_session.h). Each turn renders the whole
 // conversation (the previous responses' messages and the new input) through the chat template
 // and tokenizes it, and submits it as a whole-prompt session turn
 // (Request::session_whole_prompt): when the session's token history (the previous prompt and

@@ -94,7 +94,8 @@ ABSL_FLAG(int64_t, sessions_max_mb, 0,
           "Cache all sessions together may keep between turns, MiB; 0: no limit but the cache. "
           "Past it the least recently used session's cache is evicted.");
 ABSL_FLAG(int64_t, max_stored_responses, 10000,
-          "Responses POST /v1/responses stores (store: true); the oldest are dropped first.");
+          "Responses POST /v1/responses stores (store: true), and, apart, gRPC Chat session "
+          "conversations kept; the oldest are dropped first.");
 
 namespace loom {
 

@@ -43,6 +43,9 @@ def _record_finish(choice, msg):
         choice["finish_reason"] = finish_reason_name(msg.finish_reason)
         choice["prompt_tokens"] = msg.usage.prompt_tokens
         choice["completion_tokens"] = msg.usage.completion_tokens
+        if hasattr(msg, "session_id"):  # Chat's
+            choice["cached_tokens"] = msg.usage.cached_tokens
+            choice["session_id"] = msg.session_id
         if msg.error:
             choice["error"] = msg.error
 
@@ -79,6 +82,9 @@ class LoomClient:
         self._model_info = self.channel.unary_unary(
             _SERVICE + "GetModelInfo", request_serializer=ser,
             response_deserializer=loom_pb2.GetModelInfoResponse.FromString)
+        self._delete_session = self.channel.unary_unary(
+            _SERVICE + "DeleteSession", request_serializer=ser,
+            response_deserializer=loom_pb2.DeleteSessionResponse.FromString)
         self._stats = self.channel.unary_unary(
             _SERVICE + "GetStats", request_serializer=ser,
             response_deserializer=loom_pb2.GetStatsResponse.FromString)
@@ -151,17 +157,24 @@ class LoomClient:
 
     @staticmethod
     def make_chat_request(messages, tools=None, tool_choice=None, priority=0, request_id="",
-                          parse_special_tokens=False, chat_template_kwargs=None, **sampling):
+                          parse_special_tokens=False, chat_template_kwargs=None, session_id="",
+                          session_must_exist=False, store=None, **sampling):
         """A ChatRequest from OpenAI-shaped arguments. messages: dicts with role, content and, as
         OpenAI has them, name, tool_call_id, reasoning_content and tool_calls ([{"id", "function":
         {"name", "arguments"}}]). tools: OpenAI function tools ({"type": "function", "function":
         {"name", "description", "parameters"}}) or flat {"name", "description", "parameters"};
         parameters a dict (sent as JSON text, key order kept) or a JSON string. tool_choice:
         "auto", "none", "required" or {"type": "function", "function": {"name": ...}}.
-        chat_template_kwargs: a dict. `sampling` as in make_request."""
+        chat_template_kwargs: a dict. session_id: a turn of the session the server keeps under
+        that id (messages: only the turn's new ones); session_must_exist: NOT_FOUND rather than
+        starting it; store: False to leave the session as it was. `sampling` as in
+        make_request."""
         import json
         req = loom_pb2.ChatRequest(priority=priority, request_id=request_id,
-                                   parse_special_tokens=parse_special_tokens)
+                                   parse_special_tokens=parse_special_tokens,
+                                   session_id=session_id, session_must_exist=session_must_exist)
+        if store is not None:
+            req.store = store
         for m in messages:
             unknown = set(m) - {"role", "content", "name", "tool_call_id", "reasoning_content",
                                 "tool_calls"}
@@ -202,7 +215,8 @@ class LoomClient:
         """Runs a chat to the end. Returns one dict per choice: content, reasoning_content,
         tool_calls (OpenAI-shaped: [{"id", "type", "function": {"name", "arguments"}}], the
         streamed deltas reassembled), token_ids, logprobs, finish_reason, prompt_tokens,
-        completion_tokens."""
+        completion_tokens, cached_tokens (a session turn: prompt tokens continued from the
+        session's kept cache) and session_id."""
         choices = {}
         for msg in self.chat(messages, timeout=timeout, **kwargs):
             c = choices.setdefault(msg.index, {"content": "", "reasoning_content": "",
@@ -223,6 +237,11 @@ class LoomClient:
             c["logprobs"].extend(msg.logprobs)
             _record_finish(c, msg)
         return [choices[i] for i in sorted(choices)]
+
+    def delete_session(self, session_id, timeout=None):
+        """Deletes a Chat session (grpc.RpcError NOT_FOUND when there is none)."""
+        self._delete_session(loom_pb2.DeleteSessionRequest(session_id=session_id),
+                             timeout=self._t(timeout), metadata=self.metadata)
 
     def tokenize(self, text, parse_special_tokens=False, timeout=None):
         """Text -> list of token ids."""

@@ -10,6 +10,9 @@ grpcio (clients/python):
     over HTTP, over gRPC (Generate, and Chat among them) and mixed; the rest get 429 with
     Retry-After / RESOURCE_EXHAUSTED;
   * one sampling validation: temperature 3 is refused on both, naming the field;
+  * sessions: --max_sessions counts /v1/responses chains and gRPC Chat sessions together and both
+    refuse past it in the engine's words (429 / RESOURCE_EXHAUSTED); a session with a turn
+    running refuses another on both (503 / UNAVAILABLE); DeleteSession and DELETE free slots;
   * the drain: on SIGTERM gRPC health is NOT_SERVING and /health 503 at once, new work is refused
     on both (UNAVAILABLE / 503); a gRPC and an HTTP stream started before the signal both finish
     when they fit in --drain_timeout_s; with a short timeout both are cut (gRPC UNAVAILABLE, the
@@ -149,6 +152,7 @@ class AuthAndValidationTest(unittest.TestCase):
                     "Detokenize": lambda: c.detokenize([104]),
                     "GetModelInfo": c.model_info,
                     "GetStats": c.stats,
+                    "DeleteSession": lambda: c.delete_session("s"),
                     "reflection": c.list_services,
                 }
                 for name, call in calls.items():
@@ -165,6 +169,7 @@ class AuthAndValidationTest(unittest.TestCase):
 
     def test_http_needs_the_key_everywhere_but_health_and_metrics(self):
         for path, body in (("/v1/completions", {"prompt": "a", "max_tokens": 1}),
+                           ("/v1/responses", {"input": "a", "max_output_tokens": 1}),
                            ("/tokenize", {"prompt": "a"}), ("/detokenize", {"tokens": [97]})):
             for headers in ({}, {"Authorization": "Bearer wrong"}):
                 status, parsed, h = http_request(self.server.port, "POST", path, body, headers)
@@ -307,6 +312,69 @@ class AdmissionTest(unittest.TestCase):
         self.check_rounds(["grpc_chat", "grpc", "http"] * 3 + ["grpc_chat"])
 
 
+class SessionLimitsTest(unittest.TestCase):
+    """Sessions are one engine resource refused alike over both frontends (server/chat_session.h):
+    --max_sessions counts HTTP /v1/responses chains and gRPC Chat sessions together and both get
+    the engine's words (429 / RESOURCE_EXHAUSTED); a session whose turn still runs refuses a second
+    turn on both (503 / UNAVAILABLE); deleting on either side frees the slot."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server("--max_sessions", "2")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def respond(self, body):
+        return http_request(self.server.port, "POST", "/v1/responses", body, AUTH)
+
+    def test_max_sessions_and_busy_sessions(self):
+        user = [{"role": "user", "content": "hi"}]
+        status, a, _ = self.respond({"input": "hi", "max_output_tokens": 1})
+        self.assertEqual(status, 200, a)
+        with self.server.client() as c:
+            c.chat_reply(user, session_id="g1", max_tokens=1)
+            # Two live sessions (one per frontend): a third is refused on both, in the same words.
+            status, refused, headers = self.respond({"input": "hi", "max_output_tokens": 1})
+            self.assertEqual(status, 429, refused)
+            self.assertIn("keeps at most 2 sessions", refused["error"]["message"])
+            with self.assertRaises(grpc.RpcError) as e:
+                c.chat_reply(user, session_id="g2", max_tokens=1)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+            self.assertIn("keeps at most 2 sessions", e.exception.details())
+            # Continuing either existing session is not a new one.
+            status, body, _ = self.respond({"input": "more", "previous_response_id": a["id"],
+                                            "max_output_tokens": 1})
+            self.assertEqual(status, 200, body)
+            c.chat_reply(user, session_id="g1", session_must_exist=True, max_tokens=1)
+            # A turn still running: a second turn of the same session is refused on both.
+            call = c.chat(user, session_id="g1", max_tokens=5000, ignore_eos=True)
+            next(iter(call))
+            with self.assertRaises(grpc.RpcError) as e:
+                c.chat_reply(user, session_id="g1", max_tokens=1)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.UNAVAILABLE)
+            self.assertIn("turn in progress", e.exception.details())
+            call.cancel()
+            stream = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=DEADLINE)
+            stream.request("POST", "/v1/responses", body=json.dumps({
+                "input": "long", "previous_response_id": body["id"], "max_output_tokens": 5000,
+                "stream": True}), headers=dict(AUTH, **{"Content-Type": "application/json"}))
+            resp = stream.getresponse()
+            self.assertEqual(resp.status, 200)
+            resp.readline()  # the turn has started
+            status, busy, _ = self.respond({"input": "x", "previous_response_id": body["id"],
+                                            "max_output_tokens": 1})
+            self.assertEqual(status, 503, busy)
+            self.assertIn("turn in progress", busy["error"]["message"])
+            stream.close()
+            # Deleting frees a slot, on either side.
+            c.delete_session("g1")
+            c.chat_reply(user, session_id="g2", max_tokens=1)
+            status, refused, _ = self.respond({"input": "hi", "max_output_tokens": 1})
+            self.assertEqual(status, 429, refused)
+
+
 class DrainTest(unittest.TestCase):
     def start_streams(self, server, max_tokens):
         """A gRPC and an HTTP stream, both producing tokens; returns their collectors."""
@@ -355,7 +423,18 @@ class DrainTest(unittest.TestCase):
             with self.assertRaises(grpc.RpcError) as e:
                 c.tokenize("late")
             self.assertEqual(e.exception.code(), grpc.StatusCode.UNAVAILABLE)
+            with self.assertRaises(grpc.RpcError) as e:
+                list(c.chat([{"role": "user", "content": "late"}], session_id="late",
+                            max_tokens=2))
+            self.assertEqual(e.exception.code(), grpc.StatusCode.UNAVAILABLE)
+            with self.assertRaises(grpc.RpcError) as e:
+                c.delete_session("late")
+            self.assertEqual(e.exception.code(), grpc.StatusCode.UNAVAILABLE)
         self.assertEqual(http_request(server.port, "GET", "/health")[0], 503)
+        self.assertEqual(http_request(server.port, "POST", "/v1/responses",
+                                      {"input": "late", "max_output_tokens": 2}, AUTH)[0], 503)
+        self.assertEqual(http_request(server.port, "DELETE", "/v1/responses/resp_x",
+                                      headers=AUTH)[0], 503)
         self.assertEqual(http_request(server.port, "POST", "/v1/completions",
                                       {"prompt": "late", "max_tokens": 2}, AUTH)[0], 503)
 

@@ -53,3 +53,15 @@ if((TARGET loom-server OR EXISTS ${CMAKE_SOURCE_DIR}/server/CMakeLists.txt) AND 
             --pythonpath ${LOOM_PROTO_PY_DIR})
   set_tests_properties(deterministic_e2e PROPERTIES LABELS integration TIMEOUT 300)
 endif()
+
+# gRPC Chat sessions (session_id, store, DeleteSession) on loom-server --deterministic: continued
+# turns equal the whole history (over gRPC and HTTP chat), NOT_FOUND, validation, tool turns.
+get_property(done GLOBAL PROPERTY LOOM_GRPC_SESSIONS_TEST)
+if((TARGET loom-server OR EXISTS ${CMAKE_SOURCE_DIR}/server/CMakeLists.txt) AND NOT done)
+  set_property(GLOBAL PROPERTY LOOM_GRPC_SESSIONS_TEST TRUE)
+  add_test(NAME grpc_sessions_e2e
+    COMMAND /usr/bin/python3 ${CMAKE_SOURCE_DIR}/tests/integration/grpc_sessions_test.py
+            --server $<TARGET_FILE:loom-server> --model ${LOOM_GRPC_TEST_MODEL}
+            --pythonpath ${LOOM_PROTO_PY_DIR})
+  set_tests_properties(grpc_sessions_e2e PROPERTIES LABELS integration TIMEOUT 300)
+endif()

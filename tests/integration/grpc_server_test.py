@@ -121,8 +121,8 @@ class GrpcServerTest(unittest.TestCase):
                  for b in self.client.file_containing_symbol("loom.v1.Loom")]
         loom_file = [f for f in files if f.package == "loom.v1"][0]
         methods = {m.name: m for s in loom_file.service if s.name == "Loom" for m in s.method}
-        self.assertEqual(set(methods), {"Generate", "Chat", "Tokenize", "Detokenize",
-                                        "GetModelInfo", "GetStats"})
+        self.assertEqual(set(methods), {"Generate", "Chat", "DeleteSession", "Tokenize",
+                                        "Detokenize", "GetModelInfo", "GetStats"})
         self.assertTrue(methods["Chat"].server_streaming)
         self.assertTrue(methods["Generate"].server_streaming)
         with self.assertRaises(LookupError):
@@ -242,7 +242,8 @@ class GrpcServerTest(unittest.TestCase):
 
     def test_malformed_protobuf_is_invalid_argument(self):
         """Bytes that are not the method's message: the client's mistake, INVALID_ARGUMENT."""
-        for method in ("Generate", "Tokenize", "Detokenize", "GetModelInfo", "GetStats"):
+        for method in ("Generate", "DeleteSession", "Tokenize", "Detokenize", "GetModelInfo",
+                       "GetStats"):
             with self.subTest(method=method):
                 call = self.client.channel.unary_stream if method == "Generate" \
                     else self.client.channel.unary_unary

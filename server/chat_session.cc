@@ -1,0 +1,78 @@
+#include "server/chat_session.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace loom {
+
+using ojson = nlohmann::ordered_json;
+
+absl::Status check_session_id(std::string_view id, std::string_view field) {
+  if (id.empty() || id.size() > kMaxSessionIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(field), ": must be 1 to ",
+                                                   kMaxSessionIdBytes, " characters (got ",
+                                                   id.size(), ")"));
+  }
+  for (const char c : id) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == ':' || c == '-';
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(std::string(field), ": may hold only A-Z a-z 0-9 . _ : - (found byte ",
+                       static_cast<int>(static_cast<unsigned char>(c)), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void ConversationTurn::apply(Request* request) const {
+  if (!store) return;
+  request->session = session;
+  request->session_whole_prompt = true;
+}
+
+void ConversationTurn::record(ojson reply, std::string response_json) const {
+  if (!store) return;
+  ResponseStore::Entry entry;
+  entry.session = session;
+  entry.messages = conversation;
+  entry.messages.push_back(std::move(reply));
+  entry.response_json = std::move(response_json);
+  store->put(key, std::move(entry), absl::Now());
+}
+
+ojson assistant_message(std::string_view content, std::string_view reasoning, ojson tool_calls) {
+  ojson reply = {{"role", "assistant"}, {"content", content}};
+  if (!reasoning.empty()) reply["reasoning_content"] = reasoning;
+  if (!tool_calls.empty()) reply["tool_calls"] = std::move(tool_calls);
+  return reply;
+}
+
+void ReplyTranscript::add(const ChatDelta& delta) {
+  content_ += delta.content;
+  reasoning_ += delta.reasoning;
+  for (const ToolCallDelta& d : delta.tool_calls) {
+    if (d.index >= calls_.size()) {
+      calls_.resize(d.index + 1);
+      // A call's first delta names it; the id the parser gave, else OpenAI's call_<index>.
+      calls_[d.index].id = d.id.empty() ? absl::StrCat("call_", d.index) : d.id;
+      calls_[d.index].name = d.name;
+    }
+    calls_[d.index].arguments += d.arguments;
+  }
+}
+
+ojson ReplyTranscript::message() const {
+  ojson calls = ojson::array();
+  for (const Call& c : calls_) {
+    if (c.name.empty()) continue;  // an index the parser skipped: no call
+    calls.push_back({{"id", c.id},
+                     {"type", "function"},
+                     {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+  }
+  return assistant_message(content_, reasoning_, std::move(calls));
+}
+
+}  // namespace loom

@@ -1,0 +1,86 @@
+// Conversations the server keeps between turns, for both frontends: HTTP's POST /v1/responses
+// (a conversation is reached through its latest stored response id, server/responses_route.h)
+// and gRPC's Chat with a session_id (reached through the session id). One mechanism, so the two
+// cannot drift:
+//
+//  * the conversation's messages are kept in a ResponseStore entry (server/response_store.h)
+//    under a key (the response id, the gRPC session id), with the engine session holding its
+//    tokens;
+//  * a turn renders the stored messages followed by the new ones (HTTP: responses_chat_body, gRPC:
+//    chat_body_from_proto) through the chat template and tokenizes them (prepare_chat,
+//    server/chat_request.h), and is submitted as a whole-prompt turn of that engine session
+//    (ConversationTurn::apply, Request::session_whole_prompt): the engine continues from the cache
+//    it kept when the session's token history is a prefix of the prompt and starts over otherwise,
+//    so the model sees exactly the tokens of the whole conversation sent at once;
+//  * a turn that completes (stop or length) is kept with its reply as the assistant message the
+//    template renders next time (ConversationTurn::record), before the turn's last event goes out,
+//    so a client that continues at once finds it. A cancelled or failed turn keeps nothing;
+//  * store: false runs the turn on the stored conversation without a session: the engine computes
+//    it whole and leaves the session as it was.
+//
+// The engine's refusals (max_sessions, a session with a turn in progress, the context limit) and
+// the admission gate, API key and drain are each frontend's usual path: both map them from the
+// same absl::Status codes.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/chat/chat_output_parser.h"
+#include "engine/request.h"
+#include "nlohmann/json.hpp"
+#include "server/response_store.h"
+
+namespace loom {
+
+// The longest client-given session id (gRPC's ChatRequest.session_id).
+inline constexpr size_t kMaxSessionIdBytes = 128;
+
+// InvalidArgument naming `field` unless `id` is 1 to kMaxSessionIdBytes characters of
+// A-Z a-z 0-9 . _ : - (ids go into logs, metrics labels never, and error messages: no quoting
+// problems, no control characters).
+absl::Status check_session_id(std::string_view id, std::string_view field);
+
+// One turn of a kept conversation.
+struct ConversationTurn {
+  // Where the conversation goes once the turn completes; null: kept nowhere (store: false).
+  std::shared_ptr<ResponseStore> store;
+  std::string key;      // its key in `store` (a response id, a gRPC session id)
+  std::string session;  // the engine session holding its tokens (Request::session)
+  // The messages the turn's prompt rendered (the stored ones and the new ones; no instructions).
+  nlohmann::ordered_json conversation = nlohmann::ordered_json::array();
+
+  // Makes `request` (prepared from `conversation`) a whole-prompt turn of `session` when the turn
+  // is kept; a turn kept nowhere runs without a session.
+  void apply(Request* request) const;
+  // The turn completed with `reply` (assistant_message): the conversation and the reply go into
+  // `store` under `key` (no-op without a store). `response_json`: what the store answers for the
+  // key (HTTP's GET /v1/responses/{id}); empty for gRPC.
+  void record(nlohmann::ordered_json reply, std::string response_json) const;
+};
+
+// A reply as the assistant message the chat template renders in the next turn's history.
+// `tool_calls`: OpenAI's [{"id", "type": "function", "function": {"name", "arguments"}}].
+nlohmann::ordered_json assistant_message(std::string_view content, std::string_view reasoning,
+                                         nlohmann::ordered_json tool_calls);
+
+// Collects one choice's streamed reply (its ChatDeltas, as ChatReplyReader gives them) into
+// assistant_message(). Not thread-safe; one per choice.
+class ReplyTranscript {
+ public:
+  void add(const ChatDelta& delta);
+  nlohmann::ordered_json message() const;
+
+ private:
+  struct Call {
+    std::string id, name, arguments;
+  };
+  std::string content_, reasoning_;
+  std::vector<Call> calls_;  // by the parser's call index
+};
+
+}  // namespace loom
