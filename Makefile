@@ -107,7 +107,7 @@ asan: deps
 
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?= safetensors_fuzz config_fuzz tokenizer_fuzz tool_call_fuzz openai_request_fuzz \
-  sse_stream_fuzz chat_template_fuzz
+  responses_request_fuzz sse_stream_fuzz chat_template_fuzz
 # Each target <name>_fuzz runs on a copy of tests/fuzz/corpus/<name>/ with
 # tests/fuzz/corpus/<name>.dict when present; any crash or sanitizer report fails the target.
 fuzz: dev-deps
