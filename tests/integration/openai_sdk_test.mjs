@@ -1,5 +1,6 @@
 // The official `openai` npm SDK against a running loom-server: completions, chat, streaming,
-// tools round trip, n > 1, logprobs and errors, checked field by field.
+// tools round trip, n > 1, logprobs, errors, and the Responses API (previous_response_id,
+// retrieve, stream, delete), checked field by field.
 // Env: LOOM_BASE_URL (e.g. http://127.0.0.1:PORT/v1), LOOM_MODEL, LOOM_NPM_PREFIX (where the SDK is
 // installed). Exit 0 when every check passes.
 import { createRequire } from 'node:module';
@@ -157,6 +158,59 @@ await assert.rejects(client.completions.create({ model, prompt: 'a', max_tokens:
 checks++;
 await assert.rejects(client.completions.create({ model: 'nope', prompt: 'a' }),
   (e) => e instanceof OpenAI.NotFoundError && e.code === 'model_not_found', 'unknown model');
+checks++;
+
+// Responses API: a stored response continued with previous_response_id (the server keeps the
+// conversation as an engine session), retrieved, streamed, deleted; 404s in the SDK's classes.
+const r1 = await client.responses.create({ model, input: 'Hello', instructions: 'Be brief.',
+  max_output_tokens: 6, seed: 3 });
+ok(r1.id.startsWith('resp_'), 'responses: id');
+eq([r1.object, r1.status === 'completed' || r1.status === 'incomplete', r1.store], ['response', true, true],
+  'responses: object, status, store');
+ok(typeof r1.output_text === 'string', 'responses: the SDK assembles output_text');
+eq(r1.previous_response_id, null, 'responses: no previous');
+ok(r1.usage.input_tokens > 0 && r1.usage.output_tokens > 0, 'responses: usage');
+eq(r1.usage.total_tokens, r1.usage.input_tokens + r1.usage.output_tokens, 'responses: total_tokens');
+const r2 = await client.responses.create({ model, input: 'And then?', previous_response_id: r1.id,
+  instructions: 'Be brief.', max_output_tokens: 6, seed: 4 });
+eq(r2.previous_response_id, r1.id, 'responses: continued from r1');
+ok(Number.isInteger(r2.usage.input_tokens_details.cached_tokens), 'responses: cached_tokens');
+// The continued turn's prompt is the whole conversation: the same tokens as sending it at once.
+const whole = await client.responses.create({ model, instructions: 'Be brief.', max_output_tokens: 6,
+  seed: 4, store: false, input: [
+    { role: 'user', content: 'Hello' },
+    { type: 'message', role: 'assistant', content: [{ type: 'output_text', text: r1.output_text }] },
+    { role: 'user', content: 'And then?' }] });
+eq(whole.usage.input_tokens, r2.usage.input_tokens, 'responses: continued prompt == whole history');
+eq(whole.store, false, 'responses: store false echoed');
+const got = await client.responses.retrieve(r2.id);
+eq([got.id, got.output_text], [r2.id, r2.output_text], 'responses.retrieve');
+// A third turn, streamed: events in order, deltas adding up to the completed response's text.
+const events = [];
+let deltas = '';
+for await (const ev of await client.responses.create({ model, input: 'Why?', previous_response_id: r2.id,
+  max_output_tokens: 6, seed: 5, stream: true })) {
+  events.push(ev.type);
+  if (ev.type === 'response.output_text.delta') deltas += ev.delta;
+  if (ev.type === 'response.completed' || ev.type === 'response.incomplete') {
+    eq(ev.response.previous_response_id, r2.id, 'responses stream: continued from r2');
+    eq(ev.response.output_text ?? ev.response.output.filter((i) => i.type === 'message')
+      .flatMap((i) => i.content).map((c) => c.text).join(''), deltas, 'responses stream: deltas == text');
+  }
+}
+eq(events.slice(0, 2), ['response.created', 'response.in_progress'], 'responses stream: head');
+ok(['response.completed', 'response.incomplete'].includes(events.at(-1)), 'responses stream: end');
+await client.responses.delete(r2.id);
+checks++;
+await assert.rejects(client.responses.retrieve(r2.id),
+  (e) => e instanceof OpenAI.NotFoundError, 'responses: deleted -> 404');
+checks++;
+await assert.rejects(client.responses.create({ model, input: 'x', previous_response_id: 'resp_nope' }),
+  (e) => e instanceof OpenAI.NotFoundError && e.code === 'previous_response_not_found' &&
+    e.param === 'previous_response_id', 'responses: unknown previous_response_id -> 404');
+checks++;
+await assert.rejects(client.responses.create({ model, input: 'x', background: true }),
+  (e) => e instanceof OpenAI.BadRequestError && e.param === 'background', 'responses: background -> 400');
 checks++;
 
 const sdkVersion = JSON.parse(readFileSync(`${process.env.LOOM_NPM_PREFIX}/node_modules/openai/package.json`, 'utf8')).version;
