@@ -60,7 +60,9 @@ openai-sdk: configure
 	@if command -v node >/dev/null && command -v npm >/dev/null; then \
 	  /usr/bin/python3 tests/integration/run_openai_sdk_test.py --install-only --prefix build/npm-openai >/dev/null || \
 	    echo "warning: could not install the openai npm SDK into build/npm-openai: openai_sdk_e2e will fail"; \
-	else echo "warning: node/npm not installed: openai_sdk_e2e will be skipped"; fi
+	  /usr/bin/python3 tests/integration/run_grpc_js_test.py --install-only --prefix build/npm-grpc >/dev/null || \
+	    echo "warning: could not install @grpc/grpc-js into build/npm-grpc: grpc_js_e2e will fail"; \
+	else echo "warning: node/npm not installed: openai_sdk_e2e and grpc_js_e2e will be skipped"; fi
 
 # ctest runs JOBS test processes at once, each with an OpenMP pool as wide as the machine: passive
 # waiting keeps the oversubscribed pools from spinning against each other (3-5x slower otherwise).

@@ -65,3 +65,18 @@ if((TARGET loom-server OR EXISTS ${CMAKE_SOURCE_DIR}/server/CMakeLists.txt) AND 
             --pythonpath ${LOOM_PROTO_PY_DIR})
   set_tests_properties(grpc_sessions_e2e PROPERTIES LABELS integration TIMEOUT 300)
 endif()
+
+# Node's @grpc/grpc-js (+ @grpc/proto-loader on proto/loom/v1/loom.proto), installed into the
+# build dir by `make test` (pinned; never committed): Chat with tools equals HTTP's chat, a session
+# equals the whole history, DeleteSession. Fails when node exists and the packages cannot be had;
+# exit 77 (skipped) only without node.
+get_property(done GLOBAL PROPERTY LOOM_GRPC_JS_TEST)
+if((TARGET loom-server OR EXISTS ${CMAKE_SOURCE_DIR}/server/CMakeLists.txt) AND NOT done)
+  set_property(GLOBAL PROPERTY LOOM_GRPC_JS_TEST TRUE)
+  add_test(NAME grpc_js_e2e
+    COMMAND /usr/bin/python3 ${CMAKE_SOURCE_DIR}/tests/integration/run_grpc_js_test.py
+            --server $<TARGET_FILE:loom-server> --model ${LOOM_GRPC_TEST_MODEL}
+            --prefix ${CMAKE_BINARY_DIR}/npm-grpc --proto-dir ${CMAKE_SOURCE_DIR}/proto
+            --script ${CMAKE_SOURCE_DIR}/tests/integration/grpc_js_test.mjs)
+  set_tests_properties(grpc_js_e2e PROPERTIES LABELS integration TIMEOUT 300 SKIP_RETURN_CODE 77)
+endif()
