@@ -90,8 +90,8 @@ absl::Status in_range(const std::string& field, double x, double lo, double hi) 
 // "balance": {"method", "enabled", "eta", "q_low", "q_high", "aux_alpha"} and "routing_warnings":
 // {"min_entropy", "max_violation", "max_idle_fraction"}. A method's options are refused with
 // another method, so that a run cannot silently ignore them.
-absl::Status read_balance(const json& j, RunConfig& c) {
-  QuantileBalancerOptions& b = c.optimizer.balancer;
+absl::Status read_balance(const json& j, OptimizerOptions& opt) {
+  QuantileBalancerOptions& b = opt.balancer;
   if (j.contains("balance")) {
     const json& o = j["balance"];
     LOOM_RETURN_IF_ERROR(
@@ -103,22 +103,20 @@ absl::Status read_balance(const json& j, RunConfig& c) {
       LOOM_RETURN_IF_ERROR(read(o, "method", "balance", name));
       auto m = parse_balance_method(name);
       if (!m.ok()) return bad("balance.method", std::string(m.status().message()));
-      c.optimizer.balance = *m;
+      opt.balance = *m;
     }
     if (o.contains("enabled")) {  // the spelling before balance.method: false is "none"
       if (!o["enabled"].is_boolean()) return bad("balance.enabled", "must be true or false");
-      c.optimizer.balance =
-          o["enabled"].get<bool>() ? BalanceMethod::kQuantile : BalanceMethod::kNone;
+      opt.balance = o["enabled"].get<bool>() ? BalanceMethod::kQuantile : BalanceMethod::kNone;
     }
     for (const char* key : {"eta", "q_low", "q_high"})
-      if (o.contains(key) && c.optimizer.balance != BalanceMethod::kQuantile)
+      if (o.contains(key) && opt.balance != BalanceMethod::kQuantile)
         return bad(absl::StrCat("balance.", key), "only for balance.method quantile");
-    if (o.contains("aux_alpha") && c.optimizer.balance != BalanceMethod::kAuxLoss)
+    if (o.contains("aux_alpha") && opt.balance != BalanceMethod::kAuxLoss)
       return bad("balance.aux_alpha", "only for balance.method aux_loss");
-    LOOM_RETURN_IF_ERROR(read(o, "aux_alpha", "balance", c.optimizer.aux_loss_alpha));
-    if (!(c.optimizer.aux_loss_alpha > 0 && c.optimizer.aux_loss_alpha <= 1e3))
-      return bad("balance.aux_alpha",
-                 absl::StrCat(c.optimizer.aux_loss_alpha, " is outside (0, 1e3]"));
+    LOOM_RETURN_IF_ERROR(read(o, "aux_alpha", "balance", opt.aux_loss_alpha));
+    if (!(opt.aux_loss_alpha > 0 && opt.aux_loss_alpha <= 1e3))
+      return bad("balance.aux_alpha", absl::StrCat(opt.aux_loss_alpha, " is outside (0, 1e3]"));
     LOOM_RETURN_IF_ERROR(read(o, "eta", "balance", b.eta));
     LOOM_RETURN_IF_ERROR(read(o, "q_low", "balance", b.q_low));
     LOOM_RETURN_IF_ERROR(read(o, "q_high", "balance", b.q_high));
@@ -201,6 +199,30 @@ absl::Status read_stages(const json& j, RunConfig& c) {
   return absl::OkStatus();
 }
 
+// "optimizer": {"peak_lr", "min_lr", "warmup_steps", "total_steps", "beta1", "beta2", "eps",
+// "weight_decay", "clip_norm"} of a run of `steps` steps.
+absl::Status read_optimizer(const json& j, int64_t steps, OptimizerOptions& opt) {
+  opt.lr.total_steps = steps;
+  // Unless given, warmup is a tenth of the run (at most the schedule's default).
+  opt.lr.warmup_steps = std::min(opt.lr.warmup_steps, steps / 10);
+  if (j.contains("optimizer")) {
+    const json& o = j["optimizer"];
+    LOOM_RETURN_IF_ERROR(only_keys(o, "optimizer",
+                                   {"peak_lr", "min_lr", "warmup_steps", "total_steps", "beta1",
+                                    "beta2", "eps", "weight_decay", "clip_norm"}));
+    LOOM_RETURN_IF_ERROR(read(o, "peak_lr", "optimizer", opt.lr.peak_lr));
+    LOOM_RETURN_IF_ERROR(read(o, "min_lr", "optimizer", opt.lr.min_lr));
+    LOOM_RETURN_IF_ERROR(read(o, "warmup_steps", "optimizer", opt.lr.warmup_steps));
+    LOOM_RETURN_IF_ERROR(read(o, "total_steps", "optimizer", opt.lr.total_steps));
+    LOOM_RETURN_IF_ERROR(read(o, "beta1", "optimizer", opt.beta1));
+    LOOM_RETURN_IF_ERROR(read(o, "beta2", "optimizer", opt.beta2));
+    LOOM_RETURN_IF_ERROR(read(o, "eps", "optimizer", opt.eps));
+    LOOM_RETURN_IF_ERROR(read(o, "weight_decay", "optimizer", opt.weight_decay));
+    LOOM_RETURN_IF_ERROR(read(o, "clip_norm", "optimizer", opt.clip_norm));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<RunConfig> parse_run_config(std::string_view text) {
@@ -275,25 +297,8 @@ absl::StatusOr<RunConfig> parse_run_config(std::string_view text) {
   if (c.checkpoint_every < 0) return bad("run.checkpoint_every", "must be >= 0");
   LOOM_RETURN_IF_ERROR(read(j, "seed", "run", c.seed));
 
-  c.optimizer.lr.total_steps = c.steps;
-  // Unless given, warmup is a tenth of the run (at most the schedule's default).
-  c.optimizer.lr.warmup_steps = std::min(c.optimizer.lr.warmup_steps, c.steps / 10);
-  if (j.contains("optimizer")) {
-    const json& o = j["optimizer"];
-    LOOM_RETURN_IF_ERROR(only_keys(o, "optimizer",
-                                   {"peak_lr", "min_lr", "warmup_steps", "total_steps", "beta1",
-                                    "beta2", "eps", "weight_decay", "clip_norm"}));
-    LOOM_RETURN_IF_ERROR(read(o, "peak_lr", "optimizer", c.optimizer.lr.peak_lr));
-    LOOM_RETURN_IF_ERROR(read(o, "min_lr", "optimizer", c.optimizer.lr.min_lr));
-    LOOM_RETURN_IF_ERROR(read(o, "warmup_steps", "optimizer", c.optimizer.lr.warmup_steps));
-    LOOM_RETURN_IF_ERROR(read(o, "total_steps", "optimizer", c.optimizer.lr.total_steps));
-    LOOM_RETURN_IF_ERROR(read(o, "beta1", "optimizer", c.optimizer.beta1));
-    LOOM_RETURN_IF_ERROR(read(o, "beta2", "optimizer", c.optimizer.beta2));
-    LOOM_RETURN_IF_ERROR(read(o, "eps", "optimizer", c.optimizer.eps));
-    LOOM_RETURN_IF_ERROR(read(o, "weight_decay", "optimizer", c.optimizer.weight_decay));
-    LOOM_RETURN_IF_ERROR(read(o, "clip_norm", "optimizer", c.optimizer.clip_norm));
-  }
-  LOOM_RETURN_IF_ERROR(read_balance(j, c));
+  LOOM_RETURN_IF_ERROR(read_optimizer(j, c.steps, c.optimizer));
+  LOOM_RETURN_IF_ERROR(read_balance(j, c.optimizer));
   LOOM_RETURN_IF_ERROR(c.optimizer.validate());
   return c;
 }
@@ -304,6 +309,154 @@ absl::StatusOr<RunConfig> load_run_config(const std::string& path) {
   std::ostringstream text;
   text << f.rdbuf();
   return parse_run_config(text.str());
+}
+
+}  // namespace loom
+
+namespace loom {
+namespace {
+
+absl::Status read_flag(const json& obj, const char* key, std::string_view where, bool& out) {
+  if (!obj.contains(key)) return absl::OkStatus();
+  if (!obj[key].is_boolean())
+    return bad(absl::StrCat(absl_sv(where), ".", key), "must be true or false");
+  out = obj[key].get<bool>();
+  return absl::OkStatus();
+}
+
+// A validate() failure of an options struct, with the config's prefix and the section named.
+absl::Status section(std::string_view where, const absl::Status& st) {
+  if (st.ok()) return st;
+  return bad(where, std::string(st.message()));
+}
+
+absl::Status read_env(const json& e, EnvironmentConfig& env) {
+  LOOM_RETURN_IF_ERROR(only_keys(e, "env", {"name", "arithmetic", "retrieval"}));
+  LOOM_RETURN_IF_ERROR(read(e, "name", "env", env.name));
+  if (e.contains("arithmetic")) {
+    if (env.name != "arithmetic") return bad("env.arithmetic", "only for env.name arithmetic");
+    const json& a = e["arithmetic"];
+    LOOM_RETURN_IF_ERROR(only_keys(a, "env.arithmetic", {"operands", "max_operand", "ops"}));
+    LOOM_RETURN_IF_ERROR(read(a, "operands", "env.arithmetic", env.arithmetic.operands));
+    LOOM_RETURN_IF_ERROR(read(a, "max_operand", "env.arithmetic", env.arithmetic.max_operand));
+    LOOM_RETURN_IF_ERROR(read(a, "ops", "env.arithmetic", env.arithmetic.ops));
+  }
+  if (e.contains("retrieval")) {
+    if (env.name != "retrieval") return bad("env.retrieval", "only for env.name retrieval");
+    const json& r = e["retrieval"];
+    LOOM_RETURN_IF_ERROR(only_keys(r, "env.retrieval", {"records", "filler", "max_results"}));
+    LOOM_RETURN_IF_ERROR(read(r, "records", "env.retrieval", env.retrieval.records));
+    LOOM_RETURN_IF_ERROR(read(r, "filler", "env.retrieval", env.retrieval.filler));
+    LOOM_RETURN_IF_ERROR(read(r, "max_results", "env.retrieval", env.retrieval.max_results));
+  }
+  return section("env", env.validate());
+}
+
+absl::Status read_grpo(const json& g, GrpoOptions& o) {
+  LOOM_RETURN_IF_ERROR(only_keys(
+      g, "grpo",
+      {"scale_by_std", "clip_low", "clip_high", "kl_coef", "tis_cap", "drop_equal_reward_groups",
+       "overlong_max_len", "overlong_buffer", "overlong_penalty"}));
+  LOOM_RETURN_IF_ERROR(read_flag(g, "scale_by_std", "grpo", o.scale_by_std));
+  LOOM_RETURN_IF_ERROR(read(g, "clip_low", "grpo", o.clip_low));
+  LOOM_RETURN_IF_ERROR(read(g, "clip_high", "grpo", o.clip_high));
+  LOOM_RETURN_IF_ERROR(read(g, "kl_coef", "grpo", o.kl_coef));
+  LOOM_RETURN_IF_ERROR(read(g, "tis_cap", "grpo", o.tis_cap));
+  LOOM_RETURN_IF_ERROR(
+      read_flag(g, "drop_equal_reward_groups", "grpo", o.drop_equal_reward_groups));
+  LOOM_RETURN_IF_ERROR(read(g, "overlong_max_len", "grpo", o.overlong_max_len));
+  LOOM_RETURN_IF_ERROR(read(g, "overlong_buffer", "grpo", o.overlong_buffer));
+  LOOM_RETURN_IF_ERROR(read(g, "overlong_penalty", "grpo", o.overlong_penalty));
+  return section("grpo", o.validate());
+}
+
+}  // namespace
+
+absl::StatusOr<RlConfig> parse_rl_config(std::string_view text) {
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("run config: not valid JSON");
+  LOOM_RETURN_IF_ERROR(
+      only_keys(j, "rl",
+                {"model", "env", "rollout", "grpo", "groups_per_step", "group_size", "steps",
+                 "optimizer", "balance", "routing_warnings", "warm_start", "replay", "engine",
+                 "out", "checkpoint_every", "seed"}));
+  RlConfig c;
+  if (!j.contains("model")) return bad("rl.model", "required");
+  const json& m = j["model"];
+  LOOM_RETURN_IF_ERROR(only_keys(m, "model", {"config", "seed", "checkpoint"}));
+  LOOM_RETURN_IF_ERROR(read(m, "config", "model", c.model_config));
+  LOOM_RETURN_IF_ERROR(read(m, "seed", "model", c.model_seed));
+  LOOM_RETURN_IF_ERROR(read(m, "checkpoint", "model", c.model_checkpoint));
+  if (c.model_config.empty() == c.model_checkpoint.empty())
+    return bad("model", "give exactly one of config and checkpoint");
+  if (j.contains("env")) LOOM_RETURN_IF_ERROR(read_env(j["env"], c.env));
+  if (j.contains("rollout")) {
+    const json& r = j["rollout"];
+    LOOM_RETURN_IF_ERROR(
+        only_keys(r, "rollout", {"max_turns", "max_turn_tokens", "max_trajectory_tokens"}));
+    LOOM_RETURN_IF_ERROR(read(r, "max_turns", "rollout", c.rollout.max_turns));
+    LOOM_RETURN_IF_ERROR(read(r, "max_turn_tokens", "rollout", c.rollout.max_turn_tokens));
+    LOOM_RETURN_IF_ERROR(
+        read(r, "max_trajectory_tokens", "rollout", c.rollout.max_trajectory_tokens));
+  }
+  LOOM_RETURN_IF_ERROR(section("rollout", c.rollout.validate()));
+  if (j.contains("grpo")) LOOM_RETURN_IF_ERROR(read_grpo(j["grpo"], c.grpo));
+  LOOM_RETURN_IF_ERROR(read(j, "groups_per_step", "rl", c.groups_per_step));
+  LOOM_RETURN_IF_ERROR(read(j, "group_size", "rl", c.group_size));
+  if (c.groups_per_step < 1 || c.groups_per_step > 4096)
+    return bad("rl.groups_per_step", "must be in [1, 4096]");
+  if (c.group_size < 2 || c.group_size > 1024)
+    return bad("rl.group_size", "must be in [2, 1024] (a group compares its members)");
+  LOOM_RETURN_IF_ERROR(read(j, "steps", "rl", c.steps));
+  if (c.steps < 1) return bad("rl.steps", "must be >= 1");
+  if (j.contains("warm_start")) {
+    const json& w = j["warm_start"];
+    LOOM_RETURN_IF_ERROR(only_keys(w, "warm_start", {"steps", "batch_size", "lr"}));
+    LOOM_RETURN_IF_ERROR(read(w, "steps", "warm_start", c.warm_start_steps));
+    LOOM_RETURN_IF_ERROR(read(w, "batch_size", "warm_start", c.warm_start_batch));
+    LOOM_RETURN_IF_ERROR(read(w, "lr", "warm_start", c.warm_start_lr));
+    if (c.warm_start_steps < 0 || c.warm_start_steps > (int64_t{1} << 40))
+      return bad("warm_start.steps", "must be in [0, 2^40]");
+    if (c.warm_start_batch < 1 || c.warm_start_batch > 4096)
+      return bad("warm_start.batch_size", "must be in [1, 4096]");
+    LOOM_RETURN_IF_ERROR(in_range("warm_start.lr", c.warm_start_lr, 1e-12, 1));
+  }
+  if (j.contains("replay")) {
+    const json& r = j["replay"];
+    LOOM_RETURN_IF_ERROR(only_keys(r, "replay", {"capacity", "max_age", "groups"}));
+    LOOM_RETURN_IF_ERROR(read(r, "capacity", "replay", c.replay_capacity));
+    LOOM_RETURN_IF_ERROR(read(r, "max_age", "replay", c.replay_max_age));
+    LOOM_RETURN_IF_ERROR(read(r, "groups", "replay", c.replay_groups));
+    if (c.replay_capacity < 0 || c.replay_capacity > 1 << 20)
+      return bad("replay.capacity", "must be in [0, 2^20]");
+    if (c.replay_max_age < 1) return bad("replay.max_age", "must be >= 1");
+    if (c.replay_groups < 0 || c.replay_groups > c.replay_capacity)
+      return bad("replay.groups", "must be in [0, replay.capacity]");
+  }
+  if (j.contains("engine")) {
+    const json& e = j["engine"];
+    LOOM_RETURN_IF_ERROR(only_keys(e, "engine", {"deterministic", "max_num_batched_tokens"}));
+    LOOM_RETURN_IF_ERROR(read_flag(e, "deterministic", "engine", c.deterministic));
+    LOOM_RETURN_IF_ERROR(read(e, "max_num_batched_tokens", "engine", c.max_num_batched_tokens));
+    if (c.max_num_batched_tokens < 1) return bad("engine.max_num_batched_tokens", "must be >= 1");
+  }
+  LOOM_RETURN_IF_ERROR(read(j, "out", "rl", c.out));
+  if (c.out.empty()) return bad("rl.out", "required (the run folder)");
+  LOOM_RETURN_IF_ERROR(read(j, "checkpoint_every", "rl", c.checkpoint_every));
+  if (c.checkpoint_every < 0) return bad("rl.checkpoint_every", "must be >= 0");
+  LOOM_RETURN_IF_ERROR(read(j, "seed", "rl", c.seed));
+  LOOM_RETURN_IF_ERROR(read_optimizer(j, c.steps, c.optimizer));
+  LOOM_RETURN_IF_ERROR(read_balance(j, c.optimizer));
+  LOOM_RETURN_IF_ERROR(c.optimizer.validate());
+  return c;
+}
+
+absl::StatusOr<RlConfig> load_rl_config(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return absl::NotFoundError(absl::StrCat("run config: cannot read ", path));
+  std::ostringstream text;
+  text << f.rdbuf();
+  return parse_rl_config(text.str());
 }
 
 }  // namespace loom

@@ -8,6 +8,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "trainer/rl/environment.h"
+#include "trainer/rl/grpo.h"
+#include "trainer/rl/rollout.h"
 #include "trainer/stages.h"
 #include "trainer/synthetic_tasks.h"
 #include "trainer/tool_dialogues.h"
@@ -44,6 +47,41 @@ struct RunConfig {
   int64_t checkpoint_every = 0;   // 0: only at the end
   uint64_t seed = 0;              // data order and synthetic examples
 };
+
+// The run config of `loom-trainer rl --config RL.json` (agent RL with GRPO, trainer/rl/rl_run.h;
+// every field in docs/trainer.md), with the same rules as RunConfig's.
+struct RlConfig {
+  std::string model_config;  // "model": {"config": PATH, "seed": N} or {"checkpoint": DIR}
+  uint64_t model_seed = 1;
+  std::string model_checkpoint;
+  EnvironmentConfig env;    // "env": {"name", "arithmetic": {...}, "retrieval": {...}}
+  RolloutOptions rollout;   // "rollout": {"max_turns", "max_turn_tokens", "max_trajectory_tokens"}
+  GrpoOptions grpo;         // "grpo": {...}
+  int groups_per_step = 4;  // tasks per step
+  int group_size = 4;       // episodes per task (GRPO's group)
+  int64_t steps = 20;       // RL steps (rollouts, one update, one weight sync)
+  OptimizerOptions optimizer;  // "optimizer" as in RunConfig ("balance" too)
+  // "warm_start": {"steps", "batch_size", "lr"}: supervised steps on the environment's
+  // demonstrations before RL (a model that never finishes a turn earns no reward to learn from).
+  int64_t warm_start_steps = 0;
+  int warm_start_batch = 4;
+  double warm_start_lr = 1e-3;
+  // "replay": {"capacity", "max_age", "groups"}: groups kept, their age limit in weight versions,
+  // and how many are drawn into each step beside the fresh ones (0: no experience reuse).
+  int replay_capacity = 0;
+  int64_t replay_max_age = 2;
+  int replay_groups = 0;
+  // "engine": {"deterministic", "max_num_batched_tokens"}: the rollout engine's numerics
+  // (deterministic: the same seed gives the same run) and token budget per step.
+  bool deterministic = true;
+  int32_t max_num_batched_tokens = 2048;
+  std::string out;               // run folder: metrics.jsonl, checkpoint-N/
+  int64_t checkpoint_every = 0;  // 0: only at the end
+  uint64_t seed = 0;             // tasks and sampling
+};
+
+absl::StatusOr<RlConfig> parse_rl_config(std::string_view json_text);
+absl::StatusOr<RlConfig> load_rl_config(const std::string& path);
 
 // Parses and validates RUN.json text. InvalidArgument naming the field at fault.
 absl::StatusOr<RunConfig> parse_run_config(std::string_view json_text);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "nlohmann/json.hpp"
 #include "trainer/tool_dialogues.h"
 
 namespace loom {
@@ -55,6 +56,13 @@ absl::Status finish_turn(const Tokenizer& tokenizer, const ChatSetup& chat,
   }
   const ParsedOutput parsed =
       parse_tool_calls(chat.syntax, std::string_view(text).substr(0, marker));
+  // A call without a name or whose arguments are not JSON cannot be rendered back into the
+  // conversation (the chat template's validation refuses it): the episode ends there, unrewarded.
+  for (const ToolCall& call : parsed.tool_calls)
+    if (call.name.empty() || !nlohmann::json::accept(call.arguments_json)) {
+      e.done = tr.malformed = true;
+      return absl::OkStatus();
+    }
   ChatMessage reply{
       .role = "assistant", .content = parsed.content, .tool_calls = parsed.tool_calls};
   const EnvStep step = e.spec->env->step(reply);

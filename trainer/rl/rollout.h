@@ -52,7 +52,9 @@ struct EpisodeSpec {
 };
 
 // Runs every episode to its end: a final answer, a turn cut at max_turn_tokens, the model's EOS,
-// max_turns turns, or a next prompt over max_trajectory_tokens (the last three: truncated). The
+// max_turns turns, or a next prompt over max_trajectory_tokens (the last three: truncated), or a
+// tool call without a name or whose arguments are not JSON (malformed: the template cannot render
+// it back). The
 // trajectories come back in the order of `episodes`, with tokens, sampled mask, behaviour
 // logprobs, turns, response tokens, the environment's reward (task_reward) and the weight version
 // the engine sampled them under (version) filled; FailedPrecondition if the engine's weights

@@ -25,6 +25,7 @@ struct Trajectory {
   int turns = 0;                // model turns
   bool answered = false;        // ended with a final answer (a turn without a tool call)
   bool truncated = false;       // stopped by a budget (turn tokens, turns, trajectory tokens)
+  bool malformed = false;       // ended by an unrenderable tool call (no name, arguments not JSON)
   int64_t version = 0;          // the weight version it was sampled under
 };
 

@@ -8,6 +8,10 @@
 //   loom-trainer train --config RUN.json
 //       trains as the run config says (docs/trainer.md): metrics.jsonl, progress on stderr,
 //       checkpoints in the run folder.
+//   loom-trainer rl --config RL.json
+//       agent RL with GRPO (trainer/rl/rl_run.h, docs/trainer.md): rollouts through an
+//       in-process engine, updates, weight sync; metrics.jsonl and checkpoints in the run folder,
+//       a line per step on stderr, then {"steps", "first_reward", "last_reward", ...}.
 //   loom-trainer gradcheck --fixture DIR [--device cpu]
 //       the loss and every parameter's gradient on the fixture's prompt 1 against its
 //       grads.safetensors and loss_1: one JSON line per tensor, then {"fixture", "ok", ...}.
@@ -32,6 +36,7 @@
 #include "trainer/eval.h"
 #include "trainer/gradcheck.h"
 #include "trainer/prepare_data.h"
+#include "trainer/rl/rl_run.h"
 #include "trainer/run_config.h"
 #include "trainer/token_shard.h"
 #include "trainer/train_run.h"
@@ -43,7 +48,7 @@ ABSL_FLAG(std::string, split, "file",
           "prepare-data: 'file' (one document per input) or 'paragraph' (blank lines separate "
           "documents)");
 
-ABSL_FLAG(std::string, config, "", "train: the run config (RUN.json)");
+ABSL_FLAG(std::string, config, "", "train, rl: the run config (RUN.json, RL.json)");
 ABSL_FLAG(std::string, fixture, "", "gradcheck: the fixture folder (with grads.safetensors)");
 ABSL_FLAG(std::string, device, "cpu",
           "gradcheck: cpu (the backward runs on the CPU for now); eval: cpu, cuda or cuda:N");
@@ -154,6 +159,24 @@ int train() {
   return 0;
 }
 
+int rl() {
+  const std::string path = absl::GetFlag(FLAGS_config);
+  if (path.empty()) return fail("rl needs --config RL.json");
+  auto config = loom::load_rl_config(path);
+  if (!config.ok()) return fail(std::string(config.status().message()));
+  auto summary = loom::run_rl(*config, stderr);
+  if (!summary.ok()) return fail(std::string(summary.status().message()));
+  nlohmann::json line = {{"steps", summary->steps},
+                         {"first_reward", summary->first_reward},
+                         {"last_reward", summary->last_reward},
+                         {"first_reward_mean3", summary->first_reward_mean},
+                         {"last_reward_mean3", summary->last_reward_mean},
+                         {"warm_start_loss", summary->warm_start_loss},
+                         {"checkpoint", summary->last_checkpoint}};
+  std::printf("%s\n", line.dump().c_str());
+  return 0;
+}
+
 // Bad flags: exit 2 with the message.
 int usage_error(const std::string& message) {
   std::fprintf(stderr, "loom-trainer eval: %s\n", message.c_str());
@@ -196,19 +219,21 @@ int main(int argc, char** argv) {
       "loom-trainer prepare-data --tokenizer PATH --out FILE [--split file|paragraph] INPUT...\n"
       "       loom-trainer shard-info FILE\n"
       "       loom-trainer train --config RUN.json\n"
+      "       loom-trainer rl --config RL.json\n"
       "       loom-trainer gradcheck --fixture DIR [--device cpu]\n"
       "       loom-trainer eval --model DIR --task passkey|mqar|tool [--lengths ...]\n"
       "                         [--depths ...] [--samples N] [--device cpu|cuda]");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() < 2)
-    return fail("a command is required (prepare-data, shard-info, train, gradcheck, eval)");
+    return fail("a command is required (prepare-data, shard-info, train, rl, gradcheck, eval)");
   const std::string command = positional[1];
   const std::vector<std::string> args(positional.begin() + 2, positional.end());
   if (command == "prepare-data") return prepare_data(args);
   if (command == "shard-info") return shard_info(args);
   if (command == "gradcheck") return gradcheck();
   if (command == "train") return train();
+  if (command == "rl") return rl();
   if (command == "eval") return eval();
   return fail("unknown command '" + command +
-              "' (prepare-data, shard-info, train, gradcheck, eval)");
+              "' (prepare-data, shard-info, train, rl, gradcheck, eval)");
 }
