@@ -5,6 +5,9 @@
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/loss.h"
+#ifdef LOOM_WITH_CUDA
+#include "kernels/cuda/loss.h"
+#endif
 
 namespace loom {
 
@@ -58,7 +61,13 @@ void cross_entropy_forward_backward(const Exec& ex, const Tensor& hidden, const 
                                                loss, row_loss, dhidden, dlm_head, scratch, rows,
                                                row_weight);
   }
+#ifdef LOOM_WITH_CUDA
+  return cuda::cross_entropy_forward_backward(ex, hidden, lm_head, targets, ignore_index,
+                                              loss_scale, loss, row_loss, dhidden, dlm_head,
+                                              row_weight);
+#else
   no_kernel_for(ex, "cross_entropy_forward_backward");
+#endif
 }
 
 }  // namespace loom

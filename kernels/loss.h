@@ -36,6 +36,10 @@ namespace loom {
 // logits twice) instead of three, for a peak scratch of (2 * 256 * 4096 + 2 * 256 * D + 4 * 256)
 // f32 (12 MiB at D = 2048; from ex.workspace when there is one) whatever T and V.
 //
+// CUDA (kernels/cuda/loss.h): the same two passes with GPU-sized chunks (1024 rows, up to 16384
+// vocabulary entries) on cuBLAS, one block per row for the online log-sum-exp; the targets are
+// read back to the host once to check them. Two calls give the same bits.
+//
 // Determinism: the per-row loops split rows over threads, row losses are summed in row order and
 // dlm_head receives the row chunks in order; the GEMMs are OpenBLAS's, whose results depend on its
 // thread count (measured), so a call gives the same bits for a fixed thread count. With
