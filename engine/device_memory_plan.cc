@@ -36,7 +36,7 @@ std::string DeviceMemoryPlan::describe() const {
 }
 
 absl::StatusOr<int64_t> profile_step_memory(const Model& model, int64_t tokens, int64_t page_size,
-                                            bool batch_invariant) {
+                                            bool batch_invariant, std::optional<DType> kv_dtype) {
   if (tokens <= 0 || page_size <= 0)
     return absl::InvalidArgumentError("profile_step_memory: no tokens or no page size");
   const ModelConfig& cfg = model.config();
@@ -47,7 +47,7 @@ absl::StatusOr<int64_t> profile_step_memory(const Model& model, int64_t tokens, 
   o.page_size = page_size;
   o.num_slots = 2;
   o.device = model.device();
-  o.kv_dtype = model.act_dtype();
+  o.kv_dtype = kv_dtype.value_or(model.act_dtype());
   o.act_dtype = model.act_dtype();
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<CacheStore> store, CacheStore::create(cfg, o));
   std::vector<int32_t> page_ids(pages);
@@ -90,9 +90,9 @@ absl::StatusOr<DeviceMemoryPlan> plan_device_memory(const Model& model,
   p.utilization = options.gpu_memory_utilization;
   p.weights_bytes = static_cast<int64_t>(model.parameters().bytes());
   p.profile_tokens = options.max_num_batched_tokens;
-  LOOM_ASSIGN_OR_RETURN(
-      p.profile_bytes,
-      profile_step_memory(model, p.profile_tokens, options.page_size, options.deterministic));
+  LOOM_ASSIGN_OR_RETURN(p.profile_bytes,
+                        profile_step_memory(model, p.profile_tokens, options.page_size,
+                                            options.deterministic, options.kv_dtype));
   // The profile asked for one logits row; a step may ask for one per sequence (and gathers the
   // rows' hidden states first).
   const int64_t rows = options.max_num_seqs;

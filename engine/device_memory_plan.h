@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -38,9 +39,12 @@ struct DeviceMemoryPlan {
 };
 
 // The step memory (bytes of workspace high-water) of one prefill of `tokens` tokens from position
-// 0, as the engine would run it (its page size, deterministic numerics or not), in a private store.
+// 0, as the engine would run it (its page size, deterministic numerics or not, its KV page dtype:
+// unset, the activation dtype), in a private store, so that it runs the attention kernels the
+// engine will run over its pages.
 absl::StatusOr<int64_t> profile_step_memory(const Model& model, int64_t tokens, int64_t page_size,
-                                            bool batch_invariant);
+                                            bool batch_invariant,
+                                            std::optional<DType> kv_dtype = std::nullopt);
 
 // The plan for `model` (loaded on a GPU) under `options`; reserves `sampler`'s scratch for
 // options.max_num_seqs rows. InvalidArgument on the host or for a utilization outside (0, 1];
