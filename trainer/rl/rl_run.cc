@@ -308,7 +308,7 @@ absl::StatusOr<RlRunSummary> run_rl(const RlConfig& c, std::FILE* progress) {
   summary.steps = c.steps;
   summary.first_reward = step_rewards.front();
   summary.last_reward = step_rewards.back();
-  const size_t k = std::min<size_t>(3, step_rewards.size());
+  const size_t k = std::max<size_t>(1, step_rewards.size() / 3);
   summary.first_reward_mean =
       mean(std::vector<double>(step_rewards.begin(), step_rewards.begin() + k));
   summary.last_reward_mean = mean(std::vector<double>(step_rewards.end() - k, step_rewards.end()));

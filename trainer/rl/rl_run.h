@@ -27,7 +27,8 @@ namespace loom {
 struct RlRunSummary {
   int64_t steps = 0;
   double first_reward = 0, last_reward = 0;  // mean task reward of the first and last step
-  // Mean task reward over the first and the last min(3, steps) steps (less noisy).
+  // Mean task reward over the first and the last third of the steps (at least one step each):
+  // one step's mean over a few groups is noisy.
   double first_reward_mean = 0, last_reward_mean = 0;
   double warm_start_loss = 0;  // the last warm-start step's loss (0 without one)
   std::string last_checkpoint;

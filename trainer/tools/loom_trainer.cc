@@ -169,8 +169,8 @@ int rl() {
   nlohmann::json line = {{"steps", summary->steps},
                          {"first_reward", summary->first_reward},
                          {"last_reward", summary->last_reward},
-                         {"first_reward_mean3", summary->first_reward_mean},
-                         {"last_reward_mean3", summary->last_reward_mean},
+                         {"first_third_reward", summary->first_reward_mean},
+                         {"last_third_reward", summary->last_reward_mean},
                          {"warm_start_loss", summary->warm_start_loss},
                          {"checkpoint", summary->last_checkpoint}};
   std::printf("%s\n", line.dump().c_str());
