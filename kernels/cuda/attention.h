@@ -50,7 +50,9 @@ struct AttentionTuning {
   int tc_keys = 0;     // tensor-core key tile: 32 or 64
   int tc_stages = 0;   // mma.sync tile buffers: 2 (64 keys) or 3, 4 (32 keys); wgmma: fixed
   int gqa_qpw = 0;     // GQA query vectors per warp: 1 or 4
-  int probe = 0;       // benchmarks only, wrong results: 1 times the arithmetic, 2 the loads
+  int probe = 0;       // benchmarks only, wrong results: 1 times the arithmetic, 2 the loads,
+                       // 3-6 parts of a call (attention_launch.h, AttnArgs::probe)
+  bool sync_handoff = false;  // wgmma MLA: bar.sync on both sides of the P handoff (racecheck)
 };
 
 void gqa_attention_varlen_tuned(const Exec& ex, const Tensor& q, const Tensor& k_pool,

@@ -127,8 +127,14 @@ struct AttnArgs {
   AttnSchedule sched;
   float scale = 1.0f;
   // Benchmarks only (the results are wrong): 1 loads only the first key tiles of each unit (the
-  // arithmetic's time), 2 skips the arithmetic (the loads' time).
+  // arithmetic's time), 2 skips the arithmetic (the loads' time); wgmma MLA kernel: 3 returns
+  // after its setup (a launch's floor), 4 runs each unit without its key tiles (query staging and
+  // output alone); mla_latent_attention_varlen: 5 runs the schedule alone, 6 no combine.
   int probe = 0;
+  // The wgmma MLA kernel's P handoff between its two consumer warpgroups: false, the producer
+  // side of each named barrier only arrives (bar.arrive); true, both sides wait (bar.sync).
+  // Both are ordered by PTX; the second is what compute-sanitizer's racecheck can follow.
+  bool sync_handoff = false;
 };
 
 // The CUDA-core kernel (attention_simt.cu): any dims (smem permitting), f32 or bf16 pools.

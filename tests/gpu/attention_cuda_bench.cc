@@ -17,7 +17,7 @@
 //  - GQA decode (32 query heads over 8 KV heads of 128, f32 and bf16 caches) and prefill.
 // Caches are filled from a random block (never zeros); page ids are shuffled.
 // Prints "GPUBENCH <name> <achieved> <unit> <roofline> <fraction> <median ms>" lines.
-// LOOM_BENCH_ONLY=mla runs the copy and the MLA rows alone.
+// LOOM_BENCH_ONLY=mla runs the copy and the MLA rows alone; =mla_ncu a few batch-1 calls for ncu.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -164,6 +164,17 @@ void bench_mla_decode(Workspace& ws) {
       {"mma", {.mla_path = 2}},
       {"perlen", {.split = 1}},
       {"chunk2048", {.min_chunk = 2048}},
+      {"sync", {.sync_handoff = true}},
+  };
+  // Batch 1 only: smaller per-length splits (more units than SMs at 128K).
+  const std::vector<Variant> b1_variants = {
+      {"chunk256", {.min_chunk = 256}},
+      {"chunk512", {.min_chunk = 512}},
+      {"chunk512_max256", {.min_chunk = 512, .max_splits = 256}},
+      {"probe_setup", {.probe = 3}},
+      {"probe_no_tiles", {.probe = 4}},
+      {"probe_schedule", {.probe = 5}},
+      {"probe_no_combine", {.probe = 6}},
   };
   // The fixed cost of a call: one key tile of one row (schedule + attention), and two tiles split
   // in two (+ the combine); eager, and replayed as a CUDA graph (how the engine runs decode).
@@ -185,6 +196,19 @@ void bench_mla_decode(Workspace& ws) {
     emit_gpubench(name.c_str(), bytes / (ms * 1e6), "GB/s", g_copy_gbs, ms);
     ms = graph_ms(call, 200);
     emit_gpubench((name + "_graph").c_str(), bytes / (ms * 1e6), "GB/s", g_copy_gbs, ms);
+    for (int probe : {3, 4, 5, 6}) {  // where the fixed cost goes (AttnArgs::probe)
+      cuda::AttentionTuning pt = tune;
+      pt.probe = probe;
+      ms = graph_ms(
+          [&] {
+            ws.reset();
+            cuda::mla_latent_attention_varlen(ex, q_lat, latent, rope, s.table, s.cu, s.past, scale,
+                                              o_lat, pt);
+          },
+          200);
+      emit_gpubench((name + "_graph_probe" + std::to_string(probe)).c_str(), bytes / (ms * 1e6),
+                    "GB/s", g_copy_gbs, ms);
+    }
   }
   {  // the floor of any call: one 4-byte memset, eager and in a graph
     Tensor t = Tensor::empty({1}, DType::kF32, Device::kCuda);
@@ -229,8 +253,8 @@ void bench_mla_decode(Workspace& ws) {
       ms = graph_ms(
           [&] {
             ws.reset();
-            cuda::mla_latent_attention_varlen(ex, q_lat, latent, rope, s.table, s.cu, s.past,
-                                              scale, o_lat);
+            cuda::mla_latent_attention_varlen(ex, q_lat, latent, rope, s.table, s.cu, s.past, scale,
+                                              o_lat);
           },
           iters);
       emit_gpubench(("mla_decode_core_" + shape + "_graph").c_str(), bytes / (ms * 1e6), "GB/s",
@@ -239,6 +263,13 @@ void bench_mla_decode(Workspace& ws) {
         ms = core(v.t);
         emit_gpubench(("mla_decode_core_" + shape + "_" + v.name).c_str(), bytes / (ms * 1e6),
                       "GB/s", g_copy_gbs, ms);
+      }
+      if (B == 1) {
+        for (const Variant& v : b1_variants) {
+          ms = core(v.t);
+          emit_gpubench(("mla_decode_core_" + shape + "_" + v.name).c_str(), bytes / (ms * 1e6),
+                        "GB/s", g_copy_gbs, ms);
+        }
       }
       if ((B == 1 && ctx == 131072) || (B == 64 && ctx == 32768)) {
         // Diagnostics, for both tensor-core kernels: the arithmetic alone (probe 1), the loads
@@ -294,6 +325,34 @@ void bench_mla_decode(Workspace& ws) {
       flops += 2.0 * (past + i + 1) * m.heads * (2 * m.latent_dim + m.rope_dim);
     emit_gpubench("mla_prefill_op_T2048_past2048_bf16", flops / (ms * 1e9), "TFLOP/s", kBf16TFlops,
                   ms);
+  }
+}
+
+// LOOM_BENCH_ONLY=mla_ncu: a few calls of the batch-1 cells and nothing else, for a profiler
+// (ncu) to time each kernel of a call apart: one key tile, 4K and 128K keys, default and
+// per-length splits.
+void profile_mla_batch1(Workspace& ws) {
+  const MlaDims m{32, 128, 64, 128, 512};
+  const int64_t ps = 64, num_pages = 131072 / ps + 64;
+  const Tensor latent = filled({num_pages, ps, m.latent_dim}, DType::kBF16);
+  const Tensor rope = filled({num_pages, ps, m.rope_dim}, DType::kBF16);
+  const float scale = 1.0f / std::sqrt(192.0f);
+  Exec ex = gpu();
+  ex.workspace = &ws;
+  const Tensor q_lat = filled({1, m.heads, m.latent_dim + m.rope_dim}, DType::kF32, 0.05f);
+  const Tensor o_lat = Tensor::empty({1, m.heads, m.latent_dim}, DType::kF32, Device::kCuda);
+  for (int64_t ctx : {int64_t{64}, int64_t{4096}, int64_t{131072}}) {
+    const Step s = make_step(1, 1, ctx - 1, ps, num_pages);
+    for (const cuda::AttentionTuning& t :
+         {cuda::AttentionTuning{}, cuda::AttentionTuning{.split = 1}}) {
+      for (int i = 0; i < 3; ++i) {
+        ws.reset();
+        cuda::mla_latent_attention_varlen(ex, q_lat, latent, rope, s.table, s.cu, s.past, scale,
+                                          o_lat, t);
+      }
+      cuda::synchronize();
+      std::printf("profiled ctx %lld split %d: 3 calls\n", static_cast<long long>(ctx), t.split);
+    }
   }
 }
 
@@ -379,9 +438,13 @@ int main() {
   LOOM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
   Workspace ws(Device::kCuda, size_t{1} << 30);
+  const char* only = std::getenv("LOOM_BENCH_ONLY");
+  if (only != nullptr && std::string(only) == "mla_ncu") {
+    profile_mla_batch1(ws);
+    return 0;
+  }
   bench_copy();
   bench_mla_decode(ws);
-  const char* only = std::getenv("LOOM_BENCH_ONLY");
   if (only == nullptr || std::string(only) != "mla") bench_gqa(ws);
   cuda::synchronize();
   return 0;

@@ -712,6 +712,41 @@ TEST(AttentionCuda, MlaWgmmaRacecheck) {
     run_mla(c, s);
 }
 
+// The same cases with both sides of the wgmma kernel's P handoff on bar.sync: racecheck reports
+// hazards at the handoff with bar.arrive on the producer side and none here, which tells a tool
+// that does not follow bar.arrive from a race (the two forms order the same accesses in PTX).
+TEST(AttentionCuda, MlaWgmmaRacecheckSyncHandoff) {
+  cuda::init();
+  const Step s = make_step({1, 1}, {299, 189}, 64);
+  for (const MlaCase& c : std::vector<MlaCase>{
+           {"racecheck_wgmma_sync",
+            kDeepSeek,
+            64,
+            DType::kBF16,
+            DType::kF32,
+            {.mla_path = 3, .sync_handoff = true},
+            1e-2},
+           {"racecheck_wgmma_sync_chunk64",
+            kDeepSeek,
+            64,
+            DType::kBF16,
+            DType::kF32,
+            {.mla_path = 3, .min_chunk = 64, .sync_handoff = true},
+            1e-2},
+       })
+    run_mla(c, s);
+  // More units than resident blocks: each block runs several units back to back, so the
+  // handoff's barriers must balance per unit (a pending one would hang the kernel).
+  run_mla({"wgmma_sync_many_units",
+           kDeepSeek,
+           64,
+           DType::kBF16,
+           DType::kF32,
+           {.mla_path = 3, .min_chunk = 64, .sync_handoff = true},
+           1e-2},
+          make_step(std::vector<int64_t>(40, 1), std::vector<int64_t>(40, 1000), 64));
+}
+
 // Shapes and dtypes the CUDA twins refuse, with a message naming the op. Death tests re-execute
 // the binary ("threadsafe" style): a forked child cannot use the parent's CUDA context.
 TEST(AttentionCudaDeathTest, ChecksAbort) {
