@@ -389,7 +389,7 @@ def plot(rows, path, title):
                     f.write("%d %d %.6f\n" % (r["turn"], r["prompt_tokens"], r["ttft_s"]))
             f.write("\n\n")
     script = "\n".join([
-        "set terminal pngcairo size 900,540",
+        "set terminal pngcairo size 900,540 noenhanced",  # names keep their _ and ~
         "set output %s" % gnuplot_quote(path),
         "set title %s" % gnuplot_quote(title),
         "set xlabel 'turn'", "set ylabel 'time to first token (s)'", "set logscale y",
