@@ -58,6 +58,30 @@ absl::Status read(const json& obj, const char* key, std::string_view where, T& o
   return absl::OkStatus();
 }
 
+// The "model" section both configs share: exactly one of a model config (with a seed for its
+// synthetic weights) and a checkpoint. `where`: the config's name ("run", "rl").
+absl::Status read_model(const json& j, std::string_view where, std::string& config, uint64_t& seed,
+                        std::string& checkpoint) {
+  if (!j.contains("model")) return bad(absl::StrCat(absl_sv(where), ".model"), "required");
+  const json& m = j["model"];
+  LOOM_RETURN_IF_ERROR(only_keys(m, "model", {"config", "seed", "checkpoint"}));
+  LOOM_RETURN_IF_ERROR(read(m, "config", "model", config));
+  LOOM_RETURN_IF_ERROR(read(m, "seed", "model", seed));
+  LOOM_RETURN_IF_ERROR(read(m, "checkpoint", "model", checkpoint));
+  if (config.empty() == checkpoint.empty())
+    return bad("model", "give exactly one of config and checkpoint");
+  return absl::OkStatus();
+}
+
+// A config file's text, for either parser.
+absl::StatusOr<std::string> read_config_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return absl::NotFoundError(absl::StrCat("run config: cannot read ", path));
+  std::ostringstream text;
+  text << f.rdbuf();
+  return text.str();
+}
+
 absl::Status read_mqar(const json& q, std::string_view where, MqarOptions& m) {
   LOOM_RETURN_IF_ERROR(only_keys(
       q, where, {"num_pairs", "key_begin", "num_keys", "value_begin", "num_values", "pad_id"}));
@@ -233,14 +257,7 @@ absl::StatusOr<RunConfig> parse_run_config(std::string_view text) {
       {"model", "data", "batch_size", "steps", "optimizer", "out", "checkpoint_every", "seed",
        "balance", "routing_warnings", "stages", "stage_stability", "loss_bucket"}));
   RunConfig c;
-  if (!j.contains("model")) return bad("run.model", "required");
-  const json& m = j["model"];
-  LOOM_RETURN_IF_ERROR(only_keys(m, "model", {"config", "seed", "checkpoint"}));
-  LOOM_RETURN_IF_ERROR(read(m, "config", "model", c.model_config));
-  LOOM_RETURN_IF_ERROR(read(m, "seed", "model", c.model_seed));
-  LOOM_RETURN_IF_ERROR(read(m, "checkpoint", "model", c.model_checkpoint));
-  if (c.model_config.empty() == c.model_checkpoint.empty())
-    return bad("model", "give exactly one of config and checkpoint");
+  LOOM_RETURN_IF_ERROR(read_model(j, "run", c.model_config, c.model_seed, c.model_checkpoint));
 
   if (!j.contains("data")) return bad("run.data", "required");
   const json& d = j["data"];
@@ -304,16 +321,10 @@ absl::StatusOr<RunConfig> parse_run_config(std::string_view text) {
 }
 
 absl::StatusOr<RunConfig> load_run_config(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return absl::NotFoundError(absl::StrCat("run config: cannot read ", path));
-  std::ostringstream text;
-  text << f.rdbuf();
-  return parse_run_config(text.str());
+  LOOM_ASSIGN_OR_RETURN(const std::string text, read_config_file(path));
+  return parse_run_config(text);
 }
 
-}  // namespace loom
-
-namespace loom {
 namespace {
 
 absl::Status read_flag(const json& obj, const char* key, std::string_view where, bool& out) {
@@ -381,14 +392,7 @@ absl::StatusOr<RlConfig> parse_rl_config(std::string_view text) {
                  "optimizer", "balance", "routing_warnings", "warm_start", "replay", "engine",
                  "out", "checkpoint_every", "seed"}));
   RlConfig c;
-  if (!j.contains("model")) return bad("rl.model", "required");
-  const json& m = j["model"];
-  LOOM_RETURN_IF_ERROR(only_keys(m, "model", {"config", "seed", "checkpoint"}));
-  LOOM_RETURN_IF_ERROR(read(m, "config", "model", c.model_config));
-  LOOM_RETURN_IF_ERROR(read(m, "seed", "model", c.model_seed));
-  LOOM_RETURN_IF_ERROR(read(m, "checkpoint", "model", c.model_checkpoint));
-  if (c.model_config.empty() == c.model_checkpoint.empty())
-    return bad("model", "give exactly one of config and checkpoint");
+  LOOM_RETURN_IF_ERROR(read_model(j, "rl", c.model_config, c.model_seed, c.model_checkpoint));
   if (j.contains("env")) LOOM_RETURN_IF_ERROR(read_env(j["env"], c.env));
   if (j.contains("rollout")) {
     const json& r = j["rollout"];
@@ -452,11 +456,8 @@ absl::StatusOr<RlConfig> parse_rl_config(std::string_view text) {
 }
 
 absl::StatusOr<RlConfig> load_rl_config(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return absl::NotFoundError(absl::StrCat("run config: cannot read ", path));
-  std::ostringstream text;
-  text << f.rdbuf();
-  return parse_rl_config(text.str());
+  LOOM_ASSIGN_OR_RETURN(const std::string text, read_config_file(path));
+  return parse_rl_config(text);
 }
 
 }  // namespace loom

@@ -26,17 +26,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-absl::StatusOr<std::unique_ptr<Model>> load_model(const RunConfig& c) {
-  const Placement trainable{.trainable = true};
-  if (!c.model_checkpoint.empty()) return Model::load(c.model_checkpoint, trainable);
-  std::ifstream f(c.model_config);
-  if (!f) return absl::NotFoundError(absl::StrCat("train: cannot read ", c.model_config));
-  std::ostringstream text;
-  text << f.rdbuf();
-  LOOM_ASSIGN_OR_RETURN(ModelConfig cfg, parse_model_config(text.str()));
-  return Model::load(cfg, WeightLoader::synthetic(cfg, c.model_seed), trainable);
-}
-
 // Windows of seq_len + 1 consecutive tokens, each from a shard and position drawn uniformly.
 class ShardSampler {
  public:
@@ -159,8 +148,22 @@ std::string clock(double seconds) {
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<Model>> load_run_model(const std::string& checkpoint,
+                                                      const std::string& config, uint64_t seed,
+                                                      std::string_view what) {
+  const Placement trainable{.trainable = true};
+  if (!checkpoint.empty()) return Model::load(checkpoint, trainable);
+  std::ifstream f(config);
+  if (!f) return absl::NotFoundError(absl::StrCat(std::string(what), ": cannot read ", config));
+  std::ostringstream text;
+  text << f.rdbuf();
+  LOOM_ASSIGN_OR_RETURN(ModelConfig cfg, parse_model_config(text.str()));
+  return Model::load(cfg, WeightLoader::synthetic(cfg, seed), trainable);
+}
+
 absl::StatusOr<RunSummary> run_training(const RunConfig& c, std::FILE* progress) {
-  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, load_model(c));
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                        load_run_model(c.model_checkpoint, c.model_config, c.model_seed, "train"));
   const int64_t vocab = model->config().vocab_size;
   LOOM_ASSIGN_OR_RETURN(TrainStep step, TrainStep::create(*model, c.optimizer));
   std::mt19937_64 rng(c.seed);

@@ -8,9 +8,15 @@
 // stage's RoPE base is set on the model as the stage starts (docs/trainer.md).
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
+#include <memory>
+#include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/model/model.h"
 #include "trainer/run_config.h"
 
 namespace loom {
@@ -23,5 +29,11 @@ struct RunSummary {
 
 // `progress`: where the progress line goes (stderr for the tool, null for none).
 absl::StatusOr<RunSummary> run_training(const RunConfig& config, std::FILE* progress);
+
+// The model of a config's "model" section, trainable: the checkpoint when one is named, else the
+// model config's deterministic synthetic weights from `seed`. `what` names the command in errors.
+absl::StatusOr<std::unique_ptr<Model>> load_run_model(const std::string& checkpoint,
+                                                      const std::string& config, uint64_t seed,
+                                                      std::string_view what);
 
 }  // namespace loom

@@ -8,47 +8,15 @@ The pinned packages live in --prefix (a build-dir folder, never committed), inst
 offline CI cannot pass by skipping it; only without node at all does it exit 77 (ctest: skipped).
 """
 import argparse
-import json
 import os
 import shutil
 import subprocess
 import sys
 
+import npm_packages
 from loom_server_process import LoomServer
 
 PACKAGES = {"@grpc/grpc-js": "1.14.7", "@grpc/proto-loader": "0.8.1"}  # pinned, Node >= 12
-
-
-def installed(prefix):
-    for name, version in PACKAGES.items():
-        try:
-            with open(os.path.join(prefix, "node_modules", name, "package.json")) as f:
-                if json.load(f)["version"] != version:
-                    return False
-        except (OSError, ValueError, KeyError):
-            return False
-    return True
-
-
-def install(prefix):
-    if installed(prefix):
-        return True
-    if shutil.which("npm") is None:
-        print("npm is not installed: cannot install %s" % PACKAGES)
-        return False
-    os.makedirs(prefix, exist_ok=True)
-    specs = ["%s@%s" % kv for kv in PACKAGES.items()]
-    try:
-        r = subprocess.run(["npm", "install", "--prefix", prefix, "--no-audit", "--no-fund",
-                            "--no-save"] + specs, capture_output=True, text=True, timeout=240)
-    except subprocess.TimeoutExpired:
-        print("npm install %s timed out" % " ".join(specs))
-        return False
-    if r.returncode != 0 or not installed(prefix):
-        print("npm install %s failed:\n%s" % (" ".join(specs), (r.stdout + r.stderr)[-4000:]))
-        return False
-    print("installed %s into %s" % (" ".join(specs), prefix))
-    return True
 
 
 def main():
@@ -61,14 +29,14 @@ def main():
     p.add_argument("--install-only", action="store_true")
     args = p.parse_args()
     if args.install_only:
-        return 0 if install(args.prefix) else 1
+        return 0 if npm_packages.install(args.prefix, PACKAGES) else 1
     if not (args.server and args.model and args.script and args.proto_dir):
         p.error("--server, --model, --script and --proto-dir are required to run the test")
     if shutil.which("node") is None:
         print("*" * 78 + "\nSKIPPED: node is not installed, so the @grpc/grpc-js test cannot run.\n"
               "Install Node.js (20 or later) and npm to run it.\n" + "*" * 78)
         return 77
-    if not install(args.prefix):
+    if not npm_packages.install(args.prefix, PACKAGES):
         print("FAILED: node is installed but %s could not be installed into %s; run "
               "`run_grpc_js_test.py --install-only --prefix %s` where the npm registry is "
               "reachable." % (PACKAGES, args.prefix, args.prefix))

@@ -8,7 +8,6 @@ an offline CI must not pass by skipping it. Only without node at all does it exi
 skipped), with a loud message.
 """
 import argparse
-import json
 import os
 import re
 import shutil
@@ -16,38 +15,10 @@ import subprocess
 import sys
 import time
 
+import npm_packages
+
 OPENAI_VERSION = "5.23.2"  # pinned: supports Node 20 (7.x needs Node 22)
-
-
-def installed_version(prefix):
-    try:
-        with open(os.path.join(prefix, "node_modules", "openai", "package.json")) as f:
-            return json.load(f)["version"]
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-def install(prefix):
-    """Installs the pinned SDK into `prefix` unless it is there; False (with npm's output) when
-    that fails."""
-    if installed_version(prefix) == OPENAI_VERSION:
-        return True
-    if shutil.which("npm") is None:
-        print("npm is not installed: cannot install openai@%s" % OPENAI_VERSION)
-        return False
-    os.makedirs(prefix, exist_ok=True)
-    try:
-        r = subprocess.run(["npm", "install", "--prefix", prefix, "--no-audit", "--no-fund",
-                            "--no-save", "openai@" + OPENAI_VERSION],
-                           capture_output=True, text=True, timeout=240)
-    except subprocess.TimeoutExpired:
-        print("npm install openai@%s timed out" % OPENAI_VERSION)
-        return False
-    if r.returncode != 0 or installed_version(prefix) != OPENAI_VERSION:
-        print("npm install openai@%s failed:\n%s" % (OPENAI_VERSION, (r.stdout + r.stderr)[-4000:]))
-        return False
-    print("installed openai@%s into %s" % (OPENAI_VERSION, prefix))
-    return True
+PACKAGES = {"openai": OPENAI_VERSION}
 
 
 def main():
@@ -61,14 +32,14 @@ def main():
     args = p.parse_args()
 
     if args.install_only:
-        return 0 if install(args.prefix) else 1
+        return 0 if npm_packages.install(args.prefix, PACKAGES) else 1
     if not (args.server and args.model and args.script):
         p.error("--server, --model and --script are required to run the test")
     if shutil.which("node") is None:
         print("*" * 78 + "\nSKIPPED: node is not installed, so the openai npm SDK test cannot run.\n"
               "Install Node.js (20 or later) and npm to run it.\n" + "*" * 78)
         return 77
-    if installed_version(args.prefix) != OPENAI_VERSION and not install(args.prefix):
+    if not npm_packages.install(args.prefix, PACKAGES):
         print("FAILED: node is installed but the openai npm SDK %s is not in %s and could not be "
               "installed. Run `make test` (its set-up installs it) where the npm registry is "
               "reachable, or `npm install --prefix %s openai@%s`." %

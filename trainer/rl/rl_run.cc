@@ -7,7 +7,6 @@
 #include <fstream>
 #include <memory>
 #include <random>
-#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -22,6 +21,7 @@
 #include "trainer/rl/replay_buffer.h"
 #include "trainer/rl/rollout.h"
 #include "trainer/tool_dialogues.h"
+#include "trainer/train_run.h"
 #include "trainer/train_step.h"
 
 namespace loom {
@@ -34,19 +34,10 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// The run's model as the train command loads it: a checkpoint, or the config's deterministic
-// synthetic weights. `writable`: parameters stay writable (the trainer's, and the engine's copy,
-// which update_weights writes).
-absl::StatusOr<std::unique_ptr<Model>> load_rl_model(const RlConfig& c, bool writable) {
-  Placement p;
-  p.trainable = writable;
-  if (!c.model_checkpoint.empty()) return Model::load(c.model_checkpoint, p);
-  std::ifstream f(c.model_config);
-  if (!f) return absl::NotFoundError(absl::StrCat("rl: cannot read ", c.model_config));
-  std::ostringstream text;
-  text << f.rdbuf();
-  LOOM_ASSIGN_OR_RETURN(ModelConfig cfg, parse_model_config(text.str()));
-  return Model::load(cfg, WeightLoader::synthetic(cfg, c.model_seed), p);
+// The run's model as the train command loads it, trainable: the trainer's, the engine's copy
+// (which update_weights writes) and the KL reference alike.
+absl::StatusOr<std::unique_ptr<Model>> load_rl_model(const RlConfig& c) {
+  return load_run_model(c.model_checkpoint, c.model_config, c.model_seed, "rl");
 }
 
 // The model folder's tokenizer (copied into every checkpoint), else the byte-level one, as
@@ -96,7 +87,7 @@ absl::StatusOr<RlRunSummary> run_rl(const RlConfig& c, std::FILE* progress) {
     return absl::InvalidArgumentError(
         "rl: balance.method aux_loss is not supported (the policy objective carries no "
         "load-balancing term); use quantile or none");
-  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, load_rl_model(c, /*writable=*/true));
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, load_rl_model(c));
   const ModelConfig& cfg = model->config();
   LOOM_ASSIGN_OR_RETURN(RunTokenizer tok, run_tokenizer(c, cfg));
   const ChatFormat format = chat_format_for_model_type(cfg.model_type);
@@ -140,10 +131,10 @@ absl::StatusOr<RlRunSummary> run_rl(const RlConfig& c, std::FILE* progress) {
 
   // The engine serves a copy of the (warm-started) weights; the reference policy of the KL term
   // is that same starting point, frozen.
-  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Model> engine_model, load_rl_model(c, /*writable=*/true));
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Model> engine_model, load_rl_model(c));
   std::unique_ptr<Model> reference;
   if (c.grpo.kl_coef > 0) {
-    LOOM_ASSIGN_OR_RETURN(reference, load_rl_model(c, /*writable=*/true));
+    LOOM_ASSIGN_OR_RETURN(reference, load_rl_model(c));
   }
   for (const ParameterArena::Entry& e : model->parameters().entries()) {
     engine_model->parameters().find(e.name)->copy_from(e.tensor);
