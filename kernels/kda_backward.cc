@@ -1,7 +1,10 @@
 // Contracts and device dispatch for kernels/kda_backward.h.
 #include "kernels/kda_backward.h"
 
+#include <optional>
+
 #include "kernels/cpu/kda_backward.h"
+#include "kernels/cpu/kda_chunked_backward.h"
 #ifdef LOOM_WITH_CUDA
 #include "kernels/cuda/backward.h"
 #endif
@@ -15,6 +18,45 @@ void check_same_shape(const char* op, const Tensor& grad, const Tensor& of, cons
              of.describe().c_str());
 }
 
+// The contract shared by both forms of the delta-rule backward.
+void check_delta_rule_backward(const char* op, const Exec& ex, const Tensor& q, const Tensor& k,
+                               const Tensor& v, const Tensor& g, const Tensor& beta,
+                               const Tensor& initial_state, const Tensor& d_out,
+                               const Tensor& d_final_state, const Tensor& dq, const Tensor& dk,
+                               const Tensor& dv, const Tensor& dg, const Tensor& dbeta,
+                               const Tensor& d_initial_state) {
+  LOOM_ON_EXEC_DEVICE(ex, op, q, k, v, g, beta, initial_state, d_out);
+  LOOM_ON_EXEC_DEVICE(ex, op, dq, dk, dv, dg, dbeta);
+  for (const Tensor* t : {&q, &k, &v, &g, &beta, &initial_state, &d_out}) LOOM_CHECK_F32(*t);
+  LOOM_CHECK(q.ndim() == 3 && k.shape() == q.shape() && v.ndim() == 3 && v.dim(0) == q.dim(0),
+             "%s: q %s k %s v %s", op, q.describe().c_str(), k.describe().c_str(),
+             v.describe().c_str());
+  const int64_t T = q.dim(0), Hk = q.dim(1), dkk = q.dim(2), Hv = v.dim(1), dvv = v.dim(2);
+  LOOM_CHECK(Hk > 0 && Hv % Hk == 0, "%s: %lld value heads over %lld key heads", op,
+             static_cast<long long>(Hv), static_cast<long long>(Hk));
+  LOOM_CHECK(g.ndim() == 3 && g.dim(0) == T && g.dim(1) == Hv && (g.dim(2) == dkk || g.dim(2) == 1),
+             "%s: g %s, expected [%lld, %lld, %lld or 1]", op, g.describe().c_str(),
+             static_cast<long long>(T), static_cast<long long>(Hv), static_cast<long long>(dkk));
+  LOOM_CHECK(beta.ndim() == 2 && beta.dim(0) == T && beta.dim(1) == Hv, "%s: beta %s", op,
+             beta.describe().c_str());
+  LOOM_CHECK(initial_state.shape() == Shape({Hv, dkk, dvv}), "%s: initial_state %s", op,
+             initial_state.describe().c_str());
+  check_same_shape(op, d_out, v, "d_out");
+  check_same_shape(op, dq, q, "dq");
+  check_same_shape(op, dk, k, "dk");
+  check_same_shape(op, dv, v, "dv");
+  check_same_shape(op, dg, g, "dg");
+  check_same_shape(op, dbeta, beta, "dbeta");
+  if (d_final_state.defined()) {
+    LOOM_ON_EXEC_DEVICE(ex, op, d_final_state);
+    check_same_shape(op, d_final_state, initial_state, "d_final_state");
+  }
+  if (d_initial_state.defined()) {
+    LOOM_ON_EXEC_DEVICE(ex, op, d_initial_state);
+    check_same_shape(op, d_initial_state, initial_state, "d_initial_state");
+  }
+}
+
 }  // namespace
 
 void kda_recurrent_backward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -24,36 +66,8 @@ void kda_recurrent_backward(const Exec& ex, const Tensor& q, const Tensor& k, co
                             const Tensor& dv, const Tensor& dg, const Tensor& dbeta,
                             const Tensor& d_initial_state) {
   static constexpr const char* kOp = "kda_recurrent_backward";
-  LOOM_ON_EXEC_DEVICE(ex, kOp, q, k, v, g, beta, initial_state, d_out);
-  LOOM_ON_EXEC_DEVICE(ex, kOp, dq, dk, dv, dg, dbeta);
-  for (const Tensor* t : {&q, &k, &v, &g, &beta, &initial_state, &d_out}) LOOM_CHECK_F32(*t);
-  LOOM_CHECK(q.ndim() == 3 && k.shape() == q.shape() && v.ndim() == 3 && v.dim(0) == q.dim(0),
-             "%s: q %s k %s v %s", kOp, q.describe().c_str(), k.describe().c_str(),
-             v.describe().c_str());
-  const int64_t T = q.dim(0), Hk = q.dim(1), dkk = q.dim(2), Hv = v.dim(1), dvv = v.dim(2);
-  LOOM_CHECK(Hk > 0 && Hv % Hk == 0, "%s: %lld value heads over %lld key heads", kOp,
-             static_cast<long long>(Hv), static_cast<long long>(Hk));
-  LOOM_CHECK(g.ndim() == 3 && g.dim(0) == T && g.dim(1) == Hv && (g.dim(2) == dkk || g.dim(2) == 1),
-             "%s: g %s, expected [%lld, %lld, %lld or 1]", kOp, g.describe().c_str(),
-             static_cast<long long>(T), static_cast<long long>(Hv), static_cast<long long>(dkk));
-  LOOM_CHECK(beta.ndim() == 2 && beta.dim(0) == T && beta.dim(1) == Hv, "%s: beta %s", kOp,
-             beta.describe().c_str());
-  LOOM_CHECK(initial_state.shape() == Shape({Hv, dkk, dvv}), "%s: initial_state %s", kOp,
-             initial_state.describe().c_str());
-  check_same_shape(kOp, d_out, v, "d_out");
-  check_same_shape(kOp, dq, q, "dq");
-  check_same_shape(kOp, dk, k, "dk");
-  check_same_shape(kOp, dv, v, "dv");
-  check_same_shape(kOp, dg, g, "dg");
-  check_same_shape(kOp, dbeta, beta, "dbeta");
-  if (d_final_state.defined()) {
-    LOOM_ON_EXEC_DEVICE(ex, kOp, d_final_state);
-    check_same_shape(kOp, d_final_state, initial_state, "d_final_state");
-  }
-  if (d_initial_state.defined()) {
-    LOOM_ON_EXEC_DEVICE(ex, kOp, d_initial_state);
-    check_same_shape(kOp, d_initial_state, initial_state, "d_initial_state");
-  }
+  check_delta_rule_backward(kOp, ex, q, k, v, g, beta, initial_state, d_out, d_final_state, dq, dk,
+                            dv, dg, dbeta, d_initial_state);
   if (ex.device.is_cpu())
     return cpu::kda_recurrent_backward(q, k, v, g, beta, scale, initial_state, d_out, d_final_state,
                                        dq, dk, dv, dg, dbeta, d_initial_state);
@@ -63,6 +77,31 @@ void kda_recurrent_backward(const Exec& ex, const Tensor& q, const Tensor& k, co
 #else
   no_kernel_for(ex, kOp);
 #endif
+}
+
+size_t kda_chunked_backward_workspace_bytes(int64_t T, int64_t Hk, int64_t Hv, int64_t dk,
+                                            int64_t dv) {
+  return static_cast<size_t>(cpu::kda_chunked_backward_scratch_floats(T, Hk, Hv, dk, dv)) *
+         sizeof(float);
+}
+
+void kda_chunked_backward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& g, const Tensor& beta, float scale,
+                          const Tensor& initial_state, const Tensor& d_out,
+                          const Tensor& d_final_state, const Tensor& dq, const Tensor& dk,
+                          const Tensor& dv, const Tensor& dg, const Tensor& dbeta,
+                          const Tensor& d_initial_state) {
+  static constexpr const char* kOp = "kda_chunked_backward";
+  check_delta_rule_backward(kOp, ex, q, k, v, g, beta, initial_state, d_out, d_final_state, dq, dk,
+                            dv, dg, dbeta, d_initial_state);
+  if (!ex.device.is_cpu()) no_kernel_for(ex, kOp);
+  std::optional<Workspace::Mark> mark;
+  if (ex.workspace) mark.emplace(*ex.workspace);
+  const Shape shape{
+      cpu::kda_chunked_backward_scratch_floats(q.dim(0), q.dim(1), v.dim(1), q.dim(2), v.dim(2))};
+  const Tensor scratch = ex.workspace ? ex.workspace->take(shape) : Tensor::empty(shape);
+  cpu::kda_chunked_backward(q, k, v, g, beta, scale, initial_state, d_out, d_final_state, dq, dk,
+                            dv, dg, dbeta, d_initial_state, scratch);
 }
 
 void kda_gate_backward(const Exec& ex, const Tensor& f, const Tensor& A_log, const Tensor& dt_bias,

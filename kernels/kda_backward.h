@@ -8,6 +8,7 @@
 // recurrence through them. Memory: ceil(T / segment) + segment states per value head.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "core/tensor.h"
@@ -28,6 +29,37 @@ void kda_recurrent_backward(const Exec& ex, const Tensor& q, const Tensor& k, co
                             const Tensor& d_final_state, const Tensor& dq, const Tensor& dk,
                             const Tensor& dv, const Tensor& dg, const Tensor& dbeta,
                             const Tensor& d_initial_state);
+
+// The same gradients in the chunked (WY/UT) form of kda_chunked_forward, O(T dk dv) work in GEMMs:
+// a first pass keeps only the state before each kKdaChunk-token chunk (ceil(T / 64) states per
+// value head), then the chunks, last first, recompute their within-chunk quantities from that state
+// and run the chunk's reverse mode (kernels/cpu/kda_chunked_backward.cc has the equations). No
+// factor exp(-cumsum g) is formed: every exponential is of a difference <= 0. Equals
+// kda_recurrent_backward to f32 rounding; the same accumulation orders for dq and dk, so results do
+// not depend on the thread count. Temporaries come from ex.workspace when there is one (else one
+// allocation): kda_chunked_backward_workspace_bytes. CPU only so far (CUDA aborts: no kernel).
+void kda_chunked_backward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& g, const Tensor& beta, float scale,
+                          const Tensor& initial_state, const Tensor& d_out,
+                          const Tensor& d_final_state, const Tensor& dq, const Tensor& dk,
+                          const Tensor& dv, const Tensor& dg, const Tensor& dbeta,
+                          const Tensor& d_initial_state);
+
+// Bytes kda_chunked_backward takes from the host workspace for one call of these sizes on this
+// thread: the chunk-boundary states, per-head dq/dk shares when Hv > Hk, and per-thread chunk
+// buffers (a function of the OpenMP thread count).
+size_t kda_chunked_backward_workspace_bytes(int64_t T, int64_t Hk, int64_t Hv, int64_t dk,
+                                            int64_t dv);
+
+// Above this many tokens a sequence's backward takes the chunked form (measured in
+// bench/kda_backward_bench.cc: docs/trainer.md).
+inline constexpr int64_t kKdaBackwardRecurrentMaxTokens = 64;
+// Which backward the trainer runs for a sequence of `tokens` rows on `ex`: the recurrence for
+// short sequences, in batch-invariant mode (whose forward is the recurrence too,
+// kda_varlen_takes_recurrence) and on devices without a chunked backward (CUDA, for now).
+inline bool kda_backward_takes_recurrence(const Exec& ex, int64_t tokens) {
+  return tokens <= kKdaBackwardRecurrentMaxTokens || ex.batch_invariant || !ex.device.is_cpu();
+}
 
 // Gradients of g = kda_gate_forward(f, A_log, dt_bias, lower_bound): d_f is written; d_A_log [H]
 // and d_dt_bias (undefined when dt_bias is) are parameter gradients, accumulated. Sums over tokens

@@ -101,10 +101,15 @@ void linear_attention_delta_rule_recompute(const ForwardContext& ctx,
                                            const Tensor& k, const Tensor& v, const Tensor& g,
                                            const Tensor& beta, const Tensor& o) {
   const Workspace::Mark scope(ctx.ws());
-  for (const auto& [b, e] : seqs)
-    kda_recurrent_forward(ctx.ex, q.slice(0, b, e), k.slice(0, b, e), v.slice(0, b, e),
-                          g.slice(0, b, e), beta.slice(0, b, e), delta_rule_scale(q),
-                          zero_state(ctx, {v.dim(1), q.dim(2), v.dim(2)}), o.slice(0, b, e));
+  for (const auto& [b, e] : seqs) {
+    // The form the forward took for this sequence (kda_varlen_forward's rule), so o is its bits.
+    const auto form = kda_varlen_takes_recurrence(e - b, ctx.ex.batch_invariant)
+                          ? kda_recurrent_forward
+                          : kda_chunked_forward;
+    form(ctx.ex, q.slice(0, b, e), k.slice(0, b, e), v.slice(0, b, e), g.slice(0, b, e),
+         beta.slice(0, b, e), delta_rule_scale(q), zero_state(ctx, {v.dim(1), q.dim(2), v.dim(2)}),
+         o.slice(0, b, e));
+  }
 }
 
 void linear_attention_delta_rule_backward(const ForwardContext& ctx,
@@ -114,12 +119,14 @@ void linear_attention_delta_rule_backward(const ForwardContext& ctx,
                                           const Tensor& d_k, const Tensor& d_v, const Tensor& d_g,
                                           const Tensor& d_beta) {
   const Workspace::Mark scope(ctx.ws());
-  for (const auto& [b, e] : seqs)
-    kda_recurrent_backward(ctx.ex, q.slice(0, b, e), k.slice(0, b, e), v.slice(0, b, e),
-                           g.slice(0, b, e), beta.slice(0, b, e), delta_rule_scale(q),
-                           zero_state(ctx, {v.dim(1), q.dim(2), v.dim(2)}), d_o.slice(0, b, e),
-                           Tensor(), d_q.slice(0, b, e), d_k.slice(0, b, e), d_v.slice(0, b, e),
-                           d_g.slice(0, b, e), d_beta.slice(0, b, e), Tensor());
+  for (const auto& [b, e] : seqs) {
+    const auto form = kda_backward_takes_recurrence(ctx.ex, e - b) ? kda_recurrent_backward
+                                                                   : kda_chunked_backward;
+    form(ctx.ex, q.slice(0, b, e), k.slice(0, b, e), v.slice(0, b, e), g.slice(0, b, e),
+         beta.slice(0, b, e), delta_rule_scale(q), zero_state(ctx, {v.dim(1), q.dim(2), v.dim(2)}),
+         d_o.slice(0, b, e), Tensor(), d_q.slice(0, b, e), d_k.slice(0, b, e), d_v.slice(0, b, e),
+         d_g.slice(0, b, e), d_beta.slice(0, b, e), Tensor());
+  }
 }
 
 }  // namespace loom

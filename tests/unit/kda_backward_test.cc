@@ -1,8 +1,10 @@
-// kda_recurrent_backward and kda_gate_backward against central finite differences of a
-// double-precision forward written from the recurrence in kernels/kda.h (itself checked against
-// Loom's f32 forward here), on tiny random inputs shaped as the model feeds them: L2-normalised
-// q and k, bounded decays in [-5, 0], beta in (0, 1), a non-zero initial state. The scalar loss is
-// a random projection of the output and of the final state, so every gradient path is exercised:
+// kda_recurrent_backward, kda_chunked_backward and kda_gate_backward against central finite
+// differences of a double-precision forward written from the recurrence in kernels/kda.h (itself
+// checked against Loom's f32 forward here), on tiny random inputs shaped as the model feeds them:
+// L2-normalised q and k, bounded decays in [-5, 0] or softplus decays (down to ~-40 per token, so
+// 16 tokens can decay by far more than 80 nats), beta in (0, 1), a non-zero initial state. The
+// scalar loss is a random projection of the output and of the final state, so every gradient path
+// is exercised:
 //   L = sum(o * r_o) + sum(S_T * r_s).
 #include "kernels/kda_backward.h"
 
@@ -20,7 +22,11 @@ namespace {
 struct Case {
   int64_t T, Hk, Hv, dk, dv;
   bool scalar_g;
+  bool chunked = false;   // kda_chunked_backward instead of kda_recurrent_backward
+  bool softplus = false;  // g = -exp(a) softplus(x) with a ~ N(0.5, 1), x ~ N(0, 2)
 };
+
+using BackwardFn = decltype(&kda_recurrent_backward);
 
 struct Inputs {
   std::vector<double> q, k, v, g, beta, s0;
@@ -72,7 +78,8 @@ constexpr double kTol = 1e-5;
 
 TEST_P(KdaRecurrentBackward, MatchesFiniteDifferencesOfTheDoubleForward) {
   const Case c = GetParam();
-  std::mt19937 rng(static_cast<uint32_t>(c.T * 131 + c.Hv * 7 + c.dk));
+  std::mt19937 rng(static_cast<uint32_t>(c.T * 131 + c.Hv * 7 + c.dk + c.softplus));
+  const BackwardFn backward = c.chunked ? kda_chunked_backward : kda_recurrent_backward;
   std::normal_distribution<double> normal(0.0, 1.0);
   const int64_t gw = c.scalar_g ? 1 : c.dk;
   Inputs in;
@@ -88,8 +95,11 @@ TEST_P(KdaRecurrentBackward, MatchesFiniteDifferencesOfTheDoubleForward) {
   unit_rows(in.q, c.T * c.Hk, c.dk);
   unit_rows(in.k, c.T * c.Hk, c.dk);
   for (int64_t i = 0; i < c.T * c.Hv * c.dv; ++i) in.v.push_back(round_f32(normal(rng)));
-  for (int64_t i = 0; i < c.T * c.Hv * gw; ++i)
-    in.g.push_back(round_f32(-5.0 / (1.0 + std::exp(-normal(rng)))));
+  for (int64_t i = 0; i < c.T * c.Hv * gw; ++i) {
+    const double x = normal(rng);
+    in.g.push_back(round_f32(c.softplus ? -std::exp(0.5 + normal(rng)) * std::log1p(std::exp(2 * x))
+                                        : -5.0 / (1.0 + std::exp(-x))));
+  }
   for (int64_t i = 0; i < c.T * c.Hv; ++i)
     in.beta.push_back(round_f32(1.0 / (1.0 + std::exp(-normal(rng)))));
   for (int64_t i = 0; i < c.Hv * c.dk * c.dv; ++i) in.s0.push_back(round_f32(0.5 * normal(rng)));
@@ -113,8 +123,8 @@ TEST_P(KdaRecurrentBackward, MatchesFiniteDifferencesOfTheDoubleForward) {
 
   Tensor dq = Tensor::full(qs, NAN), dk = Tensor::full(qs, NAN), dv = Tensor::full(vs, NAN),
          dg = Tensor::full(gs, NAN), dbeta = Tensor::full(bs, NAN), ds0 = Tensor::full(ss, NAN);
-  kda_recurrent_backward(host_exec(), q, k, v, g, beta, static_cast<float>(scale), s0,
-                         to_tensor(r_out, vs), to_tensor(r_state, ss), dq, dk, dv, dg, dbeta, ds0);
+  backward(host_exec(), q, k, v, g, beta, static_cast<float>(scale), s0, to_tensor(r_out, vs),
+           to_tensor(r_state, ss), dq, dk, dv, dg, dbeta, ds0);
 
   auto loss = [&]() {
     std::vector<double> o, s;
@@ -130,8 +140,9 @@ TEST_P(KdaRecurrentBackward, MatchesFiniteDifferencesOfTheDoubleForward) {
   for (const auto& [name, pair] : grads) {
     const std::vector<double> fd = central_diff(loss, *pair.first, kH);
     const double err = rel_l2(*pair.second, fd);
-    std::printf("[kda backward] T=%lld Hv=%lld %s: rel L2 %.3g\n", static_cast<long long>(c.T),
-                static_cast<long long>(c.Hv), name, err);
+    std::printf("[kda backward] %s T=%lld Hv=%lld%s %s: rel L2 %.3g\n",
+                c.chunked ? "chunked" : "recurrent", static_cast<long long>(c.T),
+                static_cast<long long>(c.Hv), c.softplus ? " softplus" : "", name, err);
     EXPECT_LT(err, kTol) << name;
   }
 
@@ -139,8 +150,8 @@ TEST_P(KdaRecurrentBackward, MatchesFiniteDifferencesOfTheDoubleForward) {
   Tensor dq2 = Tensor::empty(qs);
   Tensor dk2 = Tensor::empty(qs), dv2 = Tensor::empty(vs), dg2 = Tensor::empty(gs),
          db2 = Tensor::empty(bs);
-  kda_recurrent_backward(host_exec(), q, k, v, g, beta, static_cast<float>(scale), s0,
-                         to_tensor(r_out, vs), Tensor(), dq2, dk2, dv2, dg2, db2, Tensor());
+  backward(host_exec(), q, k, v, g, beta, static_cast<float>(scale), s0, to_tensor(r_out, vs),
+           Tensor(), dq2, dk2, dv2, dg2, db2, Tensor());
   std::fill(r_state.begin(), r_state.end(), 0.0);
   EXPECT_LT(rel_l2(dv2, central_diff(loss, in.v, kH)), kTol);
 }
@@ -149,8 +160,17 @@ INSTANTIATE_TEST_SUITE_P(Shapes, KdaRecurrentBackward,
                          ::testing::Values(Case{5, 1, 1, 3, 4, false}, Case{9, 2, 4, 5, 3, true},
                                            Case{7, 1, 3, 4, 2, false},
                                            // Crosses the 64-token replay segment.
-                                           Case{70, 1, 2, 3, 2, false},
-                                           Case{130, 1, 1, 2, 3, true}));
+                                           Case{70, 1, 2, 3, 2, false}, Case{130, 1, 1, 2, 3, true},
+                                           // The chunked form: one partial chunk, several chunks
+                                           // (scalar and per-channel decay, shared key heads),
+                                           // and softplus decays whose 16-token spans exceed
+                                           // 80 nats.
+                                           Case{5, 1, 1, 3, 4, false, true},
+                                           Case{70, 1, 2, 3, 2, false, true},
+                                           Case{130, 1, 1, 2, 3, true, true},
+                                           Case{75, 2, 4, 5, 3, true, true, true},
+                                           Case{100, 1, 2, 9, 5, false, true, true},
+                                           Case{40, 1, 1, 4, 3, false, false, true}));
 
 TEST(KdaGateBackward, MatchesFiniteDifferencesInBothForms) {
   std::mt19937 rng(3);
