@@ -32,13 +32,11 @@ void linear_forward(const Exec& ex, const Tensor& x, const Tensor& w, const Tens
     return cpu::linear_forward(x, w, out, beta);
   }
 #ifdef LOOM_WITH_CUDA
-  LOOM_CHECK(w.dtype() != DType::kF8E4M3,
-             "linear_forward: fp8 matrices run on the CPU only in this build (w %s)",
-             w.describe().c_str());
-  // f32 x and out with f32 or bf16 w; bf16 x or out (bf16 activations) with bf16 w only. Under
-  // ex.batch_invariant the CUDA twin runs Loom's row-invariant kernels instead of cuBLAS.
+  // f32 x and out with f32, bf16 or FP8 w; bf16 x or out (bf16 activations) with bf16 or FP8 w
+  // only. Under ex.batch_invariant the CUDA twin runs Loom's row-invariant kernels instead of
+  // cuBLAS.
   const bool bf16_activations = x.dtype() == DType::kBF16 || out.dtype() == DType::kBF16;
-  if (!bf16_activations || w.dtype() != DType::kBF16) {
+  if (!bf16_activations || w.dtype() == DType::kF32) {
     LOOM_CHECK_F32(x);
     LOOM_CHECK_F32(out);
   }

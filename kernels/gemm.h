@@ -11,13 +11,15 @@ namespace loom {
 // out[M, N] = beta * out + x[M, K] @ w[N, K]^T: a linear layer with PyTorch's weight layout
 // ([out_features, in_features]). beta = 0 overwrites out (which may hold garbage), 1 accumulates.
 // x, out: contiguous f32 (any leading dims, flattened to M rows); w: contiguous [N, K], f32 or
-// bf16, or on the CPU a stored FP8 matrix (f8e4m3 with its 128 x 128 block scales,
-// core/fp8_matrix.h). A bf16 or FP8 w is widened to f32 (FP8: times its block's scale, the
-// dequantized value) and accumulated in f32 (cpu::sgemm_bf16_bt, cpu::sgemm_fp8_bt): in
-// batch-invariant mode the same bits as the f32 weight holding the same values, otherwise within
-// f32 rounding of it. CUDA (kernels/cuda/gemm.h): f32 w through cuBLAS (no TF32); bf16 w with f32 x
-// through Loom's GEMV up to 4 rows (x read unrounded) and cuBLASLt beyond (x staged as bf16 in the
-// workspace, f32 accumulation).
+// bf16, or a stored FP8 matrix (f8e4m3 with its 128 x 128 block scales, core/fp8_matrix.h). A bf16
+// or FP8 w is widened to f32 (FP8: times its block's scale, the dequantized value) and accumulated
+// in f32 (cpu::sgemm_bf16_bt, cpu::sgemm_fp8_bt): in batch-invariant mode the same bits as the f32
+// weight holding the same values, otherwise within f32 rounding of it. CUDA (kernels/cuda/gemm.h):
+// f32 w through cuBLAS (no TF32); bf16 w with f32 x through Loom's GEMV up to 4 rows (x read
+// unrounded) and cuBLASLt beyond (x staged as bf16 in the workspace, f32 accumulation); FP8 w
+// (kernels/cuda/gemm_fp8.h) through Loom's GEMV up to 8 rows (dequantized in registers as the CPU
+// does) and beyond through a block-scaled FP8 cuBLASLt GEMM on x quantized per 128-column group
+// (DeepSeek-V3's recipe). bf16 x and out take bf16 or FP8 w.
 void linear_forward(const Exec& ex, const Tensor& x, const Tensor& w, const Tensor& out,
                     float beta = 0.0f);
 

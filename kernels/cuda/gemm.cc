@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/gemm_fp8.h"
 #include "kernels/cuda/gemm_launch.h"
 
 namespace loom::cuda {
@@ -337,6 +338,10 @@ const BlasLtContext& blas_lt_context(int index) {
 
 void linear_forward(const Exec& ex, const Tensor& x, const Tensor& w, const Tensor& out,
                     float beta) {
+  if (w.dtype() == DType::kF8E4M3) {  // a stored FP8 matrix (kernels/cuda/gemm_fp8.h)
+    linear_forward_fp8(ex, x, w, out, beta, Fp8Gemm::kAuto);
+    return;
+  }
   check_linear("linear_forward", x, w, out);
   if (w.dtype() == DType::kBF16) return linear_bf16(ex, x, w, out, beta, Bf16Gemm::kAuto);
   const int64_t n = w.dim(0), k = w.dim(1);
