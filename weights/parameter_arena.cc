@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/allocator.h"
 #include "core/fp8_matrix.h"
 #include "core/status.h"
@@ -57,8 +58,10 @@ std::string_view activation_dtype_name(ActivationDType dtype) {
 std::string Placement::describe() const {
   return absl::StrCat(device_name(device), ", ", absl_sv(weight_dtype_name(dtype)), " matrices, ",
                       absl_sv(activation_dtype_name(activations)), " activations, ",
-                      experts ? absl::StrCat("experts [", experts->begin, ", ", experts->end, ")")
-                              : std::string("all experts"));
+                      !expert_slots.empty()
+                          ? absl::StrCat("expert slots ", absl::StrJoin(expert_slots, " "))
+                      : experts ? absl::StrCat("experts [", experts->begin, ", ", experts->end, ")")
+                                : std::string("all experts"));
 }
 
 ParameterArena::ParameterArena(Device device, size_t chunk_bytes)
@@ -76,12 +79,15 @@ std::shared_ptr<void> ParameterArena::allocate_chunk(size_t bytes) {
   return std::shared_ptr<void>(p, [bytes](void* q) { munmap(q, bytes); });
 }
 
-Tensor ParameterArena::allocate(std::string_view name, const Shape& shape, DType dtype) {
-  return carve(name, shape, dtype, static_cast<size_t>(shape.numel()) * dtype_size(dtype));
+Tensor ParameterArena::allocate(std::string_view name, const Shape& shape, DType dtype,
+                                bool stays_writable) {
+  return carve(name, shape, dtype, static_cast<size_t>(shape.numel()) * dtype_size(dtype),
+               stays_writable);
 }
 
-Tensor ParameterArena::allocate_fp8(std::string_view name, const Shape& shape) {
-  Tensor t = carve(name, shape, DType::kF8E4M3, fp8_storage_bytes(shape));
+Tensor ParameterArena::allocate_fp8(std::string_view name, const Shape& shape,
+                                    bool stays_writable) {
+  Tensor t = carve(name, shape, DType::kF8E4M3, fp8_storage_bytes(shape), stays_writable);
   if (device_.is_cpu()) {
     fp8_write_trailer(t.raw(), shape.numel());
   } else {
@@ -95,21 +101,24 @@ Tensor ParameterArena::allocate_fp8(std::string_view name, const Shape& shape) {
   return t;
 }
 
-Tensor ParameterArena::carve(std::string_view name, const Shape& shape, DType dtype, size_t n) {
+Tensor ParameterArena::carve(std::string_view name, const Shape& shape, DType dtype, size_t n,
+                             bool writable) {
   LOOM_CHECK(!frozen_, "parameter arena: '%s' allocated after freeze(); parameters are immutable",
              std::string(name).c_str());
   LOOM_CHECK(find(name) == nullptr, "parameter arena: '%s' allocated twice",
              std::string(name).c_str());
   const size_t need = std::max<size_t>((n + kAlignment - 1) / kAlignment * kAlignment, kAlignment);
-  if (chunks_.empty() || chunks_.back().size - used_ < need) {
+  const int kind = writable ? 1 : 0;
+  if (current_[kind] < 0 || chunks_[current_[kind]].size - used_[kind] < need) {
     const size_t size = std::max(chunk_bytes_, need);
-    chunks_.push_back({allocate_chunk(size), size});
+    chunks_.push_back({allocate_chunk(size), size, writable});
     reserved_ += size;
-    used_ = 0;
+    current_[kind] = static_cast<int64_t>(chunks_.size()) - 1;
+    used_[kind] = 0;
   }
-  const Chunk& chunk = chunks_.back();
-  void* p = static_cast<char*>(chunk.memory.get()) + used_;
-  used_ += need;
+  const Chunk& chunk = chunks_[current_[kind]];
+  void* p = static_cast<char*>(chunk.memory.get()) + used_[kind];
+  used_[kind] += need;
   bytes_ += n;
   Tensor t = Tensor::wrap(p, shape, dtype, device_, chunk.memory);
   index_.emplace(std::string(name), entries_.size());
@@ -122,6 +131,7 @@ void ParameterArena::freeze(bool read_only) {
   frozen_ = true;
   if (!read_only || !device_.is_cpu()) return;
   for (const Chunk& c : chunks_) {
+    if (c.writable) continue;
     LOOM_CHECK(mprotect(c.memory.get(), c.size, PROT_READ) == 0,
                "parameter arena: mprotect of %zu bytes failed", c.size);
   }

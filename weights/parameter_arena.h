@@ -74,12 +74,22 @@ struct Placement {
   // The routed experts this rank loads and computes; nullopt: all of them. The router always
   // covers every expert (engine/parallel: a LocalExpertDispatcher over this range).
   std::optional<ExpertRange> experts;
+  // Instead of `experts`, a slot placement (expert parallelism with the load balancer,
+  // engine/parallel/expert_load_balancer.h): the logical expert held in each of this rank's
+  // physical expert slots, the same list for every MoE layer (redundant copies are slots of
+  // other ranks). Each MoE layer then loads [slots, ...] expert weights, slot s holding expert
+  // expert_slots[s], in memory that stays writable (a re-placement rewrites slots), and needs an
+  // expert-parallel dispatcher bound to map experts to slots (Model::load refuses it otherwise).
+  // Empty: no slot placement.
+  std::vector<int32_t> expert_slots;
   // The trainer updates the parameters in place (f32 master weights): the arena stays writable
   // after the load instead of becoming read-only pages. Needs f32 matrices.
   bool trainable = false;
 
-  // The owned range for a layer of `num_experts` experts.
+  // The rows of dimension 0 of a layer's expert weights, for a layer of `num_experts` experts:
+  // the owned range, or for a slot placement the slots [0, expert_slots.size()).
   ExpertRange owned_experts(int64_t num_experts) const {
+    if (!expert_slots.empty()) return {0, static_cast<int64_t>(expert_slots.size())};
     return experts ? *experts : ExpertRange{0, num_experts};
   }
   // The dtype matrices are stored in once kAuto is resolved (kF32, kBF16 or kF8E4M3; kAuto gives
@@ -90,7 +100,7 @@ struct Placement {
            : dtype == WeightDType::kFP8 ? DType::kF8E4M3
                                         : DType::kF32;
   }
-  // "cpu, bf16 matrices, experts [0, 8)" (or "all experts").
+  // "cpu, bf16 matrices, experts [0, 8)" (or "all experts", or "expert slots 0 3 3 5").
   std::string describe() const;
 };
 
@@ -113,13 +123,16 @@ class ParameterArena {
   Device device() const { return device_; }
 
   // Uninitialised contiguous memory for the parameter `name`. Aborts after freeze() (parameters
-  // are immutable after the load) and for a name given twice.
-  Tensor allocate(std::string_view name, const Shape& shape, DType dtype);
+  // are immutable after the load) and for a name given twice. `stays_writable`: carved from
+  // chunks of their own that freeze() leaves writable (the routed experts of a slot placement,
+  // whose slots an expert re-placement rewrites: engine/parallel/expert_weight_transfer.h).
+  Tensor allocate(std::string_view name, const Shape& shape, DType dtype,
+                  bool stays_writable = false);
   // A stored FP8 matrix (core/fp8_matrix.h): the f8e4m3 tensor of `shape` with its block scales
   // in the same allocation (values and scales uninitialised; fp8_matrix_scales finds them).
-  Tensor allocate_fp8(std::string_view name, const Shape& shape);
+  Tensor allocate_fp8(std::string_view name, const Shape& shape, bool stays_writable = false);
   // Ends the load: no allocation afterwards; with `read_only`, host chunks become read-only
-  // pages (a model being trained keeps them writable).
+  // pages (a model being trained keeps them writable), except those of stays_writable ones.
   void freeze(bool read_only = true);
   bool frozen() const { return frozen_; }
 
@@ -145,14 +158,18 @@ class ParameterArena {
   struct Chunk {
     std::shared_ptr<void> memory;
     size_t size = 0;
+    bool writable = false;  // of stays_writable parameters: freeze() leaves it writable
   };
   std::shared_ptr<void> allocate_chunk(size_t bytes);
-  Tensor carve(std::string_view name, const Shape& shape, DType dtype, size_t bytes);
+  Tensor carve(std::string_view name, const Shape& shape, DType dtype, size_t bytes, bool writable);
 
   Device device_;
   size_t chunk_bytes_;
   std::vector<Chunk> chunks_;
-  size_t used_ = 0;  // bytes carved from the last chunk
+  // Per kind (0: frozen with the load, 1: stays writable): the chunk parameters of that kind are
+  // carved from (-1: none yet) and the bytes carved from it.
+  int64_t current_[2] = {-1, -1};
+  size_t used_[2] = {0, 0};
   size_t bytes_ = 0, reserved_ = 0;
   bool frozen_ = false;
   std::vector<Entry> entries_;

@@ -74,6 +74,25 @@ ExpertRange all_rows(const Shape& shape) { return {0, shape.ndim() > 0 ? shape[0
 
 }  // namespace
 
+void copy_expert_rows(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row,
+                      int64_t n) {
+  bool same_rows = src.dtype() == dst.dtype() && src.ndim() == dst.ndim() && src.ndim() >= 1 &&
+                   src.is_contiguous() && dst.is_contiguous();
+  for (int d = 1; same_rows && d < src.ndim(); ++d) same_rows = src.dim(d) == dst.dim(d);
+  LOOM_CHECK(same_rows && n >= 0 && src_row >= 0 && src_row + n <= src.dim(0) && dst_row >= 0 &&
+                 dst_row + n <= dst.dim(0),
+             "copy_expert_rows: rows [%d, +%d) of %s into row %d of %s", src_row, n, src.describe(),
+             dst_row, dst.describe());
+  if (n == 0) return;
+  dst.slice(0, dst_row, dst_row + n).copy_from(src.slice(0, src_row, src_row + n));
+  if (src.dtype() == DType::kF8E4M3) {
+    // Each expert's scale grid is a row of dimension 0 of the grid too.
+    fp8_matrix_scales(dst)
+        .slice(0, dst_row, dst_row + n)
+        .copy_from(fp8_matrix_scales(src).slice(0, src_row, src_row + n));
+  }
+}
+
 absl::StatusOr<WeightLoader> WeightLoader::open(const std::string& dir, const ModelConfig& cfg) {
   LOOM_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(dir));
   return WeightLoader(std::make_shared<const Checkpoint>(std::move(ckpt)), cfg);
@@ -141,6 +160,18 @@ absl::StatusOr<WeightLoader> WeightLoader::placed(ParameterArena& arena,
           absl::StrCat("placement expert range [", r.begin, ", ", r.end,
                        ") is not a non-empty range of the model's ", e, " experts"));
   }
+  if (!placement.expert_slots.empty()) {
+    const int64_t e = cfg_.moe.num_experts;
+    if (placement.experts)
+      return absl::InvalidArgumentError(
+          "a placement gives either an expert range or expert slots, not both");
+    if (!has_moe_layers(cfg_) || e <= 0)
+      return absl::InvalidArgumentError("placement expert slots: the model has no routed experts");
+    for (const int32_t x : placement.expert_slots)
+      if (x < 0 || x >= e)
+        return absl::InvalidArgumentError(absl::StrCat("placement expert slot of expert ", x,
+                                                       ": the model has experts [0, ", e, ")"));
+  }
   if (placement.dtype == WeightDType::kFP8 && !placement.device.is_cpu())
     return absl::InvalidArgumentError(
         "fp8 matrices run on the CPU only in this build (the GPU has no FP8 GEMMs yet): load "
@@ -181,7 +212,12 @@ absl::StatusOr<Tensor> WeightLoader::copy_stored_fp8(std::string_view canonical,
   if (cfg_.fp8_block_rows != kFp8BlockSize || cfg_.fp8_block_cols != kFp8BlockSize) return Tensor();
   absl::StatusOr<TensorSource> src = tensor_source(cfg_, canonical);
   if (!src.ok() || src->names.empty() || src->transform || shape.ndim() < 2) return Tensor();
-  for (const std::string& n : src->names) {
+  // The parts read: a stack's rows only (the other experts need not be present).
+  std::vector<std::string> read = src->names;
+  if (src->combine == TensorSource::Combine::kStack &&
+      static_cast<int64_t>(read.size()) == shape[0])
+    read.assign(src->names.begin() + rows.begin, src->names.begin() + rows.end);
+  for (const std::string& n : read) {
     const SafetensorsFile::Entry* e = ckpt_->find(n);
     if (e == nullptr || e->dtype != DType::kF8E4M3 || !ckpt_->contains(n + "_scale_inv"))
       return Tensor();  // not (all) FP8: quantized from the f32 values, or an error there
@@ -277,8 +313,12 @@ absl::StatusOr<Tensor> WeightLoader::load_fp8(std::string_view canonical, const 
       bool bf16 = ckpt_ != nullptr;
       absl::StatusOr<TensorSource> src = tensor_source(cfg_, canonical);
       if (src.ok()) {
-        for (const std::string& n : src->names) {
-          const SafetensorsFile::Entry* e = ckpt_ ? ckpt_->find(n) : nullptr;
+        const bool stack_rows = src->combine == TensorSource::Combine::kStack &&
+                                static_cast<int64_t>(src->names.size()) == shape[0];
+        for (size_t i = 0; i < src->names.size(); ++i) {
+          // A stack's rows not read need not be present (expert parallelism).
+          if (stack_rows && !rows.contains(static_cast<int64_t>(i))) continue;
+          const SafetensorsFile::Entry* e = ckpt_ ? ckpt_->find(src->names[i]) : nullptr;
           bf16 &= e != nullptr && e->dtype == DType::kBF16;
         }
       }
@@ -320,12 +360,59 @@ absl::StatusOr<Tensor> WeightLoader::load_experts(std::string_view canonical,
   if (shape.ndim() < 1)
     return absl::InvalidArgumentError(
         absl::StrCat("experts '", absl_sv(canonical), "' need a leading expert dimension"));
+  if (!placement_.expert_slots.empty()) return load_expert_slots(canonical, shape);
   const ExpertRange own = placement_.owned_experts(shape[0]);
   if (own.begin < 0 || own.end > shape[0] || own.begin >= own.end)
     return absl::InvalidArgumentError(absl::StrCat("experts [", own.begin, ", ", own.end, ") of '",
                                                    absl_sv(canonical), "' with ", shape[0],
                                                    " experts"));
   return load_as(canonical, shape, placement_.matrix_dtype(), own);
+}
+
+absl::StatusOr<Tensor> WeightLoader::load_expert_slots(std::string_view canonical,
+                                                       const Shape& shape) const {
+  if (record_ != nullptr)
+    return absl::InvalidArgumentError(
+        "a slot placement's expert weights are not the checkpoint's tensors: record (export) a "
+        "model loaded with every expert");
+  const std::vector<int32_t>& slots = placement_.expert_slots;
+  const int64_t count = static_cast<int64_t>(slots.size());
+  // Each run of consecutive experts in consecutive slots is one load of those rows by an unplaced
+  // copy of this loader (the same dtype decisions, host memory, only those experts' bytes read),
+  // then copied into its slots: at most one run is staged at a time.
+  WeightLoader staging = *this;
+  staging.arena_ = nullptr;
+  staging.record_ = nullptr;
+  Tensor dst;
+  for (int64_t s = 0; s < count;) {
+    int64_t n = 1;
+    while (s + n < count && slots[s + n] == slots[s] + n) ++n;
+    const ExpertRange run{slots[s], slots[s] + n};
+    absl::StatusOr<Tensor> part = staging.load_as(canonical, shape, placement_.matrix_dtype(), run);
+    if (!part.ok())
+      return absl::Status(
+          part.status().code(),
+          absl::StrCat(part.status().message(),
+                       n == 1 ? absl::StrCat(" (this rank's expert slot ", s, " holds expert ",
+                                             run.begin, ")")
+                              : absl::StrCat(" (this rank's expert slots ", s, "..", s + n - 1,
+                                             " hold experts ", run.begin, "..", run.end - 1, ")")));
+    if (!dst.defined()) {
+      Shape out = part->shape();
+      out[0] = count;
+      // Writable: a re-placement rewrites slots (parameter_arena.h).
+      dst = part->dtype() == DType::kF8E4M3
+                ? arena_->allocate_fp8(canonical, out, /*stays_writable=*/true)
+                : arena_->allocate(canonical, out, part->dtype(), /*stays_writable=*/true);
+    }
+    if (part->dtype() != dst.dtype() || part->dim(0) != n)
+      return absl::InternalError(absl::StrCat("experts ", run.begin, "..", run.end - 1, " of '",
+                                              absl_sv(canonical), "' loaded as ", part->describe(),
+                                              ", the slots are ", dst.describe()));
+    copy_expert_rows(*part, 0, dst, s, n);
+    s += n;
+  }
+  return dst;
 }
 
 absl::StatusOr<Tensor> WeightLoader::load_as(std::string_view canonical, const Shape& shape,
@@ -410,11 +497,6 @@ absl::StatusOr<Tensor> WeightLoader::load_from_checkpoint(std::string_view canon
   LOOM_ASSIGN_OR_RETURN(TensorSource src, tensor_source(cfg_, canonical));
   if (src.names.empty())
     return absl::NotFoundError(absl::StrCat("no checkpoint tensor for ", absl_sv(canonical)));
-  for (const std::string& n : src.names) {
-    if (!ckpt_->contains(n))
-      return absl::NotFoundError(
-          absl::StrCat("checkpoint is missing tensor '", n, "' (for ", absl_sv(canonical), ")"));
-  }
   const bool whole = rows == all_rows(shape);
   // A stack of per-expert tensors is read only for the rows (experts) asked for.
   const bool stacked_rows =
@@ -423,12 +505,23 @@ absl::StatusOr<Tensor> WeightLoader::load_from_checkpoint(std::string_view canon
     return absl::InvalidArgumentError(
         absl::StrCat("'", src.names[0], "' and its siblings stack ", src.names.size(),
                      " tensors for ", absl_sv(canonical), "; expected ", shape.to_string()));
-  // Shapes come from the headers, so that parts not read are checked too.
-  std::vector<Shape> shapes;
-  for (const std::string& n : src.names) shapes.push_back(ckpt_->find(n)->shape);
-
   const size_t first = stacked_rows ? static_cast<size_t>(rows.begin) : 0;
   const size_t last = stacked_rows ? static_cast<size_t>(rows.end) : src.names.size();
+  // Only the parts read must be present: an expert-parallel rank loading its experts of a stack
+  // does not need the other experts' tensors (shards it was not given).
+  for (size_t i = first; i < last; ++i) {
+    if (!ckpt_->contains(src.names[i]))
+      return absl::NotFoundError(absl::StrCat(
+          "checkpoint is missing tensor '", src.names[i], "' (for ", absl_sv(canonical),
+          stacked_rows ? absl::StrCat(", expert ", i, ", which this load needs") : "", ")"));
+  }
+  // Shapes come from the headers, so that parts present but not read are checked too (a stack's
+  // absent parts take the first read part's shape).
+  std::vector<Shape> shapes;
+  for (const std::string& n : src.names) {
+    const SafetensorsFile::Entry* e = ckpt_->find(n);
+    shapes.push_back(e != nullptr ? e->shape : ckpt_->find(src.names[first])->shape);
+  }
   std::vector<Tensor> parts;
   for (size_t i = first; i < last; ++i) {
     const std::string& n = src.names[i];

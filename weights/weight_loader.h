@@ -17,6 +17,13 @@
 
 namespace loom {
 
+// Copies rows [src_row, src_row + n) of dimension 0 of `src` into rows [dst_row, dst_row + n) of
+// `dst`: contiguous tensors of one dtype with the same shape past dimension 0, on any devices. For
+// stored FP8 matrices (core/fp8_matrix.h) the rows' block scales go along (each row of dimension 0
+// is one expert's matrix with its own blocks). Aborts on mismatched tensors.
+void copy_expert_rows(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row,
+                      int64_t n);
+
 class WeightLoader {
  public:
   static absl::StatusOr<WeightLoader> open(const std::string& dir, const ModelConfig& cfg);
@@ -71,7 +78,10 @@ class WeightLoader {
   absl::StatusOr<Tensor> load_matrix(std::string_view canonical, const Shape& shape) const;
   // The routed experts' weights: `shape` is the whole layer's, [num_experts, ...]; the result is
   // the placement's experts only, [owned.count(), ...], in the matrix dtype. Only the owned
-  // experts' bytes are read (per-expert checkpoint tensors) or copied (a stacked one).
+  // experts' bytes are read (per-expert checkpoint tensors) or copied (a stacked one), and only
+  // their tensors need be in the checkpoint (NotFound names a missing one the load needs). A slot
+  // placement (Placement::expert_slots) gives [slots, ...], slot s holding expert
+  // expert_slots[s], in writable arena memory.
   absl::StatusOr<Tensor> load_experts(std::string_view canonical, const Shape& shape) const;
   // Whether the checkpoint holds (all parts of) `canonical`.
   bool has(std::string_view canonical) const;
@@ -86,6 +96,8 @@ class WeightLoader {
   absl::StatusOr<Tensor> load_from_checkpoint(std::string_view canonical, const Shape& shape,
                                               DType dtype, ExpertRange rows) const;
   Tensor invent(std::string_view canonical, const Shape& shape) const;
+  // load_experts for a slot placement.
+  absl::StatusOr<Tensor> load_expert_slots(std::string_view canonical, const Shape& shape) const;
   // load_as for an fp8 matrix dtype (load_matrix's comment).
   absl::StatusOr<Tensor> load_fp8(std::string_view canonical, const Shape& shape,
                                   ExpertRange rows) const;

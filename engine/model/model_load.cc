@@ -2,6 +2,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "engine/model/model.h"
+#include "engine/parallel/expert_dispatcher_binding.h"
 #include "kernels/exec.h"
 #include "weights/weight_loader.h"
 
@@ -59,6 +60,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::load(const ModelConfig& cfg,
   if (placement.trainable && placement.dtype == WeightDType::kBF16)
     return absl::InvalidArgumentError(
         "a trainable model keeps f32 master weights: load it with f32 (or auto) matrices");
+  if (!placement.expert_slots.empty() && !expert_dispatcher_bound())
+    return absl::InvalidArgumentError(
+        "a placement of expert slots needs an expert-parallel dispatcher bound to this thread "
+        "(ScopedExpertDispatcher, engine/parallel/expert_load_balancer.h) to map experts to slots");
   std::unique_ptr<Model> m(new Model(cfg));
   m->arena_ = std::make_unique<ParameterArena>(placement.device);
   LOOM_ASSIGN_OR_RETURN(const WeightLoader w, weights.placed(*m->arena_, placement));

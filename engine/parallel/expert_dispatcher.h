@@ -18,7 +18,7 @@ namespace loom {
 // views of the workspace passed to dispatch: valid until the caller's Workspace::Mark ends.
 struct Dispatched {
   Tensor rows;     // [R, D], of x's dtype (f32, or bf16 activations on CUDA)
-  Tensor offsets;  // [owned().count() + 1] i32: owned expert begin + e has rows
+  Tensor offsets;  // [owned().count() + 1] i32: owned expert (or slot) begin + e has rows
                    // [offsets[e], offsets[e + 1])
   // For combine: where the output of slot (token t, choice i) will be found (-1: nowhere on this
   // rank), and the router's gate weights [T, K] f32.
@@ -37,8 +37,10 @@ class ExpertDispatcher {
  public:
   virtual ~ExpertDispatcher() = default;
 
-  // The experts whose weights this rank holds ([begin, end) of the layer's experts): the model
-  // loads exactly these (Placement::experts), so the two always agree.
+  // The rows of the layer's expert weights this rank holds: experts [begin, end) of the layer
+  // (Placement::experts), or under a slot placement (Placement::expert_slots, the load
+  // balancer's) its physical slots [0, S), the dispatcher knowing which expert each holds. The
+  // model loads exactly these, so the two always agree.
   virtual ExpertRange owned() const = 0;
 
   // Sends each (token, choice) slot of x [T, D] (f32, or bf16 on CUDA) to the rank owning

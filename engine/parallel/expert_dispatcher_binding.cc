@@ -29,6 +29,8 @@ ScopedExpertDispatcher::~ScopedExpertDispatcher() {
   bound_factory = nullptr;
 }
 
+bool expert_dispatcher_bound() { return bound != nullptr || static_cast<bool>(bound_factory); }
+
 absl::StatusOr<std::shared_ptr<ExpertDispatcher>> expert_dispatcher_for_layer(int64_t num_experts,
                                                                               ExpertRange owned) {
   if (bound_factory) return bound_factory(num_experts, owned);

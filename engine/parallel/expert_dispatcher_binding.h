@@ -29,6 +29,9 @@ class ScopedExpertDispatcher {
   ~ScopedExpertDispatcher();
 };
 
+// Whether this thread has a binding (a dispatcher or a factory).
+bool expert_dispatcher_bound();
+
 // The dispatcher of an MoE layer of `num_experts` whose weights hold experts `owned`: the
 // thread's bound one (or its bound factory's), or a new LocalExpertDispatcher. InvalidArgument when
 // the bound dispatcher owns other experts than the weights (the model was loaded with another

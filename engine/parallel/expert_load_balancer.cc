@@ -80,7 +80,21 @@ void ExpertLoadBalancer::replace() {
       for (int64_t e = 0; e < num_experts_; ++e)
         load[e] += all.data<int64_t>()[q * per_rank + l * num_experts_ + e];
     b.before += expert_load_balance(placements_[l], load);
-    placements_[l] = balanced_placement(load, n, options_.redundant_experts);
+    ExpertPlacement next = balanced_placement(load, n, options_.redundant_experts);
+    // The weights of the experts the new placement brings each rank, before any step routes to
+    // them; a failure fails the group (every rank's driver sees it in comm.status()).
+    const absl::Status moved =
+        next.rank_experts == placements_[l].rank_experts ? absl::OkStatus()
+        : transfer_ == nullptr
+            ? absl::FailedPreconditionError(
+                  "expert re-placement: the ranks hold only their slots' weights and none were "
+                  "attached to the load balancer to move (ExpertLoadBalancer::attach_weights)")
+            : transfer_->apply(placements_[l], next, weights_[l]);
+    if (!moved.ok()) {
+      comm_.abort(moved);
+      return;
+    }
+    placements_[l] = std::move(next);
     b.after += expert_load_balance(placements_[l], load);
     b.contiguous += expert_load_balance(contiguous, load);
   }
@@ -95,18 +109,51 @@ ExpertLoadBalancer::dispatcher_factory(ExpertExchange exchange) {
   return [this, exchange, next = 0](
              int64_t num_experts,
              ExpertRange owned) mutable -> absl::StatusOr<std::shared_ptr<ExpertDispatcher>> {
-    if (num_experts != num_experts_ || owned != ExpertRange{0, num_experts_})
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the expert load balancer places ", num_experts_,
-          " experts per layer and needs every "
-          "rank to hold all of them (Placement::experts unset); this layer has ",
-          num_experts, " experts and the weights hold [", owned.begin, ", ", owned.end, ")"));
     if (next >= num_layers())
       return absl::InvalidArgumentError(absl::StrCat("the expert load balancer was made for ",
                                                      num_layers(),
                                                      " MoE layers; the model has more"));
+    const int64_t slots = static_cast<int64_t>(placements_[next].rank_experts[comm_.rank()].size());
+    if (num_experts != num_experts_ || owned != ExpertRange{0, slots})
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the expert load balancer places ", num_experts_, " experts per layer, ", slots,
+          " slots on rank ", comm_.rank(),
+          " (load the model with Placement::expert_slots = load_slots()); this layer has ",
+          num_experts, " experts and its weights rows [", owned.begin, ", ", owned.end, ")"));
     return std::make_shared<ExpertParallelDispatcher>(comm_, *this, next++, exchange);
   };
+}
+
+}  // namespace loom
+
+namespace loom {
+
+std::vector<int32_t> ExpertLoadBalancer::load_slots() const {
+  LOOM_CHECK(balance_.replacements == 0,
+             "ExpertLoadBalancer::load_slots: after a re-placement the layers differ");
+  return placements_.at(0).rank_experts[comm_.rank()];
+}
+
+absl::Status ExpertLoadBalancer::attach_weights(std::vector<ExpertSlotWeights> layers,
+                                                std::unique_ptr<ExpertWeightTransfer> transfer) {
+  if (static_cast<int>(layers.size()) != num_layers())
+    return absl::InvalidArgumentError(absl::StrCat("expert weights of ", layers.size(),
+                                                   " MoE layers for a balancer of ", num_layers()));
+  for (int l = 0; l < num_layers(); ++l) {
+    const int64_t slots = static_cast<int64_t>(placements_[l].rank_experts[comm_.rank()].size());
+    if (layers[l].gate.dim(0) != slots)
+      return absl::InvalidArgumentError(absl::StrCat("MoE layer ", l, ": weights ",
+                                                     layers[l].gate.describe(), " for ", slots,
+                                                     " slots on rank ", comm_.rank()));
+  }
+  if (transfer == nullptr) return absl::InvalidArgumentError("attach_weights: no transfer");
+  weights_ = std::move(layers);
+  transfer_ = std::move(transfer);
+  return absl::OkStatus();
+}
+
+ExpertWeightTransfer::Moved ExpertLoadBalancer::weights_moved() const {
+  return transfer_ != nullptr ? transfer_->moved() : ExpertWeightTransfer::Moved{};
 }
 
 }  // namespace loom

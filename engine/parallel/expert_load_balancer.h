@@ -9,10 +9,11 @@
 // balanced_placement from the sums: the new placement applies from that step on, never in the
 // middle of one.
 //
-// Weights: on the thread ranks every rank loads every expert (Placement::experts = all of them)
-// and computes only the slots routed to its copies, so a new placement needs no weights to move.
-// Ranks that load only their copies (NCCL ranks, issue 16 item 5) must move the weights of the
-// experts a re-placement brings them before the step that routes to them.
+// Weights: each rank loads only its physical slots (Placement::expert_slots = load_slots(), the
+// same for every layer at first) and computes only the slots routed to its copies. With weights
+// attached (attach_weights), a re-placement moves the weights of the experts it brings each rank
+// through an ExpertWeightTransfer, for every layer, before the step routes anything: the step
+// that re-places waits for it (ExpertWeightTransfer's comment says where the weights come from).
 #pragma once
 
 #include <functional>
@@ -23,6 +24,7 @@
 #include "engine/parallel/communicator.h"
 #include "engine/parallel/expert_dispatcher.h"
 #include "engine/parallel/expert_placement.h"
+#include "engine/parallel/expert_weight_transfer.h"
 
 namespace loom {
 
@@ -74,11 +76,25 @@ class ExpertLoadBalancer {
   };
   const Balance& balance() const { return balance_; }
 
+  // The experts of this rank's slots to load the model with (Placement::expert_slots): the
+  // initial placement's, the same for every layer. Only before the first re-placement.
+  std::vector<int32_t> load_slots() const;
+
   // A factory for ScopedExpertDispatcher: called once per MoE layer as Model::load builds them,
   // in order, it gives layer i an ExpertParallelDispatcher of this balancer's layer i. The model
-  // must hold every expert (InvalidArgument otherwise, or beyond num_layers MoE layers).
+  // must be loaded with Placement::expert_slots = load_slots() (InvalidArgument when a layer's
+  // weights hold another number of slots, or beyond num_layers MoE layers).
   std::function<absl::StatusOr<std::shared_ptr<ExpertDispatcher>>(int64_t, ExpertRange)>
   dispatcher_factory(ExpertExchange exchange);
+
+  // The model's slot weights, one per MoE layer (find_expert_slot_weights of the model loaded
+  // with load_slots()), and how re-placements move them. Required before the first re-placement
+  // when interval_steps > 0: without it a re-placement fails the group. InvalidArgument for the
+  // wrong number of layers or slots.
+  absl::Status attach_weights(std::vector<ExpertSlotWeights> layers,
+                              std::unique_ptr<ExpertWeightTransfer> transfer);
+  // What the transfer moved so far (zeros without one).
+  ExpertWeightTransfer::Moved weights_moved() const;
 
  private:
   void replace();
@@ -91,6 +107,8 @@ class ExpertLoadBalancer {
   int64_t steps_begun_ = 0;
   bool dummy_ = false;
   Balance balance_;
+  std::vector<ExpertSlotWeights> weights_;  // per MoE layer; empty until attach_weights
+  std::unique_ptr<ExpertWeightTransfer> transfer_;
 };
 
 }  // namespace loom

@@ -97,7 +97,8 @@ ExpertParallelDispatcher::ExpertParallelDispatcher(Communicator& comm, ExpertLoa
     : comm_(comm),
       num_experts_(balancer.num_experts()),
       exchange_(exchange),
-      owned_{0, balancer.num_experts()},
+      owned_{0,
+             static_cast<int64_t>(balancer.placement(layer).rank_experts.at(comm.rank()).size())},
       balancer_(&balancer),
       layer_(layer) {
   LOOM_CHECK(layer >= 0 && layer < balancer.num_layers() &&
@@ -109,6 +110,15 @@ ExpertParallelDispatcher::ExpertParallelDispatcher(Communicator& comm, ExpertLoa
 int ExpertParallelDispatcher::destination(int64_t expert, int64_t t, int rank) const {
   if (balancer_ == nullptr) return owner_of(expert);
   return route_expert(balancer_->placement(layer_), expert, t, rank);
+}
+
+std::vector<int32_t> ExpertParallelDispatcher::slot_of_expert() const {
+  // The first slot of each expert this rank holds (a repeated expert's later slots serve none).
+  std::vector<int32_t> slot(static_cast<size_t>(num_experts_), -1);
+  const std::vector<int32_t>& held = balancer_->placement(layer_).rank_experts[comm_.rank()];
+  for (int64_t s = static_cast<int64_t>(held.size()) - 1; s >= 0; --s)
+    slot[held[s]] = static_cast<int32_t>(s);
+  return slot;
 }
 
 int ExpertParallelDispatcher::owner_of(int64_t expert) const {
@@ -178,19 +188,22 @@ Dispatched ExpertParallelDispatcher::dispatch_all_gather(const Tensor& x, const 
   x_all = compact(x_all, tokens, n, cap);
   ids_all = compact(ids_all, tokens, n, cap);
 
-  // Balanced, a rank holds its experts' copies and computes only the gathered slots routed to
-  // it; the others' ids become num_experts, an expert past the owned ones that moe_permute skips
-  // (so their moved_rows are -1 and the reduce-scatter takes those slots from their own rank).
+  // Balanced, a rank holds its slots (copies of experts) and computes only the gathered slots
+  // routed to it: their ids become its local slots, the others' the slot count, one past the
+  // owned slots, which moe_permute skips (so their moved_rows are -1 and the reduce-scatter takes
+  // those slots from their own rank).
   int64_t id_limit = num_experts_;
   if (balancer_ != nullptr) {
+    const std::vector<int32_t> slot = slot_of_expert();
     int32_t* gathered = ids_all.data<int32_t>();
     int64_t g = 0;
     for (int q = 0; q < n; ++q)
       for (int64_t tq = 0; tq < tokens[q]; ++tq)
         for (int64_t i = 0; i < k; ++i, ++g)
-          if (destination(gathered[g], tq, q) != comm_.rank())
-            gathered[g] = static_cast<int32_t>(num_experts_);
-    id_limit = num_experts_ + 1;
+          gathered[g] = destination(gathered[g], tq, q) == comm_.rank()
+                            ? slot[gathered[g]]
+                            : static_cast<int32_t>(owned_.count());
+    id_limit = owned_.count() + 1;
   }
   int64_t owned_slots = 0;
   for (int64_t j = 0; j < ids_all.numel(); ++j)
@@ -246,12 +259,23 @@ Dispatched ExpertParallelDispatcher::dispatch_all_to_all(const Tensor& x, const 
       !comm_.all_to_all(ids_send, sent_span, ids_recv, received_span).ok())
     return failed(weights, d, ws);
   // Received in (source rank, slot) order: each expert's rows come out in the order one rank
-  // holding every expert would give them.
+  // holding every expert would give them. Balanced, the experts become this rank's slots.
+  int64_t id_limit = num_experts_;
+  if (balancer_ != nullptr) {
+    const std::vector<int32_t> slot = slot_of_expert();
+    int32_t* received_ids = ids_recv.data<int32_t>();
+    for (int64_t j = 0; j < r_in; ++j) {
+      LOOM_CHECK(slot[received_ids[j]] >= 0, "rank %d got a row of expert %d, holding no copy",
+                 comm_.rank(), received_ids[j]);
+      received_ids[j] = slot[received_ids[j]];
+    }
+    id_limit = owned_.count();
+  }
   out.rows = ws.take({r_in, d});
   out.offsets = ws.take({owned_.count() + 1}, DType::kI32);
   out.moved_rows = ws.take({r_in, 1}, DType::kI32);
-  moe_permute(host_exec(), x_recv, ids_recv, owned_.begin, num_experts_, out.offsets,
-              out.moved_rows, out.rows);
+  moe_permute(host_exec(), x_recv, ids_recv, owned_.begin, id_limit, out.offsets, out.moved_rows,
+              out.rows);
   out.send_back = ws.take({r_in, d});
   out.recv_back = ws.take({t * k, d});
   return out;

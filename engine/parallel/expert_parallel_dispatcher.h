@@ -28,11 +28,13 @@
 //    row_of_slot [T, K] (the row of recv_back holding each slot's output).
 //
 // Balanced (an ExpertLoadBalancer, expert_load_balancer.h): each MoE layer has its own dispatcher
-// and placement; the rank holds every expert's weights (owned() is all of them) and computes the
-// slots route_expert sends to its copies. An expert with copies on several ranks sees its rows
-// split between them, each row computed as one rank would (the exchanges above are unchanged, the
-// all-gather's rank skipping the gathered slots routed elsewhere), so the outputs match one rank
-// wherever the grouped GEMMs compute a row independently of the rows around it.
+// and placement; the rank holds the weights of its physical slots only (owned() is [0, S) of
+// them, slot s holding expert placement.rank_experts[rank][s]: the model loaded with
+// Placement::expert_slots, the balancer moving weights on re-placement) and computes the slots
+// route_expert sends to its copies, grouped by local slot. An expert with copies on several ranks
+// sees its rows split between them, each row computed as one rank would (the exchanges above are
+// unchanged, the all-gather's rank skipping the gathered slots routed elsewhere), so the outputs
+// match one rank wherever the grouped GEMMs compute a row independently of the rows around it.
 //
 // Host only (the thread communicator's memory; NCCL's dispatcher will be the GPU's), f32. Every
 // rank calls dispatch and combine for every MoE layer of every step, a rank without tokens with
@@ -42,6 +44,7 @@
 #pragma once
 
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/parallel/communicator.h"
@@ -67,7 +70,8 @@ class ExpertParallelDispatcher final : public ExpertDispatcher {
   // MoE layer of the rank's model: it keeps no state between calls).
   ExpertParallelDispatcher(Communicator& comm, int64_t num_experts, ExpertExchange exchange);
   // Balanced: MoE layer `layer` of `balancer`'s (which must outlive the dispatcher, as comm);
-  // owned() is every expert, and the dummy step is the balancer's (set there, for all layers).
+  // owned() is the rank's slots [0, S), and the dummy step is the balancer's (set there, for all
+  // layers).
   ExpertParallelDispatcher(Communicator& comm, ExpertLoadBalancer& balancer, int layer,
                            ExpertExchange exchange);
 
@@ -100,6 +104,8 @@ class ExpertParallelDispatcher final : public ExpertDispatcher {
   // The Dispatched of a failed exchange: no rows; combine writes zeros.
   Dispatched failed(const Tensor& weights, int64_t d, Workspace& ws) const;
   int owner_of(int64_t expert) const;
+  // Balanced: the rank's first slot holding each expert under the current placement, or -1.
+  std::vector<int32_t> slot_of_expert() const;
   // The rank that computes slot (token t of rank `rank`, expert): owner_of, or balanced the
   // layer's route_expert.
   int destination(int64_t expert, int64_t t, int rank) const;

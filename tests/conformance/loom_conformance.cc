@@ -32,6 +32,7 @@
 #include "engine/parallel/expert_dispatcher_binding.h"
 #include "engine/parallel/expert_load_balancer.h"
 #include "engine/parallel/expert_parallel_dispatcher.h"
+#include "engine/parallel/expert_weight_transfer.h"
 #include "engine/parallel/thread_communicator.h"
 #include "kernels/exec.h"
 #include "nlohmann/json.hpp"
@@ -72,8 +73,9 @@ ABSL_FLAG(std::string, expert_dispatch, "all_to_all",
           "rows each rank needs move)");
 ABSL_FLAG(int64_t, redundant_experts, 0,
           "with --expert_parallel: K extra physical expert slots per MoE layer, given to copies of "
-          "the hottest experts (engine/parallel/expert_load_balancer.h); every rank then loads "
-          "every expert and computes the slots routed to its copies. 0 with "
+          "the hottest experts (engine/parallel/expert_load_balancer.h); each rank then loads "
+          "only its slots' experts and computes the slots routed to its copies, and a "
+          "re-placement moves the weights of newly placed experts between ranks. 0 with "
           "--eplb_interval_steps 0: the contiguous ranges");
 ABSL_FLAG(int, eplb_interval_steps, 0,
           "with --expert_parallel: recompute the expert placement from the load of the last "
@@ -387,7 +389,8 @@ absl::Status run_expert_parallel(int ranks, ExpertExchange exchange, const std::
                                  const Placement& placement, std::vector<Prompt>& prompts,
                                  bool batched, std::vector<Result>& results,
                                  std::vector<std::unique_ptr<Model>>& models,
-                                 ExpertLoadBalancer::Balance& balance) {
+                                 ExpertLoadBalancer::Balance& balance,
+                                 std::vector<ExpertWeightTransfer::Moved>& moved) {
   LOOM_ASSIGN_OR_RETURN(const ModelConfig cfg, load_model_config(dir));
   const int64_t experts = cfg.moe.num_experts;
   if (std::find(cfg.ffns.begin(), cfg.ffns.end(), FfnType::kMoe) == cfg.ffns.end() ||
@@ -413,6 +416,7 @@ absl::Status run_expert_parallel(int ranks, ExpertExchange exchange, const std::
   const int moe_layers =
       static_cast<int>(std::count(cfg.ffns.begin(), cfg.ffns.end(), FfnType::kMoe));
   models.resize(ranks);
+  moved.assign(ranks, {});
   const bool hidden = absl::GetFlag(FLAGS_hidden);
   const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_expert_parallel_timeout_s));
   return run_thread_ranks(ranks, timeout, [&](Communicator& comm) -> absl::Status {
@@ -422,11 +426,19 @@ absl::Status run_expert_parallel(int ranks, ExpertExchange exchange, const std::
     std::shared_ptr<ExpertParallelDispatcher> dispatcher;
     std::unique_ptr<ExpertLoadBalancer> balancer;
     if (balance_options.enabled()) {
-      // Every rank loads every expert (p.experts unset) and computes its copies' slots.
+      // Each rank loads only its slots' experts and computes the slots routed to its copies; a
+      // re-placement moves the newly placed experts' weights from the ranks holding them.
       balancer = std::make_unique<ExpertLoadBalancer>(comm, moe_layers, experts, balance_options);
       rank.balancer = balancer.get();
-      const ScopedExpertDispatcher bind(balancer->dispatcher_factory(exchange));
-      LOOM_ASSIGN_OR_RETURN(models[r], Model::load(dir, cfg, p));
+      p.expert_slots = balancer->load_slots();
+      {
+        const ScopedExpertDispatcher bind(balancer->dispatcher_factory(exchange));
+        LOOM_ASSIGN_OR_RETURN(models[r], Model::load(dir, cfg, p));
+      }
+      LOOM_ASSIGN_OR_RETURN(std::vector<ExpertSlotWeights> slots,
+                            find_expert_slot_weights(models[r]->parameters(), cfg));
+      LOOM_RETURN_IF_ERROR(balancer->attach_weights(
+          std::move(slots), std::make_unique<CommunicatorExpertWeightTransfer>(comm)));
     } else {
       dispatcher = std::make_shared<ExpertParallelDispatcher>(comm, experts, exchange);
       rank.dispatcher = dispatcher.get();
@@ -442,6 +454,7 @@ absl::Status run_expert_parallel(int ranks, ExpertExchange exchange, const std::
     }
     // Every rank's balancer holds the same numbers (the gathered window): rank 0 reports them.
     if (balancer != nullptr && r == 0) balance = balancer->balance();
+    if (balancer != nullptr) moved[r] = balancer->weights_moved();
     return absl::OkStatus();
   });
 }
@@ -522,8 +535,9 @@ int run() {
     return 2;
   }
   std::vector<Result> results(prompts->size());
-  std::vector<std::unique_ptr<Model>> models;  // one per rank
-  ExpertLoadBalancer::Balance balance;         // --redundant_experts, --eplb_interval_steps
+  std::vector<std::unique_ptr<Model>> models;      // one per rank
+  ExpertLoadBalancer::Balance balance;             // --redundant_experts, --eplb_interval_steps
+  std::vector<ExpertWeightTransfer::Moved> moved;  // per rank: expert weights re-placement moved
   absl::Status st;
   if (ranks == 1) {
     absl::StatusOr<std::unique_ptr<Model>> model = Model::load(dir, placement);
@@ -546,7 +560,7 @@ int run() {
     }
   } else {
     st = run_expert_parallel(ranks, *exchange, dir, placement, *prompts, batched, results, models,
-                             balance);
+                             balance, moved);
   }
   if (!st.ok()) {
     std::fprintf(stderr, "loom-conformance: %s\n", std::string(st.message()).c_str());
@@ -621,6 +635,7 @@ int run() {
       {"batch", batched},
       {"weight_dtype", weight_dtype_name(model.placement().dtype)},
       {"parameter_bytes", model.parameters().bytes()},
+      {"expert_weight_bytes", expert_weight_bytes(model.parameters())},
       {"prompts", results.size()},
       {"worst_max_abs", worst_abs},
       {"worst_rel_l2", worst_rel},
@@ -633,11 +648,22 @@ int run() {
   summary["blas_core"] = openblas_get_corename();
   if (ranks > 1) {
     nlohmann::json per_rank = nlohmann::json::array();
-    for (const auto& m : models)
-      per_rank.push_back({{"experts",
-                           {m->placement().owned_experts(m->config().moe.num_experts).begin,
-                            m->placement().owned_experts(m->config().moe.num_experts).end}},
-                          {"parameter_bytes", m->parameters().bytes()}});
+    for (size_t r = 0; r < models.size(); ++r) {
+      const Model& m = *models[r];
+      // What the rank holds: its expert range, or the experts of its slots as loaded (the same
+      // for every layer until a re-placement), and the bytes of those experts' weights.
+      nlohmann::json line = {{"parameter_bytes", m.parameters().bytes()},
+                             {"expert_weight_bytes", expert_weight_bytes(m.parameters())}};
+      if (!m.placement().expert_slots.empty()) {
+        line["expert_slots"] = m.placement().expert_slots;
+        line["experts_received"] = moved[r].experts;
+        line["expert_bytes_received"] = moved[r].bytes;
+      } else {
+        const ExpertRange own = m.placement().owned_experts(m.config().moe.num_experts);
+        line["experts"] = {own.begin, own.end};
+      }
+      per_rank.push_back(line);
+    }
     summary["expert_parallel"] = ranks;
     summary["expert_dispatch"] = expert_exchange_name(*exchange);
     summary["ranks"] = per_rank;

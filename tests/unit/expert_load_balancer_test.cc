@@ -3,7 +3,9 @@
 // must equal one rank holding every expert over the concatenation of the ranks' tokens, bit for
 // bit under batch-invariant numerics (each row computed alone, so splitting an expert's rows over
 // its copies changes nothing) and within f32 GEMM rounding under the default numerics; and the
-// recomputed placement must balance the skewed load better than the contiguous ranges.
+// recomputed placement must balance the skewed load better than the contiguous ranges. Each rank
+// holds only its slots' weights, moved between ranks at each re-placement: afterwards every slot
+// must hold its expert's weights bit for bit.
 #include "engine/parallel/expert_load_balancer.h"
 
 #include <gtest/gtest.h>
@@ -15,11 +17,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
 #include "engine/parallel/expert_dispatcher_binding.h"
 #include "engine/parallel/expert_parallel_dispatcher.h"
 #include "engine/parallel/local_expert_dispatcher.h"
 #include "engine/parallel/thread_communicator.h"
 #include "kernels/moe.h"
+#include "weights/weight_loader.h"
 
 namespace loom {
 namespace {
@@ -118,21 +122,37 @@ void check_run(const Run& run, ExpertExchange exchange, uint32_t seed) {
       run.steps, std::vector<std::vector<Tensor>>(run.layers, std::vector<Tensor>(run.ranks)));
   ExpertLoadBalancer::Balance balance;
   std::vector<std::vector<ExpertPlacement>> final_placements(run.ranks);
+  std::vector<int64_t> moved(run.ranks, 0);  // expert weights each rank received
   const absl::Status st =
       run_thread_ranks(run.ranks, absl::Seconds(20), [&](Communicator& comm) -> absl::Status {
         const int r = comm.rank();
         ExpertLoadBalancer balancer(comm, run.layers, e, run.options);
+        // The rank's slots of every layer, as a model loaded with load_slots() holds them.
+        const std::vector<int32_t> load_slots = balancer.load_slots();
+        const int64_t slots = static_cast<int64_t>(load_slots.size());
+        std::vector<ExpertSlotWeights> mine(run.layers);
+        for (int l = 0; l < run.layers; ++l) {
+          mine[l] = {Tensor::empty({slots, inter, d}), Tensor::empty({slots, inter, d}),
+                     Tensor::empty({slots, d, inter})};
+          for (int64_t x = 0; x < slots; ++x) {
+            copy_expert_rows(w_gate[l], load_slots[x], mine[l].gate, x, 1);
+            copy_expert_rows(w_up[l], load_slots[x], mine[l].up, x, 1);
+            copy_expert_rows(w_down[l], load_slots[x], mine[l].down, x, 1);
+          }
+        }
+        LOOM_RETURN_IF_ERROR(balancer.attach_weights(
+            mine, std::make_unique<CommunicatorExpertWeightTransfer>(comm)));
         // The per-layer dispatchers as a model's load would get them, in layer order.
         std::vector<std::shared_ptr<ExpertDispatcher>> layers;
         {
           const ScopedExpertDispatcher bind(balancer.dispatcher_factory(exchange));
           for (int l = 0; l < run.layers; ++l) {
-            auto dl = expert_dispatcher_for_layer(e, ExpertRange{0, e});
+            auto dl = expert_dispatcher_for_layer(e, ExpertRange{0, slots});
             if (!dl.ok()) return dl.status();
             layers.push_back(*dl);
           }
           // One layer more than the balancer was made for is refused.
-          if (expert_dispatcher_for_layer(e, ExpertRange{0, e}).ok())
+          if (expert_dispatcher_for_layer(e, ExpertRange{0, slots}).ok())
             return absl::InternalError("a layer beyond num_layers was accepted");
         }
         Workspace ws(Device::kCpu);
@@ -144,20 +164,33 @@ void check_run(const Run& run, ExpertExchange exchange, uint32_t seed) {
             const Workspace::Mark mark(ws);
             const Input& i = in[s][l][r];
             const Dispatched dd = layers[l]->dispatch(ex, i.x, i.ids, i.w, ws);
-            // Only the slots routed to this rank's copies arrive.
-            const ExpertPlacement& p = balancer.placement(l);
-            for (int64_t x = 0; x < e; ++x)
-              if (!p.holds(r, x) &&
-                  dd.offsets.data<int32_t>()[x + 1] != dd.offsets.data<int32_t>()[x])
-                return absl::InternalError(absl::StrCat("rank ", r, " got rows of expert ", x,
-                                                        " which it holds no copy of"));
+            // The rows arrive grouped by this rank's slots, computed with its slot weights
+            // (moved by the balancer at each re-placement).
+            if (dd.offsets.numel() != slots + 1)
+              return absl::InternalError(absl::StrCat(
+                  "rank ", r, ": offsets ", dd.offsets.describe(), " for ", slots, " slots"));
             Tensor y = Tensor::empty(dd.rows.shape());
-            moe_grouped_swiglu(ex, dd.rows, dd.offsets, w_gate[l], w_up[l], w_down[l], y);
+            moe_grouped_swiglu(ex, dd.rows, dd.offsets, mine[l].gate, mine[l].up, mine[l].down, y);
             got[s][l][r] = Tensor::empty({i.x.dim(0), d});
             layers[l]->combine(ex, y, dd, got[s][l][r]);
           }
         if (r == 0) balance = balancer.balance();
         for (int l = 0; l < run.layers; ++l) final_placements[r].push_back(balancer.placement(l));
+        // After the last re-placement each slot holds its expert's weights, bit for bit.
+        for (int l = 0; l < run.layers; ++l)
+          for (int64_t x = 0; x < slots; ++x) {
+            const int32_t want = balancer.placement(l).rank_experts[r][x];
+            for (auto [full, slot] : {std::pair{&w_gate[l], &mine[l].gate},
+                                      {&w_up[l], &mine[l].up},
+                                      {&w_down[l], &mine[l].down}}) {
+              const int64_t row = full->numel() / e;
+              if (std::memcmp(full->data<float>() + want * row, slot->data<float>() + x * row,
+                              row * sizeof(float)) != 0)
+                return absl::InternalError(absl::StrCat("rank ", r, " layer ", l, " slot ", x,
+                                                        " does not hold expert ", want));
+            }
+          }
+        moved[r] = balancer.weights_moved().experts;
         return comm.status();
       });
   ASSERT_TRUE(st.ok()) << st;
@@ -189,12 +222,16 @@ void check_run(const Run& run, ExpertExchange exchange, uint32_t seed) {
   for (int l = 0; l < run.layers; ++l) EXPECT_TRUE(check_placement(final_placements[0][l]).ok());
   if (run.options.interval_steps > 0) {
     EXPECT_EQ(balance.replacements, (run.steps - 1) / run.options.interval_steps);
+    int64_t moved_all = 0;
+    for (const int64_t m : moved) moved_all += m;
     std::printf(
         "%s R=%d E=%ld K=%ld: balance over the last window: contiguous %.3f, in use %.3f, "
-        "recomputed %.3f (max |diff| vs one rank %.2e)\n",
+        "recomputed %.3f (max |diff| vs one rank %.2e); %ld expert weights moved between ranks\n",
         std::string(expert_exchange_name(exchange)).c_str(), run.ranks, static_cast<long>(e),
         static_cast<long>(run.options.redundant_experts), balance.contiguous, balance.before,
-        balance.after, worst);
+        balance.after, worst, static_cast<long>(moved_all));
+    // Skewed load moves the hot experts' copies away from the initial placement.
+    EXPECT_GT(moved_all, 0);
     // Zipf routing piles the hot low ids on rank 0 under the contiguous ranges; the placement
     // computed from the window, and the one that was in use over it (computed from the previous
     // window of the same distribution), both spread it.
@@ -267,7 +304,7 @@ TEST(ExpertLoadBalancer, FactoryRefusesAPartialExpertRange) {
         ExpertLoadBalancer balancer(comm, 1, 8, {.redundant_experts = 2});
         const ScopedExpertDispatcher bind(balancer.dispatcher_factory(ExpertExchange::kAllToAll));
         const auto dl = expert_dispatcher_for_layer(8, expert_range_of_rank(8, comm.rank(), 2));
-        if (dl.ok() || dl.status().message().find("every") == std::string_view::npos)
+        if (dl.ok() || dl.status().message().find("expert_slots") == std::string_view::npos)
           return absl::InternalError(
               absl::StrCat("expected a refusal, got ", dl.status().ToString()));
         return absl::OkStatus();

@@ -9,9 +9,10 @@
 //    one rank (printed beside: one rank's batched against unbatched logits). Held to 5e-4
 //    absolute, half the fixtures' bound against the reference (measured: at most 1.8e-4, on
 //    qwen3_next_b0); with batch-invariant kernels they are bit-identical.
-// With the expert load balancer (redundant copies, placements recomputed every step or two, every
-// rank holding every expert's weights): the same bounds, and bit-identical under batch-invariant
-// kernels, where splitting an expert's rows over its copies changes no row.
+// With the expert load balancer (redundant copies, placements recomputed every step or two, each
+// rank loading only its slots' experts and the re-placements moving weights between the ranks):
+// the same bounds, and bit-identical under batch-invariant kernels, where splitting an expert's
+// rows over its copies changes no row.
 // Every rank, and the one-rank reference, runs one OpenMP thread: OpenBLAS's OpenMP build rounds
 // a GEMM differently with its thread count (with 2 threads for the reference and 1 per rank the
 // first mode differs by up to 5e-5). Prints the worst difference of each configuration.
@@ -27,11 +28,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "core/status.h"
 #include "engine/model/model.h"
 #include "engine/parallel/expert_dispatcher_binding.h"
 #include "engine/parallel/expert_load_balancer.h"
 #include "engine/parallel/expert_parallel_dispatcher.h"
+#include "engine/parallel/expert_weight_transfer.h"
 #include "engine/parallel/thread_communicator.h"
 #include "weights/safetensors.h"
 
@@ -150,10 +153,13 @@ std::vector<std::vector<std::vector<size_t>>> phases_of(size_t prompts, int rank
   return phases;
 }
 
-// `balance`: with the expert load balancer (ranks > 1).
+// `balance`: with the expert load balancer (ranks > 1), each rank loading only its slots;
+// `moved` (when given) then adds the expert weights the re-placements moved between ranks.
 std::vector<std::vector<float>> run_ranks(const std::string& dir, int ranks,
                                           ExpertExchange exchange, bool split, bool deterministic,
-                                          const ExpertBalanceOptions* balance = nullptr) {
+                                          const ExpertBalanceOptions* balance = nullptr,
+                                          int64_t* moved = nullptr) {
+  absl::Mutex moved_mu;
   const auto prompts = load_prompt_ids(dir);
   std::vector<std::vector<float>> out(prompts.size());
   auto cfg = load_model_config(dir);
@@ -184,8 +190,21 @@ std::vector<std::vector<float>> run_ranks(const std::string& dir, int ranks,
               static_cast<int>(std::count(cfg->ffns.begin(), cfg->ffns.end(), FfnType::kMoe));
           balancer =
               std::make_unique<ExpertLoadBalancer>(comm, layers, cfg->moe.num_experts, *balance);
-          const ScopedExpertDispatcher bind(balancer->dispatcher_factory(exchange));
-          LOOM_ASSIGN_OR_RETURN(model, Model::load(dir, *cfg, Placement{}));
+          // Only the rank's slots are loaded; re-placements move weights between the ranks.
+          const std::vector<int32_t> slots = balancer->load_slots();
+          {
+            const ScopedExpertDispatcher bind(balancer->dispatcher_factory(exchange));
+            LOOM_ASSIGN_OR_RETURN(model, Model::load(dir, *cfg, Placement{.expert_slots = slots}));
+          }
+          LOOM_ASSIGN_OR_RETURN(std::vector<ExpertSlotWeights> weights,
+                                find_expert_slot_weights(model->parameters(), *cfg));
+          for (const ExpertSlotWeights& w : weights)
+            if (w.gate.dim(0) != static_cast<int64_t>(slots.size()))
+              return absl::InternalError(absl::StrCat("rank ", comm.rank(), " holds ",
+                                                      w.gate.dim(0), " experts for ", slots.size(),
+                                                      " slots"));
+          LOOM_RETURN_IF_ERROR(balancer->attach_weights(
+              std::move(weights), std::make_unique<CommunicatorExpertWeightTransfer>(comm)));
         } else {
           dispatcher =
               std::make_shared<ExpertParallelDispatcher>(comm, cfg->moe.num_experts, exchange);
@@ -198,6 +217,10 @@ std::vector<std::vector<float>> run_ranks(const std::string& dir, int ranks,
           if (!phase[comm.rank()].empty())
             LOOM_RETURN_IF_ERROR(run_prompts(rank, prompts, phase[comm.rank()], out));
           LOOM_RETURN_IF_ERROR(idle(rank));
+        }
+        if (balancer != nullptr && moved != nullptr) {
+          const absl::MutexLock lock(&moved_mu);
+          *moved += balancer->weights_moved().experts;
         }
         return absl::OkStatus();
       },
@@ -267,19 +290,25 @@ TEST_P(ExpertParallelModel, BalancedMatchesOneRank) {
   const Config configs[] = {
       {2, ExpertExchange::kAllGather, {.redundant_experts = 2, .interval_steps = 1}},
       {3, ExpertExchange::kAllToAll, {.redundant_experts = 4, .interval_steps = 2}}};
+  int64_t moved_all = 0;  // the outputs above held after re-placements that moved weights
   for (const bool deterministic : {false, true}) {
     for (const bool split : {false, true}) {
       const auto one = run_ranks(dir, 1, ExpertExchange::kAllToAll, split, deterministic);
       for (const Config& c : configs) {
         bool identical = false;
+        int64_t moved = 0;
         const double worst = max_abs_diff(
-            run_ranks(dir, c.ranks, c.exchange, split, deterministic, &c.balance), one, &identical);
-        std::printf("%s balanced N=%d K=%ld %s %s%s: max |logits - one rank's| = %.3g%s\n",
-                    GetParam().c_str(), c.ranks, static_cast<long>(c.balance.redundant_experts),
-                    std::string(expert_exchange_name(c.exchange)).c_str(),
-                    split ? "prompts split over ranks" : "one rank's tokens per step",
-                    deterministic ? ", batch-invariant" : "", worst,
-                    identical ? " (bit-identical)" : "");
+            run_ranks(dir, c.ranks, c.exchange, split, deterministic, &c.balance, &moved), one,
+            &identical);
+        moved_all += moved;
+        std::printf(
+            "%s balanced N=%d K=%ld %s %s%s: max |logits - one rank's| = %.3g%s; %ld expert "
+            "weights moved between ranks\n",
+            GetParam().c_str(), c.ranks, static_cast<long>(c.balance.redundant_experts),
+            std::string(expert_exchange_name(c.exchange)).c_str(),
+            split ? "prompts split over ranks" : "one rank's tokens per step",
+            deterministic ? ", batch-invariant" : "", worst, identical ? " (bit-identical)" : "",
+            static_cast<long>(moved));
         // An expert's rows split over its copies go through GEMMs of other row counts: the
         // batching noise of the split runs above, in the expert GEMMs too.
         if (deterministic) {
@@ -290,6 +319,7 @@ TEST_P(ExpertParallelModel, BalancedMatchesOneRank) {
       }
     }
   }
+  EXPECT_GT(moved_all, 0) << "no re-placement moved an expert: the test checks no weight move";
 }
 
 INSTANTIATE_TEST_SUITE_P(MoeFixtures, ExpertParallelModel,

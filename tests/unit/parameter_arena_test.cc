@@ -1,6 +1,7 @@
 // ParameterArena (chunked, aligned, named, frozen read-only) and WeightLoader into it: dtypes by
 // role, bf16 bytes copied without an f32 round trip, one rounding for f32/FP8 sources, expert
-// ranges from per-expert and stacked checkpoints, and the placements this build refuses.
+// ranges and slots from per-expert and stacked checkpoints, writable expert slots, and the
+// placements this build refuses.
 #include "weights/parameter_arena.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "engine/model/model.h"
 #include "weights/model_config.h"
@@ -68,6 +70,23 @@ TEST(ParameterArenaDeathTest, ImmutableAfterFreeze) {
   EXPECT_EQ(t.data<float>()[3], 1.0f);  // readable
   EXPECT_DEATH(arena.allocate("x", {4}, DType::kF32), "immutable");
   EXPECT_DEATH(t.data<float>()[3] = 2.0f, "");  // read-only pages: the write faults
+}
+
+// Parameters allocated stays_writable (a slot placement's experts, rewritten by re-placements)
+// come from chunks of their own that freeze() leaves writable; the others still fault.
+TEST(ParameterArenaDeathTest, WritableParametersStayWritable) {
+  ParameterArena arena(Device::kCpu, /*chunk_bytes=*/1 << 16);
+  Tensor frozen = arena.allocate("frozen", {8}, DType::kF32);
+  Tensor slots = arena.allocate("slots", {8}, DType::kF32, /*stays_writable=*/true);
+  Tensor after = arena.allocate("after", {8}, DType::kF32);
+  EXPECT_EQ(arena.num_chunks(), 2u);  // one of each kind
+  // The frozen kind keeps filling its own chunk past the writable one.
+  EXPECT_EQ(static_cast<char*>(after.raw()) - static_cast<char*>(frozen.raw()),
+            static_cast<ptrdiff_t>(ParameterArena::kAlignment));
+  arena.freeze();
+  slots.data<float>()[3] = 2.0f;
+  EXPECT_EQ(slots.data<float>()[3], 2.0f);
+  EXPECT_DEATH(after.data<float>()[3] = 2.0f, "");
 }
 
 TEST(ParameterArenaDeathTest, NameGivenTwiceAborts) {
@@ -220,6 +239,38 @@ TEST(PlacedLoader, ExpertRangeFromPerExpertAndStackedCheckpoints) {
   }
 }
 
+// A slot placement: slot s holds expert slots[s] (repeats and any order), from per-expert and
+// stacked checkpoints alike, the same values as the whole load's rows.
+TEST(PlacedLoader, ExpertSlotsFromPerExpertAndStackedCheckpoints) {
+  Opened o = open_fixture("kimi_linear_b0");
+  const int64_t e = o.cfg.moe.num_experts, i = o.cfg.moe.intermediate_size, d = o.cfg.hidden_size;
+  const std::string name = "layers.1.moe.experts.gate";
+  auto whole = o.loader.load(name, {e, i, d});
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  const std::string dir = std::string(LOOM_TEST_TMPDIR) + "/parameter_arena_slots";
+  std::filesystem::create_directories(dir);
+  ASSERT_TRUE(write_safetensors(dir + "/model.safetensors", {{name, *whole}}).ok());
+  ModelConfig native = o.cfg;
+  native.model_type = "loom";
+  auto stacked = WeightLoader::open(dir, native);
+  ASSERT_TRUE(stacked.ok()) << stacked.status();
+  const std::vector<int32_t> slots = {1, 2, 3, 3, 7, 0};
+  for (const WeightLoader* src : {&o.loader, &*stacked}) {
+    ParameterArena arena(Device::kCpu);
+    auto w = src->placed(arena, {.dtype = WeightDType::kBF16, .expert_slots = slots});
+    ASSERT_TRUE(w.ok()) << w.status();
+    auto part = w->load_experts(name, {e, i, d});
+    ASSERT_TRUE(part.ok()) << part.status();
+    ASSERT_EQ(part->shape(), Shape({6, i, d}));
+    EXPECT_EQ(arena.bytes(), static_cast<size_t>(6 * i * d * 2));
+    for (size_t s = 0; s < slots.size(); ++s)
+      for (int64_t j = 0; j < i * d; ++j)
+        ASSERT_EQ(bf16_to_f32(part->data<uint16_t>()[s * i * d + j]),
+                  whole->data<float>()[slots[s] * i * d + j])
+            << "slot " << s << " element " << j;
+  }
+}
+
 TEST(PlacedLoader, RefusesPlacementsItCannotHonour) {
   Opened o = open_fixture("kimi_linear_b0");
   auto message = [&](const Placement& p, Device arena_device = Device::kCpu) {
@@ -234,11 +285,18 @@ TEST(PlacedLoader, RefusesPlacementsItCannotHonour) {
     EXPECT_NE(message({.experts = r}).find("not a non-empty range of the model's 8 experts"),
               std::string::npos)
         << r.begin << ", " << r.end;
+  EXPECT_NE(message({.expert_slots = {0, 8}}).find("slot of expert 8"), std::string::npos);
+  EXPECT_NE(message({.experts = ExpertRange{0, 2}, .expert_slots = {0, 1}}).find("not both"),
+            std::string::npos);
   Opened dense = open_fixture("fla_kda_s0");
   ParameterArena arena(Device::kCpu);
   auto w = dense.loader.placed(arena, {.experts = ExpertRange{0, 1}});
   ASSERT_FALSE(w.ok());
   EXPECT_NE(w.status().message().find("no routed experts"), std::string::npos);
+  ParameterArena arena2(Device::kCpu);
+  auto w2 = dense.loader.placed(arena2, {.expert_slots = {0}});
+  ASSERT_FALSE(w2.ok());
+  EXPECT_NE(w2.status().message().find("no routed experts"), std::string::npos);
   // A device this build or machine does not have: Model::load says which, before loading.
   auto m = Model::load(kFixtures + "/kimi_linear_b0", Placement{.device = Device::cuda(999)});
   ASSERT_FALSE(m.ok());
