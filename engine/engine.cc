@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -72,6 +73,10 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Engine::submit(Request request,
   if (request.params.n > options_.max_n)
     return absl::InvalidArgumentError(
         absl::StrCat("n: at most ", options_.max_n, " choices per request on this server"));
+  if (request.return_routed_experts &&
+      std::find(cfg.ffns.begin(), cfg.ffns.end(), FfnType::kMoe) == cfg.ffns.end())
+    return absl::InvalidArgumentError(
+        "return_routed_experts: the model has no MoE layers to report the routing of");
   if (!request.params.stop.empty() && tokenizer_ == nullptr)
     return absl::InvalidArgumentError("stop strings need a tokenizer; this engine has none");
   if (session_continued != nullptr) *session_continued = 0;

@@ -9,6 +9,7 @@
 #include "engine/device_memory_plan.h"
 #include "engine/model/cache_store.h"
 #include "engine/model_runner.h"
+#include "engine/routed_experts.h"
 #include "engine/sampling/sampler.h"
 #include "engine/session_store.h"
 #include "scheduler/cache_sizing.h"
@@ -57,6 +58,8 @@ struct EngineLoop::Choice {
   bool admitted = false;  // handed to the scheduler
   bool seen = false;      // scheduled at least once (prefix-hit accounting)
   bool done = false;
+  // Positions computed since the last event (Request::return_routed_experts).
+  std::vector<RoutedExperts> routed;
   // Set when the engine tells the scheduler the sequence finished (a stop, a failed step): the
   // scheduler reports only that the engine ended it.
   FinishReason reason = FinishReason::kNone;
@@ -141,6 +144,7 @@ absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::create(const Model& mode
       std::make_unique<ModelRunner>(model, *loop->store_, options.deterministic,
                                     plan ? static_cast<size_t>(plan->workspace_bytes) : 0);
   loop->sampler_ = std::move(sampler);
+  loop->routing_ = std::make_unique<RoutedExpertsRecorder>(cfg);
   loop->memory_plan_ = plan;
   // The largest step the scheduler can plan, so that no serving step grows the step data: the
   // token budget, every running sequence asking for logits, and the longest context's pages.
@@ -293,16 +297,41 @@ void EngineLoop::admit(LiveRequest& r, Choice& c) {
 void EngineLoop::step() {
   BatchPlan plan = sched_->schedule();
   stats_.preemptions += static_cast<int64_t>(plan.preempted.size());
-  absl::StatusOr<Tensor> logits =
-      plan.seqs.empty() ? absl::StatusOr<Tensor>(Tensor::empty({0, vocab_})) : runner_->run(plan);
+  // A step records its routing only when a planned request asked for it.
+  std::optional<ActivationTape> tape;
+  if (plan_records_routing(plan)) tape = routing_->make_tape();
+  absl::StatusOr<Tensor> logits = plan.seqs.empty()
+                                      ? absl::StatusOr<Tensor>(Tensor::empty({0, vocab_}))
+                                      : runner_->run(plan, tape ? &*tape : nullptr);
   StepResult result;
   if (logits.ok()) {
     ++stats_.steps;
+    if (tape) collect_routing(plan, *tape);
     result = sample_and_emit(plan, *logits);
   } else {
     result = fail_step(plan, logits.status());
   }
   complete(result);
+}
+
+bool EngineLoop::plan_records_routing(const BatchPlan& plan) {
+  for (const SeqPlan& s : plan.seqs)
+    if (const LiveRequest* r = find_request(s.request_id); r && r->request.return_routed_experts)
+      return true;
+  return false;
+}
+
+void EngineLoop::collect_routing(const BatchPlan& plan, const ActivationTape& tape) {
+  routing_->prepare(tape);
+  int64_t row = 0;
+  for (const SeqPlan& s : plan.seqs) {
+    const int64_t rows = static_cast<int64_t>(s.tokens.size());
+    if (LiveRequest* r = find_request(s.request_id); r && r->request.return_routed_experts) {
+      Choice& c = r->choices[index_of(s.request_id)];
+      if (!c.done) routing_->append(row, rows, s.start_pos, c.routed);
+    }
+    row += rows;
+  }
 }
 
 StepResult EngineLoop::sample_and_emit(const BatchPlan& plan, const Tensor& logits) {
@@ -373,6 +402,8 @@ bool EngineLoop::emit(LiveRequest& r, Choice& c, const SampledToken& token) {
   out.index = c.index;
   out.token_ids.push_back(token.token);
   out.weight_version = r.weight_version;
+  out.routed_experts = std::move(c.routed);
+  c.routed.clear();
   if (sp.logprobs >= 0) out.logprobs.push_back({token.token, token.logprob, token.top_logprobs});
   const bool past_min = c.generated > sp.min_tokens;
   bool stop = past_min && ((!sp.ignore_eos && contains(eos_ids_, token.token)) ||
@@ -433,6 +464,8 @@ void EngineLoop::finish(LiveRequest& r, Choice& c, FinishReason reason, std::str
   out.prompt_tokens = static_cast<int32_t>(r.request.prompt.size());
   out.completion_tokens = c.generated;
   out.weight_version = r.weight_version;
+  out.routed_experts = std::move(c.routed);  // normally empty: the last sampled token is not fed
+  c.routed.clear();
   // The session's turn ends before its last event goes out: a client that sends the next turn
   // as soon as it reads this one must find the session idle, with this turn in its history.
   if (r.session != 0) end_session(r, reason);

@@ -34,6 +34,7 @@ namespace loom {
 
 class CacheStore;
 class ModelRunner;
+class RoutedExpertsRecorder;
 class Scheduler;
 class SessionStore;
 
@@ -76,6 +77,11 @@ class EngineLoop {
 
   // One step: plan, forward, then sample_and_emit() (or fail_step()), then complete().
   void step();
+  // Whether a planned sequence's request asked for its routing (Request::return_routed_experts).
+  bool plan_records_routing(const BatchPlan& plan);
+  // Hands each such sequence its rows of the step's routing (`tape`), to go out with its next
+  // event.
+  void collect_routing(const BatchPlan& plan, const ActivationTape& tape);
   StepResult sample_and_emit(const BatchPlan& plan, const Tensor& logits);
   // Streams one token sampled for `c`; returns whether it stops the choice (a stop token, or a
   // stop string completed by its text).
@@ -116,6 +122,8 @@ class EngineLoop {
   std::unique_ptr<Scheduler> sched_;
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<BatchSampler> sampler_;
+  // Cuts a step's routing into the requests that asked for it (Request::return_routed_experts).
+  std::unique_ptr<RoutedExpertsRecorder> routing_;
   std::optional<DeviceMemoryPlan> memory_plan_;                       // constant after create()
   std::optional<GraphCaptureReport> graph_capture_;                   // constant after create()
   absl::flat_hash_map<uint64_t, std::unique_ptr<LiveRequest>> live_;  // by request id

@@ -37,7 +37,7 @@ absl::StatusOr<GraphCaptureReport> ModelRunner::enable_decode_graphs(const StepS
   return report;
 }
 
-absl::StatusOr<Tensor> ModelRunner::run(const BatchPlan& plan) {
+absl::StatusOr<Tensor> ModelRunner::run(const BatchPlan& plan, ActivationTape* tape) {
   ForwardBatch& batch = batch_;
   batch.store = &store_;
   batch.batch_invariant = batch_invariant_;
@@ -65,9 +65,10 @@ absl::StatusOr<Tensor> ModelRunner::run(const BatchPlan& plan) {
     in.pages = s.page_table;  // a view: make_layout packs the one copy
     in.padding = false;
   }
-  LOOM_ASSIGN_OR_RETURN(Tensor logits, graphs_ != nullptr && graphs_->accepts(batch)
-                                           ? graphs_->run(batch)
-                                           : model_.forward(batch));
+  LOOM_ASSIGN_OR_RETURN(Tensor logits,
+                        tape == nullptr && graphs_ != nullptr && graphs_->accepts(batch)
+                            ? graphs_->run(batch)
+                            : model_.forward(batch, tape));
   if (store_.has_linear()) {
     for (const SeqPlan& s : plan.seqs)
       if (s.save_to_slot >= 0) store_.copy_slot(s.state_slot, s.save_to_slot);

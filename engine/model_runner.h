@@ -30,7 +30,10 @@ class ModelRunner {
   // the model's device: a view into the runner's workspace, valid until the next run(), which the
   // caller may use as scratch (the BatchSampler does). On a GPU nothing is read back here: the
   // sampler's kernels follow the step on the device's stream and download only the tokens.
-  absl::StatusOr<Tensor> run(const BatchPlan& plan);
+  // `tape`, when set, gets what the forward records for it (the engine passes one wanting only
+  // "expert_ids" when a planned request asked for its routing); such a step runs without a
+  // decode graph.
+  absl::StatusOr<Tensor> run(const BatchPlan& plan, ActivationTape* tape = nullptr);
 
   // Sizes the step data for the largest step (the engine's limits), so that no step grows it.
   void reserve(const StepShape& largest) { step_.reserve(largest); }

@@ -27,6 +27,11 @@ struct Request {
   // session starts over from `prompt` (its kept cache dropped), so the tokens the model sees are
   // `prompt` either way. Checked atomically with the turn's start.
   bool session_whole_prompt = false;
+  // Routing replay for MoE RL (issue 20; engine/model/routing_replay.h): report the experts every
+  // MoE layer routed each position this request computes to (RequestOutput::routed_experts). Off
+  // (the default), the serving path records nothing. InvalidArgument for a model without MoE
+  // layers.
+  bool return_routed_experts = false;
 };
 
 // Why a choice ended. kStop: EOS, a stop token or a stop string; kLength: max_tokens; kCancelled:
@@ -51,6 +56,16 @@ constexpr std::string_view finish_reason_name(FinishReason reason) {
   return "";
 }
 
+// The experts the engine routed consecutive positions of a choice's sequence to
+// (Request::return_routed_experts).
+struct RoutedExperts {
+  int64_t first_position = 0;  // the sequence position of the first row
+  int64_t rows = 0;
+  // [rows, moe_layers, top_k]: the model's MoE layers in layer order, each row's experts in the
+  // router's order (descending selection score).
+  std::vector<int32_t> expert_ids;
+};
+
 struct TokenLogprob {
   int32_t token = -1;
   float logprob = 0.0f;
@@ -72,6 +87,12 @@ struct RequestOutput {
   // The engine's weight version (Engine::update_weights) the request was sampled under, on every
   // event: a request is never sampled across an update.
   int64_t weight_version = 0;
+  // With Request::return_routed_experts: the positions the choice's forwards computed since its
+  // previous event (prompt rows, then each sampled token as it is fed back), in runs of
+  // consecutive positions. Positions served from the prefix cache (or, for n > 1, from choice 0's
+  // prefill) were computed by an earlier request and are not here; a preempted sequence's
+  // recomputed positions come again.
+  std::vector<RoutedExperts> routed_experts;
 };
 
 }  // namespace loom

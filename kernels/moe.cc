@@ -45,6 +45,30 @@ void moe_route(const Exec& ex, const Tensor& logits, const Tensor& bias, const R
 #endif
 }
 
+void moe_route_replay(const Exec& ex, const Tensor& logits, const Tensor& replay_ids,
+                      const RouterParams& params, const Tensor& expert_ids, const Tensor& weights,
+                      const Tensor& counts) {
+  static constexpr const char* kOp = "moe_route_replay";
+  LOOM_ON_EXEC_DEVICE(ex, kOp, logits, replay_ids, expert_ids, weights, counts);
+  check_f32(kOp, "the router", {{"logits", &logits}, {"weights", &weights}});
+  for (const Tensor* ids : {&replay_ids, &expert_ids})
+    LOOM_CHECK(ids->dtype() == DType::kI32 && ids->is_contiguous(), "%s: ids %s", kOp,
+               ids->describe().c_str());
+  LOOM_CHECK(logits.ndim() == 2, "%s: logits %s", kOp, logits.describe().c_str());
+  const int64_t t = logits.dim(0), e = logits.dim(1);
+  LOOM_CHECK(params.top_k >= 1 && params.top_k <= e, "%s: top_k=%d with %d experts", kOp,
+             params.top_k, e);
+  LOOM_CHECK_SHAPE(replay_ids, t, params.top_k);
+  LOOM_CHECK_SHAPE(expert_ids, t, params.top_k);
+  LOOM_CHECK_SHAPE(weights, t, params.top_k);
+  LOOM_CHECK(counts.dtype() == DType::kI64 && counts.is_contiguous() && counts.numel() == 2,
+             "%s: counts %s", kOp, counts.describe().c_str());
+  if (ex.device.is_cpu()) {
+    return cpu::moe_route_replay(logits, replay_ids, params, expert_ids, weights, counts);
+  }
+  no_kernel_for(ex, kOp);
+}
+
 void moe_route_backward(const Exec& ex, const Tensor& logits, const Tensor& expert_ids,
                         const RouterParams& params, const Tensor& d_weights,
                         const Tensor& d_logits) {

@@ -29,6 +29,21 @@ struct RouterParams {
 void moe_route(const Exec& ex, const Tensor& logits, const Tensor& bias, const RouterParams& params,
                const Tensor& expert_ids, const Tensor& weights);
 
+// Routing replay (RL, issue 20): rows of `replay_ids` whose first entry is >= 0 are routed to
+// those experts instead of their own selection. For such a row t, expert_ids[t] = replay_ids[t]
+// and weights[t] are recomputed from the logits by moe_route's formulas for those experts (the
+// scores without the bias, renormalised and scaled, summed in slot order): the same bits as
+// moe_route's when the replayed experts are the row's own in the same order. Other rows (first
+// entry < 0) keep what expert_ids and weights hold (moe_route's output: call it first).
+// logits: [T, E] f32; replay_ids: [T, K] i32, a replayed row's K entries in [0, E) and distinct
+// (checked; abort otherwise: Model::forward validates what callers pass); expert_ids: [T, K] i32
+// and weights: [T, K] f32, read and rewritten; counts: [2] i64 (written): slots replayed, and of
+// those the ones whose expert is not among the row's own selection (what expert_ids held).
+// CPU only (the trainer's forward); a CUDA tensor stops with a message naming the op.
+void moe_route_replay(const Exec& ex, const Tensor& logits, const Tensor& replay_ids,
+                      const RouterParams& params, const Tensor& expert_ids, const Tensor& weights,
+                      const Tensor& counts);
+
 // Training: the gradient of moe_route's `weights` with respect to `logits`. The selection (top-k,
 // groups, bias) is piecewise constant in the logits, so it is taken as given (the forward's
 // expert_ids) and only the chosen experts' scores carry gradient; the bias gets none. With the

@@ -390,7 +390,7 @@ absl::StatusOr<RlConfig> parse_rl_config(std::string_view text) {
       only_keys(j, "rl",
                 {"model", "env", "rollout", "grpo", "groups_per_step", "group_size", "steps",
                  "optimizer", "balance", "routing_warnings", "warm_start", "replay", "engine",
-                 "out", "checkpoint_every", "seed"}));
+                 "routing_replay", "out", "checkpoint_every", "seed"}));
   RlConfig c;
   LOOM_RETURN_IF_ERROR(read_model(j, "rl", c.model_config, c.model_seed, c.model_checkpoint));
   if (j.contains("env")) LOOM_RETURN_IF_ERROR(read_env(j["env"], c.env));
@@ -443,6 +443,17 @@ absl::StatusOr<RlConfig> parse_rl_config(std::string_view text) {
     LOOM_RETURN_IF_ERROR(read_flag(e, "deterministic", "engine", c.deterministic));
     LOOM_RETURN_IF_ERROR(read(e, "max_num_batched_tokens", "engine", c.max_num_batched_tokens));
     if (c.max_num_batched_tokens < 1) return bad("engine.max_num_batched_tokens", "must be >= 1");
+  }
+  std::string routing = "off";
+  LOOM_RETURN_IF_ERROR(read(j, "routing_replay", "rl", routing));
+  if (routing == "off") {
+    c.routing_replay = RoutingReplayMode::kOff;
+  } else if (routing == "measure") {
+    c.routing_replay = RoutingReplayMode::kMeasure;
+  } else if (routing == "on") {
+    c.routing_replay = RoutingReplayMode::kOn;
+  } else {
+    return bad("rl.routing_replay", "must be \"off\", \"measure\" or \"on\"");
   }
   LOOM_RETURN_IF_ERROR(read(j, "out", "rl", c.out));
   if (c.out.empty()) return bad("rl.out", "required (the run folder)");

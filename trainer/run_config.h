@@ -11,6 +11,7 @@
 #include "trainer/rl/environment.h"
 #include "trainer/rl/grpo.h"
 #include "trainer/rl/rollout.h"
+#include "trainer/rl/routing_replay.h"
 #include "trainer/stages.h"
 #include "trainer/synthetic_tasks.h"
 #include "trainer/tool_dialogues.h"
@@ -75,6 +76,10 @@ struct RlConfig {
   // (deterministic: the same seed gives the same run) and token budget per step.
   bool deterministic = true;
   int32_t max_num_batched_tokens = 2048;
+  // "routing_replay": "off", "measure" or "on" (MoE models; trainer/rl/routing_replay.h): the
+  // rollouts record the engine's experts, and the trainer measures how often its own top-k differs
+  // (measure) or also routes its forwards for the policy loss to them (on).
+  RoutingReplayMode routing_replay = RoutingReplayMode::kOff;
   std::string out;               // run folder: metrics.jsonl, checkpoint-N/
   int64_t checkpoint_every = 0;  // 0: only at the end
   uint64_t seed = 0;             // tasks and sampling

@@ -71,6 +71,7 @@ class MoeFfn final : public Ffn {
     const int64_t d = cfg.hidden_size, e = m.num_experts, i = m.intermediate_size;
     const std::string p = absl::StrCat("layers.", layer, ".moe.");
     prefix_ = p;
+    layer_ = layer;
     LOOM_ASSIGN_OR_RETURN(router_, w.load(p + "router.weight", {e, d}));
     if (m.has_score_bias) {
       LOOM_ASSIGN_OR_RETURN(bias_, w.load(p + "router.bias", {e}));
@@ -118,7 +119,10 @@ class MoeFfn final : public Ffn {
     linear_forward(ctx.ex, x_f32, router_, logits);
     Tensor ids = ctx.take({n, params_.top_k}, DType::kI32);
     Tensor weights = ctx.take({n, params_.top_k}, DType::kF32);
-    moe_route(ctx.ex, logits, bias_, params_, ids, weights);
+    route(ctx, logits, ids, weights, /*count_replay=*/true);
+    // The engine's routing record (Request::return_routed_experts) and diagnostics.
+    if (ctx.tape != nullptr && ctx.tape->wants("expert_ids"))
+      ctx.tape->record(layer_, "expert_ids", ids);
     const Dispatched routed = dispatcher_->dispatch(ctx.ex, x, ids, weights, ctx.ws());
     Tensor y = ctx.take(routed.rows.shape());
     moe_grouped_swiglu(ctx.ex, routed.rows, routed.offsets, w_gate_, w_up_, w_down_, y);
@@ -162,7 +166,7 @@ class MoeFfn final : public Ffn {
     Tensor logits = ctx.take({n, e});
     linear_forward(ex, x, router_, logits);
     Tensor ids = ctx.take({n, k}, DType::kI32), weights = ctx.take({n, k});
-    moe_route(ex, logits, bias_, params_, ids, weights);
+    route(ctx, logits, ids, weights, /*count_replay=*/false);
     if (bias_.defined()) {
       // What the quantile balancer tunes the bias from: this pass's tokens per expert.
       std::vector<int64_t> counts(static_cast<size_t>(router_.dim(0)), 0);
@@ -217,7 +221,35 @@ class MoeFfn final : public Ffn {
   }
 
  private:
+  // The router's top-k and gate weights from the logits; with a routing replay for this layer,
+  // its rows' replayed experts instead, their weights from the same logits (routing_replay.h).
+  // `count_replay`: add the replayed and differing slots to the replay's counters (the forward
+  // does; the backward's recomputation does not count them again).
+  void route(const ForwardContext& ctx, const Tensor& logits, const Tensor& ids,
+             const Tensor& weights, bool count_replay) const {
+    moe_route(ctx.ex, logits, bias_, params_, ids, weights);
+    RoutingReplay* replay = ctx.routing_replay;
+    if (replay == nullptr) return;
+    const Tensor& replayed = replay->expert_ids[static_cast<size_t>(layer_)];
+    if (!replayed.defined()) return;
+    Tensor counts = ctx.take({2}, DType::kI64);
+    if (replay->apply) {
+      moe_route_replay(ctx.ex, logits, replayed, params_, ids, weights, counts);
+    } else {
+      // Measure only: the replay rewrites copies; the layer keeps its own routing.
+      Tensor ids_copy = ctx.take(ids.shape(), DType::kI32);
+      Tensor weights_copy = ctx.take(weights.shape(), DType::kF32);
+      ids_copy.copy_from(ids);
+      weights_copy.copy_from(weights);
+      moe_route_replay(ctx.ex, logits, replayed, params_, ids_copy, weights_copy, counts);
+    }
+    if (!count_replay) return;
+    replay->replayed_slots += counts.data<int64_t>()[0];
+    replay->differing_slots += counts.data<int64_t>()[1];
+  }
+
   std::string prefix_;  // "layers.L.moe."
+  int layer_ = 0;
   RouterParams params_;
   Tensor router_, bias_, w_gate_, w_up_, w_down_, shared_gate_;
   std::unique_ptr<DenseFfn> shared_;

@@ -7,6 +7,7 @@
 
 #include "core/workspace.h"
 #include "engine/model/cache_store.h"
+#include "engine/model/routing_replay.h"
 #include "engine/model/sequence_cache.h"
 #include "engine/model/step_data.h"
 
@@ -58,6 +59,10 @@ struct ForwardBatch {
   // Width of the packed page table: at least this many columns (0: the longest sequence's
   // pages). A CUDA graph step fixes it, since the attention kernels' launch bounds follow it.
   int64_t page_cols = 0;
+  // Routing replay (trainer, CPU): the experts every MoE layer routes the batch's rows to, rows in
+  // token order; validated by Model::forward (validate_routing_replay), its counters added to.
+  // Null: each layer's own top-k (serving).
+  RoutingReplay* routing_replay = nullptr;
 };
 
 }  // namespace loom

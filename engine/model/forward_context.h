@@ -9,6 +9,7 @@
 #include "core/workspace.h"
 #include "engine/model/activation_tape.h"
 #include "engine/model/cache_store.h"
+#include "engine/model/routing_replay.h"
 #include "kernels/elementwise.h"
 #include "kernels/exec.h"
 
@@ -42,6 +43,9 @@ struct ForwardContext {
   DType act_dtype = DType::kF32;
   // Where layers keep what a backward pass (or a diagnostic) needs; null: keep nothing.
   ActivationTape* tape = nullptr;
+  // The experts MoE layers route the batch's rows to instead of their own choice, with the
+  // counters they add to; null: every layer routes by its own top-k (routing_replay.h).
+  RoutingReplay* routing_replay = nullptr;
 
   Workspace& ws() const { return *ex.workspace; }
   // Step memory for an intermediate: of the activation dtype, or of `dtype` where the op needs

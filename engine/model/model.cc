@@ -41,6 +41,7 @@ absl::StatusOr<Tensor> Model::forward_private(const ForwardBatch& batch,
   staged.batch_invariant = batch.batch_invariant;
   staged.workspace = batch.workspace;
   staged.step = batch.step;
+  staged.routing_replay = batch.routing_replay;
   staged.seqs.resize(n);
   for (size_t s = 0; s < n; ++s) {
     const SequenceInput& in = batch.seqs[s];
@@ -126,8 +127,15 @@ absl::StatusOr<Tensor> Model::forward_store(const ForwardBatch& batch, Activatio
   ex.batch_invariant = batch.batch_invariant;
   // Validate everything before touching any cache, so a bad batch changes nothing.
   LOOM_ASSIGN_OR_RETURN(BatchLayout layout, make_layout(batch, ex, *step));
+  if (batch.routing_replay != nullptr) {
+    if (!device.is_cpu())
+      return absl::InvalidArgumentError(
+          absl::StrCat("routing replay runs on the CPU (the trainer's forward); the model is on ",
+                       device_name(device)));
+    LOOM_RETURN_IF_ERROR(validate_routing_replay(cfg_, *batch.routing_replay, layout.num_rows));
+  }
   if (layout.num_rows == 0) return Tensor::empty({0, cfg_.vocab_size}, DType::kF32, device);
-  Tensor logits = launch_layers(ex, layout, tape);
+  Tensor logits = launch_layers(ex, layout, tape, batch.routing_replay);
   return own_ws ? logits.clone() : logits;
 }
 
@@ -146,14 +154,15 @@ absl::StatusOr<BatchLayout> Model::prepare(const ForwardBatch& batch) const {
 Tensor Model::launch(const ForwardBatch& batch, const BatchLayout& layout) const {
   Exec ex = exec_for(placement_.device, batch.workspace);
   ex.batch_invariant = batch.batch_invariant;
-  return launch_layers(ex, layout, nullptr);
+  return launch_layers(ex, layout, nullptr, nullptr);
 }
 
-Tensor Model::launch_layers(const Exec& ex, const BatchLayout& layout, ActivationTape* tape) const {
+Tensor Model::launch_layers(const Exec& ex, const BatchLayout& layout, ActivationTape* tape,
+                            RoutingReplay* routing_replay) const {
   Workspace* ws = ex.workspace;
   const int64_t rows = layout.num_rows;
   ws->reset();
-  const ForwardContext ctx{ex, layout, act_dtype_, tape};
+  const ForwardContext ctx{ex, layout, act_dtype_, tape, routing_replay};
 
   const int64_t d = cfg_.hidden_size;
   // The residual stream stays f32 whatever the activations are (Placement::activations).

@@ -83,12 +83,16 @@ class Model {
   absl::StatusOr<double> loss_and_gradients(std::span<const int32_t> tokens, Gradients& grads,
                                             std::span<const uint8_t> loss_mask = {},
                                             std::vector<float>* row_loss = nullptr,
-                                            std::span<const float> row_weights = {}) const;
+                                            std::span<const float> row_weights = {},
+                                            RoutingReplay* routing_replay = nullptr) const;
   // With `row_loss` set, it also receives each position's loss (n entries: row_loss[t] for
   // predicting token t + 1, 0 at unscored positions and at the last), the same bits with or
   // without it. With `row_weights` (n entries) the objective is the weighted sum
   // sum_t row_weights[t] * row_loss[t] over the scored positions instead of the mean (a policy
-  // gradient's per-token weights, trainer/rl); it is what the call returns then.
+  // gradient's per-token weights, trainer/rl); it is what the call returns then. With
+  // `routing_replay` (routing_replay.h: [n, top_k] per MoE layer) the MoE layers route to the
+  // given experts in the forward and in the backward's recomputation, the gate weights and their
+  // gradient coming from the router's own logits; its counters count the forward's slots once.
 
   // Changes the RoPE base of the rotary layers (config().rope.theta) and rebuilds their rotary
   // tables (staged context extension: a longer stage trains with a larger base). Returns how many
@@ -108,7 +112,8 @@ class Model {
   // model's device.
   absl::Status check_devices(const ForwardBatch& batch) const;
   // Every kernel of the forward over a packed layout (resets ex.workspace first).
-  Tensor launch_layers(const Exec& ex, const BatchLayout& layout, ActivationTape* tape) const;
+  Tensor launch_layers(const Exec& ex, const BatchLayout& layout, ActivationTape* tape,
+                       RoutingReplay* routing_replay) const;
   // Validates a store batch and packs its step data into `step`.
   absl::StatusOr<BatchLayout> make_layout(const ForwardBatch& batch, const Exec& ex,
                                           StepData& step) const;

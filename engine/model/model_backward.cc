@@ -46,7 +46,8 @@ Tensor copy_of(const ForwardContext& ctx, const Tensor& t) {
 absl::StatusOr<double> Model::loss_and_gradients(std::span<const int32_t> tokens, Gradients& grads,
                                                  std::span<const uint8_t> loss_mask,
                                                  std::vector<float>* row_loss,
-                                                 std::span<const float> row_weights) const {
+                                                 std::span<const float> row_weights,
+                                                 RoutingReplay* routing_replay) const {
   if (!placement_.device.is_cpu())
     return absl::UnimplementedError(
         absl::StrCat("training: the backward passes run on the CPU; this model is on ",
@@ -68,6 +69,7 @@ absl::StatusOr<double> Model::loss_and_gradients(std::span<const int32_t> tokens
   ForwardBatch batch;
   batch.token_ids.assign(tokens.begin(), tokens.end());
   batch.seqs.push_back({.num_tokens = n, .logits = LogitsMode::kNone, .cache = &cache});
+  batch.routing_replay = routing_replay;
   ActivationTape tape;
   LOOM_RETURN_IF_ERROR(forward(batch, &tape).status());
 
@@ -93,7 +95,8 @@ absl::StatusOr<double> Model::loss_and_gradients(std::span<const int32_t> tokens
   layout.state_slots = slots;
   layout.num_rows = n;
   layout.max_seqlen = n;
-  const ForwardContext ctx{ex, layout, act_dtype_, nullptr};
+  // The replay's counters count the forward's slots; the backward's recomputation skips them.
+  const ForwardContext ctx{ex, layout, act_dtype_, nullptr, routing_replay};
 
   // 2. The loss over positions 0 .. n-2 (each predicts the next token) and its gradient.
   const int64_t d = cfg_.hidden_size;

@@ -21,6 +21,42 @@ void top_k_indices(const float* v, int n, int k, int* idx_scratch, int* out) {
   std::copy(idx_scratch, idx_scratch + k, out);
 }
 
+// The router's scores of one row: sigmoid, or softmax in f32 (torch: F.softmax(logits, dim=-1,
+// dtype=float32)). moe_route and moe_route_replay share it, so a replayed row whose experts are
+// the row's own gets the same bits.
+void router_scores(const float* l, int e, bool sigmoid, float* s) {
+  if (sigmoid) {
+    for (int j = 0; j < e; ++j) s[j] = 1.0f / (1.0f + std::exp(-l[j]));
+    return;
+  }
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int j = 0; j < e; ++j) mx = std::max(mx, l[j]);
+  float sum = 0.0f;
+  for (int j = 0; j < e; ++j) {
+    s[j] = std::exp(l[j] - mx);
+    sum += s[j];
+  }
+  for (int j = 0; j < e; ++j) s[j] /= sum;
+}
+
+// The gate weights of one row's chosen experts ids[0..k) from its scores s (no bias), summed in
+// slot order.
+void chosen_weights(const float* s, const int32_t* ids, const RouterParams& params, float* w) {
+  const int k = params.top_k;
+  float sum = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    w[j] = s[ids[j]];
+    sum += w[j];
+  }
+  if (params.renormalize) {
+    // HF: sigmoid routers divide by sum + 1e-20; the softmax router (Qwen2MoeTopKRouter,
+    // used by qwen3_next) divides by the plain sum.
+    const float denom = params.score == RouterScore::kSigmoid ? sum + 1e-20f : sum;
+    for (int j = 0; j < k; ++j) w[j] /= denom;
+  }
+  for (int j = 0; j < k; ++j) w[j] *= params.routed_scaling;
+}
+
 void check_index_tensor(const Tensor& t, const char* op, const char* name) {
   LOOM_CHECK(t.dtype() == DType::kI32 && t.is_contiguous(), "%s: %s %s", op, name,
              t.describe().c_str());
@@ -103,20 +139,7 @@ void moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& par
     std::vector<int> scratch(e), chosen(k), gkept(kg);
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < t; ++i) {
-      const float* l = lp + i * e;
-      if (sigmoid) {
-        for (int j = 0; j < e; ++j) s[j] = 1.0f / (1.0f + std::exp(-l[j]));
-      } else {
-        // softmax in f32 (torch: F.softmax(logits, dim=-1, dtype=float32)).
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int j = 0; j < e; ++j) mx = std::max(mx, l[j]);
-        float sum = 0.0f;
-        for (int j = 0; j < e; ++j) {
-          s[j] = std::exp(l[j] - mx);
-          sum += s[j];
-        }
-        for (int j = 0; j < e; ++j) s[j] /= sum;
-      }
+      router_scores(lp + i * e, e, sigmoid, s.data());
       for (int j = 0; j < e; ++j) sel[j] = bp ? s[j] + bp[j] : s[j];
       if (ng > 1 && kg < ng) {
         // Group score: sum of the group's two largest selection scores (torch topk(2).sum()).
@@ -143,22 +166,51 @@ void moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& par
         }
       }
       top_k_indices(sel.data(), e, k, scratch.data(), chosen.data());
-      float* w = wp + i * k;
-      float sum = 0.0f;
-      for (int j = 0; j < k; ++j) {
-        idp[i * k + j] = chosen[j];
-        w[j] = s[chosen[j]];
-        sum += w[j];
-      }
-      if (params.renormalize) {
-        // HF: sigmoid routers divide by sum + 1e-20; the softmax router (Qwen2MoeTopKRouter,
-        // used by qwen3_next) divides by the plain sum.
-        const float denom = sigmoid ? sum + 1e-20f : sum;
-        for (int j = 0; j < k; ++j) w[j] /= denom;
-      }
-      for (int j = 0; j < k; ++j) w[j] *= params.routed_scaling;
+      for (int j = 0; j < k; ++j) idp[i * k + j] = chosen[j];
+      chosen_weights(s.data(), idp + i * k, params, wp + i * k);
     }
   }
+}
+
+// Shapes and dtypes are checked in kernels/moe.cc; the replayed ids (data) here, before anything
+// is written.
+void moe_route_replay(const Tensor& logits, const Tensor& replay_ids, const RouterParams& params,
+                      const Tensor& expert_ids, const Tensor& weights, const Tensor& counts) {
+  const int64_t t = logits.dim(0);
+  const int e = static_cast<int>(logits.dim(1));
+  const int k = params.top_k;
+  const int32_t* rp = replay_ids.data<int32_t>();
+  for (int64_t i = 0; i < t; ++i) {
+    const int32_t* r = rp + i * k;
+    if (r[0] < 0) continue;
+    for (int j = 0; j < k; ++j) {
+      LOOM_CHECK(r[j] >= 0 && r[j] < e, "moe_route_replay: replay_ids[%d, %d] = %d outside [0, %d)",
+                 i, j, r[j], e);
+      for (int m = 0; m < j; ++m)
+        LOOM_CHECK(r[m] != r[j], "moe_route_replay: row %d names expert %d twice", i, r[j]);
+    }
+  }
+  const float* lp = logits.data<float>();
+  int32_t* idp = expert_ids.data<int32_t>();
+  float* wp = weights.data<float>();
+  int64_t replayed = 0, differing = 0;
+#pragma omp parallel if (t * e > 16384) reduction(+ : replayed, differing)
+  {
+    std::vector<float> s(e);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < t; ++i) {
+      const int32_t* r = rp + i * k;
+      if (r[0] < 0) continue;
+      int32_t* own = idp + i * k;
+      for (int j = 0; j < k; ++j) differing += std::find(own, own + k, r[j]) == own + k;
+      replayed += k;
+      std::copy(r, r + k, own);
+      router_scores(lp + i * e, e, params.score == RouterScore::kSigmoid, s.data());
+      chosen_weights(s.data(), own, params, wp + i * k);
+    }
+  }
+  counts.data<int64_t>()[0] = replayed;
+  counts.data<int64_t>()[1] = differing;
 }
 
 // Shapes and dtypes are checked in kernels/moe.cc; the expert ids (data) here.

@@ -8,6 +8,8 @@ namespace loom::cpu {
 
 void moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& params,
                const Tensor& expert_ids, const Tensor& weights);
+void moe_route_replay(const Tensor& logits, const Tensor& replay_ids, const RouterParams& params,
+                      const Tensor& expert_ids, const Tensor& weights, const Tensor& counts);
 void moe_route_backward(const Tensor& logits, const Tensor& expert_ids, const RouterParams& params,
                         const Tensor& d_weights, const Tensor& d_logits);
 void moe_aux_loss_forward_backward(const Tensor& logits, const Tensor& expert_ids,

@@ -1,16 +1,19 @@
 #include "trainer/rl/policy_loss.h"
 
 #include <cmath>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/exec.h"
 #include "kernels/loss.h"
+#include "trainer/rl/routing_replay.h"
 
 namespace loom {
 
 absl::StatusOr<std::vector<float>> token_logprobs(const Model& model,
-                                                  std::span<const int32_t> tokens) {
+                                                  std::span<const int32_t> tokens,
+                                                  RoutingReplay* routing_replay) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n < 2) return absl::InvalidArgumentError("token_logprobs: fewer than 2 tokens");
   const Tensor* lm_head = model.parameters().find("lm_head.weight");
@@ -21,6 +24,7 @@ absl::StatusOr<std::vector<float>> token_logprobs(const Model& model,
   ForwardBatch batch;
   batch.token_ids.assign(tokens.begin(), tokens.end());
   batch.seqs.push_back({.num_tokens = n, .logits = LogitsMode::kNone, .cache = &cache});
+  batch.routing_replay = routing_replay;
   ActivationTape tape({"final_normed"});
   LOOM_RETURN_IF_ERROR(model.forward(batch, &tape).status());
   const Tensor* hidden = tape.find(-1, "final_normed");
@@ -39,7 +43,7 @@ absl::StatusOr<std::vector<float>> token_logprobs(const Model& model,
 absl::StatusOr<PolicyLossStats> accumulate_policy_gradient(const Model& model,
                                                            std::span<const Trajectory* const> batch,
                                                            const GrpoOptions& options,
-                                                           Gradients& grads) {
+                                                           Gradients& grads, bool replay_routing) {
   PolicyLossStats s;
   for (const Trajectory* tr : batch) {
     const size_t n = tr->tokens.size();
@@ -57,7 +61,13 @@ absl::StatusOr<PolicyLossStats> accumulate_policy_gradient(const Model& model,
   std::vector<float> weights;
   for (const Trajectory* tr : batch) {
     const size_t n = tr->tokens.size();
-    LOOM_ASSIGN_OR_RETURN(const std::vector<float> logp, token_logprobs(model, tr->tokens));
+    std::optional<RoutingReplay> replay;
+    if (replay_routing) {
+      LOOM_ASSIGN_OR_RETURN(replay, routing_replay_of(*tr, model.config(), /*apply=*/true));
+    }
+    RoutingReplay* routing = replay ? &*replay : nullptr;
+    LOOM_ASSIGN_OR_RETURN(const std::vector<float> logp,
+                          token_logprobs(model, tr->tokens, routing));
     weights.assign(n, 0.0f);
     bool any = false;
     for (size_t i = 0; i + 1 < n; ++i) {
@@ -81,7 +91,8 @@ absl::StatusOr<PolicyLossStats> accumulate_policy_gradient(const Model& model,
     }
     if (!any) continue;
     LOOM_RETURN_IF_ERROR(
-        model.loss_and_gradients(tr->tokens, grads, tr->sampled, nullptr, weights).status());
+        model.loss_and_gradients(tr->tokens, grads, tr->sampled, nullptr, weights, routing)
+            .status());
   }
   s.clip_fraction = static_cast<double>(clipped) * inv_n;
   return s;

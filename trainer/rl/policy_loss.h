@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "engine/model/gradients.h"
 #include "engine/model/model.h"
+#include "engine/model/routing_replay.h"
 #include "trainer/rl/grpo.h"
 #include "trainer/rl/trajectory.h"
 
@@ -20,8 +21,11 @@ namespace loom {
 // logp[i] = log p(tokens[i + 1] | tokens[0..i]) for every i < n - 1 (logp[n - 1] = 0), from a
 // fresh state, with the model's training forward (CPU, f32). InvalidArgument for fewer than 2
 // tokens or an id outside the vocabulary.
+// With `routing_replay` (routing_replay.h) the MoE layers route as it says, and its counters are
+// added to.
 absl::StatusOr<std::vector<float>> token_logprobs(const Model& model,
-                                                  std::span<const int32_t> tokens);
+                                                  std::span<const int32_t> tokens,
+                                                  RoutingReplay* routing_replay = nullptr);
 
 struct PolicyLossStats {
   int64_t tokens = 0;        // response tokens N (the token mean's denominator)
@@ -36,10 +40,13 @@ struct PolicyLossStats {
 
 // Adds the gradient of the token-mean GRPO objective over `batch` (each trajectory's advantage,
 // old_logp and behav_logp set; ref_logp with a KL term) into `grads`. Trajectories whose
-// advantage is 0 and which carry no KL term add nothing and are skipped.
+// advantage is 0 and which carry no KL term add nothing and are skipped. With `replay_routing`
+// every trajectory's forward and backward route its tokens to the experts the engine recorded
+// (Trajectory::routed_experts; InvalidArgument when one has none).
 absl::StatusOr<PolicyLossStats> accumulate_policy_gradient(const Model& model,
                                                            std::span<const Trajectory* const> batch,
                                                            const GrpoOptions& options,
-                                                           Gradients& grads);
+                                                           Gradients& grads,
+                                                           bool replay_routing = false);
 
 }  // namespace loom

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <utility>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "trainer/rl/policy_loss.h"
 #include "trainer/rl/replay_buffer.h"
 #include "trainer/rl/rollout.h"
+#include "trainer/rl/routing_replay.h"
 #include "trainer/tool_dialogues.h"
 #include "trainer/train_run.h"
 #include "trainer/train_step.h"
@@ -89,6 +91,14 @@ absl::StatusOr<RlRunSummary> run_rl(const RlConfig& c, std::FILE* progress) {
         "load-balancing term); use quantile or none");
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, load_rl_model(c));
   const ModelConfig& cfg = model->config();
+  const bool record_routing = c.routing_replay != RoutingReplayMode::kOff;
+  const bool replay_routing = c.routing_replay == RoutingReplayMode::kOn;
+  if (record_routing &&
+      std::find(cfg.ffns.begin(), cfg.ffns.end(), FfnType::kMoe) == cfg.ffns.end())
+    return absl::InvalidArgumentError(
+        "rl: routing_replay needs a model with MoE layers; this one has none (set it to \"off\")");
+  RolloutOptions rollout_options = c.rollout;
+  rollout_options.record_routing = record_routing;
   LOOM_ASSIGN_OR_RETURN(RunTokenizer tok, run_tokenizer(c, cfg));
   const ChatFormat format = chat_format_for_model_type(cfg.model_type);
   LOOM_ASSIGN_OR_RETURN(ChatSetup chat, chat_setup_for(format, *tok.tokenizer));
@@ -179,7 +189,7 @@ absl::StatusOr<RlRunSummary> run_rl(const RlConfig& c, std::FILE* progress) {
     }
     const auto t_rollout = Clock::now();
     LOOM_ASSIGN_OR_RETURN(std::vector<Trajectory> trs,
-                          run_rollouts(*engine, *tok.tokenizer, chat, specs, c.rollout));
+                          run_rollouts(*engine, *tok.tokenizer, chat, specs, rollout_options));
     const double rollout_s = seconds_since(t_rollout);
 
     // Scoring: the trainer's logprobs at the rollout's weights (the trainer's model is what the
@@ -188,10 +198,30 @@ absl::StatusOr<RlRunSummary> run_rl(const RlConfig& c, std::FILE* progress) {
     int64_t train_tokens = 0, response_tokens = 0;
     std::vector<double> rewards, lengths, turns;
     int64_t correct = 0, answered = 0, truncated = 0, malformed = 0;
+    // Routing replay: the scoring forwards replay (or, measuring, compare with) the engine's
+    // experts; their counters give the step's disagreement between the two routers.
+    int64_t replayed_slots = 0, differing_slots = 0;
+    double coverage = 0;
     for (Trajectory& tr : trs) {
-      LOOM_ASSIGN_OR_RETURN(tr.old_logp, token_logprobs(*model, tr.tokens));
+      std::optional<RoutingReplay> routing;
+      if (record_routing) {
+        LOOM_ASSIGN_OR_RETURN(routing, routing_replay_of(tr, cfg, replay_routing));
+        coverage += routing_coverage(tr) / static_cast<double>(trs.size());
+      }
+      LOOM_ASSIGN_OR_RETURN(tr.old_logp,
+                            token_logprobs(*model, tr.tokens, routing ? &*routing : nullptr));
+      if (routing) {
+        replayed_slots += routing->replayed_slots;
+        differing_slots += routing->differing_slots;
+      }
       if (reference) {
-        LOOM_ASSIGN_OR_RETURN(tr.ref_logp, token_logprobs(*reference, tr.tokens));
+        // The reference scores the same experts when replaying (its counters are not the step's).
+        std::optional<RoutingReplay> ref_routing;
+        if (replay_routing) {
+          LOOM_ASSIGN_OR_RETURN(ref_routing, routing_replay_of(tr, cfg, true));
+        }
+        LOOM_ASSIGN_OR_RETURN(tr.ref_logp, token_logprobs(*reference, tr.tokens,
+                                                          ref_routing ? &*ref_routing : nullptr));
       }
       train_tokens += static_cast<int64_t>(tr.tokens.size());
       response_tokens += tr.response_tokens;
@@ -233,7 +263,8 @@ absl::StatusOr<RlRunSummary> run_rl(const RlConfig& c, std::FILE* progress) {
     double sync_s = 0;
     if (!batch.empty()) {
       Gradients& grads = step.begin();
-      LOOM_ASSIGN_OR_RETURN(pl, accumulate_policy_gradient(*model, batch, c.grpo, grads));
+      LOOM_ASSIGN_OR_RETURN(
+          pl, accumulate_policy_gradient(*model, batch, c.grpo, grads, replay_routing));
       for (const Trajectory* t : batch) train_tokens += static_cast<int64_t>(t->tokens.size());
       if (pl.tokens > 0) {
         LOOM_ASSIGN_OR_RETURN(st, step.update(1.0));
@@ -241,7 +272,10 @@ absl::StatusOr<RlRunSummary> run_rl(const RlConfig& c, std::FILE* progress) {
       }
     }
     const double train_s = seconds_since(t_train);
-    if (updated) {
+    // With the routing recorded, a step without an update syncs too: the sync drops the prefix
+    // cache, so the next rollouts compute (and record) every position themselves rather than
+    // hit prefixes this step's requests computed.
+    if (updated || record_routing) {
       // Weight sync: the engine serves the new weights from the next rollout on.
       const auto t_sync = Clock::now();
       LOOM_RETURN_IF_ERROR(engine->update_weights(model->parameters()).status());
@@ -282,6 +316,12 @@ absl::StatusOr<RlRunSummary> run_rl(const RlConfig& c, std::FILE* progress) {
         {"train_tokens_per_s", train_s > 0 ? train_tokens / train_s : 0.0},
         {"weight_sync_s", sync_s}};
     if (c.grpo.kl_coef > 0) line["kl"] = pl.kl;
+    if (record_routing) {
+      line["routing_differing"] =
+          replayed_slots > 0 ? static_cast<double>(differing_slots) / replayed_slots : 0.0;
+      line["routing_replayed_slots"] = replayed_slots;
+      line["routing_coverage"] = coverage;
+    }
     metrics << line.dump() << "\n";
     metrics.flush();
     if (progress != nullptr) {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "nlohmann/json.hpp"
+#include "trainer/rl/routing_replay.h"
 #include "trainer/tool_dialogues.h"
 
 namespace loom {
@@ -143,9 +144,18 @@ absl::StatusOr<std::vector<Trajectory>> run_rollouts(Engine& engine, const Token
                                                      const RolloutOptions& options) {
   LOOM_RETURN_IF_ERROR(options.validate());
   std::vector<Episode> live(episodes.size());
+  int moe_layers = 0;
+  for (FfnType f : engine.config().ffns) moe_layers += f == FfnType::kMoe;
+  if (options.record_routing && moe_layers == 0)
+    return absl::InvalidArgumentError(
+        "rollout: record_routing (routing replay) needs a model with MoE layers");
   for (size_t i = 0; i < episodes.size(); ++i) {
     Episode& e = live[i];
     e.spec = &episodes[i];
+    if (options.record_routing) {
+      e.tr.routed_layers = moe_layers;
+      e.tr.routed_top_k = engine.config().moe.top_k;
+    }
     if (e.spec->env == nullptr)
       return absl::InvalidArgumentError("rollout: an episode without env");
     EnvReset start = e.spec->env->reset(e.spec->env_seed);
@@ -187,6 +197,7 @@ absl::StatusOr<std::vector<Trajectory>> run_rollouts(Engine& engine, const Token
       r.params.stop = {chat.end_of_turn};
       if (chat.end_of_turn_id >= 0) r.params.stop_token_ids = {chat.end_of_turn_id};
       r.tag = "rl-rollout";
+      r.return_routed_experts = options.record_routing;
       auto stream = engine.submit(std::move(r));
       if (!stream.ok()) {
         cancel_all();
@@ -210,6 +221,10 @@ absl::StatusOr<std::vector<Trajectory>> run_rollouts(Engine& engine, const Token
           return absl::FailedPreconditionError(
               absl::StrCat("rollout: the engine's weights changed mid-episode (version ",
                            e.tr.version, " then ", ev->weight_version, ")"));
+        }
+        if (absl::Status st = add_routed_experts(ev->routed_experts, e.tr); !st.ok()) {
+          cancel_all();
+          return st;
         }
         ids.insert(ids.end(), ev->token_ids.begin(), ev->token_ids.end());
         for (const TokenLogprob& lp : ev->logprobs) logprobs.push_back(lp.logprob);
@@ -235,6 +250,7 @@ absl::StatusOr<std::vector<Trajectory>> run_rollouts(Engine& engine, const Token
   std::vector<Trajectory> out;
   out.reserve(live.size());
   for (Episode& e : live) out.push_back(std::move(e.tr));
+  if (options.record_routing) fill_shared_prefix_routing(out);
   return out;
 }
 

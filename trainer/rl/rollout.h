@@ -42,6 +42,10 @@ struct RolloutOptions {
   int max_turns = 4;                     // model turns per episode
   int max_turn_tokens = 96;              // tokens one model turn may sample
   int64_t max_trajectory_tokens = 4096;  // the whole sequence (prompt and every turn)
+  // Ask the engine for every position's experts (Request::return_routed_experts) and keep them in
+  // Trajectory::routed_experts, for routing replay. Positions the prefix cache served come from the
+  // episode of the same rollout call that computed them (same tokens up to there, same weights).
+  bool record_routing = false;
   absl::Status validate() const;
 };
 

@@ -27,6 +27,12 @@ struct Trajectory {
   bool truncated = false;       // stopped by a budget (turn tokens, turns, trajectory tokens)
   bool malformed = false;       // ended by an unrenderable tool call (no name, arguments not JSON)
   int64_t version = 0;          // the weight version it was sampled under
+  // Routing replay (RolloutOptions::record_routing): the experts the engine routed each position
+  // to, [tokens.size(), routed_layers, routed_top_k] (the model's MoE layers in order); a position
+  // it never routed for this episode (the last token; context after the last turn) is all -1.
+  // Empty when not recorded.
+  std::vector<int32_t> routed_experts;
+  int routed_layers = 0, routed_top_k = 0;
 };
 
 struct TrajectoryGroup {
