@@ -10,7 +10,6 @@
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,8 +23,7 @@
 #include "engine/parallel/expert_parallel_dispatcher.h"
 #include "engine/parallel/expert_weight_transfer.h"
 #include "engine/parallel/thread_communicator.h"
-#include "nlohmann/json.hpp"
-#include "weights/safetensors.h"
+#include "tests/unit/sharded_checkpoint_test_support.h"
 
 namespace loom {
 namespace {
@@ -33,40 +31,6 @@ namespace {
 namespace fs = std::filesystem;
 const std::string kFixtures = LOOM_FIXTURES_DIR;
 const std::string kTmp = LOOM_TEST_TMPDIR;
-
-// The expert a checkpoint tensor belongs to ("...experts.5.w1.weight" -> 5), or -1.
-int expert_of(const std::string& name) {
-  const size_t at = name.find(".experts.");
-  if (at == std::string::npos) return -1;
-  return std::atoi(name.c_str() + at + 9);
-}
-
-// A sharded copy of fixture `src` in `dst`: the tensors of expert e of every layer in shard
-// experts-(e % 3), everything else in shard rest, and model.safetensors.index.json mapping them;
-// without expert `skip` (-1: none) anywhere.
-void write_sharded(const std::string& src, const std::string& dst, int skip) {
-  fs::remove_all(dst);
-  fs::create_directories(dst);
-  for (const char* f : {"config.json", "generation_config.json"})
-    if (fs::exists(src + "/" + f)) fs::copy_file(src + "/" + f, dst + "/" + f);
-  auto file = SafetensorsFile::open(src + "/model.safetensors");
-  ASSERT_TRUE(file.ok()) << file.status();
-  std::vector<std::vector<std::pair<std::string, Tensor>>> shards(4);  // 0..2 experts, 3 rest
-  nlohmann::json map = nlohmann::json::object();
-  for (const std::string& name : (*file)->names()) {
-    const int e = expert_of(name);
-    if (e >= 0 && e == skip) continue;
-    const int shard = e >= 0 ? e % 3 : 3;
-    shards[shard].emplace_back(name, *(*file)->get(name));
-    map[name] = shard < 3 ? absl::StrCat("experts-", shard, ".safetensors") : "rest.safetensors";
-  }
-  for (int s = 0; s < 4; ++s) {
-    const std::string name =
-        s < 3 ? absl::StrCat("experts-", s, ".safetensors") : "rest.safetensors";
-    ASSERT_TRUE(write_safetensors(dst + "/" + name, shards[s]).ok());
-  }
-  std::ofstream(dst + "/model.safetensors.index.json") << nlohmann::json{{"weight_map", map}};
-}
 
 // One thread rank's load with the balancer: its slots, and its model or the load's error.
 struct RankLoad {
@@ -198,7 +162,7 @@ class ExpertParallelLoading : public testing::TestWithParam<std::string> {};
 TEST_P(ExpertParallelLoading, EachRankHoldsExactlyItsSlots) {
   const std::string fixture = kFixtures + "/" + GetParam();
   const std::string sharded = kTmp + "/ep_sharded_" + GetParam();
-  write_sharded(fixture, sharded, -1);
+  write_sharded_checkpoint(fixture, sharded, -1);
   // f32 matrices, and the checkpoint's own precision (auto: the bf16 bytes of a bf16 checkpoint,
   // the FP8 bytes and block scales of an FP8 one).
   for (const WeightDType dtype : {WeightDType::kF32, WeightDType::kAuto})
@@ -216,7 +180,7 @@ TEST_P(ExpertParallelLoading, MissingExpertFailsOnlyTheRanksThatHoldIt) {
     if (std::find(ok[1].slots.begin(), ok[1].slots.end(), x) == ok[1].slots.end()) missing = x;
   ASSERT_GE(missing, 0);
   const std::string dir = kTmp + "/ep_missing_" + GetParam();
-  write_sharded(fixture, dir, missing);
+  write_sharded_checkpoint(fixture, dir, missing);
   const std::vector<RankLoad> ranks = load_ranks(dir, 2, options);
   ASSERT_FALSE(ranks[0].status.ok());
   EXPECT_EQ(ranks[0].status.code(), absl::StatusCode::kNotFound) << ranks[0].status;

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +37,7 @@
 #include "engine/parallel/expert_parallel_dispatcher.h"
 #include "engine/parallel/expert_weight_transfer.h"
 #include "engine/parallel/thread_communicator.h"
+#include "tests/unit/sharded_checkpoint_test_support.h"
 #include "weights/safetensors.h"
 
 namespace loom {
@@ -320,6 +322,30 @@ TEST_P(ExpertParallelModel, BalancedMatchesOneRank) {
     }
   }
   EXPECT_GT(moved_all, 0) << "no re-placement moved an expert: the test checks no weight move";
+}
+
+// The ranks loading their slots from a sharded copy of the checkpoint (experts over 3 shard files
+// with an index) and re-placing every step: the same logits as one rank loading the fixture's
+// single file, bit for bit under batch-invariant kernels.
+TEST_P(ExpertParallelModel, BalancedFromShardsMatchesOneRank) {
+  const std::string dir = kFixtures + "/" + GetParam();
+  const std::string sharded = std::string(LOOM_TEST_TMPDIR) + "/ep_model_sharded_" + GetParam();
+  write_sharded_checkpoint(dir, sharded, -1);
+  // The prompts (run_ranks reads them beside the model).
+  std::filesystem::copy_file(dir + "/golden.safetensors", sharded + "/golden.safetensors");
+  const ExpertBalanceOptions balance{.redundant_experts = 2, .interval_steps = 1};
+  const auto one = run_ranks(dir, 1, ExpertExchange::kAllToAll, true, true);
+  int64_t moved = 0;
+  bool identical = false;
+  const double worst =
+      max_abs_diff(run_ranks(sharded, 3, ExpertExchange::kAllToAll, true, true, &balance, &moved),
+                   one, &identical);
+  std::printf(
+      "%s sharded, balanced N=3 K=2 all_to_all, batch-invariant: max |logits - one "
+      "rank's| = %.3g%s; %ld expert weights moved between ranks\n",
+      GetParam().c_str(), worst, identical ? " (bit-identical)" : "", static_cast<long>(moved));
+  EXPECT_TRUE(identical) << worst;
+  std::filesystem::remove_all(sharded);
 }
 
 INSTANTIATE_TEST_SUITE_P(MoeFixtures, ExpertParallelModel,
