@@ -1,6 +1,7 @@
 // Loom's bf16-weight GEMM kernels (launchers in kernels/cuda/gemm_launch.h):
 //  - cast_rows_f32_bf16: f32 activations to the bf16 rows the tensor-core GEMMs read;
-//  - gemv_bf16: decode (a few rows), one warp per weight row, x read unrounded;
+//  - gemv_bf16: decode (a few rows), 1 to 8 warps per weight row (a split of k chosen from n
+//    and k), x read unrounded;
 //  - gemm_bf16_tiled: mma.sync m16n8k16 bf16 x bf16 -> f32, batch-invariant, any size and
 //    alignment (the engine's --deterministic GEMM for bf16 weights, and the fallback where
 //    cuBLASLt cannot take the rows).
@@ -87,9 +88,27 @@ __global__ void __launch_bounds__(kCastThreads)
 }
 
 // ---------------------------------------------------------------------------------------------
-// GEMV: warp per weight row, R activation rows at once (each weight element is read once and
-// used R times).
+// GEMV: S warps per weight row (each a slice of k; S = 1, 2, 4 or 8), R activation rows at
+// once (each weight element is read once and used R times).
+//
+// Why split k: a decode step's GEMVs are memory-bound, and one warp per row leaves too few warps
+// (too few bytes in flight) wherever n is small: on an H200 at batch 1 of the 48B-shaped model,
+// an n = 2304, k = 4096 output projection ran at 1.9 TB/s, n = 1024 (the shared expert) at 0.8
+// TB/s, n = 128 (the KDA gates' low-rank halves) at 0.1 TB/s (ncu, bench/results/gpu-h200.md).
+// S comes from n and k only (gemv_split), never from the row count, so a row's bits are the same
+// in a 1-row and an 8-row call: lane sums in the warp_sum's fixed order, then the S partial sums
+// in slice order.
 constexpr int kGemvWarps = 8;
+// Warps worth resident on the GPU before a split pays no more (H200: 132 SMs x 64 warps).
+constexpr int64_t kGemvTargetWarps = 8192;
+// Columns a slice keeps at least (each lane then still loads >= one 16-byte word per pass).
+constexpr int64_t kGemvMinSliceCols = 256;
+
+int gemv_split(int64_t n, int64_t k) {
+  int s = 1;
+  while (s < kGemvWarps && n * s < kGemvTargetWarps && k / (2 * s) >= kGemvMinSliceCols) s *= 2;
+  return s;
+}
 
 template <typename XT>
 __device__ __forceinline__ float load_x(const XT* p) {
@@ -110,63 +129,101 @@ __device__ __forceinline__ void load_x8(const XT* p, float (&f)[8]) {
   }
 }
 
-template <typename XT, int R, bool kVec>
+template <typename XT, int R, bool kVec, int S>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_bf16_kernel(const uint16_t* __restrict__ w, const XT* __restrict__ x, int64_t ldx,
                      void* __restrict__ out, launch::Elem out_type, int64_t ldo, int64_t n,
                      int64_t k, float beta) {
+  static_assert(kGemvWarps % S == 0);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp;
-  if (row >= n) return;  // uniform across the warp
-  const uint16_t* wr = w + row * k;
+  const int part = warp % S;  // this warp's slice of k
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kGemvWarps / S) + warp / S;
+  const bool live = row < n;  // uniform across the warp
   float acc[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-  if constexpr (kVec) {
-    const uint4* w8 = reinterpret_cast<const uint4*>(wr);
-    const int64_t k8 = k / 8;
+  if (live) {
+    const uint16_t* wr = w + row * k;
+    if constexpr (kVec) {
+      const uint4* w8 = reinterpret_cast<const uint4*>(wr);
+      const int64_t k8 = k / 8;
 #pragma unroll 4
-    for (int64_t i = lane; i < k8; i += 32) {
-      float wf[8];
-      unpack8(__ldcs(w8 + i), wf);
+      for (int64_t i = part * 32 + lane; i < k8; i += 32 * S) {
+        float wf[8];
+        unpack8(__ldcs(w8 + i), wf);
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float xf[8];
-        load_x8(x + r * ldx + i * 8, xf);
+        for (int r = 0; r < R; ++r) {
+          float xf[8];
+          load_x8(x + r * ldx + i * 8, xf);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[r] = fmaf(wf[e], xf[e], acc[r]);
+          for (int e = 0; e < 8; ++e) acc[r] = fmaf(wf[e], xf[e], acc[r]);
+        }
+      }
+    } else {
+#pragma unroll 4
+      for (int64_t i = part * 32 + lane; i < k; i += 32 * S) {
+        const float wv = bf16_bits_to_f32(__ldcs(wr + i));
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] = fmaf(wv, load_x(x + r * ldx + i), acc[r]);
       }
     }
-  } else {
-#pragma unroll 4
-    for (int64_t i = lane; i < k; i += 32) {
-      const float wv = bf16_bits_to_f32(__ldcs(wr + i));
+  }
+  if constexpr (S == 1) {
 #pragma unroll
-      for (int r = 0; r < R; ++r) acc[r] = fmaf(wv, load_x(x + r * ldx + i), acc[r]);
+    for (int r = 0; r < R; ++r) {
+      const float s = dev::warp_sum(acc[r]);
+      if (live && lane == r) store_out(out, out_type, r * ldo + row, s, beta);
+    }
+  } else {
+    __shared__ float partial[kGemvWarps][R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float s = dev::warp_sum(acc[r]);
+      if (lane == r) partial[warp][r] = s;
+    }
+    __syncthreads();
+    if (live && part == 0 && lane < R) {
+      float s = partial[warp][lane];
+#pragma unroll
+      for (int j = 1; j < S; ++j) s += partial[warp + j][lane];
+      store_out(out, out_type, lane * ldo + row, s, beta);
     }
   }
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const float s = dev::warp_sum(acc[r]);
-    if (lane == r) store_out(out, out_type, r * ldo + row, s, beta);
+}
+
+template <typename XT, int R, int S>
+void launch_gemv_split(cudaStream_t stream, bool vec, const uint16_t* w, const XT* x, int64_t ldx,
+                       void* out, launch::Elem out_type, int64_t ldo, int64_t n, int64_t k,
+                       float beta) {
+  const int64_t rows_per_block = kGemvWarps / S;
+  const int64_t blocks = (n + rows_per_block - 1) / rows_per_block;
+  LOOM_CHECK_GRID(blocks);
+  if (vec) {
+    gemv_bf16_kernel<XT, R, true, S><<<static_cast<unsigned>(blocks), kGemvWarps * 32, 0, stream>>>(
+        w, x, ldx, out, out_type, ldo, n, k, beta);
+  } else {
+    gemv_bf16_kernel<XT, R, false, S>
+        <<<static_cast<unsigned>(blocks), kGemvWarps * 32, 0, stream>>>(w, x, ldx, out, out_type,
+                                                                        ldo, n, k, beta);
   }
+  LOOM_CUDA_CHECK_LAUNCH();
 }
 
 template <typename XT, int R>
 void launch_gemv(cudaStream_t stream, const uint16_t* w, const XT* x, int64_t ldx, void* out,
                  launch::Elem out_type, int64_t ldo, int64_t n, int64_t k, float beta) {
-  const int64_t blocks = (n + kGemvWarps - 1) / kGemvWarps;
-  LOOM_CHECK_GRID(blocks);
   const bool vec = k % 8 == 0 && ldx % 8 == 0 && (reinterpret_cast<uintptr_t>(w) & 15u) == 0 &&
                    (reinterpret_cast<uintptr_t>(x) & 15u) == 0;
-  if (vec) {
-    gemv_bf16_kernel<XT, R, true><<<static_cast<unsigned>(blocks), kGemvWarps * 32, 0, stream>>>(
-        w, x, ldx, out, out_type, ldo, n, k, beta);
-  } else {
-    gemv_bf16_kernel<XT, R, false><<<static_cast<unsigned>(blocks), kGemvWarps * 32, 0, stream>>>(
-        w, x, ldx, out, out_type, ldo, n, k, beta);
+  switch (gemv_split(n, k)) {
+    case 1:
+      return launch_gemv_split<XT, R, 1>(stream, vec, w, x, ldx, out, out_type, ldo, n, k, beta);
+    case 2:
+      return launch_gemv_split<XT, R, 2>(stream, vec, w, x, ldx, out, out_type, ldo, n, k, beta);
+    case 4:
+      return launch_gemv_split<XT, R, 4>(stream, vec, w, x, ldx, out, out_type, ldo, n, k, beta);
+    default:
+      return launch_gemv_split<XT, R, 8>(stream, vec, w, x, ldx, out, out_type, ldo, n, k, beta);
   }
-  LOOM_CUDA_CHECK_LAUNCH();
 }
 
 template <typename XT>

@@ -19,9 +19,10 @@ void cast_rows_f32_bf16(cudaStream_t stream, const float* x, int64_t m, int64_t 
 enum class Elem : int { kF32, kBF16 };
 
 // out[r, j] = sum_k x[r, k] w[j, k] (+ beta out[r, j]) for r < m <= kGemvBf16MaxRows: the decode
-// case of a bf16 weight w [n, k] (row stride k). One warp per weight row (16-byte streaming
-// loads of w when k % 8 == 0 and the pointers are 16-byte aligned), x read as it is (f32 or
-// bf16, never rounded), products and sums in f32. beta = 0 never reads out.
+// case of a bf16 weight w [n, k] (row stride k). 1 to 8 warps per weight row, a split of k
+// chosen from n and k only (16-byte streaming loads of w when k % 8 == 0 and the pointers are
+// 16-byte aligned), x read as it is (f32 or bf16, never rounded), products and sums in f32.
+// beta = 0 never reads out.
 inline constexpr int kGemvBf16MaxRows = 8;
 void gemv_bf16(cudaStream_t stream, const uint16_t* w, const void* x, Elem x_type, int64_t ldx,
                void* out, Elem out_type, int64_t ldo, int64_t m, int64_t n, int64_t k, float beta);

@@ -61,12 +61,13 @@ void with_scratch(const Exec& ex, const char* op, size_t bytes, const Fn& fn) {
 launch::MoeGemmPath parse_path(const char* name) {
   using launch::MoeGemmPath;
   for (MoeGemmPath p : {MoeGemmPath::kAuto, MoeGemmPath::kSimt, MoeGemmPath::kMma,
-                        MoeGemmPath::kWgmma, MoeGemmPath::kWgmma128}) {
+                        MoeGemmPath::kWgmma, MoeGemmPath::kWgmma128, MoeGemmPath::kGemv}) {
     if (std::strcmp(name, launch::moe_gemm_path_name(p)) == 0) return p;
   }
-  LOOM_CHECK(false,
-             "moe_grouped_swiglu: unknown GEMM path \"%s\" (auto, simt, mma, wgmma, wgmma128)",
-             name);
+  LOOM_CHECK(
+      false,
+      "moe_grouped_swiglu: unknown GEMM path \"%s\" (auto, simt, mma, wgmma, wgmma128, gemv)",
+      name);
   return MoeGemmPath::kAuto;
 }
 
@@ -115,14 +116,17 @@ const char* grouped_swiglu(const Exec& ex, launch::MoeGemmPath path, const Tenso
   a.I = inter;
   a.E = ne;
   a.bf16 = wt == DType::kBF16;
+  a.batch_invariant = ex.batch_invariant;
   a.phases = phases;
   const launch::MoeSwigluPlan plan = launch::moe_swiglu_plan(a, path);
   LOOM_CHECK(plan.ok,
              "%s: the %s GEMM path cannot run these tensors on this device (it needs bf16 "
              "weights, D and I multiples of 8, 16-byte aligned tensors%s): x %s w_gate %s",
              kOp, launch::moe_gemm_path_name(path),
-             path >= launch::MoeGemmPath::kWgmma ? " and an sm_90 GPU" : "", x.describe().c_str(),
-             w_gate.describe().c_str());
+             path == launch::MoeGemmPath::kWgmma || path == launch::MoeGemmPath::kWgmma128
+                 ? " and an sm_90 GPU"
+                 : "",
+             x.describe().c_str(), w_gate.describe().c_str());
   if (r > 0 && ne > 0) {
     with_scratch(ex, kOp, plan.scratch_bytes, [&](void* scratch) {
       launch::moe_grouped_swiglu(stream_of(ex), a, plan, scratch);

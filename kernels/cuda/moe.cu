@@ -120,7 +120,10 @@ __device__ __forceinline__ Pick warp_best(Pick p) {
   return p;
 }
 
-// Dynamic shared memory: per warp, E selection scores then E group scores.
+// Dynamic shared memory: per warp, E selection scores, E group scores, then the E logits.
+// The logits (and the bias) are staged first, every load of the row in flight at once: a decode
+// step routes one token per warp, where loading and transforming one expert per lane at a time
+// put a memory latency per 32 experts on the critical path (16.9 us a call at E = 256 under ncu).
 template <bool kSigmoid>
 __global__ void __launch_bounds__(kRouteWarps * 32)
     route_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int64_t T, int E,
@@ -130,15 +133,25 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
   if (t >= T) return;  // no block-wide synchronisation below
-  float* sel = route_smem + static_cast<size_t>(warp) * 2 * E;
+  float* sel = route_smem + static_cast<size_t>(warp) * 3 * E;
   float* gsc = sel + E;
-  const float* l = logits + t * E;
+  float* l = gsc + E;  // this token's logits
+  {
+    const float* lt = logits + t * E;
+#pragma unroll 8
+    for (int j = lane; j < E; j += 32) l[j] = lt[j];
+    if (kSigmoid && bias) {
+#pragma unroll 8
+      for (int j = lane; j < E; j += 32) sel[j] = bias[j];
+    }
+  }
+  __syncwarp();
 
   float mx = 0.0f, sum = 1.0f;  // softmax: max logit and the sum of exps
   if constexpr (kSigmoid) {
     for (int j = lane; j < E; j += 32) {
       const float s = 1.0f / (1.0f + exp_as_host(-l[j]));
-      sel[j] = bias ? s + bias[j] : s;
+      sel[j] = bias ? s + sel[j] : s;
     }
   } else {
     mx = -INFINITY;
@@ -527,7 +540,7 @@ void moe_route(cudaStream_t stream, const float* logits, const float* bias, int6
   if (T == 0) return;
   const int64_t blocks = (T + kRouteWarps - 1) / kRouteWarps;
   LOOM_CHECK_GRID(blocks);
-  const size_t smem = sizeof(float) * 2 * static_cast<size_t>(E) * kRouteWarps;
+  const size_t smem = sizeof(float) * 3 * static_cast<size_t>(E) * kRouteWarps;
   const bool grouped = n_group > 1 && topk_group < n_group;
   if (sigmoid) {
     route_kernel<true><<<static_cast<unsigned>(blocks), kRouteWarps * 32, smem, stream>>>(

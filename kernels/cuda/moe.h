@@ -29,21 +29,24 @@ void moe_permute(const Exec& ex, const Tensor& x, const Tensor& expert_ids, int6
 
 // Bf16 weights run on the tensor cores when D and I are multiples of 8 and the tensors 16-byte
 // aligned (x and h = silu(g) * u then round to bf16 as operands: ~1e-3 relative to the CPU
-// twin; a bf16 x is read directly, an f32 one through a bf16 copy); f32 weights, and bf16 ones
-// of other sizes, run f32 FMA (the CPU's arithmetic in another summation order). x and y are f32
-// or bf16 each (y rounded in the epilogue); gate_up, f32, is supported on every path. Offsets
-// must be non-decreasing within [0, R] (not checked: a bad one never makes a kernel reach outside
-// the tensors). Uses scratch (h, and the bf16 copy of an f32 x) from ex.workspace when there is
-// one, else a stream-ordered allocation (which costs time on every call: the engine always passes
-// a workspace).
+// twin; a bf16 x is read directly, an f32 one through a bf16 copy), except decode-sized calls
+// (at most launch::kMoeGemvAutoRows rows, outside batch-invariant mode), which run a warp per
+// weight row in f32 (the kGemv path: the tensor cores' tiles would leave most SMs idle there);
+// f32 weights, and bf16 ones of other sizes, run f32 FMA (the CPU's arithmetic in another
+// summation order). Batch-invariant mode's path depends on the dtypes, D, I and the device only. x
+// and y are f32 or bf16 each (y rounded in the epilogue); gate_up, f32, is supported on every path.
+// Offsets must be non-decreasing within [0, R] (not checked: a bad one never makes a kernel reach
+// outside the tensors). Uses scratch (h, and the bf16 copy of an f32 x) from ex.workspace when
+// there is one, else a stream-ordered allocation (which costs time on every call: the engine always
+// passes a workspace).
 void moe_grouped_swiglu(const Exec& ex, const Tensor& x, const Tensor& offsets,
                         const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down,
                         const Tensor& y, const Tensor& gate_up);
 
-// The grouped SwiGLU on a chosen GEMM path (tests and benchmarks): "auto", "simt", "mma" or
-// "wgmma", "wgmma128" (launch::MoeGemmPath); aborts when the path cannot run these tensors on this
-// device. Returns the name of the path that ran. `phases` (benchmarks) picks the launches that run
-// (launch::MoeSwigluArgs::phases); anything but 7 leaves y incomplete.
+// The grouped SwiGLU on a chosen GEMM path (tests and benchmarks): "auto", "simt", "mma",
+// "wgmma", "wgmma128" or "gemv" (launch::MoeGemmPath); aborts when the path cannot run these
+// tensors on this device. Returns the name of the path that ran. `phases` (benchmarks) picks the
+// launches that run (launch::MoeSwigluArgs::phases); anything but 7 leaves y incomplete.
 const char* moe_grouped_swiglu_on(const Exec& ex, const char* path, const Tensor& x,
                                   const Tensor& offsets, const Tensor& w_gate, const Tensor& w_up,
                                   const Tensor& w_down, const Tensor& y, const Tensor& gate_up,

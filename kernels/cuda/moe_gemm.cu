@@ -32,7 +32,10 @@
 //     multicast): B's L2-to-SM traffic halves, 48 -> 32 KiB per k tile and CTA.
 //   kWgmma128 (sm_90a, namespace wg): m64n128k16, 128 x 128 tiles of two warpgroups in a 3-stage
 //     cp.async ring, two blocks per SM. Launched as kSimt.
-// kAuto takes kWgmma on sm_90 (else kMma) for aligned bf16 weights, kSimt otherwise.
+//   kGemv (namespace gv): a warp per weight row, an expert's rows two at a time, f32 arithmetic:
+//     decode shapes, where the tiles above leave most SMs idle.
+// kAuto takes kGemv for aligned bf16 weights and at most kMoeGemvAutoRows rows outside
+// batch-invariant mode, else kWgmma on sm_90 (else kMma) for aligned bf16 weights, kSimt otherwise.
 //
 // Measured on an H200 (tests/gpu/moe_cuda_bench.cc, D = 2048, I = 768, 64 experts; the run's
 // cuBLAS bf16 GEMM at 8192^3: 787 TFLOP/s): kWgmma 486 / 508 / 526 TFLOP/s for the whole op at
@@ -79,6 +82,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "kernels/cuda/bf16_io.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe_launch.h"
 
@@ -930,6 +934,101 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace ws
 
+// ---- kGemv: decode shapes (namespace gv)
+// --------------------------------------------------------- A few rows per expert (a decode step: T
+// tokens x top-K slots, at most T rows per expert): the tiled paths' tiles follow the experts'
+// rows, so there they leave most SMs idle. At one token of the 48B-shaped model (top-8 of 256
+// experts, D 2304, I 1024) the TMA kernel has 32 gate/up tiles of 128 x 256 and 72 down tiles for
+// 132 SMs: 41 and 25 us a layer under ncu, 1.8 and 1.5 TB/s on the expert weights
+// (bench/results/gpu-h200.md). Here a warp per weight row (a column of I for gate/up, W_gate's and
+// W_up's rows read side by side; a column of D for down) takes an expert's rows BM at a time (row
+// tiles of find_tile, over the offsets staged in shared memory once per block), so the grid spreads
+// over the experts' weight rows, each weight byte is read once per row tile, and 16-byte streaming
+// loads, four per lane in flight, keep the bytes moving. Arithmetic in f32 (bf16 weights and x
+// widened), h kept f32: the SIMT path's numbers but for the summation order. Each output element is
+// one warp's dot product in a fixed order (lane-strided k, then warp_sum) of its row of x (or h)
+// and the expert's weights only: the same bits alone and in any batch on this path; kAuto takes it
+// by the row count, so batch-invariant mode never does.
+namespace gv {
+constexpr int kWarps = 8;          // weight rows per block
+constexpr int BM = 2;              // an expert's rows per tile (decode: mostly 1)
+constexpr int kMaxExperts = 4096;  // offsets staged in shared memory (16 KiB)
+
+template <bool kDual, typename AT>
+__global__ void __launch_bounds__(kWarps * 32) kernel(GemmParams p) {
+  __shared__ int32_t off[kMaxExperts + 1];
+  for (int e = threadIdx.x; e <= p.E; e += blockDim.x) off[e] = p.off[e];
+  __syncthreads();
+  const Tile t = find_tile(off, p.E, p.R, static_cast<int>(blockIdx.y), BM);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int col = static_cast<int>(blockIdx.x) * kWarps + warp;
+  if (t.e < 0 || col >= p.N) return;  // uniform across the warp
+  const int rows = min(BM, t.row_end - t.row0);
+  const int64_t wofs = (static_cast<int64_t>(t.e) * p.N + col) * p.K;
+  const bf16* w0 = static_cast<const bf16*>(p.b0) + wofs;
+  const bf16* w1 = kDual ? static_cast<const bf16*>(p.b1) + wofs : nullptr;
+  const AT* a = static_cast<const AT*>(p.a) + static_cast<int64_t>(t.row0) * p.K;
+  float g[BM], u[BM];
+#pragma unroll
+  for (int r = 0; r < BM; ++r) g[r] = u[r] = 0.0f;
+#pragma unroll 4
+  for (int k = lane * 8; k < p.K; k += 32 * 8) {
+    float wg[8], wu[8];
+    {
+      const uint4 q = __ldcs(reinterpret_cast<const uint4*>(w0 + k));
+      dev::ld_vec(reinterpret_cast<const bf16*>(&q), wg);
+    }
+    if constexpr (kDual) {
+      const uint4 q = __ldcs(reinterpret_cast<const uint4*>(w1 + k));
+      dev::ld_vec(reinterpret_cast<const bf16*>(&q), wu);
+    }
+#pragma unroll
+    for (int r = 0; r < BM; ++r) {
+      if (r < rows) {
+        float xf[8];
+        dev::ld_vec(a + static_cast<int64_t>(r) * p.K + k, xf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          g[r] = fmaf(wg[e], xf[e], g[r]);
+          if constexpr (kDual) u[r] = fmaf(wu[e], xf[e], u[r]);
+        }
+      }
+    }
+  }
+  float mine_g[1] = {0.0f}, mine_u[1] = {0.0f};  // lane r keeps row r's sums
+#pragma unroll
+  for (int r = 0; r < BM; ++r) {
+    const float sg = dev::warp_sum(g[r]);
+    const float su = kDual ? dev::warp_sum(u[r]) : 0.0f;
+    if (lane == r) mine_g[0] = sg, mine_u[0] = su;
+  }
+  if (lane < rows) store_out<kDual, 1, float>(p, t.row0 + lane, col, mine_g, mine_u);
+}
+
+void run(cudaStream_t stream, const launch::MoeSwigluArgs& a, GemmParams up, GemmParams down) {
+  // Row tiles that can hold rows: at most R (each has one), at most ceil(R / BM) + E.
+  const int64_t slots = std::min<int64_t>(a.R, row_slots(a.R, a.E, BM));
+  LOOM_CHECK_GRID(slots);
+  const auto launch = [&](auto kernel, const GemmParams& p) {
+    const int64_t cols = (p.N + kWarps - 1) / kWarps;
+    if (cols == 0) return;
+    LOOM_CHECK_GRID(cols);
+    kernel<<<dim3(static_cast<unsigned>(cols), static_cast<unsigned>(slots)), kWarps * 32, 0,
+             stream>>>(p);
+    LOOM_CUDA_CHECK_LAUNCH();
+  };
+  if (a.phases & 2) {
+    if (a.x_bf16) {
+      launch(kernel<true, bf16>, up);
+    } else {
+      launch(kernel<true, float>, up);
+    }
+  }
+  if (a.phases & 4) launch(kernel<false, float>, down);
+}
+
+}  // namespace gv
+
 // ---- host side ---------------------------------------------------------------------------------
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -1103,6 +1202,8 @@ const char* moe_gemm_path_name(MoeGemmPath path) {
       return "wgmma";
     case MoeGemmPath::kWgmma128:
       return "wgmma128";
+    case MoeGemmPath::kGemv:
+      return "gemv";
   }
   return "?";
 }
@@ -1110,15 +1211,21 @@ const char* moe_gemm_path_name(MoeGemmPath path) {
 MoeSwigluPlan moe_swiglu_plan(const MoeSwigluArgs& a, MoeGemmPath path) {
   const bool tc = tensor_core_shape(a);
   const bool wgmma = tc && device_has_wgmma();
+  const bool gemv = tc && a.E <= gv::kMaxExperts && a.R < 65536;
   if (path == MoeGemmPath::kAuto) {
-    path = !tc ? MoeGemmPath::kSimt : wgmma ? MoeGemmPath::kWgmma : MoeGemmPath::kMma;
+    path = !tc                                                             ? MoeGemmPath::kSimt
+           : gemv && !a.batch_invariant && a.R <= launch::kMoeGemvAutoRows ? MoeGemmPath::kGemv
+           : wgmma                                                         ? MoeGemmPath::kWgmma
+                                                                           : MoeGemmPath::kMma;
   }
   MoeSwigluPlan plan;
   plan.path = path;
-  plan.ok = path == MoeGemmPath::kSimt || (path == MoeGemmPath::kMma && tc) || wgmma;
-  // h, then (tensor cores, f32 x) x's bf16 copy.
+  plan.ok = path == MoeGemmPath::kSimt || (path == MoeGemmPath::kMma && tc) ||
+            (path == MoeGemmPath::kGemv && gemv) ||
+            ((path == MoeGemmPath::kWgmma || path == MoeGemmPath::kWgmma128) && wgmma);
+  // h (f32 on the SIMT and GEMV paths), then (tensor cores, f32 x) x's bf16 copy.
   const size_t rows = static_cast<size_t>(a.R);
-  plan.scratch_bytes = path == MoeGemmPath::kSimt
+  plan.scratch_bytes = path == MoeGemmPath::kSimt || path == MoeGemmPath::kGemv
                            ? align256(rows * a.I * sizeof(float))
                            : align256(rows * a.I * sizeof(bf16)) +
                                  (a.x_bf16 ? 0 : align256(rows * a.D * sizeof(bf16)));
@@ -1147,6 +1254,13 @@ void moe_grouped_swiglu(cudaStream_t stream, const MoeSwigluArgs& a, const MoeSw
   down.y = a.y;
   down.y_bf16 = a.y_bf16;
 
+  if (plan.path == MoeGemmPath::kGemv) {
+    up.a = a.x;
+    up.h = scratch;
+    down.a = scratch;
+    gv::run(stream, a, up, down);
+    return;
+  }
   if (plan.path == MoeGemmPath::kSimt) {
     up.a = a.x;
     up.h = scratch;

@@ -47,7 +47,11 @@ enum class MoeGemmPath : int {
   kMma = 2,       // bf16 mma.sync m16n8k16 (bf16 weights, D and I multiples of 8, 16-byte aligned)
   kWgmma = 3,     // bf16 wgmma (as kMma, on sm_90a devices): TMA, 128 x 256 tiles, persistent
   kWgmma128 = 4,  // bf16 wgmma with cp.async, 128 x 128 tiles, two blocks per SM
+  kGemv = 5,      // warp per weight row, f32 arithmetic (as kMma, <= 4096 experts): decode shapes
 };
+// Up to this many rows (slots) kAuto takes kGemv outside batch-invariant mode: a decode step of
+// up to 8 tokens at top-8. Past it the tensor-core tiles fill the GPU.
+inline constexpr int64_t kMoeGemvAutoRows = 64;
 const char* moe_gemm_path_name(MoeGemmPath path);
 
 struct MoeSwigluArgs {
@@ -60,6 +64,8 @@ struct MoeSwigluArgs {
   float* gate_up = nullptr;          // [2, R, I] f32 or null
   int64_t R = 0, D = 0, I = 0, E = 0;
   bool bf16 = false;  // weight dtype
+  // Batch-invariant mode (Exec::batch_invariant): kAuto never picks a path by the row count.
+  bool batch_invariant = false;
   bool x_bf16 = false, y_bf16 = false;
   // Benchmarks: which launches run (bit 0: f32 x to bf16 on the tensor-core paths, bit 1:
   // gate/up, bit 2: down); each reads what the earlier ones left in the scratch.

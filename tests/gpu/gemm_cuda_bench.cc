@@ -171,6 +171,32 @@ void bench_shape(int64_t N, int64_t K) {
 }
 
 }  // namespace
+// The decode GEMVs of the 48B-shaped model at batch 1 (bf16 x and out, as the engine runs them):
+// KDA q/k/v fused (12288 x 2304), output projections (2304 x 4096), the shared expert's halves
+// (1024 x 2304), its down (2304 x 1024), the KDA gates' low-rank halves (128 x 2304). Weights
+// rotate through copies larger than L2 so that every call reads HBM.
+void bench_gemv_decode() {
+  struct S {
+    int64_t N, K;
+  };
+  for (const S s : {S{12288, 2304}, S{2304, 4096}, S{1024, 2304}, S{2304, 1024}, S{128, 2304}}) {
+    const int copies = static_cast<int>(std::max<int64_t>(2, 200'000'000 / (s.N * s.K * 2)));
+    std::vector<Tensor> ws;
+    for (int i = 0; i < copies; ++i) ws.push_back(random_device({s.N, s.K}, DType::kBF16));
+    const Tensor x = random_device({1, s.K}, DType::kBF16);
+    const Tensor out = Tensor::empty({1, s.N}, DType::kBF16, Device::kCuda);
+    int i = 0;
+    const double ms = time_ms(
+        [&] {
+          cuda::linear_forward_bf16(gpu(), x, ws[static_cast<size_t>(i++ % copies)], out, 0.0f,
+                                    cuda::Bf16Gemm::kGemv);
+        },
+        200);
+    report("gemv_decode_bf16x_M1_N" + std::to_string(s.N) + "_K" + std::to_string(s.K), 1, s.N, s.K,
+           2, ms, false);
+  }
+}
+
 }  // namespace loom
 
 int main() {
@@ -182,5 +208,6 @@ int main() {
   loom::bench_ceilings();
   loom::bench_shape(4096, 4096);
   loom::bench_shape(2048, 7168);
+  loom::bench_gemv_decode();
   return 0;
 }

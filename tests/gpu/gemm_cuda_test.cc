@@ -263,6 +263,46 @@ TEST_F(GemmCuda, Bf16WeightsF32Activations) {
   }
 }
 
+// The GEMV's split of k (1, 2, 4 or 8 warps per weight row, chosen from n and k): every split,
+// with and without 16-byte loads, bf16 and f32 x, against the twin; and a row's bits the same
+// whether the call has 1 or 8 rows (the split never depends on the row count).
+TEST_F(GemmCuda, Bf16GemvSplits) {
+  // (n, k): split 1 (vec), 2 (vec), 4 (vec), 8 (vec), 8 (k % 8 != 0), 2 (k % 8 != 0), tiny n.
+  constexpr Shape2 kGemvShapes[] = {{9000, 520}, {3000, 1000}, {1500, 2048}, {130, 4096},
+                                    {37, 4100},  {1001, 1001}, {5, 2307}};
+  for (const Shape2 s : kGemvShapes) {
+    const Tensor w = to_bf16(randn({s.N, s.K}));
+    const Tensor wd = dev(w);
+    for (const bool bf16_x : {false, true}) {
+      const Tensor x8 = bf16_x ? to_bf16(randn({8, s.K})) : randn({8, s.K});
+      const Tensor x8f = bf16_x ? x8.to_f32() : x8;
+      const Tensor out0 = rounded(randn({8, s.N}));
+      for (int64_t M : {1, 3, 8}) {
+        for (float beta : {0.0f, 1.0f}) {
+          const Tensor xm = x8.slice(0, 0, M).clone();
+          const Tensor om = out0.slice(0, 0, M).clone();
+          const Reference ref = cpu_reference(x8f.slice(0, 0, M).clone(), w, om, beta);
+          Tensor od = device_out(om, beta, DType::kF32);
+          cuda::linear_forward_bf16(gpu(), dev(xm), wd, od, beta, cuda::Bf16Gemm::kGemv);
+          report(case_name(bf16_x ? "gemv_split_bf16x" : "gemv_split_f32x", M, s.N, s.K, beta),
+                 cond_err(od, ref), twin::kGemmTol);
+        }
+      }
+      // Row 0 alone vs row 0 of the 8-row call: the same bits.
+      Tensor one = device_out(out0.slice(0, 0, 1).clone(), 0.0f, DType::kF32);
+      Tensor eight = device_out(out0, 0.0f, DType::kF32);
+      cuda::linear_forward_bf16(gpu(), dev(x8.slice(0, 0, 1).clone()), wd, one, 0.0f,
+                                cuda::Bf16Gemm::kGemv);
+      cuda::linear_forward_bf16(gpu(), dev(x8), wd, eight, 0.0f, cuda::Bf16Gemm::kGemv);
+      const Tensor h1 = host(one), h8 = host(eight);
+      const bool same = std::memcmp(h1.raw(), h8.raw(), h1.nbytes()) == 0;
+      report(case_name(bf16_x ? "gemv_split_rows_same_bits_bf16x" : "gemv_split_rows_same_bits", 1,
+                       s.N, s.K, 0.0f),
+             same ? 0.0 : 1.0, 0.0);
+    }
+  }
+}
+
 // bf16 x (bf16 activations), f32 or bf16 out: nothing is rounded on the way in, so every kernel
 // is measured against the twin fed the same bf16 values.
 TEST_F(GemmCuda, Bf16Activations) {

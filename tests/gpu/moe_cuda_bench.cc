@@ -202,10 +202,12 @@ void bench_swiglu(int64_t rows, const char* path, bool f32_weights = false, bool
                 g_cublas_tfs, down);
 }
 
-// Decode: T tokens of K = 8 routed over 64 experts (T * 8 rows): the weights of every touched
-// expert are read once; reported as weight bytes per second.
-void bench_swiglu_decode(int64_t T, bool bf16_act) {
-  const int64_t E = 64, D = 2048, I = 768, K = 8, R = T * K;
+// Decode: T tokens of K = 8 routed over E experts (T * 8 rows): the weights of every touched
+// expert are read once; reported as weight bytes per second. `path` as moe_grouped_swiglu_on
+// ("auto": the public dispatch, kGemv at these row counts outside batch-invariant mode).
+void bench_swiglu_decode(int64_t T, bool bf16_act, const char* path = "auto", int64_t E = 64,
+                         int64_t D = 2048, int64_t I = 768) {
+  const int64_t K = 8, R = T * K;
   const Tensor wg = random_device({E, I, D}, 0.02f, DType::kBF16);
   const Tensor wu = random_device({E, I, D}, 0.02f, DType::kBF16);
   const Tensor wd = random_device({E, D, I}, 0.02f, DType::kBF16);
@@ -218,11 +220,23 @@ void bench_swiglu_decode(int64_t T, bool bf16_act) {
   for (int64_t e = 0; e <= E; ++e) off[e] = static_cast<int32_t>(e * R / E);
   for (int64_t e = 0; e < E; ++e) touched += off[e + 1] > off[e];
   const Tensor offd = device_i32(off, {E + 1});
-  const double ms =
-      median_ms([&](int) { moe_grouped_swiglu(gpu(), x, offd, wg, wu, wd, y); }, 50, 3);
+  std::string ran = path;
+  const double ms = median_ms(
+      [&](int) {
+        if (std::string(path) == "auto") {
+          moe_grouped_swiglu(gpu(), x, offd, wg, wu, wd, y);
+        } else {
+          ran = cuda::moe_grouped_swiglu_on(gpu(), path, x, offd, wg, wu, wd, y, Tensor());
+        }
+      },
+      50, 3);
   const double bytes = 3.0 * touched * I * D * 2;
+  const std::string shape = E == 64 && D == 2048 && I == 768
+                                ? "_E64"
+                                : "_E" + std::to_string(E) + "_D" + std::to_string(D) + "_I" +
+                                      std::to_string(I) + "_" + ran;
   emit_gpubench(("moe_swiglu_decode" + std::string(bf16_act ? "_bf16act" : "") + "_T" +
-                 std::to_string(T) + "_K8_E64_weight_bytes")
+                 std::to_string(T) + "_K8" + shape + "_weight_bytes")
                     .c_str(),
                 bytes / (ms * 1e6), "GB/s", g_copy_gbs, ms);
 }
@@ -323,6 +337,11 @@ int main(int argc, char** argv) {
   for (int64_t T : {1, 8, 64}) {
     bench_swiglu_decode(T, false);
     bench_swiglu_decode(T, true);
+  }
+  // The 48B-shaped model's experts (256 of D 2304, I 1024), bf16 activations, as a decode step
+  // of 1, 4 and 8 tokens routes them: the decode path against the tiled TMA kernel.
+  for (int64_t T : {1, 4, 8}) {
+    for (const char* path : {"gemv", "wgmma"}) bench_swiglu_decode(T, true, path, 256, 2304, 1024);
   }
   bench_route(16384, 64, 8, 1, 1);
   bench_route(16384, 256, 8, 8, 4);

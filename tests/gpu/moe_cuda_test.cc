@@ -362,7 +362,8 @@ void run_swiglu_case(const SwigluCase& c) {
   } else {
     ran = cuda::moe_grouped_swiglu_on(gpu(), c.path, xd, offd, wg, wu, wd, y_d, gu_d);
   }
-  const bool tc = c.bf16 && ran != "simt";  // bf16 operands on the tensor cores
+  // bf16 operands on the tensor cores (the SIMT and GEMV paths compute in f32)
+  const bool tc = c.bf16 && ran != "simt" && ran != "gemv";
   const std::string tag =
       c.name + "_" + ran + (c.gate_up ? "_gate_up" : "") +
       (c.x_bf16 || c.y_bf16 ? std::string("_x") + act_name(c.x_bf16) + "_y" + act_name(c.y_bf16)
@@ -411,7 +412,7 @@ bool device_is_sm90() {
 TEST_F(MoeCuda, GroupedSwiglu) {
   // Experts with no rows, one row, tile-sized and multi-tile row counts.
   const std::vector<int32_t> awkward = {0, 1, 129, 300, 0, 5, 128};
-  std::vector<const char*> tc_paths = {"mma"};
+  std::vector<const char*> tc_paths = {"mma", "gemv"};
   if (device_is_sm90()) tc_paths.insert(tc_paths.end(), {"wgmma", "wgmma128"});
   std::vector<SwigluCase> cases;
   for (bool gu : {false, true}) {
@@ -440,10 +441,13 @@ TEST_F(MoeCuda, GroupedSwiglu) {
     // Decode-like: a few single rows among many empty experts.
     cases.push_back({"bf16_D512_I256_E64_decode", 512, 256, random_counts(64, 1, 0.9), true, "auto",
                      false, act, act});
+    // A decode step of 3 tokens at top-8 over 200 experts (rows 0-3 each), gate_up kept.
+    cases.push_back({"bf16_D264_I136_E200_decode", 264, 136, random_counts(200, 3, 0.9), true,
+                     "auto", true, act, act});
   }
   // Larger, Kimi-like proportions (D = 2 I) with row counts around a few tiles.
   const std::vector<int32_t> big = random_counts(8, 600, 0.1);
-  for (const char* path : {"simt", "mma", "wgmma", "wgmma128"}) {
+  for (const char* path : {"simt", "mma", "wgmma", "wgmma128", "gemv"}) {
     if (std::string(path).rfind("wgmma", 0) == 0 && !device_is_sm90()) continue;
     for (bool act : {false, true}) {
       cases.push_back({"bf16_D1024_I512_E8", 1024, 512, big, true, path, false, act, act});
@@ -532,6 +536,7 @@ TEST_F(MoeCuda, BatchInvariance) {
   std::vector<Cfg> cfgs = {{"simt", 72, 40, false},      {"simt", 70, 36, true},
                            {"mma", 256, 136, true},      {"simt", 72, 40, false, true},
                            {"simt", 70, 36, true, true}, {"mma", 256, 136, true, true}};
+  for (bool act : {false, true}) cfgs.push_back({"gemv", 256, 136, true, act});
   if (device_is_sm90()) {
     for (bool act : {false, true}) {
       cfgs.push_back({"wgmma", 256, 136, true, act});
