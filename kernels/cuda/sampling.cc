@@ -16,11 +16,12 @@ using launch::SampleSortPath;
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 SampleSortPath parse_path(const char* name) {
-  for (SampleSortPath p :
-       {SampleSortPath::kAuto, SampleSortPath::kSegmented, SampleSortPath::kPerRow}) {
+  for (SampleSortPath p : {SampleSortPath::kAuto, SampleSortPath::kSegmented,
+                           SampleSortPath::kPerRow, SampleSortPath::kSelect}) {
     if (std::strcmp(name, launch::sample_sort_path_name(p)) == 0) return p;
   }
-  LOOM_CHECK(false, "sample_logits: unknown sort path \"%s\" (auto, segmented, per_row)", name);
+  LOOM_CHECK(false, "sample_logits: unknown sort path \"%s\" (auto, select, segmented, per_row)",
+             name);
   return SampleSortPath::kAuto;
 }
 

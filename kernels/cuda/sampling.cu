@@ -12,7 +12,8 @@
 //      presence/frequency penalty, min_tokens mask, as the CPU applies them (each operation
 //      rounded on its own: no fused multiply-add), in place; the raw value is kept for step 5.
 //   3. greedy rows: the same two kernels with n = 1 (an argmax, ties to the lower id): no sort.
-//   4. sampled rows, kSampleSortGroup at a time: the row's (processed logit, id) pairs sorted by
+//   4. sampled rows, kSampleSortGroup at a time. The full sort (paths segmented and per_row, and
+//      the select path's fallback): the row's (processed logit, id) pairs sorted by
 //      CUB's radix sort, descending and stable, so equal logits keep ascending ids (the CPU's
 //      comparator; CUB also treats -0 and +0 as equal, as the comparison does). Then over the
 //      top-k prefix, in blocks of 2048 sorted entries: samp_z sums e_i = exp((l_i - max) / T) in
@@ -28,15 +29,17 @@
 //
 // Why a sort for sampled rows: the CPU's pick walks the candidates in sorted order, so the same
 // token needs the same order at least up to the top-p cut and the pick. Sorting everything is the
-// simple way to get it; at V = 163840 on an H200 it costs ~120 us for one row (CUB's radix sort
-// over the whole GPU) and ~1.4 ms for 64 rows (segmented, one block a row), against ~28 us and
-// ~55 us for greedy rows (tests/gpu/sampling_cuda_bench.cc). Sorting only the top few thousand
-// entries (a radix select for the threshold), with z and the tail mass summed unsorted and a full
-// sort only for a row whose cut or pick falls past them, would remove most of that.
+// simple way to get it, but at V = 163840 on an H200 it costs ~120 us for one row (CUB's radix
+// sort over the whole GPU) and ~1.4 ms for 64 rows (segmented, one block a row), against ~28 us
+// and ~55 us for greedy rows. The select path (the default; section "4 (select path)" below)
+// sorts only each row's top few thousand entries, found by a radix select, sums z and the tail
+// mass unsorted, and sorts a whole row only when its cut or pick falls past those
+// (tests/gpu/sampling_cuda_bench.cc measures every path; bench/results/gpu-h200.md).
 #include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cub/cub.cuh>
+#include <vector>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/sampling_launch.h"
@@ -61,9 +64,9 @@ constexpr int kScanItems = 8;  // consecutive sorted entries per thread
 constexpr int kScanChunk = kScanThreads * kScanItems;
 constexpr int kMaxScanChunks = static_cast<int>(launch::kSampleMaxVocab / kScanChunk);
 
-// Up to this many sampled rows are sorted one by one (each sort spreads over the GPU: ~70 us a
-// row at V = 163840 on an H200); more by one segmented sort (one block per row: ~1 ms for 1 to
-// 64 rows). tests/gpu/sampling_cuda_bench.cc measures both.
+// The full sort by CUB's per-row radix sort (each over the whole GPU: ~90 us a row at V = 163840
+// on an H200) up to this many rows, the segmented one (one block per row: ~1 ms for 1 to 64
+// rows) past it: the choice of path "auto" before the select path, and now of its fallback.
 constexpr int kPerRowSortMaxRows = 12;
 
 __host__ __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -264,8 +267,10 @@ __global__ void apply_edits(float* logits, int64_t V, const SampleEdit* __restri
 // Sort inputs of group row j (sampled[j]): its processed logits, packed, and ids 0..V-1.
 __global__ void prepare_sort(const float* __restrict__ logits, int64_t V,
                              const SampleRow* __restrict__ rows,
-                             const int32_t* __restrict__ sampled, float* keys, int32_t* ids) {
+                             const int32_t* __restrict__ sampled, const int* __restrict__ only,
+                             float* keys, int32_t* ids) {
   const int j = blockIdx.y;
+  if (only && !only[j]) return;  // a row the select path finished: its segment is empty
   const float* src = logits + static_cast<int64_t>(rows[sampled[j]].row) * V;
   const int64_t base = static_cast<int64_t>(j) * V;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < V;
@@ -372,20 +377,29 @@ __device__ __forceinline__ int64_t chunk_find(const RowView& v, int64_t keep, do
   return f == ULLONG_MAX ? -1 : static_cast<int64_t>(f);
 }
 
+// Sum of e_i over sorted chunk c, entries below `keep`: thread t adds entries lo + t, lo + t +
+// blockDim.x, ..., then a fixed tree (the select path calls it too, so both get the same z).
+// Contains __syncthreads.
+__device__ __forceinline__ double chunk_z(const RowView& v, int64_t keep, int c, double* red) {
+  const int64_t lo = static_cast<int64_t>(c) * kScanChunk;
+  double s = 0.0;
+  if (lo < keep) {
+    const int64_t hi = min64(lo + kScanChunk, keep);
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) s += weight(v, i);
+  }
+  return block_sum_d(s, red);
+}
+
 // Block (c, j): zpart[j * nchunks + c] = sum of e_i over chunk c of the kept prefix.
 __global__ void __launch_bounds__(kScanThreads)
     samp_z(int64_t V, const SampleRow* __restrict__ rows, const int32_t* __restrict__ sampled,
-           const float* __restrict__ keys_sorted, int nchunks, double* zpart) {
+           const float* __restrict__ keys_sorted, int nchunks, const int* __restrict__ only,
+           double* zpart) {
   __shared__ double red[32];
   const int j = blockIdx.y, c = blockIdx.x;
+  if (only && !only[j]) return;
   const RowView v = row_view(rows[sampled[j]], keys_sorted, j, V);
-  const int64_t lo = static_cast<int64_t>(c) * kScanChunk;
-  double s = 0.0;
-  if (lo < v.keep) {
-    const int64_t hi = min64(lo + kScanChunk, v.keep);
-    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) s += weight(v, i);
-  }
-  s = block_sum_d(s, red);
+  const double s = chunk_z(v, v.keep, c, red);
   if (threadIdx.x == 0) zpart[static_cast<int64_t>(j) * nchunks + c] = s;
 }
 
@@ -394,12 +408,13 @@ __global__ void __launch_bounds__(kScanThreads)
 __global__ void __launch_bounds__(kScanThreads)
     samp_scan(int64_t V, const SampleRow* __restrict__ rows, const int32_t* __restrict__ sampled,
               const float* __restrict__ keys_sorted, int nchunks, const double* __restrict__ zpart,
-              double* ppart, int* cnt) {
+              const int* __restrict__ only, double* ppart, int* cnt) {
   __shared__ double parts[kMaxScanChunks];
   __shared__ typename BlockScanD::TempStorage tmp;
   __shared__ double last_s;
   __shared__ int red[32];
   const int j = blockIdx.y, c = blockIdx.x;
+  if (only && !only[j]) return;
   const SampleRow rp = rows[sampled[j]];
   const RowView v = row_view(rp, keys_sorted, j, V);
   const int64_t part = static_cast<int64_t>(j) * nchunks + c;
@@ -434,13 +449,14 @@ __global__ void __launch_bounds__(kScanThreads)
     samp_pick(int64_t V, const SampleRow* __restrict__ rows, const int32_t* __restrict__ sampled,
               const float* __restrict__ keys_sorted, const int32_t* __restrict__ ids_sorted,
               int nchunks, const double* __restrict__ zpart, const double* __restrict__ ppart,
-              const int* __restrict__ cnt, SampleOut* out) {
+              const int* __restrict__ cnt, const int* __restrict__ only, SampleOut* out) {
   __shared__ double parts[kMaxScanChunks];
   __shared__ double prefix[kMaxScanChunks + 1];  // prefix[c]: sum of the chunk totals before c
   __shared__ typename BlockScanD::TempStorage tmp;
   __shared__ double last_s, cum_s;
   __shared__ int count_s;
   const int j = blockIdx.x;
+  if (only && !only[j]) return;
   const int ri = sampled[j];
   const SampleRow rp = rows[ri];
   const RowView v = row_view(rp, keys_sorted, j, V);
@@ -493,7 +509,397 @@ __global__ void __launch_bounds__(kScanThreads)
   while (c < cl && !(target < prefix[c + 1])) ++c;
   pick = chunk_find(v, v.keep, z, c, prefix[c], target, true, keep, tmp, &last_s, nullptr, -1);
   if (pick < 0) pick = keep - 1;
-  if (threadIdx.x == 0) out[ri].token = ids_sorted[static_cast<int64_t>(j) * V + pick];
+  if (threadIdx.x == 0) {
+    out[ri].token = ids_sorted[static_cast<int64_t>(j) * V + pick];
+    out[ri].sorted_all = 1;
+  }
+}
+
+// ---- 4 (select path): sampled rows without the full sort ---------------------------------------
+//
+// A row's candidates are its `target` first entries in the sorted order (target = the top-k when
+// top_k <= kSelMax, else kSelTarget), found by a radix select on the logits' order-preserving bits
+// (three histogram passes of 11, 11 and 10 bits: the exact 32-bit threshold t and how many of the
+// entries equal to t are needed), then collected (every entry above t, and every entry equal to t
+// when that makes at most kSelMax) and sorted in one block by the composite key (bits, then the
+// inverted id), so that ties come out by ascending id, as the CPU orders them. The collected set
+// is always a prefix of the CPU's sorted order. The pick block then runs the full-sort path's
+// arithmetic over that prefix (the same chunk_z, chunk_scan and chunk_find code):
+//   - a top-k row whose kept prefix was collected whole ("complete") gets the full-sort path's
+//     z, cuts and pick bit for bit;
+//   - a row without top-k sums z over all V entries unsorted (sel_collect, one fixed tree per
+//     block, the blocks' sums in order), which differs from the sorted sum in the last bits only
+//     (the CPU's sequential sum differs from both by as much); the entries that were not collected
+//     add their mass unsorted to the kept total when neither top-p nor min-p cuts.
+// A row whose top-p or min-p cut, or whose pick, falls past its candidates (and every row with
+// kSelMax < top_k < V, and every row whose tie at t would overflow kSelMax with nothing above it)
+// is flagged; the full-sort path then runs for the flagged rows only: the host downloads the
+// flags (one wait per group), launches nothing more when none is set, CUB's per-row sorts for up
+// to kPerRowSortMaxRows flagged rows, and the segmented sort (empty segments for the rows
+// already finished) for more.
+
+constexpr int kSelThreads = kScanThreads;  // the pick block runs the scan code
+constexpr int kSelItems = 16;
+constexpr int kSelMax = kSelThreads * kSelItems;  // candidates sorted at most
+constexpr int kSelSmallItems = 4;                 // a smaller sort when few were collected
+constexpr int kSelTarget = 3072;  // candidates wanted (the slack up to kSelMax takes ties at t)
+constexpr int kSelBins = 2048;    // 11-bit digits
+constexpr int kSelIdBits = 21;    // ids < kSampleMaxVocab = 2^21
+static_assert(launch::kSampleMaxVocab <= (int64_t{1} << kSelIdBits));
+constexpr int kSelMinSpan = 2048;       // entries per histogram block, at least
+constexpr int kSelBlocksWanted = 1024;  // histogram blocks per group, about
+
+__host__ __device__ constexpr int sel_shift(int level) {
+  return level == 0 ? 21 : level == 1 ? 10 : 0;
+}
+__host__ __device__ constexpr int sel_bins(int level) { return level == 2 ? 1024 : kSelBins; }
+
+// Per sampled row of a group, zeroed before the group.
+struct SelState {
+  unsigned hist[3][kSelBins];
+  unsigned max_bits;  // the row's largest order bits
+  unsigned count;     // candidates collected
+};
+
+// Order-preserving bits: a > b as floats iff bits(a) > bits(b); -0 and +0 get the same bits (the
+// CPU's comparison treats them as equal, and so does CUB's sort).
+__device__ __forceinline__ unsigned order_bits(float f) {
+  if (f == 0.0f) f = 0.0f;
+  const unsigned u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float from_order_bits(unsigned o) {
+  return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
+}
+
+struct SelRow {
+  int64_t keep;     // the top-k prefix (V when off)
+  unsigned target;  // candidates to select
+  bool eligible;    // false: kSelMax < top_k < V, the full sort from the start
+  bool sum_all;     // no top-k over a row longer than kSelMax: z over all V entries, unsorted
+};
+__device__ __forceinline__ SelRow sel_row(const SampleRow& rp, int64_t V) {
+  SelRow s;
+  s.keep = rp.top_k > 0 && rp.top_k < V ? rp.top_k : V;
+  s.eligible = s.keep <= kSelMax || s.keep == V;
+  s.target = static_cast<unsigned>(s.keep <= kSelMax ? s.keep : kSelTarget);
+  s.sum_all = s.keep == V && V > kSelMax;
+  return s;
+}
+
+using BlockScanU = cub::BlockScan<unsigned, kSelThreads>;
+
+// One radix-select step: in `hist` (nbins digits), the digit holding the need-th largest entry,
+// and how many of that digit's entries are still needed. Bins are walked from the top digit down;
+// thread t takes positions 8t..8t+7 of that walk. Every thread gets the results. Contains
+// __syncthreads.
+__device__ __forceinline__ void sel_descend(const unsigned* __restrict__ hist, int nbins,
+                                            unsigned need, unsigned& digit, unsigned& left,
+                                            typename BlockScanU::TempStorage& tmp,
+                                            unsigned* shared2) {
+  constexpr int kPer = kSelBins / kSelThreads;
+  unsigned c[kPer], s = 0;
+#pragma unroll
+  for (int q = 0; q < kPer; ++q) {
+    const int b = nbins - 1 - (static_cast<int>(threadIdx.x) * kPer + q);
+    c[q] = b >= 0 ? hist[b] : 0u;
+    s += c[q];
+  }
+  unsigned run;
+  BlockScanU(tmp).ExclusiveSum(s, run);
+#pragma unroll
+  for (int q = 0; q < kPer; ++q) {
+    if (run < need && need <= run + c[q]) {
+      shared2[0] = static_cast<unsigned>(nbins - 1 - (static_cast<int>(threadIdx.x) * kPer + q));
+      shared2[1] = need - run;
+    }
+    run += c[q];
+  }
+  __syncthreads();
+  digit = shared2[0];
+  left = shared2[1];
+  __syncthreads();
+}
+
+// The digits of levels [0, levels): prefix holds them at their bit positions; need is how many
+// entries of that prefix are still wanted. Contains __syncthreads.
+__device__ __forceinline__ void sel_resolve(const SelState& st, int levels, unsigned target,
+                                            unsigned& prefix, unsigned& need,
+                                            typename BlockScanU::TempStorage& tmp,
+                                            unsigned* shared2) {
+  prefix = 0;
+  need = target;
+  for (int q = 0; q < levels; ++q) {
+    unsigned d;
+    sel_descend(st.hist[q], sel_bins(q), need, d, need, tmp, shared2);
+    prefix |= d << sel_shift(q);
+  }
+}
+
+// Block (c, j): the level-L histogram of entries [c * span, (c + 1) * span) of group row j that
+// match the digits of the levels before; level 0 also takes the row's largest bits.
+template <int L>
+__global__ void __launch_bounds__(kSelThreads)
+    sel_hist(const float* __restrict__ logits, int64_t V, const SampleRow* __restrict__ rows,
+             const int32_t* __restrict__ sampled, int64_t span, SelState* st) {
+  __shared__ unsigned h[kSelBins];
+  __shared__ typename BlockScanU::TempStorage tmp;
+  __shared__ unsigned shared2[2], mx_s;
+  const int j = blockIdx.y, c = blockIdx.x;
+  const SampleRow rp = rows[sampled[j]];
+  const SelRow sr = sel_row(rp, V);
+  if (!sr.eligible) return;
+  for (int b = threadIdx.x; b < kSelBins; b += blockDim.x) h[b] = 0;
+  if (threadIdx.x == 0) mx_s = 0;
+  unsigned prefix = 0, need = 0;
+  sel_resolve(st[j], L, sr.target, prefix, need, tmp, shared2);  // syncs
+  __syncthreads();
+  const int64_t lo = static_cast<int64_t>(c) * span, hi = min64(V, lo + span);
+  const float* src = logits + static_cast<int64_t>(rp.row) * V;
+  unsigned mo = 0;
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    const unsigned o = order_bits(src[i]);
+    if constexpr (L == 0) {
+      mo = max(mo, o);
+      atomicAdd(&h[o >> sel_shift(0)], 1u);
+    } else {
+      if ((o >> sel_shift(L - 1)) == (prefix >> sel_shift(L - 1)))
+        atomicAdd(&h[(o >> sel_shift(L)) & (sel_bins(L) - 1)], 1u);
+    }
+  }
+  if constexpr (L == 0) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mo = max(mo, __shfl_xor_sync(kFull, mo, o));
+    if ((threadIdx.x & 31) == 0) atomicMax(&mx_s, mo);
+  }
+  __syncthreads();
+  for (int b = threadIdx.x; b < sel_bins(L); b += blockDim.x)
+    if (h[b] != 0) atomicAdd(&st[j].hist[L][b], h[b]);
+  if (L == 0 && threadIdx.x == 0) atomicMax(&st[j].max_bits, mx_s);
+}
+
+// Block (c, j): collects the candidates among entries [c * span, (c + 1) * span) of group row j
+// into cand[j * kSelMax + ...] as composite keys (order bits << 21 | inverted id); sum_all rows
+// also sum e_i over the block (zsel) and over its entries not collected (tail), one fixed tree.
+__global__ void __launch_bounds__(kSelThreads)
+    sel_collect(const float* __restrict__ logits, int64_t V, const SampleRow* __restrict__ rows,
+                const int32_t* __restrict__ sampled, int64_t span, int nblk, SelState* st,
+                unsigned long long* cand, double* zsel, double* tail) {
+  __shared__ typename BlockScanU::TempStorage tmp;
+  __shared__ unsigned shared2[2];
+  __shared__ double red[32];
+  const int j = blockIdx.y, c = blockIdx.x;
+  const SampleRow rp = rows[sampled[j]];
+  const SelRow sr = sel_row(rp, V);
+  if (!sr.eligible) return;
+  unsigned t = 0, need = 0;
+  sel_resolve(st[j], 3, sr.target, t, need, tmp, shared2);
+  const unsigned above = sr.target - need;
+  const bool ties = above + st[j].hist[2][t & (sel_bins(2) - 1)] <= kSelMax;
+  const int64_t lo = static_cast<int64_t>(c) * span, hi = min64(V, lo + span);
+  const float* src = logits + static_cast<int64_t>(rp.row) * V;
+  const double mx = static_cast<double>(from_order_bits(st[j].max_bits));
+  const double temp = static_cast<double>(rp.temperature);
+  unsigned long long* out = cand + static_cast<int64_t>(j) * kSelMax;
+  double z = 0.0, rest = 0.0;
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    const float l = src[i];
+    const unsigned o = order_bits(l);
+    const bool take = o > t || (ties && o == t);
+    if (take) {
+      const unsigned at = atomicAdd(&st[j].count, 1u);
+      out[at] =
+          (static_cast<unsigned long long>(o) << kSelIdBits) |
+          static_cast<unsigned long long>(((1u << kSelIdBits) - 1u) - static_cast<unsigned>(i));
+    }
+    if (sr.sum_all) {
+      const double e = exp(__ddiv_rn(static_cast<double>(l) - mx, temp));
+      z += e;
+      if (!take) rest += e;
+    }
+  }
+  if (!sr.sum_all) return;  // uniform over the block
+  z = block_sum_d(z, red);
+  rest = block_sum_d(rest, red);
+  if (threadIdx.x == 0) {
+    zsel[static_cast<int64_t>(j) * nblk + c] = z;
+    tail[static_cast<int64_t>(j) * nblk + c] = rest;
+  }
+}
+
+// Sorts n <= kThreads * kItems composite keys descending into vals/ids (entries >= n: padding).
+template <int kItems, typename Sort>
+__device__ __forceinline__ void sel_sort(const unsigned long long* __restrict__ keys, unsigned n,
+                                         typename Sort::TempStorage& tmp, float* vals,
+                                         int32_t* ids) {
+  unsigned long long k[kItems];
+#pragma unroll
+  for (int q = 0; q < kItems; ++q) {
+    const unsigned i = threadIdx.x * kItems + q;
+    k[q] = i < n ? keys[i] : 0ull;
+  }
+  Sort(tmp).SortDescending(k, 0, 32 + kSelIdBits);
+  __syncthreads();  // vals and ids share the sort's storage
+#pragma unroll
+  for (int q = 0; q < kItems; ++q) {
+    const int i = threadIdx.x * kItems + q;
+    vals[i] = from_order_bits(static_cast<unsigned>(k[q] >> kSelIdBits));
+    ids[i] = static_cast<int32_t>(((1u << kSelIdBits) - 1u) -
+                                  static_cast<unsigned>(k[q] & ((1ull << kSelIdBits) - 1ull)));
+  }
+  __syncthreads();
+}
+
+// Block j: sorts group row j's candidates and finishes the row as samp_z, samp_scan and samp_pick
+// would over the same prefix, or flags it for the full sort (full[j] = 1 and a non-empty segment
+// end; else full[j] = 0 and an empty segment).
+__global__ void __launch_bounds__(kSelThreads)
+    sel_pick(int64_t V, const SampleRow* __restrict__ rows, const int32_t* __restrict__ sampled,
+             int nblk, const SelState* __restrict__ st, const unsigned long long* __restrict__ cand,
+             const double* __restrict__ zsel, const double* __restrict__ tail, int* full,
+             int32_t* seg_end, SampleOut* out) {
+  using SortBig = cub::BlockRadixSort<unsigned long long, kSelThreads, kSelItems, cub::NullType, 6>;
+  using SortSmall =
+      cub::BlockRadixSort<unsigned long long, kSelThreads, kSelSmallItems, cub::NullType, 6>;
+  constexpr int kMaxChunks = kSelMax / kScanChunk;
+  __shared__ union {
+    typename SortBig::TempStorage big;
+    typename SortSmall::TempStorage small;
+    struct {
+      float vals[kSelMax];
+      int32_t ids[kSelMax];
+    } sorted;
+  } sm;
+  __shared__ typename BlockScanD::TempStorage tmp;
+  __shared__ double red[32];
+  __shared__ double parts[kMaxChunks], prefix[kMaxChunks + 1];
+  __shared__ double last_s, cum_s, z_s, tail_s;
+  __shared__ int count_s;
+  const int j = blockIdx.x;
+  const int ri = sampled[j];
+  const SampleRow rp = rows[ri];
+  const SelRow sr = sel_row(rp, V);
+  // Decided uniformly over the block; false until the row is finished here.
+  bool done = false;
+  const unsigned n = sr.eligible ? st[j].count : 0u;
+  const bool complete = sr.eligible && n >= sr.keep;
+  if (n > 0 && (complete || sr.sum_all)) {
+    if (n <= kSelThreads * kSelSmallItems)
+      sel_sort<kSelSmallItems, SortSmall>(cand + static_cast<int64_t>(j) * kSelMax, n, sm.small,
+                                          sm.sorted.vals, sm.sorted.ids);
+    else
+      sel_sort<kSelItems, SortBig>(cand + static_cast<int64_t>(j) * kSelMax, n, sm.big,
+                                   sm.sorted.vals, sm.sorted.ids);
+    RowView v;
+    v.keys = sm.sorted.vals;
+    v.keep = sr.keep;
+    v.mx = static_cast<double>(sm.sorted.vals[0]);
+    v.temp = static_cast<double>(rp.temperature);
+    // Entries scanned: the kept prefix when complete, else every candidate.
+    const int64_t scan_keep = complete ? sr.keep : static_cast<int64_t>(n);
+    const int kchunks = static_cast<int>(ceil_div(scan_keep, kScanChunk));
+    double z;
+    if (complete) {
+      // samp_z's sums over the same sorted entries, added in chunk order as ordered_sum does.
+      double s = 0.0;
+      for (int c = 0; c < kchunks; ++c) s += chunk_z(v, sr.keep, c, red);
+      z = s;
+    } else {
+      if (threadIdx.x == 0) {
+        double s = 0.0, r = 0.0;
+        for (int c = 0; c < nblk; ++c) {
+          s += zsel[static_cast<int64_t>(j) * nblk + c];
+          r += tail[static_cast<int64_t>(j) * nblk + c];
+        }
+        z_s = s;
+        tail_s = r;
+      }
+      __syncthreads();
+      z = z_s;
+    }
+    // samp_scan over the scanned chunks: their totals, and how many p_i reach the min-p threshold.
+    const double thr = rp.min_p > 0.0f ? __dmul_rn(static_cast<double>(rp.min_p), 1.0 / z) : 0.0;
+    if (threadIdx.x == 0) count_s = 0;
+    __syncthreads();
+    for (int c = 0; c < kchunks; ++c) {
+      double local[kScanItems];
+      int ge = 0;
+      const double total = chunk_scan(v, scan_keep, z, c, thr, local, &ge, tmp, &last_s);
+      if (threadIdx.x == 0) parts[c] = total;
+      if (ge) atomicAdd(&count_s, ge);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      double s = 0.0;
+      for (int c = 0; c < kchunks; ++c) {
+        prefix[c] = s;
+        s += parts[c];
+      }
+      prefix[kchunks] = s;
+    }
+    __syncthreads();
+    // samp_pick's cuts. keep: the kept prefix once known; open: a cut may fall past the
+    // candidates (only when not complete).
+    int64_t keep = complete ? sr.keep : V;
+    bool cut = complete;  // complete rows know every cut
+    bool open = false;
+    if (rp.top_p < 1.0f) {
+      const double target = static_cast<double>(rp.top_p);
+      int c = 0;
+      while (c < kchunks && !(prefix[c + 1] >= target)) ++c;
+      if (c < kchunks) {
+        const int64_t i = chunk_find(v, scan_keep, z, c, prefix[c], target, false, scan_keep, tmp,
+                                     &last_s, nullptr, -1);
+        if (i >= 0) {
+          keep = i + 1;
+          cut = true;
+        }
+      }
+      if (!cut) open = true;
+    }
+    if (rp.min_p > 0.0f) {
+      if (complete || count_s < static_cast<int>(n)) {
+        keep = max64(1, min64(keep, count_s));
+        cut = true;
+        open = false;  // the min-p cut is inside the candidates, below any open top-p cut
+      } else if (!cut) {
+        open = true;
+      }
+    }
+    if (!open) {
+      double total;
+      int cl;
+      if (cut) {  // the kept total: the cumulative sum at the last kept entry
+        cl = static_cast<int>((keep - 1) / kScanChunk);
+        chunk_find(v, scan_keep, z, cl, prefix[cl], 0.0, false, 0, tmp, &last_s, &cum_s, keep - 1);
+        __syncthreads();
+        total = cum_s;
+      } else {  // no cut over all V: the candidates' sum plus the rest's mass, unsorted
+        cl = kchunks - 1;
+        total = prefix[kchunks] + __ddiv_rn(tail_s, z);
+      }
+      const double target = __dmul_rn(rp.u, total);
+      if (cut || target < prefix[kchunks]) {
+        int c = 0;
+        while (c < cl && !(target < prefix[c + 1])) ++c;
+        const int64_t limit = cut ? keep : scan_keep;
+        int64_t pick = chunk_find(v, scan_keep, z, c, prefix[c], target, true, limit, tmp, &last_s,
+                                  nullptr, -1);
+        if (pick < 0 && cut) pick = keep - 1;
+        if (pick >= 0) {
+          done = true;
+          if (threadIdx.x == 0) {
+            out[ri].token = sm.sorted.ids[pick];
+            out[ri].sorted_all = 0;
+          }
+        }
+      }
+    }
+  }
+  if (threadIdx.x == 0) {
+    full[j] = done ? 0 : 1;
+    seg_end[j] = static_cast<int32_t>((done ? j : j + 1) * V);
+  }
 }
 
 // ---- 5: the chosen token's raw logprob ---------------------------------------------------------
@@ -523,14 +929,22 @@ __global__ void finish_logprobs(const float* __restrict__ logits, int64_t V,
 struct Layout {
   size_t raw = 0, logz = 0, cand = 0, pmax = 0, psum = 0;
   size_t keys_c = 0, keys_s = 0, ids_c = 0, ids_s = 0, zpart = 0, ppart = 0, cnt = 0, cub = 0;
+  // The select path's (kSelect only).
+  size_t sel_state = 0, sel_cand = 0, sel_z = 0, sel_tail = 0, sel_full = 0, sel_end = 0;
   size_t cub_bytes = 0, total = 0;
-  int top_chunks = 0, scan_chunks = 0, group = 0, top_stride = 0;
+  int top_chunks = 0, scan_chunks = 0, group = 0, top_stride = 0, sel_max_blocks = 0;
   SampleSortPath path = SampleSortPath::kAuto;
 };
 
-SampleSortPath resolve(const SampleArgs& a, SampleSortPath path) {
-  if (path != SampleSortPath::kAuto) return path;
-  return a.num_sampled <= kPerRowSortMaxRows ? SampleSortPath::kPerRow : SampleSortPath::kSegmented;
+SampleSortPath resolve(SampleSortPath path) {
+  return path == SampleSortPath::kAuto ? SampleSortPath::kSelect : path;
+}
+
+// Histogram blocks per sampled row of a group of gn rows: about kSelBlocksWanted over the group,
+// at least kSelMinSpan entries each.
+int sel_blocks(int64_t V, int gn) {
+  return static_cast<int>(
+      std::max<int64_t>(1, std::min(ceil_div(V, kSelMinSpan), ceil_div(kSelBlocksWanted, gn))));
 }
 
 size_t cub_temp_bytes(int64_t V, int group, SampleSortPath path) {
@@ -554,7 +968,7 @@ size_t cub_temp_bytes(int64_t V, int group, SampleSortPath path) {
 Layout layout(const SampleArgs& a, SampleSortPath path) {
   Layout l;
   const int64_t V = a.vocab;
-  l.path = resolve(a, path);
+  l.path = resolve(path);
   l.top_chunks = static_cast<int>(ceil_div(V, kTopChunk));
   l.scan_chunks = static_cast<int>(ceil_div(V, kScanChunk));
   l.group = std::min(a.num_sampled, launch::kSampleSortGroup);
@@ -579,7 +993,21 @@ Layout layout(const SampleArgs& a, SampleSortPath path) {
   l.zpart = take(sizeof(double) * l.group * l.scan_chunks);
   l.ppart = take(sizeof(double) * l.group * l.scan_chunks);
   l.cnt = take(sizeof(int) * l.group * l.scan_chunks);
-  l.cub_bytes = cub_temp_bytes(V, l.group, l.path);
+  if (l.path == SampleSortPath::kSelect && l.group > 0) {
+    l.sel_max_blocks = sel_blocks(V, 1);
+    l.sel_state = take(sizeof(SelState) * l.group);
+    l.sel_cand = take(sizeof(unsigned long long) * kSelMax * l.group);
+    l.sel_z = take(sizeof(double) * l.sel_max_blocks * l.group);
+    l.sel_tail = take(sizeof(double) * l.sel_max_blocks * l.group);
+    l.sel_full = take(sizeof(int) * l.group);
+    l.sel_end = take(sizeof(int32_t) * l.group);
+  }
+  // The select path's fallback is the segmented sort (over its flagged rows only).
+  // The select path's fallback takes either full sort (sample() picks by the flagged rows).
+  l.cub_bytes = l.path == SampleSortPath::kSelect
+                    ? std::max(cub_temp_bytes(V, l.group, SampleSortPath::kSegmented),
+                               cub_temp_bytes(V, l.group, SampleSortPath::kPerRow))
+                    : cub_temp_bytes(V, l.group, l.path);
   l.cub = take(l.cub_bytes);
   l.total = off;
   return l;
@@ -602,6 +1030,8 @@ const char* sample_sort_path_name(SampleSortPath path) {
       return "segmented";
     case SampleSortPath::kPerRow:
       return "per_row";
+    case SampleSortPath::kSelect:
+      return "select";
   }
   return "?";
 }
@@ -649,21 +1079,63 @@ void sample(cudaStream_t stream, const SampleArgs& a, SampleSortPath path, void*
   double* ppart = at<double>(scratch, l.ppart);
   int* cnt = at<int>(scratch, l.cnt);
   void* cub_tmp = at<void>(scratch, l.cub);
-  const bool segmented = l.path == SampleSortPath::kSegmented;
+  const bool select = l.path == SampleSortPath::kSelect;
+  std::vector<int> host_full;    // the select path's flags, downloaded
+  std::vector<int> sorted_rows;  // group rows the full sort takes
+  SelState* sel_state = at<SelState>(scratch, l.sel_state);
+  unsigned long long* sel_cand = at<unsigned long long>(scratch, l.sel_cand);
+  double* sel_z = at<double>(scratch, l.sel_z);
+  double* sel_tail = at<double>(scratch, l.sel_tail);
+  int* full = select ? at<int>(scratch, l.sel_full) : nullptr;  // nullptr: every row sorted
+  int32_t* sel_end = at<int32_t>(scratch, l.sel_end);
   for (int g0 = 0; g0 < a.num_sampled; g0 += l.group) {
     const int gn = std::min(l.group, a.num_sampled - g0);
     const int32_t* sampled = a.sampled + g0;
+    sorted_rows.clear();
+    if (select) {
+      const int nblk = sel_blocks(V, gn);
+      const int64_t span = ceil_div(V, nblk);
+      LOOM_CUDA_CHECK(cudaMemsetAsync(sel_state, 0, sizeof(SelState) * gn, stream));
+      const dim3 grid(nblk, gn);
+      sel_hist<0><<<grid, kSelThreads, 0, stream>>>(a.logits, V, a.rows, sampled, span, sel_state);
+      LOOM_CUDA_CHECK_LAUNCH();
+      sel_hist<1><<<grid, kSelThreads, 0, stream>>>(a.logits, V, a.rows, sampled, span, sel_state);
+      LOOM_CUDA_CHECK_LAUNCH();
+      sel_hist<2><<<grid, kSelThreads, 0, stream>>>(a.logits, V, a.rows, sampled, span, sel_state);
+      LOOM_CUDA_CHECK_LAUNCH();
+      sel_collect<<<grid, kSelThreads, 0, stream>>>(a.logits, V, a.rows, sampled, span, nblk,
+                                                    sel_state, sel_cand, sel_z, sel_tail);
+      LOOM_CUDA_CHECK_LAUNCH();
+      sel_pick<<<gn, kSelThreads, 0, stream>>>(V, a.rows, sampled, nblk, sel_state, sel_cand, sel_z,
+                                               sel_tail, full, sel_end, a.out);
+      LOOM_CUDA_CHECK_LAUNCH();
+      // Which rows need the full sort: one small download (a wait), so that a group where none
+      // does launches nothing more, and a few take the per-row sorts (~100 us a row) rather
+      // than the segmented one (~1 ms whatever the number of rows).
+      host_full.resize(gn);
+      LOOM_CUDA_CHECK(cudaMemcpyAsync(host_full.data(), full, sizeof(int) * gn,
+                                      cudaMemcpyDeviceToHost, stream));
+      LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      for (int j = 0; j < gn; ++j)
+        if (host_full[j] != 0) sorted_rows.push_back(j);
+      if (sorted_rows.empty()) continue;
+    } else {
+      for (int j = 0; j < gn; ++j) sorted_rows.push_back(j);
+    }
+    const bool segmented = select ? static_cast<int>(sorted_rows.size()) > kPerRowSortMaxRows
+                                  : l.path == SampleSortPath::kSegmented;
+    // The full sort: every row, or (select) the flagged rows, whose segments alone are non-empty.
     const unsigned xblocks = static_cast<unsigned>(min64(ceil_div(V, 1024), 512));
-    prepare_sort<<<dim3(xblocks, gn), 1024, 0, stream>>>(a.logits, V, a.rows, sampled, keys_c,
+    prepare_sort<<<dim3(xblocks, gn), 1024, 0, stream>>>(a.logits, V, a.rows, sampled, full, keys_c,
                                                          ids_c);
     LOOM_CUDA_CHECK_LAUNCH();
     size_t bytes = l.cub_bytes;
     if (segmented) {
       LOOM_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
           cub_tmp, bytes, keys_c, keys_s, ids_c, ids_s, static_cast<int>(V * gn), gn,
-          a.segment_offsets, a.segment_offsets + 1, 0, 32, stream));
+          a.segment_offsets, select ? sel_end : a.segment_offsets + 1, 0, 32, stream));
     } else {
-      for (int j = 0; j < gn; ++j) {
+      for (int j : sorted_rows) {
         LOOM_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(
             cub_tmp, bytes, keys_c + static_cast<int64_t>(j) * V,
             keys_s + static_cast<int64_t>(j) * V, ids_c + static_cast<int64_t>(j) * V,
@@ -671,13 +1143,13 @@ void sample(cudaStream_t stream, const SampleArgs& a, SampleSortPath path, void*
       }
     }
     samp_z<<<dim3(l.scan_chunks, gn), kScanThreads, 0, stream>>>(V, a.rows, sampled, keys_s,
-                                                                 l.scan_chunks, zpart);
+                                                                 l.scan_chunks, full, zpart);
     LOOM_CUDA_CHECK_LAUNCH();
     samp_scan<<<dim3(l.scan_chunks, gn), kScanThreads, 0, stream>>>(
-        V, a.rows, sampled, keys_s, l.scan_chunks, zpart, ppart, cnt);
+        V, a.rows, sampled, keys_s, l.scan_chunks, zpart, full, ppart, cnt);
     LOOM_CUDA_CHECK_LAUNCH();
     samp_pick<<<gn, kScanThreads, 0, stream>>>(V, a.rows, sampled, keys_s, ids_s, l.scan_chunks,
-                                               zpart, ppart, cnt, a.out);
+                                               zpart, ppart, cnt, full, a.out);
     LOOM_CUDA_CHECK_LAUNCH();
   }
   if (a.num_with_logprobs > 0) {

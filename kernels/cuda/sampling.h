@@ -32,15 +32,17 @@ struct SampleBatch {
 };
 
 // Device bytes sample_logits needs for `batch` over logits rows of `vocab` entries on `path`
-// ("auto", "segmented" or "per_row": launch::SampleSortPath).
+// ("auto", "select", "segmented" or "per_row": launch::SampleSortPath).
 size_t sample_scratch_bytes(const SampleBatch& batch, int64_t vocab, const char* path = "auto");
 
 // Samples every row of `batch` from `logits` [k, V] (contiguous f32 on the GPU), which it
 // modifies (the edits are applied in place): one upload of the batch, the kernels, then one
 // download of the results into `out` (resized to batch.rows.size(), in row order), which waits
-// for them. `scratch`: device memory on the logits' device of at least sample_scratch_bytes bytes
-// (contents ignored); nothing is allocated on the device. Aborts naming the field when a row or
-// edit is out of range (the engine validates requests first: SamplingParams::validate).
+// for them. The select path (the default) also waits once per kSampleSortGroup sampled rows, for
+// a small download of which rows need a full sort. `scratch`: device memory on the logits' device
+// of at least sample_scratch_bytes bytes (contents ignored); nothing is allocated on the device.
+// Aborts naming the field when a row or edit is out of range (the engine validates requests first:
+// SamplingParams::validate).
 void sample_logits(const Exec& ex, const Tensor& logits, SampleBatch& batch, const Tensor& scratch,
                    std::vector<launch::SampleOut>& out, const char* path = "auto");
 

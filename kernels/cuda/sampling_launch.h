@@ -50,16 +50,19 @@ struct SampleEdit {
 // One sampled row's result (downloaded as is).
 struct SampleOut {
   int32_t token = -1;
-  float logprob = 0.0f;  // log-softmax of the raw logits at `token` (rows with logprobs >= 0)
-  int32_t num_top = 0;   // min(logprobs, V)
-  int32_t unused = 0;
+  float logprob = 0.0f;    // log-softmax of the raw logits at `token` (rows with logprobs >= 0)
+  int32_t num_top = 0;     // min(logprobs, V)
+  int32_t sorted_all = 0;  // sampled rows: 1 when the row took the full sort (SampleSortPath)
   int32_t top_ids[kSampleMaxLogprobs] = {};  // raw top ids, descending, ties by id
   float top_logprobs[kSampleMaxLogprobs] = {};
 };
 
 // How sampled rows are sorted: one CUB segmented radix sort over the group's rows (one block per
-// row), or one CUB radix sort per row (every SM on one row). kAuto picks by row count.
-enum class SampleSortPath : int { kAuto = 0, kSegmented = 1, kPerRow = 2 };
+// row), one CUB radix sort per row (every SM on one row), or kSelect: only each row's top
+// entries (a radix select), with the segmented sort for the rows whose cut or pick falls past
+// them (kernels/cuda/sampling.cu). kAuto is kSelect; the two full sorts stay selectable as its
+// reference (tests/gpu/model_sampling_cuda_test.cc) and for the benchmark.
+enum class SampleSortPath : int { kAuto = 0, kSegmented = 1, kPerRow = 2, kSelect = 3 };
 const char* sample_sort_path_name(SampleSortPath path);
 
 struct SampleArgs {
