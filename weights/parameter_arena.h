@@ -108,8 +108,9 @@ struct Placement {
 // large chunks (one allocation per chunk, never one per tensor; a parameter larger than a chunk
 // gets a chunk of its own size), kept under their canonical names, and immutable once freeze()
 // is called at the end of the load: on the host the chunks then become read-only pages, so a
-// stray write faults instead of silently changing the model. Tensors handed out keep their chunk
-// alive, so views outlive the arena safely.
+// stray write faults instead of silently changing the model (parameters allocated stays_writable,
+// a slot placement's experts, live in chunks of their own that stay writable). Tensors handed out
+// keep their chunk alive, so views outlive the arena safely.
 class ParameterArena {
  public:
   static constexpr size_t kDefaultChunkBytes = size_t{64} << 20;

@@ -171,6 +171,10 @@ absl::StatusOr<WeightLoader> WeightLoader::placed(ParameterArena& arena,
       if (x < 0 || x >= e)
         return absl::InvalidArgumentError(absl::StrCat("placement expert slot of expert ", x,
                                                        ": the model has experts [0, ", e, ")"));
+    if (placement.trainable)
+      return absl::InvalidArgumentError(
+          "a trainable model holds every expert once: expert slots (redundant copies moved by "
+          "re-placement) are for serving");
   }
   if (placement.dtype == WeightDType::kFP8 && !placement.device.is_cpu())
     return absl::InvalidArgumentError(

@@ -286,6 +286,8 @@ TEST(PlacedLoader, RefusesPlacementsItCannotHonour) {
               std::string::npos)
         << r.begin << ", " << r.end;
   EXPECT_NE(message({.expert_slots = {0, 8}}).find("slot of expert 8"), std::string::npos);
+  EXPECT_NE(message({.expert_slots = {0, 1}, .trainable = true}).find("for serving"),
+            std::string::npos);
   EXPECT_NE(message({.experts = ExpertRange{0, 2}, .expert_slots = {0, 1}}).find("not both"),
             std::string::npos);
   Opened dense = open_fixture("fla_kda_s0");
