@@ -13,6 +13,7 @@
 
 #include "core/tensor.h"
 #include "kernels/exec.h"
+#include "kernels/kda.h"
 
 namespace loom {
 
@@ -35,9 +36,11 @@ void kda_recurrent_backward(const Exec& ex, const Tensor& q, const Tensor& k, co
 // value head), then the chunks, last first, recompute their within-chunk quantities from that state
 // and run the chunk's reverse mode (kernels/cpu/kda_chunked_backward.cc has the equations). No
 // factor exp(-cumsum g) is formed: every exponential is of a difference <= 0. Equals
-// kda_recurrent_backward to f32 rounding; the same accumulation orders for dq and dk, so results do
-// not depend on the thread count. Temporaries come from ex.workspace when there is one (else one
-// allocation): kda_chunked_backward_workspace_bytes. CPU only so far (CUDA aborts: no kernel).
+// kda_recurrent_backward to f32 rounding; dq and dk sum the value heads' shares in head order, as
+// the recurrence does, so results do not depend on the thread count. Subnormal f32 intermediates
+// (decayed keys) are flushed to zero while it runs (x86 FTZ/DAZ: 3.4x faster, and below 1e-38 of
+// the terms they join). Temporaries come from ex.workspace when there is one (else one allocation):
+// kda_chunked_backward_workspace_bytes. CPU only so far (CUDA aborts: no kernel).
 void kda_chunked_backward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
                           const Tensor& g, const Tensor& beta, float scale,
                           const Tensor& initial_state, const Tensor& d_out,
@@ -51,14 +54,13 @@ void kda_chunked_backward(const Exec& ex, const Tensor& q, const Tensor& k, cons
 size_t kda_chunked_backward_workspace_bytes(int64_t T, int64_t Hk, int64_t Hv, int64_t dk,
                                             int64_t dv);
 
-// Above this many tokens a sequence's backward takes the chunked form (measured in
-// bench/kda_backward_bench.cc: docs/trainer.md).
-inline constexpr int64_t kKdaBackwardRecurrentMaxTokens = 64;
-// Which backward the trainer runs for a sequence of `tokens` rows on `ex`: the recurrence for
-// short sequences, in batch-invariant mode (whose forward is the recurrence too,
-// kda_varlen_takes_recurrence) and on devices without a chunked backward (CUDA, for now).
+// Which backward the trainer runs for a sequence of `tokens` rows on `ex`: the form its forward
+// took (kda_varlen_takes_recurrence: the recurrence for a few tokens and in batch-invariant mode,
+// the chunked form otherwise), and the recurrence on devices without a chunked backward (CUDA,
+// for now). On the CPU the chunked backward is the faster one from T = 4 (4.5x there, 5x at
+// T = 1024; bench/kda_backward_bench.cc, docs/trainer.md).
 inline bool kda_backward_takes_recurrence(const Exec& ex, int64_t tokens) {
-  return tokens <= kKdaBackwardRecurrentMaxTokens || ex.batch_invariant || !ex.device.is_cpu();
+  return kda_varlen_takes_recurrence(tokens, ex.batch_invariant) || !ex.device.is_cpu();
 }
 
 // Gradients of g = kda_gate_forward(f, A_log, dt_bias, lower_bound): d_f is written; d_A_log [H]

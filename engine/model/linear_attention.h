@@ -41,10 +41,9 @@ void linear_attention_conv_qkv_backward(const ForwardContext& ctx, const std::ve
                                         const Tensor& q_raw, const Tensor& k_raw, const Tensor& d_q,
                                         const Tensor& d_k, const Tensor& d_v, const Tensor& d_qkv,
                                         const Tensor& d_conv_weight);
-// The delta rule per sequence from a zero state (in the form the forward takes for it,
-// kda_varlen_takes_recurrence), and its backward (the chunked form above
-// kKdaBackwardRecurrentMaxTokens tokens, kda_backward_takes_recurrence): d_o in, d_q, d_k, d_v,
-// d_g, d_beta written.
+// The delta rule per sequence from a zero state, in the form the forward takes for it
+// (kda_varlen_takes_recurrence), and its backward in the same form where the device has it
+// (kda_backward_takes_recurrence): d_o in, d_q, d_k, d_v, d_g, d_beta written.
 void linear_attention_delta_rule_recompute(const ForwardContext& ctx,
                                            const std::vector<RowSpan>& seqs, const Tensor& q,
                                            const Tensor& k, const Tensor& v, const Tensor& g,

@@ -28,11 +28,13 @@
 //
 // Exponentials, as the forward's safeguards demand: every factor is exp of a difference <= 0.
 // Blocks of 16 rows against earlier sub-chunks factor E_ts through the rows' sub-chunk start r0
-// (exp(gc_t - gc_r0) and exp(gc_r0 - gc_s), both <= 1), which makes them GEMMs. The 16x16
-// diagonal blocks are always formed element by element (exp(gc_t - gc_s) per pair): the forward may
-// factor them with growing factors up to e^80 because it only multiplies inputs of order one by
-// them, but here a factor of e^-80 would meet gradients of any scale and could leave the f32 range.
-// The diagonal blocks cost 8.5 pairs per token, each dk exponentials: a few per cent of the work.
+// (exp(gc_t - gc_r0) and exp(gc_r0 - gc_s), both <= 1), which makes them GEMMs. In the backward
+// pass the 16x16 diagonal blocks are formed element by element (exp(gc_t - gc_s) per pair, kept
+// for the chunk's reverse mode): the forward may factor them with growing factors up to e^80
+// because it only multiplies inputs of order one by them, but here a factor of e^-80 would meet
+// gradients of any scale and could leave the f32 range. Only the boundary pass, which builds A
+// from unit-norm keys alone, factorises them as the forward does (when the block decays by at most
+// 80 nats). The diagonal blocks cost 8.5 pairs per token, each dk exponentials, once.
 #include "kernels/cpu/kda_chunked_backward.h"
 
 #include <algorithm>
@@ -40,6 +42,9 @@
 
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+#if defined(__SSE__)
+#include <xmmintrin.h>
 #endif
 
 #include "kernels/cpu/kda_simd.h"
@@ -52,6 +57,17 @@ using namespace kda_simd;  // NOLINT(google-build-using-namespace): this family'
 
 constexpr int64_t kC = kKdaChunk;
 constexpr int64_t kSub = 16;
+constexpr int64_t kPairs = kSub * (kSub + 1) / 2;  // pairs s <= t of one diagonal block
+
+// Where the pair (t, s), s <= t, of the diagonal block starting at r0 keeps its factors in Ed.
+inline int64_t pair_index(int64_t r0, int64_t t, int64_t s) {
+  return r0 / kSub * kPairs + (t - r0) * (t - r0 + 1) / 2 + (s - r0);
+}
+
+// The chunked forward's bound (kernels/cpu/kda.cc): a diagonal block whose channels all decay by at
+// most this many nats may be factorised through its first token, every factor within e^+-80.
+// Only the boundary pass does, where the factors meet unit-norm keys alone, as in the forward.
+constexpr double kMaxFactorSpan = 80.0;
 
 struct Dims {
   int64_t T, Hk, Hv, dk, dv, Kp, Vp;
@@ -96,10 +112,34 @@ struct ChunkBuffers {
   float* dS;     // [Kp, Vp] the gradient of the chunk's outgoing state, then incoming
   float* dST;    // [Vp, Kp]
   double* D;     // [C + 1, Kp] dg's difference array: dg_u = sum_{j <= u} D_j (backward_chunk)
+  double* tot;   // [Kp]
+  float* Ed;     // [C / 16 * kPairs, Kp] exp(gc_t - gc_s) of each diagonal block's pairs s <= t
 };
 
 // Every region starts on a 64-byte boundary (16 floats).
 inline int64_t pad16(int64_t n) { return (n + 15) / 16 * 16; }
+
+// dst[j * ldd + i] = src[i * lds + j] for i < rows, j < cols (both multiples of 8), in 8x8 tiles.
+template <typename T>
+void transpose(int64_t rows, int64_t cols, const T* src, int64_t lds, T* dst, int64_t ldd) {
+  for (int64_t i0 = 0; i0 < rows; i0 += 8)
+    for (int64_t j0 = 0; j0 < cols; j0 += 8)
+      for (int64_t i = i0; i < i0 + 8; ++i)
+        for (int64_t j = j0; j < j0 + 8; ++j) dst[j * ldd + i] = src[i * lds + j];
+}
+
+// p[0 .. 8) += w, in f64.
+inline void add8d(double* p, v8 w) {
+  const v4f lo = __builtin_shufflevector(w, w, 0, 1, 2, 3),
+            hi = __builtin_shufflevector(w, w, 4, 5, 6, 7);
+  v4d a, b;
+  std::memcpy(&a, p, sizeof(a));
+  std::memcpy(&b, p + 4, sizeof(b));
+  a += __builtin_convertvector(lo, v4d);
+  b += __builtin_convertvector(hi, v4d);
+  std::memcpy(p, &a, sizeof(a));
+  std::memcpy(p + 4, &b, sizeof(b));
+}
 
 // Carves (or, with base == nullptr, only measures) one thread's buffers; returns the floats used.
 int64_t carve(int64_t Kp, int64_t Vp, float* base, ChunkBuffers* b) {
@@ -114,6 +154,8 @@ int64_t carve(int64_t Kp, int64_t Vp, float* base, ChunkBuffers* b) {
   c.gd = take_d(kC * Kp);
   c.gdT = take_d(Kp * kC);
   c.D = take_d((kC + 1) * Kp);
+  c.tot = take_d(Kp);
+  c.Ed = take(kC / kSub * kPairs * Kp);
   c.Q = take(kC * Kp);
   c.K = take(kC * Kp);
   c.KT = take(Kp * kC);
@@ -148,6 +190,22 @@ int64_t carve(int64_t Kp, int64_t Vp, float* base, ChunkBuffers* b) {
   if (b) *b = c;
   return off;
 }
+
+// Flushes subnormal f32 results and operands to zero on this thread while in scope (x86 MXCSR
+// FTZ and DAZ). Decayed keys and queries (K exp(gc) after 35 bounded-gate tokens, say) and their
+// products fall below 1.2e-38 routinely, and every GEMM operation on a subnormal takes a
+// microcode assist of ~100 cycles: measured 3.4x slower over the whole backward (T 1024, d 128).
+// What is flushed is below 1e-38 relative to the O(1) terms it is summed with.
+class FlushSubnormals {
+ public:
+#if defined(__SSE__)
+  FlushSubnormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040); }
+  ~FlushSubnormals() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned saved_;
+#endif
+};
 
 int thread_count(int64_t Hv) {
 #ifdef _OPENMP
@@ -197,11 +255,11 @@ void recompute_chunk(const Dims& d, const Inputs& in, int64_t h, int64_t t0, int
     std::memcpy(vr, in.v + (tt * d.Hv + h) * dv, dv * sizeof(float));
     std::fill(vr + dv, vr + Vp, 0.0f);
   }
-  for (int64_t c = 0; c < Kp; ++c)
-    for (int64_t t = 0; t < Lp; ++t) {
-      b.KT[c * kC + t] = t < L ? b.K[t * Kp + c] : 0.0f;
-      b.gdT[c * kC + t] = t < L ? b.gd[t * Kp + c] : 0.0;
-    }
+  // Rows L .. Lp zero, then the transposes (columns L .. Lp of KT zero, of gdT finite).
+  std::fill(b.K + L * Kp, b.K + Lp * Kp, 0.0f);
+  std::fill(b.gd + L * Kp, b.gd + Lp * Kp, 0.0);
+  transpose(Lp, Kp, b.K, Kp, b.KT, kC);
+  transpose(Lp, Kp, b.gd, Kp, b.gdT, kC);
   float* Qe = b.QK;
   float* Ken = b.QK + L * Kp;
   for (int64_t t = 0; t < L; ++t)
@@ -215,8 +273,15 @@ void recompute_chunk(const Dims& d, const Inputs& in, int64_t h, int64_t t0, int
   for (int64_t r0 = 0; r0 < L; r0 += kSub) {
     const int64_t r1 = std::min(L, r0 + kSub), nr = r1 - r0;
     const double* gref = b.gd + r0 * Kp;
-    if (r0 > 0) {
-      // Earlier sub-chunks through the reference point r0: two factors <= 1, a GEMM.
+    const double* glast = b.gd + (r1 - 1) * Kp;
+    // The boundary pass (A only) factorises the diagonal block too where the forward would.
+    bool factor_diag = !want_p;
+    for (int64_t c = 0; c < dk && factor_diag; ++c)
+      factor_diag = gref[c] - glast[c] <= kMaxFactorSpan;
+    // Earlier sub-chunks (and a factorised diagonal block) through the reference point r0: rows
+    // decayed to it (factors <= 1), keys from it back to s (<= 1 for s <= r0, <= e^80 after).
+    const int64_t ns = factor_diag ? round_up8(r1) : r0;
+    if (ns > 0) {
       for (int64_t t = r0; t < r1; ++t)
         for (int64_t c = 0; c < Kp; c += 8) {
           const v8 e = exp_diff8(b.gd + t * Kp + c, gref + c);
@@ -224,18 +289,27 @@ void recompute_chunk(const Dims& d, const Inputs& in, int64_t h, int64_t t0, int
           st8(b.Kn + (t - r0) * Kp + c, ld8(b.K + t * Kp + c) * e);
         }
       for (int64_t c = 0; c < dk; ++c)
-        for (int64_t s = 0; s < r0; s += 8)
+        for (int64_t s = 0; s < ns; s += 8)
           st8(b.KrT + c * kC + s, ld8(b.KT + c * kC + s) * exp_diff8s(gref[c], b.gdT + c * kC + s));
-      for (int64_t c = dk; c < Kp; ++c) std::fill(b.KrT + c * kC, b.KrT + c * kC + r0, 0.0f);
-      gemm_acc(nr, r0, Kp, b.Kn, Kp, 1, b.KrT, kC, b.A + r0 * kC, kC);
-      if (want_p) gemm_acc(nr, r0, Kp, b.Qn, Kp, 1, b.KrT, kC, b.P + r0 * kC, kC);
+      for (int64_t c = dk; c < Kp; ++c) std::fill(b.KrT + c * kC, b.KrT + c * kC + ns, 0.0f);
+      gemm_acc(nr, ns, Kp, b.Kn, Kp, 1, b.KrT, kC, b.A + r0 * kC, kC);
+      if (want_p) gemm_acc(nr, ns, Kp, b.Qn, Kp, 1, b.KrT, kC, b.P + r0 * kC, kC);
     }
-    // The diagonal block, exp(gc_t - gc_s) <= 1 element by element.
+    if (factor_diag) {
+      // Drop what the block product put on or above the diagonal.
+      for (int64_t t = r0; t < r1; ++t) std::fill(b.A + t * kC + t, b.A + t * kC + ns, 0.0f);
+      continue;
+    }
+    // The diagonal block, exp(gc_t - gc_s) <= 1 element by element; the backward pass keeps the
+    // factors for backward_chunk.
     for (int64_t t = r0; t < r1; ++t)
       for (int64_t s = r0; s <= t; ++s) {
+        float* ed = b.Ed + pair_index(r0, t, s) * Kp;
         v8 sa = v8{}, sp = v8{};
         for (int64_t c = 0; c < Kp; c += 8) {
-          const v8 kse = ld8(b.K + s * Kp + c) * exp_diff8(b.gd + t * Kp + c, b.gd + s * Kp + c);
+          const v8 e = exp_diff8(b.gd + t * Kp + c, b.gd + s * Kp + c);
+          if (want_p) st8(ed + c, e);
+          const v8 kse = ld8(b.K + s * Kp + c) * e;
           sa += ld8(b.K + t * Kp + c) * kse;
           sp += ld8(b.Q + t * Kp + c) * kse;
         }
@@ -302,8 +376,8 @@ void backward_chunk(const Dims& d, const Inputs& in, int64_t h, int64_t t0, int6
       }
   }
   // [dP; dAp] = [dO; dR] U^T.
-  for (int64_t c = 0; c < Vp; ++c)
-    for (int64_t t = 0; t < Lp; ++t) b.UT[c * kC + t] = t < L ? b.U[t * Vp + c] : 0.0f;
+  std::fill(b.U + L * Vp, b.U + Lp * Vp, 0.0f);
+  transpose(Lp, Vp, b.U, Vp, b.UT, kC);
   std::fill(b.DPA, b.DPA + 2 * L * kC, 0.0f);
   gemm_acc(2 * L, Lp, Vp, b.DOB, Vp, 1, b.UT, kC, b.DPA, kC);
   // dbeta; dA = -beta dAp (s < t); dP masked to s <= t; dR -> beta dR = dv.
@@ -324,11 +398,8 @@ void backward_chunk(const Dims& d, const Inputs& in, int64_t h, int64_t t0, int6
     std::memcpy(dv_out + ((t0 + t) * d.Hv + h) * dv, dR + t * Vp, dv * sizeof(float));
   }
   // [dQe; -dKe] = [dO; beta dR] S0^T and dKend = U dS_L^T.
-  for (int64_t c = 0; c < Kp; ++c)
-    for (int64_t j = 0; j < Vp; ++j) {
-      b.S0T[j * Kp + c] = b.S0[c * Vp + j];
-      b.dST[j * Kp + c] = b.dS[c * Vp + j];
-    }
+  transpose(Kp, Vp, b.S0, Vp, b.S0T, Kp);
+  transpose(Kp, Vp, b.dS, Vp, b.dST, Kp);
   std::fill(b.M, b.M + 2 * L * Kp, 0.0f);
   gemm_acc(2 * L, Kp, Vp, b.DOB, Vp, 1, b.S0T, Kp, b.M, Kp);
   std::fill(b.dKend, b.dKend + L * Kp, 0.0f);
@@ -397,28 +468,28 @@ void backward_chunk(const Dims& d, const Inputs& in, int64_t h, int64_t t0, int6
               ld8(b.Kcol + s * Kp + c) + ld8(b.Er + s * Kp + c) * ld8(b.dKr + s * Kp + c));
       // dg of these pairs (t in the block, s < r0), from u = s + 1 to t: for u <= r0 it is
       // the columns' prefix sum_{s < u} C_s, for u > r0 the rows' suffix sum_{t >= u} R_t.
-      for (int64_t c = 0; c < dk; ++c) {
-        double total = 0.0;
-        for (int64_t s = 0; s < r0; ++s) {
+      std::fill(b.tot, b.tot + Kp, 0.0);
+      for (int64_t s = 0; s < r0; ++s)
+        for (int64_t c = 0; c < Kp; ++c) {
           const double x = double(b.Kr[s * Kp + c]) * b.dKr[s * Kp + c];
           b.D[(s + 1) * Kp + c] += x;
-          total += x;
+          b.tot[c] -= x;
         }
-        b.D[(r0 + 1) * Kp + c] -= total;
-        for (int64_t t = r0 + 1; t < r1; ++t) {
+      for (int64_t t = r0 + 1; t < r1; ++t)
+        for (int64_t c = 0; c < Kp; ++c) {
           const int64_t i = (t - r0) * Kp + c;
           const double x = double(b.Qn[i]) * b.tq[i] + double(b.Kn[i]) * b.tk[i];
-          b.D[(r0 + 1) * Kp + c] += x;
+          b.tot[c] += x;
           b.D[(t + 1) * Kp + c] -= x;
         }
-      }
+      for (int64_t c = 0; c < Kp; ++c) b.D[(r0 + 1) * Kp + c] += b.tot[c];
     }
     // The diagonal block, element by element; a pair s < t adds its w_ts to dg_u for s < u <= t.
     for (int64_t t = r0; t < r1; ++t)
       for (int64_t s = r0; s <= t; ++s) {
         const v8 p = splat8(dP[t * kC + s]), a = splat8(dA[t * kC + s]);
         for (int64_t c = 0; c < Kp; c += 8) {
-          const v8 e = exp_diff8(b.gd + t * Kp + c, b.gd + s * Kp + c);
+          const v8 e = ld8(b.Ed + pair_index(r0, t, s) * Kp + c);
           const v8 kse = ld8(b.K + s * Kp + c) * e;
           const v8 col = (p * ld8(b.Q + t * Kp + c) + a * ld8(b.K + t * Kp + c)) * e;
           st8(b.Qrow + t * Kp + c, ld8(b.Qrow + t * Kp + c) + p * kse);
@@ -426,10 +497,8 @@ void backward_chunk(const Dims& d, const Inputs& in, int64_t h, int64_t t0, int6
           st8(b.Kcol + s * Kp + c, ld8(b.Kcol + s * Kp + c) + col);
           if (s == t) continue;
           const v8 w = col * ld8(b.K + s * Kp + c);
-          for (int64_t j = 0; j < 8; ++j) {
-            b.D[(s + 1) * Kp + c + j] += w[j];
-            b.D[(t + 1) * Kp + c + j] -= w[j];
-          }
+          add8d(b.D + (s + 1) * Kp + c, w);
+          add8d(b.D + (t + 1) * Kp + c, -w);
         }
       }
   }
@@ -572,6 +641,7 @@ void kda_chunked_backward(const Tensor& q, const Tensor& k, const Tensor& v, con
 #else
     const int tid = 0;
 #endif
+    const FlushSubnormals ftz;
     ChunkBuffers b;
     carve(d.Kp, d.Vp, work + tid * work_floats, &b);
 #pragma omp for schedule(dynamic, 1)

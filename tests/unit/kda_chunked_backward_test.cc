@@ -177,15 +177,19 @@ TEST(KdaChunkedBackwardDeterminism, SameBitsForAnyThreadCount) {
   });
 }
 
-// The trainer's rule: short sequences, batch-invariant numerics and devices without a chunked
-// backward take the recurrence; fla_kda_s0's and kimi_linear_s0's gradcheck prompt (150 tokens)
-// takes the chunked form on the CPU, so model_gradients_test runs it.
-TEST(KdaBackwardDispatch, ChunkedAboveTheThresholdOnTheCpu) {
+// The trainer's rule: the form the forward takes (short sequences and batch-invariant numerics
+// take the recurrence), and the recurrence where no chunked backward exists; fla_kda_s0's and
+// kimi_linear_s0's gradcheck prompt (150 tokens) takes the chunked form on the CPU, so
+// model_gradients_test runs it.
+TEST(KdaBackwardDispatch, TheFormTheForwardTakesOnTheCpu) {
   Exec ex = host_exec();
-  EXPECT_TRUE(kda_backward_takes_recurrence(ex, kKdaBackwardRecurrentMaxTokens));
-  EXPECT_FALSE(kda_backward_takes_recurrence(ex, kKdaBackwardRecurrentMaxTokens + 1));
+  EXPECT_TRUE(kda_backward_takes_recurrence(ex, kKdaRecurrentMaxTokens));
+  EXPECT_FALSE(kda_backward_takes_recurrence(ex, kKdaRecurrentMaxTokens + 1));
   EXPECT_FALSE(kda_backward_takes_recurrence(ex, 150));
   ex.batch_invariant = true;
+  EXPECT_TRUE(kda_backward_takes_recurrence(ex, 150));
+  ex.batch_invariant = false;
+  ex.device = Device::cuda(0);
   EXPECT_TRUE(kda_backward_takes_recurrence(ex, 150));
 }
 

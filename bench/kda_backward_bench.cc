@@ -1,0 +1,81 @@
+// The delta-rule backward on the CPU: the recurrence (kda_recurrent_backward: a forward sweep
+// keeping a state every 64 tokens, then per token replay and reverse step) against the chunked
+// WY/UT form (kda_chunked_backward: chunk-boundary states, then per chunk recompute and GEMMs).
+// Inputs as the trainer feeds them: L2-normalised q and k, bounded decays, an initial state and
+// the final state's gradient. tokens/s counts the sequence's tokens (all heads).
+#include <cmath>
+#include <random>
+
+#include "benchmark/benchmark.h"
+#include "kernels/kda_backward.h"
+
+namespace loom {
+namespace {
+
+struct KdaBackwardArgs {
+  Tensor q, k, v, g, beta, s0, d_out, d_final, dq, dk, dv, dg, dbeta, ds0;
+};
+
+KdaBackwardArgs make_args(int64_t T, int64_t H, int64_t d) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto fill = [&](Shape s, auto fn) {
+    Tensor t = Tensor::empty(s);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = fn();
+    return t;
+  };
+  const float inv = 1.0f / std::sqrt(float(d));
+  KdaBackwardArgs a;
+  a.q = fill({T, H, d}, [&] { return nd(rng) * inv; });
+  a.k = fill({T, H, d}, [&] { return nd(rng) * inv; });
+  a.v = fill({T, H, d}, [&] { return nd(rng); });
+  a.g = fill({T, H, d}, [&] { return -5.0f / (1.0f + std::exp(-nd(rng))); });
+  a.beta = fill({T, H}, [&] { return 1.0f / (1.0f + std::exp(-nd(rng))); });
+  a.s0 = fill({H, d, d}, [&] { return 0.1f * nd(rng); });
+  a.d_out = fill({T, H, d}, [&] { return nd(rng); });
+  a.d_final = fill({H, d, d}, [&] { return nd(rng); });
+  for (Tensor* t : {&a.dq, &a.dk, &a.dv, &a.dg}) *t = Tensor::empty({T, H, d});
+  a.dbeta = Tensor::empty({T, H});
+  a.ds0 = Tensor::empty({H, d, d});
+  return a;
+}
+
+template <bool kChunked>
+void BM_KdaBackward(benchmark::State& st) {
+  const int64_t T = st.range(0), H = st.range(1), d = st.range(2);
+  KdaBackwardArgs a = make_args(T, H, d);
+  const float scale = 1.0f / std::sqrt(float(d));
+  const auto backward = kChunked ? kda_chunked_backward : kda_recurrent_backward;
+  for (auto _ : st) {
+    backward(host_exec(), a.q, a.k, a.v, a.g, a.beta, scale, a.s0, a.d_out, a.d_final, a.dq, a.dk,
+             a.dv, a.dg, a.dbeta, a.ds0);
+    benchmark::DoNotOptimize(a.dq.raw());
+  }
+  st.counters["tokens/s"] =
+      benchmark::Counter(double(T), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_KdaBackward<true>)
+    ->Name("kda_chunked_backward")
+    ->ArgNames({"T", "H", "d"})
+    ->Args({4, 4, 128})
+    ->Args({8, 4, 128})
+    ->Args({16, 4, 128})
+    ->Args({64, 4, 128})
+    ->Args({1024, 4, 128})
+    ->Args({4096, 4, 128})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_KdaBackward<false>)
+    ->Name("kda_recurrent_backward")
+    ->ArgNames({"T", "H", "d"})
+    ->Args({4, 4, 128})
+    ->Args({8, 4, 128})
+    ->Args({16, 4, 128})
+    ->Args({64, 4, 128})
+    ->Args({1024, 4, 128})
+    ->Args({4096, 4, 128})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+}  // namespace
+}  // namespace loom
