@@ -35,7 +35,8 @@ void kda_recurrent_backward(const Exec& ex, const Tensor& q, const Tensor& k, co
 // a first pass keeps only the state before each kKdaChunk-token chunk (ceil(T / 64) states per
 // value head), then the chunks, last first, recompute their within-chunk quantities from that state
 // and run the chunk's reverse mode (kernels/cpu/kda_chunked_backward.cc has the equations). No
-// factor exp(-cumsum g) is formed: every exponential is of a difference <= 0. Equals
+// factor exp(-cumsum g) is formed: the reverse mode's exponentials are all of differences <= 0
+// (only the boundary pass, like the forward, lets a diagonal block's factors reach e^80). Equals
 // kda_recurrent_backward to f32 rounding; dq and dk sum the value heads' shares in head order, as
 // the recurrence does, so results do not depend on the thread count. Subnormal f32 intermediates
 // (decayed keys) are flushed to zero while it runs (x86 FTZ/DAZ: 3.4x faster, and below 1e-38 of

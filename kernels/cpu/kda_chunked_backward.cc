@@ -26,13 +26,13 @@
 // chunk; the backward pass then goes over the chunks last first, recomputing each chunk's A, P
 // and U from its stored state. Nothing per token of size dk x dv is ever kept.
 //
-// Exponentials, as the forward's safeguards demand: every factor is exp of a difference <= 0.
-// Blocks of 16 rows against earlier sub-chunks factor E_ts through the rows' sub-chunk start r0
-// (exp(gc_t - gc_r0) and exp(gc_r0 - gc_s), both <= 1), which makes them GEMMs. In the backward
-// pass the 16x16 diagonal blocks are formed element by element (exp(gc_t - gc_s) per pair, kept
-// for the chunk's reverse mode): the forward may factor them with growing factors up to e^80
-// because it only multiplies inputs of order one by them, but here a factor of e^-80 would meet
-// gradients of any scale and could leave the f32 range. Only the boundary pass, which builds A
+// Exponentials, as the forward's safeguards demand: in the backward pass every factor is exp of a
+// difference <= 0. Blocks of 16 rows against earlier sub-chunks factor E_ts through the rows'
+// sub-chunk start r0 (exp(gc_t - gc_r0) and exp(gc_r0 - gc_s), both <= 1), which makes them GEMMs.
+// In the backward pass the 16x16 diagonal blocks are formed element by element (exp(gc_t - gc_s)
+// per pair, kept for the chunk's reverse mode): the forward may factor them with growing factors up
+// to e^80 because it only multiplies inputs of order one by them, but here a factor of e^-80 would
+// meet gradients of any scale and could leave the f32 range. Only the boundary pass, which builds A
 // from unit-norm keys alone, factorises them as the forward does (when the block decays by at most
 // 80 nats). The diagonal blocks cost 8.5 pairs per token, each dk exponentials, once.
 #include "kernels/cpu/kda_chunked_backward.h"
