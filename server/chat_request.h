@@ -6,6 +6,7 @@
 // errors.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "engine/request.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "server/chat_setup.h"
+#include "server/conversation_tokens.h"
 #include "server/openai_request.h"
 
 namespace loom {
@@ -23,6 +25,10 @@ namespace loom {
 struct PreparedChat {
   Request request;           // the rendered, tokenized prompt and the sampling parameters
   ChatOutputOptions output;  // how its replies are read (reasoning, tool-call syntax)
+  // With keep_prompt: the prompt's rendered text and its ids (ConversationTurn::prompt).
+  std::shared_ptr<const ConversationTokens> prompt;
+  size_t encoded_bytes = 0;  // bytes of the rendering the tokenizer was given
+  bool continued = false;    // the prompt is `continues`'s ids and the new text's
 };
 
 // Renders and tokenizes `req` (a chat request) with `chat`'s template (build_engine_requests) and
@@ -30,8 +36,13 @@ struct PreparedChat {
 // the request has tools and tool_choice "auto". InvalidArgument ("messages: ...", "tools: ...")
 // when the template refuses the conversation. The engine checks prompt + max_tokens against its
 // context limit when the request is submitted (the same error on every frontend).
+// `continues` (a kept conversation's ids and text, or null): when the rendering continues its
+// text, only the rest is tokenized and the prompt is its ids followed by the rest's
+// (split_conversation, server/conversation_tokens.h); otherwise the whole rendering is.
 absl::StatusOr<PreparedChat> prepare_chat(const OpenAiRequest& req, const Tokenizer& tokenizer,
-                                          const ChatSetup& chat, int32_t max_model_len);
+                                          const ChatSetup& chat, int32_t max_model_len,
+                                          const ConversationTokens* continues = nullptr,
+                                          bool keep_prompt = false);
 
 // One choice's streamed reply: its engine events in, what the client sees out. Not thread-safe;
 // one per choice.

@@ -1,5 +1,7 @@
 #include "server/chat_session.h"
 
+#include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -33,13 +35,19 @@ void ConversationTurn::apply(Request* request) const {
   request->session_whole_prompt = true;
 }
 
-void ConversationTurn::record(ojson reply, std::string response_json) const {
+void ConversationTurn::record(ojson reply, std::span<const int32_t> reply_ids,
+                              std::string response_json) const {
   if (!store) return;
   ResponseStore::Entry entry;
   entry.session = session;
   entry.messages = conversation;
   entry.messages.push_back(std::move(reply));
   entry.response_json = std::move(response_json);
+  if (prompt && tokenizer) {
+    if (std::optional<ConversationTokens> after =
+            conversation_after_reply(*prompt, reply_ids, *tokenizer))
+      entry.tokens = std::make_shared<const ConversationTokens>(*std::move(after));
+  }
   store->put(key, std::move(entry), absl::Now());
 }
 
@@ -50,7 +58,8 @@ ojson assistant_message(std::string_view content, std::string_view reasoning, oj
   return reply;
 }
 
-void ReplyTranscript::add(const ChatDelta& delta) {
+void ReplyTranscript::add(const ChatDelta& delta, std::span<const int32_t> token_ids) {
+  token_ids_.insert(token_ids_.end(), token_ids.begin(), token_ids.end());
   content_ += delta.content;
   reasoning_ += delta.reasoning;
   for (const ToolCallDelta& d : delta.tool_calls) {

@@ -7,14 +7,19 @@
 //    under a key (the response id, the gRPC session id), with the engine session holding its
 //    tokens;
 //  * a turn renders the stored messages followed by the new ones (HTTP: responses_chat_body, gRPC:
-//    chat_body_from_proto) through the chat template and tokenizes them (prepare_chat,
-//    server/chat_request.h), and is submitted as a whole-prompt turn of that engine session
+//    chat_body_from_proto) through the chat template, and tokenizes only the text after what the
+//    stored entry's ids spell (prepare_chat with the entry's ConversationTokens,
+//    server/conversation_tokens.h); when the rendering does not continue that text (a template
+//    that drops earlier reasoning, a reply ended by a stop string) it tokenizes the whole
+//    rendering. It is submitted as a whole-prompt turn of that engine session
 //    (ConversationTurn::apply, Request::session_whole_prompt): the engine continues from the cache
-//    it kept when the session's token history is a prefix of the prompt and starts over otherwise,
-//    so the model sees exactly the tokens of the whole conversation sent at once;
+//    it kept when the session's token history is a prefix of the prompt and starts over otherwise
+//    (a fork, or a turn encoded whole that differs), so the model sees exactly the tokens of the
+//    conversation that it saw in earlier turns, its replies as sampled;
 //  * a turn that completes (stop or length) is kept with its reply as the assistant message the
-//    template renders next time (ConversationTurn::record), before the turn's last event goes out,
-//    so a client that continues at once finds it. A cancelled or failed turn keeps nothing;
+//    template renders next time, and with the prompt's ids and text followed by the reply's ids as
+//    sampled (ConversationTurn::record), before the turn's last event goes out, so a client that
+//    continues at once finds it. A cancelled or failed turn keeps nothing;
 //  * store: false runs the turn on the stored conversation without a session: the engine computes
 //    it whole and leaves the session as it was.
 //
@@ -24,6 +29,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -32,7 +38,9 @@
 #include "absl/status/statusor.h"
 #include "engine/chat/chat_output_parser.h"
 #include "engine/request.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "server/conversation_tokens.h"
 #include "server/response_store.h"
 
 namespace loom {
@@ -53,14 +61,20 @@ struct ConversationTurn {
   std::string session;  // the engine session holding its tokens (Request::session)
   // The messages the turn's prompt rendered (the stored ones and the new ones; no instructions).
   nlohmann::ordered_json conversation = nlohmann::ordered_json::array();
+  // The prompt's text and ids (PreparedChat::prompt) and the tokenizer that decodes the reply;
+  // null prompt: the conversation is kept without ids and its next turn encodes it whole.
+  std::shared_ptr<const ConversationTokens> prompt;
+  std::shared_ptr<const Tokenizer> tokenizer;
 
   // Makes `request` (prepared from `conversation`) a whole-prompt turn of `session` when the turn
   // is kept; a turn kept nowhere runs without a session.
   void apply(Request* request) const;
-  // The turn completed with `reply` (assistant_message): the conversation and the reply go into
-  // `store` under `key` (no-op without a store). `response_json`: what the store answers for the
-  // key (HTTP's GET /v1/responses/{id}); empty for gRPC.
-  void record(nlohmann::ordered_json reply, std::string response_json) const;
+  // The turn completed with `reply` (assistant_message), sampled as `reply_ids` (the stop token
+  // included): the conversation and the reply go into `store` under `key` (no-op without a
+  // store), with the prompt's ids followed by `reply_ids`. `response_json`: what the store
+  // answers for the key (HTTP's GET /v1/responses/{id}); empty for gRPC.
+  void record(nlohmann::ordered_json reply, std::span<const int32_t> reply_ids,
+              std::string response_json) const;
 };
 
 // A reply as the assistant message the chat template renders in the next turn's history.
@@ -68,12 +82,14 @@ struct ConversationTurn {
 nlohmann::ordered_json assistant_message(std::string_view content, std::string_view reasoning,
                                          nlohmann::ordered_json tool_calls);
 
-// Collects one choice's streamed reply (its ChatDeltas, as ChatReplyReader gives them) into
-// assistant_message(). Not thread-safe; one per choice.
+// Collects one choice's streamed reply (its ChatDeltas, as ChatReplyReader gives them, and the
+// ids each event carried) into assistant_message() and the ids as sampled. Not thread-safe; one
+// per choice.
 class ReplyTranscript {
  public:
-  void add(const ChatDelta& delta);
+  void add(const ChatDelta& delta, std::span<const int32_t> token_ids);
   nlohmann::ordered_json message() const;
+  const std::vector<int32_t>& token_ids() const { return token_ids_; }
 
  private:
   struct Call {
@@ -81,6 +97,7 @@ class ReplyTranscript {
   };
   std::string content_, reasoning_;
   std::vector<Call> calls_;  // by the parser's call index
+  std::vector<int32_t> token_ids_;
 };
 
 }  // namespace loom

@@ -212,11 +212,11 @@ class ChatEncoder final : public ResponseEncoder {
     chat_response_from_output(ev, delta, reader.made_tool_calls(), &resp_);
     if (!session_id_.empty()) {
       resp_.set_session_id(session_id_);
-      transcript_.add(delta);
+      transcript_.add(delta, ev.token_ids);
       if (ev.finish) {
         resp_.mutable_usage()->set_cached_tokens(cached_tokens_);
         if (*ev.finish == FinishReason::kStop || *ev.finish == FinishReason::kLength)
-          kept_.record(transcript_.message(), "");
+          kept_.record(transcript_.message(), transcript_.token_ids(), "");
       }
     }
     return serialize_response(resp_, out);
@@ -615,10 +615,12 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GrpcServer::Impl::Chat(grpc::Callbac
   const std::string& id = request.session_id();
   ConversationTurn kept;
   nlohmann::ordered_json history = nlohmann::ordered_json::array();
+  std::shared_ptr<const ConversationTokens> history_tokens;  // what the model saw of `history`
   if (!id.empty()) {
     kept.session = engine_session(id);
     if (std::optional<ResponseStore::Entry> entry = sessions->get(id, absl::Now())) {
       history = std::move(entry->messages);
+      history_tokens = std::move(entry->tokens);
       kept.session = std::move(entry->session);
     } else if (request.session_must_exist()) {
       return reject(
@@ -640,8 +642,11 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GrpcServer::Impl::Chat(grpc::Callbac
       chat_request_from_proto(request, engine.config().vocab_size, history);
   if (!parsed.ok()) return reject(to_grpc_status(parsed.status()));
   absl::StatusOr<PreparedChat> prepared =
-      prepare_chat(*parsed, *tokenizer, chat, engine.max_model_len());
+      prepare_chat(*parsed, *tokenizer, chat, engine.max_model_len(), history_tokens.get(),
+                   /*keep_prompt=*/kept.store != nullptr);
   if (!prepared.ok()) return reject(to_grpc_status(prepared.status()));
+  kept.prompt = prepared->prompt;
+  kept.tokenizer = tokenizer;
   prepared->request.tag = request.request_id();
   kept.apply(&prepared->request);
   const int n = prepared->request.params.n;

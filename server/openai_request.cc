@@ -617,51 +617,88 @@ absl::StatusOr<OpenAiRequest> parse_chat_request(std::string_view body) {
   return r;
 }
 
+absl::StatusOr<RenderedChat> render_chat_request(const OpenAiRequest& req, ChatFormat format,
+                                                 const CheckpointChatTemplate* chat_template,
+                                                 bool* opens_reasoning) {
+  LOOM_CHECK(req.chat, "render_chat_request takes a chat request");
+  absl::StatusOr<RenderedChat> rendered;
+  if (chat_template != nullptr) {
+    ChatTemplateInput in;
+    in.messages = req.template_messages;
+    in.tools = req.template_tools;
+    in.add_generation_prompt = true;
+    in.kwargs = req.chat_template_kwargs;
+    rendered = chat_template->apply_prompt(in);
+    if (!rendered.ok()) {
+      // A refused switch is the request's kwargs' fault; anything else the template raised is
+      // about the conversation.
+      const std::string m(rendered.status().message());
+      return bad(
+          m.starts_with("chat_template_kwargs") ? "chat_template_kwargs" : "messages",
+          absl::StrCat("the model's chat template (", chat_template->origin(), "): ", absl_sv(m)));
+    }
+  } else {
+    if (!req.chat_template_kwargs.is_null())
+      return bad("chat_template_kwargs",
+                 "this model has no chat template of its own; the built-in template takes no "
+                 "switches");
+    RenderOptions opts;
+    opts.add_generation_prompt = true;
+    rendered = render_chat_prompt(format, req.messages, req.tools, opts);
+    if (!rendered.ok()) {
+      // The renderer names the message or tool; keep its words, attribute to messages.
+      std::string m(rendered.status().message());
+      return bad(m.rfind("tool", 0) == 0 ? "tools" : "messages", m);
+    }
+  }
+  if (opens_reasoning != nullptr) *opens_reasoning = prompt_opens_reasoning(rendered->text);
+  return rendered;
+}
+
+std::vector<int32_t> encode_chat_text(const OpenAiRequest& req, const Tokenizer& tokenizer,
+                                      const RenderedChat& rendered, size_t begin) {
+  LOOM_CHECK(begin <= rendered.text.size(), "begin %zu past the text's %zu bytes", begin,
+             rendered.text.size());
+  const std::string_view text = std::string_view(rendered.text).substr(begin);
+  if (req.parse_special_tokens) return tokenizer.encode(text, /*allow_special=*/true);
+  std::vector<Tokenizer::Range> markup;
+  markup.reserve(rendered.markup_ranges.size());
+  for (const auto& [b, e] : rendered.markup_ranges) {
+    if (e <= begin) continue;
+    markup.push_back({std::max(b, begin) - begin, e - begin});
+  }
+  return tokenizer.encode_with_special_ranges(text, markup);
+}
+
+absl::StatusOr<Request> engine_request(const OpenAiRequest& req, std::vector<int32_t> ids,
+                                       int32_t max_model_len) {
+  if (ids.empty()) return bad(req.chat ? "messages" : "prompt", "encodes to no tokens");
+  Request r;
+  r.params = req.params;
+  r.params.logprobs = req.logprobs ? req.top_logprobs : -1;
+  if (req.max_tokens) {
+    r.params.max_tokens = *req.max_tokens;
+  } else if (!req.chat) {
+    r.params.max_tokens = 16;
+  } else {
+    int64_t left = max_model_len > 0 ? int64_t{max_model_len} - static_cast<int64_t>(ids.size())
+                                     : kDefaultChatMaxTokens;
+    r.params.max_tokens = static_cast<int>(std::clamp<int64_t>(left, 1, kDefaultChatMaxTokens));
+  }
+  r.priority = req.priority;
+  r.prompt = std::move(ids);
+  return r;
+}
+
 absl::StatusOr<std::vector<Request>> build_engine_requests(
     const OpenAiRequest& req, const Tokenizer& tokenizer, ChatFormat format, int32_t max_model_len,
     const CheckpointChatTemplate* chat_template, bool* opens_reasoning) {
   std::vector<std::vector<int32_t>> prompts;
   if (opens_reasoning != nullptr) *opens_reasoning = false;
   if (req.chat) {
-    absl::StatusOr<RenderedChat> rendered;
-    if (chat_template != nullptr) {
-      ChatTemplateInput in;
-      in.messages = req.template_messages;
-      in.tools = req.template_tools;
-      in.add_generation_prompt = true;
-      in.kwargs = req.chat_template_kwargs;
-      rendered = chat_template->apply_prompt(in);
-      if (!rendered.ok()) {
-        // A refused switch is the request's kwargs' fault; anything else the template raised is
-        // about the conversation.
-        const std::string m(rendered.status().message());
-        return bad(m.starts_with("chat_template_kwargs") ? "chat_template_kwargs" : "messages",
-                   absl::StrCat("the model's chat template (", chat_template->origin(),
-                                "): ", absl_sv(m)));
-      }
-    } else {
-      if (!req.chat_template_kwargs.is_null())
-        return bad("chat_template_kwargs",
-                   "this model has no chat template of its own; the built-in template takes no "
-                   "switches");
-      RenderOptions opts;
-      opts.add_generation_prompt = true;
-      rendered = render_chat_prompt(format, req.messages, req.tools, opts);
-      if (!rendered.ok()) {
-        // The renderer names the message or tool; keep its words, attribute to messages.
-        std::string m(rendered.status().message());
-        return bad(m.rfind("tool", 0) == 0 ? "tools" : "messages", m);
-      }
-    }
-    if (opens_reasoning != nullptr) *opens_reasoning = prompt_opens_reasoning(rendered->text);
-    if (req.parse_special_tokens) {
-      prompts.push_back(tokenizer.encode(rendered->text, /*allow_special=*/true));
-    } else {
-      std::vector<Tokenizer::Range> markup;
-      markup.reserve(rendered->markup_ranges.size());
-      for (const auto& [begin, end] : rendered->markup_ranges) markup.push_back({begin, end});
-      prompts.push_back(tokenizer.encode_with_special_ranges(rendered->text, markup));
-    }
+    LOOM_ASSIGN_OR_RETURN(RenderedChat rendered,
+                          render_chat_request(req, format, chat_template, opens_reasoning));
+    prompts.push_back(encode_chat_text(req, tokenizer, rendered));
   } else {
     for (const PromptInput& p : req.prompts) {
       if (p.is_text)
@@ -672,21 +709,7 @@ absl::StatusOr<std::vector<Request>> build_engine_requests(
   }
   std::vector<Request> out;
   for (auto& ids : prompts) {
-    if (ids.empty()) return bad(req.chat ? "messages" : "prompt", "encodes to no tokens");
-    Request r;
-    r.params = req.params;
-    r.params.logprobs = req.logprobs ? req.top_logprobs : -1;
-    if (req.max_tokens) {
-      r.params.max_tokens = *req.max_tokens;
-    } else if (!req.chat) {
-      r.params.max_tokens = 16;
-    } else {
-      int64_t left = max_model_len > 0 ? int64_t{max_model_len} - static_cast<int64_t>(ids.size())
-                                       : kDefaultChatMaxTokens;
-      r.params.max_tokens = static_cast<int>(std::clamp<int64_t>(left, 1, kDefaultChatMaxTokens));
-    }
-    r.priority = req.priority;
-    r.prompt = std::move(ids);
+    LOOM_ASSIGN_OR_RETURN(Request r, engine_request(req, std::move(ids), max_model_len));
     out.push_back(std::move(r));
   }
   return out;

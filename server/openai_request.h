@@ -72,6 +72,22 @@ absl::Status check_json_depth(std::string_view body);
 absl::StatusOr<OpenAiRequest> parse_completion_request(std::string_view body);
 absl::StatusOr<OpenAiRequest> parse_chat_request(std::string_view body);
 
+// build_engine_requests' chat steps, for a caller that encodes only part of the prompt (a kept
+// conversation's next turn, server/conversation_tokens.h):
+// The chat request's prompt rendered (errors and `opens_reasoning` as build_engine_requests).
+absl::StatusOr<RenderedChat> render_chat_request(const OpenAiRequest& req, ChatFormat format,
+                                                 const CheckpointChatTemplate* chat_template,
+                                                 bool* opens_reasoning = nullptr);
+// rendered.text from byte `begin` on, encoded as build_engine_requests encodes a chat prompt:
+// special tokens matched everywhere with req.parse_special_tokens, else only inside the
+// template's markup ranges. REQUIRES: begin <= rendered.text.size().
+std::vector<int32_t> encode_chat_text(const OpenAiRequest& req, const Tokenizer& tokenizer,
+                                      const RenderedChat& rendered, size_t begin = 0);
+// The engine request of prompt `ids` with `req`'s sampling (max_tokens defaulted as
+// build_engine_requests does). InvalidArgument for an empty prompt.
+absl::StatusOr<Request> engine_request(const OpenAiRequest& req, std::vector<int32_t> ids,
+                                       int32_t max_model_len);
+
 // The engine requests of `req`, one per prompt (one for chat), tokenized as
 // `req.parse_special_tokens` says (chat: special tokens of the template always count).
 // `max_model_len` (0: unlimited) sets chat's default max_tokens; the engine still checks prompt +

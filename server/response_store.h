@@ -2,8 +2,8 @@
 // previous_response_id. Each keeps the conversation up to and including its reply, as chat
 // messages, and the engine session (Request::session) that holds its conversation's tokens and
 // cache. Turns of one conversation share a session; a response continued twice (a fork) still
-// answers right, because the route checks the session's token history against the rendered
-// conversation before continuing it (server/responses_route.h).
+// answers right, because each entry keeps its own conversation's ids and the engine checks the
+// session's token history against the turn's prompt before continuing it (server/chat_session.h).
 //
 // Bounded: at most `max_entries` (the oldest dropped first) and none older than `ttl` (the
 // engine's session ttl, so a stored response outlives neither its session's kept cache nor the
@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -19,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
+#include "server/conversation_tokens.h"
 
 namespace loom {
 
@@ -32,6 +34,9 @@ class ResponseStore {
     // without any instructions.
     nlohmann::ordered_json messages;
     std::string response_json;  // the response object, as GET returns it
+    // The ids the model saw for `messages` and their text, so that the next turn encodes only
+    // its new text (server/conversation_tokens.h); null: the next turn encodes it all.
+    std::shared_ptr<const ConversationTokens> tokens;
   };
   void put(const std::string& id, Entry entry, absl::Time now);
   // NotFound-style: nullopt when unknown or expired.

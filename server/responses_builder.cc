@@ -95,7 +95,7 @@ void ResponsesBuilder::close_open(std::vector<std::string>* out) {
 std::vector<std::string> ResponsesBuilder::on_event(int /*prompt*/, const RequestOutput& out) {
   std::vector<std::string> events;
   const ChatDelta delta = reader_.feed(out);
-  transcript_.add(delta);
+  transcript_.add(delta, out.token_ids);
   const std::string item_prefix = turn_.id.substr(turn_.id.find('_') + 1);
   // Opens an item of `type` unless one is open; returns its index.
   auto open = [&](const std::string& type, ojson item) {
@@ -205,7 +205,7 @@ std::vector<std::string> ResponsesBuilder::on_event(int /*prompt*/, const Reques
       break;
   }
   const bool done = status_ == "completed" || status_ == "incomplete";
-  if (done) turn_.kept.record(transcript_.message(), dump(response()));
+  if (done) turn_.kept.record(transcript_.message(), transcript_.token_ids(), dump(response()));
   if (stream_) {
     const char* type = status_ == "completed"    ? "response.completed"
                        : status_ == "incomplete" ? "response.incomplete"

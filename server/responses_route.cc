@@ -69,6 +69,7 @@ RouteResult create_response(HttpContext& ctx, std::string_view body) {
   const std::string id = absl::StrFormat("resp_%x%08x", ctx.started_unix, serial);
   // The conversation so far: the previous response's messages, its reply included.
   ojson history = ojson::array();
+  std::shared_ptr<const ConversationTokens> history_tokens;  // what the model saw of `history`
   std::string session = absl::StrCat("responses:", id);
   if (req->previous_response_id) {
     auto previous = ctx.responses->get(*req->previous_response_id, absl::Now());
@@ -77,6 +78,7 @@ RouteResult create_response(HttpContext& ctx, std::string_view body) {
       return result;
     }
     history = std::move(previous->messages);
+    history_tokens = std::move(previous->tokens);
     session = std::move(previous->session);
   }
   auto chat = parse_chat_request(responses_chat_body(*req, history));
@@ -84,7 +86,10 @@ RouteResult create_response(HttpContext& ctx, std::string_view body) {
     result.reply = error_reply(api_error_from_status(chat.status()));
     return result;
   }
-  auto prepared = prepare_chat(*chat, *ctx.tokenizer, ctx.chat, ctx.engine->max_model_len());
+  // Instructions render before the history, so with instructions the kept text is no prefix and
+  // the whole rendering is encoded (a turn with the same instructions as the last continues).
+  auto prepared = prepare_chat(*chat, *ctx.tokenizer, ctx.chat, ctx.engine->max_model_len(),
+                               history_tokens.get(), /*keep_prompt=*/req->store);
   if (!prepared.ok()) {
     result.reply = error_reply(api_error_from_status(prepared.status()));
     return result;
@@ -98,6 +103,8 @@ RouteResult create_response(HttpContext& ctx, std::string_view body) {
     kept.session = std::move(session);
     kept.conversation = std::move(history);
     for (const ojson& m : req->input_messages) kept.conversation.push_back(m);
+    kept.prompt = prepared->prompt;
+    kept.tokenizer = ctx.tokenizer;
   }
   Request request = std::move(prepared->request);
   request.tag = absl::StrCat("resp-", serial);

@@ -3,11 +3,14 @@
 
 One loom-server with --deterministic and both frontends; the Python client (clients/python):
 
-  * a 3-turn session, each turn sending only its new user message, gives exactly the tokens,
-    text and token counts of sending the whole history in one Chat (and in one HTTP
-    /v1/chat/completions), both when turns continue the session's kept cache (one-token replies
-    that re-tokenize to themselves: usage.cached_tokens > 0) and when they recompute (longer
-    replies); every message carries the session id;
+  * a 3-turn session, each turn sending only its new user message, continues the whole kept
+    history (usage.cached_tokens = the previous turn's prompt and reply tokens: nothing recomputed,
+    the reply's ids as sampled) and, while every earlier reply re-tokenizes to its ids (one-token
+    replies), gives exactly the tokens, text and token counts of sending the whole history in one
+    Chat (and in one HTTP /v1/chat/completions); longer replies of this untrained model do not
+    re-tokenize to themselves (bytes that are not whole characters, ids the tokenizer cannot
+    spell), and the turns after them still continue, from the ids the model saw, where the whole
+    history re-tokenized differs; every message carries the session id;
   * store = false sees the stored conversation but leaves it as it was;
   * DeleteSession frees the session (/metrics loom_sessions drops by one); deleting it again,
     deleting an unknown id and continuing a deleted or unknown one with session_must_exist give
@@ -52,11 +55,28 @@ def metric(port, name):
     return None
 
 
+def retokenizes(client, ids):
+    """Whether a reply's ids are what its text tokenizes to (as message text: special-token
+    spellings are plain text). A last special id (the stop token) is the template's, not the
+    text's."""
+    import grpc
+    try:
+        if ids and client.detokenize(ids[-1:], skip_special_tokens=True) == "" and \
+                client.detokenize(ids[-1:]) != "":
+            ids = ids[:-1]
+        return client.tokenize(client.detokenize(ids)) == ids
+    except grpc.RpcError:
+        return False  # an id the tokenizer cannot spell (the fixture's vocabulary is larger)
+
+
 def conversation(client, port, session, users, max_tokens, seeds, what):
-    """Runs a session turn per user text, each against the whole history sent at once. Returns the
-    turns' cached_tokens."""
+    """Runs a session turn per user text, each continuing the previous one and, while every earlier
+    reply re-tokenizes, equal to the whole history sent at once. Returns the turns' cached_tokens,
+    the history and whether every reply re-tokenizes to its ids."""
     history = [SYSTEM]
     cached = []
+    canonical = True  # every earlier reply re-tokenizes to its ids
+    previous_total = 0
     for k, (user, seed) in enumerate(zip(users, seeds)):
         new = ([SYSTEM] if k == 0 else []) + [{"role": "user", "content": user}]
         sampling = dict(seed=seed, temperature=0.8, max_tokens=max_tokens)
@@ -68,6 +88,18 @@ def conversation(client, port, session, users, max_tokens, seeds, what):
         text = "".join(m.content for m in msgs)
         last = msgs[-1]
         cached.append(last.usage.cached_tokens)
+        check(last.usage.cached_tokens == previous_total,
+              "%s turn %d: continued %d tokens, not the whole kept history's %d" %
+              (what, k, last.usage.cached_tokens, previous_total))
+        previous_total = last.usage.prompt_tokens + last.usage.completion_tokens
+        reply_canonical = retokenizes(client, tokens)
+        if not canonical:
+            # The session's prompt holds an earlier reply's ids as sampled; the whole history
+            # re-tokenizes that reply's text to other ids.
+            history.append({"role": "user", "content": user})
+            history.append({"role": "assistant", "content": text})
+            continue
+        canonical = reply_canonical  # for the next turn
         check(tokens == turn["token_ids"],
               "%s turn %d: session tokens %s != whole history %s" % (what, k, tokens,
                                                                      turn["token_ids"]))
@@ -91,7 +123,7 @@ def conversation(client, port, session, users, max_tokens, seeds, what):
             check(chat["usage"]["prompt_tokens"] == last.usage.prompt_tokens,
                   "%s turn %d: http prompt tokens" % (what, k))
         history.append({"role": "assistant", "content": text})
-    return cached, history
+    return cached, history, canonical
 
 
 def test_store_false(client, session, history):
@@ -187,10 +219,14 @@ def test_tool_turns(client):
          "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]}
     result = {"role": "tool", "tool_call_id": "call_0", "content": "sunny"}
     # Turn 1 sends the user message, a call and its result; turn 2 only a new user message.
-    first = client.chat_reply([user, call, result], session_id="tools", tools=tools, seed=2,
-                              max_tokens=3)[0]
-    whole_first = client.chat_reply([user, call, result], tools=tools, seed=2, max_tokens=3)[0]
+    # (A one-token reply of a seed whose id re-tokenizes to itself, so that turn 2 equals the
+    # whole conversation re-tokenized.)
+    first = client.chat_reply([user, call, result], session_id="tools", tools=tools, seed=7,
+                              max_tokens=1)[0]
+    whole_first = client.chat_reply([user, call, result], tools=tools, seed=7, max_tokens=1)[0]
     check(first["token_ids"] == whole_first["token_ids"], "tool session turn 1")
+    check(retokenizes(client, first["token_ids"]),
+          "tool session turn 1's reply %s re-tokenizes to itself" % first["token_ids"])
     reply = {"role": "assistant", "content": first["content"]}
     if first["reasoning_content"]:
         reply["reasoning_content"] = first["reasoning_content"]
@@ -203,6 +239,8 @@ def test_tool_turns(client):
     check(got["token_ids"] == want["token_ids"] and got["prompt_tokens"] == want["prompt_tokens"],
           "tool session turn 2 %s/%d != whole %s/%d" % (got["token_ids"], got["prompt_tokens"],
                                                          want["token_ids"], want["prompt_tokens"]))
+    check(got["cached_tokens"] == first["prompt_tokens"] + first["completion_tokens"],
+          "tool session turn 2 continued %d tokens" % got["cached_tokens"])
     client.delete_session("tools")
 
 
@@ -218,18 +256,23 @@ def main():
 
     with LoomServer(ARGS.server, ARGS.model, "--deterministic", "--grpc_port", "0") as srv, \
             LoomClient("127.0.0.1:%d" % srv.grpc_port, timeout=120) as client:
-        # One-token replies re-tokenize to themselves: turns continue the kept cache.
-        cached, history = conversation(client, srv.port, "short", ["Hello", "And then?", "Why?"],
-                                       1, [1, 6, 5], "short")
+        # One-token replies of seeds whose ids re-tokenize to themselves: turns continue the
+        # kept cache and equal the whole history, and so does store = false after them.
+        cached, history, canonical = conversation(client, srv.port, "short",
+                                                  ["Hello", "And then?", "Why?"], 1, [1, 6, 7],
+                                                  "short")
         print("short session: cached tokens per turn", cached)
         check(len(cached) == 3 and cached[0] == 0 and cached[1] > 0 and cached[2] > 0,
               "continued turns read the kept cache: %s" % cached)
+        check(canonical, "the short session's replies re-tokenize to themselves")
         test_store_false(client, "short", history)
-        # Longer replies of this untrained model do not re-tokenize the same: turns recompute,
-        # and still equal the whole history.
-        cached, _ = conversation(client, srv.port, "long", ["Hello there", "Go on", "Once more"],
-                                 8, [7, 8, 9], "long")
+        # Longer replies of this untrained model do not re-tokenize the same: turns still
+        # continue the kept cache, from the ids the model saw.
+        cached, _, _ = conversation(client, srv.port, "long",
+                                    ["Hello there", "Go on", "Once more"], 8, [7, 8, 9], "long")
         print("long session: cached tokens per turn", cached)
+        check(len(cached) == 3 and cached[0] == 0 and cached[1] > 0 and cached[2] > 0,
+              "long turns continue the kept cache: %s" % cached)
         test_delete_and_not_found(client, srv.port)
         test_validation(client)
         test_tool_turns(client)
