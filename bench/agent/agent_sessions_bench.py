@@ -12,8 +12,9 @@ starts, run interleaved turn by turn (turn k in every mode, then turn k + 1), so
 elsewhere on a shared machine falls on all of them alike:
 
   sessions  POST /v1/responses, stream, previous_response_id: only the new items are sent; the
-            engine continues from the session's kept cache when the history re-tokenizes to
-            itself (cached = usage.input_tokens_details.cached_tokens).
+            server tokenizes only the new text after the ids the model saw (replies as
+            sampled) and the engine continues from the session's kept cache (cached =
+            usage.input_tokens_details.cached_tokens).
   prefix    POST /v1/chat/completions, stream, the whole history every turn; the prefix cache
             serves what earlier turns computed (cached = the growth of
             loom_prefix_cache_hit_tokens_total in /metrics over the turn).
@@ -232,7 +233,7 @@ class ModeReplay:
             reply["tool_calls"] = r["tool_calls"]
         self.history.append(reply)
         # A continued session's tokens count as prefix-cache hits too; a session that starts
-        # over (its reply did not re-tokenize to itself) still reads the prefix cache.
+        # over (a template that renders the reply differently) still reads the prefix cache.
         cached = max(session_cached, hits)
         return {"mode": self.mode, "turn": k, "prompt_tokens": prompt, "cached_tokens": cached,
                 "session_cached_tokens": session_cached, "prefix_hit_tokens": hits,
@@ -353,9 +354,9 @@ def markdown(conv, rows, summary, args, header):
     lines.append("`*`: the reply had no text (an untrained model's token the tokenizer cannot "
                  "spell), so TTFT is the end of the stream; with one output token the two agree.")
     lines.append("Sessions `(kept)`: the turn continued the session's kept cache "
-                 "(usage.input_tokens_details.cached_tokens); otherwise the previous reply did "
-                 "not re-tokenize to itself and the session started over, reading the prefix "
-                 "cache up to the last whole 64-token block before it.")
+                 "(usage.input_tokens_details.cached_tokens); otherwise the session started over "
+                 "(before 8309e97: the previous reply did not re-tokenize to itself), reading "
+                 "the prefix cache up to the last whole 64-token block before it.")
     lines.append("")
     lines.append("Fits over turns 1.. (TTFT = base + a * computed + b * computed * history / 1k; "
                  "computed = prompt - cached):")
@@ -417,7 +418,8 @@ def main(argv=None):
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--output_tokens", type=int, default=1,
                    help="greedy tokens per reply (1: an untrained model's longer replies do not "
-                   "re-tokenize to themselves, so a session would start over; docs/api.md)")
+                   "re-tokenize to themselves, so the whole-history modes' prompts would "
+                   "differ from the session's; docs/api.md)")
     p.add_argument("--deterministic", action="store_true",
                    help="start the servers with --deterministic (bit-identical replies in every mode)")
     p.add_argument("--mode_budget_s", type=float, default=0,
@@ -460,14 +462,24 @@ def main(argv=None):
         log("FAILED " + failed)
     wall = time.monotonic() - t0
     summary = analyse(rows)
-    # Every mode computes over the same tokens: their prompt sizes must agree turn by turn.
+    # The whole-history modes compute over the same tokens: their prompt sizes must agree turn by
+    # turn. So must sessions', except after a reply that does not re-tokenize to itself: a session
+    # continues from the reply's ids as sampled (its turn reads the whole kept history), where the
+    # whole history encodes the reply's text anew.
     mismatch = []
+    by = {(r["mode"], r["turn"]): r for r in rows}
     for r in rows:
         other = [o for o in rows if o["turn"] == r["turn"] and o["mode"] < r["mode"]]
         for o in other:
-            if o["prompt_tokens"] != r["prompt_tokens"]:
-                mismatch.append((r["turn"], o["mode"], o["prompt_tokens"], r["mode"],
-                                 r["prompt_tokens"]))
+            if o["prompt_tokens"] == r["prompt_tokens"]:
+                continue
+            s = r if r["mode"] == "sessions" else o if o["mode"] == "sessions" else None
+            prev = by.get(("sessions", r["turn"] - 1))
+            if s is not None and prev is not None and s["session_cached_tokens"] == \
+                    prev["prompt_tokens"] + prev["output_tokens"]:
+                continue
+            mismatch.append((r["turn"], o["mode"], o["prompt_tokens"], r["mode"],
+                             r["prompt_tokens"]))
     for m in mismatch:
         log("turn %d: %s prompt %d != %s prompt %d" % m)
     result = {"trace": {k: conv[k] for k in ("id", "seed", "target_tokens", "turns",
