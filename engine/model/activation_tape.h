@@ -10,6 +10,8 @@
 //   (l,  "mixer_out")     [N, D] layer l's token mixer output (what it adds to the residual)
 //   (l,  "ffn_in")        [N, D] the normalised input of layer l's FFN
 //   (l,  "ffn_out")       [N, D] layer l's FFN output
+//   (l,  "expert_ids")    [N, top_k] i32, MoE layers only: the experts each row was routed to
+//                         (the router's choice, or the replayed one under routing replay)
 //   (-1, "final_normed")  [N, D] the final normalised hidden state of every row
 #pragma once
 

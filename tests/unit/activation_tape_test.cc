@@ -3,6 +3,7 @@
 // checked against the op that produced it, recomputed here from another recorded tensor.
 #include "engine/model/activation_tape.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -59,7 +60,19 @@ TEST(ActivationTape, RecordsEveryLayerWithoutChangingLogits) {
   expect_equal(taped, plain, "logits with a tape");
 
   const int L = cfg.num_layers;
-  ASSERT_EQ(tape.entries().size(), static_cast<size_t>(2 + 5 * L));
+  const auto moe_layers = std::count(cfg.ffns.begin(), cfg.ffns.end(), FfnType::kMoe);
+  ASSERT_GT(moe_layers, 0);
+  ASSERT_EQ(tape.entries().size(), static_cast<size_t>(2 + 5 * L + moe_layers));
+  for (int l = 0; l < L; ++l) {  // MoE layers also keep the experts each row went to
+    const Tensor* ids = tape.find(l, "expert_ids");
+    if (cfg.ffns[static_cast<size_t>(l)] != FfnType::kMoe) {
+      EXPECT_EQ(ids, nullptr) << l;
+      continue;
+    }
+    ASSERT_NE(ids, nullptr) << l;
+    EXPECT_EQ(ids->dtype(), DType::kI32);
+    EXPECT_EQ(ids->shape(), Shape({37, cfg.moe.top_k}));
+  }
   EXPECT_EQ(tape.entries().front().name, "embedding");
   EXPECT_EQ(tape.entries().back().name, "final_normed");
   const Tensor* embedding = tape.find(-1, "embedding");
@@ -137,8 +150,10 @@ TEST(ActivationTape, RecordsSublayerInputsUnderBlockAttentionResiduals) {
   ActivationTape tape;
   const Tensor plain = prefill(**loaded, ids, nullptr);
   expect_equal(prefill(**loaded, ids, &tape), plain, "AttnRes logits with a tape");
-  // No residual stream under AttnRes: each sublayer's input is its own aggregation.
-  ASSERT_EQ(tape.entries().size(), static_cast<size_t>(2 + 4 * cfg->num_layers));
+  // No residual stream under AttnRes: each sublayer's input is its own aggregation (MoE layers
+  // add their expert ids).
+  const auto moe_layers = std::count(cfg->ffns.begin(), cfg->ffns.end(), FfnType::kMoe);
+  ASSERT_EQ(tape.entries().size(), static_cast<size_t>(2 + 4 * cfg->num_layers + moe_layers));
   for (int l = 0; l < cfg->num_layers; ++l) {
     EXPECT_EQ(tape.find(l, "residual"), nullptr);
     ASSERT_NE(tape.find(l, "mixer_in"), nullptr);
