@@ -10,7 +10,7 @@
 #
 #   bash tests/gpu/run.sh            # build only the GPU test and benchmark targets (and deps)
 #   LOOM_GPU_BUILD_ALL=1 bash ...    # build everything in the preset
-#   LOOM_GPU_SANITIZE=1 bash ...     # also memcheck (cuda_kernels_test) and racecheck (kernel tests)
+#   LOOM_GPU_SANITIZE=1 bash ...     # also memcheck + racecheck on every kernel test (or =memcheck)
 #   LOOM_GPU_SUITE=kda_chunked bash  # only the chunked KDA test, benchmark and peer
 #   LOOM_GPU_NO_PEER=1 bash ...      # skip the flash-linear-attention peers (Triton compiles ~2 min)
 #   LOOM_GPU_NO_BENCH=1 bash ...     # skip the CUDA benchmarks (tests, conformance, end to end only)
@@ -210,21 +210,24 @@ if [ -d .peers/fla/fla ] && [ "${LOOM_GPU_NO_PEER:-0}" != 1 ]; then
   [ $peer_rc = 0 ] || tail -15 "$logs"/fla*.log
 fi
 
-if [ "${LOOM_GPU_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
-  compute-sanitizer --tool memcheck --error-exitcode 9 build-cuda/tests/cuda_kernels_test \
-    --gtest_filter='-*ChecksAbort*' \
-    >"$logs/sanitize.log" 2>&1
-  echo "run.sh: compute-sanitizer memcheck exit $? ($(grep -c 'ERROR SUMMARY: 0' "$logs/sanitize.log") clean summaries)"
-  tail -3 "$logs/sanitize.log"
-  # racecheck (shared-memory hazards) on every kernel test binary; the model tests run the same
-  # kernels at fixture sizes and are left out for time.
-  for t in build-cuda/tests/*_cuda_test; do
-    case $t in *model_*) continue ;; esac
-    # LOOM_MLA_SYNC_HANDOFF=1: the wgmma MLA kernel's bar.sync handoff, which racecheck can
-    # follow (with the default bar.arrive side it reports hazards the PTX barrier orders).
-    LOOM_MLA_SYNC_HANDOFF=1 timeout 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$t" \
-      --gtest_filter='-*ChecksAbort*:*Death*' >"$logs/racecheck.$(basename "$t").log" 2>&1
-    echo "run.sh: racecheck $(basename "$t") exit $? ($(grep -h 'RACECHECK SUMMARY' "$logs/racecheck.$(basename "$t").log" | head -1))"
+# compute-sanitizer over every kernel test binary (the model tests run the same kernels at fixture
+# sizes and are left out for time): LOOM_GPU_SANITIZE=1 runs memcheck (out-of-bounds and
+# misaligned accesses, leaks) and racecheck (shared-memory hazards), =memcheck or =racecheck one.
+sanitize=${LOOM_GPU_SANITIZE:-0}
+if [ "$sanitize" != 0 ] && command -v compute-sanitizer >/dev/null; then
+  case $sanitize in
+    memcheck | racecheck) tools=("$sanitize") ;;
+    *) tools=(memcheck racecheck) ;;
+  esac
+  for tool in "${tools[@]}"; do
+    for t in build-cuda/tests/cuda_kernels_test build-cuda/tests/*_cuda_test; do
+      case $t in *model_*) continue ;; esac
+      # LOOM_MLA_SYNC_HANDOFF=1: the wgmma MLA kernel's bar.sync handoff, which racecheck can
+      # follow (with the default bar.arrive side it reports hazards the PTX barrier orders).
+      LOOM_MLA_SYNC_HANDOFF=1 timeout 900 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+        "$t" --gtest_filter='-*ChecksAbort*:*Death*' >"$logs/$tool.$(basename "$t").log" 2>&1
+      echo "run.sh: $tool $(basename "$t") exit $? ($(grep -h -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/$tool.$(basename "$t").log" | head -1))"
+    done
   done
 fi
 
