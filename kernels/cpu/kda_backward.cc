@@ -164,19 +164,23 @@ void kda_recurrent_backward(const Tensor& q, const Tensor& k, const Tensor& v, c
                   dv.data<float>(), dg.data<float>(), dbeta.data<float>(),
                   ds0 ? ds0 + h * area : nullptr);
   }
-  const int64_t group = d.Hv / d.Hk;
-  float* dqp = dq.data<float>();
-  float* dkp = dk.data<float>();
-  for (int64_t t = 0; t < d.T; ++t) {
-    for (int64_t hk = 0; hk < d.Hk; ++hk) {
-      float* dqr = dqp + (t * d.Hk + hk) * d.dk;
-      float* dkr = dkp + (t * d.Hk + hk) * d.dk;
-      std::fill(dqr, dqr + d.dk, 0.0f);
-      std::fill(dkr, dkr + d.dk, 0.0f);
+  sum_key_head_shares(dq_heads.data(), dk_heads.data(), d.T, d.Hk, d.Hv, d.dk, dq.data<float>(),
+                      dk.data<float>());
+}
+
+void sum_key_head_shares(const float* dq_shares, const float* dk_shares, int64_t T, int64_t Hk,
+                         int64_t Hv, int64_t dk, float* dq, float* d_k) {
+  const int64_t group = Hv / Hk;
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t hk = 0; hk < Hk; ++hk) {
+      float* dqr = dq + (t * Hk + hk) * dk;
+      float* dkr = d_k + (t * Hk + hk) * dk;
+      std::fill(dqr, dqr + dk, 0.0f);
+      std::fill(dkr, dkr + dk, 0.0f);
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-        const float* sq = dq_heads.data() + (h * d.T + t) * d.dk;
-        const float* sk = dk_heads.data() + (h * d.T + t) * d.dk;
-        for (int64_t i = 0; i < d.dk; ++i) {
+        const float* sq = dq_shares + (h * T + t) * dk;
+        const float* sk = dk_shares + (h * T + t) * dk;
+        for (int64_t i = 0; i < dk; ++i) {
           dqr[i] += sq[i];
           dkr[i] += sk[i];
         }

@@ -47,6 +47,7 @@
 #include <xmmintrin.h>
 #endif
 
+#include "kernels/cpu/kda_backward.h"
 #include "kernels/cpu/kda_simd.h"
 #include "kernels/kda.h"
 
@@ -657,24 +658,8 @@ void kda_chunked_backward(const Tensor& q, const Tensor& k, const Tensor& v, con
   }
   if (direct) return;
   // Value heads sharing a key head: their shares summed in head order (thread-count invariant).
-  const int64_t group = d.Hv / d.Hk;
-  float* dqp = dq.data<float>();
-  float* dkp = dk.data<float>();
-  for (int64_t t = 0; t < d.T; ++t)
-    for (int64_t hk = 0; hk < d.Hk; ++hk) {
-      float* dqr = dqp + (t * d.Hk + hk) * d.dk;
-      float* dkr = dkp + (t * d.Hk + hk) * d.dk;
-      std::fill(dqr, dqr + d.dk, 0.0f);
-      std::fill(dkr, dkr + d.dk, 0.0f);
-      for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-        const float* sq = shares + (h * d.T + t) * d.dk;
-        const float* sk = shares + ((d.Hv + h) * d.T + t) * d.dk;
-        for (int64_t i = 0; i < d.dk; ++i) {
-          dqr[i] += sq[i];
-          dkr[i] += sk[i];
-        }
-      }
-    }
+  sum_key_head_shares(shares, shares + d.Hv * d.T * d.dk, d.T, d.Hk, d.Hv, d.dk, dq.data<float>(),
+                      dk.data<float>());
 }
 
 }  // namespace loom::cpu

@@ -238,19 +238,7 @@ void moe_route_backward(const Tensor& logits, const Tensor& expert_ids, const Ro
       const int32_t* id = idp + i * k;
       const float* dw = dwp + i * k;
       float* dl = dlp + i * e;
-      // The scores, as moe_route computes them.
-      if (sigmoid) {
-        for (int j = 0; j < e; ++j) s[j] = 1.0f / (1.0f + std::exp(-l[j]));
-      } else {
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int j = 0; j < e; ++j) mx = std::max(mx, l[j]);
-        float sum = 0.0f;
-        for (int j = 0; j < e; ++j) {
-          s[j] = std::exp(l[j] - mx);
-          sum += s[j];
-        }
-        for (int j = 0; j < e; ++j) s[j] /= sum;
-      }
+      router_scores(l, e, sigmoid, s.data());  // as moe_route computes them
       // The gradient of the chosen scores a_j = s[id_j].
       if (params.renormalize) {
         float sum = 0.0f;

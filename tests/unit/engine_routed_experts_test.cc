@@ -16,6 +16,7 @@
 #include "engine/engine.h"
 #include "engine/model/model.h"
 #include "tests/unit/engine_test_support.h"
+#include "tests/unit/trainer_routing_test_support.h"
 
 namespace loom {
 namespace {
@@ -47,30 +48,6 @@ Generated generate(Engine& e, const std::vector<int32_t>& prompt, bool record) {
   e.wait_idle();
   g.hit = e.stats().prefix_hit_tokens - hits_before;
   return g;
-}
-
-// The training forward's own experts for `tokens`: per position, every MoE layer's top-k, in
-// RoutedExperts' layout ([positions, moe_layers, top_k]).
-std::vector<int32_t> trainer_routing(const Model& model, const std::vector<int32_t>& tokens) {
-  const ModelConfig& cfg = model.config();
-  SequenceCache cache = model.new_cache();
-  ForwardBatch batch;
-  batch.token_ids = tokens;
-  batch.batch_invariant = true;
-  batch.seqs.push_back({.num_tokens = static_cast<int64_t>(tokens.size()),
-                        .logits = LogitsMode::kNone,
-                        .cache = &cache});
-  ActivationTape tape({"expert_ids"});
-  EXPECT_TRUE(model.forward(batch, &tape).ok());
-  const int64_t k = cfg.moe.top_k;
-  std::vector<int32_t> out;
-  for (size_t t = 0; t < tokens.size(); ++t)
-    for (int l = 0; l < cfg.num_layers; ++l)
-      if (cfg.ffns[l] == FfnType::kMoe) {
-        const int32_t* row = tape.find(l, "expert_ids")->data<int32_t>() + t * k;
-        out.insert(out.end(), row, row + k);
-      }
-  return out;
 }
 
 TEST(EngineRoutedExperts, RecordsEveryComputedPositionAsTheTrainerRoutesIt) {

@@ -15,6 +15,7 @@
 #include "engine/engine.h"
 #include "engine/model/model.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "tests/unit/trainer_routing_test_support.h"
 #include "trainer/rl/arithmetic_env.h"
 #include "trainer/rl/policy_loss.h"
 #include "trainer/rl/rollout.h"
@@ -81,30 +82,6 @@ TEST(RlRoutingRecord, ReplayLayoutFollowsTheModelsMoeLayers) {
   EXPECT_EQ(routing_replay_of(tr, cfg, true).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// The training forward's own experts over `tokens` in batch-invariant numerics (the engine's
-// deterministic mode), in the record's layout.
-std::vector<int32_t> trainer_routing(const Model& model, const std::vector<int32_t>& tokens) {
-  const ModelConfig& cfg = model.config();
-  SequenceCache cache = model.new_cache();
-  ForwardBatch batch;
-  batch.token_ids = tokens;
-  batch.batch_invariant = true;
-  batch.seqs.push_back({.num_tokens = static_cast<int64_t>(tokens.size()),
-                        .logits = LogitsMode::kNone,
-                        .cache = &cache});
-  ActivationTape tape({"expert_ids"});
-  EXPECT_TRUE(model.forward(batch, &tape).ok());
-  const int64_t k = cfg.moe.top_k;
-  std::vector<int32_t> out;
-  for (size_t t = 0; t < tokens.size(); ++t)
-    for (int l = 0; l < cfg.num_layers; ++l)
-      if (cfg.ffns[l] == FfnType::kMoe) {
-        const int32_t* row = tape.find(l, "expert_ids")->data<int32_t>() + t * k;
-        out.insert(out.end(), row, row + k);
-      }
-  return out;
-}
-
 TEST(RlRoutingRecord, RolloutRecordsTheEnginesRoutingAndThePolicyLossReplaysIt) {
   const std::string config = std::string(LOOM_SOURCE_DIR) + "/weights/default/config.json";
   std::shared_ptr<const Tokenizer> tok = Tokenizer::byte_level();
@@ -152,7 +129,9 @@ TEST(RlRoutingRecord, RolloutRecordsTheEnginesRoutingAndThePolicyLossReplaysIt) 
     EXPECT_EQ(tr.routed_experts[(tr.tokens.size() - 1) * row], -1);
     // Every position before it was computed by some request of this call, unless the episode
     // ended on a budget with context the engine never saw.
-    if (!tr.truncated) EXPECT_DOUBLE_EQ(routing_coverage(tr), 1.0);
+    if (!tr.truncated) {
+      EXPECT_DOUBLE_EQ(routing_coverage(tr), 1.0);
+    }
   }
   std::printf("[rl routing replay] %lld of %lld positions recorded (%lld prompt tokens hit)\n",
               static_cast<long long>(covered), static_cast<long long>(positions),

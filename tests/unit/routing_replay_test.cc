@@ -27,17 +27,6 @@
 namespace loom {
 namespace {
 
-RouterParams router_params(const ModelConfig& cfg) {
-  RouterParams p;
-  p.score = cfg.moe.score_sigmoid ? RouterScore::kSigmoid : RouterScore::kSoftmax;
-  p.top_k = cfg.moe.top_k;
-  p.n_group = cfg.moe.n_group;
-  p.topk_group = cfg.moe.topk_group;
-  p.renormalize = cfg.moe.renormalize;
-  p.routed_scaling = cfg.moe.routed_scaling;
-  return p;
-}
-
 // k distinct experts of e, drawn uniformly.
 std::vector<int32_t> pick_experts(std::mt19937& rng, int e, int k) {
   std::vector<int32_t> all(static_cast<size_t>(e));
