@@ -1,6 +1,8 @@
 // Device dispatch for kernels/elementwise.h.
 #include "kernels/elementwise.h"
 
+#include <cstring>
+
 #include "kernels/cpu/elementwise.h"
 #ifdef LOOM_WITH_CUDA
 #include "kernels/cuda/backward.h"
@@ -20,6 +22,21 @@ void check_same_numel(const char* op, std::initializer_list<const Tensor*> ts) {
   }
 }
 }  // namespace
+
+void zero_fill(const Exec& ex, const Tensor& t) {
+  LOOM_ON_EXEC_DEVICE(ex, "zero_fill", t);
+  LOOM_CHECK(t.is_contiguous(), "zero_fill: %s is not contiguous", t.describe().c_str());
+  if (t.numel() == 0) return;
+  if (ex.device.is_cpu()) {
+    std::memset(t.raw(), 0, t.nbytes());
+    return;
+  }
+#ifdef LOOM_WITH_CUDA
+  return cuda::zero_fill(ex, t);
+#else
+  no_kernel_for(ex, "zero_fill");
+#endif
+}
 
 void add_inplace(const Exec& ex, const Tensor& dst, const Tensor& src) {
   LOOM_ON_EXEC_DEVICE(ex, "add_inplace", dst, src);

@@ -22,6 +22,9 @@
 
 namespace loom {
 
+// Every byte of `t` (contiguous, any dtype) set to zero: a fresh gradient or recurrent state on
+// either device (Tensor::fill is host only).
+void zero_fill(const Exec& ex, const Tensor& t);
 // dst += src (same shape).
 void add_inplace(const Exec& ex, const Tensor& dst, const Tensor& src);
 // x[r, :] += bias for every row r. x: [N, C]; bias: [C] f32.

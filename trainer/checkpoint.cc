@@ -21,7 +21,7 @@ absl::Status save_checkpoint(const std::string& dir, const Model& model, const T
   if (ec) return absl::InternalError(absl::StrCat("checkpoint: cannot create ", tmp.string()));
   WeightLoader::Record params;
   for (const ParameterArena::Entry& e : model.parameters().entries())
-    params.emplace_back(e.name, e.tensor);
+    params.emplace_back(e.name, e.tensor.to(Device::kCpu));  // a GPU run's weights come back
   LOOM_RETURN_IF_ERROR(write_native_checkpoint(model.config(), params, tmp.string()));
   LOOM_RETURN_IF_ERROR(
       write_safetensors((tmp / "trainer_state.safetensors").string(), step.state(), metadata));

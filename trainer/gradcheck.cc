@@ -56,12 +56,16 @@ class GradientCheckpointDir {
 
 }  // namespace
 
-absl::StatusOr<GradcheckReport> gradcheck_fixture(const std::string& fixture_dir) {
+absl::StatusOr<GradcheckReport> gradcheck_fixture(const std::string& fixture_dir, Device device) {
   LOOM_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(fixture_dir));
   LOOM_ASSIGN_OR_RETURN(WeightLoader weights, WeightLoader::open(fixture_dir, cfg));
   WeightLoader::Record params;  // every parameter the model loads, canonical name and shape
   weights.set_recorder(&params);
-  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::load(cfg, weights));
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                        Model::load(cfg, weights,
+                                    Placement{.device = device,
+                                              .dtype = WeightDType::kF32,
+                                              .activations = ActivationDType::kF32}));
 
   GradcheckReport report;
   std::ifstream golden_json(fs::path(fixture_dir) / "golden.json");
@@ -80,7 +84,7 @@ absl::StatusOr<GradcheckReport> gradcheck_fixture(const std::string& fixture_dir
   std::vector<int32_t> tokens(ids.dim(0));
   for (int64_t t = 0; t < ids.dim(0); ++t) tokens[t] = static_cast<int32_t>(ids.data<int64_t>()[t]);
 
-  Gradients grads;
+  Gradients grads(device);
   LOOM_ASSIGN_OR_RETURN(report.loss, model->loss_and_gradients(tokens, grads));
 
   LOOM_ASSIGN_OR_RETURN(GradientCheckpointDir ref_dir, GradientCheckpointDir::make(fixture_dir));
@@ -88,7 +92,9 @@ absl::StatusOr<GradcheckReport> gradcheck_fixture(const std::string& fixture_dir
   for (const auto& [name, weight] : params) {
     LOOM_ASSIGN_OR_RETURN(Tensor want, ref.load(name, weight.shape()));
     const Tensor want32 = want.to_f32();
-    const Tensor* got = grads.find(name);
+    const Tensor* found = grads.find(name);
+    const Tensor got_host = found ? found->to(Device::kCpu) : Tensor();
+    const Tensor* got = found ? &got_host : nullptr;
     GradcheckTensor row;
     row.name = name;
     double num = 0, den = 0;

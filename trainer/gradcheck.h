@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/dtype.h"
 
 namespace loom {
 
@@ -28,7 +29,10 @@ struct GradcheckReport {
   std::vector<GradcheckTensor> tensors;  // every parameter, in canonical-name order
 };
 
-// Runs the check on the CPU in f32. NotFound without grads.safetensors; errors from loading.
-absl::StatusOr<GradcheckReport> gradcheck_fixture(const std::string& fixture_dir);
+// Runs the check in f32 on `device` (the model, its backward and the gradients live there; the
+// comparison reads them back). NotFound without grads.safetensors; errors from loading (a device
+// this build or machine lacks is refused by Model::load with a message).
+absl::StatusOr<GradcheckReport> gradcheck_fixture(const std::string& fixture_dir,
+                                                  Device device = Device::kCpu);
 
 }  // namespace loom

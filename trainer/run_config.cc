@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/exec.h"
 #include "nlohmann/json.hpp"
 
 namespace loom {
@@ -255,9 +256,14 @@ absl::StatusOr<RunConfig> parse_run_config(std::string_view text) {
   LOOM_RETURN_IF_ERROR(only_keys(
       j, "run",
       {"model", "data", "batch_size", "steps", "optimizer", "out", "checkpoint_every", "seed",
-       "balance", "routing_warnings", "stages", "stage_stability", "loss_bucket"}));
+       "balance", "routing_warnings", "stages", "stage_stability", "loss_bucket", "device"}));
   RunConfig c;
   LOOM_RETURN_IF_ERROR(read_model(j, "run", c.model_config, c.model_seed, c.model_checkpoint));
+  std::string device = "cpu";
+  LOOM_RETURN_IF_ERROR(read(j, "device", "run", device));
+  absl::StatusOr<Device> parsed = parse_device(device);
+  if (!parsed.ok()) return bad("run.device", std::string(parsed.status().message()));
+  c.device = *parsed;
 
   if (!j.contains("data")) return bad("run.data", "required");
   const json& d = j["data"];

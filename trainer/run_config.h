@@ -47,6 +47,9 @@ struct RunConfig {
   std::string out;                // run folder: metrics.jsonl, checkpoint-N/
   int64_t checkpoint_every = 0;   // 0: only at the end
   uint64_t seed = 0;              // data order and synthetic examples
+  // Where the model, its gradients and the optimizer state live ("device": "cpu", "cuda" or
+  // "cuda:N"); whether this build and machine have it is checked when the model loads.
+  Device device = Device::kCpu;
 };
 
 // The run config of `loom-trainer rl --config RL.json` (agent RL with GRPO, trainer/rl/rl_run.h;

@@ -150,8 +150,8 @@ std::string clock(double seconds) {
 
 absl::StatusOr<std::unique_ptr<Model>> load_run_model(const std::string& checkpoint,
                                                       const std::string& config, uint64_t seed,
-                                                      std::string_view what) {
-  const Placement trainable{.trainable = true};
+                                                      std::string_view what, Device device) {
+  const Placement trainable{.device = device, .dtype = WeightDType::kF32, .trainable = true};
   if (!checkpoint.empty()) return Model::load(checkpoint, trainable);
   std::ifstream f(config);
   if (!f) return absl::NotFoundError(absl::StrCat(std::string(what), ": cannot read ", config));
@@ -162,8 +162,9 @@ absl::StatusOr<std::unique_ptr<Model>> load_run_model(const std::string& checkpo
 }
 
 absl::StatusOr<RunSummary> run_training(const RunConfig& c, std::FILE* progress) {
-  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
-                        load_run_model(c.model_checkpoint, c.model_config, c.model_seed, "train"));
+  LOOM_ASSIGN_OR_RETURN(
+      std::unique_ptr<Model> model,
+      load_run_model(c.model_checkpoint, c.model_config, c.model_seed, "train", c.device));
   const int64_t vocab = model->config().vocab_size;
   LOOM_ASSIGN_OR_RETURN(TrainStep step, TrainStep::create(*model, c.optimizer));
   std::mt19937_64 rng(c.seed);

@@ -31,9 +31,11 @@ struct RunSummary {
 absl::StatusOr<RunSummary> run_training(const RunConfig& config, std::FILE* progress);
 
 // The model of a config's "model" section, trainable: the checkpoint when one is named, else the
-// model config's deterministic synthetic weights from `seed`. `what` names the command in errors.
+// model config's deterministic synthetic weights from `seed` (the same values on every device),
+// f32 on `device`. `what` names the command in errors.
 absl::StatusOr<std::unique_ptr<Model>> load_run_model(const std::string& checkpoint,
                                                       const std::string& config, uint64_t seed,
-                                                      std::string_view what);
+                                                      std::string_view what,
+                                                      Device device = Device::kCpu);
 
 }  // namespace loom

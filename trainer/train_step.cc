@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/elementwise.h"
 #include "kernels/optim.h"
 
 namespace loom {
@@ -27,17 +28,26 @@ absl::StatusOr<TrainStep> TrainStep::create(const Model& model, const OptimizerO
     return absl::FailedPreconditionError(
         "training: load the model with Placement::trainable (its weights are read-only)");
   TrainStep t(model, options);
+  const Device device = model.placement().device;
+  const Exec& ex = exec_for(device);
+  auto zeros = [&](const Shape& shape) {
+    Tensor z = Tensor::empty(shape, DType::kF32, device);
+    zero_fill(ex, z);
+    return z;
+  };
   for (const ParameterArena::Entry& e : model.parameters().entries()) {
     if (e.tensor.dtype() != DType::kF32)
       return absl::FailedPreconditionError(
           absl::StrCat("training: parameter ", e.name, " is not f32"));
     Moments mo;
     mo.param = e.tensor;
-    mo.m = Tensor::zeros(e.tensor.shape());
-    mo.v = Tensor::zeros(e.tensor.shape());
+    mo.m = zeros(e.tensor.shape());
+    mo.v = zeros(e.tensor.shape());
     mo.decay = e.tensor.ndim() >= 2;
     t.moments_.emplace_back(e.name, std::move(mo));
   }
+  t.grads_ = Gradients(device);
+  t.sums_ = zeros({static_cast<int64_t>(t.moments_.size())});
   return t;
 }
 
@@ -81,15 +91,21 @@ Gradients& TrainStep::begin(float aux_loss_alpha) {
 
 absl::StatusOr<StepStats> TrainStep::update(double mean) {
   StepStats stats;
-  // Global norm of the scaled gradient, summed in the arena's order.
-  Tensor sq = Tensor::empty({1});
-  double total = 0;
-  for (const auto& [name, mo] : moments_) {
-    const Tensor* g = grads_.find(name);
+  const Device device = model_->placement().device;
+  const Exec ex = exec_for(device);
+  // Global norm of the scaled gradient: each parameter's sum of squares on its device, read back
+  // once, summed in the arena's order.
+  std::vector<bool> has_grad(moments_.size(), false);
+  for (size_t i = 0; i < moments_.size(); ++i) {
+    const Tensor* g = grads_.find(moments_[i].first);
     if (g == nullptr) continue;
-    sum_of_squares(host_exec(), *g, sq);
-    total += sq.data<float>()[0];
+    has_grad[i] = true;
+    sum_of_squares(ex, *g, sums_.slice(0, static_cast<int64_t>(i), static_cast<int64_t>(i) + 1));
   }
+  const Tensor sums = sums_.to(Device::kCpu);
+  double total = 0;
+  for (size_t i = 0; i < moments_.size(); ++i)
+    if (has_grad[i]) total += sums.data<float>()[i];
   stats.grad_norm = std::sqrt(total) * mean;
   double scale = mean;
   if (options_.clip_norm > 0 && stats.grad_norm > options_.clip_norm)
@@ -108,18 +124,22 @@ absl::StatusOr<StepStats> TrainStep::update(double mean) {
     const Tensor* g = grads_.find(name);
     if (g == nullptr) continue;  // no gradient (a routing bias): not an optimizer parameter
     s.weight_decay = mo.decay ? options_.weight_decay : 0.0f;
-    adamw_update(host_exec(), s, mo.param, *g, mo.m, mo.v);
+    adamw_update(ex, s, mo.param, *g, mo.m, mo.v);
   }
   for (const auto& [bias_name, counts] : grads_.expert_counts()) {
     const Tensor* bias = model_->parameters().find(bias_name);
     if (bias == nullptr || bias->numel() != static_cast<int64_t>(counts.size()))
       return absl::InternalError(
           absl::StrCat("training: no selection bias ", bias_name, " for its expert counts"));
+    // The bias moves on the host (a few floats a layer) and goes back to the model's device.
+    const Tensor host_bias = device.is_cpu() ? *bias : bias->to(Device::kCpu);
     const RoutingHealth health =
         options_.balance == BalanceMethod::kQuantile
             ? quantile_balance_step(options_.balancer, counts,
-                                    std::span<float>(bias->data<float>(), counts.size()))
+                                    std::span<float>(host_bias.data<float>(), counts.size()))
             : routing_health(counts);
+    if (!device.is_cpu() && options_.balance == BalanceMethod::kQuantile)
+      bias->copy_from(host_bias);
     stats.routing.push_back({bias_name, counts, health});
   }
   return stats;
@@ -131,8 +151,8 @@ std::vector<std::pair<std::string, Tensor>> TrainStep::state() const {
   step.data<int64_t>()[0] = step_;
   out.emplace_back("step", step);
   for (const auto& [name, mo] : moments_) {
-    out.emplace_back("adam_m." + name, mo.m);
-    out.emplace_back("adam_v." + name, mo.v);
+    out.emplace_back("adam_m." + name, mo.m.to(Device::kCpu));
+    out.emplace_back("adam_v." + name, mo.v.to(Device::kCpu));
   }
   return out;
 }

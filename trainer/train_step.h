@@ -1,6 +1,7 @@
 // One optimizer step of the trainer: gradients of a micro-batch of examples (accumulated), the
 // global norm and its clipping, then AdamW on every parameter that received a gradient. f32
-// master weights and moments on the CPU; the model must be loaded with Placement::trainable.
+// master weights, gradients and moments on the model's device (the CPU or a GPU); the model must
+// be loaded with Placement::trainable.
 #pragma once
 
 #include <cstdint>
@@ -75,7 +76,7 @@ class TrainStep {
   absl::StatusOr<StepStats> update(double scale);
 
   // The optimizer state (step count and both moments of every parameter, by canonical name) as
-  // tensors, and back: what a checkpoint saves so a resumed run continues the same updates.
+  // host tensors, and back: what a checkpoint saves so a resumed run continues the same updates.
   std::vector<std::pair<std::string, Tensor>> state() const;
   // InvalidArgument naming a missing or misshapen moment, or a bad step count.
   absl::Status restore(const std::vector<std::pair<std::string, Tensor>>& state);
@@ -92,6 +93,7 @@ class TrainStep {
   OptimizerOptions options_;
   std::vector<std::pair<std::string, Moments>> moments_;  // canonical name order of the arena
   Gradients grads_;
+  Tensor sums_;  // [parameters] f32 on the model's device: each gradient's sum of squares
   int64_t step_ = 0;
 };
 

@@ -170,7 +170,8 @@ class MoeFfn final : public Ffn {
     if (bias_.defined()) {
       // What the quantile balancer tunes the bias from: this pass's tokens per expert.
       std::vector<int64_t> counts(static_cast<size_t>(router_.dim(0)), 0);
-      const int32_t* id = ids.data<int32_t>();
+      const Tensor host_ids = ids.to(Device::kCpu);
+      const int32_t* id = host_ids.data<int32_t>();
       for (int64_t i = 0; i < ids.numel(); ++i) ++counts[static_cast<size_t>(id[i])];
       grads.add_expert_counts(prefix_ + "router.bias", counts);
     }
@@ -195,7 +196,7 @@ class MoeFfn final : public Ffn {
     if (alpha > 0.0f) {
       Tensor aux = ctx.take({1});
       moe_aux_loss_forward_backward(ex, logits, ids, params_.score, alpha, aux, d_logits);
-      grads.add_aux_loss(aux.data<float>()[0]);
+      grads.add_aux_loss(aux.to(Device::kCpu).data<float>()[0]);
     }
     linear_backward(ex, x, router_, d_logits, d_x, 0.0f, grad("router.weight", router_));
     dispatcher_->dispatch_backward(ex, d_rows, routed, d_x);

@@ -1,12 +1,17 @@
 #include "engine/model/gradients.h"
 
 #include "core/status.h"
+#include "kernels/elementwise.h"
 
 namespace loom {
 
 const Tensor& Gradients::get(const std::string& name, const Shape& shape) {
   auto it = grads_.find(name);
-  if (it == grads_.end()) it = grads_.emplace(name, Tensor::zeros(shape)).first;
+  if (it == grads_.end()) {
+    Tensor t = Tensor::empty(shape, DType::kF32, device_);
+    zero_fill(exec_for(device_), t);
+    it = grads_.emplace(name, std::move(t)).first;
+  }
   LOOM_CHECK(it->second.shape() == shape, "Gradients: %s is %s, asked for another shape",
              name.c_str(), it->second.describe().c_str());
   return it->second;
@@ -23,8 +28,15 @@ std::vector<std::string> Gradients::names() const {
   return out;
 }
 
+bool Gradients::set_device(Device device) {
+  if (device == device_) return true;
+  if (!grads_.empty()) return false;
+  device_ = device;
+  return true;
+}
+
 void Gradients::zero() {
-  for (auto& [name, t] : grads_) t.fill(0.0f);
+  for (auto& [name, t] : grads_) zero_fill(exec_for(device_), t);
   counts_.clear();
   aux_loss_ = 0.0;
 }

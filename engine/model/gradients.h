@@ -1,6 +1,7 @@
 // Gradients: the parameter gradients of a backward pass, by canonical tensor name (the native
 // format's names, docs/native-format.md), f32, created as zeros on first use and accumulated into
-// by every op that reads the parameter (a tied or shared weight sums its uses).
+// by every op that reads the parameter (a tied or shared weight sums its uses). They live on the
+// device of the model whose backward writes them (set_device before the first get()).
 #pragma once
 
 #include <map>
@@ -14,6 +15,11 @@ namespace loom {
 
 class Gradients {
  public:
+  explicit Gradients(Device device = Device::kCpu) : device_(device) {}
+  Device device() const { return device_; }
+  // Moves an empty set to `device`; false (nothing changed) once a gradient exists elsewhere.
+  bool set_device(Device device);
+
   // The gradient of `name`, zeros of `shape` the first time; later calls must ask for that shape.
   const Tensor& get(const std::string& name, const Shape& shape);
   // The gradient of `name`, or null when nothing has written it.
@@ -40,6 +46,7 @@ class Gradients {
   double aux_loss() const { return aux_loss_; }
 
  private:
+  Device device_;
   std::map<std::string, Tensor, std::less<>> grads_;
   std::map<std::string, std::vector<int64_t>> counts_;
   float aux_alpha_ = 0.0f;

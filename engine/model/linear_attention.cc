@@ -50,7 +50,7 @@ float delta_rule_scale(const Tensor& q) { return 1.0f / std::sqrt(static_cast<fl
 // A zero [rows, cols] state in step memory.
 Tensor zero_state(const ForwardContext& ctx, Shape shape) {
   Tensor t = ctx.take(shape, DType::kF32);
-  t.fill(0.0f);
+  zero_fill(ctx.ex, t);
   return t;
 }
 

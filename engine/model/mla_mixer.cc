@@ -161,15 +161,20 @@ class MlaMixer final : public Mixer {
     }
     Tensor expanded = ctx.take({n, h, dn + dv});  // [k_nope_h | v_h] per head
     linear_forward(ex, latent, kv_b_, expanded.reshape({n, h * (dn + dv)}));
+    // k = [k_nope_h | k_rope] and v_h per head, by column copies on the model's device; the shared
+    // rope key reaches every head through a row gather (head_rows[t h + hh] = t).
+    Tensor head_rows = Tensor::empty({n * h}, DType::kI64);
+    for (int64_t i = 0; i < n * h; ++i) head_rows.data<int64_t>()[i] = i / h;
+    head_rows = head_rows.to(ex.device);
     Tensor k = ctx.take({n, h, qk}), v = ctx.take({n, h, dv});
-    for (int64_t t = 0; t < n; ++t)
-      for (int64_t hh = 0; hh < h; ++hh) {
-        const float* e = expanded.data<float>() + (t * h + hh) * (dn + dv);
-        float* kr = k.data<float>() + (t * h + hh) * qk;
-        std::copy(e, e + dn, kr);
-        std::copy(k_rope.data<float>() + t * dr, k_rope.data<float>() + (t + 1) * dr, kr + dn);
-        std::copy(e + dn, e + dn + dv, v.data<float>() + (t * h + hh) * dv);
-      }
+    const Tensor expanded_rows = expanded.reshape({n * h, dn + dv});
+    const Tensor k_rows = k.reshape({n * h, qk});
+    Tensor nope_rows = ctx.take({n * h, dn}), rope_rows = ctx.take({n * h, dr});
+    copy_columns(ex, expanded_rows, 0, nope_rows);
+    scatter_columns(ex, nope_rows, 0, k_rows);
+    gather_rows(ex, k_rope, head_rows, rope_rows);
+    scatter_columns(ex, rope_rows, dn, k_rows);
+    copy_columns(ex, expanded_rows, dn, v.reshape({n * h, dv}));
     const AttentionTail tail = attention_tail_recompute(ctx, seqs, q, k, v, scale_, x, gate_proj_);
 
     // Backward.
@@ -179,18 +184,14 @@ class MlaMixer final : public Mixer {
     // Split the key and value gradients back: k_nope_h and v_h into the expanded layout, the
     // shared rope key summing every head's share in head order.
     Tensor d_expanded = ctx.take({n, h, dn + dv}), d_rope = ctx.take({n, 1, dr});
-    for (int64_t t = 0; t < n; ++t) {
-      float* dr_row = d_rope.data<float>() + t * dr;
-      std::fill(dr_row, dr_row + dr, 0.0f);
-      for (int64_t hh = 0; hh < h; ++hh) {
-        const float* dk = d_k.data<float>() + (t * h + hh) * qk;
-        float* de = d_expanded.data<float>() + (t * h + hh) * (dn + dv);
-        std::copy(dk, dk + dn, de);
-        std::copy(d_v.data<float>() + (t * h + hh) * dv, d_v.data<float>() + (t * h + hh + 1) * dv,
-                  de + dn);
-        for (int64_t c = 0; c < dr; ++c) dr_row[c] += dk[dn + c];
-      }
-    }
+    const Tensor d_k_rows = d_k.reshape({n * h, qk});
+    const Tensor d_expanded_rows = d_expanded.reshape({n * h, dn + dv});
+    copy_columns(ex, d_k_rows, 0, nope_rows);
+    scatter_columns(ex, nope_rows, 0, d_expanded_rows);
+    scatter_columns(ex, d_v.reshape({n * h, dv}), dn, d_expanded_rows);
+    copy_columns(ex, d_k_rows, dn, rope_rows);
+    zero_fill(ex, d_rope);
+    gather_rows_backward(ex, rope_rows, head_rows, d_rope.reshape({n, dr}));
     Tensor d_latent = ctx.take({n, r});
     linear_backward(ex, latent, kv_b_, d_expanded.reshape({n, h * (dn + dv)}), d_latent, 0.0f,
                     grad("kv_b_proj.weight", kv_b_));

@@ -79,7 +79,8 @@ class Model {
   // Training (CPU, f32): the mean next-token cross-entropy of `tokens` (position t predicts token
   // t + 1, from a fresh state) over the scored positions (all, or those with loss_mask[t] != 0;
   // the mask has one entry per token, the last never scored) and its gradient with respect to
-  // every parameter, accumulated into `grads` under canonical names (model_backward.cc).
+  // every parameter, accumulated into `grads` under canonical names (model_backward.cc). It runs
+  // on the model's device (f32 activations); `grads` must be empty or on that device.
   absl::StatusOr<double> loss_and_gradients(std::span<const int32_t> tokens, Gradients& grads,
                                             std::span<const uint8_t> loss_mask = {},
                                             std::vector<float>* row_loss = nullptr,

@@ -48,10 +48,6 @@ absl::StatusOr<double> Model::loss_and_gradients(std::span<const int32_t> tokens
                                                  std::vector<float>* row_loss,
                                                  std::span<const float> row_weights,
                                                  RoutingReplay* routing_replay) const {
-  if (!placement_.device.is_cpu())
-    return absl::UnimplementedError(
-        absl::StrCat("training: the backward passes run on the CPU; this model is on ",
-                     device_name(placement_.device)));
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (!loss_mask.empty() && static_cast<int64_t>(loss_mask.size()) != n)
     return absl::InvalidArgumentError(
@@ -64,6 +60,14 @@ absl::StatusOr<double> Model::loss_and_gradients(std::span<const int32_t> tokens
   if (scored == 0)
     return absl::InvalidArgumentError(
         absl::StrCat("training: a sequence of ", n, " tokens has nothing to predict"));
+  const Device device = placement_.device;
+  if (act_dtype_ != DType::kF32)
+    return absl::InvalidArgumentError(
+        "training: the backward computes in f32: load the model with f32 activations");
+  if (!grads.set_device(device))
+    return absl::InvalidArgumentError(absl::StrCat("training: gradients on ",
+                                                   device_name(grads.device()), " for a model on ",
+                                                   device_name(device)));
   // 1. The forward, keeping what the backward reads.
   SequenceCache cache = new_cache();
   ForwardBatch batch;
@@ -73,10 +77,10 @@ absl::StatusOr<double> Model::loss_and_gradients(std::span<const int32_t> tokens
   ActivationTape tape;
   LOOM_RETURN_IF_ERROR(forward(batch, &tape).status());
 
-  // The backward's own step: one sequence of n rows from position 0.
-  Workspace ws(Device::kCpu);
-  Exec ex;
-  ex.workspace = &ws;
+  // The backward's own step: one sequence of n rows from position 0, its step data built on the
+  // host and uploaded once.
+  Workspace ws(device);
+  const Exec ex = exec_for(device, &ws);
   Tensor ids = Tensor::empty({n}, DType::kI32), targets = Tensor::empty({n}, DType::kI64);
   Tensor positions = Tensor::empty({n}, DType::kI64), cu = Tensor::empty({2}, DType::kI64);
   Tensor past = Tensor::zeros({1}, DType::kI64), slots = Tensor::zeros({1}, DType::kI32);
@@ -88,11 +92,13 @@ absl::StatusOr<double> Model::loss_and_gradients(std::span<const int32_t> tokens
   }
   cu.data<int64_t>()[0] = 0;
   cu.data<int64_t>()[1] = n;
+  ids = ids.to(device);
+  targets = targets.to(device);
   BatchLayout layout;
-  layout.positions = positions;
-  layout.cu_seqlens = cu;
-  layout.past_lens = past;
-  layout.state_slots = slots;
+  layout.positions = positions.to(device);
+  layout.cu_seqlens = cu.to(device);
+  layout.past_lens = past.to(device);
+  layout.state_slots = slots.to(device);
   layout.num_rows = n;
   layout.max_seqlen = n;
   // The replay's counters count the forward's slots; the backward's recomputation skips them.
@@ -100,13 +106,14 @@ absl::StatusOr<double> Model::loss_and_gradients(std::span<const int32_t> tokens
 
   // 2. The loss over positions 0 .. n-2 (each predicts the next token) and its gradient.
   const int64_t d = cfg_.hidden_size;
-  Tensor loss = Tensor::empty({1});
+  Tensor loss = Tensor::empty({1}, DType::kF32, device);
   Tensor d_normed = ctx.take({n, d});
-  Tensor rows = row_loss != nullptr ? Tensor::empty({n}) : Tensor();
+  Tensor rows = row_loss != nullptr ? Tensor::empty({n}, DType::kF32, device) : Tensor();
   Tensor weights;
   if (!row_weights.empty()) {
     weights = Tensor::empty({n});
     std::copy(row_weights.begin(), row_weights.end(), weights.data<float>());
+    weights = weights.to(device);
   }
   cross_entropy_forward_backward(ex, taped(tape, -1, "final_normed"), lm_head_, targets,
                                  kIgnoreTarget, 1.0f, loss, rows, d_normed,
@@ -117,8 +124,11 @@ absl::StatusOr<double> Model::loss_and_gradients(std::span<const int32_t> tokens
                            ? backward_block_attnres(ctx, tape, d_normed, d_embedding, grads)
                            : backward_plain_residual(ctx, tape, d_normed, d_embedding, grads));
   embedding_backward(ex, ids, d_embedding, grads.get("embed.weight", embed_.shape()));
-  if (row_loss != nullptr) row_loss->assign(rows.data<float>(), rows.data<float>() + n);
-  return static_cast<double>(loss.data<float>()[0]);
+  if (row_loss != nullptr) {
+    const Tensor host_rows = rows.to(Device::kCpu);
+    row_loss->assign(host_rows.data<float>(), host_rows.data<float>() + n);
+  }
+  return static_cast<double>(loss.to(Device::kCpu).data<float>()[0]);
 }
 
 absl::Status Model::backward_plain_residual(const ForwardContext& ctx, const ActivationTape& tape,
@@ -182,9 +192,9 @@ absl::Status Model::backward_block_attnres(const ForwardContext& ctx, const Acti
       add_inplace(ctx.ex, stack.select(k), delta(static_cast<int>(s)));
   }
   Tensor d_block = ctx.take({capacity, n, d}), d_running = ctx.take({capacity, n, d});
-  d_block.fill(0.0f);
-  d_running.fill(0.0f);
-  d_embedding.fill(0.0f);
+  zero_fill(ctx.ex, d_block);
+  zero_fill(ctx.ex, d_running);
+  zero_fill(ctx.ex, d_embedding);
   Tensor d_x = copy_of(ctx, d_normed);  // the gradient of aggregation a's output
   Tensor d_sources = ctx.take({capacity, n, d}), d_in = ctx.take({n, d});
   Tensor d_delta = ctx.take({n, d});

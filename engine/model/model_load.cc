@@ -55,8 +55,6 @@ absl::StatusOr<std::unique_ptr<Model>> Model::load(const ModelConfig& cfg,
                                                    const Placement& placement) {
   LOOM_RETURN_IF_ERROR(cfg.validate());
   LOOM_RETURN_IF_ERROR(device_available(placement.device));
-  if (placement.trainable && !placement.device.is_cpu())
-    return absl::InvalidArgumentError("a trainable model lives on the CPU (the trainer's device)");
   if (placement.trainable && placement.dtype == WeightDType::kBF16)
     return absl::InvalidArgumentError(
         "a trainable model keeps f32 master weights: load it with f32 (or auto) matrices");

@@ -15,11 +15,12 @@ absl::Status require_f32_weights(int layer, std::string_view kind,
 }
 
 absl::StatusOr<std::vector<RowSpan>> training_sequences(const BatchLayout& batch) {
-  if (!batch.cu_seqlens.device().is_cpu())
-    return absl::UnimplementedError("training: the backward runs on the CPU for now");
+  // Device step data comes back once: a few integers per sequence.
+  const Tensor cu_host = batch.cu_seqlens.to(Device::kCpu);
+  const Tensor past_host = batch.past_lens.to(Device::kCpu);
   const int64_t b = batch.cu_seqlens.dim(0) - 1;
-  const int64_t* cu = batch.cu_seqlens.data<int64_t>();
-  const int64_t* past = batch.past_lens.data<int64_t>();
+  const int64_t* cu = cu_host.data<int64_t>();
+  const int64_t* past = past_host.data<int64_t>();
   std::vector<RowSpan> out;
   out.reserve(b);
   for (int64_t s = 0; s < b; ++s) {

@@ -123,4 +123,9 @@ void gather_rows(const Exec& ex, const Tensor& src, const Tensor& rows, const Te
                           is_bf16(dst), rows.dim(0), src.dim(0), src.dim(1), nullptr);
 }
 
+void zero_fill(const Exec& ex, const Tensor& t) {
+  LOOM_CHECK_CUDA_ARG("zero_fill", t);
+  LOOM_CUDA_CHECK(cudaMemsetAsync(t.raw(), 0, t.nbytes(), stream_of(ex)));
+}
+
 }  // namespace loom::cuda

@@ -13,6 +13,8 @@
 
 namespace loom::cuda {
 
+// cudaMemsetAsync on the Exec's stream.
+void zero_fill(const Exec& ex, const Tensor& t);
 void add_inplace(const Exec& ex, const Tensor& dst, const Tensor& src);
 void add_bias(const Exec& ex, const Tensor& x, const Tensor& bias);
 void mul_sigmoid_inplace(const Exec& ex, const Tensor& x, const Tensor& gate);

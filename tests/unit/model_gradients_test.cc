@@ -10,6 +10,7 @@
 #include "engine/model/model.h"
 #include "engine/model/native_export.h"
 #include "gtest/gtest.h"
+#include "kernels/exec.h"
 #include "tests/unit/engine_test_support.h"
 #include "trainer/gradcheck.h"
 #include "weights/model_config.h"
@@ -113,6 +114,15 @@ ModelConfig synthetic_config(bool keep_mla) {
 // KDA, MLA and MoE layers (sigmoid router with a selection bias, grouped top-k, a shared expert)
 // with plain residuals: within the 1e-4 (measured worst 2.0e-5, a KDA A_log); this
 // model's gradients are not as order-sensitive as fla_kda_s0's.
+// Where this build or machine has no GPU, a CUDA gradcheck is an error naming what is missing,
+// not an abort (tests/gpu/trainer_cuda_test.cc runs it where there is one).
+TEST(ModelGradients, GradcheckOnAMissingDeviceIsAnError) {
+  if (device_available(Device::cuda(0)).ok()) GTEST_SKIP() << "a GPU is here";
+  auto report = gradcheck_fixture(loom::testing::kFixtures + "/kimi_linear_s0", Device::cuda(0));
+  ASSERT_FALSE(report.ok());
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kInvalidArgument) << report.status();
+}
+
 TEST(ModelGradients, MatchTorchAutogradOnKimiLinear) {
   auto report = gradcheck_fixture(loom::testing::kFixtures + "/kimi_linear_s0");
   ASSERT_TRUE(report.ok()) << report.status();

@@ -76,6 +76,14 @@ TEST(RunConfig, NamesTheFieldOfEveryMistake) {
   j["batch_size"] = 0;
   EXPECT_NE(message_of(j).find("run.batch_size"), std::string::npos);
   j = good;
+  j["device"] = "gpu";
+  EXPECT_NE(message_of(j).find("run.device"), std::string::npos) << message_of(j);
+  j = good;
+  j["device"] = "cuda:1";
+  ASSERT_TRUE(parse_run_config(j.dump()).ok());
+  EXPECT_EQ(parse_run_config(j.dump())->device, Device::cuda(1));
+  EXPECT_EQ(parse_run_config(good.dump())->device, Device::kCpu);
+  j = good;
   j["model"]["checkpoint"] = "/x";
   EXPECT_NE(message_of(j).find("exactly one"), std::string::npos);
   j = good;

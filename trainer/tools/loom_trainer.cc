@@ -12,7 +12,7 @@
 //       agent RL with GRPO (trainer/rl/rl_run.h, docs/trainer.md): rollouts through an
 //       in-process engine, updates, weight sync; metrics.jsonl and checkpoints in the run folder,
 //       a line per step on stderr, then {"steps", "first_reward", "last_reward", ...}.
-//   loom-trainer gradcheck --fixture DIR [--device cpu]
+//   loom-trainer gradcheck --fixture DIR [--device cpu|cuda]
 //       the loss and every parameter's gradient on the fixture's prompt 1 against its
 //       grads.safetensors and loss_1: one JSON line per tensor, then {"fixture", "ok", ...}.
 //   loom-trainer eval --model DIR --task passkey|mqar|tool [--lengths 512,1024] [--depths 0,0.5,1]
@@ -51,7 +51,7 @@ ABSL_FLAG(std::string, split, "file",
 ABSL_FLAG(std::string, config, "", "train, rl: the run config (RUN.json, RL.json)");
 ABSL_FLAG(std::string, fixture, "", "gradcheck: the fixture folder (with grads.safetensors)");
 ABSL_FLAG(std::string, device, "cpu",
-          "gradcheck: cpu (the backward runs on the CPU for now); eval: cpu, cuda or cuda:N");
+          "gradcheck and eval: cpu, cuda or cuda:N (train: the run config's \"device\")");
 ABSL_FLAG(double, max_rel_l2, 1e-3,
           "gradcheck: the per-tensor relative L2 bound (docs/trainer.md: why 1e-3 in f32)");
 
@@ -114,10 +114,9 @@ int shard_info(const std::vector<std::string>& args) {
 int gradcheck() {
   const std::string fixture = absl::GetFlag(FLAGS_fixture);
   if (fixture.empty()) return fail("gradcheck needs --fixture DIR");
-  if (absl::GetFlag(FLAGS_device) != "cpu")
-    return fail("gradcheck: --device " + absl::GetFlag(FLAGS_device) +
-                " is not supported yet (the backward runs on the CPU)");
-  auto report = loom::gradcheck_fixture(fixture);
+  auto device = loom::parse_device(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) return fail("gradcheck --device: " + std::string(device.status().message()));
+  auto report = loom::gradcheck_fixture(fixture, *device);
   if (!report.ok()) return fail(std::string(report.status().message()));
   const double bound = absl::GetFlag(FLAGS_max_rel_l2);
   double worst = 0;
@@ -134,6 +133,7 @@ int gradcheck() {
     std::printf("%s\n", line.dump().c_str());
   }
   nlohmann::json last = {{"fixture", fixture},
+                         {"device", absl::GetFlag(FLAGS_device)},
                          {"ok", ok},
                          {"loss", report->loss},
                          {"ref_loss", report->ref_loss},
@@ -220,7 +220,7 @@ int main(int argc, char** argv) {
       "       loom-trainer shard-info FILE\n"
       "       loom-trainer train --config RUN.json\n"
       "       loom-trainer rl --config RL.json\n"
-      "       loom-trainer gradcheck --fixture DIR [--device cpu]\n"
+      "       loom-trainer gradcheck --fixture DIR [--device cpu|cuda]\n"
       "       loom-trainer eval --model DIR --task passkey|mqar|tool [--lengths ...]\n"
       "                         [--depths ...] [--samples N] [--device cpu|cuda]");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
