@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -143,6 +144,16 @@ class Model {
   std::vector<Layer> layers_;
   std::unique_ptr<ParameterArena> arena_;  // owns every tensor above (and the layers')
   Placement placement_;
+  // loss_and_gradients' step memory (its forward's and its backward's workspaces), kept from call
+  // to call so that a training step stops allocating once the first has set the high-water marks
+  // (each cudaMalloc and cudaFree synchronises the GPU). A call that finds them in use by another
+  // thread takes fresh ones.
+  struct TrainingMemory {
+    explicit TrainingMemory(Device device) : forward(device), backward(device) {}
+    Workspace forward, backward;
+  };
+  mutable std::mutex training_mu_;
+  mutable std::unique_ptr<TrainingMemory> training_memory_;
 };
 
 }  // namespace loom

@@ -68,9 +68,20 @@ absl::StatusOr<double> Model::loss_and_gradients(std::span<const int32_t> tokens
     return absl::InvalidArgumentError(absl::StrCat("training: gradients on ",
                                                    device_name(grads.device()), " for a model on ",
                                                    device_name(device)));
+  std::unique_lock<std::mutex> memory_lock(training_mu_, std::try_to_lock);
+  std::unique_ptr<TrainingMemory> own_memory;
+  TrainingMemory* memory = nullptr;
+  if (memory_lock.owns_lock()) {
+    if (training_memory_ == nullptr) training_memory_ = std::make_unique<TrainingMemory>(device);
+    memory = training_memory_.get();
+  } else {
+    own_memory = std::make_unique<TrainingMemory>(device);
+    memory = own_memory.get();
+  }
   // 1. The forward, keeping what the backward reads.
   SequenceCache cache = new_cache();
   ForwardBatch batch;
+  batch.workspace = &memory->forward;
   batch.token_ids.assign(tokens.begin(), tokens.end());
   batch.seqs.push_back({.num_tokens = n, .logits = LogitsMode::kNone, .cache = &cache});
   batch.routing_replay = routing_replay;
@@ -79,7 +90,8 @@ absl::StatusOr<double> Model::loss_and_gradients(std::span<const int32_t> tokens
 
   // The backward's own step: one sequence of n rows from position 0, its step data built on the
   // host and uploaded once.
-  Workspace ws(device);
+  Workspace& ws = memory->backward;
+  ws.reset();  // grows the block to the last call's high-water mark
   const Exec ex = exec_for(device, &ws);
   Tensor ids = Tensor::empty({n}, DType::kI32), targets = Tensor::empty({n}, DType::kI64);
   Tensor positions = Tensor::empty({n}, DType::kI64), cu = Tensor::empty({2}, DType::kI64);
