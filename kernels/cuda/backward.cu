@@ -891,6 +891,11 @@ __global__ void __launch_bounds__(kAttnThreads)
   }
 }
 
+// One score per key, plus 4 floats of slack: ptxas merges the tail of the `j <= i` loops over the
+// scores into one vector load that reaches up to 3 floats past the last score (compute-sanitizer
+// memcheck flagged it at T = 70); the values past it are never used.
+size_t scores_smem_bytes(int64_t T) { return static_cast<size_t>(T + 4) * sizeof(float); }
+
 void set_scores_smem(const void* kernel, size_t bytes) {
   if (bytes > 48 * 1024) {
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -906,7 +911,7 @@ void causal_attention_forward(cudaStream_t stream, const float* q, const float* 
                               int64_t dv, float* out, float* lse) {
   if (T == 0 || Hq == 0) return;
   check_y(Hq, "causal_attention_forward");
-  const size_t smem = static_cast<size_t>(T) * sizeof(float);
+  const size_t smem = scores_smem_bytes(T);
   set_scores_smem(reinterpret_cast<const void*>(attn_train_fwd_kernel), smem);
   const dim3 grid(blocks_of(T, 1), static_cast<unsigned>(Hq));
   attn_train_fwd_kernel<<<grid, kAttnThreads, smem, stream>>>(q, k, v, scale, Hq, Hkv, d, dv, out,
@@ -920,7 +925,7 @@ void causal_attention_backward(cudaStream_t stream, const float* q, const float*
                                float* d_rows, float* dq, float* dk, float* dvv) {
   if (T == 0 || Hq == 0) return;
   check_y(Hq, "causal_attention_backward");
-  const size_t smem = static_cast<size_t>(T) * sizeof(float);
+  const size_t smem = scores_smem_bytes(T);
   set_scores_smem(reinterpret_cast<const void*>(attn_train_dq_kernel), smem);
   attn_train_dq_kernel<<<dim3(blocks_of(T, 1), static_cast<unsigned>(Hq)), kAttnThreads, smem,
                          stream>>>(q, k, v, out, lse, d_out, scale, Hq, Hkv, d, dv, d_rows, dq);
