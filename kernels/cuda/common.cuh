@@ -9,19 +9,6 @@
 
 namespace loom::cuda::dev {
 
-// The first statement of every Loom kernel (tests/unit/cuda_kernel_lint_test.cc checks it). A CUDA
-// graph's kernel-to-Loom-kernel edges are programmatic (kernels/cuda/graph.cc): the next kernel's
-// blocks are launched once the previous kernel's have all started, and wait here until that
-// kernel has finished and its writes are visible, so its launch overlaps the previous kernel
-// instead of following it. Without a programmatic predecessor (eager launches) it returns at once.
-// Nothing may be read or written before it, and no block may exit before it: a block that skipped
-// it could let a later kernel start before this one's predecessor has finished.
-__device__ __forceinline__ void wait_for_prior_grids() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 // Same formulas as the host helpers in kernels/activation.h (accurate expf/log1pf, no fast math).
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
