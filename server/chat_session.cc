@@ -35,13 +35,34 @@ void ConversationTurn::apply(Request* request) const {
   request->session_whole_prompt = true;
 }
 
+void ConversationTurn::take_new_messages(const OpenAiRequest& parsed, size_t history_at) {
+  const size_t begin = history_at + (history ? history->size() : 0);
+  new_template_messages = ojson::array();
+  new_messages.clear();
+  for (size_t i = begin; i < parsed.messages.size(); ++i) {
+    new_template_messages.push_back(parsed.template_messages[i]);
+    new_messages.push_back(parsed.messages[i]);
+  }
+}
+
 void ConversationTurn::record(ojson reply, std::span<const int32_t> reply_ids,
                               std::string response_json) const {
   if (!store) return;
+  // What a request carrying the reply as history would hold: its serialization replaces invalid
+  // UTF-8 (a reply cut inside a character), and the chat parser checks and converts it.
+  ojson clean = ojson::parse(reply.dump(-1, ' ', false, ojson::error_handler_t::replace), nullptr,
+                             /*allow_exceptions=*/false);
+  const size_t index = (history ? history->size() : 0) + new_messages.size();
+  absl::StatusOr<ChatMessage> converted =
+      parse_chat_message(clean, absl::StrCat("messages[", index, "]"));
+  if (!converted.ok()) return;
+  ojson template_messages = new_template_messages;
+  template_messages.push_back(std::move(clean));
+  std::vector<ChatMessage> messages = new_messages;
+  messages.push_back(*std::move(converted));
   ResponseStore::Entry entry;
   entry.session = session;
-  entry.messages = conversation;
-  entry.messages.push_back(std::move(reply));
+  entry.messages = ChatHistory::append(history, std::move(template_messages), std::move(messages));
   entry.response_json = std::move(response_json);
   if (prompt && tokenizer) {
     if (std::optional<ConversationTokens> after =

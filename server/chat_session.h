@@ -6,8 +6,10 @@
 //  * the conversation's messages are kept in a ResponseStore entry (server/response_store.h)
 //    under a key (the response id, the gRPC session id), with the engine session holding its
 //    tokens;
-//  * a turn renders the stored messages followed by the new ones (HTTP: responses_chat_body, gRPC:
-//    chat_body_from_proto) through the chat template, and tokenizes only the text after what the
+//  * the stored messages are kept as parsed (server/chat_history.h): a turn parses only its new
+//    messages (HTTP: responses_chat_body, gRPC: chat_body_from_proto, then parse_chat_request with
+//    the stored history in place) and renders the whole conversation through the chat template,
+//    and tokenizes only the text after what the
 //    stored entry's ids spell (prepare_chat with the entry's ConversationTokens,
 //    server/conversation_tokens.h); when the rendering does not continue that text (a template
 //    that drops earlier reasoning, a reply ended by a stop string) it tokenizes the whole
@@ -40,7 +42,9 @@
 #include "engine/request.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "server/chat_history.h"
 #include "server/conversation_tokens.h"
+#include "server/openai_request.h"
 #include "server/response_store.h"
 
 namespace loom {
@@ -59,20 +63,29 @@ struct ConversationTurn {
   std::shared_ptr<ResponseStore> store;
   std::string key;      // its key in `store` (a response id, a gRPC session id)
   std::string session;  // the engine session holding its tokens (Request::session)
-  // The messages the turn's prompt rendered (the stored ones and the new ones; no instructions).
-  nlohmann::ordered_json conversation = nlohmann::ordered_json::array();
+  // The messages the turn's prompt rendered, no instructions: the stored ones (null: none) and
+  // the turn's new ones as parsed (take_new_messages).
+  std::shared_ptr<const ChatHistory> history;
+  nlohmann::ordered_json new_template_messages = nlohmann::ordered_json::array();
+  std::vector<ChatMessage> new_messages;
   // The prompt's text and ids (PreparedChat::prompt) and the tokenizer that decodes the reply;
   // null prompt: the conversation is kept without ids and its next turn encodes it whole.
   std::shared_ptr<const ConversationTokens> prompt;
   std::shared_ptr<const Tokenizer> tokenizer;
 
-  // Makes `request` (prepared from `conversation`) a whole-prompt turn of `session` when the turn
-  // is kept; a turn kept nowhere runs without a session.
+  // The turn's new messages out of `parsed` (parse_chat_request with `history` inserted before
+  // its message `history_at`): those after the history.
+  void take_new_messages(const OpenAiRequest& parsed, size_t history_at);
+  // Makes `request` (prepared from the conversation) a whole-prompt turn of `session` when the
+  // turn is kept; a turn kept nowhere runs without a session.
   void apply(Request* request) const;
   // The turn completed with `reply` (assistant_message), sampled as `reply_ids` (the stop token
   // included): the conversation and the reply go into `store` under `key` (no-op without a
   // store), with the prompt's ids followed by `reply_ids`. `response_json`: what the store
-  // answers for the key (HTTP's GET /v1/responses/{id}); empty for gRPC.
+  // answers for the key (HTTP's GET /v1/responses/{id}); empty for gRPC. The reply is checked
+  // as a client's message would be (parse_chat_message), with invalid UTF-8 replaced as a
+  // request body's serialization replaces it; a reply that fails (never, for the replies
+  // ReplyTranscript builds) keeps nothing, so the conversation cannot be continued.
   void record(nlohmann::ordered_json reply, std::span<const int32_t> reply_ids,
               std::string response_json) const;
 };

@@ -242,11 +242,11 @@ absl::Status check_chat_session_fields(const v1::ChatRequest& in) {
 }
 
 absl::StatusOr<OpenAiRequest> chat_request_from_proto(const v1::ChatRequest& in, int vocab_size,
-                                                      const nlohmann::ordered_json& history) {
+                                                      const ChatHistory* history) {
   LOOM_RETURN_IF_ERROR(check_no_unknown_fields(in));
   LOOM_RETURN_IF_ERROR(check_chat_session_fields(in));
-  LOOM_ASSIGN_OR_RETURN(const std::string body, chat_body_from_proto(in, history));
-  LOOM_ASSIGN_OR_RETURN(OpenAiRequest r, parse_chat_request(body));
+  LOOM_ASSIGN_OR_RETURN(const std::string body, chat_body_from_proto(in));
+  LOOM_ASSIGN_OR_RETURN(OpenAiRequest r, parse_chat_request(body, history, 0));
   // Stop strings are matched on text, which a chat request always has (prepare_chat needs the
   // tokenizer): the server refuses Chat without one before it gets here.
   LOOM_RETURN_IF_ERROR(

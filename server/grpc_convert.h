@@ -30,10 +30,10 @@ absl::StatusOr<Request> request_from_proto(const v1::GenerateRequest& in,
 // be a string"); gRPC adds only "tools[i].parameters: ..." for schema text that is not JSON. The
 // sampling fields are Generate's (same checks, same "sampling." messages); unset max_tokens leaves
 // the chat default (the context left). InvalidArgument for anything wrong, before any work.
-// A session turn: `history` (the stored conversation, chat messages) goes before `in`'s messages.
-absl::StatusOr<OpenAiRequest> chat_request_from_proto(
-    const v1::ChatRequest& in, int vocab_size,
-    const nlohmann::ordered_json& history = nlohmann::ordered_json::array());
+// A session turn: `history` (the stored conversation, kept parsed) goes before `in`'s messages,
+// which alone are written and parsed (parse_chat_request's `history`).
+absl::StatusOr<OpenAiRequest> chat_request_from_proto(const v1::ChatRequest& in, int vocab_size,
+                                                      const ChatHistory* history = nullptr);
 
 // The OpenAI /v1/chat/completions body the conversation of `in` (after `history`) corresponds to
 // (no sampling fields). InvalidArgument when a tool's parameters or chat_template_kwargs is not

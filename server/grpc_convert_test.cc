@@ -520,9 +520,24 @@ TEST(GrpcChat, SessionFields) {
   EXPECT_EQ(messages[1], history[1]);
   EXPECT_EQ(messages[2], chat_messages_from_proto(turn)[0]);
   EXPECT_EQ(messages[2]["tool_call_id"], "call_0");
-  absl::StatusOr<OpenAiRequest> parsed = chat_request_from_proto(turn, 1000, history);
+  // The session's turn parses only the new message, the stored ones kept parsed: the same
+  // request as parsing the whole body.
+  std::vector<ChatMessage> converted;
+  for (const nlohmann::ordered_json& m : history)
+    converted.push_back(*parse_chat_message(m, "messages"));
+  const auto kept = ChatHistory::append(nullptr, history, converted);
+  absl::StatusOr<OpenAiRequest> parsed = chat_request_from_proto(turn, 1000, kept.get());
   ASSERT_TRUE(parsed.ok()) << parsed.status();
-  EXPECT_EQ(parsed->messages.size(), 3u);
+  absl::StatusOr<OpenAiRequest> whole = parse_chat_request(*body);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ASSERT_EQ(parsed->messages.size(), 3u);
+  EXPECT_EQ(parsed->template_messages, whole->template_messages);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(parsed->messages[i].role, whole->messages[i].role);
+    EXPECT_EQ(parsed->messages[i].content, whole->messages[i].content);
+    EXPECT_EQ(parsed->messages[i].tool_call_id, whole->messages[i].tool_call_id);
+    EXPECT_EQ(parsed->messages[i].tool_calls.size(), whole->messages[i].tool_calls.size());
+  }
   // The session fields change nothing in the body.
   v1::ChatRequest plain = turn;
   plain.clear_session_id();

@@ -614,7 +614,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GrpcServer::Impl::Chat(grpc::Callbac
     return reject(st);
   const std::string& id = request.session_id();
   ConversationTurn kept;
-  nlohmann::ordered_json history = nlohmann::ordered_json::array();
+  std::shared_ptr<const ChatHistory> history;
   std::shared_ptr<const ConversationTokens> history_tokens;  // what the model saw of `history`
   if (!id.empty()) {
     kept.session = engine_session(id);
@@ -632,15 +632,14 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GrpcServer::Impl::Chat(grpc::Callbac
     if (!request.has_store() || request.store()) {
       kept.store = sessions;
       kept.key = id;
-      kept.conversation = history;
-      for (nlohmann::ordered_json& m : chat_messages_from_proto(request))
-        kept.conversation.push_back(std::move(m));
+      kept.history = history;
     }
   }
   // HTTP's parser, renderer and reader (server/chat_request.h), from the same request.
   absl::StatusOr<OpenAiRequest> parsed =
-      chat_request_from_proto(request, engine.config().vocab_size, history);
+      chat_request_from_proto(request, engine.config().vocab_size, history.get());
   if (!parsed.ok()) return reject(to_grpc_status(parsed.status()));
+  if (kept.store) kept.take_new_messages(*parsed, 0);
   absl::StatusOr<PreparedChat> prepared =
       prepare_chat(*parsed, *tokenizer, chat, engine.max_model_len(), history_tokens.get(),
                    /*keep_prompt=*/kept.store != nullptr);

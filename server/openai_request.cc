@@ -18,7 +18,11 @@
 namespace loom {
 namespace {
 
-using json = nlohmann::json;
+// Ordered: the one parse of a body gives the checks, the conversion and the template's view of
+// the messages (their keys as the client wrote them) alike. Where the order of a JSON object's
+// keys reaches the output or an error message, the code below uses sorted order (check_keys,
+// logit_bias, the tools' schemas), which is what parsing into nlohmann::json gave.
+using json = nlohmann::ordered_json;
 
 absl::Status bad(std::string_view param, std::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(absl_sv(param), ": ", absl_sv(what)));
@@ -150,8 +154,13 @@ bool contains(Keys keys, std::string_view key) {
 // supplied: <path>", OpenAI's words, with `param` set to the path.
 absl::Status check_keys(const json& obj, std::initializer_list<Keys> known,
                         std::string_view prefix = "") {
+  const std::string* first = nullptr;
   for (const auto& [key, value] : obj.items()) {
     if (std::any_of(known.begin(), known.end(), [&](Keys k) { return contains(k, key); })) continue;
+    if (first == nullptr || key < *first) first = &key;
+  }
+  if (first != nullptr) {
+    const std::string& key = *first;
     // A key is any JSON string: bound what goes back into the message.
     const std::string name = key.size() > 128 ? key.substr(0, 128) + "..." : key;
     const std::string path = prefix.empty() ? name : absl::StrCat(absl_sv(prefix), ".", name);
@@ -308,7 +317,9 @@ absl::Status parse_common(const json& j, OpenAiRequest* r) {
     if (v->size() > static_cast<size_t>(kMaxLogitBias)) {
       return bad("logit_bias", absl::StrCat("at most ", kMaxLogitBias, " entries"));
     }
-    for (const auto& [key, bias] : v->items()) {
+    // In sorted key order, as before the body was parsed ordered: the first bad key is named.
+    const nlohmann::json sorted(*v);
+    for (const auto& [key, bias] : sorted.items()) {
       int32_t id = -1;
       const bool digits = !key.empty() && key.size() <= 10 &&
                           key.find_first_not_of("0123456789") == std::string::npos;
@@ -418,89 +429,106 @@ absl::StatusOr<std::string> parse_content(const json& m, const std::string& para
   return out;
 }
 
-absl::Status parse_messages(const json& j, OpenAiRequest* r) {
+}  // namespace
+
+absl::StatusOr<ChatMessage> parse_chat_message(const json& m, const std::string& param) {
+  if (!m.is_object()) return bad(param, "must be an object");
+  // What OpenAI's message objects may hold. An assistant reply sent back as history carries
+  // "refusal": null (Loom's replies do); the deprecated function_call and audio replies only
+  // as null. `reasoning_content` is vLLM's: the reasoning of an assistant reply, which
+  // templates of reasoning models (Kimi-K2-Thinking's) render into history.
+  LOOM_RETURN_IF_ERROR(check_keys(m,
+                                  {{"role", "content", "name", "tool_call_id", "tool_calls",
+                                    "refusal", "function_call", "audio", "reasoning_content"}},
+                                  param));
+  if (field(m, "refusal")) {
+    return bad(param + ".refusal", "must be null (put a refusal's text in content)");
+  }
+  if (field(m, "function_call")) {
+    return bad(param + ".function_call", "is deprecated and not supported; use tool_calls");
+  }
+  if (field(m, "audio")) return bad(param + ".audio", "is not supported (Loom is text only)");
+  const json* role = field(m, "role");
+  if (!role || !role->is_string()) return bad(param + ".role", "must be a string");
+  ChatMessage msg;
+  msg.role = role->get<std::string>();
+  if (msg.role == "developer") msg.role = "system";
+  if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool") {
+    return bad(param + ".role", "must be system, developer, user, assistant or tool");
+  }
+  if (const json* name = field(m, "name")) {
+    if (!name->is_string()) return bad(param + ".name", "must be a string");
+    msg.name = name->get<std::string>();
+  }
+  const bool assistant = msg.role == "assistant";
+  LOOM_ASSIGN_OR_RETURN(msg.content, parse_content(m, param + ".content", assistant));
+  // Only the checkpoint's own template sees it (template_messages); the built-in ones have no
+  // place for reasoning in history (docs/chat.md).
+  if (const json* reasoning = field(m, "reasoning_content")) {
+    if (!assistant) {
+      return bad(param + ".reasoning_content", "only assistant messages have reasoning");
+    }
+    if (!reasoning->is_string()) return bad(param + ".reasoning_content", "must be a string");
+  }
+  if (msg.role == "tool") {
+    const json* id = field(m, "tool_call_id");
+    if (!id || !id->is_string()) return bad(param + ".tool_call_id", "must be a string");
+    msg.tool_call_id = id->get<std::string>();
+  }
+  if (const json* calls = field(m, "tool_calls")) {
+    if (!assistant) return bad(param + ".tool_calls", "only assistant messages have tool calls");
+    if (!calls->is_array()) return bad(param + ".tool_calls", "must be a list");
+    for (size_t k = 0; k < calls->size(); ++k) {
+      const json& c = (*calls)[k];
+      std::string cp = absl::StrCat(param, ".tool_calls[", k, "]");
+      const json* fn = c.is_object() ? field(c, "function") : nullptr;
+      if (!fn || !fn->is_object()) return bad(cp + ".function", "must be an object");
+      // `index` is accepted: streamed tool-call deltas carry it, and clients that accumulate
+      // them send it back.
+      LOOM_RETURN_IF_ERROR(check_keys(c, {{"id", "type", "function", "index"}}, cp));
+      LOOM_RETURN_IF_ERROR(check_keys(*fn, {{"name", "arguments"}}, cp + ".function"));
+      if (const json* type = field(c, "type");
+          type && (!type->is_string() || type->get<std::string>() != "function")) {
+        return bad(cp + ".type", "must be \"function\"");
+      }
+      const json* name = field(*fn, "name");
+      const json* args = field(*fn, "arguments");
+      if (!name || !name->is_string()) return bad(cp + ".function.name", "must be a string");
+      if (!args || !args->is_string()) {
+        return bad(cp + ".function.arguments", "must be a string of JSON");
+      }
+      ToolCall call;
+      if (const json* id = field(c, "id")) {
+        if (!id->is_string()) return bad(cp + ".id", "must be a string");
+        call.id = id->get<std::string>();
+      }
+      call.name = name->get<std::string>();
+      call.arguments_json = args->get<std::string>();
+      msg.tool_calls.push_back(std::move(call));
+    }
+  }
+  return msg;
+}
+
+namespace {
+
+// `history` (null: none) goes before the body's message `at`; messages after it are numbered
+// after the history's in errors, as in the body that holds them all.
+absl::Status parse_messages(const json& j, OpenAiRequest* r, const ChatHistory* history,
+                            size_t at) {
+  const size_t kept = history != nullptr ? history->size() : 0;
   const json* v = field(j, "messages");
   if (!v) return bad("messages", "is required");
-  if (!v->is_array() || v->empty()) return bad("messages", "must be a non-empty list");
-  for (size_t i = 0; i < v->size(); ++i) {
-    const json& m = (*v)[i];
-    std::string param = absl::StrCat("messages[", i, "]");
-    if (!m.is_object()) return bad(param, "must be an object");
-    // What OpenAI's message objects may hold. An assistant reply sent back as history carries
-    // "refusal": null (Loom's replies do); the deprecated function_call and audio replies only
-    // as null. `reasoning_content` is vLLM's: the reasoning of an assistant reply, which
-    // templates of reasoning models (Kimi-K2-Thinking's) render into history.
-    LOOM_RETURN_IF_ERROR(check_keys(m,
-                                    {{"role", "content", "name", "tool_call_id", "tool_calls",
-                                      "refusal", "function_call", "audio", "reasoning_content"}},
-                                    param));
-    if (field(m, "refusal")) {
-      return bad(param + ".refusal", "must be null (put a refusal's text in content)");
-    }
-    if (field(m, "function_call")) {
-      return bad(param + ".function_call", "is deprecated and not supported; use tool_calls");
-    }
-    if (field(m, "audio")) return bad(param + ".audio", "is not supported (Loom is text only)");
-    const json* role = field(m, "role");
-    if (!role || !role->is_string()) return bad(param + ".role", "must be a string");
-    ChatMessage msg;
-    msg.role = role->get<std::string>();
-    if (msg.role == "developer") msg.role = "system";
-    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" &&
-        msg.role != "tool") {
-      return bad(param + ".role", "must be system, developer, user, assistant or tool");
-    }
-    if (const json* name = field(m, "name")) {
-      if (!name->is_string()) return bad(param + ".name", "must be a string");
-      msg.name = name->get<std::string>();
-    }
-    const bool assistant = msg.role == "assistant";
-    LOOM_ASSIGN_OR_RETURN(msg.content, parse_content(m, param + ".content", assistant));
-    // Only the checkpoint's own template sees it (template_messages); the built-in ones have no
-    // place for reasoning in history (docs/chat.md).
-    if (const json* reasoning = field(m, "reasoning_content")) {
-      if (!assistant) {
-        return bad(param + ".reasoning_content", "only assistant messages have reasoning");
-      }
-      if (!reasoning->is_string()) return bad(param + ".reasoning_content", "must be a string");
-    }
-    if (msg.role == "tool") {
-      const json* id = field(m, "tool_call_id");
-      if (!id || !id->is_string()) return bad(param + ".tool_call_id", "must be a string");
-      msg.tool_call_id = id->get<std::string>();
-    }
-    if (const json* calls = field(m, "tool_calls")) {
-      if (!assistant) return bad(param + ".tool_calls", "only assistant messages have tool calls");
-      if (!calls->is_array()) return bad(param + ".tool_calls", "must be a list");
-      for (size_t k = 0; k < calls->size(); ++k) {
-        const json& c = (*calls)[k];
-        std::string cp = absl::StrCat(param, ".tool_calls[", k, "]");
-        const json* fn = c.is_object() ? field(c, "function") : nullptr;
-        if (!fn || !fn->is_object()) return bad(cp + ".function", "must be an object");
-        // `index` is accepted: streamed tool-call deltas carry it, and clients that accumulate
-        // them send it back.
-        LOOM_RETURN_IF_ERROR(check_keys(c, {{"id", "type", "function", "index"}}, cp));
-        LOOM_RETURN_IF_ERROR(check_keys(*fn, {{"name", "arguments"}}, cp + ".function"));
-        if (const json* type = field(c, "type");
-            type && (!type->is_string() || type->get<std::string>() != "function")) {
-          return bad(cp + ".type", "must be \"function\"");
-        }
-        const json* name = field(*fn, "name");
-        const json* args = field(*fn, "arguments");
-        if (!name || !name->is_string()) return bad(cp + ".function.name", "must be a string");
-        if (!args || !args->is_string()) {
-          return bad(cp + ".function.arguments", "must be a string of JSON");
-        }
-        ToolCall call;
-        if (const json* id = field(c, "id")) {
-          if (!id->is_string()) return bad(cp + ".id", "must be a string");
-          call.id = id->get<std::string>();
-        }
-        call.name = name->get<std::string>();
-        call.arguments_json = args->get<std::string>();
-        msg.tool_calls.push_back(std::move(call));
-      }
-    }
+  if (!v->is_array() || (v->empty() && kept == 0))
+    return bad("messages", "must be a non-empty list");
+  LOOM_CHECK(at <= v->size(), "history at message %zu of %zu", at, v->size());
+  r->messages.reserve(v->size() + kept);
+  for (size_t i = 0; i <= v->size(); ++i) {
+    if (i == at && history != nullptr) history->append_messages(&r->messages);
+    if (i == v->size()) break;
+    const size_t index = i < at ? i : i + kept;
+    LOOM_ASSIGN_OR_RETURN(ChatMessage msg,
+                          parse_chat_message((*v)[i], absl::StrCat("messages[", index, "]")));
     r->messages.push_back(std::move(msg));
   }
   return absl::OkStatus();
@@ -527,7 +555,8 @@ absl::Status parse_tools(const json& j, OpenAiRequest* r) {
         }
       }
     }
-    auto tools = parse_openai_tools(v->dump());
+    // The schemas' keys sorted: the built-in templates print parameters_json as this gives it.
+    auto tools = parse_openai_tools(nlohmann::json(*v).dump());
     if (!tools.ok()) return bad("tools", std::string(tools.status().message()));
     r->tools = std::move(tools).value();
   }
@@ -578,7 +607,8 @@ absl::StatusOr<OpenAiRequest> parse_completion_request(std::string_view body) {
   return r;
 }
 
-absl::StatusOr<OpenAiRequest> parse_chat_request(std::string_view body) {
+absl::StatusOr<OpenAiRequest> parse_chat_request(std::string_view body, const ChatHistory* history,
+                                                 size_t history_at) {
   LOOM_ASSIGN_OR_RETURN(json j, parse_body(body));
   OpenAiRequest r;
   r.chat = true;
@@ -586,7 +616,7 @@ absl::StatusOr<OpenAiRequest> parse_chat_request(std::string_view body) {
   LOOM_RETURN_IF_ERROR(check_noop_fields(j, /*chat=*/true));
   LOOM_RETURN_IF_ERROR(reject_unsupported(j));
   LOOM_RETURN_IF_ERROR(parse_common(j, &r));
-  LOOM_RETURN_IF_ERROR(parse_messages(j, &r));
+  LOOM_RETURN_IF_ERROR(parse_messages(j, &r, history, history_at));
   LOOM_RETURN_IF_ERROR(parse_tools(j, &r));
   LOOM_GET(parallel, get_bool(j, "parallel_tool_calls"));
   if (parallel && !*parallel && r.parse_tools()) {
@@ -597,13 +627,19 @@ absl::StatusOr<OpenAiRequest> parse_chat_request(std::string_view body) {
     if (!kw->is_object()) return bad("chat_template_kwargs", "must be an object");
   }
   {
-    // Key order matters to a template (tojson of tools), and `json` sorts keys: read again.
-    const auto ordered = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
-    if (ordered.is_object()) {
-      r.template_messages = ordered.value("messages", nlohmann::ordered_json::array());
-      r.template_tools = ordered.value("tools", nlohmann::ordered_json());
-      r.chat_template_kwargs = ordered.value("chat_template_kwargs", nlohmann::ordered_json());
+    // The template's view: the messages as written (keys in the client's order), moved out of
+    // the body now that they are checked, with the history's in their place.
+    json::array_t& body_messages = j["messages"].get_ref<json::array_t&>();
+    r.template_messages = json::array();
+    json::array_t& out = r.template_messages.get_ref<json::array_t&>();
+    out.reserve(body_messages.size() + (history != nullptr ? history->size() : 0));
+    for (size_t i = 0; i <= body_messages.size(); ++i) {
+      if (i == history_at && history != nullptr)
+        history->append_template_messages(&r.template_messages);
+      if (i < body_messages.size()) out.push_back(std::move(body_messages[i]));
     }
+    r.template_tools = j.value("tools", json());
+    r.chat_template_kwargs = j.value("chat_template_kwargs", json());
   }
   LOOM_GET(parse_special, get_bool(j, "parse_special_tokens"));
   r.parse_special_tokens = parse_special.value_or(false);

@@ -15,6 +15,7 @@
 #include "engine/chat/checkpoint_chat_template.h"
 #include "engine/request.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "server/chat_history.h"
 
 namespace loom {
 
@@ -70,7 +71,17 @@ inline constexpr int kMaxJsonDepth = 64;
 absl::Status check_json_depth(std::string_view body);
 
 absl::StatusOr<OpenAiRequest> parse_completion_request(std::string_view body);
-absl::StatusOr<OpenAiRequest> parse_chat_request(std::string_view body);
+// A kept conversation's turn (server/chat_session.h) passes its `history`: the result is what
+// parsing `body` with history's messages inserted before its message `history_at` would give
+// (the same messages, errors naming the same messages[i]), without serializing or parsing them
+// again. REQUIRES: history_at <= the body's message count when the body has a messages list.
+absl::StatusOr<OpenAiRequest> parse_chat_request(std::string_view body,
+                                                 const ChatHistory* history = nullptr,
+                                                 size_t history_at = 0);
+// One message of a chat request's `messages`, checked and converted as parse_chat_request does
+// (`param` names it in errors, e.g. "messages[3]"): how a reply joins a kept conversation.
+absl::StatusOr<ChatMessage> parse_chat_message(const nlohmann::ordered_json& message,
+                                               const std::string& param);
 
 // build_engine_requests' chat steps, for a caller that encodes only part of the prompt (a kept
 // conversation's next turn, server/conversation_tokens.h):

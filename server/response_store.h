@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
+#include "server/chat_history.h"
 #include "server/conversation_tokens.h"
 
 namespace loom {
@@ -31,8 +32,9 @@ class ResponseStore {
   struct Entry {
     std::string session;  // the engine session of its conversation
     // The conversation's messages (chat shape) up to and including this response's reply,
-    // without any instructions.
-    nlohmann::ordered_json messages;
+    // without any instructions, as parsed when each came in (shared with the conversation's
+    // other responses).
+    std::shared_ptr<const ChatHistory> messages;
     std::string response_json;  // the response object, as GET returns it
     // The ids the model saw for `messages` and their text, so that the next turn encodes only
     // its new text (server/conversation_tokens.h); null: the next turn encodes it all.

@@ -68,7 +68,7 @@ RouteResult create_response(HttpContext& ctx, std::string_view body) {
   const uint64_t serial = ctx.next_request.fetch_add(1);
   const std::string id = absl::StrFormat("resp_%x%08x", ctx.started_unix, serial);
   // The conversation so far: the previous response's messages, its reply included.
-  ojson history = ojson::array();
+  std::shared_ptr<const ChatHistory> history;
   std::shared_ptr<const ConversationTokens> history_tokens;  // what the model saw of `history`
   std::string session = absl::StrCat("responses:", id);
   if (req->previous_response_id) {
@@ -81,7 +81,11 @@ RouteResult create_response(HttpContext& ctx, std::string_view body) {
     history_tokens = std::move(previous->tokens);
     session = std::move(previous->session);
   }
-  auto chat = parse_chat_request(responses_chat_body(*req, history));
+  // Only this turn's messages are parsed: the stored ones were checked when they came in and are
+  // kept parsed (server/chat_history.h). They go after the instructions.
+  const size_t history_at = req->instructions ? 1 : 0;
+  auto chat =
+      parse_chat_request(responses_chat_body(*req, ojson::array()), history.get(), history_at);
   if (!chat.ok()) {
     result.reply = error_reply(api_error_from_status(chat.status()));
     return result;
@@ -101,8 +105,8 @@ RouteResult create_response(HttpContext& ctx, std::string_view body) {
     kept.store = ctx.responses;
     kept.key = id;
     kept.session = std::move(session);
-    kept.conversation = std::move(history);
-    for (const ojson& m : req->input_messages) kept.conversation.push_back(m);
+    kept.history = std::move(history);
+    kept.take_new_messages(*chat, history_at);
     kept.prompt = prepared->prompt;
     kept.tokenizer = ctx.tokenizer;
   }

@@ -8,6 +8,9 @@
 //   render       the chat template over the whole conversation alone;
 //   whole        prepare_chat encoding the whole rendering (what every turn did before);
 //   continued    prepare_chat with the kept ids, encoding only the new text (what a turn does now).
+// and, before rendering, the request: the whole conversation as one body, written and parsed
+// (a session turn before its messages were kept parsed; a client re-sending its history), against
+// a session turn parsing only its new message with the kept history in place.
 // One line per template and tokenizer: the fixture Jinja templates with the fixture tokenizers,
 // and the built-in Kimi template with the byte-level tokenizer (the CPU fixture models').
 //
@@ -25,7 +28,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "nlohmann/json.hpp"
+#include "server/chat_history.h"
 #include "server/chat_request.h"
+#include "server/chat_session.h"
 #include "server/chat_setup.h"
 #include "server/conversation_tokens.h"
 #include "server/openai_request.h"
@@ -105,6 +110,13 @@ int run(const std::string& name, const std::function<std::unique_ptr<Tokenizer>(
   ojson messages = ojson::array();
   messages.push_back({{"role", "system"}, {"content", "You are a coding agent."}});
   std::shared_ptr<const ConversationTokens> kept;
+  // The conversation as a session keeps it: each message parsed once when it came in.
+  std::shared_ptr<const ChatHistory> history;
+  auto keep = [&](const ojson& m) {
+    history =
+        ChatHistory::append(history, ojson::array({m}), {*parse_chat_message(m, "messages[0]")});
+  };
+  keep(messages[0]);
   auto request_of = [&](const ojson& m) {
     auto req = parse_chat_request(ojson({{"model", "m"}, {"messages", m}}).dump());
     if (!req.ok()) std::fprintf(stderr, "%s\n", std::string(req.status().message()).c_str());
@@ -112,6 +124,7 @@ int run(const std::string& name, const std::function<std::unique_ptr<Tokenizer>(
   };
   while (!kept || static_cast<int64_t>(kept->tokens.size()) < target) {
     messages.push_back({{"role", "user"}, {"content", random_words(rng, turn_bytes)}});
+    keep(messages.back());
     auto turn = prepare_chat(request_of(messages), tok, chat, 0, kept.get(), true);
     if (!turn.ok()) {
       std::fprintf(stderr, "%s\n", std::string(turn.status().message()).c_str());
@@ -123,15 +136,37 @@ int run(const std::string& name, const std::function<std::unique_ptr<Tokenizer>(
     kept = std::make_shared<const ConversationTokens>(
         *conversation_after_reply(*turn->prompt, ids, tok));
     messages.push_back({{"role", "assistant"}, {"content", reply}});
+    keep(messages.back());
   }
   messages.push_back(
       {{"role", "user"},
        {"content", random_words(rng, static_cast<size_t>(bytes_per_token *
                                                          absl::GetFlag(FLAGS_new_tokens)))}});
-  // The route's own step before rendering: the stored messages and the new ones as one request
-  // body, parsed (responses_chat_body + parse_chat_request, chat_request_from_proto for gRPC).
+  // The steps before rendering. Whole: the history and the new message as one request body,
+  // written and parsed (what a session turn did before it kept its messages parsed, and what a
+  // client that re-sends the history costs each turn). Session: only the new message's body,
+  // parsed with the kept history in place (server/chat_history.h), and the turn's new messages
+  // taken for the store (ConversationTurn::take_new_messages).
   const std::string body = ojson({{"model", "m"}, {"messages", messages}}).dump();
+  const double write_whole = median_ms(reps, [&] {
+    (void)ojson({{"model", "m"}, {"messages", messages}}).dump();
+  });
   const double parse = median_ms(reps, [&] { (void)parse_chat_request(body); });
+  const std::string new_body =
+      ojson({{"model", "m"}, {"messages", ojson::array({messages.back()})}}).dump();
+  size_t session_messages = 0;
+  const double parse_session = median_ms(reps, [&] {
+    auto r = parse_chat_request(new_body, history.get(), 0);
+    ConversationTurn t;
+    t.history = history;
+    t.take_new_messages(*r, 0);
+    session_messages = r->messages.size();
+  });
+  if (session_messages != messages.size()) {
+    std::fprintf(stderr, "%s: the session turn has %zu messages, the conversation %zu\n",
+                 name.c_str(), session_messages, messages.size());
+    return 1;
+  }
   const OpenAiRequest req = request_of(messages);
   size_t whole_bytes = 0, continued_bytes = 0, prompt_tokens = 0;
   bool continued = false;
@@ -153,9 +188,10 @@ int run(const std::string& name, const std::function<std::unique_ptr<Tokenizer>(
     continued = p->continued;
     prompt_tokens = p->request.prompt.size();
   });
-  std::printf("| %s | %zu | %zu | %.2f | %.2f | %.1f | %.1f | %.2f | %zu | %zu |%s\n", name.c_str(),
-              kept->tokens.size(), prompt_tokens, parse, render, whole_cold, whole, cont,
-              whole_bytes, continued_bytes, continued ? "" : " (not continued)");
+  std::printf("| %s | %zu | %zu | %.2f | %.2f | %.3f | %.2f | %.1f | %.1f | %.2f | %zu | %zu |%s\n",
+              name.c_str(), kept->tokens.size(), prompt_tokens, write_whole, parse, parse_session,
+              render, whole_cold, whole, cont, whole_bytes, continued_bytes,
+              continued ? "" : " (not continued)");
   return 0;
 }
 
@@ -170,10 +206,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::printf(
-      "| template, tokenizer | history tokens | prompt tokens | parse request ms | render ms | "
+      "| template, tokenizer | history tokens | prompt tokens | write whole body ms | "
+      "parse whole body ms | parse session turn ms | render ms | "
       "render + tokenize whole ms, cold cache | warm | render + tokenize new ms | "
       "bytes tokenized whole | bytes tokenized new |\n"
-      "|---|---|---|---|---|---|---|---|---|---|\n");
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   int rc = 0;
   struct Case {
     const char* name;
