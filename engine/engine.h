@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "engine/decode_graphs.h"
 #include "engine/device_memory_plan.h"
 #include "engine/model/model.h"
@@ -25,6 +26,8 @@ namespace loom {
 
 class EngineInbox;
 class EngineLoop;
+struct EngineRankLink;
+class ExpertParallelRanks;
 class SessionStore;
 
 struct EngineOptions {
@@ -98,6 +101,15 @@ class Engine {
   static absl::StatusOr<std::unique_ptr<Engine>> create(std::unique_ptr<Model> model,
                                                         std::shared_ptr<const Tokenizer> tokenizer,
                                                         const EngineOptions& options);
+  // Expert parallelism on one host (issue 16): one loop thread per rank of `ranks`, each with its
+  // own requests, scheduler, KV pages and state slots and sessions (options apply per rank), the
+  // experts split over the ranks. submit() gives a request (and a session's every turn) to one
+  // rank: a session's own, else the rank with the fewest tokens queued plus running. The loops step
+  // in lockstep (EngineRankLink); a failed rank group ends every live request with its error and
+  // refuses new ones. update_weights is refused.
+  static absl::StatusOr<std::unique_ptr<Engine>> create_expert_parallel(
+      std::unique_ptr<ExpertParallelRanks> ranks, std::shared_ptr<const Tokenizer> tokenizer,
+      const EngineOptions& options);
   ~Engine();  // shutdown()
 
   // Queues a request and returns its stream. InvalidArgument (nothing queued) for an empty or
@@ -135,6 +147,14 @@ class Engine {
   // A snapshot published at the end of each engine step: events of a step can reach a client before
   // the snapshot that counts them (poll, or wait_idle() first).
   EngineStats stats() const;
+  // Expert parallelism: ranks (1 without), each rank's own snapshot (stats() sums them), and the
+  // ranks' expert load balance (ExpertParallelRanks::load_balance; nullopt on one rank).
+  int num_ranks() const { return static_cast<int>(ranks_.size()); }
+  std::vector<EngineStats> rank_stats() const;
+  std::optional<double> expert_load_balance() const;
+  int64_t expert_replacements() const;
+  // Tokens queued plus running on rank r (what submit() spreads requests by).
+  int64_t rank_load_tokens(int r) const;
   const ModelConfig& config() const;
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
   int32_t max_model_len() const { return max_model_len_; }
@@ -146,25 +166,49 @@ class Engine {
   const std::optional<GraphCaptureReport>& graph_capture() const { return graph_capture_; }
 
  private:
-  Engine();
+  // One rank: its model, loop thread and what other threads share with it.
+  struct Rank {
+    std::unique_ptr<Model> model;
+    // Shared by every thread (their own mutexes): requests and cancellations in, stats out;
+    // session histories.
+    std::unique_ptr<EngineInbox> inbox;
+    std::unique_ptr<SessionStore> sessions;
+    // Touched only by the loop thread after create(); declared after what it references.
+    std::unique_ptr<EngineLoop> loop;
+    std::thread thread;
+  };
+
+  Engine() = default;
+  // Checks the model against the options and tokenizer (the first rank's) and sets the limits.
+  absl::Status init(const Model& model, std::shared_ptr<const Tokenizer> tokenizer,
+                    const EngineOptions& options);
+  // Adds a rank of `size` running `model` and its loop (not yet started).
+  absl::Status add_rank(std::unique_ptr<Model> model, int size, const EngineRankLink* link);
   // The context-limit and KV-capacity checks of submit() on the whole prompt.
   absl::Status check_length(const Request& request) const;
+  // The rank a new request (or a new session) goes to: the fewest tokens queued plus running.
+  int least_loaded_rank() const;
+  // submit() of a session turn on rank r.
+  absl::StatusOr<std::shared_ptr<RequestStream>> submit_turn(Rank& rank, Request request,
+                                                             int64_t* session_continued);
+  // After a push to rank r: the other ranks join the step it starts at once (not at their idle
+  // poll).
+  void wake_others(int r);
 
   // Constant after create().
-  std::unique_ptr<Model> model_;
   std::shared_ptr<const Tokenizer> tokenizer_;
   EngineOptions options_;
   int32_t max_model_len_ = 0;
   int64_t kv_pages_ = 0;  // KV pool capacity (0: no attention layers)
   std::optional<DeviceMemoryPlan> memory_plan_;
   std::optional<GraphCaptureReport> graph_capture_;
-  // Shared by every thread (its own mutex): requests and cancellations in, stats out.
-  std::unique_ptr<EngineInbox> inbox_;
-  // Shared by every thread (its own mutex): session histories.
-  std::unique_ptr<SessionStore> sessions_;
-  // Touched only by the loop thread after create(); declared after what it references.
-  std::unique_ptr<EngineLoop> loop_;
-  std::thread thread_;
+  // Expert parallelism: the ranks' communicators and dispatchers, which the models use (declared
+  // before ranks_: destroyed after them). Null for one rank.
+  std::unique_ptr<ExpertParallelRanks> expert_parallel_;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+  // Expert parallelism: a session turn finds its session's rank, or places a new session, under
+  // this lock, so one name never lives on two ranks.
+  absl::Mutex placing_;
 };
 
 }  // namespace loom

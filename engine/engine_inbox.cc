@@ -7,8 +7,11 @@ namespace loom {
 absl::StatusOr<std::shared_ptr<RequestStream>> EngineInbox::push(Request request,
                                                                  uint64_t session) {
   absl::MutexLock lock(&mu_);
+  if (!failed_.ok()) return failed_;
   if (stopping_) return absl::FailedPreconditionError("the engine is shutting down");
-  const uint64_t id = next_id_++;
+  const uint64_t id = next_id_;
+  next_id_ += id_stride_;
+  add_load(static_cast<int64_t>(request.prompt.size()) * request.params.n);
   auto stream = std::make_shared<RequestStream>(id, request.params.n);
   inbox_.push_back({id, std::move(request), stream, session});
   ++live_;
@@ -42,6 +45,17 @@ void EngineInbox::stop() {
   stopping_ = true;
 }
 
+void EngineInbox::fail(const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  if (failed_.ok()) failed_ = why;
+  stopping_ = true;
+}
+
+void EngineInbox::wake() {
+  absl::MutexLock lock(&mu_);
+  woken_ = true;
+}
+
 void EngineInbox::wait_idle() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
@@ -59,7 +73,7 @@ EngineInbox::Intake EngineInbox::take(bool busy, absl::Time deadline) {
   // mutex, and the scheduler may only be read on the loop thread.
   auto has_work = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return busy || !inbox_.empty() || !cancels_.empty() || !dropped_sessions_.empty() ||
-           !weight_updates_.empty() || stopping_;
+           !weight_updates_.empty() || stopping_ || woken_;
   };
   mu_.AwaitWithDeadline(absl::Condition(&has_work), deadline);
   Intake in;
@@ -68,6 +82,7 @@ EngineInbox::Intake EngineInbox::take(bool busy, absl::Time deadline) {
   in.dropped_sessions.swap(dropped_sessions_);
   in.weight_updates.swap(weight_updates_);
   in.stopping = stopping_;
+  woken_ = false;
   return in;
 }
 

@@ -4,6 +4,7 @@
 // it runs a step.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -21,6 +22,11 @@ namespace loom {
 
 class EngineInbox {
  public:
+  // Request ids first_id, first_id + id_stride, ...: an expert-parallel engine gives rank r of N
+  // the ids r + 1 + k N, so that an id alone names the rank that runs it.
+  explicit EngineInbox(uint64_t first_id = 1, uint64_t id_stride = 1)
+      : next_id_(first_id), id_stride_(id_stride) {}
+
   struct Pending {
     uint64_t id;
     Request request;
@@ -55,6 +61,18 @@ class EngineInbox {
   void push_weight_update(WeightUpdate* update);
   // Any thread: from now on push() fails and the loop's next take() says stopping. Idempotent.
   void stop();
+  // The loop thread of a rank whose group failed (expert parallelism): from now on push() fails
+  // with `why`, and take() says stopping.
+  void fail(const absl::Status& why);
+  // Any thread: the loop's next take() returns at once even with nothing queued (an expert-parallel
+  // rank must join a step another rank's arrivals start).
+  void wake();
+  // Tokens queued plus running on this engine (prompt tokens of every live choice and the tokens
+  // each has generated): what an expert-parallel engine spreads new requests by. push() adds a
+  // request's prompt for each choice; the loop adds generated tokens and retires a finished
+  // choice's (add_load). Any thread reads it.
+  int64_t load_tokens() const { return load_tokens_.load(std::memory_order_relaxed); }
+  void add_load(int64_t tokens) { load_tokens_.fetch_add(tokens, std::memory_order_relaxed); }
   // Any thread: waits until every pushed request's stream was closed and published as such.
   void wait_idle();
   // Any thread: the snapshot of the last publish().
@@ -74,8 +92,12 @@ class EngineInbox {
   std::vector<uint64_t> dropped_sessions_ ABSL_GUARDED_BY(mu_);
   std::vector<WeightUpdate*> weight_updates_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool woken_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);
   int64_t live_ ABSL_GUARDED_BY(mu_) = 0;  // pushed and not yet retired by publish()
-  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_);
+  const uint64_t id_stride_;
+  std::atomic<int64_t> load_tokens_{0};
   EngineStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

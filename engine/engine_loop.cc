@@ -9,6 +9,7 @@
 #include "engine/device_memory_plan.h"
 #include "engine/model/cache_store.h"
 #include "engine/model_runner.h"
+#include "engine/parallel/communicator.h"
 #include "engine/routed_experts.h"
 #include "engine/sampling/sampler.h"
 #include "engine/session_store.h"
@@ -84,11 +85,9 @@ EngineLoop::EngineLoop(const EngineOptions& options, const Tokenizer* tokenizer,
 
 EngineLoop::~EngineLoop() = default;
 
-absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::create(const Model& model,
-                                                               const Tokenizer* tokenizer,
-                                                               const EngineOptions& options,
-                                                               EngineInbox& inbox,
-                                                               SessionStore& sessions) {
+absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::create(
+    const Model& model, const Tokenizer* tokenizer, const EngineOptions& options,
+    EngineInbox& inbox, SessionStore& sessions, const EngineRankLink* link) {
   const ModelConfig& cfg = model.config();
   // Size the pools from the store's own byte counts: per-token KV bytes of each attention
   // layer, state bytes per slot.
@@ -119,6 +118,7 @@ absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::create(const Model& mode
 
   std::unique_ptr<EngineLoop> loop(
       new EngineLoop(options, tokenizer, cfg.vocab_size, inbox, sessions));
+  loop->link_ = link;
   store_options.num_pages = sizing.num_pages;
   store_options.num_slots = sizing.num_state_slots;
   LOOM_ASSIGN_OR_RETURN(loop->store_, CacheStore::create(cfg, store_options));
@@ -181,6 +181,7 @@ int64_t EngineLoop::kv_page_capacity() const {
 }
 
 void EngineLoop::run() {
+  if (link_ != nullptr) return run_lockstep();
   for (;;) {
     EngineInbox::Intake in = inbox_.take(sched_->has_unfinished(), next_expiry_);
     drop_sessions(in.dropped_sessions);
@@ -206,6 +207,78 @@ void EngineLoop::run() {
     publish_stats();
   }
   publish_stats();
+}
+
+absl::StatusOr<EngineLoop::Agreement> EngineLoop::agree(bool stopping, bool busy) {
+  Communicator& comm = *link_->comm;
+  int64_t mine[2] = {stopping ? 1 : 0, busy ? 1 : 0};
+  std::vector<int64_t> all(2 * static_cast<size_t>(comm.size()));
+  LOOM_RETURN_IF_ERROR(comm.all_gather(Tensor::wrap(mine, {1, 2}, DType::kI64),
+                                       Tensor::wrap(all.data(), {comm.size(), 2}, DType::kI64)));
+  Agreement a;
+  for (int r = 0; r < comm.size(); ++r) {
+    a.stopping |= all[2 * r] != 0;
+    a.busy |= all[2 * r + 1] != 0;
+  }
+  return a;
+}
+
+void EngineLoop::run_lockstep() {
+  bool group_busy = false;
+  for (;;) {
+    // Idle, a rank still passes every idle_poll: a peer's arrivals start a step it must join.
+    const absl::Time deadline =
+        group_busy ? next_expiry_ : std::min(next_expiry_, absl::Now() + link_->idle_poll);
+    EngineInbox::Intake in = inbox_.take(group_busy || sched_->has_unfinished(), deadline);
+    drop_sessions(in.dropped_sessions);
+    if (absl::Now() >= next_expiry_) drop_sessions(sessions_.expire(absl::Now()));
+    for (EngineInbox::WeightUpdate* u : in.weight_updates) {
+      u->result = absl::FailedPreconditionError(
+          "update_weights: not with expert parallelism (each rank holds only its experts)");
+      u->done.Notify();
+    }
+    for (EngineInbox::Pending& p : in.arrivals) add_request(std::move(p));
+    for (uint64_t id : in.cancels) cancel_request(id);
+    absl::StatusOr<Agreement> a = agree(in.stopping, sched_->has_unfinished());
+    if (!a.ok()) {
+      fail_everything(a.status());
+      break;
+    }
+    if (a->stopping) {  // every rank leaves at this pass, whichever saw the stop
+      std::vector<uint64_t> ids;
+      for (auto& [id, r] : live_) ids.push_back(id);
+      for (uint64_t id : ids) cancel_request(id);
+      break;
+    }
+    group_busy = a->busy;
+    if (group_busy) {
+      step();  // an empty plan runs a dummy forward
+      if (link_->after_step) link_->after_step();
+    }
+    if (absl::Status st = link_->comm->status(); !st.ok()) {
+      fail_everything(st);
+      break;
+    }
+    next_expiry_ = sessions_.next_expiry();
+    publish_stats();
+  }
+  publish_stats();
+}
+
+void EngineLoop::fail_everything(const absl::Status& why) {
+  const absl::Status failed(why.code(),
+                            absl::StrCat("expert-parallel ranks failed: ", why.message()));
+  inbox_.fail(failed);
+  // What was queued before the inbox closed ends here too.
+  for (EngineInbox::Pending& p : inbox_.take(true).arrivals) add_request(std::move(p));
+  for (auto& [id, r] : live_) {
+    for (Choice& c : r->choices) {
+      if (c.done) continue;
+      if (c.admitted) sched_->cancel(sched_id(r->id, c.index)).IgnoreError();
+      finish(*r, c, FinishReason::kError, std::string(failed.message()));
+    }
+  }
+  live_.clear();
 }
 
 void EngineLoop::drop_sessions(const std::vector<uint64_t>& keys) {
@@ -303,6 +376,18 @@ void EngineLoop::step() {
   absl::StatusOr<Tensor> logits = plan.seqs.empty()
                                       ? absl::StatusOr<Tensor>(Tensor::empty({0, vocab_}))
                                       : runner_->run(plan, tape ? &*tape : nullptr);
+  if (link_ != nullptr) {
+    if (plan.seqs.empty()) {
+      // Nothing of this rank's runs, but its experts serve the other ranks' tokens.
+      link_->set_dummy_step(true);
+      const absl::Status dummy = runner_->run_dummy();
+      link_->set_dummy_step(false);
+      if (!dummy.ok()) logits = dummy;
+    }
+    // A failed exchange leaves the MoE outputs zero (expert_parallel_dispatcher.h): the logits
+    // are not the model's.
+    if (absl::Status st = link_->comm->status(); logits.ok() && !st.ok()) logits = st;
+  }
   StepResult result;
   if (logits.ok()) {
     ++stats_.steps;
@@ -382,6 +467,7 @@ StepResult EngineLoop::sample_and_emit(const BatchPlan& plan, const Tensor& logi
     Choice* c = step_choices_[i].second;
     ++c->generated;
     ++stats_.generated_tokens;
+    inbox_.add_load(1);
     sr.token = tok.token;
     if (emit(*r, *c, tok)) {
       sr.finished = true;
@@ -464,6 +550,7 @@ void EngineLoop::finish(LiveRequest& r, Choice& c, FinishReason reason, std::str
   out.prompt_tokens = static_cast<int32_t>(r.request.prompt.size());
   out.completion_tokens = c.generated;
   out.weight_version = r.weight_version;
+  inbox_.add_load(-static_cast<int64_t>(r.request.prompt.size()) - c.generated);
   out.routed_experts = std::move(c.routed);  // normally empty: the last sampled token is not fed
   c.routed.clear();
   // The session's turn ends before its last event goes out: a client that sends the next turn

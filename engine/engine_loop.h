@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
@@ -23,6 +24,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "core/tensor.h"
 #include "engine/device_memory_plan.h"
 #include "engine/engine.h"
@@ -33,10 +35,24 @@
 namespace loom {
 
 class CacheStore;
+class Communicator;
 class ModelRunner;
 class RoutedExpertsRecorder;
 class Scheduler;
 class SessionStore;
+
+// Expert parallelism (Engine::create_expert_parallel): what ties one rank's loop to the others'.
+// Every pass of every rank's loop runs one agreement (an all-gather: is any rank stopping, does any
+// have work) and then, when some rank has work, one forward on every rank, a rank without tokens
+// running a dummy one, so that every rank issues the same collectives in the same order. An idle
+// rank waits at most `idle_poll` for requests before its next pass, so no rank waits at a
+// collective for a peer asleep in its inbox.
+struct EngineRankLink {
+  Communicator* comm = nullptr;
+  std::function<void(bool)> set_dummy_step;  // the rank's MoE dispatchers (or load balancer)
+  std::function<void()> after_step;          // optional: publishes what the step's rank measured
+  absl::Duration idle_poll = absl::Milliseconds(20);
+};
 
 class EngineLoop {
  public:
@@ -44,11 +60,9 @@ class EngineLoop {
   // scheduler and the model runner. Fails when the budget cannot hold one request. `model`,
   // `tokenizer` (may be null), `inbox` and `sessions` must outlive the loop. Publishes the first
   // stats.
-  static absl::StatusOr<std::unique_ptr<EngineLoop>> create(const Model& model,
-                                                            const Tokenizer* tokenizer,
-                                                            const EngineOptions& options,
-                                                            EngineInbox& inbox,
-                                                            SessionStore& sessions);
+  static absl::StatusOr<std::unique_ptr<EngineLoop>> create(
+      const Model& model, const Tokenizer* tokenizer, const EngineOptions& options,
+      EngineInbox& inbox, SessionStore& sessions, const EngineRankLink* link = nullptr);
   ~EngineLoop();
 
   // The KV pool's size in pages, the most one request can ever hold (0: no attention layers).
@@ -63,6 +77,16 @@ class EngineLoop {
   void run();
 
  private:
+  // run() of an expert-parallel rank (link_ set): the lockstep passes.
+  void run_lockstep();
+  // The lockstep's agreement: whether any rank is stopping, whether any has work.
+  struct Agreement {
+    bool stopping = false, busy = false;
+  };
+  absl::StatusOr<Agreement> agree(bool stopping, bool busy);
+  // The rank group failed (a rank's error, or a collective timed out): every live request ends
+  // with `why`, and the inbox refuses new ones with it.
+  void fail_everything(const absl::Status& why);
   struct Choice;
   struct LiveRequest;
 
@@ -113,6 +137,7 @@ class EngineLoop {
   const EngineOptions options_;
   const Tokenizer* const tokenizer_;  // may be null
   const int64_t vocab_;
+  const EngineRankLink* link_ = nullptr;  // expert parallelism, else null
   std::vector<int32_t> eos_ids_;
   EngineInbox& inbox_;
   SessionStore& sessions_;

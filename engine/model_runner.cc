@@ -76,4 +76,25 @@ absl::StatusOr<Tensor> ModelRunner::run(const BatchPlan& plan, ActivationTape* t
   return logits;
 }
 
+absl::Status ModelRunner::run_dummy() {
+  static constexpr int32_t kScratchTable[1] = {CacheStore::kScratchPage};
+  ForwardBatch& batch = batch_;
+  batch.store = &store_;
+  batch.batch_invariant = batch_invariant_;
+  batch.workspace = &workspace_;
+  batch.step = &step_;
+  batch.page_cols = 0;
+  batch.token_ids.assign(1, 0);
+  batch.seqs.resize(1);
+  SequenceInput& in = batch.seqs[0];
+  in = SequenceInput{};
+  in.num_tokens = 1;
+  in.logits = LogitsMode::kNone;
+  in.slot = CacheStore::kScratchSlot;
+  in.pages = kScratchTable;
+  in.padding = true;
+  if (store_.has_linear()) store_.reset_slot(CacheStore::kScratchSlot);
+  return model_.forward(batch).status();
+}
+
 }  // namespace loom

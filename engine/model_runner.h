@@ -35,6 +35,11 @@ class ModelRunner {
   // decode graph.
   absl::StatusOr<Tensor> run(const BatchPlan& plan, ActivationTape* tape = nullptr);
 
+  // Expert parallelism: a forward of one filler token in the scratch slot and page (no logits),
+  // for a rank with nothing to run while the others step, so that it issues the step's
+  // collectives too (the caller marks the step a dummy one for the MoE dispatchers).
+  absl::Status run_dummy();
+
   // Sizes the step data for the largest step (the engine's limits), so that no step grows it.
   void reserve(const StepShape& largest) { step_.reserve(largest); }
 

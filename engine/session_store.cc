@@ -101,6 +101,11 @@ absl::StatusOr<uint64_t> SessionStore::erase(const std::string& name) {
   return key;
 }
 
+bool SessionStore::contains(const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  return by_name_.contains(name);
+}
+
 std::vector<uint64_t> SessionStore::expire(absl::Time now) {
   absl::MutexLock lock(&mu_);
   std::vector<uint64_t> gone;

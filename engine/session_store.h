@@ -55,6 +55,8 @@ class SessionStore {
   // Deletes session `name` (NotFound if there is none) and returns its key. A turn still running
   // completes, but its end state is not kept.
   absl::StatusOr<uint64_t> erase(const std::string& name);
+  // Whether session `name` is live (an expert-parallel engine keeps a session on one rank).
+  bool contains(const std::string& name) const;
   // Removes the sessions idle for the ttl at `now`; returns their keys.
   std::vector<uint64_t> expire(absl::Time now);
   // When the next idle session expires (InfiniteFuture when none is idle).

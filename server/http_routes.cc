@@ -420,7 +420,7 @@ RouteResult handle_request(HttpContext& ctx, const HttpRequestView& request) {
   }
   if (path == "/metrics") {
     result.reply.content_type = "text/plain; version=0.0.4; charset=utf-8";
-    result.reply.body = ctx.metrics->render(ctx.engine->stats());
+    result.reply.body = ctx.metrics->render(*ctx.engine);
     return result;
   }
   if (ctx.draining) {

@@ -20,7 +20,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "engine/engine.h"
+#include "engine/expert_parallel_ranks.h"
 #include "engine/model/model.h"
+#include "engine/model/random_weights.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/exec.h"
@@ -92,32 +94,61 @@ int main(int argc, char** argv) {
   if (!act_dtype.ok()) return fail("bad flags", act_dtype.status());
   auto device = loom::parse_device(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return fail("bad flags", device.status());
+  const loom::ExpertParallelOptions& ep = options->expert_parallel;
+  if (absl::Status st = loom::check_expert_parallel_device(*device, ep.ranks); !st.ok())
+    return fail("bad flags", st);
   if (absl::Status st = loom::device_available(*device); !st.ok()) return fail("--device", st);
   const loom::Placement placement{
       .device = *device, .dtype = *weight_dtype, .activations = *act_dtype};
   const absl::Time load_start = absl::Now();
-  auto model =
-      options->random_weights
-          ? loom::Model::load_random(options->model_path, *options->random_weights, placement)
-          : loom::Model::load(dir, placement);
-  if (!model.ok()) return fail(absl::StrCat("loading ", options->model_path), model.status());
+  // One model, or with --expert_parallel N one per rank, each holding its share of the experts.
+  absl::StatusOr<std::unique_ptr<loom::Model>> model;
+  std::unique_ptr<loom::ExpertParallelRanks> ranks;
+  if (ep.ranks > 1) {
+    auto cfg = options->random_weights ? loom::load_random_weights_config(options->model_path)
+                                       : loom::load_model_config(dir);
+    if (!cfg.ok()) return fail(absl::StrCat("loading ", options->model_path), cfg.status());
+    if (absl::Status st = loom::check_expert_parallel(*cfg, *device, ep); !st.ok())
+      return fail("bad flags", st);
+    auto loaded = loom::ExpertParallelRanks::load(
+        *cfg, placement, ep,
+        [&](const loom::Placement& p) -> absl::StatusOr<std::unique_ptr<loom::Model>> {
+          if (options->random_weights)
+            return loom::Model::load_random(options->model_path, *options->random_weights, p);
+          return loom::Model::load(dir, *cfg, p);
+        });
+    if (!loaded.ok()) return fail(absl::StrCat("loading ", options->model_path), loaded.status());
+    ranks = std::move(loaded).value();
+  } else {
+    model = options->random_weights
+                ? loom::Model::load_random(options->model_path, *options->random_weights, placement)
+                : loom::Model::load(dir, placement);
+    if (!model.ok()) return fail(absl::StrCat("loading ", options->model_path), model.status());
+  }
+  const loom::Model& first = ranks ? *ranks->model(0) : **model;
+  double parameter_gb = 0;
+  for (int r = 0; r < (ranks ? ranks->size() : 1); ++r)
+    parameter_gb += (ranks ? *ranks->model(r) : **model).parameters().bytes() / 1e9;
+  const std::string rank_note =
+      ranks ? absl::StrFormat(" over %d expert-parallel ranks (%s)", ranks->size(),
+                              loom::expert_exchange_name(ep.exchange))
+            : std::string();
   // GET /ready and gRPC health report these start-up checks (server/readiness.h).
   loom::Readiness readiness;
   readiness.pass(
       loom::Readiness::Check::kModel,
-      absl::StrFormat("%s: %.3f GB of parameters on %s, loaded in %.2f s",
-                      (*model)->config().model_type, (*model)->parameters().bytes() / 1e9,
-                      (*model)->placement().describe(),
-                      absl::ToDoubleSeconds(absl::Now() - load_start)));
+      absl::StrFormat("%s: %.3f GB of parameters on %s%s, loaded in %.2f s",
+                      first.config().model_type, parameter_gb, first.placement().describe(),
+                      rank_note, absl::ToDoubleSeconds(absl::Now() - load_start)));
   if (options->random_weights) {
     std::printf(
-        "loom-server: random weights (seed %llu) for %s: %.3f GB of parameters on %s, filled "
+        "loom-server: random weights (seed %llu) for %s: %.3f GB of parameters on %s%s, filled "
         "in %.2f s\n",
         static_cast<unsigned long long>(*options->random_weights), options->model_path.c_str(),
-        (*model)->parameters().bytes() / 1e9, (*model)->placement().describe().c_str(),
+        parameter_gb, first.placement().describe().c_str(), rank_note.c_str(),
         absl::ToDoubleSeconds(absl::Now() - load_start));
   }
-  const std::string model_type = (*model)->config().model_type;
+  const std::string model_type = first.config().model_type;
   std::shared_ptr<const loom::Tokenizer> tokenizer;
   // tokenizer.json, or a TikToken folder (tiktoken.model + tokenizer_config.json, Kimi's).
   const std::string tokenizer_format = loom::Tokenizer::format_in_dir(dir);
@@ -137,7 +168,9 @@ int main(int argc, char** argv) {
   // A derived cache budget measures a device's free memory; the host's is not budgeted so.
   if (options->engine.cache_budget_bytes == 0 && device->is_cpu())
     options->engine.cache_budget_bytes = int64_t{1024} << 20;
-  auto engine = loom::Engine::create(std::move(model).value(), tokenizer, options->engine);
+  auto engine =
+      ranks ? loom::Engine::create_expert_parallel(std::move(ranks), tokenizer, options->engine)
+            : loom::Engine::create(std::move(model).value(), tokenizer, options->engine);
   if (!engine.ok()) return fail("starting the engine", engine.status());
   if (const auto& plan = (*engine)->memory_plan()) {
     std::printf("loom-server: %s\n", plan->describe().c_str());
@@ -162,14 +195,17 @@ int main(int argc, char** argv) {
         "%lld MiB\n",
         st.pages_total, options->engine.page_size,
         static_cast<long long>(st.pages_total) * options->engine.page_size, st.slots_total,
-        static_cast<long long>(options->engine.cache_budget_bytes > 0
-                                   ? options->engine.cache_budget_bytes >> 20
-                                   : (*engine)->memory_plan()->cache_budget_bytes >> 20));
+        static_cast<long long>((options->engine.cache_budget_bytes > 0
+                                    ? options->engine.cache_budget_bytes >> 20
+                                    : (*engine)->memory_plan()->cache_budget_bytes >> 20) *
+                               (*engine)->num_ranks()));
   }
 
   loom::Metrics metrics;
   // One admission and drain gate for both frontends (server/admission.h).
-  loom::AdmissionGate admission(options->engine.max_num_seqs, options->http.max_queue);
+  // Each rank runs --max_num_seqs sequences.
+  loom::AdmissionGate admission(options->engine.max_num_seqs * (*engine)->num_ranks(),
+                                options->http.max_queue);
   options->http.readiness = &readiness;
   auto http =
       loom::HttpServer::start(**engine, tokenizer, *chat, &metrics, options->http, admission);

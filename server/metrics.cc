@@ -185,4 +185,39 @@ std::string Metrics::render(const EngineStats& s) const {
   return out;
 }
 
+std::string Metrics::render(const Engine& engine) const {
+  std::string out = render(engine.stats());
+  const std::vector<EngineStats> ranks = engine.rank_stats();
+  header(&out, "loom_expert_parallel_ranks", "gauge",
+         "Engine ranks (--expert_parallel): attention data-parallel, experts split over them.");
+  sample(&out, "loom_expert_parallel_ranks", static_cast<double>(ranks.size()));
+  auto per_rank = [&](std::string_view name, std::string_view help, auto value) {
+    header(&out, name, "gauge", help);
+    for (size_t r = 0; r < ranks.size(); ++r)
+      absl::StrAppend(&out, absl_sv(name), "{rank=\"", r, "\"} ", value(static_cast<int>(r)), "\n");
+  };
+  per_rank("loom_rank_requests_waiting", "Requests queued on each engine rank, not yet running.",
+           [&](int r) { return ranks[r].waiting; });
+  per_rank("loom_rank_requests_running", "Requests (choices) each engine rank is running.",
+           [&](int r) { return ranks[r].running; });
+  per_rank("loom_rank_load_tokens",
+           "Tokens queued plus running on each engine rank (prompts and generated tokens of its "
+           "live requests): new requests go to the rank with the fewest.",
+           [&](int r) { return engine.rank_load_tokens(r); });
+  // One rank carries every expert's load: balance 1. Over several, only what the balancer
+  // measured (its re-placements) is exported.
+  const std::optional<double> balance =
+      ranks.size() == 1 ? std::optional<double>(1.0) : engine.expert_load_balance();
+  if (balance) {
+    header(&out, "loom_expert_load_balance", "gauge",
+           "Routed expert slots per rank, mean over max (1: even), averaged over the MoE layers, "
+           "over the load balancer's last window (at its last re-placement).");
+    sample(&out, "loom_expert_load_balance", *balance);
+  }
+  header(&out, "loom_expert_replacements_total", "counter",
+         "Expert placements the load balancer recomputed (--eplb_interval_steps).");
+  sample(&out, "loom_expert_replacements_total", static_cast<double>(engine.expert_replacements()));
+  return out;
+}
+
 }  // namespace loom

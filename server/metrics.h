@@ -54,6 +54,10 @@ class Metrics {
 
   // The Prometheus text exposition (version 0.0.4) of everything above plus `stats`.
   std::string render(const EngineStats& stats) const;
+  // render(engine.stats()) and the engine's ranks (expert parallelism; one rank, rank="0",
+  // without): each rank's waiting and running requests and tokens queued plus running, and the
+  // experts' load balance over the ranks.
+  std::string render(const Engine& engine) const;
 
  private:
   mutable absl::Mutex mu_;

@@ -96,6 +96,29 @@ ABSL_FLAG(int64_t, sessions_max_mb, 0,
 ABSL_FLAG(int64_t, max_stored_responses, 10000,
           "Responses POST /v1/responses stores (store: true), and, apart, gRPC Chat session "
           "conversations kept; the oldest are dropped first.");
+ABSL_FLAG(int, expert_parallel, 1,
+          "N >= 2: N engine ranks in this process (issue 16), attention data-parallel (each rank "
+          "its own requests, caches, scheduler and sessions; --max_num_seqs, --cache_budget_mb "
+          "and the other engine limits apply per rank), the routed experts split over them and "
+          "exchanged per MoE layer; new requests go to the rank with the fewest tokens queued "
+          "plus running. The ranks are threads on the CPU; on CUDA the flag is refused (NCCL "
+          "ranks are not built yet). At most one rank per expert.");
+ABSL_FLAG(std::string, expert_dispatch, "all_gather",
+          "With --expert_parallel: all_gather (hidden states and routing gathered, each rank's "
+          "experts over every token, a reduce-scatter back) or all_to_all (only the rows each "
+          "rank needs).");
+ABSL_FLAG(int64_t, redundant_experts, 0,
+          "With --expert_parallel: K extra physical expert slots per MoE layer, given to copies of "
+          "the hottest experts by the load balancer (docs/expert-parallel.md).");
+ABSL_FLAG(int, eplb_interval_steps, 0,
+          "With --expert_parallel: recompute the expert placement from the load of the last "
+          "--eplb_window_steps steps every this many steps, moving expert weights between ranks "
+          "(0: never; the load balance gauge needs it).");
+ABSL_FLAG(int, eplb_window_steps, 0,
+          "With --eplb_interval_steps: steps of expert load counted (0: the interval).");
+ABSL_FLAG(double, expert_parallel_timeout_s, 300,
+          "With --expert_parallel: a rank waiting longer than this at a collective fails every "
+          "rank (live requests end with the error, new ones are refused).");
 
 namespace loom {
 
@@ -179,6 +202,25 @@ absl::StatusOr<ServerOptions> server_options_from_flags() {
   if (o.engine.max_n < 1 || o.engine.max_n > kMaxN) {
     return bad("max_n", absl::StrCat("must be in [1, ", kMaxN, "]"));
   }
+  // The model's expert count and the device are checked once they are known
+  // (check_expert_parallel).
+  ExpertParallelOptions& ep = o.expert_parallel;
+  ep.ranks = absl::GetFlag(FLAGS_expert_parallel);
+  if (ep.ranks < 1)
+    return bad("expert_parallel", absl::StrCat(ep.ranks, ": must be a number of ranks >= 1"));
+  const absl::StatusOr<ExpertExchange> exchange =
+      parse_expert_exchange(absl::GetFlag(FLAGS_expert_dispatch));
+  if (!exchange.ok()) return bad("expert_dispatch", std::string(exchange.status().message()));
+  ep.exchange = *exchange;
+  ep.balance = {.redundant_experts = absl::GetFlag(FLAGS_redundant_experts),
+                .interval_steps = absl::GetFlag(FLAGS_eplb_interval_steps),
+                .window_steps = absl::GetFlag(FLAGS_eplb_window_steps)};
+  if (ep.ranks == 1 && ep.balance.enabled())
+    return bad(ep.balance.redundant_experts != 0 ? "redundant_experts" : "eplb_interval_steps",
+               "balances experts over ranks: needs --expert_parallel N >= 2");
+  const double timeout_s = absl::GetFlag(FLAGS_expert_parallel_timeout_s);
+  if (!(timeout_s > 0)) return bad("expert_parallel_timeout_s", "must be positive");
+  ep.timeout = absl::Seconds(timeout_s);
 
   std::error_code ec;
   if (const std::string seed = absl::GetFlag(FLAGS_random_weights); !seed.empty()) {

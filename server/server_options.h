@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/engine.h"
+#include "engine/expert_parallel_ranks.h"
 
 namespace loom {
 
@@ -58,7 +59,8 @@ struct ServerOptions {
   std::optional<uint64_t> random_weights;
   std::string model_path;
   ReasoningParser reasoning_parser = ReasoningParser::kAuto;
-  EngineOptions engine;
+  EngineOptions engine;                   // per rank
+  ExpertParallelOptions expert_parallel;  // --expert_parallel N and the load balancer's flags
   HttpOptions http;
   int grpc_port = -1;           // < 0: no gRPC service
   double drain_timeout_s = 30;  // SIGTERM: how long in-flight requests (both frontends) may take

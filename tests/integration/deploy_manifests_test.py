@@ -16,7 +16,8 @@ start it (the API key from the environment through --fromenv, as the Kubernetes 
   * names agree: Service selectors match pod labels, Service target ports are named container
     ports, the Secret and volume claim names are the same everywhere, the ServiceMonitor selects
     the Services and scrapes a port they have, on a path the server serves;
-  * the LeaderWorkerSet keeps size 1 while loom-server has no expert-parallel rank flags (issue 16);
+  * the LeaderWorkerSet keeps size 1 while loom-server has no flags that make a process one rank of
+    a multi-process group (issue 16: --expert_parallel N runs N ranks inside one process);
   * compose: container ports, grace period and healthcheck agree with the flags;
   * Dockerfiles: EXPOSE matches CMD's ports, a non-root USER, tini as init, the files they copy or
     run exist, their build packages are the Makefile's DEB_PACKAGES (plus tini);
@@ -270,11 +271,13 @@ class DeployTest(unittest.TestCase):
         (f, lws), = self.docs("LeaderWorkerSet")
         lwt = lws["spec"]["leaderWorkerTemplate"]
         self.assertEqual(lwt["restartPolicy"], "RecreateGroupOnPodRestart")
-        rank_flags = {f for f in self.flags
-                      if re.search(r"expert_parallel|nnodes|node_rank|coordinator", f)}
+        # --expert_parallel N: ranks as threads of one process; a worker pod needs a flag that
+        # joins it to the leader's group.
+        rank_flags = {f for f in self.flags if re.search(r"nnodes|node_rank|coordinator", f)}
+        self.assertIn("expert_parallel", self.flags)
         if not rank_flags:
-            self.assertEqual(lwt["size"], 1, "no rank flags in loom-server yet (issue 16): "
-                             "workers would serve on their own")
+            self.assertEqual(lwt["size"], 1, "no multi-process rank flags in loom-server yet "
+                             "(issue 16): workers would serve on their own")
 
     # -- compose and images --------------------------------------------------------------------
 

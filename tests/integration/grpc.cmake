@@ -54,6 +54,20 @@ if((TARGET loom-server OR EXISTS ${CMAKE_SOURCE_DIR}/server/CMakeLists.txt) AND 
   set_tests_properties(deterministic_e2e PROPERTIES LABELS integration TIMEOUT 300)
 endif()
 
+# loom-server --expert_parallel 2 and 3 (thread ranks): every request over HTTP and gRPC, and a
+# session's turns on each, equal the one-rank server's under --deterministic; per-rank metrics;
+# bad rank counts refused (tests/integration/expert_parallel_server_test.py).
+get_property(done GLOBAL PROPERTY LOOM_EXPERT_PARALLEL_SERVER_TEST)
+if((TARGET loom-server OR EXISTS ${CMAKE_SOURCE_DIR}/server/CMakeLists.txt) AND NOT done)
+  set_property(GLOBAL PROPERTY LOOM_EXPERT_PARALLEL_SERVER_TEST TRUE)
+  add_test(NAME expert_parallel_server_e2e
+    COMMAND /usr/bin/python3 ${CMAKE_SOURCE_DIR}/tests/integration/expert_parallel_server_test.py
+            --server $<TARGET_FILE:loom-server> --model ${LOOM_GRPC_TEST_MODEL}
+            --pythonpath ${LOOM_PROTO_PY_DIR})
+  set_tests_properties(expert_parallel_server_e2e PROPERTIES LABELS "integration;expert_parallel"
+                       TIMEOUT 300)
+endif()
+
 # gRPC Chat sessions (session_id, store, DeleteSession) on loom-server --deterministic: continued
 # turns equal the whole history (over gRPC and HTTP chat), NOT_FOUND, validation, tool turns.
 get_property(done GLOBAL PROPERTY LOOM_GRPC_SESSIONS_TEST)

@@ -1,0 +1,90 @@
+// The ranks of an expert-parallel engine on one host (issue 16): N copies of the model's attention
+// and dense weights, each rank holding only its share of every MoE layer's experts, and the thread
+// communicator and dispatchers (or the expert load balancer) that join them. Engine::
+// create_expert_parallel runs one engine loop per rank on them (engine/engine_loop.h's
+// EngineRankLink); loom-server --expert_parallel N builds them.
+//
+// The ranks are threads on the CPU (ThreadGroup): NCCL ranks on GPUs are not built, and a CUDA
+// placement is refused.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/engine_loop.h"
+#include "engine/model/model.h"
+#include "engine/parallel/expert_load_balancer.h"
+#include "engine/parallel/expert_parallel_dispatcher.h"
+#include "engine/parallel/thread_communicator.h"
+
+namespace loom {
+
+struct ExpertParallelOptions {
+  int ranks = 1;                                         // --expert_parallel
+  ExpertExchange exchange = ExpertExchange::kAllGather;  // --expert_dispatch
+  ExpertBalanceOptions balance;  // --redundant_experts, --eplb_interval_steps, --eplb_window_steps
+  absl::Duration timeout = absl::Seconds(300);  // --expert_parallel_timeout_s: a rank waiting
+                                                // longer at a collective fails the group
+};
+
+// InvalidArgument unless `ranks` is in [1, the model's experts] for an MoE model, the device is the
+// CPU (FailedPrecondition on CUDA: NCCL ranks do not exist yet), and the balancer's options fit.
+absl::Status check_expert_parallel(const ModelConfig& cfg, const Device& device,
+                                   const ExpertParallelOptions& options);
+// Its device part alone (before a model is read): FailedPrecondition for ranks >= 2 off the CPU.
+absl::Status check_expert_parallel_device(const Device& device, int ranks);
+
+class ExpertParallelRanks {
+ public:
+  // How to load one rank's model: `placement` is the caller's with the rank's experts
+  // (Placement::experts) or slots (Placement::expert_slots) set; Model::load or load_random.
+  using Loader = std::function<absl::StatusOr<std::unique_ptr<Model>>(const Placement&)>;
+
+  // Loads options.ranks models (after check_expert_parallel), each with its experts' dispatchers
+  // bound (expert_dispatcher_binding.h) and, with the balancer, its slot weights attached.
+  static absl::StatusOr<std::unique_ptr<ExpertParallelRanks>> load(
+      const ModelConfig& cfg, const Placement& placement, const ExpertParallelOptions& options,
+      const Loader& loader);
+  ~ExpertParallelRanks();
+
+  int size() const { return static_cast<int>(ranks_.size()); }
+  // Rank r's model until the engine takes it, then null.
+  const Model* model(int r) const { return ranks_[r]->model.get(); }
+  // Rank r's model (once: the engine takes it) and what ties its loop to the others'.
+  std::unique_ptr<Model> take_model(int r);
+  const EngineRankLink& link(int r) const { return ranks_[r]->link; }
+  // OpenMP threads each rank's loop runs with: an equal share of the cores, at least one.
+  int threads_per_rank() const { return threads_per_rank_; }
+  // The rank whose failure ends the group (ThreadGroup::abort) and the group's status.
+  void abort(const absl::Status& why);
+  absl::Status status() const;
+
+  // The expert load balance (mean over max per-rank load of the routed slots, averaged over the
+  // MoE layers) the ranks carried over the balancer's last window, at its last re-placement;
+  // nullopt without re-placements (--eplb_interval_steps 0) or before the first.
+  std::optional<double> load_balance() const;
+  int64_t replacements() const { return replacements_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Rank {
+    std::unique_ptr<Model> model;
+    std::shared_ptr<ExpertParallelDispatcher> dispatcher;  // contiguous ranges
+    std::unique_ptr<ExpertLoadBalancer> balancer;          // or the balancer's slots
+    EngineRankLink link;
+  };
+  ExpertParallelRanks() = default;
+
+  std::unique_ptr<ThreadGroup> group_;  // first: destroyed after the dispatchers using it
+  std::vector<std::unique_ptr<Rank>> ranks_;
+  int threads_per_rank_ = 1;
+  // Published by rank 0's loop after each step (the balancer is the loop thread's).
+  std::atomic<double> balance_{1.0};
+  std::atomic<int64_t> replacements_{0};
+};
+
+}  // namespace loom
