@@ -339,6 +339,10 @@ int64_t Engine::expert_replacements() const {
   return expert_parallel_ ? expert_parallel_->replacements() : 0;
 }
 
+absl::Status Engine::rank_group_status() const {
+  return expert_parallel_ ? expert_parallel_->status() : absl::OkStatus();
+}
+
 int64_t Engine::rank_load_tokens(int r) const { return ranks_.at(r)->inbox->load_tokens(); }
 
 }  // namespace loom

@@ -153,6 +153,9 @@ class Engine {
   std::vector<EngineStats> rank_stats() const;
   std::optional<double> expert_load_balance() const;
   int64_t expert_replacements() const;
+  // OK, or the rank group's first failure (expert parallelism; always OK on one rank): once
+  // failed, every live request has ended or is ending with it and submit() refuses.
+  absl::Status rank_group_status() const;
   // Tokens queued plus running on rank r (what submit() spreads requests by).
   int64_t rank_load_tokens(int r) const;
   const ModelConfig& config() const;

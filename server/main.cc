@@ -273,15 +273,31 @@ int main(int argc, char** argv) {
       url.c_str());
   std::fflush(stdout);
 
+  // Until a signal, or (--expert_parallel) until the rank group fails: its live requests have
+  // ended with the error and new ones are refused, so the process exits (status 1) for its
+  // supervisor to restart it, rather than serve nothing.
   int sig = 0;
-  sigwait(&signals, &sig);
+  absl::Status group;
+  while (true) {
+    const timespec poll{0, 100 * 1000 * 1000};
+    sig = sigtimedwait(&signals, nullptr, &poll);
+    if (sig > 0) break;
+    group = (*engine)->rank_group_status();
+    if (!group.ok()) {
+      std::fprintf(stderr, "loom-server: expert-parallel ranks failed: %s; exiting\n",
+                   std::string(group.message()).c_str());
+      break;
+    }
+  }
   // The drain (docs/operations.md): admissions stop and both frontends' health turns unhealthy at
   // once; in-flight generations on either frontend get --drain_timeout_s, counted from the
   // signal; then whatever is left is ended with an error and the process exits.
   const absl::Time deadline = absl::Now() + absl::Seconds(options->drain_timeout_s);
   std::fprintf(stderr, "loom-server: %s: draining (up to %g s, %lld requests in flight)\n",
-               sig == SIGTERM ? "SIGTERM" : "SIGINT", options->drain_timeout_s,
-               static_cast<long long>(admission.in_use()));
+               !group.ok()      ? "rank failure"
+               : sig == SIGTERM ? "SIGTERM"
+                                : "SIGINT",
+               options->drain_timeout_s, static_cast<long long>(admission.in_use()));
   readiness.begin_drain();
   admission.begin_drain();
   (*http)->begin_drain();
@@ -311,5 +327,5 @@ int main(int argc, char** argv) {
   }
   (*http)->stop();
   std::fprintf(stderr, "loom-server: stopped\n");
-  return 0;
+  return group.ok() ? 0 : 1;
 }

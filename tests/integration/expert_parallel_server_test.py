@@ -12,6 +12,8 @@ process (threads on the CPU), each its own requests, the experts split over them
   * Bad values are refused at start-up with a message naming the flag: 0, -1, more ranks than
     the model's 12 experts, --device cuda (NCCL ranks are not built), --redundant_experts
     without ranks, an unknown --expert_dispatch.
+  * A rank that does not reach a collective within --expert_parallel_timeout_s fails the group,
+    and the server exits with status 1 naming the rank and the collective.
 
   /usr/bin/python3 expert_parallel_server_test.py --server build/bin/loom-server \
       --model ../shared/fixtures/kimi_linear_s1 --pythonpath build/python
@@ -185,6 +187,13 @@ def main():
                          "--expert_dispatch")):
         rc, err = refused(*flags)
         check(rc != 0 and what in err, "%s refused (%d): %s" % (" ".join(flags), rc, err.strip()))
+    # A rank late at a collective (here every rank: a 1 us timeout, which the idle ranks' agreement
+    # passes, 20 ms apart, exceed at once) fails the group: the server says so and exits with 1.
+    start = time.time()
+    rc, err = refused("--expert_parallel", "2", "--expert_parallel_timeout_s", "0.000001")
+    check(rc == 1 and "expert-parallel ranks failed" in err and "waited" in err,
+          "a rank group failure ends the server (%d): %s" % (rc, err.strip()))
+    check(time.time() - start < 30, "within %.1f s" % (time.time() - start))
     return summary()
 
 
