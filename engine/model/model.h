@@ -146,8 +146,8 @@ class Model {
   Placement placement_;
   // loss_and_gradients' step memory (its forward's and its backward's workspaces), kept from call
   // to call so that their temporaries stop allocating once the first step has set the high-water
-  // marks (each cudaMalloc and cudaFree synchronises the GPU). A call that finds them in use by another
-  // thread takes fresh ones.
+  // marks (each cudaMalloc and cudaFree synchronises the GPU). A call that finds them in use by
+  // another thread takes fresh ones.
   struct TrainingMemory {
     explicit TrainingMemory(Device device) : forward(device), backward(device) {}
     Workspace forward, backward;
