@@ -10,6 +10,7 @@ grpcio (clients/python):
     over HTTP, over gRPC (Generate, and Chat among them) and mixed; the rest get 429 with
     Retry-After / RESOURCE_EXHAUSTED;
   * one sampling validation: temperature 3 is refused on both, naming the field;
+  * admission and session limits again over --expert_parallel 2 (N x --max_num_seqs run);
   * sessions: --max_sessions counts /v1/responses chains and gRPC Chat sessions together and both
     refuse past it in the engine's words (429 / RESOURCE_EXHAUSTED); a session with a turn
     running refuses another on both (503 / UNAVAILABLE); DeleteSession and DELETE free slots;
@@ -373,6 +374,25 @@ class SessionLimitsTest(unittest.TestCase):
             c.chat_reply(user, session_id="g2", max_tokens=1)
             status, refused, _ = self.respond({"input": "hi", "max_output_tokens": 1})
             self.assertEqual(status, 429, refused)
+
+
+class ExpertParallelAdmissionTest(AdmissionTest):
+    """The same gate over --expert_parallel 2 (thread ranks): each rank runs --max_num_seqs, so
+    2 x 1 + --max_queue 2 = 4 generations are in flight, over both frontends."""
+
+    ADMITTED = 4
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server("--max_num_seqs", "1", "--max_queue", "2", "--expert_parallel", "2")
+
+
+class ExpertParallelSessionLimitsTest(SessionLimitsTest):
+    """--max_sessions counts every rank's sessions, refused alike on both frontends."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server("--max_sessions", "2", "--expert_parallel", "2")
 
 
 class DrainTest(unittest.TestCase):
