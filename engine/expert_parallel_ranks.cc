@@ -1,7 +1,8 @@
 #include "engine/expert_parallel_ranks.h"
 
+#include <omp.h>
+
 #include <algorithm>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -52,8 +53,8 @@ absl::StatusOr<std::unique_ptr<ExpertParallelRanks>> ExpertParallelRanks::load(
   std::unique_ptr<ExpertParallelRanks> out(new ExpertParallelRanks());
   const int n = options.ranks;
   out->group_ = std::make_unique<ThreadGroup>(n, options.timeout);
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  out->threads_per_rank_ = std::max(1, cores / n);
+  // The process's OpenMP threads (OMP_NUM_THREADS, else every core) shared out.
+  out->threads_per_rank_ = std::max(1, omp_get_max_threads() / n);
   const int moe_layers =
       static_cast<int>(std::count(cfg.ffns.begin(), cfg.ffns.end(), FfnType::kMoe));
   for (int r = 0; r < n; ++r) {

@@ -58,7 +58,8 @@ class ExpertParallelRanks {
   // Rank r's model (once: the engine takes it) and what ties its loop to the others'.
   std::unique_ptr<Model> take_model(int r);
   const EngineRankLink& link(int r) const { return ranks_[r]->link; }
-  // OpenMP threads each rank's loop runs with: an equal share of the cores, at least one.
+  // OpenMP threads each rank's loop runs with: an equal share of the process's (OMP_NUM_THREADS,
+  // else every core), at least one.
   int threads_per_rank() const { return threads_per_rank_; }
   // The rank whose failure ends the group (ThreadGroup::abort) and the group's status.
   void abort(const absl::Status& why);
