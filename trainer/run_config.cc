@@ -105,6 +105,41 @@ absl::Status read_tool_dialogue(const json& q, std::string_view where, ToolDialo
   return absl::OkStatus();
 }
 
+absl::Status read_passkey(const json& q, std::string_view where, int64_t seq_len,
+                          PasskeyTrainOptions& o) {
+  LOOM_RETURN_IF_ERROR(only_keys(q, where, {"min_context", "digits"}));
+  LOOM_RETURN_IF_ERROR(read(q, "min_context", where, o.min_context));
+  LOOM_RETURN_IF_ERROR(read(q, "digits", where, o.digits));
+  const absl::Status ok = o.validate(seq_len);
+  if (!ok.ok()) return bad(where, std::string(ok.message()));
+  return absl::OkStatus();
+}
+
+// "mix": [{"task": NAME, "weight": W}, ...]: synthetic tasks only (shards are not drawn per
+// example), each at most once, weights finite and > 0.
+absl::Status read_mix(const json& d, std::vector<TaskWeight>& mix) {
+  if (!d.contains("mix")) return bad("data.mix", "required for data.task mix");
+  const json& list = d["mix"];
+  if (!list.is_array() || list.empty() || list.size() > 3)
+    return bad("data.mix", "must be a list of 1 to 3 {\"task\", \"weight\"} entries");
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string where = absl::StrCat("data.mix[", i, "]");
+    LOOM_RETURN_IF_ERROR(only_keys(list[i], where, {"task", "weight"}));
+    TaskWeight t;
+    if (!list[i].contains("task")) return bad(where + ".task", "required");
+    LOOM_RETURN_IF_ERROR(read(list[i], "task", where, t.task));
+    LOOM_RETURN_IF_ERROR(read(list[i], "weight", where, t.weight));
+    if (t.task != "mqar" && t.task != "passkey" && t.task != "tool_dialogue")
+      return bad(where + ".task", absl::StrCat("'", t.task, "' (mqar, passkey or tool_dialogue)"));
+    if (!std::isfinite(t.weight) || !(t.weight > 0) || t.weight > 1e6)
+      return bad(where + ".weight", absl::StrCat(t.weight, " is outside (0, 1e6]"));
+    for (const TaskWeight& other : mix)
+      if (other.task == t.task) return bad(where + ".task", absl::StrCat("'", t.task, "' twice"));
+    mix.push_back(t);
+  }
+  return absl::OkStatus();
+}
+
 // A number that must be finite and within [lo, hi].
 absl::Status in_range(const std::string& field, double x, double lo, double hi) {
   if (!std::isfinite(x) || x < lo || x > hi)
@@ -166,7 +201,8 @@ absl::Status read_balance(const json& j, OptimizerOptions& opt) {
   return absl::OkStatus();
 }
 
-// "stages": [{"seq_len", "rope_theta", "min_steps", "max_steps", "mqar"}, ...] and
+// "stages": [{"seq_len", "rope_theta", "min_steps", "max_steps", "mqar", "tool_dialogue",
+// "passkey"}, ...] and
 // "stage_stability": {"window", "tolerance"}.
 absl::Status read_stages(const json& j, RunConfig& c) {
   if (j.contains("stage_stability")) {
@@ -187,7 +223,8 @@ absl::Status read_stages(const json& j, RunConfig& c) {
     const std::string where = absl::StrCat("stages[", i, "]");
     const json& o = list[i];
     LOOM_RETURN_IF_ERROR(only_keys(
-        o, where, {"seq_len", "rope_theta", "min_steps", "max_steps", "mqar", "tool_dialogue"}));
+        o, where,
+        {"seq_len", "rope_theta", "min_steps", "max_steps", "mqar", "tool_dialogue", "passkey"}));
     StageConfig s;
     if (!o.contains("seq_len")) return bad(where + ".seq_len", "required");
     if (!o.contains("max_steps")) return bad(where + ".max_steps", "required");
@@ -203,21 +240,32 @@ absl::Status read_stages(const json& j, RunConfig& c) {
       return bad(where + ".max_steps", "must be in [1, 2^40]");
     if (s.min_steps < 0 || s.min_steps > s.max_steps)
       return bad(where + ".min_steps", "must be in [0, max_steps]");
-    if (c.task == "mqar") {
+    if (run_uses_task(c, "mqar")) {
       s.mqar = c.mqar;
       if (o.contains("mqar")) LOOM_RETURN_IF_ERROR(read_mqar(o["mqar"], where + ".mqar", s.mqar));
       s.mqar.seq_len = s.seq_len;
       const absl::Status ok = s.mqar.validate();
       if (!ok.ok()) return bad(where + ".mqar", std::string(ok.message()));
     } else if (o.contains("mqar")) {
-      return bad(where + ".mqar", "only for data.task mqar");
+      return bad(where + ".mqar", "only for data.task mqar (or a mix with it)");
     }
     s.tool_dialogue = c.tool_dialogue;
     if (o.contains("tool_dialogue")) {
-      if (c.task != "tool_dialogue")
-        return bad(where + ".tool_dialogue", "only for data.task tool_dialogue");
+      if (!run_uses_task(c, "tool_dialogue"))
+        return bad(where + ".tool_dialogue", "only for data.task tool_dialogue (or a mix with it)");
       LOOM_RETURN_IF_ERROR(
           read_tool_dialogue(o["tool_dialogue"], where + ".tool_dialogue", s.tool_dialogue));
+    }
+    s.passkey = c.passkey;
+    if (o.contains("passkey") && !run_uses_task(c, "passkey"))
+      return bad(where + ".passkey", "only for data.task passkey (or a mix with it)");
+    if (run_uses_task(c, "passkey")) {
+      if (o.contains("passkey")) {
+        LOOM_RETURN_IF_ERROR(read_passkey(o["passkey"], where + ".passkey", s.seq_len, s.passkey));
+      } else {
+        const absl::Status ok = s.passkey.validate(s.seq_len);
+        if (!ok.ok()) return bad(where + ".passkey", std::string(ok.message()));
+      }
     }
     c.stages.push_back(s);
   }
@@ -267,39 +315,61 @@ absl::StatusOr<RunConfig> parse_run_config(std::string_view text) {
 
   if (!j.contains("data")) return bad("run.data", "required");
   const json& d = j["data"];
-  LOOM_RETURN_IF_ERROR(
-      only_keys(d, "data", {"task", "mqar", "tool_dialogue", "tokenizer", "shards", "seq_len"}));
+  LOOM_RETURN_IF_ERROR(only_keys(
+      d, "data",
+      {"task", "mqar", "tool_dialogue", "passkey", "mix", "tokenizer", "shards", "seq_len"}));
   LOOM_RETURN_IF_ERROR(read(d, "task", "data", c.task));
+  if (c.task != "mqar" && c.task != "passkey" && c.task != "tool_dialogue" && c.task != "mix" &&
+      c.task != "shards")
+    return bad("data.task",
+               absl::StrCat("'", c.task, "' (mqar, passkey, tool_dialogue, mix or shards)"));
   LOOM_RETURN_IF_ERROR(read(d, "seq_len", "data", c.seq_len));
-  // Each task's own fields are refused with another task, so a misplaced one cannot go unread.
-  for (const auto& [field, task] : {std::pair{"mqar", "mqar"},
-                                    {"tool_dialogue", "tool_dialogue"},
-                                    {"tokenizer", "tool_dialogue"},
-                                    {"shards", "shards"}})
-    if (d.contains(field) && c.task != task)
-      return bad(absl::StrCat("data.", field), absl::StrCat("only for data.task ", task));
-  if (c.task == "mqar") {
+  if (c.seq_len < 2 || c.seq_len > (1 << 20)) return bad("data.seq_len", "must be in [2, 2^20]");
+  if (c.task == "mix") {
+    LOOM_RETURN_IF_ERROR(read_mix(d, c.mix));
+  } else if (d.contains("mix")) {
+    return bad("data.mix", "only for data.task mix");
+  }
+  // Each task's own fields are refused where the run does not draw that task, so a misplaced one
+  // cannot go unread.
+  for (const char* task : {"mqar", "tool_dialogue", "passkey"})
+    if (d.contains(task) && !run_uses_task(c, task))
+      return bad(absl::StrCat("data.", task),
+                 absl::StrCat("only for data.task ", task, " (or a mix with it)"));
+  const bool tokenized = run_uses_task(c, "tool_dialogue") || run_uses_task(c, "passkey");
+  if (d.contains("tokenizer") && !tokenized)
+    return bad("data.tokenizer", "only for data.task tool_dialogue or passkey (or a mix with one)");
+  if (d.contains("shards") && c.task != "shards")
+    return bad("data.shards", "only for data.task shards");
+  if (run_uses_task(c, "mqar")) {
     if (d.contains("mqar")) LOOM_RETURN_IF_ERROR(read_mqar(d["mqar"], "data.mqar", c.mqar));
     c.mqar.seq_len = c.seq_len;
     LOOM_RETURN_IF_ERROR(c.mqar.validate());
-  } else if (c.task == "tool_dialogue") {
-    if (d.contains("tool_dialogue"))
-      LOOM_RETURN_IF_ERROR(
-          read_tool_dialogue(d["tool_dialogue"], "data.tool_dialogue", c.tool_dialogue));
+  }
+  if (run_uses_task(c, "tool_dialogue") && d.contains("tool_dialogue"))
+    LOOM_RETURN_IF_ERROR(
+        read_tool_dialogue(d["tool_dialogue"], "data.tool_dialogue", c.tool_dialogue));
+  if (run_uses_task(c, "passkey")) {
+    if (d.contains("passkey")) {
+      LOOM_RETURN_IF_ERROR(read_passkey(d["passkey"], "data.passkey", c.seq_len, c.passkey));
+    } else {
+      const absl::Status ok = c.passkey.validate(c.seq_len);
+      if (!ok.ok()) return bad("data.passkey", std::string(ok.message()));
+    }
+  }
+  if (tokenized) {
     LOOM_RETURN_IF_ERROR(read(d, "tokenizer", "data", c.tokenizer));
     if (d.contains("tokenizer") && c.tokenizer.empty())
       return bad("data.tokenizer", "'byte', a tokenizer folder or a tokenizer.json");
-  } else if (c.task == "shards") {
+  }
+  if (c.task == "shards") {
     if (!d.contains("shards") || !d["shards"].is_array() || d["shards"].empty())
       return bad("data.shards", "a non-empty list of shard files is required");
     for (const json& s : d["shards"]) {
       if (!s.is_string()) return bad("data.shards", "entries must be strings");
       c.shards.push_back(s.get<std::string>());
     }
-  } else {
-    return bad("data.task", absl::StrCat("'", c.task, "' (mqar, tool_dialogue or shards)"));
   }
-  if (c.seq_len < 2 || c.seq_len > (1 << 20)) return bad("data.seq_len", "must be in [2, 2^20]");
 
   LOOM_RETURN_IF_ERROR(read_stages(j, c));
   LOOM_RETURN_IF_ERROR(read(j, "loss_bucket", "run", c.loss_bucket));
@@ -324,6 +394,13 @@ absl::StatusOr<RunConfig> parse_run_config(std::string_view text) {
   LOOM_RETURN_IF_ERROR(read_balance(j, c.optimizer));
   LOOM_RETURN_IF_ERROR(c.optimizer.validate());
   return c;
+}
+
+bool run_uses_task(const RunConfig& c, std::string_view name) {
+  if (c.task == name) return true;
+  if (c.task != "mix") return false;
+  return std::any_of(c.mix.begin(), c.mix.end(),
+                     [&](const TaskWeight& t) { return t.task == name; });
 }
 
 absl::StatusOr<RunConfig> load_run_config(const std::string& path) {

@@ -19,19 +19,27 @@
 
 namespace loom {
 
+// One task of a mix (data.task "mix"): each example's task is drawn in proportion to the weights.
+struct TaskWeight {
+  std::string task;  // "mqar", "passkey" or "tool_dialogue"
+  double weight = 1;
+};
+
 struct RunConfig {
   // The model: a fresh one from a config with deterministic random weights, or a checkpoint
   // (a trainer checkpoint resumes its optimizer state and data position too).
   std::string model_config;  // "model": {"config": PATH, "seed": N}
   uint64_t model_seed = 1;
   std::string model_checkpoint;  // "model": {"checkpoint": DIR}
-  // The data: a synthetic task, or token shards cut into sequences of seq_len.
-  std::string task;  // "mqar", "tool_dialogue" or "shards"
+  // The data: a synthetic task, a mix of them, or token shards cut into sequences of seq_len.
+  std::string task;  // "mqar", "passkey", "tool_dialogue", "mix" or "shards"
   MqarOptions mqar;
-  // tool_dialogue: the dialogues' options and the tokenizer that encodes them ("byte", a folder or
-  // a tokenizer.json; empty: the model folder's tokenizer, else the byte-level one).
+  // tool_dialogue and passkey: their options and the tokenizer that encodes them ("byte", a folder
+  // or a tokenizer.json; empty: the model folder's tokenizer, else the byte-level one).
   ToolDialogueOptions tool_dialogue;
+  PasskeyTrainOptions passkey;
   std::string tokenizer;
+  std::vector<TaskWeight> mix;  // task "mix": at least one task, each at most once
   std::vector<std::string> shards;
   int seq_len = 256;
   int batch_size = 8;
@@ -93,6 +101,8 @@ absl::StatusOr<RlConfig> load_rl_config(const std::string& path);
 
 // Parses and validates RUN.json text. InvalidArgument naming the field at fault.
 absl::StatusOr<RunConfig> parse_run_config(std::string_view json_text);
+// Whether the run draws examples of synthetic task `name`: it is the task, or one in the mix.
+bool run_uses_task(const RunConfig& config, std::string_view name);
 absl::StatusOr<RunConfig> load_run_config(const std::string& path);
 
 }  // namespace loom

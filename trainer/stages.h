@@ -21,6 +21,7 @@ struct StageConfig {
   int64_t max_steps = 1;
   MqarOptions mqar;                   // task mqar: data.mqar with the stage's overrides and seq_len
   ToolDialogueOptions tool_dialogue;  // task tool_dialogue: data.tool_dialogue with the overrides
+  PasskeyTrainOptions passkey;        // task passkey: data.passkey with the overrides
 };
 
 // "Stable": the relative change between the mean loss of the last `window` steps and that of the

@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
 
 namespace loom {
 
@@ -99,6 +100,28 @@ absl::StatusOr<Example> make_passkey(const Tokenizer& tok, const PasskeyOptions&
     ex.loss_mask.push_back(i + 1 < answer.size() ? 1 : 0);
   }
   return ex;
+}
+
+absl::Status PasskeyTrainOptions::validate(int64_t seq_len) const {
+  if (digits < 1 || digits > 9)
+    return absl::InvalidArgumentError(absl::StrCat("passkey: ", digits, " digits (1 to 9)"));
+  if (min_context < 1 || min_context > max_context(seq_len))
+    return absl::InvalidArgumentError(
+        absl::StrCat("passkey: min_context ", min_context, " is outside [1, ", max_context(seq_len),
+                     "] (seq_len ", seq_len, " less the answer's ", digits + 1, " tokens)"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Example> draw_passkey(const Tokenizer& tok, const PasskeyTrainOptions& o,
+                                     int64_t seq_len, std::mt19937_64& rng) {
+  LOOM_RETURN_IF_ERROR(o.validate(seq_len));
+  std::uniform_int_distribution<int64_t> context(o.min_context, o.max_context(seq_len));
+  std::uniform_real_distribution<double> depth(0.0, 1.0);
+  PasskeyOptions p;
+  p.context_tokens = context(rng);
+  p.depth = depth(rng);
+  p.digits = o.digits;
+  return make_passkey(tok, p, rng);
 }
 
 }  // namespace loom

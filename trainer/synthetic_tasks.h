@@ -49,4 +49,21 @@ struct PasskeyOptions {
 absl::StatusOr<Example> make_passkey(const Tokenizer& tokenizer, const PasskeyOptions& options,
                                      std::mt19937_64& rng, std::string* passkey = nullptr);
 
+// Passkey examples to train on (data.task passkey, or in a mix): each one's context is drawn
+// uniformly from [min_context, the longest whose example still fits seq_len] and its depth
+// uniformly from [0, 1], so a model learns to retrieve from every position of every length up to
+// the sequence it trains at.
+struct PasskeyTrainOptions {
+  int64_t min_context = 256;
+  int digits = 5;
+
+  // The longest context whose example fits `seq_len` tokens: the answer (a space and the digits)
+  // takes at most digits + 1 of them.
+  int64_t max_context(int64_t seq_len) const { return seq_len - digits - 1; }
+  // InvalidArgument when digits is outside [1, 9] or min_context outside [1, max_context].
+  absl::Status validate(int64_t seq_len) const;
+};
+absl::StatusOr<Example> draw_passkey(const Tokenizer& tokenizer, const PasskeyTrainOptions& options,
+                                     int64_t seq_len, std::mt19937_64& rng);
+
 }  // namespace loom

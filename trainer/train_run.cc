@@ -63,17 +63,18 @@ class ShardSampler {
   std::vector<TokenShard> shards_;
 };
 
-// The tool-dialogue task's encoder: the tokenizer (data.tokenizer, else the model folder's, else
-// the byte-level one, as loom-server and `eval` pick it), the files a checkpoint must carry so that
-// it is served and evaluated with that tokenizer, and the model family's chat format.
-struct DialogueEncoder {
+// The text tasks' encoder (tool dialogues and passkeys): the tokenizer (data.tokenizer, else the
+// model folder's, else the byte-level one, as loom-server and `eval` pick it), the files a
+// checkpoint must carry so that it is served and evaluated with that tokenizer, and the model
+// family's chat format.
+struct TextEncoder {
   std::unique_ptr<Tokenizer> tokenizer;
   std::vector<std::string> files;
   ChatFormat format = ChatFormat::kNative;
 };
 
-absl::StatusOr<DialogueEncoder> dialogue_encoder(const RunConfig& c, const ModelConfig& cfg) {
-  DialogueEncoder enc;
+absl::StatusOr<TextEncoder> text_encoder(const RunConfig& c, const ModelConfig& cfg) {
+  TextEncoder enc;
   std::string path = c.tokenizer;
   if (path.empty()) {
     const std::string folder = !c.model_checkpoint.empty()
@@ -108,7 +109,7 @@ absl::StatusOr<DialogueEncoder> dialogue_encoder(const RunConfig& c, const Model
 // One tool-use dialogue as a training example (the assistant turns scored). Examples are not
 // padded: TrainStep runs every example as its own sequence, so padding would only cost compute.
 // An example longer than seq_len is refused rather than cut, which would drop scored turns.
-absl::StatusOr<Example> draw_dialogue(const DialogueEncoder& enc, const ToolDialogueOptions& o,
+absl::StatusOr<Example> draw_dialogue(const TextEncoder& enc, const ToolDialogueOptions& o,
                                       int64_t seq_len, std::mt19937_64& rng) {
   LOOM_ASSIGN_OR_RETURN(Example ex, make_tool_dialogue_example(*enc.tokenizer, enc.format,
                                                                make_tool_dialogue(o, rng)));
@@ -117,6 +118,25 @@ absl::StatusOr<Example> draw_dialogue(const DialogueEncoder& enc, const ToolDial
         "train: a tool dialogue of ", ex.tokens.size(), " tokens is longer than seq_len ", seq_len,
         " (raise data.seq_len or the stage's seq_len, or lower tool_dialogue.max_turns)"));
   return ex;
+}
+
+// Every passkey option of the run (data.passkey and each stage's) must leave room for the task's
+// fixed sentences in this tokenizer at min_context: checked once at the start rather than at the
+// first unlucky draw.
+absl::Status check_passkey_fits(const RunConfig& c, const Tokenizer& tok) {
+  auto check = [&](const PasskeyTrainOptions& o, const std::string& where) -> absl::Status {
+    std::mt19937_64 scratch(0);
+    const absl::StatusOr<Example> ex = make_passkey(
+        tok, {.context_tokens = o.min_context, .depth = 0.5, .digits = o.digits}, scratch);
+    if (!ex.ok())
+      return absl::InvalidArgumentError(absl::StrCat("train: ", where, ".min_context ",
+                                                     o.min_context, ": ", ex.status().message()));
+    return absl::OkStatus();
+  };
+  if (c.stages.empty()) return check(c.passkey, "data.passkey");
+  for (size_t i = 0; i < c.stages.size(); ++i)
+    LOOM_RETURN_IF_ERROR(check(c.stages[i].passkey, absl::StrCat("stages[", i, "].passkey")));
+  return absl::OkStatus();
 }
 
 // loss_by_position: the mean loss of the scored positions in each bucket (null where none).
@@ -193,13 +213,16 @@ absl::StatusOr<RunSummary> run_training(const RunConfig& c, std::FILE* progress)
   int64_t max_len = staged ? 0 : c.seq_len;
   for (const StageConfig& s : c.stages) max_len = std::max<int64_t>(max_len, s.seq_len);
   std::unique_ptr<ShardSampler> shards;
-  std::optional<DialogueEncoder> dialogues;
-  if (c.task == "tool_dialogue") {
-    LOOM_ASSIGN_OR_RETURN(dialogues, dialogue_encoder(c, model->config()));
-  } else if (c.task == "shards") {
+  std::optional<TextEncoder> text;
+  if (run_uses_task(c, "tool_dialogue") || run_uses_task(c, "passkey")) {
+    LOOM_ASSIGN_OR_RETURN(text, text_encoder(c, model->config()));
+  }
+  if (run_uses_task(c, "passkey")) LOOM_RETURN_IF_ERROR(check_passkey_fits(c, *text->tokenizer));
+  if (c.task == "shards") {
     LOOM_ASSIGN_OR_RETURN(ShardSampler s, ShardSampler::open(c, max_len, vocab));
     shards = std::make_unique<ShardSampler>(std::move(s));
-  } else {
+  }
+  if (run_uses_task(c, "mqar")) {
     std::vector<MqarOptions> mixes = {c.mqar};
     for (const StageConfig& s : c.stages) mixes.push_back(s.mqar);
     for (const MqarOptions& m : mixes)
@@ -232,11 +255,15 @@ absl::StatusOr<RunSummary> run_training(const RunConfig& c, std::FILE* progress)
       meta["stage"] =
           nlohmann::json{{"index", stage}, {"steps", stage_steps}, {"losses", stage_losses}}.dump();
     const std::string dir = (fs::path(c.out) / absl::StrCat("checkpoint-", step.steps())).string();
-    LOOM_RETURN_IF_ERROR(save_checkpoint(
-        dir, *model, step, meta, dialogues ? dialogues->files : std::vector<std::string>{}));
+    LOOM_RETURN_IF_ERROR(
+        save_checkpoint(dir, *model, step, meta, text ? text->files : std::vector<std::string>{}));
     summary.last_checkpoint = dir;
     return absl::OkStatus();
   };
+  // data.task mix: each example's task, in proportion to the weights.
+  std::vector<double> weights;
+  for (const TaskWeight& t : c.mix) weights.push_back(t.weight);
+  std::discrete_distribution<size_t> mix_pick(weights.begin(), weights.end());
   const auto start = std::chrono::steady_clock::now();
   int64_t tokens = 0;
   bool done = false;
@@ -244,10 +271,15 @@ absl::StatusOr<RunSummary> run_training(const RunConfig& c, std::FILE* progress)
     const int64_t seq_len = staged ? c.stages[stage].seq_len : c.seq_len;
     const MqarOptions& mqar = staged ? c.stages[stage].mqar : c.mqar;
     const ToolDialogueOptions& tool = staged ? c.stages[stage].tool_dialogue : c.tool_dialogue;
+    const PasskeyTrainOptions& passkey = staged ? c.stages[stage].passkey : c.passkey;
     std::vector<Example> batch;
     for (int b = 0; b < c.batch_size; ++b) {
-      if (dialogues) {
-        LOOM_ASSIGN_OR_RETURN(Example ex, draw_dialogue(*dialogues, tool, seq_len, rng));
+      const std::string& task = c.task == "mix" ? c.mix[mix_pick(rng)].task : c.task;
+      if (task == "tool_dialogue") {
+        LOOM_ASSIGN_OR_RETURN(Example ex, draw_dialogue(*text, tool, seq_len, rng));
+        batch.push_back(std::move(ex));
+      } else if (task == "passkey") {
+        LOOM_ASSIGN_OR_RETURN(Example ex, draw_passkey(*text->tokenizer, passkey, seq_len, rng));
         batch.push_back(std::move(ex));
       } else {
         batch.push_back(shards ? shards->draw(rng, seq_len) : make_mqar(mqar, rng));

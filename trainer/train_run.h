@@ -1,6 +1,7 @@
 // `loom-trainer train`: the training loop over a RunConfig. Each step draws a micro-batch (MQAR
-// examples, tool-use dialogues in the model family's chat format with the assistant turns scored,
-// or windows of seq_len + 1 tokens drawn uniformly from the shards), runs TrainStep,
+// examples, passkeys with their answers scored, tool-use dialogues in the model family's chat
+// format with the assistant turns scored, a weighted mix of those three, or windows of
+// seq_len + 1 tokens drawn uniformly from the shards), runs TrainStep,
 // appends a JSON line to RUN/metrics.jsonl and redraws a progress line (loss, tokens/s, ETA);
 // checkpoints go to RUN/checkpoint-<step> every checkpoint_every steps and at the end. A run whose
 // model is a trainer checkpoint resumes its optimizer state, data RNG and stage. Each metrics line
