@@ -387,6 +387,12 @@ void EngineLoop::step() {
     // A failed exchange leaves the MoE outputs zero (expert_parallel_dispatcher.h): the logits
     // are not the model's.
     if (absl::Status st = link_->comm->status(); logits.ok() && !st.ok()) logits = st;
+    // A forward that failed here skipped the rest of the step's collectives: the others would
+    // wait for them until the timeout, so the group fails now, with this rank's error.
+    if (!logits.ok() && link_->comm->status().ok())
+      link_->comm->abort(absl::Status(
+          logits.status().code(),
+          absl::StrCat("rank ", link_->comm->rank(), ": ", logits.status().message())));
   }
   StepResult result;
   if (logits.ok()) {
