@@ -232,9 +232,12 @@ class ModeReplay:
         if r["tool_calls"]:
             reply["tool_calls"] = r["tool_calls"]
         self.history.append(reply)
-        # A continued session's tokens count as prefix-cache hits too; a session that starts
-        # over (a template that renders the reply differently) still reads the prefix cache.
-        cached = max(session_cached, hits)
+        # What the engine did not compute: a session resumed from its parked cache counts its
+        # kept tokens as prefix-cache hits, a session that starts over (a template that renders
+        # the reply differently, a parked cache evicted under memory pressure) counts what the
+        # prefix cache served. usage's cached_tokens counts the history the session continued,
+        # which the client did not resend, whether or not its cache survived.
+        cached = hits
         return {"mode": self.mode, "turn": k, "prompt_tokens": prompt, "cached_tokens": cached,
                 "session_cached_tokens": session_cached, "prefix_hit_tokens": hits,
                 "computed_tokens": prompt - cached, "output_tokens": output,
