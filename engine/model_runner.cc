@@ -37,13 +37,18 @@ absl::StatusOr<GraphCaptureReport> ModelRunner::enable_decode_graphs(const StepS
   return report;
 }
 
-absl::StatusOr<Tensor> ModelRunner::run(const BatchPlan& plan, ActivationTape* tape) {
+ForwardBatch& ModelRunner::next_batch() {
   ForwardBatch& batch = batch_;
   batch.store = &store_;
   batch.batch_invariant = batch_invariant_;
   batch.workspace = &workspace_;
   batch.step = &step_;
   batch.page_cols = 0;
+  return batch;
+}
+
+absl::StatusOr<Tensor> ModelRunner::run(const BatchPlan& plan, ActivationTape* tape) {
+  ForwardBatch& batch = next_batch();
   batch.token_ids.clear();
   batch.seqs.resize(plan.seqs.size());
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
@@ -78,12 +83,7 @@ absl::StatusOr<Tensor> ModelRunner::run(const BatchPlan& plan, ActivationTape* t
 
 absl::Status ModelRunner::run_dummy() {
   static constexpr int32_t kScratchTable[1] = {CacheStore::kScratchPage};
-  ForwardBatch& batch = batch_;
-  batch.store = &store_;
-  batch.batch_invariant = batch_invariant_;
-  batch.workspace = &workspace_;
-  batch.step = &step_;
-  batch.page_cols = 0;
+  ForwardBatch& batch = next_batch();
   batch.token_ids.assign(1, 0);
   batch.seqs.resize(1);
   SequenceInput& in = batch.seqs[0];

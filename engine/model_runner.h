@@ -56,6 +56,9 @@ class ModelRunner {
   const StepData& step_data() const { return step_; }
 
  private:
+  // batch_ pointed at this runner's store, workspace and step data, for a new step.
+  ForwardBatch& next_batch();
+
   const Model& model_;
   CacheStore& store_;
   const bool batch_invariant_;
