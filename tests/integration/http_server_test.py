@@ -876,8 +876,11 @@ def test_queue_and_drain(server):
     t = threading.Thread(target=lambda: holder.setdefault("r", stream(port, "/v1/completions", long_body)))
     t.start()
     # A second request waits (max_num_seqs 1); once the queue holds it, the third gets 429.
+    # Generous waits: behind the 3000-token stream the queued request takes ~30 s on a loaded
+    # 2-core machine (a 60 s limit failed there twice); the drain timeout is as generous.
     t2 = threading.Thread(target=lambda: holder.setdefault("r2", request(port, "POST", "/v1/completions",
-                                                                         {"prompt": "w", "max_tokens": 2})))
+                                                                         {"prompt": "w", "max_tokens": 2},
+                                                                         timeout=240)))
     deadline = time.time() + 20
     while time.time() < deadline and metrics(port).get("loom_num_requests_running", 0) < 1:
         time.sleep(0.05)
@@ -898,15 +901,15 @@ def test_queue_and_drain(server):
     resp.read()
     check(resp.status == 503, "request on a kept-alive connection while draining -> 503 (got %d)" % resp.status)
     conn.close()
-    t.join(timeout=120)
-    t2.join(timeout=60)
+    t.join(timeout=240)
+    t2.join(timeout=240)
     status, events = holder.get("r", (0, []))
     check(status == 200 and events and events[-1] == "[DONE]", "in-flight stream finished during drain")
     last = json.loads(events[-2])
     check(last["choices"][0]["finish_reason"] == "length", "drained stream ran to max_tokens")
     check(holder.get("r2", (0,))[0] == 200, "queued request finished during drain")
     try:
-        rc = server.proc.wait(timeout=60)
+        rc = server.proc.wait(timeout=120)
     except subprocess.TimeoutExpired:
         rc = None
     check(rc == 0, "exit code 0 after SIGTERM drain (got %s)" % rc)
@@ -979,7 +982,7 @@ def main():
         test_stalled_reader(["--write_timeout_s", "1"], "write timeout")
         test_stalled_reader(["--max_pending_write_bytes", "65536"], "pending-bytes cap")
         test_slow_steady_reader()
-        c = Server("--max_num_seqs", "1", "--max_queue", "1", "--drain_timeout_s", "60")
+        c = Server("--max_num_seqs", "1", "--max_queue", "1", "--drain_timeout_s", "240")
         servers.append(c)
         print("== test_queue_and_drain", flush=True)
         test_queue_and_drain(c)
