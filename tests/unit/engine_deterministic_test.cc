@@ -2,7 +2,6 @@
 // logprobs are bit-identical alone and under load, with its prompt chunked at other places, with
 // prefix-cache hits at several offsets (including a tail short enough for the recurrent path) and
 // with preemption by recompute. Greedy outputs still equal the reference's.
-#include <cstring>
 #include <random>
 #include <string>
 #include <utility>
@@ -40,22 +39,10 @@ std::string first_difference(const Trace& a, const Trace& b) {
          " of " + std::to_string(a.logprob_bits.size());
 }
 
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-
 // Appends one event of choice 0 to `t`.
 void append(const RequestOutput& ev, Trace* t) {
   t->tokens.insert(t->tokens.end(), ev.token_ids.begin(), ev.token_ids.end());
-  for (const TokenLogprob& lp : ev.logprobs) {
-    t->logprob_bits.push_back(bits(lp.logprob));
-    for (const auto& [id, v] : lp.top) {
-      t->logprob_bits.push_back(static_cast<uint32_t>(id));
-      t->logprob_bits.push_back(bits(v));
-    }
-  }
+  testing::append_logprob_bits(ev.logprobs, &t->logprob_bits);
 }
 
 // Drains the stream into a trace of choice 0, after `t` (events already read).

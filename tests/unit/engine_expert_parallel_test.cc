@@ -6,7 +6,6 @@
 // balancer, with a rank idle (dummy forwards) while the others decode, and session turns. New
 // requests go to the rank with the fewest tokens queued plus running; a rank group failure ends
 // live requests with its error.
-#include <cstring>
 #include <map>
 #include <memory>
 #include <random>
@@ -22,6 +21,7 @@
 namespace loom {
 namespace {
 
+using testing::append_logprob_bits;
 using testing::kFixtures;
 using testing::make_engine;
 using testing::random_prompt;
@@ -34,24 +34,12 @@ struct Trace {
   bool operator==(const Trace&) const = default;
 };
 
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-
 Trace trace(RequestStream& s) {
   Trace t;
   while (auto ev = s.next()) {
     if (ev->index != 0) continue;
     t.tokens.insert(t.tokens.end(), ev->token_ids.begin(), ev->token_ids.end());
-    for (const TokenLogprob& lp : ev->logprobs) {
-      t.logprob_bits.push_back(bits(lp.logprob));
-      for (const auto& [id, v] : lp.top) {
-        t.logprob_bits.push_back(static_cast<uint32_t>(id));
-        t.logprob_bits.push_back(bits(v));
-      }
-    }
+    append_logprob_bits(ev->logprobs, &t.logprob_bits);
     if (!ev->error.empty()) t.error = ev->error;
   }
   return t;
@@ -200,13 +188,7 @@ TEST_P(EngineExpertParallel, IdleRankWhileOthersDecode) {
   Trace t0 = trace(*first);
   t0.tokens.insert(t0.tokens.begin(), ev->token_ids.begin(), ev->token_ids.end());
   std::vector<uint32_t> head;
-  for (const TokenLogprob& lp : ev->logprobs) {
-    head.push_back(bits(lp.logprob));
-    for (const auto& [id, v] : lp.top) {
-      head.push_back(static_cast<uint32_t>(id));
-      head.push_back(bits(v));
-    }
-  }
+  append_logprob_bits(ev->logprobs, &head);
   t0.logprob_bits.insert(t0.logprob_bits.begin(), head.begin(), head.end());
   EXPECT_TRUE(t0 == alone_[0]);
   EXPECT_TRUE(trace(*second) == alone_[1]);

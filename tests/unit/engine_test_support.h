@@ -1,6 +1,8 @@
 // Helpers shared by the engine tests: engines on fixture models and random prompts.
 #pragma once
 
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -28,6 +30,26 @@ inline std::vector<int32_t> random_prompt(int len, std::mt19937& rng, int vocab 
   std::vector<int32_t> p(len);
   for (int32_t& t : p) t = d(rng);
   return p;
+}
+
+// A float's raw bits, so that comparisons of logprobs are bitwise.
+inline uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+// Appends `logprobs` to `out` as words: each sampled token's logprob bits, then its top entries
+// as (id, logprob bits) pairs.
+inline void append_logprob_bits(const std::vector<TokenLogprob>& logprobs,
+                                std::vector<uint32_t>* out) {
+  for (const TokenLogprob& lp : logprobs) {
+    out->push_back(float_bits(lp.logprob));
+    for (const auto& [id, v] : lp.top) {
+      out->push_back(static_cast<uint32_t>(id));
+      out->push_back(float_bits(v));
+    }
+  }
 }
 
 }  // namespace loom::testing

@@ -5,7 +5,6 @@
 // pressure) and recomputed, and after a cancelled turn. Then the lifecycle: delete, ttl expiry,
 // refusals (a turn while the previous one runs, too many sessions, too long, n > 1).
 #include <chrono>
-#include <cstring>
 #include <random>
 #include <string>
 #include <thread>
@@ -20,6 +19,7 @@
 namespace loom {
 namespace {
 
+using testing::append_logprob_bits;
 using testing::kFixtures;
 using testing::make_engine;
 using testing::random_prompt;
@@ -33,23 +33,11 @@ struct Trace {
   bool operator==(const Trace&) const = default;
 };
 
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-
 Trace trace(RequestStream& s) {
   Trace t;
   while (auto ev = s.next()) {
     t.tokens.insert(t.tokens.end(), ev->token_ids.begin(), ev->token_ids.end());
-    for (const TokenLogprob& lp : ev->logprobs) {
-      t.logprob_bits.push_back(bits(lp.logprob));
-      for (const auto& [id, v] : lp.top) {
-        t.logprob_bits.push_back(static_cast<uint32_t>(id));
-        t.logprob_bits.push_back(bits(v));
-      }
-    }
+    append_logprob_bits(ev->logprobs, &t.logprob_bits);
     if (ev->finish) {
       t.finish = *ev->finish;
       t.prompt_tokens = ev->prompt_tokens;
