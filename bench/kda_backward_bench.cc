@@ -6,6 +6,7 @@
 #include <cmath>
 #include <random>
 
+#include "bench/kda_bench_inputs.h"
 #include "benchmark/benchmark.h"
 #include "kernels/kda_backward.h"
 
@@ -19,21 +20,11 @@ struct KdaBackwardArgs {
 KdaBackwardArgs make_args(int64_t T, int64_t H, int64_t d) {
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  auto fill = [&](Shape s, auto fn) {
-    Tensor t = Tensor::empty(s);
-    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = fn();
-    return t;
-  };
-  const float inv = 1.0f / std::sqrt(float(d));
-  KdaBackwardArgs a;
-  a.q = fill({T, H, d}, [&] { return nd(rng) * inv; });
-  a.k = fill({T, H, d}, [&] { return nd(rng) * inv; });
-  a.v = fill({T, H, d}, [&] { return nd(rng); });
-  a.g = fill({T, H, d}, [&] { return -5.0f / (1.0f + std::exp(-nd(rng))); });
-  a.beta = fill({T, H}, [&] { return 1.0f / (1.0f + std::exp(-nd(rng))); });
-  a.s0 = fill({H, d, d}, [&] { return 0.1f * nd(rng); });
-  a.d_out = fill({T, H, d}, [&] { return nd(rng); });
-  a.d_final = fill({H, d, d}, [&] { return nd(rng); });
+  const bench::KdaBenchInputs in = bench::kda_bench_inputs(T, H, d, rng);
+  KdaBackwardArgs a{in.q, in.k, in.v, in.g, in.beta};
+  a.s0 = bench::filled({H, d, d}, [&] { return 0.1f * nd(rng); });
+  a.d_out = bench::filled({T, H, d}, [&] { return nd(rng); });
+  a.d_final = bench::filled({H, d, d}, [&] { return nd(rng); });
   for (Tensor* t : {&a.dq, &a.dk, &a.dv, &a.dg}) *t = Tensor::empty({T, H, d});
   a.dbeta = Tensor::empty({T, H});
   a.ds0 = Tensor::empty({H, d, d});

@@ -8,6 +8,7 @@
 // 2 * Hv * dk * dv * 4 bytes per token.
 #include <random>
 
+#include "bench/kda_bench_inputs.h"
 #include "benchmark/benchmark.h"
 #include "kernels/kda.h"
 
@@ -20,19 +21,8 @@ struct KdaArgs {
 
 KdaArgs make_args(int64_t T, int64_t H, int64_t d) {
   std::mt19937 rng(7);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  auto fill = [&](Shape s, auto fn) {
-    Tensor t = Tensor::empty(s);
-    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = fn();
-    return t;
-  };
-  const float inv = 1.0f / std::sqrt(float(d));
-  KdaArgs a;
-  a.q = fill({T, H, d}, [&] { return nd(rng) * inv; });
-  a.k = fill({T, H, d}, [&] { return nd(rng) * inv; });
-  a.v = fill({T, H, d}, [&] { return nd(rng); });
-  a.g = fill({T, H, d}, [&] { return -5.0f / (1.0f + std::exp(-nd(rng))); });
-  a.beta = fill({T, H}, [&] { return 1.0f / (1.0f + std::exp(-nd(rng))); });
+  const bench::KdaBenchInputs in = bench::kda_bench_inputs(T, H, d, rng);
+  KdaArgs a{in.q, in.k, in.v, in.g, in.beta};
   a.state = Tensor::zeros({H, d, d});
   a.out = Tensor::empty({T, H, d});
   return a;
