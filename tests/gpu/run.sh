@@ -210,9 +210,9 @@ if [ -d .peers/fla/fla ] && [ "${LOOM_GPU_NO_PEER:-0}" != 1 ]; then
   [ $peer_rc = 0 ] || tail -15 "$logs"/fla*.log
 fi
 
-# compute-sanitizer over every kernel test binary (the model tests run the same kernels at fixture
-# sizes and are left out for time): LOOM_GPU_SANITIZE=1 runs memcheck (out-of-bounds and
-# misaligned accesses, leaks) and racecheck (shared-memory hazards), =memcheck or =racecheck one.
+# compute-sanitizer over every kernel test, one process per test case (tests/gpu/sanitize.sh says
+# what is left out and why): LOOM_GPU_SANITIZE=1 runs memcheck (out-of-bounds and misaligned
+# accesses, leaks) and racecheck (shared-memory hazards), =memcheck or =racecheck one.
 sanitize=${LOOM_GPU_SANITIZE:-0}
 if [ "$sanitize" != 0 ] && command -v compute-sanitizer >/dev/null; then
   case $sanitize in
@@ -220,14 +220,8 @@ if [ "$sanitize" != 0 ] && command -v compute-sanitizer >/dev/null; then
     *) tools=(memcheck racecheck) ;;
   esac
   for tool in "${tools[@]}"; do
-    for t in build-cuda/tests/cuda_kernels_test build-cuda/tests/*_cuda_test; do
-      case $t in *model_*) continue ;; esac
-      # LOOM_MLA_SYNC_HANDOFF=1: the wgmma MLA kernel's bar.sync handoff, which racecheck can
-      # follow (with the default bar.arrive side it reports hazards the PTX barrier orders).
-      LOOM_MLA_SYNC_HANDOFF=1 timeout 900 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-        "$t" --gtest_filter='-*ChecksAbort*:*Death*' >"$logs/$tool.$(basename "$t").log" 2>&1
-      echo "run.sh: $tool $(basename "$t") exit $? ($(grep -h -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/$tool.$(basename "$t").log" | head -1))"
-    done
+    bash tests/gpu/sanitize.sh "$tool" "$logs"
+    echo "run.sh: $tool exit $?"
   done
 fi
 
