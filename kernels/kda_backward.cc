@@ -7,6 +7,7 @@
 #include "kernels/cpu/kda_chunked_backward.h"
 #ifdef LOOM_WITH_CUDA
 #include "kernels/cuda/backward.h"
+#include "kernels/cuda/kda_chunked_backward.h"
 #endif
 
 namespace loom {
@@ -94,7 +95,14 @@ void kda_chunked_backward(const Exec& ex, const Tensor& q, const Tensor& k, cons
   static constexpr const char* kOp = "kda_chunked_backward";
   check_delta_rule_backward(kOp, ex, q, k, v, g, beta, initial_state, d_out, d_final_state, dq, dk,
                             dv, dg, dbeta, d_initial_state);
-  if (!ex.device.is_cpu()) no_kernel_for(ex, kOp);
+  if (!ex.device.is_cpu()) {
+#ifdef LOOM_WITH_CUDA
+    return cuda::kda_chunked_backward(ex, q, k, v, g, beta, scale, initial_state, d_out,
+                                      d_final_state, dq, dk, dv, dg, dbeta, d_initial_state);
+#else
+    no_kernel_for(ex, kOp);
+#endif
+  }
   std::optional<Workspace::Mark> mark;
   if (ex.workspace) mark.emplace(*ex.workspace);
   const Shape shape{

@@ -41,7 +41,8 @@ void kda_recurrent_backward(const Exec& ex, const Tensor& q, const Tensor& k, co
 // the recurrence does, so results do not depend on the thread count. Subnormal f32 intermediates
 // (decayed keys) are flushed to zero while it runs (x86 FTZ/DAZ: 3.4x faster, and below 1e-38 of
 // the terms they join). Temporaries come from ex.workspace when there is one (else one allocation):
-// kda_chunked_backward_workspace_bytes. CPU only so far (CUDA aborts: no kernel).
+// kda_chunked_backward_workspace_bytes. On CUDA: kernels/cuda/kda_chunked_backward.h (the same
+// equations, one block per value head; its scratch is a stream-ordered device allocation).
 void kda_chunked_backward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
                           const Tensor& g, const Tensor& beta, float scale,
                           const Tensor& initial_state, const Tensor& d_out,
@@ -57,11 +58,11 @@ size_t kda_chunked_backward_workspace_bytes(int64_t T, int64_t Hk, int64_t Hv, i
 
 // Which backward the trainer runs for a sequence of `tokens` rows on `ex`: the form its forward
 // took (kda_varlen_takes_recurrence: the recurrence for a few tokens and in batch-invariant mode,
-// the chunked form otherwise), and the recurrence on devices without a chunked backward (CUDA,
-// for now). On the CPU the chunked backward is the faster one from T = 4 (4.5x there, 5x at
-// T = 1024; bench/kda_backward_bench.cc, docs/trainer.md).
+// the chunked form otherwise), on the CPU and on CUDA alike. On the CPU the chunked backward is
+// the faster one from T = 4 (4.5x there, 5x at T = 1024; bench/kda_backward_bench.cc,
+// docs/trainer.md); on an H200 bench/results/trainer-gpu-h200.md has both forms' times.
 inline bool kda_backward_takes_recurrence(const Exec& ex, int64_t tokens) {
-  return kda_varlen_takes_recurrence(tokens, ex.batch_invariant) || !ex.device.is_cpu();
+  return kda_varlen_takes_recurrence(tokens, ex.batch_invariant);
 }
 
 // Gradients of g = kda_gate_forward(f, A_log, dt_bias, lower_bound): d_f is written; d_A_log [H]

@@ -178,9 +178,9 @@ TEST(KdaChunkedBackwardDeterminism, SameBitsForAnyThreadCount) {
 }
 
 // The trainer's rule: the form the forward takes (short sequences and batch-invariant numerics
-// take the recurrence), and the recurrence where no chunked backward exists; fla_kda_s0's and
-// kimi_linear_s0's gradcheck prompt (150 tokens) takes the chunked form on the CPU, so
-// model_gradients_test runs it.
+// take the recurrence), the same on every device (CUDA has its chunked twin,
+// tests/gpu/kda_chunked_backward_cuda_test.cc); fla_kda_s0's and kimi_linear_s0's gradcheck
+// prompt (150 tokens) takes the chunked form, so model_gradients_test runs it.
 TEST(KdaBackwardDispatch, TheFormTheForwardTakesOnTheCpu) {
   Exec ex = host_exec();
   EXPECT_TRUE(kda_backward_takes_recurrence(ex, kKdaRecurrentMaxTokens));
@@ -190,7 +190,7 @@ TEST(KdaBackwardDispatch, TheFormTheForwardTakesOnTheCpu) {
   EXPECT_TRUE(kda_backward_takes_recurrence(ex, 150));
   ex.batch_invariant = false;
   ex.device = Device::cuda(0);
-  EXPECT_TRUE(kda_backward_takes_recurrence(ex, 150));
+  EXPECT_FALSE(kda_backward_takes_recurrence(ex, 150));
 }
 
 }  // namespace

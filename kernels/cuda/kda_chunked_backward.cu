@@ -1,0 +1,455 @@
+// The chunked (WY/UT) delta-rule backward on CUDA: the algorithm and notation of its CPU twin
+// (kernels/cpu/kda_chunked_backward.cc has the equations), one block per value head.
+//
+// The block first runs the chunked forward from the initial state and keeps only the state before
+// each 64-token chunk (global scratch), then walks the chunks last first: it recomputes the chunk's
+// A, P, U from its stored state, runs the chunk's reverse mode and carries dS to the chunk before.
+// Each step is a loop over the block's threads with a barrier after it; no warp-level tricks, no
+// atomics, so the result does not depend on scheduling. Chunk buffers live in per-head global
+// scratch (L1/L2 resident: about 0.6 MB a head at dk = dv = 128).
+//
+// Exponentials: every factor is exp of a difference <= 0 (gc_t - gc_s for s <= t, gc_t itself,
+// gc_L - gc_s), formed element by element from f64 cumulative decays: no diagonal block is
+// factorised through a reference point here, so no factor exceeds 1 and gradients of any scale
+// stay in the f32 range.
+//
+// dg: as on the CPU, each pair (t, s < t) of the chunk adds one term w_ts to dg_u for s < u <= t.
+// The row pass sums w over s for each t, the column pass over t for each s, both in f64 and with
+// the very same f32 value of w (pair_term), so that the prefix sum dg_u = sum_{s < u} colsum_s -
+// sum_{t < u} rowsum_t cancels the pairs with both ends before u exactly.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kda_chunked_backward_launch.h"
+
+namespace loom::cuda {
+namespace {
+
+using launch::KdaBackwardArgs;
+constexpr int64_t kC = 64;    // kKdaChunk (kernels/kda.h)
+constexpr int64_t kSub = 16;  // rows per step of the triangular solves
+constexpr int kThreads = 512;
+
+__host__ __device__ inline int64_t chunks_of(int64_t T) { return (T + kC - 1) / kC; }
+
+// One value head's chunk buffers (f64 ones first, so every region stays 8-byte aligned).
+struct HeadWork {
+  double *gd, *rw, *cw, *dgc, *sd;
+  float *Q, *K, *Qe, *Ke, *Kend, *dQe, *mKe, *dKend, *qrow, *krow, *kcol;
+  float *VW, *U, *dO, *dR;
+  float *A, *P, *dP, *dA;
+  float *S0, *dS, *beta;
+};
+
+__host__ __device__ inline int64_t head_work_floats(int64_t dk, int64_t dv) {
+  return 2 * (4 * kC * dk + dk) + 11 * kC * dk + 4 * kC * dv + 4 * kC * kC + 2 * dk * dv + kC;
+}
+
+__device__ inline HeadWork head_work(const KdaBackwardArgs& a, int64_t h) {
+  float* p = a.scratch + h * head_work_floats(a.dk, a.dv);
+  const int64_t cd = kC * a.dk, cv = kC * a.dv, cc = kC * kC;
+  HeadWork w;
+  auto take_d = [&](int64_t n) {
+    double* r = reinterpret_cast<double*>(p);
+    p += 2 * n;
+    return r;
+  };
+  auto take = [&](int64_t n) {
+    float* r = p;
+    p += n;
+    return r;
+  };
+  w.gd = take_d(cd);
+  w.rw = take_d(cd);
+  w.cw = take_d(cd);
+  w.dgc = take_d(cd);
+  w.sd = take_d(a.dk);
+  w.Q = take(cd);
+  w.K = take(cd);
+  w.Qe = take(cd);
+  w.Ke = take(cd);
+  w.Kend = take(cd);
+  w.dQe = take(cd);
+  w.mKe = take(cd);
+  w.dKend = take(cd);
+  w.qrow = take(cd);
+  w.krow = take(cd);
+  w.kcol = take(cd);
+  w.VW = take(cv);
+  w.U = take(cv);
+  w.dO = take(cv);
+  w.dR = take(cv);
+  w.A = take(cc);
+  w.P = take(cc);
+  w.dP = take(cc);
+  w.dA = take(cc);
+  w.S0 = take(a.dk * a.dv);
+  w.dS = take(a.dk * a.dv);
+  w.beta = take(kC);
+  return w;
+}
+
+__device__ inline float* head_ckpt(const KdaBackwardArgs& a, int64_t h) {
+  return a.scratch + a.Hv * head_work_floats(a.dk, a.dv) + h * chunks_of(a.T) * a.dk * a.dv;
+}
+
+__device__ inline float* shares_base(const KdaBackwardArgs& a) {
+  return a.scratch + a.Hv * (head_work_floats(a.dk, a.dv) + chunks_of(a.T) * a.dk * a.dv);
+}
+
+// exp(x) of an f64 exponent x <= 0 (a decay or a difference of decays), to f32.
+__device__ __forceinline__ float exp_le0(double x) { return expf(static_cast<float>(x)); }
+
+// The pair (t, s <= t) of one channel: its column term (dP_ts Q_t + dA_ts K_t) E_ts and its dg
+// term w_ts = column term * K_s. Rounded operations only (no contraction), so that the row and the
+// column pass, which both call it, get the same bits.
+struct PairTerm {
+  float col, w;
+};
+__device__ __forceinline__ PairTerm pair_term(float dp, float da, float qt, float kt, float ks,
+                                              float e) {
+  const float x = __fadd_rn(__fmul_rn(dp, qt), __fmul_rn(da, kt));
+  const float col = __fmul_rn(x, e);
+  return {col, __fmul_rn(col, ks)};
+}
+
+// Loads chunk [t0, t0 + L) of head h and recomputes its forward from w.S0: gd, Q, K, Qe, Ke,
+// Kend, A, P (when want_p), VW = V - Ke S0 and U. Ends with a barrier.
+__device__ void recompute_chunk(const KdaBackwardArgs& a, const HeadWork& w, int64_t h, int64_t t0,
+                                int64_t L, bool want_p) {
+  const int64_t dk = a.dk, dv = a.dv, hk = h / (a.Hv / a.Hk), gw = a.scalar_g ? 1 : dk;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  for (int64_t idx = tid; idx < L * dk; idx += nt) {
+    const int64_t t = idx / dk, c = idx % dk, src = ((t0 + t) * a.Hk + hk) * dk + c;
+    w.Q[idx] = a.q[src] * a.scale;
+    w.K[idx] = a.k[src];
+  }
+  for (int64_t idx = tid; idx < L * dv; idx += nt) {
+    const int64_t t = idx / dv, j = idx % dv;
+    w.VW[idx] = a.v[((t0 + t) * a.Hv + h) * dv + j];
+  }
+  for (int64_t t = tid; t < L; t += nt) w.beta[t] = a.beta[(t0 + t) * a.Hv + h];
+  for (int64_t c = tid; c < dk; c += nt) {
+    double acc = 0.0;
+    for (int64_t t = 0; t < L; ++t) {
+      acc += a.g[((t0 + t) * a.Hv + h) * gw + (a.scalar_g ? 0 : c)];
+      w.gd[t * dk + c] = acc;
+    }
+  }
+  __syncthreads();
+  const double* gl = w.gd + (L - 1) * dk;
+  for (int64_t idx = tid; idx < L * dk; idx += nt) {
+    const int64_t c = idx % dk;
+    const float e = exp_le0(w.gd[idx]);
+    w.Qe[idx] = w.Q[idx] * e;
+    w.Ke[idx] = w.K[idx] * e;
+    w.Kend[idx] = w.K[idx] * exp_le0(gl[c] - w.gd[idx]);
+  }
+  // A_ts (s < t) and P_ts (s <= t), element by element.
+  for (int64_t idx = tid; idx < L * L; idx += nt) {
+    const int64_t t = idx / L, s = idx % L;
+    float av = 0.0f, pv = 0.0f;
+    if (s <= t) {
+      const float* kt = w.K + t * dk;
+      const float* qt = w.Q + t * dk;
+      const float* ks = w.K + s * dk;
+      const double* gt = w.gd + t * dk;
+      const double* gs = w.gd + s * dk;
+      for (int64_t c = 0; c < dk; ++c) {
+        const float ke = ks[c] * exp_le0(gt[c] - gs[c]);
+        av += kt[c] * ke;
+        pv += qt[c] * ke;
+      }
+    }
+    w.A[t * kC + s] = s < t ? av : 0.0f;
+    if (want_p) w.P[t * kC + s] = pv;
+  }
+  __syncthreads();
+  // VW = V - Ke S0.
+  for (int64_t idx = tid; idx < L * dv; idx += nt) {
+    const int64_t t = idx / dv, j = idx % dv;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < dk; ++i) acc += w.Ke[t * dk + i] * w.S0[i * dv + j];
+    w.VW[idx] -= acc;
+  }
+  __syncthreads();
+  // U_t = beta_t (VW_t - sum_{s < t} A_ts U_s), 16 rows at a time: the earlier rows' share for the
+  // whole block of rows in parallel, then the rows within the block in order (column by column).
+  for (int64_t r0 = 0; r0 < L; r0 += kSub) {
+    const int64_t r1 = r0 + kSub < L ? r0 + kSub : L;
+    for (int64_t idx = tid; idx < (r1 - r0) * dv; idx += nt) {
+      const int64_t t = r0 + idx / dv, j = idx % dv;
+      float acc = w.VW[t * dv + j];
+      for (int64_t s = 0; s < r0; ++s) acc -= w.A[t * kC + s] * w.U[s * dv + j];
+      w.U[t * dv + j] = acc;
+    }
+    __syncthreads();
+    for (int64_t j = tid; j < dv; j += nt)
+      for (int64_t t = r0; t < r1; ++t) {
+        float acc = w.U[t * dv + j];
+        for (int64_t s = r0; s < t; ++s) acc -= w.A[t * kC + s] * w.U[s * dv + j];
+        w.U[t * dv + j] = w.beta[t] * acc;
+      }
+    __syncthreads();
+  }
+}
+
+// The reverse mode of one chunk (recompute_chunk done with P): writes dv, dbeta, dg of its rows and
+// this head's share of dq and dk; turns w.dS from the gradient of the outgoing state into that of
+// the incoming one. Ends with a barrier.
+__device__ void backward_chunk(const KdaBackwardArgs& a, const HeadWork& w, int64_t h, int64_t t0,
+                               int64_t L, float* dq_share, float* dk_share, int64_t share_stride) {
+  const int64_t dk = a.dk, dv = a.dv, area = dk * dv;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const double* gl = w.gd + (L - 1) * dk;
+  for (int64_t idx = tid; idx < L * dv; idx += nt) {
+    const int64_t t = idx / dv, j = idx % dv;
+    w.dO[idx] = a.d_out[((t0 + t) * a.Hv + h) * dv + j];
+  }
+  __syncthreads();
+  // dU = P^T dO + Kend dS_L, into dR.
+  for (int64_t idx = tid; idx < L * dv; idx += nt) {
+    const int64_t s = idx / dv, j = idx % dv;
+    float acc = 0.0f;
+    for (int64_t t = s; t < L; ++t) acc += w.P[t * kC + s] * w.dO[t * dv + j];
+    for (int64_t i = 0; i < dk; ++i) acc += w.Kend[s * dk + i] * w.dS[i * dv + j];
+    w.dR[idx] = acc;
+  }
+  __syncthreads();
+  // dR_s = dU_s - sum_{t > s} beta_t A_ts dR_t, 16 rows at a time, last first.
+  for (int64_t r0 = (L - 1) / kSub * kSub; r0 >= 0; r0 -= kSub) {
+    const int64_t r1 = r0 + kSub < L ? r0 + kSub : L;
+    for (int64_t idx = tid; idx < (r1 - r0) * dv; idx += nt) {
+      const int64_t s = r0 + idx / dv, j = idx % dv;
+      float acc = w.dR[s * dv + j];
+      for (int64_t t = r1; t < L; ++t) acc -= w.beta[t] * w.A[t * kC + s] * w.dR[t * dv + j];
+      w.dR[s * dv + j] = acc;
+    }
+    __syncthreads();
+    for (int64_t j = tid; j < dv; j += nt)
+      for (int64_t s = r1 - 2; s >= r0; --s) {
+        float acc = w.dR[s * dv + j];
+        for (int64_t t = s + 1; t < r1; ++t) acc -= w.beta[t] * w.A[t * kC + s] * w.dR[t * dv + j];
+        w.dR[s * dv + j] = acc;
+      }
+    __syncthreads();
+  }
+  // dP_ts = dO_t . U_s (s <= t), dAp_ts = dR_t . U_s (s < t), into dP and dA.
+  for (int64_t idx = tid; idx < L * L; idx += nt) {
+    const int64_t t = idx / L, s = idx % L;
+    float p = 0.0f, ap = 0.0f;
+    if (s <= t)
+      for (int64_t j = 0; j < dv; ++j) {
+        const float u = w.U[s * dv + j];
+        p += w.dO[t * dv + j] * u;
+        ap += w.dR[t * dv + j] * u;
+      }
+    w.dP[t * kC + s] = p;
+    w.dA[t * kC + s] = s < t ? ap : 0.0f;
+  }
+  __syncthreads();
+  // dbeta_t = dR_t . VW_t - sum_{s < t} dAp_ts A_ts.
+  for (int64_t t = tid; t < L; t += nt) {
+    float db = 0.0f;
+    for (int64_t j = 0; j < dv; ++j) db += w.dR[t * dv + j] * w.VW[t * dv + j];
+    for (int64_t s = 0; s < t; ++s) db -= w.dA[t * kC + s] * w.A[t * kC + s];
+    a.dbeta[(t0 + t) * a.Hv + h] = db;
+  }
+  __syncthreads();
+  // dA = -beta dAp; dR -> beta dR, which is dv.
+  for (int64_t idx = tid; idx < L * L; idx += nt) {
+    const int64_t t = idx / L, s = idx % L;
+    w.dA[t * kC + s] *= -w.beta[t];
+  }
+  for (int64_t idx = tid; idx < L * dv; idx += nt) {
+    const int64_t t = idx / dv, j = idx % dv;
+    const float r = w.dR[idx] * w.beta[t];
+    w.dR[idx] = r;
+    a.dv_out[((t0 + t) * a.Hv + h) * dv + j] = r;
+  }
+  __syncthreads();
+  // dQe = dO S0^T, mKe = (beta dR) S0^T = -dKe, dKend = U dS_L^T, and sd_i = S0_i . dS_L,i.
+  for (int64_t idx = tid; idx < L * dk; idx += nt) {
+    const int64_t t = idx / dk, i = idx % dk;
+    float q = 0.0f, k = 0.0f, e = 0.0f;
+    for (int64_t j = 0; j < dv; ++j) {
+      const float s0 = w.S0[i * dv + j];
+      q += w.dO[t * dv + j] * s0;
+      k += w.dR[t * dv + j] * s0;
+      e += w.U[t * dv + j] * w.dS[i * dv + j];
+    }
+    w.dQe[idx] = q;
+    w.mKe[idx] = k;
+    w.dKend[idx] = e;
+  }
+  for (int64_t i = tid; i < dk; i += nt) {
+    double acc = 0.0;
+    for (int64_t j = 0; j < dv; ++j) acc += double(w.S0[i * dv + j]) * w.dS[i * dv + j];
+    w.sd[i] = acc;
+  }
+  __syncthreads();
+  // dS_0 = exp(gc_L) dS_L + Qe^T dO - Ke^T (beta dR); then the pairs through A and P, by rows
+  // (Qrow, Krow, rowsum of w) and by columns (Kcol, colsum of w).
+  for (int64_t idx = tid; idx < area; idx += nt) {
+    const int64_t i = idx / dv, j = idx % dv;
+    float acc = exp_le0(gl[i]) * w.dS[idx];
+    for (int64_t t = 0; t < L; ++t)
+      acc += w.Qe[t * dk + i] * w.dO[t * dv + j] - w.Ke[t * dk + i] * w.dR[t * dv + j];
+    w.dS[idx] = acc;
+  }
+  for (int64_t idx = tid; idx < L * dk; idx += nt) {
+    const int64_t t = idx / dk, c = idx % dk;
+    const float qt = w.Q[idx], kt = w.K[idx];
+    const double gt = w.gd[idx];
+    float qrow = 0.0f, krow = 0.0f;
+    double rw = 0.0;
+    for (int64_t s = 0; s <= t; ++s) {
+      const float e = exp_le0(gt - w.gd[s * dk + c]), ks = w.K[s * dk + c];
+      const float dp = w.dP[t * kC + s], da = w.dA[t * kC + s];
+      const float kse = ks * e;
+      qrow += dp * kse;
+      krow += da * kse;
+      if (s < t) rw += pair_term(dp, da, qt, kt, ks, e).w;
+    }
+    w.qrow[idx] = qrow;
+    w.krow[idx] = krow;
+    w.rw[idx] = rw;
+  }
+  for (int64_t idx = tid; idx < L * dk; idx += nt) {
+    const int64_t s = idx / dk, c = idx % dk;
+    const float ks = w.K[idx];
+    const double gs = w.gd[idx];
+    float kcol = 0.0f;
+    double cw = 0.0;
+    for (int64_t t = s; t < L; ++t) {
+      const float e = exp_le0(w.gd[t * dk + c] - gs);
+      const PairTerm p =
+          pair_term(w.dP[t * kC + s], w.dA[t * kC + s], w.Q[t * dk + c], w.K[t * dk + c], ks, e);
+      kcol += p.col;
+      if (t > s) cw += p.w;
+    }
+    w.kcol[idx] = kcol;
+    w.cw[idx] = cw;
+  }
+  __syncthreads();
+  // dq, dk of the chunk's rows, and dg per channel:
+  //   dg_u = exp(gc_L) sd + sum_{t >= u} x_t + sum_{t < u} (Kend_t dKend_t + colsum_t - rowsum_t),
+  // x_t = Qe_t dQe_t + Ke_t dKe_t (Qe, Ke depend on g_u for u <= t; Kend_t for u > t).
+  for (int64_t idx = tid; idx < L * dk; idx += nt) {
+    const int64_t t = idx / dk, c = idx % dk;
+    const float eg = exp_le0(w.gd[idx]), eL = exp_le0(gl[c] - w.gd[idx]);
+    const float dQ = w.qrow[idx] + w.dQe[idx] * eg;
+    const float dK = w.krow[idx] + w.kcol[idx] - w.mKe[idx] * eg + w.dKend[idx] * eL;
+    dq_share[(t0 + t) * share_stride + c] = dQ * a.scale;
+    dk_share[(t0 + t) * share_stride + c] = dK;
+  }
+  for (int64_t c = tid; c < dk; c += nt) {
+    double acc = double(exp_le0(gl[c])) * w.sd[c];
+    for (int64_t t = 0; t < L; ++t)
+      acc += double(w.Qe[t * dk + c]) * w.dQe[t * dk + c] -
+             double(w.Ke[t * dk + c]) * w.mKe[t * dk + c];
+    for (int64_t u = 0; u < L; ++u) {
+      if (u > 0) {
+        const int64_t i = (u - 1) * dk + c;
+        acc += -(double(w.Qe[i]) * w.dQe[i] - double(w.Ke[i]) * w.mKe[i]) +
+               double(w.Kend[i]) * w.dKend[i] + w.cw[i] - w.rw[i];
+      }
+      if (a.scalar_g) {
+        w.dgc[u * dk + c] = acc;
+      } else {
+        a.dg[((t0 + u) * a.Hv + h) * dk + c] = static_cast<float>(acc);
+      }
+    }
+  }
+  __syncthreads();
+  if (a.scalar_g) {
+    for (int64_t u = tid; u < L; u += nt) {
+      double s = 0.0;
+      for (int64_t c = 0; c < dk; ++c) s += w.dgc[u * dk + c];
+      a.dg[(t0 + u) * a.Hv + h] = static_cast<float>(s);
+    }
+    __syncthreads();
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) kda_chunked_backward_kernel(KdaBackwardArgs a) {
+  const int64_t h = blockIdx.x, dk = a.dk, dv = a.dv, area = dk * dv, n = chunks_of(a.T);
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const HeadWork w = head_work(a, h);
+  float* ckpt = head_ckpt(a, h);
+  const bool direct = a.Hv == a.Hk;  // each value head owns its key head's rows of dq and dk
+  float* shares = shares_base(a);
+  float* dq_share = direct ? a.dq + h * dk : shares + h * a.T * dk;
+  float* dk_share = direct ? a.dk_out + h * dk : shares + (a.Hv + h) * a.T * dk;
+  const int64_t share_stride = direct ? a.Hk * dk : dk;
+  // The boundary pass: the state before every chunk.
+  for (int64_t idx = tid; idx < area; idx += nt) w.S0[idx] = a.s0[h * area + idx];
+  __syncthreads();
+  for (int64_t c = 0; c + 1 < n; ++c) {
+    const int64_t t0 = c * kC, L = t0 + kC < a.T ? kC : a.T - t0;
+    for (int64_t idx = tid; idx < area; idx += nt) ckpt[c * area + idx] = w.S0[idx];
+    recompute_chunk(a, w, h, t0, L, /*want_p=*/false);
+    // S0 <- exp(gc_L) S0 + Kend^T U.
+    const double* gl = w.gd + (L - 1) * dk;
+    for (int64_t idx = tid; idx < area; idx += nt) {
+      const int64_t i = idx / dv, j = idx % dv;
+      float acc = exp_le0(gl[i]) * w.S0[idx];
+      for (int64_t t = 0; t < L; ++t) acc += w.Kend[t * dk + i] * w.U[t * dv + j];
+      w.S0[idx] = acc;
+    }
+    __syncthreads();
+  }
+  if (n > 0)
+    for (int64_t idx = tid; idx < area; idx += nt) ckpt[(n - 1) * area + idx] = w.S0[idx];
+  for (int64_t idx = tid; idx < area; idx += nt)
+    w.dS[idx] = a.d_final != nullptr ? a.d_final[h * area + idx] : 0.0f;
+  __syncthreads();
+  for (int64_t c = n - 1; c >= 0; --c) {
+    const int64_t t0 = c * kC, L = t0 + kC < a.T ? kC : a.T - t0;
+    for (int64_t idx = tid; idx < area; idx += nt) w.S0[idx] = ckpt[c * area + idx];
+    __syncthreads();
+    recompute_chunk(a, w, h, t0, L, /*want_p=*/true);
+    backward_chunk(a, w, h, t0, L, dq_share, dk_share, share_stride);
+  }
+  if (a.d_s0 != nullptr)
+    for (int64_t idx = tid; idx < area; idx += nt) a.d_s0[h * area + idx] = w.dS[idx];
+}
+
+// dq, dk [T, Hk, dk]: the value heads' shares summed per key head in head order.
+__global__ void __launch_bounds__(256) kda_chunked_backward_sum_heads_kernel(KdaBackwardArgs a) {
+  const int64_t n = a.T * a.Hk * a.dk, group = a.Hv / a.Hk;
+  const float* shares = shares_base(a);
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = idx % a.dk, hk = (idx / a.dk) % a.Hk, t = idx / (a.dk * a.Hk);
+    float sq = 0.0f, sk = 0.0f;
+    for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+      sq += shares[(h * a.T + t) * a.dk + i];
+      sk += shares[a.Hv * a.T * a.dk + (h * a.T + t) * a.dk + i];
+    }
+    a.dq[idx] = sq;
+    a.dk_out[idx] = sk;
+  }
+}
+
+}  // namespace
+
+namespace launch {
+
+int64_t kda_chunked_backward_scratch_floats(int64_t T, int64_t Hk, int64_t Hv, int64_t dk,
+                                            int64_t dv) {
+  const int64_t shares = Hv == Hk ? 0 : 2 * Hv * T * dk;
+  return Hv * (head_work_floats(dk, dv) + chunks_of(T) * dk * dv) + shares;
+}
+
+void kda_chunked_backward(cudaStream_t stream, const KdaBackwardArgs& a) {
+  if (a.Hv == 0) return;
+  kda_chunked_backward_kernel<<<static_cast<unsigned>(a.Hv), kThreads, 0, stream>>>(a);
+  LOOM_CUDA_CHECK_LAUNCH();
+  const int64_t n = a.T * a.Hk * a.dk;
+  if (a.Hv != a.Hk && n > 0) {
+    kda_chunked_backward_sum_heads_kernel<<<dev::grid_for(n, 256), 256, 0, stream>>>(a);
+    LOOM_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace launch
+}  // namespace loom::cuda
