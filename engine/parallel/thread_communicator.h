@@ -16,10 +16,11 @@
 
 #include "absl/time/time.h"
 #include "engine/parallel/communicator.h"
+#include "engine/parallel/rank_group.h"
 
 namespace loom {
 
-class ThreadGroup {
+class ThreadGroup final : public RankGroup {
  public:
   // A group of `size` >= 1 ranks on the host; a rank waiting longer than `timeout` at a
   // collective's entry fails the group.
@@ -28,11 +29,15 @@ class ThreadGroup {
   ThreadGroup& operator=(const ThreadGroup&) = delete;
   ~ThreadGroup();
 
-  int size() const;
+  int size() const override;
   // Rank r's communicator, owned by the group; to be used by one thread (the rank's).
   Communicator& rank(int r);
-  void abort(const absl::Status& why);
-  absl::Status status() const;
+  void abort(const absl::Status& why) override;
+  absl::Status status() const override;
+  // Every rank is local.
+  int local_size() const override { return size(); }
+  int first_rank() const override { return 0; }
+  Communicator& local_rank(int i) override { return rank(i); }
 
   struct State;
 
@@ -40,14 +45,7 @@ class ThreadGroup {
   std::unique_ptr<State> state_;
 };
 
-// Runs body(comm) for ranks 0..size-1 over a fresh ThreadGroup, each rank on its own thread, and
-// joins them. Each rank's OpenMP team has `threads_per_rank` threads, or with 0 an equal share of
-// the cores (at least one): ranks that each spread over every core oversubscribe them. (The
-// OpenMP build of OpenBLAS rounds a GEMM differently with its thread count, so a run meant to be
-// bit-identical to one rank must give that rank the same count.) A rank whose body returns an
-// error or throws aborts the group (its error, prefixed "rank R: "), so the other ranks'
-// collectives return at once. Returns OK when every rank returned OK, else the group's first
-// failure: the root cause, not the errors it then caused in the other ranks.
+// Runs body(comm) for ranks 0..size-1 over a fresh ThreadGroup: run_local_ranks (rank_group.h).
 absl::Status run_thread_ranks(int size, absl::Duration timeout,
                               const std::function<absl::Status(Communicator&)>& body,
                               int threads_per_rank = 0);
