@@ -9,13 +9,16 @@
 // cannot switch), and exits 77 (ctest's skip) when this CPU cannot execute them (OpenBLAS would
 // die of SIGILL). ctest runs every f32 fixture under several kernel families this way.
 #include <cblas.h>
+#include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -26,12 +29,15 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/status.h"
 #include "engine/model/model.h"
 #include "engine/parallel/expert_dispatcher_binding.h"
 #include "engine/parallel/expert_load_balancer.h"
 #include "engine/parallel/expert_parallel_dispatcher.h"
+#include "engine/parallel/expert_parallel_nodes.h"
 #include "engine/parallel/expert_weight_transfer.h"
 #include "engine/parallel/thread_communicator.h"
 #include "kernels/exec.h"
@@ -66,7 +72,8 @@ ABSL_FLAG(int, expert_parallel, 1,
           "each prompt runs on rank i % N while the others join every step with a dummy forward "
           "(the experts see exactly one rank's tokens: bit-identical to one rank); with --batch "
           "the prompts are split over the ranks, all decoding at once (ranks without prompts "
-          "idle). The same bounds as one rank");
+          "idle). The same bounds as one rank. With --nnodes K, the ranks of the whole group, "
+          "N / K in each of K processes");
 ABSL_FLAG(std::string, expert_dispatch, "all_to_all",
           "with --expert_parallel: all_gather (hidden states and routing gathered, experts over "
           "every rank's tokens, outputs reduce-scattered: static shapes) or all_to_all (only the "
@@ -84,6 +91,16 @@ ABSL_FLAG(int, eplb_window_steps, 0,
           "with --eplb_interval_steps: the steps of expert load counted (0: the interval)");
 ABSL_FLAG(double, expert_parallel_timeout_s, 120,
           "with --expert_parallel: a rank waiting longer at a collective fails the run");
+ABSL_FLAG(int, nnodes, 1,
+          "with --expert_parallel N: run the ranks in K processes (nodes), N / K each, joined over "
+          "TCP (docs/expert-parallel.md); each prints the prompts its ranks ran");
+ABSL_FLAG(int, node_rank, 0, "with --nnodes: this process's node, 0..K-1 (node 0 coordinates)");
+ABSL_FLAG(std::string, inject_fault, "",
+          "tests only (tests/conformance/expert_parallel_nodes_test.py): kill:S or stop:S makes "
+          "this process SIGKILL or SIGSTOP itself at its S-th lockstep step (counted over its "
+          "ranks), as a node that dies or hangs mid-run");
+ABSL_FLAG(std::string, coordinator, "",
+          "with --nnodes: HOST:PORT of node 0, which listens on PORT for the other nodes");
 ABSL_FLAG(std::string, random_weights, "",
           "refused: the goldens were computed from the fixture's own weights (the server's and "
           "loom-bench-engine's flag)");
@@ -148,8 +165,14 @@ constexpr double kRelL2Bound = 1e-4;
 
 struct Diff {
   double max_abs = 0, sq_err = 0, sq_ref = 0;
+  // FNV-1a over the bits of every logit added, in order: equal digests say two runs (other
+  // rank counts, threads or processes) computed the same bits.
+  uint64_t digest = 1469598103934665603ull;
   void add(const float* a, const float* ref, int64_t n) {
     for (int64_t i = 0; i < n; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &a[i], sizeof(bits));
+      for (int b = 0; b < 4; ++b) digest = (digest ^ ((bits >> (8 * b)) & 0xff)) * 1099511628211ull;
       const double e = static_cast<double>(a[i]) - ref[i];
       max_abs = std::max(max_abs, std::abs(e));
       if (!std::isfinite(a[i])) max_abs = INFINITY;
@@ -231,6 +254,33 @@ struct Rank {
   }
 };
 
+// --inject_fault: the signal and the lockstep step (over this process's ranks) to raise it at.
+struct Fault {
+  int signal = 0;  // 0: none
+  int64_t step = 0;
+};
+Fault g_fault;
+std::atomic<int64_t> g_lockstep_steps{0};
+
+absl::StatusOr<Fault> parse_fault(const std::string& s) {
+  if (s.empty()) return Fault{};
+  const size_t colon = s.find(':');
+  Fault f;
+  const std::string kind = s.substr(0, colon);
+  f.signal = kind == "kill" ? SIGKILL : kind == "stop" ? SIGSTOP : 0;
+  if (colon == std::string::npos || f.signal == 0 ||
+      !absl::SimpleAtoi(s.substr(colon + 1), &f.step) || f.step < 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--inject_fault ", s, ": expected kill:S or stop:S with S >= 1"));
+  return f;
+}
+
+// Counts a lockstep step of this process; raises the injected fault's signal at its step.
+void lockstep_step() {
+  const int64_t n = g_lockstep_steps.fetch_add(1) + 1;
+  if (g_fault.signal != 0 && n == g_fault.step) raise(g_fault.signal);
+}
+
 // Runs one step for the given sequences: seq i feeds tokens[i] with `mode` logits. With expert
 // parallelism the ranks first agree that the step runs (lockstep_tokens), and the rank's
 // collectives must all have succeeded for its logits to mean anything.
@@ -239,6 +289,7 @@ absl::StatusOr<Tensor> step(const Rank& rank, std::vector<SequenceCache*> caches
                             ActivationTape* tape = nullptr) {
   const Model& model = *rank.model;
   if (rank.comm != nullptr) {
+    lockstep_step();
     int64_t n = 0;
     for (const auto& t : tokens) n += static_cast<int64_t>(t.size());
     LOOM_RETURN_IF_ERROR(lockstep_tokens(*rank.comm, n).status());
@@ -260,6 +311,7 @@ absl::StatusOr<Tensor> step(const Rank& rank, std::vector<SequenceCache*> caches
 // in a scratch cache, sent to no expert) until every rank is idle at once.
 absl::Status idle_until_all_done(const Rank& rank) {
   while (true) {
+    lockstep_step();
     LOOM_ASSIGN_OR_RETURN(const int64_t total, lockstep_tokens(*rank.comm, 0));
     if (total == 0) return absl::OkStatus();
     SequenceCache scratch = rank.model->new_cache();
@@ -384,13 +436,15 @@ absl::Status run_group(const Rank& rank, std::vector<Prompt>& prompts,
 // group per rank: unbatched, phase i runs prompt i on rank i % ranks; batched, one phase runs the
 // prompts split in contiguous shares (so the ranks' tokens in rank order are the one-rank batch).
 // After its group, or without one, a rank joins the others' steps with dummy forwards until every
-// rank is idle, so each phase ends on all ranks together. `models` receives the ranks' models.
+// rank is idle, so each phase ends on all ranks together. `models` receives the ranks' models
+// (with --nnodes, only this node's; the others' stay null) and `local` the prompts they ran.
 absl::Status run_expert_parallel(int ranks, ExpertExchange exchange, const std::string& dir,
                                  const Placement& placement, std::vector<Prompt>& prompts,
                                  bool batched, std::vector<Result>& results,
                                  std::vector<std::unique_ptr<Model>>& models,
                                  ExpertLoadBalancer::Balance& balance,
-                                 std::vector<ExpertWeightTransfer::Moved>& moved) {
+                                 std::vector<ExpertWeightTransfer::Moved>& moved,
+                                 std::vector<bool>& local) {
   LOOM_ASSIGN_OR_RETURN(const ModelConfig cfg, load_model_config(dir));
   const int64_t experts = cfg.moe.num_experts;
   if (std::find(cfg.ffns.begin(), cfg.ffns.end(), FfnType::kMoe) == cfg.ffns.end() ||
@@ -419,7 +473,35 @@ absl::Status run_expert_parallel(int ranks, ExpertExchange exchange, const std::
   moved.assign(ranks, {});
   const bool hidden = absl::GetFlag(FLAGS_hidden);
   const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_expert_parallel_timeout_s));
-  return run_thread_ranks(ranks, timeout, [&](Communicator& comm) -> absl::Status {
+  // What every node must run alike for the ranks to be one group (the rendezvous compares them).
+  std::ifstream config_file(dir + "/config.json", std::ios::binary);
+  const std::string config_bytes((std::istreambuf_iterator<char>(config_file)),
+                                 std::istreambuf_iterator<char>());
+  std::string fixture = dir;
+  while (!fixture.empty() && fixture.back() == '/') fixture.pop_back();
+  fixture = fixture.substr(fixture.find_last_of('/') + 1);
+  const ExpertParallelNodes nodes{.nnodes = absl::GetFlag(FLAGS_nnodes),
+                                  .node_rank = absl::GetFlag(FLAGS_node_rank),
+                                  .coordinator = absl::GetFlag(FLAGS_coordinator)};
+  LOOM_ASSIGN_OR_RETURN(
+      std::unique_ptr<RankGroup> group,
+      create_rank_group(nodes, ranks, timeout,
+                        {{"fixture", fixture},
+                         {"config.json", content_fingerprint(config_bytes)},
+                         {"expert_dispatch", std::string(expert_exchange_name(exchange))},
+                         {"batch", batched ? "true" : "false"},
+                         {"deterministic", absl::GetFlag(FLAGS_deterministic) ? "true" : "false"},
+                         {"hidden", hidden ? "true" : "false"},
+                         {"device", device_name(placement.device)},
+                         {"weight_dtype", std::string(weight_dtype_name(placement.dtype))},
+                         {"redundant_experts", absl::StrCat(balance_options.redundant_experts)},
+                         {"eplb_interval_steps", absl::StrCat(balance_options.interval_steps)},
+                         {"eplb_window_steps", absl::StrCat(balance_options.window_steps)}}));
+  local.assign(prompts.size(), false);
+  for (const auto& phase : phases)
+    for (int r = group->first_rank(); r < group->first_rank() + group->local_size(); ++r)
+      for (size_t i : phase[r]) local[i] = true;
+  return run_local_ranks(*group, [&](Communicator& comm) -> absl::Status {
     const int r = comm.rank();
     Placement p = placement;
     Rank rank{.comm = &comm};
@@ -452,8 +534,9 @@ absl::Status run_expert_parallel(int ranks, ExpertExchange exchange, const std::
         LOOM_RETURN_IF_ERROR(run_group(rank, prompts, phase[r], results, hidden));
       LOOM_RETURN_IF_ERROR(idle_until_all_done(rank));
     }
-    // Every rank's balancer holds the same numbers (the gathered window): rank 0 reports them.
-    if (balancer != nullptr && r == 0) balance = balancer->balance();
+    // Every rank's balancer holds the same numbers (the gathered window): the node's first
+    // reports them.
+    if (balancer != nullptr && r == group->first_rank()) balance = balancer->balance();
     if (balancer != nullptr) moved[r] = balancer->weights_moved();
     return absl::OkStatus();
   });
@@ -523,6 +606,25 @@ int run() {
                  "with N >= 2\n");
     return 2;
   }
+  const ExpertParallelNodes nodes{.nnodes = absl::GetFlag(FLAGS_nnodes),
+                                  .node_rank = absl::GetFlag(FLAGS_node_rank),
+                                  .coordinator = absl::GetFlag(FLAGS_coordinator)};
+  if (ranks == 1 && (nodes.nnodes != 1 || nodes.node_rank != 0 || !nodes.coordinator.empty())) {
+    std::fprintf(stderr,
+                 "loom-conformance: --nnodes, --node_rank and --coordinator spread the ranks of "
+                 "--expert_parallel N over processes: they need N >= 2\n");
+    return 2;
+  }
+  if (absl::StatusOr<Fault> f = parse_fault(absl::GetFlag(FLAGS_inject_fault)); f.ok()) {
+    g_fault = *f;
+  } else {
+    std::fprintf(stderr, "loom-conformance: %s\n", std::string(f.status().message()).c_str());
+    return 2;
+  }
+  if (absl::Status st = check_expert_parallel_nodes(nodes, ranks); !st.ok()) {
+    std::fprintf(stderr, "loom-conformance: %s\n", std::string(st.message()).c_str());
+    return 2;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   const Placement placement{.device = *device,
                             .dtype = *weight_dtype,
@@ -538,6 +640,7 @@ int run() {
   std::vector<std::unique_ptr<Model>> models;      // one per rank
   ExpertLoadBalancer::Balance balance;             // --redundant_experts, --eplb_interval_steps
   std::vector<ExpertWeightTransfer::Moved> moved;  // per rank: expert weights re-placement moved
+  std::vector<bool> local(prompts->size(), true);  // the prompts this process's ranks ran
   absl::Status st;
   if (ranks == 1) {
     absl::StatusOr<std::unique_ptr<Model>> model = Model::load(dir, placement);
@@ -560,13 +663,15 @@ int run() {
     }
   } else {
     st = run_expert_parallel(ranks, *exchange, dir, placement, *prompts, batched, results, models,
-                             balance, moved);
+                             balance, moved, local);
   }
   if (!st.ok()) {
     std::fprintf(stderr, "loom-conformance: %s\n", std::string(st.message()).c_str());
     return 2;
   }
-  const Model& model = *models[0];
+  // This process's first rank's (with --nnodes, the others run elsewhere).
+  const Model& model = **std::find_if(models.begin(), models.end(),
+                                      [](const std::unique_ptr<Model>& m) { return m != nullptr; });
   // bf16: per prompt, the reference's own bf16 error (golden.json reference_bf16).
   std::vector<double> ref_rel, ref_top1;
   if (bf16) {
@@ -591,6 +696,7 @@ int run() {
   bool ok = true;
   double worst_abs = 0, worst_rel = 0;
   for (size_t i = 0; i < results.size(); ++i) {
+    if (!local[i]) continue;  // another node's ranks ran it, and that node reports it
     const Result& r = results[i];
     const Prompt& p = (*prompts)[i];
     const double top1 =
@@ -606,16 +712,19 @@ int run() {
     ok &= pass;
     worst_abs = std::max({worst_abs, r.full.max_abs, r.chunked.max_abs, r.greedy.max_abs});
     worst_rel = std::max(worst_rel, r.full.rel_l2());
-    nlohmann::json line = {{"prompt", i},
-                           {"tokens", p.ids.size()},
-                           {"max_abs", r.full.max_abs},
-                           {"rel_l2", r.full.rel_l2()},
-                           {"chunked_max_abs", r.chunked.max_abs},
-                           {"greedy_match", r.greedy_match},
-                           {"greedy_steps", p.greedy_tokens.size()},
-                           {"greedy_logits_max_abs", r.greedy.max_abs},
-                           {"top1", top1},
-                           {"ok", pass}};
+    nlohmann::json line = {
+        {"prompt", i},
+        {"tokens", p.ids.size()},
+        {"max_abs", r.full.max_abs},
+        {"rel_l2", r.full.rel_l2()},
+        {"chunked_max_abs", r.chunked.max_abs},
+        {"greedy_match", r.greedy_match},
+        {"greedy_steps", p.greedy_tokens.size()},
+        {"greedy_logits_max_abs", r.greedy.max_abs},
+        {"top1", top1},
+        {"logits_digest",
+         absl::StrFormat("%016x", r.full.digest ^ r.chunked.digest * 31 ^ r.greedy.digest * 961)},
+        {"ok", pass}};
     if (bf16) {
       line["chunked_rel_l2"] = r.chunked.rel_l2();
       line["rel_l2_bound"] = rel_bound;
@@ -636,7 +745,7 @@ int run() {
       {"weight_dtype", weight_dtype_name(model.placement().dtype)},
       {"parameter_bytes", model.parameters().bytes()},
       {"expert_weight_bytes", expert_weight_bytes(model.parameters())},
-      {"prompts", results.size()},
+      {"prompts", std::count(local.begin(), local.end(), true)},
       {"worst_max_abs", worst_abs},
       {"worst_rel_l2", worst_rel},
       {"device", device_name(*device)},
@@ -649,10 +758,12 @@ int run() {
   if (ranks > 1) {
     nlohmann::json per_rank = nlohmann::json::array();
     for (size_t r = 0; r < models.size(); ++r) {
+      if (models[r] == nullptr) continue;  // another node's
       const Model& m = *models[r];
       // What the rank holds: its expert range, or the experts of its slots as loaded (the same
       // for every layer until a re-placement), and the bytes of those experts' weights.
-      nlohmann::json line = {{"parameter_bytes", m.parameters().bytes()},
+      nlohmann::json line = {{"rank", r},
+                             {"parameter_bytes", m.parameters().bytes()},
                              {"expert_weight_bytes", expert_weight_bytes(m.parameters())}};
       if (!m.placement().expert_slots.empty()) {
         line["expert_slots"] = m.placement().expert_slots;
@@ -666,6 +777,10 @@ int run() {
     }
     summary["expert_parallel"] = ranks;
     summary["expert_dispatch"] = expert_exchange_name(*exchange);
+    if (nodes.multi()) {
+      summary["nnodes"] = nodes.nnodes;
+      summary["node_rank"] = nodes.node_rank;
+    }
     summary["ranks"] = per_rank;
     if (absl::GetFlag(FLAGS_redundant_experts) != 0 ||
         absl::GetFlag(FLAGS_eplb_interval_steps) != 0) {
@@ -694,7 +809,7 @@ int main(int argc, char** argv) {
       "[--weight_dtype auto|f32|bf16|fp8] [--batch] "
       "[--hidden] [--deterministic] [--expert_parallel N [--expert_dispatch "
       "all_gather|all_to_all] [--redundant_experts K] [--eplb_interval_steps P "
-      "[--eplb_window_steps W]]]");
+      "[--eplb_window_steps W]] [--nnodes K --node_rank R --coordinator HOST:PORT]]");
   absl::ParseCommandLine(argc, argv);
   if (!absl::GetFlag(FLAGS_random_weights).empty()) {
     std::fprintf(stderr,
