@@ -95,6 +95,13 @@ struct TcpGroup::State {
     return failure;
   }
 
+  // The failure when a peer's connection broke (reading or sending), one wording for both.
+  static absl::Status lost(const NodeInfo& n, const std::string& how) {
+    return absl::UnavailableError(
+        absl::StrCat("expert-parallel group: lost ", describe_node(n), ": ", how,
+                     " (the process exited, was killed, or the network failed)"));
+  }
+
   // The I/O thread: reads every frame the peers send, sends heartbeats, watches for silence.
   void io_loop();
   void on_frame(size_t peer, ReceivedFrame frame);
@@ -208,10 +215,7 @@ void TcpGroup::State::io_loop() {
         was_leaving = left[i] || stopping;
       }
       // The failure first: a leader that then finds the peer closed reports it, not a departure.
-      if (!was_leaving)
-        fail(absl::UnavailableError(absl::StrCat(
-            "expert-parallel group: lost ", describe_peer(i), ": ", f.status().message(),
-            " (the process exited, was killed, or the network failed)")));
+      if (!was_leaving) fail(lost(peers[i]->info, std::string(f.status().message())));
       {
         absl::MutexLock lock(&mu);
         open[i] = false;
@@ -336,13 +340,15 @@ absl::Status TcpGroup::State::lead_node0(const CollectivePost& mine) {
     if (absl::Status s =
             send_frame(peers[m]->sock, NodeFrame::kReply, parts, absl::Now() + timeout);
         !s.ok()) {
-      st = absl::UnavailableError(absl::StrCat("expert-parallel group: sending ",
-                                               collective_op_name(mine.op), " #", mine.seq, " to ",
-                                               describe_node(nodes[m]), ": ", s.message()));
+      st = lost(nodes[m], absl::StrCat("sending ", collective_op_name(mine.op), " #", mine.seq,
+                                       ": ", s.message()));
       break;
     }
   }
-  if (!st.ok()) fail(st);
+  if (!st.ok()) {
+    fail(st);
+    return status();  // the first failure: the I/O thread may have seen the loss first
+  }
   return st;
 }
 
@@ -361,11 +367,9 @@ absl::Status TcpGroup::State::lead_other(const CollectivePost& mine) {
     st = send_frame(peers[0]->sock, NodeFrame::kPost, payload, absl::Now() + timeout);
   }
   if (!st.ok()) {
-    st = absl::UnavailableError(absl::StrCat("expert-parallel group: rank ", first, " sending ",
-                                             collective_op_name(mine.op), " #", mine.seq, " to ",
-                                             describe_node(nodes[0]), ": ", st.message()));
-    fail(st);
-    return st;
+    fail(lost(nodes[0], absl::StrCat("rank ", first, " sending ", collective_op_name(mine.op), " #",
+                                     mine.seq, ": ", st.message())));
+    return status();
   }
   // Node 0 gives up after one timeout and says why; twice bounds a silent one.
   const absl::Time deadline = absl::Now() + 2 * timeout;
