@@ -27,14 +27,17 @@ struct ExpertRange {
 };
 
 // The storage dtype of the weight matrices. kAuto keeps the checkpoint's precision: bf16 when
-// every matrix of the checkpoint is stored in bf16 (so storing them in bf16 loses nothing); on the
-// CPU, kFP8 when the checkpoint holds FP8 matrices in 128 x 128 blocks (each of those kept as
-// stored, the others in bf16 when stored in bf16, else f32: DeepSeek-V3 ships lm_head in bf16);
-// f32 otherwise (f32 and f16 checkpoints, synthetic weights, and FP8 checkpoints on a GPU until it
-// has FP8 GEMMs).
+// every matrix of the checkpoint is stored in bf16 (so storing them in bf16 loses nothing); kFP8
+// when the checkpoint holds FP8 matrices in 128 x 128 blocks (each of those kept as stored, the
+// others in bf16 when stored in bf16, else f32: DeepSeek-V3 ships lm_head in bf16), on the CPU and
+// on a GPU with bf16 or auto activations (there the others in bf16 always, the dtype bf16
+// activations meet); f32 otherwise (f32 and f16 checkpoints, synthetic weights, a trainable model,
+// and an FP8 checkpoint on a GPU asked for f32 activations: its matrices dequantized, the f32
+// path). On a GPU with bf16 activations asked for, kAuto is bf16 for any checkpoint but an FP8 one.
 // kFP8: every matrix as float8_e4m3fn with one f32 scale per 128 x 128 block (core/fp8_matrix.h):
 // FP8 checkpoint tensors keep their bytes and scales, every other matrix is quantized at load
-// (weights/fp8.h). CPU only in this build; not trainable.
+// (weights/fp8.h). On a GPU the values and scales are uploaded as one allocation per matrix and
+// the FP8 GEMMs read them there (kernels/cuda/gemm_fp8.h, kernels/cuda/moe.h). Not trainable.
 enum class WeightDType : uint8_t { kAuto, kF32, kBF16, kFP8 };
 
 // "auto", "f32", "bf16" or "fp8" (flags); InvalidArgument naming the accepted values otherwise.

@@ -176,10 +176,6 @@ absl::StatusOr<WeightLoader> WeightLoader::placed(ParameterArena& arena,
           "a trainable model holds every expert once: expert slots (redundant copies moved by "
           "re-placement) are for serving");
   }
-  if (placement.dtype == WeightDType::kFP8 && !placement.device.is_cpu())
-    return absl::InvalidArgumentError(
-        "fp8 matrices run on the CPU only in this build (the GPU has no FP8 GEMMs yet): load "
-        "with bf16 or f32 weights (--weight_dtype) on a GPU");
   if (placement.dtype == WeightDType::kFP8 && placement.trainable)
     return absl::InvalidArgumentError(
         "a trainable model keeps f32 master weights: load it with f32 (or auto) matrices, not "
@@ -188,11 +184,20 @@ absl::StatusOr<WeightLoader> WeightLoader::placed(ParameterArena& arena,
   w.arena_ = &arena;
   w.placement_ = placement;
   w.fp8_keeps_others_ = false;
+  w.fp8_others_bf16_ = false;
   if (placement.dtype == WeightDType::kAuto) {
-    // FP8 matrices stay FP8 where the kernels take them (the CPU; a trained model is f32).
-    if (placement.device.is_cpu() && !placement.trainable && holds_fp8_matrices()) {
+    // On a GPU, f32 activations ask for the f32 path (every matrix dequantized, the fixtures' f32
+    // bounds); any other activations compute against bf16 or FP8 matrices (parameter_arena.h).
+    const bool gpu_reduced =
+        !placement.device.is_cpu() && placement.activations != ActivationDType::kF32;
+    if (!placement.trainable && holds_fp8_matrices() &&
+        (placement.device.is_cpu() || gpu_reduced)) {
       w.placement_.dtype = WeightDType::kFP8;
       w.fp8_keeps_others_ = true;
+      // bf16 activations reach no f32 matrix on a GPU (the GEMMs pair bf16 x with bf16 or FP8 w).
+      w.fp8_others_bf16_ = gpu_reduced;
+    } else if (gpu_reduced && placement.activations == ActivationDType::kBF16) {
+      w.placement_.dtype = WeightDType::kBF16;
     } else {
       w.placement_.dtype =
           natural_matrix_dtype() == DType::kBF16 ? WeightDType::kBF16 : WeightDType::kF32;
@@ -285,7 +290,7 @@ absl::StatusOr<Tensor> WeightLoader::copy_stored_fp8(std::string_view canonical,
   }
   Shape out = shape;
   if (!whole) out[0] = rows.count();
-  Tensor dst = arena_ != nullptr ? arena_->allocate_fp8(canonical, out) : fp8_matrix_empty(out);
+  Tensor dst = fp8_host_destination(canonical, out);
   const Tensor scales = fp8_matrix_scales(dst);
   auto* q = static_cast<char*>(dst.raw());
   auto* s = static_cast<char*>(scales.raw());
@@ -314,7 +319,7 @@ absl::StatusOr<Tensor> WeightLoader::load_fp8(std::string_view canonical, const 
     if (fp8_keeps_others_) {
       // kAuto over an FP8 checkpoint: a matrix not stored in FP8 (DeepSeek-V3's lm_head) keeps
       // its precision, as kAuto does for any checkpoint.
-      bool bf16 = ckpt_ != nullptr;
+      bool bf16 = ckpt_ != nullptr || fp8_others_bf16_;
       absl::StatusOr<TensorSource> src = tensor_source(cfg_, canonical);
       if (src.ok()) {
         const bool stack_rows = src->combine == TensorSource::Combine::kStack &&
@@ -323,7 +328,7 @@ absl::StatusOr<Tensor> WeightLoader::load_fp8(std::string_view canonical, const 
           // A stack's rows not read need not be present (expert parallelism).
           if (stack_rows && !rows.contains(static_cast<int64_t>(i))) continue;
           const SafetensorsFile::Entry* e = ckpt_ ? ckpt_->find(src->names[i]) : nullptr;
-          bf16 &= e != nullptr && e->dtype == DType::kBF16;
+          bf16 &= fp8_others_bf16_ || (e != nullptr && e->dtype == DType::kBF16);
         }
       }
       return load_as(canonical, shape, bf16 ? DType::kBF16 : DType::kF32, rows);
@@ -335,12 +340,24 @@ absl::StatusOr<Tensor> WeightLoader::load_fp8(std::string_view canonical, const 
     plain.placement_ = Placement{};
     LOOM_ASSIGN_OR_RETURN(Tensor w, plain.load_as(canonical, shape, DType::kF32, rows));
     if (!w.is_contiguous()) w = w.clone();
-    dst = arena_ != nullptr ? arena_->allocate_fp8(canonical, w.shape())
-                            : fp8_matrix_empty(w.shape());
+    dst = fp8_host_destination(canonical, w.shape());
     LOOM_RETURN_IF_ERROR(quantize_fp8_blocks(w, dst, canonical));
+  }
+  if (arena_ != nullptr && !arena_->device().is_cpu()) {
+    // Built on the host, then uploaded once: the values and the scale grid (the trailer is
+    // written by allocate_fp8).
+    const Tensor dev = arena_->allocate_fp8(canonical, dst.shape());
+    dev.copy_from(dst);
+    fp8_matrix_scales(dev).copy_from(fp8_matrix_scales(dst));
+    dst = dev;
   }
   if (record_ != nullptr) record_->emplace_back(std::string(canonical), dst);
   return dst;
+}
+
+Tensor WeightLoader::fp8_host_destination(std::string_view canonical, const Shape& shape) const {
+  return arena_ != nullptr && arena_->device().is_cpu() ? arena_->allocate_fp8(canonical, shape)
+                                                        : fp8_matrix_empty(shape);
 }
 
 Tensor WeightLoader::destination(std::string_view canonical, const Shape& shape,

@@ -44,8 +44,8 @@ class WeightLoader {
   // A copy of this loader that puts every tensor it loads into `arena` (not owned; it must
   // outlive the copy's loads) with the placement's dtypes: load() gives f32, load_matrix() and
   // load_experts() the placement's matrix dtype, load_experts() only the placement's experts.
-  // The returned loader's placement() has its dtype resolved (kAuto: bf16 when every matrix of
-  // the checkpoint is bf16, else f32). On a GPU placement every tensor is read and converted on
+  // The returned loader's placement() has its dtype resolved (kAuto: parameter_arena.h says
+  // how). On a GPU placement every tensor is read and converted on
   // the host, then uploaded once into the (device) arena; whether the build and the machine have
   // that device is the caller's check (Model::load). InvalidArgument, naming the field, for an
   // arena on another device than the placement, an expert range that is empty or outside the
@@ -108,6 +108,9 @@ class WeightLoader {
                                          ExpertRange rows) const;
   // Whether the checkpoint holds FP8 matrices in 128 x 128 blocks (kAuto then keeps them).
   bool holds_fp8_matrices() const;
+  // A stored FP8 matrix to fill on the host: from a host arena when placed there, else fresh
+  // (load_fp8 uploads it into a device arena).
+  Tensor fp8_host_destination(std::string_view canonical, const Shape& shape) const;
   // Destination memory: from the arena when placed, else a fresh host tensor.
   Tensor destination(std::string_view canonical, const Shape& shape, DType dtype) const;
 
@@ -121,6 +124,9 @@ class WeightLoader {
   // Set when kAuto resolved to kFP8: matrices the checkpoint does not store in FP8 keep their
   // precision instead of being quantized.
   bool fp8_keeps_others_ = false;
+  // With it, on a GPU with bf16 (or auto) activations: those matrices are stored in bf16 (an f32
+  // one rounded once), since bf16 activations meet only bf16 or FP8 matrices there.
+  bool fp8_others_bf16_ = false;
 };
 
 }  // namespace loom

@@ -12,7 +12,8 @@ namespace {
 
 // The activation dtype of a placement whose matrix dtype is resolved (parameter_arena.h).
 absl::StatusOr<DType> resolve_activations(const Placement& p) {
-  const bool bf16_matrices = p.matrix_dtype() == DType::kBF16;
+  // FP8 matrices are read against bf16 (or f32) activations, as bf16 ones are (W8A16).
+  const bool bf16_matrices = p.matrix_dtype() == DType::kBF16 || p.matrix_dtype() == DType::kF8E4M3;
   switch (p.activations) {
     case ActivationDType::kAuto:
       return !p.device.is_cpu() && bf16_matrices ? DType::kBF16 : DType::kF32;
@@ -24,8 +25,8 @@ absl::StatusOr<DType> resolve_activations(const Placement& p) {
             "bf16 activations need a GPU: the CPU backend computes in f32 (use f32 or auto)");
       if (!bf16_matrices)
         return absl::InvalidArgumentError(
-            "bf16 activations need bf16 matrices (the GEMMs read bf16 inputs against bf16 "
-            "weights): load with bf16 (or auto, for a bf16 checkpoint) weights");
+            "bf16 activations need bf16 or fp8 matrices (the GEMMs read bf16 inputs against "
+            "bf16 or fp8 weights): load with bf16, fp8 or auto weights");
       if (p.trainable)
         return absl::InvalidArgumentError("a trainable model computes in f32 activations");
       return DType::kBF16;

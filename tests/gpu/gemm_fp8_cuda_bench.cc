@@ -16,6 +16,7 @@
 #include <random>
 #include <string>
 
+#include "core/workspace.h"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.h"
@@ -40,8 +41,11 @@ constexpr double kFp8DenseTFlops = 1979;  // H200 SXM FP8 dense, datasheet
     }                                                                                      \
   } while (0)
 
+// With a workspace, as the engine runs linear_forward: the dequantize-to-bf16 path takes its copy
+// from it instead of allocating one per call.
 const Exec& gpu() {
-  static const Exec ex = cuda::device_exec(0);
+  static Workspace ws(Device::kCuda, size_t{1} << 30);
+  static const Exec ex = cuda::device_exec(0, &ws);
   return ex;
 }
 cudaStream_t stream() { return cuda::stream_of(gpu()); }

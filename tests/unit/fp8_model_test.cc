@@ -1,7 +1,8 @@
 // Models with FP8 matrices on the CPU: deepseek_v3_fp8 kept as stored (auto) and kimi_linear_b0
 // quantized at load (fp8) compute the logits of the same FP8 values dequantized to f32 (bit for bit
 // in batch-invariant mode), in about half the bf16 bytes; the stored bytes and scales are the
-// checkpoint's; loom-convert keeps them; a GPU placement is refused.
+// checkpoint's; loom-convert keeps them; a GPU placement resolves auto to them (unless f32
+// activations ask for the f32 path); a trainable one is refused.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -259,18 +260,39 @@ TEST(Fp8Model, ConvertKeepsFp8) {
   }
 }
 
-TEST(Fp8Model, PlacementsRefused) {
+TEST(Fp8Model, PlacementsResolvedAndRefused) {
   const std::string dir = kFixtures + "/deepseek_v3_fp8";
   auto cfg = load_model_config(dir);
   ASSERT_TRUE(cfg.ok());
   auto w = WeightLoader::open(dir, *cfg);
   ASSERT_TRUE(w.ok());
+  // On a GPU (resolved only: nothing is loaded, so no device is needed), auto keeps FP8 unless
+  // f32 activations ask for the f32 path.
   ParameterArena gpu(Device::kCuda);
-  auto placed = w->placed(gpu, Placement{.device = Device::kCuda, .dtype = WeightDType::kFP8});
-  ASSERT_FALSE(placed.ok());
-  EXPECT_NE(placed.status().message().find("fp8 matrices run on the CPU only in this build"),
-            std::string_view::npos)
-      << placed.status();
+  for (const ActivationDType act :
+       {ActivationDType::kAuto, ActivationDType::kBF16, ActivationDType::kF32}) {
+    auto placed = w->placed(
+        gpu, Placement{.device = Device::kCuda, .dtype = WeightDType::kAuto, .activations = act});
+    ASSERT_TRUE(placed.ok()) << placed.status();
+    EXPECT_EQ(placed->placement().dtype,
+              act == ActivationDType::kF32 ? WeightDType::kF32 : WeightDType::kFP8)
+        << activation_dtype_name(act);
+  }
+  auto explicit_fp8 =
+      w->placed(gpu, Placement{.device = Device::kCuda, .dtype = WeightDType::kFP8});
+  ASSERT_TRUE(explicit_fp8.ok()) << explicit_fp8.status();
+  // A bf16 checkpoint with bf16 activations on a GPU: bf16 matrices, as before.
+  const std::string b0 = kFixtures + "/kimi_linear_b0";
+  auto b0_cfg = load_model_config(b0);
+  ASSERT_TRUE(b0_cfg.ok());
+  auto b0_w = WeightLoader::open(b0, *b0_cfg);
+  ASSERT_TRUE(b0_w.ok());
+  ParameterArena gpu_b0(Device::kCuda);
+  auto b0_placed = b0_w->placed(gpu_b0, Placement{.device = Device::kCuda,
+                                                  .dtype = WeightDType::kAuto,
+                                                  .activations = ActivationDType::kBF16});
+  ASSERT_TRUE(b0_placed.ok()) << b0_placed.status();
+  EXPECT_EQ(b0_placed->placement().dtype, WeightDType::kBF16);
   ParameterArena cpu(Device::kCpu);
   auto trainable = w->placed(cpu, Placement{.dtype = WeightDType::kFP8, .trainable = true});
   EXPECT_FALSE(trainable.ok());
