@@ -189,9 +189,6 @@ void moe_grouped_swiglu(const Exec& ex, const Tensor& x, const Tensor& offsets,
     return cpu::moe_grouped_swiglu(x, offsets, w_gate, w_up, w_down, y, gate_up);
   }
 #ifdef LOOM_WITH_CUDA
-  LOOM_CHECK(wt != DType::kF8E4M3,
-             "moe_grouped_swiglu: fp8 matrices run on the CPU only in this build (w_gate %s)",
-             w_gate.describe().c_str());
   return cuda::moe_grouped_swiglu(ex, x, offsets, w_gate, w_up, w_down, y, gate_up);
 #else
   no_kernel_for(ex, "moe_grouped_swiglu");

@@ -8,6 +8,7 @@
 #include <cuda_fp8.h>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/fp8_convert.cuh"
 #include "kernels/cuda/gemm_fp8_launch.h"
 
 namespace loom::cuda {
@@ -19,16 +20,8 @@ __device__ __forceinline__ float bf16_bits_to_f32(uint32_t bits) {
   return __uint_as_float(bits << 16);
 }
 
-// The two e4m3 values of the low 16 bits of `v` (element 0 in the low byte), widened exactly
-// (every e4m3 value is an f16 value; the hardware converts a pair at once).
-__device__ __forceinline__ float2 e4m3x2_to_f32(uint32_t v) {
-  const __half2_raw h =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
-  return __half22float2(__half2(h));
-}
-__device__ __forceinline__ float e4m3_to_f32(uint8_t v) {
-  return __half2float(__half(__nv_cvt_fp8_to_halfraw(v, __NV_E4M3)));
-}
+using dev::e4m3_to_f32;
+using dev::e4m3x2_to_f32;
 
 // out[idx] = v (+ beta * out[idx]) in the output's element type. beta = 0 never reads out.
 __device__ __forceinline__ void store_out(void* out, launch::Elem type, int64_t idx, float v,

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "core/fp8_matrix.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/moe_launch.h"
 
@@ -73,8 +74,8 @@ launch::MoeGemmPath parse_path(const char* name) {
 
 const char* grouped_swiglu(const Exec& ex, launch::MoeGemmPath path, const Tensor& x,
                            const Tensor& offsets, const Tensor& w_gate, const Tensor& w_up,
-                           const Tensor& w_down, const Tensor& y, const Tensor& gate_up,
-                           int phases) {
+                           const Tensor& w_down, const Tensor& y, const Tensor& gate_up, int phases,
+                           size_t fp8_chunk_bytes) {
   static constexpr const char* kOp = "moe_grouped_swiglu";
   const DType wt = w_gate.dtype();
   check_args(kOp, {{"x", x, std::nullopt},
@@ -84,8 +85,9 @@ const char* grouped_swiglu(const Exec& ex, launch::MoeGemmPath path, const Tenso
                    {"w_down", w_down, wt},
                    {"y", y, std::nullopt},
                    {"gate_up", gate_up, DType::kF32, true}});
-  LOOM_CHECK(wt == DType::kF32 || wt == DType::kBF16,
-             "%s: expert weights must be f32 or bf16: w_gate %s", kOp, w_gate.describe().c_str());
+  LOOM_CHECK(wt == DType::kF32 || wt == DType::kBF16 || wt == DType::kF8E4M3,
+             "%s: expert weights must be f32, bf16 or stored fp8: w_gate %s", kOp,
+             w_gate.describe().c_str());
   LOOM_CHECK(x.ndim() == 2 && w_gate.ndim() == 3, "%s: x %s w_gate %s", kOp, x.describe().c_str(),
              w_gate.describe().c_str());
   const int64_t r = x.dim(0), d = x.dim(1);
@@ -116,12 +118,19 @@ const char* grouped_swiglu(const Exec& ex, launch::MoeGemmPath path, const Tenso
   a.I = inter;
   a.E = ne;
   a.bf16 = wt == DType::kBF16;
+  a.fp8 = wt == DType::kF8E4M3;
+  if (a.fp8) {
+    a.s_gate = fp8_matrix_scales(w_gate).data<float>();
+    a.s_up = fp8_matrix_scales(w_up).data<float>();
+    a.s_down = fp8_matrix_scales(w_down).data<float>();
+  }
   a.batch_invariant = ex.batch_invariant;
   a.phases = phases;
+  a.fp8_chunk_bytes = fp8_chunk_bytes;
   const launch::MoeSwigluPlan plan = launch::moe_swiglu_plan(a, path);
   LOOM_CHECK(plan.ok,
-             "%s: the %s GEMM path cannot run these tensors on this device (it needs bf16 "
-             "weights, D and I multiples of 8, 16-byte aligned tensors%s): x %s w_gate %s",
+             "%s: the %s GEMM path cannot run these tensors on this device (it needs bf16 or "
+             "fp8 weights, D and I multiples of 8, 16-byte aligned tensors%s): x %s w_gate %s",
              kOp, launch::moe_gemm_path_name(path),
              path == launch::MoeGemmPath::kWgmma || path == launch::MoeGemmPath::kWgmma128
                  ? " and an sm_90 GPU"
@@ -201,14 +210,16 @@ void moe_permute(const Exec& ex, const Tensor& x, const Tensor& expert_ids, int6
 void moe_grouped_swiglu(const Exec& ex, const Tensor& x, const Tensor& offsets,
                         const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down,
                         const Tensor& y, const Tensor& gate_up) {
-  grouped_swiglu(ex, launch::MoeGemmPath::kAuto, x, offsets, w_gate, w_up, w_down, y, gate_up, 7);
+  grouped_swiglu(ex, launch::MoeGemmPath::kAuto, x, offsets, w_gate, w_up, w_down, y, gate_up, 7,
+                 0);
 }
 
 const char* moe_grouped_swiglu_on(const Exec& ex, const char* path, const Tensor& x,
                                   const Tensor& offsets, const Tensor& w_gate, const Tensor& w_up,
                                   const Tensor& w_down, const Tensor& y, const Tensor& gate_up,
-                                  int phases) {
-  return grouped_swiglu(ex, parse_path(path), x, offsets, w_gate, w_up, w_down, y, gate_up, phases);
+                                  int phases, size_t fp8_chunk_bytes) {
+  return grouped_swiglu(ex, parse_path(path), x, offsets, w_gate, w_up, w_down, y, gate_up, phases,
+                        fp8_chunk_bytes);
 }
 
 void moe_unpermute_combine(const Exec& ex, const Tensor& y, const Tensor& row_of_slot,

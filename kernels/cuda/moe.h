@@ -35,6 +35,13 @@ void moe_permute(const Exec& ex, const Tensor& x, const Tensor& expert_ids, int6
 // f32 weights, and bf16 ones of other sizes, run f32 FMA (the CPU's arithmetic in another
 // summation order). Batch-invariant mode's path depends on the dtypes, D, I and the device only. x
 // and y are f32 or bf16 each (y rounded in the epilogue); gate_up, f32, is supported on every path.
+// Stored FP8 weights (core/fp8_matrix.h, all three) use each weight as f32(q) * scale_inv of its
+// 128 x 128 block: decode-sized calls (as kGemv above, up to launch::kMoeFp8GemvRowsPerExpert
+// rows per expert on average, kernels/cuda/moe_fp8_launch.h) dequantize in registers and
+// stay f32 (reading half of bf16's bytes); the rest dequantize the routed experts chunk by chunk
+// into the scratch (at most launch::kMoeFp8DequantBytes of copies) and run the bf16 paths on
+// them (each weight rounded once to bf16), or the f32 SIMT path (the f32 products kept) where
+// the tensor cores cannot take the shape; kernels/cuda/moe_fp8.cu says more.
 // Offsets must be non-decreasing within [0, R] (not checked: a bad one never makes a kernel reach
 // outside the tensors). Uses scratch (h, and the bf16 copy of an f32 x) from ex.workspace when
 // there is one, else a stream-ordered allocation (which costs time on every call: the engine always
@@ -47,10 +54,12 @@ void moe_grouped_swiglu(const Exec& ex, const Tensor& x, const Tensor& offsets,
 // "wgmma", "wgmma128" or "gemv" (launch::MoeGemmPath); aborts when the path cannot run these
 // tensors on this device. Returns the name of the path that ran. `phases` (benchmarks) picks the
 // launches that run (launch::MoeSwigluArgs::phases); anything but 7 leaves y incomplete.
+// `fp8_chunk_bytes` (tests; 0: the default) bounds the dequantized copies of FP8 experts per chunk
+// (launch::MoeSwigluArgs::fp8_chunk_bytes).
 const char* moe_grouped_swiglu_on(const Exec& ex, const char* path, const Tensor& x,
                                   const Tensor& offsets, const Tensor& w_gate, const Tensor& w_up,
                                   const Tensor& w_down, const Tensor& y, const Tensor& gate_up,
-                                  int phases = 7);
+                                  int phases = 7, size_t fp8_chunk_bytes = 0);
 
 // y and out f32 or bf16 each; the sum runs in f32 in the CPU's order, a bf16 out rounded once. A
 // row outside [-1, R) (which the CPU rejects) makes its token's output row NaN.

@@ -40,7 +40,9 @@ void moe_unpermute_combine(cudaStream_t stream, const void* y, bool y_bf16, cons
                            const float* weights, void* out, bool out_bf16, int64_t T, int64_t K,
                            int64_t D, int64_t R, bool vec4);
 
-// The grouped SwiGLU's GEMM paths (kernels/cuda/moe_gemm.cu says how each works).
+// The grouped SwiGLU's GEMM paths (kernels/cuda/moe_gemm.cu says how each works; with FP8
+// weights, kernels/cuda/moe_fp8.cu: kGemv dequantizes in registers, every other path runs on the
+// experts dequantized chunk by chunk into the scratch).
 enum class MoeGemmPath : int {
   kAuto = 0,      // the fastest supported one for the shape, dtype and device
   kSimt = 1,      // f32 FMA (f32 or bf16 weights, any sizes)
@@ -64,6 +66,15 @@ struct MoeSwigluArgs {
   float* gate_up = nullptr;          // [2, R, I] f32 or null
   int64_t R = 0, D = 0, I = 0, E = 0;
   bool bf16 = false;  // weight dtype
+  // Stored FP8 weights (core/fp8_matrix.h): w_* are e4m3 bytes and s_* their scale grids, f32
+  // [E, ceil(rows / 128), ceil(cols / 128)] (w_gate's and w_up's rows I, cols D; w_down's D, I).
+  bool fp8 = false;
+  const float* s_gate = nullptr;
+  const float* s_up = nullptr;
+  const float* s_down = nullptr;
+  // Tests: the bytes of dequantized expert copies per chunk on the FP8 paths that make copies
+  // (0: launch::kMoeFp8DequantBytes, kernels/cuda/moe_fp8_launch.h).
+  size_t fp8_chunk_bytes = 0;
   // Batch-invariant mode (Exec::batch_invariant): kAuto never picks a path by the row count.
   bool batch_invariant = false;
   bool x_bf16 = false, y_bf16 = false;
