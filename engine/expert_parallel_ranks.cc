@@ -43,6 +43,7 @@ absl::Status check_expert_parallel(const ModelConfig& cfg, const Device& device,
                          : std::string(" has no MoE layers)")));
   if (options.timeout <= absl::ZeroDuration())
     return absl::InvalidArgumentError("--expert_parallel_timeout_s must be positive");
+  LOOM_RETURN_IF_ERROR(check_expert_parallel_nodes(options.nodes, n));
   return check_expert_balance_options(options.balance, cfg.moe.num_experts, n);
 }
 
@@ -52,14 +53,26 @@ absl::StatusOr<std::unique_ptr<ExpertParallelRanks>> ExpertParallelRanks::load(
   LOOM_RETURN_IF_ERROR(check_expert_parallel(cfg, placement.device, options));
   std::unique_ptr<ExpertParallelRanks> out(new ExpertParallelRanks());
   const int n = options.ranks;
-  out->group_ = std::make_unique<ThreadGroup>(n, options.timeout);
+  // What the other nodes must run alike, besides the caller's settings: the options the ranks'
+  // collectives and placement depend on.
+  std::vector<std::pair<std::string, std::string>> settings = options.settings;
+  settings.push_back({"model_type", cfg.model_type});
+  settings.push_back({"experts", absl::StrCat(cfg.moe.num_experts, " top-", cfg.moe.top_k)});
+  settings.push_back({"expert_dispatch", std::string(expert_exchange_name(options.exchange))});
+  settings.push_back({"redundant_experts", absl::StrCat(options.balance.redundant_experts)});
+  settings.push_back({"eplb_interval_steps", absl::StrCat(options.balance.interval_steps)});
+  settings.push_back({"eplb_window_steps", absl::StrCat(options.balance.window_steps)});
+  settings.push_back({"weight_dtype", std::string(weight_dtype_name(placement.dtype))});
+  LOOM_ASSIGN_OR_RETURN(out->group_,
+                        create_rank_group(options.nodes, n, options.timeout, std::move(settings)));
+  const int local = out->group_->local_size();
   // The process's OpenMP threads (OMP_NUM_THREADS, else every core) shared out.
-  out->threads_per_rank_ = std::max(1, omp_get_max_threads() / n);
+  out->threads_per_rank_ = std::max(1, omp_get_max_threads() / local);
   const int moe_layers =
       static_cast<int>(std::count(cfg.ffns.begin(), cfg.ffns.end(), FfnType::kMoe));
-  for (int r = 0; r < n; ++r) {
+  for (int r = 0; r < local; ++r) {
     auto rank = std::make_unique<Rank>();
-    Communicator& comm = out->group_->rank(r);
+    Communicator& comm = out->group_->local_rank(r);
     Placement p = placement;
     // Loads run on this thread one after the other: nothing in a load is a collective, and each
     // binding ends with its load.
@@ -114,7 +127,10 @@ std::unique_ptr<Model> ExpertParallelRanks::take_model(int r) {
 
 void ExpertParallelRanks::abort(const absl::Status& why) { group_->abort(why); }
 
-absl::Status ExpertParallelRanks::status() const { return group_->status(); }
+absl::Status ExpertParallelRanks::status() const {
+  if (absl::Status st = group_->status(); !st.ok()) return st;
+  return group_->departed();
+}
 
 std::optional<double> ExpertParallelRanks::load_balance() const {
   if (replacements_.load(std::memory_order_relaxed) == 0) return std::nullopt;

@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 
@@ -104,6 +106,21 @@ int main(int argc, char** argv) {
   // One model, or with --expert_parallel N one per rank, each holding its share of the experts.
   absl::StatusOr<std::unique_ptr<loom::Model>> model;
   std::unique_ptr<loom::ExpertParallelRanks> ranks;
+  if (ep.nodes.multi()) {
+    // What every node must run alike besides the expert-parallel flags (the rendezvous compares
+    // them): the model's config, where its weights come from, and the numerics.
+    std::filesystem::path config = options->random_weights ? options->model_path : dir;
+    std::error_code ec;
+    if (std::filesystem::is_directory(config, ec)) config /= "config.json";
+    std::ifstream in(config, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    options->expert_parallel.settings = {
+        {"config.json", loom::content_fingerprint(bytes)},
+        {"random_weights",
+         options->random_weights ? absl::StrCat(*options->random_weights) : std::string("none")},
+        {"act_dtype", absl::GetFlag(FLAGS_act_dtype)},
+        {"deterministic", options->engine.deterministic ? "true" : "false"}};
+  }
   if (ep.ranks > 1) {
     auto cfg = options->random_weights ? loom::load_random_weights_config(options->model_path)
                                        : loom::load_model_config(dir);
@@ -130,9 +147,14 @@ int main(int argc, char** argv) {
   for (int r = 0; r < (ranks ? ranks->size() : 1); ++r)
     parameter_gb += (ranks ? *ranks->model(r) : **model).parameters().bytes() / 1e9;
   const std::string rank_note =
-      ranks ? absl::StrFormat(" over %d expert-parallel ranks (%s)", ranks->size(),
-                              loom::expert_exchange_name(ep.exchange))
-            : std::string();
+      !ranks ? std::string()
+      : ep.nodes.multi()
+          ? absl::StrFormat(" over expert-parallel ranks %d..%d of %d (%s), node %d of %d",
+                            ranks->first_rank(), ranks->first_rank() + ranks->size() - 1,
+                            ranks->world_size(), loom::expert_exchange_name(ep.exchange),
+                            ep.nodes.node_rank, ep.nodes.nnodes)
+          : absl::StrFormat(" over %d expert-parallel ranks (%s)", ranks->size(),
+                            loom::expert_exchange_name(ep.exchange));
   // GET /ready and gRPC health report these start-up checks (server/readiness.h).
   loom::Readiness readiness;
   readiness.pass(

@@ -102,7 +102,8 @@ ABSL_FLAG(int, expert_parallel, 1,
           "and the other engine limits apply per rank), the routed experts split over them and "
           "exchanged per MoE layer; new requests go to the rank with the fewest tokens queued "
           "plus running. The ranks are threads on the CPU; on CUDA the flag is refused (NCCL "
-          "ranks are not built yet). At most one rank per expert.");
+          "ranks are not built yet). At most one rank per expert. With --nnodes K, the ranks of "
+          "the whole group, N / K on each node.");
 ABSL_FLAG(std::string, expert_dispatch, "all_gather",
           "With --expert_parallel: all_gather (hidden states and routing gathered, each rank's "
           "experts over every token, a reduce-scatter back) or all_to_all (only the rows each "
@@ -119,6 +120,13 @@ ABSL_FLAG(int, eplb_window_steps, 0,
 ABSL_FLAG(double, expert_parallel_timeout_s, 300,
           "With --expert_parallel: a rank waiting longer than this at a collective fails every "
           "rank (live requests end with the error, new ones are refused).");
+ABSL_FLAG(int, nnodes, 1,
+          "With --expert_parallel N: the ranks run in K processes (one per node), N / K each, "
+          "joined over TCP; each node serves its own ranks' requests on its own frontends "
+          "(docs/expert-parallel.md).");
+ABSL_FLAG(int, node_rank, 0, "With --nnodes: this node, 0..K-1 (node 0 coordinates).");
+ABSL_FLAG(std::string, coordinator, "",
+          "With --nnodes: HOST:PORT of node 0, which listens on PORT for the other nodes.");
 
 namespace loom {
 
@@ -221,6 +229,16 @@ absl::StatusOr<ServerOptions> server_options_from_flags() {
   const double timeout_s = absl::GetFlag(FLAGS_expert_parallel_timeout_s);
   if (!(timeout_s > 0)) return bad("expert_parallel_timeout_s", "must be positive");
   ep.timeout = absl::Seconds(timeout_s);
+  ep.nodes = {.nnodes = absl::GetFlag(FLAGS_nnodes),
+              .node_rank = absl::GetFlag(FLAGS_node_rank),
+              .coordinator = absl::GetFlag(FLAGS_coordinator)};
+  if (ep.ranks == 1 &&
+      (ep.nodes.nnodes != 1 || ep.nodes.node_rank != 0 || !ep.nodes.coordinator.empty()))
+    return bad("nnodes",
+               "with --node_rank and --coordinator spreads the ranks of "
+               "--expert_parallel N over nodes: needs N >= 2");
+  if (absl::Status st = check_expert_parallel_nodes(ep.nodes, ep.ranks); !st.ok())
+    return absl::InvalidArgumentError(st.message());
 
   std::error_code ec;
   if (const std::string seed = absl::GetFlag(FLAGS_random_weights); !seed.empty()) {
