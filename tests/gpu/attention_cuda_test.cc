@@ -262,9 +262,8 @@ void run_gqa(const GqaCase& c, const Step& s) {
   report("gqa_" + c.name + "_invariant_mode", rel_l2(o2, ref), c.tol);
 }
 
-TEST(AttentionCuda, GqaVarlen) {
-  cuda::init();
-  std::vector<GqaCase> cases = {
+std::vector<GqaCase> gqa_cases() {
+  return {
       {"h6x2_d40_dv36_ps16", 6, 2, 40, 36, 16},
       {"h6x2_d43_dv29_ps64_elementwise", 6, 2, 43, 29, 64},
       {"h6x2_d40_dv36_ps16_qpw1", 6, 2, 40, 36, 16, DType::kF32, DType::kF32, {.gqa_qpw = 1}},
@@ -276,6 +275,11 @@ TEST(AttentionCuda, GqaVarlen) {
       {"h6x2_d40_dv36_ps16_nosplit", 6, 2, 40, 36, 16, DType::kF32, DType::kF32, {.max_splits = 1}},
       {"h6x2_d40_dv36_ps16_chunk64", 6, 2, 40, 36, 16, DType::kF32, DType::kF32, {.min_chunk = 64}},
   };
+}
+
+TEST(AttentionCuda, GqaVarlen) {
+  cuda::init();
+  const std::vector<GqaCase> cases = gqa_cases();
   for (const GqaCase& c : cases) run_gqa(c, mixed_step(c.page_size));
   // A pure decode batch and one long prefill.
   run_gqa(cases[5],
@@ -361,12 +365,11 @@ void run_mla(const MlaCase& c, const Step& s) {
 
 const MlaDims kDeepSeek{32, 128, 64, 128, 512};
 
-TEST(AttentionCuda, MlaVarlen) {
-  cuda::init();
+std::vector<MlaCase> mla_cases() {
   cuda::AttentionTuning simt;
   simt.mla_path = 1;
   const cuda::AttentionTuning mma{.mla_path = 2}, wgmma{.mla_path = 3};
-  const std::vector<MlaCase> cases = {
+  return {
       {"h3_dn12_dr6_dv10_r20_ps16", {3, 12, 6, 10, 20}, 16},
       {"h3_dn12_dr0_dv10_r20_ps16", {3, 12, 0, 10, 20}, 16},
       {"h5_dn16_dr8_dv12_r36_ps64_bf16pool_elementwise", {5, 16, 8, 12, 36}, 64, DType::kBF16},
@@ -448,6 +451,11 @@ TEST(AttentionCuda, MlaVarlen) {
        {.mla_path = 2, .split = 1},
        1e-2},
   };
+}
+
+TEST(AttentionCuda, MlaVarlen) {
+  cuda::init();
+  const std::vector<MlaCase> cases = mla_cases();
   for (const MlaCase& c : cases) run_mla(c, mixed_step(c.page_size));
   // A pure decode batch over long contexts and a single prefill.
   run_mla(cases[4], make_step(std::vector<int64_t>(7, 1), {9000, 1, 63, 64, 4097, 1025, 2}, 64));
@@ -745,6 +753,18 @@ TEST(AttentionCuda, MlaWgmmaRacecheckSyncHandoff) {
            {.mla_path = 3, .min_chunk = 64, .sync_handoff = true},
            1e-2},
           make_step(std::vector<int64_t>(40, 1), std::vector<int64_t>(40, 1000), 64));
+}
+
+// Every GQA and MLA case of GqaVarlen and MlaVarlen (each kernel path, split and tuning, both
+// numerics modes) on one small step, for compute-sanitizer's racecheck, which does not finish the
+// full-size tests: decode rows, a multi-row chunk over history split in 64-key chunks, a prefill
+// without history and an empty sequence.
+TEST(AttentionCuda, RacecheckSmallSteps) {
+  cuda::init();
+  for (const GqaCase& c : gqa_cases())
+    run_gqa(c, make_step({1, 5, 17, 0, 1}, {40, 130, 0, 9, 200}, c.page_size));
+  for (const MlaCase& c : mla_cases())
+    run_mla(c, make_step({1, 5, 17, 0, 1}, {40, 130, 0, 9, 200}, c.page_size));
 }
 
 // Shapes and dtypes the CUDA twins refuse, with a message naming the op. Death tests re-execute

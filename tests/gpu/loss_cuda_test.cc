@@ -249,6 +249,25 @@ TEST(CudaLoss, MatchesCpu) {
   for (const Case& c : cases) check_case(c);
 }
 
+// Every path of MatchesCpu at sizes compute-sanitizer's racecheck finishes (tests/gpu/sanitize.sh):
+// a large and a tiny vocabulary, more rows than one row chunk, ignored and weighted rows, optional
+// outputs left out, dhidden over hidden, batch-invariant numerics.
+TEST(CudaLoss, RacecheckSmall) {
+  const Case cases[] = {
+      {.T = 7, .V = 1000, .D = 64},
+      {.T = 5, .V = 17, .D = 33, .ignored = 0.3, .weighted = true, .i64 = true, .scale = 0.37f},
+      {.T = 3, .V = 50257, .D = 40, .ignored = 0.3},
+      {.T = 1400, .V = 200, .D = 24, .ignored = 0.25, .weighted = true},
+      {.T = 9, .V = 1000, .D = 40, .ignored = 1.0},
+      {.T = 9, .V = 1000, .D = 40, .ignored = 0.1, .dhidden = false, .dlm_head = false},
+      {.T = 9, .V = 1000, .D = 40, .row_loss = false, .dlm_head = false},
+      {.T = 9, .V = 1000, .D = 40, .weighted = true, .row_loss = false, .dhidden = false},
+      {.T = 9, .V = 1000, .D = 40, .ignored = 0.2, .alias = true},
+      {.T = 9, .V = 3000, .D = 40, .ignored = 0.1, .weighted = true, .invariant = true},
+  };
+  for (const Case& c : cases) check_case(c);
+}
+
 // Batch-invariant mode: the first rows of a call, run alone, give the same row losses and dhidden
 // rows bit for bit (weighted, so a row's dlogits factor is its own weight, not 1 / count).
 TEST(CudaLoss, BatchInvariantRows) {
