@@ -16,8 +16,8 @@ start it (the API key from the environment through --fromenv, as the Kubernetes 
   * names agree: Service selectors match pod labels, Service target ports are named container
     ports, the Secret and volume claim names are the same everywhere, the ServiceMonitor selects
     the Services and scrapes a port they have, on a path the server serves;
-  * the LeaderWorkerSet keeps size 1 while loom-server has no flags that make a process one rank of
-    a multi-process group (issue 16: --expert_parallel N runs N ranks inside one process);
+  * the LeaderWorkerSet's groups of more than one pod pass every pod the node flags that join it
+    to its group (--nnodes, --node_rank, --coordinator; issue 16), which loom-server must have;
   * compose: container ports, grace period and healthcheck agree with the flags;
   * Dockerfiles: EXPOSE matches CMD's ports, a non-root USER, tini as init, the files they copy or
     run exist, their build packages are the Makefile's DEB_PACKAGES (plus tini);
@@ -267,17 +267,20 @@ class DeployTest(unittest.TestCase):
             self.assertEqual(status, 200)
             self.assertIn("loom_engine_steps_total", body)
 
-    def test_leader_worker_set_waits_for_expert_parallel_flags(self):
+    def test_leader_worker_set_joins_its_pods(self):
         (f, lws), = self.docs("LeaderWorkerSet")
         lwt = lws["spec"]["leaderWorkerTemplate"]
         self.assertEqual(lwt["restartPolicy"], "RecreateGroupOnPodRestart")
-        # --expert_parallel N: ranks as threads of one process; a worker pod needs a flag that
-        # joins it to the leader's group.
-        rank_flags = {f for f in self.flags if re.search(r"nnodes|node_rank|coordinator", f)}
         self.assertIn("expert_parallel", self.flags)
-        if not rank_flags:
-            self.assertEqual(lwt["size"], 1, "no multi-process rank flags in loom-server yet "
-                             "(issue 16): workers would serve on their own")
+        node_flags = ("nnodes", "node_rank", "coordinator")
+        for flag in node_flags:
+            self.assertIn(flag, self.flags)
+        # A group of several pods is one set of ranks only if every pod is told its node.
+        if lwt["size"] > 1:
+            for template in ("leaderTemplate", "workerTemplate"):
+                text = json.dumps(lwt.get(template, {}))
+                for flag in node_flags:
+                    self.assertIn("--" + flag, text, "%s: %s lacks --%s" % (f, template, flag))
 
     # -- compose and images --------------------------------------------------------------------
 
