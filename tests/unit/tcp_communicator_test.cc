@@ -320,9 +320,13 @@ TEST(TcpCommunicator, HungNodeTimesOut) {
         Tensor send = Tensor::zeros({1}), recv = Tensor::empty({2});
         return comm.all_gather(send, recv);
       });
+  // The collective's wait or the heartbeat watch, whichever notices first (a loaded machine may
+  // delay node 1's heartbeats past the second too): either names node 1.
   for (const absl::Status& s : st) {
     EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
-    EXPECT_NE(s.message().find("waited 1s at all_gather #0 for node 1 ("), std::string::npos) << s;
+    EXPECT_TRUE(s.message().find("waited 1s at all_gather #0 for node 1 (") != std::string::npos ||
+                s.message().find("nothing from node 1 (") != std::string::npos)
+        << s;
   }
 }
 
