@@ -11,6 +11,8 @@ namespace {
 DeviceAllocFn g_device_alloc = nullptr;
 DeviceFreeFn g_device_free = nullptr;
 DeviceCopyFn g_device_copy = nullptr;
+PinnedAllocFn g_pinned_alloc = nullptr;
+PinnedFreeFn g_pinned_free = nullptr;
 std::atomic<uint64_t> g_allocations{0};
 }  // namespace
 
@@ -20,6 +22,23 @@ void set_device_allocator(DeviceAllocFn alloc, DeviceFreeFn free) {
 }
 
 void set_device_copier(DeviceCopyFn copy) { g_device_copy = copy; }
+
+void set_pinned_host_allocator(PinnedAllocFn alloc, PinnedFreeFn free) {
+  g_pinned_alloc = alloc;
+  g_pinned_free = free;
+}
+
+std::shared_ptr<void> allocate_transfer_buffer(size_t bytes, Device peer) {
+  if (peer.is_cpu()) return allocate_buffer(bytes, Device::kCpu);
+  LOOM_CHECK(g_pinned_alloc != nullptr,
+             "pinned host allocator not registered (no CUDA backend initialised for %s)",
+             device_name(peer).c_str());
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  void* p = g_pinned_alloc(bytes == 0 ? kHostAlignment : bytes);
+  LOOM_CHECK(p != nullptr, "pinned host allocation of %zu bytes failed", bytes);
+  PinnedFreeFn free_fn = g_pinned_free;
+  return std::shared_ptr<void>(p, [free_fn](void* q) { free_fn(q); });
+}
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   if (bytes == 0) return;

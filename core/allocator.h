@@ -31,6 +31,17 @@ void set_device_allocator(DeviceAllocFn alloc, DeviceFreeFn free);
 // like the allocator. Synchronous: the data is in place when the call returns, so host memory on
 // either side may be reused at once. For tools, loads and tests; per-step transfers use the
 // backend's asynchronous copies on the step's stream instead.
+// Page-locked host memory (cudaHostAlloc), registered by the CUDA backend like the allocator: the
+// host side of asynchronous copies with a device (cache offload), which pageable memory would
+// turn into staged, synchronous ones.
+using PinnedAllocFn = void* (*)(size_t bytes);
+using PinnedFreeFn = void (*)(void* ptr);
+void set_pinned_host_allocator(PinnedAllocFn alloc, PinnedFreeFn free);
+// `bytes` of host memory for transfers with `peer`: page-locked when `peer` is a CUDA device
+// (its backend must be initialised, device_available), plain aligned host memory when it is the
+// host, whose copies are memcpy. Not zeroed; aborts on exhaustion.
+std::shared_ptr<void> allocate_transfer_buffer(size_t bytes, Device peer);
+
 using DeviceCopyFn = void (*)(void* dst, Device dst_device, const void* src, Device src_device,
                               size_t bytes);
 void set_device_copier(DeviceCopyFn copy);

@@ -24,6 +24,13 @@ absl::Status Engine::init(const Model& model, std::shared_ptr<const Tokenizer> t
     return absl::InvalidArgumentError(
         "max_sessions, session_max_bytes and sessions_max_bytes must be >= 0 and session_ttl_s > "
         "0");
+  if (options.session_offload_bytes < 0 || options.session_offload_disk_bytes < 0)
+    return absl::InvalidArgumentError(
+        "session_offload_bytes and session_offload_disk_bytes must be >= 0");
+  if (!options.session_offload_dir.empty() && options.session_offload_bytes == 0)
+    return absl::InvalidArgumentError(
+        "session_offload_dir is the disk tier below the host tier: it needs "
+        "session_offload_bytes > 0");
   options_ = options;
   tokenizer_ = std::move(tokenizer);
   const ModelConfig& cfg = model.config();
@@ -181,7 +188,7 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Engine::submit_turn(Rank& rank, R
                                      "': its history and the new tokens: ", length.message()));
   }
   absl::StatusOr<std::shared_ptr<RequestStream>> stream =
-      rank.inbox->push(std::move(request), turn.key);
+      rank.inbox->push(std::move(request), turn.key, turn.continued);
   if (!stream.ok()) rank.sessions->abort_turn(turn.key);
   return stream;
 }

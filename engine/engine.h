@@ -68,9 +68,19 @@ struct EngineOptions {
   // A session over it keeps only its token history, and its next turn is recomputed.
   int64_t session_max_bytes = 0;
   // Cache all sessions together may keep between turns; 0: no limit but the cache. Past it, and
-  // whenever running requests need the memory, the least recently used session's cache is evicted
-  // (its next turn is recomputed from its history).
+  // whenever running requests need the memory, the least recently used session's cache moves to
+  // the offload tier (session_offload_bytes; one larger than this budget at once), or without
+  // room there is evicted (its next turn is recomputed from its history).
   int64_t sessions_max_bytes = 0;
+  // Host memory that kept session caches move to (engine/session_offload.h) instead of being
+  // evicted, when the device pools need room or sessions_max_bytes is reached, and come back
+  // from, copied, when the session's next turn arrives; 0: off (evicted, then recomputed). Held
+  // per offloaded cache, not reserved. Past it the least recently offloaded move to
+  // session_offload_dir (non-empty: a directory the engine creates if needed and must be able to
+  // write; at most session_offload_disk_bytes there, 0: no limit but the disk), or are evicted.
+  int64_t session_offload_bytes = int64_t{4} << 30;
+  std::string session_offload_dir;
+  int64_t session_offload_disk_bytes = 0;
 };
 
 struct EngineStats {
@@ -87,7 +97,16 @@ struct EngineStats {
   int64_t session_history_tokens = 0;
   int32_t session_pages = 0, session_slots = 0;
   int64_t session_bytes = 0;
+  // session_evictions: kept caches lost (the next turn recomputes): evicted from the device
+  // without offload, or dropped by the offload tier's budgets or found corrupt there.
   int64_t session_evictions = 0, sessions_expired = 0;
+  // The offload tier (EngineOptions::session_offload_bytes): sessions whose cache is in host
+  // memory and on disk, and their bytes; since start, caches moved there (session_offloads),
+  // copied back for a turn (session_restores), and lost there (session_offload_lost: budgets,
+  // failed writes, missing or corrupt files; counted in session_evictions too).
+  int32_t sessions_offloaded = 0, sessions_on_disk = 0;
+  int64_t session_offload_bytes = 0, session_offload_disk_bytes = 0;
+  int64_t session_offloads = 0, session_restores = 0, session_offload_lost = 0;
   // The weight version requests are sampled under now, and the updates applied since start
   // (Engine::update_weights).
   int64_t weight_version = 0, weight_updates = 0;

@@ -4,8 +4,8 @@
 
 namespace loom {
 
-absl::StatusOr<std::shared_ptr<RequestStream>> EngineInbox::push(Request request,
-                                                                 uint64_t session) {
+absl::StatusOr<std::shared_ptr<RequestStream>> EngineInbox::push(Request request, uint64_t session,
+                                                                 int64_t continued) {
   absl::MutexLock lock(&mu_);
   if (!failed_.ok()) return failed_;
   if (stopping_) return absl::FailedPreconditionError("the engine is shutting down");
@@ -13,7 +13,7 @@ absl::StatusOr<std::shared_ptr<RequestStream>> EngineInbox::push(Request request
   next_id_ += id_stride_;
   add_load(static_cast<int64_t>(request.prompt.size()) * request.params.n);
   auto stream = std::make_shared<RequestStream>(id, request.params.n);
-  inbox_.push_back({id, std::move(request), stream, session});
+  inbox_.push_back({id, std::move(request), stream, session, continued});
   ++live_;
   return stream;
 }

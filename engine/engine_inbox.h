@@ -31,7 +31,8 @@ class EngineInbox {
     uint64_t id;
     Request request;
     std::shared_ptr<RequestStream> stream;
-    uint64_t session = 0;  // the session's key (SessionStore) for a session turn, else 0
+    uint64_t session = 0;   // the session's key (SessionStore) for a session turn, else 0
+    int64_t continued = 0;  // a session turn: the history tokens it continues
   };
   // A weight update for the loop thread to apply between steps (Engine::update_weights). The
   // caller owns it and waits on `done`; the loop fills `result` and `version`, then notifies.
@@ -51,8 +52,10 @@ class EngineInbox {
   };
 
   // Any thread. Queues `request` (already validated) under a new id and returns its stream;
-  // FailedPrecondition once stop() was called.
-  absl::StatusOr<std::shared_ptr<RequestStream>> push(Request request, uint64_t session = 0);
+  // FailedPrecondition once stop() was called. A session turn: the session's key and the history
+  // tokens it continues (SessionStore::Turn).
+  absl::StatusOr<std::shared_ptr<RequestStream>> push(Request request, uint64_t session = 0,
+                                                      int64_t continued = 0);
   void cancel(uint64_t request_id);
   // Any thread: the session with this key was deleted; the loop drops the cache it kept.
   void drop_session(uint64_t key);

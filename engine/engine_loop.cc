@@ -12,6 +12,7 @@
 #include "engine/parallel/communicator.h"
 #include "engine/routed_experts.h"
 #include "engine/sampling/sampler.h"
+#include "engine/session_offload.h"
 #include "engine/session_store.h"
 #include "scheduler/cache_sizing.h"
 #include "scheduler/scheduler.h"
@@ -58,6 +59,7 @@ struct EngineLoop::Choice {
   int32_t generated = 0;
   bool admitted = false;  // handed to the scheduler
   bool seen = false;      // scheduled at least once (prefix-hit accounting)
+  int32_t cached = 0;     // RequestOutput::cached_tokens, set when first scheduled
   bool done = false;
   // Positions computed since the last event (Request::return_routed_experts).
   std::vector<RoutedExperts> routed;
@@ -70,6 +72,7 @@ struct EngineLoop::Choice {
 struct EngineLoop::LiveRequest {
   uint64_t id = 0;
   uint64_t session = 0;        // the session's key for a session turn, else 0
+  int64_t continued = 0;       // a session turn: the history tokens it continues
   int64_t weight_version = 0;  // the loop's weight version when the request became live
   // A session turn that the scheduler finished: the sequence's tokens (the next history).
   std::optional<std::vector<int32_t>> session_history;
@@ -137,6 +140,16 @@ absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::create(
   sc.parking.slot_bytes = sizing_in.state_bytes_per_slot;
   sc.parking.max_bytes_per_sequence = options.session_max_bytes;
   sc.parking.max_bytes = options.sessions_max_bytes;
+  if (options.session_offload_bytes > 0) {
+    HostCacheTier::Options to;
+    to.max_bytes = options.session_offload_bytes;
+    to.dir = options.session_offload_dir;
+    to.max_disk_bytes = options.session_offload_disk_bytes;
+    LOOM_ASSIGN_OR_RETURN(std::unique_ptr<HostCacheTier> tier,
+                          HostCacheTier::create(to, loop->store_->exec()));
+    loop->offload_ = std::make_unique<SessionOffload>(*loop->store_, std::move(tier));
+    sc.offload = loop->offload_.get();
+  }
   LOOM_ASSIGN_OR_RETURN(loop->sched_, Scheduler::create(sc));
   if (cfg.eos_token_id >= 0) loop->eos_ids_.push_back(cfg.eos_token_id);
   loop->seeds_.seed(options.seed != 0 ? options.seed : std::random_device{}());
@@ -323,6 +336,7 @@ void EngineLoop::add_request(EngineInbox::Pending pending) {
   auto r = std::make_unique<LiveRequest>();
   r->id = pending.id;
   r->session = pending.session;
+  r->continued = pending.continued;
   r->weight_version = weight_version_;
   r->request = std::move(pending.request);
   r->stream = std::move(pending.stream);
@@ -437,6 +451,12 @@ StepResult EngineLoop::sample_and_emit(const BatchPlan& plan, const Tensor& logi
       c->seen = true;
       stats_.prefix_query_tokens += static_cast<int64_t>(r->request.prompt.size());
       stats_.prefix_hit_tokens += s.start_pos;
+      // A session turn counts only its history: resumed from the kept cache it starts at the
+      // history's last token (sampled by the previous turn, never fed), recomputed where the
+      // prefix cache ended.
+      const int64_t hit = s.start_pos;
+      c->cached =
+          static_cast<int32_t>(r->session == 0 || hit + 1 < r->continued ? hit : r->continued);
     }
     step_choices_.emplace_back(r, c);
     if (!s.sample) continue;
@@ -555,6 +575,7 @@ void EngineLoop::finish(LiveRequest& r, Choice& c, FinishReason reason, std::str
   out.error = std::move(error);
   out.prompt_tokens = static_cast<int32_t>(r.request.prompt.size());
   out.completion_tokens = c.generated;
+  out.cached_tokens = c.cached;
   out.weight_version = r.weight_version;
   inbox_.add_load(-static_cast<int64_t>(r.request.prompt.size()) - c.generated);
   out.routed_experts = std::move(c.routed);  // normally empty: the last sampled token is not fed
@@ -581,6 +602,17 @@ void EngineLoop::publish_stats() {
   stats_.session_slots = parked.slots();
   stats_.session_bytes = parked.bytes();
   stats_.session_evictions = parked.evictions();
+  if (offload_ != nullptr) {
+    const HostCacheTier::Stats& t = offload_->tier().stats();
+    stats_.sessions_offloaded = t.host_entries;
+    stats_.sessions_on_disk = t.disk_entries;
+    stats_.session_offload_bytes = t.host_bytes;
+    stats_.session_offload_disk_bytes = t.disk_bytes;
+    stats_.session_offloads = parked.offloads();
+    stats_.session_restores = t.restored;
+    stats_.session_offload_lost = t.evicted + t.lost;
+    stats_.session_evictions += stats_.session_offload_lost;
+  }
   inbox_.publish(stats_, closed_);
   closed_ = 0;
 }

@@ -39,6 +39,7 @@ class Communicator;
 class ModelRunner;
 class RoutedExpertsRecorder;
 class Scheduler;
+class SessionOffload;
 class SessionStore;
 
 // Expert parallelism (Engine::create_expert_parallel): what ties one rank's loop to the others'.
@@ -144,6 +145,7 @@ class EngineLoop {
 
   // Owned by the loop thread (the store first, destroyed last: the runner writes into it).
   std::unique_ptr<CacheStore> store_;
+  std::unique_ptr<SessionOffload> offload_;  // null when off; the scheduler points at it
   std::unique_ptr<Scheduler> sched_;
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<BatchSampler> sampler_;

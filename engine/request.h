@@ -84,6 +84,12 @@ struct RequestOutput {
   // Usage, on the final event of each choice.
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
+  // Prompt tokens served from a cache instead of computed (usage's cached_tokens), as found when
+  // the choice was first scheduled. A session turn counts the history it continues: all of it
+  // when the session's kept cache (parked, or offloaded and copied back) was used (the history's
+  // last token, sampled but never fed, included), else the part the prefix cache held; any other
+  // request, its prefix-cache hit.
+  int32_t cached_tokens = 0;
   // The engine's weight version (Engine::update_weights) the request was sampled under, on every
   // event: a request is never sampled across an update.
   int64_t weight_version = 0;

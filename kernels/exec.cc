@@ -120,6 +120,28 @@ void download(const Exec& ex, void* dst, const void* src, size_t bytes) {
 #endif
 }
 
+void download_async(const Exec& ex, void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  if (ex.device.is_cpu()) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#ifdef LOOM_WITH_CUDA
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cuda::stream_of(ex)));
+#else
+  no_kernel_for(ex, "download_async");
+#endif
+}
+
+void synchronize(const Exec& ex) {
+  if (ex.device.is_cpu()) return;
+#ifdef LOOM_WITH_CUDA
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(cuda::stream_of(ex)));
+#else
+  no_kernel_for(ex, "synchronize");
+#endif
+}
+
 void no_kernel_for(const Exec& ex, const char* op) {
 #ifdef LOOM_WITH_CUDA
   LOOM_CHECK(false, "%s: no %s kernel yet", op, device_name(ex.device).c_str());

@@ -69,6 +69,14 @@ void upload_async(const Exec& ex, void* dst, const void* src, size_t bytes);
 // are in `dst` when the call returns (a memcpy on the host).
 void download(const Exec& ex, void* dst, const void* src, size_t bytes);
 
+// Device-to-host copy of `bytes` enqueued on `ex`'s stream, after everything enqueued before it,
+// without waiting: `dst` holds the bytes once synchronize(ex) returns (at once on the host, a
+// memcpy). On a GPU `dst` must be page-locked (core/allocator.h's allocate_transfer_buffer), or
+// the copy is staged and synchronous.
+void download_async(const Exec& ex, void* dst, const void* src, size_t bytes);
+// Waits until everything enqueued on `ex`'s stream has finished (nothing to wait for on the host).
+void synchronize(const Exec& ex);
+
 // Aborts: `op` has no kernel for `ex.device` in this build (a CUDA tensor in a CPU-only build, or
 // an op whose CUDA kernel does not exist yet).
 [[noreturn]] void no_kernel_for(const Exec& ex, const char* op);

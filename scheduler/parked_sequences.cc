@@ -14,7 +14,7 @@ bool ParkedSequences::park(uint64_t key, ParkedSequence seq) {
   const int64_t b = bytes_of(seq);
   if (budget_.max_bytes_per_sequence > 0 && b > budget_.max_bytes_per_sequence) return false;
   if (budget_.max_bytes > 0) {
-    if (b > budget_.max_bytes) return false;
+    if (b > budget_.max_bytes) return offload(key, seq);
     while (bytes_ + b > budget_.max_bytes && evict_lru()) {
     }
   }
@@ -46,11 +46,29 @@ void ParkedSequences::drop(uint64_t key) {
   if (it != entries_.end()) remove(it);
 }
 
+bool ParkedSequences::offload(uint64_t key, const ParkedSequence& s) {
+  if (offload_ == nullptr) return false;
+  std::vector<int32_t> ids;
+  ids.reserve(s.pages.size());
+  for (const IdPool::Handle& h : s.pages) ids.push_back(h.id());
+  if (!offload_->offload(key, ids, s.slot.valid() ? s.slot.id() : -1, s.num_computed)) return false;
+  ++offloads_;
+  return true;
+}
+
 bool ParkedSequences::evict_lru() {
   if (lru_.empty()) return false;
-  remove(entries_.find(lru_.begin()->second));
-  ++evictions_;
+  auto it = entries_.find(lru_.begin()->second);
+  if (!offload(it->first, it->second)) ++evictions_;
+  remove(it);
   return true;
+}
+
+void ParkedSequences::clear() {
+  while (!lru_.empty()) {
+    remove(entries_.find(lru_.begin()->second));
+    ++evictions_;
+  }
 }
 
 void ParkedSequences::insert(uint64_t key, ParkedSequence seq) {

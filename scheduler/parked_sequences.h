@@ -7,7 +7,9 @@
 // parking past `max_bytes` evicts the least recently parked sequences first. The scheduler also
 // evicts (least recently parked first) when running requests need pages or slots, after unused
 // prefix-cache entries and before preempting anyone. An evicted session only loses speed: its next
-// turn is recomputed from the token history its owner keeps.
+// turn is recomputed from the token history its owner keeps. With an offload tier
+// (sequence_offload.h), the least recently parked sequence moves there instead, and is evicted
+// only when the tier cannot hold it.
 //
 // Thread-safety: none; owned by the scheduler on the engine loop thread.
 #pragma once
@@ -19,6 +21,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "scheduler/id_pool.h"
+#include "scheduler/sequence_offload.h"
 
 namespace loom {
 
@@ -38,12 +41,15 @@ struct ParkedSequence {
 
 class ParkedSequences {
  public:
-  explicit ParkedSequences(const ParkingBudget& budget) : budget_(budget) {}
+  // `offload` (may be null: evictions only) must outlive this.
+  explicit ParkedSequences(const ParkingBudget& budget, SequenceOffload* offload = nullptr)
+      : budget_(budget), offload_(offload) {}
 
   int64_t bytes_of(const ParkedSequence& s) const;
   // Parks `seq` under `key` (replacing what was parked there). False when it exceeds the
-  // per-sequence budget: nothing is kept (its memory is freed with `seq`). Evicts the least
-  // recently parked others until the total budget holds it.
+  // per-sequence budget: nothing is kept (its memory is freed with `seq`). Evicts (or offloads)
+  // the least recently parked others until the total budget holds it; one larger than the total
+  // budget goes to the offload tier at once (false when there is none or it does not take it).
   bool park(uint64_t key, ParkedSequence seq);
   // Takes the sequence parked under `key` out, if any.
   std::optional<ParkedSequence> take(uint64_t key);
@@ -52,26 +58,33 @@ class ParkedSequences {
   void put_back(uint64_t key, ParkedSequence seq);
   // Drops the sequence parked under `key` (a deleted or expired session, a failed turn).
   void drop(uint64_t key);
-  // Evicts the least recently parked sequence. False when none is parked.
+  // Moves the least recently parked sequence to the offload tier, or evicts it when there is none
+  // or it does not take it. False when none is parked.
   bool evict_lru();
+  // Evicts every parked sequence (counted as evictions), offloading none.
+  void clear();
 
   int32_t count() const { return static_cast<int32_t>(entries_.size()); }
   int32_t pages() const { return pages_; }
   int32_t slots() const { return slots_; }
   int64_t bytes() const { return bytes_; }
   int64_t evictions() const { return evictions_; }  // by budget or memory pressure
+  int64_t offloads() const { return offloads_; }    // moved to the offload tier instead
   bool contains(uint64_t key) const { return entries_.contains(key); }
 
  private:
   void insert(uint64_t key, ParkedSequence seq);
+  // Hands `s` to the offload tier (the caller frees its ids). False when none takes it.
+  bool offload(uint64_t key, const ParkedSequence& s);
   void remove(absl::flat_hash_map<uint64_t, ParkedSequence>::iterator it);
 
   ParkingBudget budget_;
+  SequenceOffload* offload_ = nullptr;
   absl::flat_hash_map<uint64_t, ParkedSequence> entries_;
   std::map<uint64_t, uint64_t> lru_;  // tick -> key, oldest first
   uint64_t clock_ = 0;
   int32_t pages_ = 0, slots_ = 0;
-  int64_t bytes_ = 0, evictions_ = 0;
+  int64_t bytes_ = 0, evictions_ = 0, offloads_ = 0;
 };
 
 }  // namespace loom

@@ -128,6 +128,7 @@ struct Scheduler::Impl {
   // A finished session turn: its full blocks go to the prefix cache (a recompute after an
   // eviction then starts from them where a checkpoint allows), its pages and slot are parked.
   bool park(Req* r) {
+    if (cfg.offload != nullptr) cfg.offload->drop(r->park_key);  // superseded by this turn's end
     if (cache) {
       cache->hash_blocks(std::span<const int32_t>(r->tokens).first(r->num_computed), &r->hashes);
       if (cfg.has_attention_layers)
@@ -232,7 +233,10 @@ struct Scheduler::Impl {
     if (r->park_key != 0) {
       if (std::optional<ParkedSequence> p = parked->take(r->park_key)) {
         if (p->num_computed < static_cast<int32_t>(r->tokens.size())) return resume(r, *p, budget);
-      }  // else a sequence longer than the turn's tokens: not this session's, dropped
+        // else a sequence longer than the turn's tokens: not this session's, dropped
+      } else if (cfg.offload != nullptr) {
+        if (std::optional<int32_t> n = restore(r, budget)) return *n;
+      }
     }
     PrefixCache::Match m;
     if (cache) {
@@ -290,6 +294,46 @@ struct Scheduler::Impl {
     waiting.erase(r->key());
     r->running = true;
     running.emplace(r->key(), r);
+  }
+
+  // Admission of a session turn from the sequence offloaded under its key: a slot and the
+  // sequence's pages are allocated (evicting and offloading others as any allocation does), its
+  // bytes copied back, and it resumes as a parked sequence would. 0: the memory cannot be had
+  // now, the sequence stays offloaded and r waits. nullopt: nothing is offloaded under the key,
+  // or its bytes are lost; r is admitted as any request.
+  std::optional<int32_t> restore(Req* r, int32_t budget) {
+    SequenceOffload& tier = *cfg.offload;
+    const std::optional<SequenceOffload::Held> held = tier.hold(r->park_key);
+    if (!held) return std::nullopt;
+    // Longer than the turn's tokens (not this session's), or not a sequence of this model.
+    if (held->num_computed >= static_cast<int32_t>(r->tokens.size()) ||
+        held->has_slot != cfg.has_linear_layers ||
+        (cfg.has_attention_layers && held->num_pages < kv->pages_for_tokens(held->num_computed))) {
+      tier.drop(r->park_key);
+      return std::nullopt;
+    }
+    ParkedSequence p;
+    p.num_computed = held->num_computed;
+    const int32_t need = cfg.has_attention_layers ? held->num_pages : 0;
+    const bool wants_slot = cfg.has_linear_layers;
+    if (need > kv->free_count() + evictable_pages() || (wants_slot && !slot_obtainable())) {
+      tier.release(r->park_key);
+      return 0;
+    }
+    if (wants_slot) p.slot = alloc_slot();
+    if (need > 0) {
+      ensure_free_pages(need);
+      kv->allocate(need, &p.pages);
+    }
+    if ((wants_slot && !p.slot.valid()) || static_cast<int32_t>(p.pages.size()) != need) {
+      tier.release(r->park_key);
+      return 0;  // what was allocated goes back with `p`
+    }
+    std::vector<int32_t> ids;
+    ids.reserve(p.pages.size());
+    for (const IdPool::Handle& h : p.pages) ids.push_back(h.id());
+    if (!tier.restore(r->park_key, ids, p.slot.id())) return std::nullopt;
+    return resume(r, p, budget);
   }
 
   // Admission of a session turn from its parked sequence `p`: its pages and its slot (the state at
@@ -359,7 +403,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::create(const SchedulerConf
     o.hash = c.block_hash;
     m.cache = std::make_unique<PrefixCache>(o);
   }
-  m.parked = std::make_unique<ParkedSequences>(c.parking);
+  m.parked = std::make_unique<ParkedSequences>(c.parking, c.offload);
   return s;
 }
 
@@ -540,15 +584,18 @@ const StateSlotPool& Scheduler::slot_pool() const { return *impl_->slots; }
 const PrefixCache* Scheduler::prefix_cache() const { return impl_->cache.get(); }
 const SchedulerConfig& Scheduler::config() const { return impl_->cfg; }
 const ParkedSequences& Scheduler::parked() const { return *impl_->parked; }
-void Scheduler::drop_parked(uint64_t park_key) { impl_->parked->drop(park_key); }
+void Scheduler::drop_parked(uint64_t park_key) {
+  impl_->parked->drop(park_key);
+  if (impl_->cfg.offload != nullptr) impl_->cfg.offload->drop(park_key);
+}
 
 absl::Status Scheduler::invalidate_caches() {
   if (has_unfinished() || !impl_->inflight.empty())
     return absl::FailedPreconditionError(
         absl::StrCat("the scheduler has ", num_waiting() + num_running(), " live requests"));
   if (impl_->cache) impl_->cache->clear();
-  while (impl_->parked->evict_lru()) {
-  }
+  impl_->parked->clear();
+  if (impl_->cfg.offload != nullptr) impl_->cfg.offload->clear();
   return absl::OkStatus();
 }
 

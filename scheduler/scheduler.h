@@ -21,6 +21,7 @@
 #include "scheduler/id_pool.h"
 #include "scheduler/parked_sequences.h"
 #include "scheduler/prefix_cache.h"
+#include "scheduler/sequence_offload.h"
 
 namespace loom {
 
@@ -39,6 +40,9 @@ struct SchedulerConfig {
   BlockHashFn block_hash = nullptr;  // tests only; nullptr: block_hash_default
   // What sequences parked between the turns of a session may hold (SchedRequest::park_key).
   ParkingBudget parking;
+  // Where parked sequences go instead of being evicted (sequence_offload.h); null: evicted. Must
+  // outlive the scheduler.
+  SequenceOffload* offload = nullptr;
 };
 
 struct SchedRequest {
@@ -48,8 +52,10 @@ struct SchedRequest {
   int32_t priority = 0;         // higher runs first; FCFS (add order) within a priority
   // Nonzero: a turn of a session. At admission the request continues from the sequence parked
   // under this key, if one is (its pages, and its state at exactly its num_computed; REQUIRES:
-  // that sequence's tokens are the prompt's first ones, which the session's owner guarantees);
-  // otherwise it starts as any request does (prefix cache, recompute). When it finishes, its pages
+  // that sequence's tokens are the prompt's first ones, which the session's owner guarantees),
+  // or from the one offloaded under it (SchedulerConfig::offload: copied back into pages and a
+  // slot allocated for it); otherwise, or when the offloaded bytes are lost, it starts as any
+  // request does (prefix cache, recompute). When it finishes, its pages
   // and slot are parked under the key instead of freed (FinishedRequest::parked), and its tokens
   // are returned. Preemption and cancel() free them as for any request.
   uint64_t park_key = 0;
@@ -99,11 +105,13 @@ class Scheduler {
   const KvPagePool& kv_pool() const;
   const StateSlotPool& slot_pool() const;
   const PrefixCache* prefix_cache() const;  // null when prefix caching is off
-  // Sequences parked between session turns; drop_parked() forgets one (no-op when none is).
+  // Sequences parked between session turns; drop_parked() forgets one, resident or offloaded
+  // (no-op when none is).
   const ParkedSequences& parked() const;
   void drop_parked(uint64_t park_key);
   // Forgets every cached prefix (pages and linear-state checkpoints) and every parked sequence
-  // (counted as evictions): what they hold was computed by weights the model no longer has.
+  // (counted as evictions) and every offloaded one: what they hold was computed by weights the
+  // model no longer has.
   // FailedPrecondition while any request is live (its pages and slot hold the old weights' state).
   absl::Status invalidate_caches();
   const SchedulerConfig& config() const;

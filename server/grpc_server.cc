@@ -176,9 +176,6 @@ class ResponseEncoder {
   virtual std::string_view finish_label(const RequestOutput& ev) const {
     return finish_reason_name(*ev.finish);
   }
-  // The engine took the request; `continued`: the session history tokens it continues from.
-  // Before any event.
-  virtual void on_submitted(int64_t /*continued*/) {}
 };
 
 class GenerateEncoder final : public ResponseEncoder {
@@ -203,7 +200,6 @@ class ChatEncoder final : public ResponseEncoder {
     readers_.reserve(n);
     for (int i = 0; i < n; ++i) readers_.push_back(std::make_unique<ChatReplyReader>(output));
   }
-  void on_submitted(int64_t continued) override { cached_tokens_ = static_cast<int>(continued); }
   grpc::Status encode(const RequestOutput& ev, grpc::ByteBuffer* out) override {
     if (ev.index < 0 || ev.index >= static_cast<int>(readers_.size()))
       return grpc::Status(grpc::StatusCode::INTERNAL, "the engine sent an event of no choice");
@@ -214,7 +210,7 @@ class ChatEncoder final : public ResponseEncoder {
       resp_.set_session_id(session_id_);
       transcript_.add(delta, ev.token_ids);
       if (ev.finish) {
-        resp_.mutable_usage()->set_cached_tokens(cached_tokens_);
+        resp_.mutable_usage()->set_cached_tokens(ev.cached_tokens);
         if (*ev.finish == FinishReason::kStop || *ev.finish == FinishReason::kLength)
           kept_.record(transcript_.message(), transcript_.token_ids(), "");
       }
@@ -234,7 +230,6 @@ class ChatEncoder final : public ResponseEncoder {
   const std::string session_id_;  // empty: no session
   const ConversationTurn kept_;   // null store: store false
   ReplyTranscript transcript_;
-  int cached_tokens_ = 0;
 };
 
 }  // namespace
@@ -550,8 +545,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GrpcServer::Impl::submit(
   if (r.tag.empty()) r.tag = absl::StrCat("grpc:", ctx->peer());
   AdmissionGate::Ticket ticket;
   if (absl::Status st = gate->try_acquire(1, &ticket); !st.ok()) return reject(to_grpc_status(st));
-  int64_t continued = 0;
-  absl::StatusOr<std::shared_ptr<RequestStream>> stream = engine.submit(std::move(r), &continued);
+  absl::StatusOr<std::shared_ptr<RequestStream>> stream = engine.submit(std::move(r));
   if (!stream.ok()) {
     // The engine was shut down, or the session's previous turn still runs: both worth a retry
     // (HTTP's 503), and the engine's words say which.
@@ -560,7 +554,6 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GrpcServer::Impl::submit(
           grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(stream.status().message())));
     return reject(to_grpc_status(stream.status()));
   }
-  encoder->on_submitted(continued);
   const uint64_t id = (*stream)->id();
   std::shared_ptr<StreamCall> call;
   {

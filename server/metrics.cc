@@ -171,8 +171,25 @@ std::string Metrics::render(const EngineStats& s) const {
   gauge("loom_session_cache_bytes", "Cache bytes kept by sessions between turns.",
         static_cast<double>(s.session_bytes));
   counter("loom_session_evictions_total",
-          "Session caches evicted (budget or memory pressure); their next turn recomputes.",
+          "Session caches lost (evicted by a budget or memory pressure without offload, dropped "
+          "by the offload budgets, or a bad offload file); their next turn recomputes.",
           static_cast<double>(s.session_evictions));
+  gauge("loom_sessions_offloaded", "Sessions whose cache is offloaded to host memory.",
+        s.sessions_offloaded);
+  gauge("loom_sessions_offloaded_disk", "Sessions whose cache is offloaded to disk.",
+        s.sessions_on_disk);
+  gauge("loom_session_offload_bytes", "Host memory held by offloaded session caches.",
+        static_cast<double>(s.session_offload_bytes));
+  gauge("loom_session_offload_disk_bytes", "Disk bytes held by offloaded session caches.",
+        static_cast<double>(s.session_offload_disk_bytes));
+  counter("loom_session_offloads_total", "Session caches moved to the offload tier.",
+          static_cast<double>(s.session_offloads));
+  counter("loom_session_restores_total",
+          "Session caches copied back from the offload tier for a turn (no recompute).",
+          static_cast<double>(s.session_restores));
+  counter("loom_session_offload_lost_total",
+          "Offloaded session caches dropped by the offload budgets or found missing or corrupt.",
+          static_cast<double>(s.session_offload_lost));
   counter("loom_sessions_expired_total", "Sessions dropped by the time-to-live.",
           static_cast<double>(s.sessions_expired));
   header(&out, "loom_engine_choices_finished_total", "counter",

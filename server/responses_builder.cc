@@ -31,7 +31,7 @@ ojson ResponsesBuilder::response() const {
   for (const auto& [key, value] : turn_.echo.items()) r[key] = value;
   if (status_ != "in_progress") {
     r["usage"] = {{"input_tokens", prompt_tokens_},
-                  {"input_tokens_details", {{"cached_tokens", turn_.cached_tokens}}},
+                  {"input_tokens_details", {{"cached_tokens", cached_tokens_}}},
                   {"output_tokens", completion_tokens_},
                   {"output_tokens_details", {{"reasoning_tokens", 0}}},
                   {"total_tokens", prompt_tokens_ + completion_tokens_}};
@@ -186,6 +186,7 @@ std::vector<std::string> ResponsesBuilder::on_event(int /*prompt*/, const Reques
   if (!out.finish) return events;
   // The turn's last event.
   prompt_tokens_ = out.prompt_tokens;
+  cached_tokens_ = out.cached_tokens;
   completion_tokens_ = out.completion_tokens;
   reason_ = std::string(chat_finish_reason(*out.finish, reader_.made_tool_calls()));
   close_open(&events);

@@ -30,7 +30,6 @@ struct ResponsesTurn {
   // Echoed fields of the Response object (instructions, previous_response_id, store, tools,
   // tool_choice, temperature, top_p, max_output_tokens, metadata, ...).
   nlohmann::ordered_json echo = nlohmann::ordered_json::object();
-  int cached_tokens = 0;  // prompt tokens continued from the session's kept history
   // Where the conversation is kept under the response id (server/chat_session.h); its null store:
   // store false.
   ConversationTurn kept;
@@ -68,7 +67,7 @@ class ResponsesBuilder : public ResponseRenderer {
   std::string status_ = "in_progress";
   std::string reason_;
   std::string error_;
-  int prompt_tokens_ = 0, completion_tokens_ = 0;
+  int prompt_tokens_ = 0, completion_tokens_ = 0, cached_tokens_ = 0;
   int64_t sequence_ = 0;
   std::vector<nlohmann::ordered_json> items_;  // output items, final shape as far as known
   int message_ = -1;                           // index in items_ of the open message, if any

@@ -118,8 +118,7 @@ RouteResult create_response(HttpContext& ctx, std::string_view body) {
     result.reply = *std::move(refused);
     return result;
   }
-  int64_t continued = 0;
-  auto stream = ctx.engine->submit(std::move(request), &continued);
+  auto stream = ctx.engine->submit(std::move(request));
   if (!stream.ok()) {
     result.reply = error_reply(api_error_from_status(stream.status()));
     return result;
@@ -130,7 +129,6 @@ RouteResult create_response(HttpContext& ctx, std::string_view body) {
   turn.model = ctx.options.served_model_name;
   turn.output = prepared->output;
   turn.echo = echo(*req);
-  turn.cached_tokens = static_cast<int>(continued);
   turn.kept = std::move(kept);
   auto builder = std::make_unique<ResponsesBuilder>(std::move(turn), req->stream);
   auto gen = std::make_unique<Generation>();

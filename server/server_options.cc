@@ -92,7 +92,19 @@ ABSL_FLAG(int64_t, session_max_mb, 0,
           "the cache. Over it, the session keeps its tokens and its next turn is recomputed.");
 ABSL_FLAG(int64_t, sessions_max_mb, 0,
           "Cache all sessions together may keep between turns, MiB; 0: no limit but the cache. "
-          "Past it the least recently used session's cache is evicted.");
+          "Past it the least recently used session's cache moves to --session_offload_mb (or is "
+          "evicted without it).");
+ABSL_FLAG(int64_t, session_offload_mb, 4096,
+          "Host memory idle sessions' caches move to (instead of being evicted) when the device "
+          "pools need room or --sessions_max_mb is reached, copied back for the next turn, MiB; "
+          "0: off. Past it the least recently offloaded go to --session_offload_dir, or are "
+          "evicted (their next turn recomputes).");
+ABSL_FLAG(std::string, session_offload_dir, "",
+          "A directory (created if needed) for offloaded session caches that host memory "
+          "(--session_offload_mb) does not hold; empty: none. Files are checked when read back; "
+          "a bad one recomputes.");
+ABSL_FLAG(int64_t, session_offload_disk_mb, 0,
+          "Bytes --session_offload_dir may hold, MiB; 0: no limit but the disk.");
 ABSL_FLAG(int64_t, max_stored_responses, 10000,
           "Responses POST /v1/responses stores (store: true), and, apart, gRPC Chat session "
           "conversations kept; the oldest are dropped first.");
@@ -163,6 +175,9 @@ absl::StatusOr<ServerOptions> server_options_from_flags() {
   o.engine.session_ttl_s = absl::GetFlag(FLAGS_session_ttl_s);
   o.engine.session_max_bytes = absl::GetFlag(FLAGS_session_max_mb) << 20;
   o.engine.sessions_max_bytes = absl::GetFlag(FLAGS_sessions_max_mb) << 20;
+  o.engine.session_offload_bytes = absl::GetFlag(FLAGS_session_offload_mb) << 20;
+  o.engine.session_offload_dir = absl::GetFlag(FLAGS_session_offload_dir);
+  o.engine.session_offload_disk_bytes = absl::GetFlag(FLAGS_session_offload_disk_mb) << 20;
   o.http.max_stored_responses = absl::GetFlag(FLAGS_max_stored_responses);
   o.http.stored_response_ttl_s = o.engine.session_ttl_s;
 
@@ -187,6 +202,11 @@ absl::StatusOr<ServerOptions> server_options_from_flags() {
   if (!(o.engine.session_ttl_s > 0)) return bad("session_ttl_s", "must be positive");
   if (absl::GetFlag(FLAGS_session_max_mb) < 0) return bad("session_max_mb", "must be >= 0");
   if (absl::GetFlag(FLAGS_sessions_max_mb) < 0) return bad("sessions_max_mb", "must be >= 0");
+  if (absl::GetFlag(FLAGS_session_offload_mb) < 0) return bad("session_offload_mb", "must be >= 0");
+  if (absl::GetFlag(FLAGS_session_offload_disk_mb) < 0)
+    return bad("session_offload_disk_mb", "must be >= 0");
+  if (!o.engine.session_offload_dir.empty() && o.engine.session_offload_bytes == 0)
+    return bad("session_offload_dir", "needs --session_offload_mb > 0 (the tier above it)");
   if (o.http.max_stored_responses < 1) return bad("max_stored_responses", "must be >= 1");
   if (reasoning_parser == "auto") {
     o.reasoning_parser = ReasoningParser::kAuto;

@@ -235,8 +235,9 @@ class ModeReplay:
         # What the engine did not compute: a session resumed from its parked cache counts its
         # kept tokens as prefix-cache hits, a session that starts over (a template that renders
         # the reply differently, a parked cache evicted under memory pressure) counts what the
-        # prefix cache served. usage's cached_tokens counts the history the session continued,
-        # which the client did not resend, whether or not its cache survived.
+        # prefix cache served. usage's cached_tokens counts the history the session continued
+        # from its kept cache (on the device or restored from the offload tier), and after an
+        # eviction only what the prefix cache held.
         cached = hits
         return {"mode": self.mode, "turn": k, "prompt_tokens": prompt, "cached_tokens": cached,
                 "session_cached_tokens": session_cached, "prefix_hit_tokens": hits,

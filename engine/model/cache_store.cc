@@ -21,6 +21,12 @@ int64_t conv_channels(const LinearAttentionConfig& la) {
 
 bool is_linear(MixerType m) { return m == MixerType::kKda || m == MixerType::kGdn; }
 
+size_t item_bytes(const Tensor& pool) { return pool.stride(0) * dtype_size(pool.dtype()); }
+
+char* item_ptr(const Tensor& pool, int64_t i) {
+  return static_cast<char*>(pool.raw()) + i * item_bytes(pool);
+}
+
 bool is_float(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
 
 Exec exec_on(Device device) {
@@ -243,6 +249,57 @@ void CacheStore::copy_page_rows(const CacheStore& from, int64_t src, int64_t dst
       if (!layers_[l].pools[w].defined()) continue;
       cache_copy_page_rows(ex_, from.layers_[l].pools[w], src, layers_[l].pools[w], dst, r0, r1);
     }
+}
+
+}  // namespace loom
+
+namespace loom {
+
+size_t CacheStore::sequence_bytes(int64_t num_pages, bool slot) const {
+  size_t bytes = 0;
+  for (const Layer& l : layers_) {
+    for (const Tensor& pool : l.pools)
+      if (pool.defined()) bytes += static_cast<size_t>(num_pages) * item_bytes(pool);
+    if (slot && l.recurrent.defined()) bytes += item_bytes(l.recurrent) + item_bytes(l.conv);
+  }
+  return bytes;
+}
+
+template <typename Fn>
+void CacheStore::walk_sequence(std::span<const int32_t> pages, int64_t slot, Fn&& copy) const {
+  size_t at = 0;
+  for (const Layer& l : layers_) {
+    for (const Tensor& pool : l.pools) {
+      if (!pool.defined()) continue;
+      for (int32_t p : pages) {
+        LOOM_CHECK(p >= 0 && p < options_.num_pages,
+                   "CacheStore: sequence page %d outside [0, %lld)", p,
+                   static_cast<long long>(options_.num_pages));
+        copy(item_ptr(pool, p), at, item_bytes(pool));
+        at += item_bytes(pool);
+      }
+    }
+    if (slot < 0 || !l.recurrent.defined()) continue;
+    LOOM_CHECK(slot < options_.num_slots, "CacheStore: sequence slot %lld outside [0, %lld)",
+               static_cast<long long>(slot), static_cast<long long>(options_.num_slots));
+    for (const Tensor* pool : {&l.recurrent, &l.conv}) {
+      copy(item_ptr(*pool, slot), at, item_bytes(*pool));
+      at += item_bytes(*pool);
+    }
+  }
+}
+
+void CacheStore::save_sequence(std::span<const int32_t> pages, int64_t slot, void* host) const {
+  char* out = static_cast<char*>(host);
+  walk_sequence(pages, slot, [&](const char* item, size_t at, size_t n) {
+    download_async(ex_, out + at, item, n);
+  });
+}
+
+void CacheStore::load_sequence(const void* host, std::span<const int32_t> pages, int64_t slot) {
+  const char* in = static_cast<const char*>(host);
+  walk_sequence(pages, slot,
+                [&](char* item, size_t at, size_t n) { upload_async(ex_, item, in + at, n); });
 }
 
 }  // namespace loom

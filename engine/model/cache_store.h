@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -103,6 +104,18 @@ class CacheStore {
   // rows.
   void copy_page_rows(const CacheStore& from, int64_t src, int64_t dst, int64_t r0, int64_t r1);
 
+  // A sequence's cache in host memory (offload, engine/session_offload.h): pages `pages` of every
+  // attention layer's pools and state slot `slot` (-1: none) of every linear layer, packed in
+  // that order, whole pages and slots. sequence_bytes is their size; save_sequence enqueues the
+  // device-to-host copies into `host` (its bytes are there once synchronize(exec()) returns);
+  // load_sequence enqueues the copies back into pages and a slot of the same shape (`host` must
+  // stay untouched until the stream has passed them). On a GPU `host` should be page-locked
+  // (allocate_transfer_buffer), else the copies are staged and synchronous.
+  size_t sequence_bytes(int64_t num_pages, bool slot) const;
+  void save_sequence(std::span<const int32_t> pages, int64_t slot, void* host) const;
+  void load_sequence(const void* host, std::span<const int32_t> pages, int64_t slot);
+  const Exec& exec() const { return ex_; }
+
  private:
   struct Layer {
     Tensor pools[2];   // attention layers
@@ -110,6 +123,9 @@ class CacheStore {
     Tensor conv;       // [num_slots, W-1, C]
   };
   void check_peer(const CacheStore& from, const char* op) const;
+  // One walk over sequence_bytes' packed layout for both directions: copy(item, offset, bytes).
+  template <typename Fn>
+  void walk_sequence(std::span<const int32_t> pages, int64_t slot, Fn&& copy) const;
 
   Options options_;
   Exec ex_;  // the device's: every reset and copy is enqueued on its stream

@@ -28,6 +28,20 @@ void device_free(void* p, int index) {
   LOOM_CUDA_CHECK(cudaFree(p));
 }
 
+// Page-locked host memory for asynchronous copies with any device (core/allocator.h).
+void* pinned_alloc(size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "cudaHostAlloc of %zu bytes failed: %s\n", bytes, cudaGetErrorString(e));
+    (void)cudaGetLastError();
+    return nullptr;  // allocate_transfer_buffer aborts with the size
+  }
+  return p;
+}
+
+void pinned_free(void* p) { LOOM_CUDA_CHECK(cudaFreeHost(p)); }
+
 // core/allocator.h's copier: ordered after everything already enqueued on the device's stream,
 // and finished on return (host memory on either side may be reused at once).
 void device_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
@@ -60,6 +74,7 @@ void init() {
     LOOM_CHECK(count > 0, "loom::cuda::init: no CUDA device");
     set_device_allocator(&device_alloc, &device_free);
     set_device_copier(&device_copy);
+    set_pinned_host_allocator(&pinned_alloc, &pinned_free);
   });
 }
 
