@@ -350,6 +350,8 @@ absl::Status Engine::rank_group_status() const {
   return expert_parallel_ ? expert_parallel_->status() : absl::OkStatus();
 }
 
+int Engine::first_rank() const { return expert_parallel_ ? expert_parallel_->first_rank() : 0; }
+
 int64_t Engine::rank_load_tokens(int r) const { return ranks_.at(r)->inbox->load_tokens(); }
 
 }  // namespace loom

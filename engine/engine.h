@@ -169,6 +169,9 @@ class Engine {
   // Expert parallelism: ranks (1 without), each rank's own snapshot (stats() sums them), and the
   // ranks' expert load balance (ExpertParallelRanks::load_balance; nullopt on one rank).
   int num_ranks() const { return static_cast<int>(ranks_.size()); }
+  // The group rank of this engine's rank 0: 0, or with ranks on several nodes (--nnodes) this
+  // node's first (ExpertParallelRanks::first_rank).
+  int first_rank() const;
   std::vector<EngineStats> rank_stats() const;
   std::optional<double> expert_load_balance() const;
   int64_t expert_replacements() const;

@@ -206,12 +206,14 @@ std::string Metrics::render(const Engine& engine) const {
   std::string out = render(engine.stats());
   const std::vector<EngineStats> ranks = engine.rank_stats();
   header(&out, "loom_expert_parallel_ranks", "gauge",
-         "Engine ranks (--expert_parallel): attention data-parallel, experts split over them.");
+         "Engine ranks in this process (--expert_parallel; with --nnodes this node's): attention "
+         "data-parallel, experts split over every rank of the group.");
   sample(&out, "loom_expert_parallel_ranks", static_cast<double>(ranks.size()));
   auto per_rank = [&](std::string_view name, std::string_view help, auto value) {
     header(&out, name, "gauge", help);
     for (size_t r = 0; r < ranks.size(); ++r)
-      absl::StrAppend(&out, absl_sv(name), "{rank=\"", r, "\"} ", value(static_cast<int>(r)), "\n");
+      absl::StrAppend(&out, absl_sv(name), "{rank=\"", engine.first_rank() + static_cast<int>(r),
+                      "\"} ", value(static_cast<int>(r)), "\n");
   };
   per_rank("loom_rank_requests_waiting", "Requests queued on each engine rank, not yet running.",
            [&](int r) { return ranks[r].waiting; });

@@ -63,10 +63,10 @@ def workload(ports):
     return out
 
 
-def metric(port, name):
+def metric(port, name, labels=""):
     with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=30) as r:
         for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
+            if line.startswith(name + labels + " "):
                 return float(line.split()[1])
     return None
 
@@ -114,6 +114,10 @@ def main():
             for r, s in enumerate(servers):
                 check(metric(s.port, "loom_expert_parallel_ranks") == 1,
                       "node %d: /metrics counts its one rank" % r)
+                # Its rank by its group rank: node 1 runs rank 1.
+                check(metric(s.port, "loom_rank_load_tokens", '{rank="%d"}' % r) is not None and
+                      metric(s.port, "loom_rank_load_tokens", '{rank="%d"}' % (1 - r)) is None,
+                      "node %d: /metrics labels its rank %d" % (r, r))
             # Node 1 dies: node 0 loses it and exits with status 1.
             t0 = time.time()
             servers[1].proc.send_signal(signal.SIGKILL)
