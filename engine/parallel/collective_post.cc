@@ -26,6 +26,42 @@ int64_t collective_row_bytes(const Tensor& t) {
   return n;
 }
 
+void check_all_gather_shapes(const Tensor& send, const Tensor& recv, int size) {
+  LOOM_CHECK(recv.dtype() == send.dtype() &&
+                 collective_row_bytes(recv) == collective_row_bytes(send) &&
+                 recv.dim(0) == send.dim(0) * size,
+             "all_gather: send %s, recv %s over %d ranks", send.describe(), recv.describe(), size);
+}
+
+void check_reduce_scatter_shapes(const Tensor& send, const Tensor& recv, int size) {
+  LOOM_CHECK(send.dtype() == DType::kF32 && recv.dtype() == DType::kF32 &&
+                 collective_row_bytes(recv) == collective_row_bytes(send) &&
+                 send.dim(0) == recv.dim(0) * size,
+             "reduce_scatter: send %s, recv %s over %d ranks (f32)", send.describe(),
+             recv.describe(), size);
+}
+
+AllToAllRows check_all_to_all_shapes(const Tensor& send, std::span<const int64_t> send_counts,
+                                     const Tensor& recv, std::span<const int64_t> recv_counts,
+                                     int size) {
+  LOOM_CHECK(
+      static_cast<int>(send_counts.size()) == size && static_cast<int>(recv_counts.size()) == size,
+      "all_to_all: %d send and %d recv counts over %d ranks", send_counts.size(),
+      recv_counts.size(), size);
+  AllToAllRows rows;
+  for (int q = 0; q < size; ++q) {
+    LOOM_CHECK(send_counts[q] >= 0 && recv_counts[q] >= 0, "all_to_all: negative count");
+    rows.sent += send_counts[q];
+    rows.received += recv_counts[q];
+  }
+  LOOM_CHECK(recv.dtype() == send.dtype() &&
+                 collective_row_bytes(recv) == collective_row_bytes(send) &&
+                 rows.sent <= send.dim(0) && rows.received <= recv.dim(0),
+             "all_to_all: send %s for %d rows, recv %s for %d rows", send.describe(), rows.sent,
+             recv.describe(), rows.received);
+  return rows;
+}
+
 std::string describe_collective_post(int rank, const CollectivePost& p) {
   return absl::StrCat("rank ", rank, " posted ", collective_op_name(p.op), " #", p.seq, " (",
                       p.send_rows, " rows of ", p.row_bytes, " bytes, ",

@@ -31,6 +31,17 @@ struct CollectivePost {
 // Bytes of one row of t: its dims after the first.
 int64_t collective_row_bytes(const Tensor& t);
 
+// The shapes communicator.h's collectives take, checked the same way by every transport (the
+// transport checks where the tensors live). A violation is a caller's bug: it aborts naming the op.
+void check_all_gather_shapes(const Tensor& send, const Tensor& recv, int size);
+void check_reduce_scatter_shapes(const Tensor& send, const Tensor& recv, int size);
+struct AllToAllRows {
+  int64_t sent = 0, received = 0;  // the sums of send_counts and recv_counts
+};
+AllToAllRows check_all_to_all_shapes(const Tensor& send, std::span<const int64_t> send_counts,
+                                     const Tensor& recv, std::span<const int64_t> recv_counts,
+                                     int size);
+
 // "rank R posted OP #SEQ (N rows of B bytes, DTYPE)".
 std::string describe_collective_post(int rank, const CollectivePost& p);
 

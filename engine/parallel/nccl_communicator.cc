@@ -65,10 +65,7 @@ class NcclCommunicator final : public Communicator {
 
   absl::Status all_gather(const Tensor& send, const Tensor& recv) override {
     check_device_tensors(send, recv, device_, "all_gather");
-    LOOM_CHECK(
-        recv.dtype() == send.dtype() && collective_row_bytes(recv) == collective_row_bytes(send) &&
-            recv.dim(0) == send.dim(0) * size(),
-        "all_gather: send %s, recv %s over %d ranks", send.describe(), recv.describe(), size());
+    check_all_gather_shapes(send, recv, size());
     return run("all_gather", [&] {
       if (send.nbytes() == 0) return ncclSuccess;  // no rows: nothing travels
       return ncclAllGather(send.raw(), recv.raw(), send.nbytes(), ncclInt8, comm(), stream_);
@@ -77,11 +74,7 @@ class NcclCommunicator final : public Communicator {
 
   absl::Status reduce_scatter(const Tensor& send, const Tensor& recv) override {
     check_device_tensors(send, recv, device_, "reduce_scatter");
-    LOOM_CHECK(send.dtype() == DType::kF32 && recv.dtype() == DType::kF32 &&
-                   collective_row_bytes(recv) == collective_row_bytes(send) &&
-                   send.dim(0) == recv.dim(0) * size(),
-               "reduce_scatter: send %s, recv %s over %d ranks (f32)", send.describe(),
-               recv.describe(), size());
+    check_reduce_scatter_shapes(send, recv, size());
     const int64_t n = recv.numel();
     const size_t block = static_cast<size_t>(n) * sizeof(float);
     // Every rank's block for this rank, in rank order, then summed in that order.
@@ -112,21 +105,8 @@ class NcclCommunicator final : public Communicator {
   absl::Status all_to_all(const Tensor& send, std::span<const int64_t> send_counts,
                           const Tensor& recv, std::span<const int64_t> recv_counts) override {
     check_device_tensors(send, recv, device_, "all_to_all");
-    LOOM_CHECK(static_cast<int>(send_counts.size()) == size() &&
-                   static_cast<int>(recv_counts.size()) == size(),
-               "all_to_all: %d send and %d recv counts over %d ranks", send_counts.size(),
-               recv_counts.size(), size());
-    int64_t sent = 0, received = 0;
-    for (int q = 0; q < size(); ++q) {
-      LOOM_CHECK(send_counts[q] >= 0 && recv_counts[q] >= 0, "all_to_all: negative count");
-      sent += send_counts[q];
-      received += recv_counts[q];
-    }
+    check_all_to_all_shapes(send, send_counts, recv, recv_counts, size());
     const int64_t row = collective_row_bytes(send);
-    LOOM_CHECK(recv.dtype() == send.dtype() && collective_row_bytes(recv) == row &&
-                   sent <= send.dim(0) && received <= recv.dim(0),
-               "all_to_all: send %s for %d rows, recv %s for %d rows", send.describe(), sent,
-               recv.describe(), received);
     return run("all_to_all", [&] {
       ncclResult_t r = ncclGroupStart();
       int64_t out = 0, in = 0;

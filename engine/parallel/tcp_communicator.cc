@@ -424,10 +424,7 @@ class TcpCommunicator final : public Communicator {
 
   absl::Status all_gather(const Tensor& send, const Tensor& recv) override {
     check_host(send, recv, "all_gather");
-    LOOM_CHECK(
-        recv.dtype() == send.dtype() && collective_row_bytes(recv) == collective_row_bytes(send) &&
-            recv.dim(0) == send.dim(0) * size(),
-        "all_gather: send %s, recv %s over %d ranks", send.describe(), recv.describe(), size());
+    check_all_gather_shapes(send, recv, size());
     return run({.op = CollectiveOp::kAllGather,
                 .send = static_cast<const char*>(send.raw()),
                 .dtype = send.dtype(),
@@ -439,11 +436,7 @@ class TcpCommunicator final : public Communicator {
 
   absl::Status reduce_scatter(const Tensor& send, const Tensor& recv) override {
     check_host(send, recv, "reduce_scatter");
-    LOOM_CHECK(send.dtype() == DType::kF32 && recv.dtype() == DType::kF32 &&
-                   collective_row_bytes(recv) == collective_row_bytes(send) &&
-                   send.dim(0) == recv.dim(0) * size(),
-               "reduce_scatter: send %s, recv %s over %d ranks (f32)", send.describe(),
-               recv.describe(), size());
+    check_reduce_scatter_shapes(send, recv, size());
     return run({.op = CollectiveOp::kReduceScatter,
                 .send = static_cast<const char*>(send.raw()),
                 .dtype = DType::kF32,
@@ -456,21 +449,8 @@ class TcpCommunicator final : public Communicator {
   absl::Status all_to_all(const Tensor& send, std::span<const int64_t> send_counts,
                           const Tensor& recv, std::span<const int64_t> recv_counts) override {
     check_host(send, recv, "all_to_all");
-    LOOM_CHECK(static_cast<int>(send_counts.size()) == size() &&
-                   static_cast<int>(recv_counts.size()) == size(),
-               "all_to_all: %d send and %d recv counts over %d ranks", send_counts.size(),
-               recv_counts.size(), size());
-    int64_t sent = 0, received = 0;
-    for (int q = 0; q < size(); ++q) {
-      LOOM_CHECK(send_counts[q] >= 0 && recv_counts[q] >= 0, "all_to_all: negative count");
-      sent += send_counts[q];
-      received += recv_counts[q];
-    }
-    LOOM_CHECK(recv.dtype() == send.dtype() &&
-                   collective_row_bytes(recv) == collective_row_bytes(send) &&
-                   sent <= send.dim(0) && received <= recv.dim(0),
-               "all_to_all: send %s for %d rows, recv %s for %d rows", send.describe(), sent,
-               recv.describe(), received);
+    const auto [sent, received] =
+        check_all_to_all_shapes(send, send_counts, recv, recv_counts, size());
     return run({.op = CollectiveOp::kAllToAll,
                 .send = static_cast<const char*>(send.raw()),
                 .dtype = send.dtype(),
