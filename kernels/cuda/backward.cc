@@ -11,6 +11,8 @@
 #include "kernels/cuda/backward_launch.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/kda_chunked_backward.h"
+#include "kernels/cuda/kda_chunked_backward_launch.h"
 
 namespace loom::cuda {
 namespace {
@@ -146,26 +148,21 @@ void causal_conv1d_backward(const Exec& ex, const Tensor& x, const Tensor& weigh
   launch::causal_conv1d_backward(s, a);
 }
 
-void kda_recurrent_backward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
-                            const Tensor& g, const Tensor& beta, float scale,
-                            const Tensor& initial_state, const Tensor& d_out,
-                            const Tensor& d_final_state, const Tensor& dq, const Tensor& dk,
-                            const Tensor& dv, const Tensor& dg, const Tensor& dbeta,
-                            const Tensor& d_initial_state) {
-  static constexpr const char* kOp = "kda_recurrent_backward";
-  check_args(kOp, {&q, &k, &v, &g, &beta, &initial_state, &d_out, &dq, &dk, &dv, &dg, &dbeta});
-  if (d_final_state.defined()) check_args(kOp, {&d_final_state});
-  if (d_initial_state.defined()) check_args(kOp, {&d_initial_state});
+namespace {
+
+// The recurrent and chunked delta-rule backwards take the same arguments (one contract).
+launch::KdaBackwardArgs kda_backward_args(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const Tensor& g, const Tensor& beta, float scale,
+                                          const Tensor& initial_state, const Tensor& d_out,
+                                          const Tensor& d_final_state, const Tensor& dq,
+                                          const Tensor& dk, const Tensor& dv, const Tensor& dg,
+                                          const Tensor& dbeta, const Tensor& d_initial_state) {
   launch::KdaBackwardArgs a{};
   a.T = q.dim(0);
   a.Hk = q.dim(1);
   a.dk = q.dim(2);
   a.Hv = v.dim(1);
   a.dv = v.dim(2);
-  LOOM_CHECK(a.dk <= launch::kKdaBackwardMaxDim && a.dv <= launch::kKdaBackwardMaxDim,
-             "%s (CUDA): head dims %lld x %lld; this kernel takes up to %lld", kOp,
-             static_cast<long long>(a.dk), static_cast<long long>(a.dv),
-             static_cast<long long>(launch::kKdaBackwardMaxDim));
   a.scalar_g = g.dim(2) == 1;
   a.q = f(q);
   a.k = f(k);
@@ -182,11 +179,60 @@ void kda_recurrent_backward(const Exec& ex, const Tensor& q, const Tensor& k, co
   a.dg = fm(dg);
   a.dbeta = fm(dbeta);
   a.d_s0 = d_initial_state.defined() ? fm(d_initial_state) : nullptr;
+  return a;
+}
+
+}  // namespace
+
+void kda_recurrent_backward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& g, const Tensor& beta, float scale,
+                            const Tensor& initial_state, const Tensor& d_out,
+                            const Tensor& d_final_state, const Tensor& dq, const Tensor& dk,
+                            const Tensor& dv, const Tensor& dg, const Tensor& dbeta,
+                            const Tensor& d_initial_state) {
+  static constexpr const char* kOp = "kda_recurrent_backward";
+  check_args(kOp, {&q, &k, &v, &g, &beta, &initial_state, &d_out, &dq, &dk, &dv, &dg, &dbeta});
+  if (d_final_state.defined()) check_args(kOp, {&d_final_state});
+  if (d_initial_state.defined()) check_args(kOp, {&d_initial_state});
+  launch::KdaBackwardArgs a =
+      kda_backward_args(q, k, v, g, beta, scale, initial_state, d_out, d_final_state, dq, dk, dv,
+                        dg, dbeta, d_initial_state);
+  LOOM_CHECK(a.dk <= launch::kKdaBackwardMaxDim && a.dv <= launch::kKdaBackwardMaxDim,
+             "%s (CUDA): head dims %lld x %lld; this kernel takes up to %lld", kOp,
+             static_cast<long long>(a.dk), static_cast<long long>(a.dv),
+             static_cast<long long>(launch::kKdaBackwardMaxDim));
   Scratch scratch(static_cast<size_t>(launch::kda_backward_scratch_floats(a.T, a.Hv, a.dk, a.dv)) *
                       sizeof(float),
                   stream_of(ex));
   a.scratch = static_cast<float*>(scratch.get());
   launch::kda_recurrent_backward(stream_of(ex), a);
+}
+
+void kda_chunked_backward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& g, const Tensor& beta, float scale,
+                          const Tensor& initial_state, const Tensor& d_out,
+                          const Tensor& d_final_state, const Tensor& dq, const Tensor& dk,
+                          const Tensor& dv, const Tensor& dg, const Tensor& dbeta,
+                          const Tensor& d_initial_state) {
+  static constexpr const char* kOp = "kda_chunked_backward";
+  for (const Tensor* t : {&q, &k, &v, &g, &beta, &initial_state, &d_out, &dq, &dk, &dv, &dg, &dbeta,
+                          &d_final_state, &d_initial_state}) {
+    if (!t->defined()) continue;  // only the two optional states may be
+    check_on_device(kOp, "tensor", *t);
+    LOOM_CHECK(t->is_contiguous(), "%s (CUDA): %s is not contiguous", kOp, t->describe().c_str());
+  }
+  launch::KdaBackwardArgs a =
+      kda_backward_args(q, k, v, g, beta, scale, initial_state, d_out, d_final_state, dq, dk, dv,
+                        dg, dbeta, d_initial_state);
+  LOOM_CHECK(a.Hv <= 65535, "%s (CUDA): %lld value heads; one block each, at most 65535", kOp,
+             static_cast<long long>(a.Hv));
+  cudaStream_t s = stream_of(ex);
+  Scratch scratch(static_cast<size_t>(
+                      launch::kda_chunked_backward_scratch_floats(a.T, a.Hk, a.Hv, a.dk, a.dv)) *
+                      sizeof(float),
+                  s);
+  a.scratch = static_cast<float*>(scratch.get());
+  launch::kda_chunked_backward(s, a);
 }
 
 // Elementwise gradients into d_f and a scratch d_A_log per element; the parameter gradients are

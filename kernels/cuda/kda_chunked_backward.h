@@ -2,11 +2,11 @@
 // dispatcher; f32 tensors, gates per channel or per head), every tensor on the GPU and contiguous,
 // enqueued on the Exec's stream. One block per value head walks the chunks: a forward sweep keeps
 // the state before each 64-token chunk, then each chunk, last first, recomputes its A, P and U from
-// that state and runs its reverse mode (kernels/cuda/kda_chunked_backward.cu). Equals the CPU twin
-// to f32 rounding; nothing is summed with atomics, so results are the same from run to run.
-// Scratch (a stream-ordered allocation): about 0.6 MB per value head at dk = dv = 128, plus the
-// ceil(T / 64) chunk states per value head and, when value heads share a key head, their shares
-// of dq and dk.
+// that state and runs its reverse mode (kernels/cuda/kda_chunked_backward.cu; the host side beside
+// the recurrent one in backward.cc). Equals the CPU twin to f32 rounding; nothing is summed with
+// atomics, so results are the same from run to run. Scratch (a stream-ordered allocation): about
+// 0.6 MB per value head at dk = dv = 128, plus the ceil(T / 64) chunk states per value head and,
+// when value heads share a key head, their shares of dq and dk.
 #pragma once
 
 #include "core/tensor.h"

@@ -1,6 +1,6 @@
 // Raw launcher of the chunked delta-rule backward on CUDA (kernels/cuda/kda_chunked_backward.cu).
 // Like launch.h it includes no Loom or Abseil header; the Tensor-level entry point and its checks
-// are kernels/cuda/kda_chunked_backward.{h,cc}.
+// are kernels/cuda/kda_chunked_backward.h and backward.cc.
 #pragma once
 
 #include <cuda_runtime_api.h>
