@@ -44,9 +44,9 @@ ABSL_FLAG(std::string, device, "cpu",
           "CUDA device needs a build with the CUDA backend");
 ABSL_FLAG(std::string, weight_dtype, "auto",
           "Storage dtype of the weight matrices: auto (the checkpoint's own: bf16 for a bf16 "
-          "checkpoint, on the CPU fp8 for an FP8 one, f32 otherwise), f32, bf16 or fp8 (e4m3 "
-          "with a scale per 128x128 block, quantized at load unless stored so; CPU only). "
-          "Compute stays f32 on the CPU.");
+          "checkpoint, fp8 for an FP8 one unless --act_dtype f32 on a GPU, f32 otherwise), f32, "
+          "bf16 or fp8 (e4m3 with a scale per 128x128 block, quantized at load unless stored "
+          "so; CPU and GPU). Compute stays f32 on the CPU.");
 ABSL_FLAG(std::string, act_dtype, "auto",
           "dtype of the activations between ops: auto (bf16 on a GPU serving bf16 matrices, f32 "
           "otherwise), f32 or bf16 (a GPU with bf16 matrices). The residual stream, linear "
