@@ -24,7 +24,7 @@ TARGET = 1.5
 
 def loom_line(a):
     rows = []
-    with open(a.metrics) as f:
+    with open(a.metrics if os.path.exists(a.metrics) else os.devnull) as f:
         for line in f:
             try:
                 rows.append(json.loads(line))
@@ -88,7 +88,7 @@ def table(path):
     for r in rows:
         if "tokens_per_s" not in r:
             print(f"| {r.get('label')} | {r.get('peer')} | {r.get('precision')} | "
-                  f"{r.get('batch')} x {r.get('seq_len')} | {r.get('error', 'no result')} |")
+                  f"{r.get('batch')} x {r.get('seq_len')} | {r.get('error', 'no result')} (rc {r.get('rc')}) |")
             continue
         print(f"| {r['label']} | {r['peer']} | {r['precision']} | {r['batch']} x {r['seq_len']} | "
               f"{r['timed_steps']} | {r['step_ms_mean']:.1f} | {r['tokens_per_s']:,.0f} | "
