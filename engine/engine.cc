@@ -6,11 +6,14 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/dtype.h"
 #include "core/status.h"
 #include "engine/engine_inbox.h"
 #include "engine/engine_loop.h"
 #include "engine/expert_parallel_ranks.h"
 #include "engine/session_store.h"
+#include "kernels/elementwise.h"
+#include "kernels/exec.h"
 
 namespace loom {
 
@@ -237,6 +240,35 @@ absl::Status Engine::delete_session(const std::string& name) {
   return ranks_[0]->sessions->erase(name).status();
 }
 
+namespace {
+
+// One parameter of a weight update, `src` into `dst` (same shape; the same dtype, or f32 into bf16
+// rounded to nearest even as the loader rounds a checkpoint into bf16 matrices). Synchronous: the
+// engine's next step and the trainer's next change of `src` come after it.
+void copy_parameter(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype() == src.dtype()) {
+    dst.copy_from(src);
+    return;
+  }
+  const int64_t n = dst.numel();
+  if (!dst.device().is_cpu() && src.device() == dst.device()) {
+    // The converting column copy (kernels/elementwise.h: bf16 stores round to nearest even).
+    const Exec ex = exec_for(dst.device());
+    copy_columns(ex, src.reshape({1, n}), 0, dst.reshape({1, n}));
+    synchronize(ex);
+    return;
+  }
+  // Across devices: converted on the host, then copied to wherever the engine's parameter lives.
+  const Tensor host = src.to(Device::kCpu);
+  const Tensor out = dst.device().is_cpu() ? dst : Tensor::empty(dst.shape(), DType::kBF16);
+  const float* in = host.data<float>();
+  uint16_t* o = out.data<uint16_t>();
+  for (int64_t i = 0; i < n; ++i) o[i] = f32_to_bf16(in[i]);
+  if (!dst.device().is_cpu()) dst.copy_from(out);
+}
+
+}  // namespace
+
 absl::StatusOr<int64_t> Engine::update_weights(const ParameterArena& source) {
   if (ranks_.size() > 1)
     return absl::FailedPreconditionError(
@@ -244,11 +276,11 @@ absl::StatusOr<int64_t> Engine::update_weights(const ParameterArena& source) {
   const Model& model = *ranks_[0]->model;
   const ParameterArena& target = model.parameters();
   // Host parameters of a served model are read-only pages after the load (a stray write
-  // faults); only a model loaded trainable keeps them writable.
-  if (target.device().is_cpu() && !model.placement().trainable)
+  // faults); only a model loaded trainable or writable keeps them writable.
+  if (target.device().is_cpu() && !model.placement().trainable && !model.placement().writable)
     return absl::FailedPreconditionError(
         "update_weights: the engine's model was loaded with read-only parameters; load it with "
-        "Placement::trainable to update its weights in place");
+        "Placement::trainable or Placement::writable to update its weights in place");
   // Checked in full before anything is written, so a mismatch leaves the model as it was.
   std::vector<std::pair<Tensor, Tensor>> copies;  // (engine parameter, source)
   copies.reserve(target.entries().size());
@@ -257,15 +289,24 @@ absl::StatusOr<int64_t> Engine::update_weights(const ParameterArena& source) {
     if (src == nullptr)
       return absl::InvalidArgumentError(
           absl::StrCat("update_weights: the source has no parameter '", e.name, "'"));
-    if (!(src->shape() == e.tensor.shape()) || src->dtype() != e.tensor.dtype())
+    if (!(src->shape() == e.tensor.shape()))
       return absl::InvalidArgumentError(absl::StrCat("update_weights: parameter '", e.name, "' is ",
                                                      e.tensor.describe(), " in the engine but ",
                                                      src->describe(), " in the source"));
+    if (src->dtype() != e.tensor.dtype() &&
+        !(src->dtype() == DType::kF32 && e.tensor.dtype() == DType::kBF16))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "update_weights: parameter '", e.name, "' is ", e.tensor.describe(),
+          " in the engine but ", src->describe(), " in the source; ",
+          e.tensor.dtype() == DType::kF8E4M3
+              ? "FP8 engine weights would need re-quantization (block scales), which the weight "
+                "sync does not do: load the engine's model with f32 or bf16 weights"
+              : "only the same dtype or f32 into bf16 (rounded to nearest even) is converted"));
     copies.emplace_back(e.tensor, *src);
   }
   EngineInbox::WeightUpdate update;
   update.copy = [&copies] {
-    for (const auto& [dst, src] : copies) dst.copy_from(src);
+    for (const auto& [dst, src] : copies) copy_parameter(dst, src);
   };
   ranks_[0]->inbox->push_weight_update(&update);
   update.done.WaitForNotification();

@@ -144,16 +144,19 @@ class Engine {
   // running completes, but nothing of it is kept. Thread-safe.
   absl::Status delete_session(const std::string& name);
   // Replaces the model's parameter values in place with those of `source` (a trainer's model:
-  // every parameter of the engine's model must be in it under the same canonical name, shape and
-  // dtype; the source may be on another device) and returns the new weight version (the previous
-  // one + 1; every RequestOutput carries the version its request was sampled under). The copy runs
-  // on the loop thread between steps, and this call waits for it. It also drops the prefix cache
-  // (attention pages and linear-state checkpoints) and every session's kept cache, so nothing the
-  // old weights computed is reused: a session's next turn is recomputed from its history.
+  // every parameter of the engine's model must be in it under the same canonical name and shape,
+  // in the same dtype or in f32 for a bf16 engine parameter, which the copy rounds to nearest even
+  // as the loader does; the source may be on another device) and returns the new weight version
+  // (the previous one + 1; every RequestOutput carries the version its request was sampled under).
+  // The copy runs on the loop thread between steps, and this call waits for it (and for the
+  // device's copies: the trainer may change `source` once it returns). It also drops the prefix
+  // cache (attention pages and linear-state checkpoints) and every session's kept cache, so nothing
+  // the old weights computed is reused: a session's next turn is recomputed from its history.
   // FailedPrecondition (nothing changed) while any request is live, after shutdown, or when the
-  // model's parameters are read-only (load it with Placement::trainable to update it);
-  // InvalidArgument naming the first parameter that is missing or differs. Thread-safe; `source`
-  // must not change during the call.
+  // model's parameters are read-only (load it with Placement::trainable or ::writable to update
+  // it); InvalidArgument naming the first parameter that is missing or differs in shape, or whose
+  // dtypes do not convert (any pair but f32 into bf16: FP8 engine weights would need
+  // re-quantization). Thread-safe; `source` must not change during the call.
   absl::StatusOr<int64_t> update_weights(const ParameterArena& source);
   // Cancels a live request (its choices end with kCancelled; pages and slot are freed at the next
   // step). Unknown or finished ids are ignored. Thread-safe.

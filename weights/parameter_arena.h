@@ -88,6 +88,9 @@ struct Placement {
   // The trainer updates the parameters in place (f32 master weights): the arena stays writable
   // after the load instead of becoming read-only pages. Needs f32 matrices.
   bool trainable = false;
+  // The arena stays writable after the load whatever the matrix dtype (an RL rollout engine whose
+  // weights Engine::update_weights replaces from the trainer's), without training's f32 rule.
+  bool writable = false;
 
   // The rows of dimension 0 of a layer's expert weights, for a layer of `num_experts` experts:
   // the owned range, or for a slot placement the slots [0, expert_slots.size()).

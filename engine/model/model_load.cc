@@ -114,7 +114,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::load(const ModelConfig& cfg,
       LOOM_ASSIGN_OR_RETURN(layer.ffn, make_moe_ffn(cfg, w, l));
     }
   }
-  m->arena_->freeze(/*read_only=*/!placement.trainable);
+  m->arena_->freeze(/*read_only=*/!placement.trainable && !placement.writable);
   return m;
 }
 

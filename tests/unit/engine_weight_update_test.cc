@@ -3,15 +3,20 @@
 // old weights computed: neither cached prefixes (attention pages and linear-state checkpoints:
 // the bundled config mixes KDA and MLA layers) nor a session's kept cache. In deterministic mode
 // its outputs after the update are bit-identical to a fresh engine built with the new weights.
+// An f32 trainer's weights update a bf16 engine through the same rounding the loader applies to a
+// checkpoint loaded in bf16; pairs of dtypes that do not convert that way are refused.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "engine/engine.h"
 #include "engine/model/model.h"
+#include "engine/model/native_export.h"
 #include "tests/unit/engine_test_support.h"
 
 namespace loom {
@@ -146,6 +151,80 @@ TEST(EngineWeightUpdate, RefusedWhileARequestIsLiveOrTheModelIsReadOnly) {
   auto mismatch = engine->update_weights((*other)->parameters());
   EXPECT_EQ(mismatch.status().code(), absl::StatusCode::kInvalidArgument) << mismatch.status();
   EXPECT_EQ(engine->stats().weight_version, 1);
+}
+
+// The trainer's f32 parameters into an engine holding bf16 matrices (the rollout engine of an RL
+// run in bf16): the engine then serves what a fresh bf16 engine loaded from a checkpoint of those
+// f32 weights serves (the loader's f32 -> bf16 rounding), token for token and logprob for logprob.
+TEST(EngineWeightUpdate, F32SourceUpdatesABf16EngineAsTheLoaderRounds) {
+  std::mt19937 rng(12);
+  const std::vector<int32_t> prompt = testing::random_prompt(150, rng, 256);
+  Placement bf16;
+  bf16.dtype = WeightDType::kBF16;
+  bf16.writable = true;
+  auto served = Model::load_random(kConfig, 3, bf16);
+  ASSERT_TRUE(served.ok()) << served.status();
+  ASSERT_EQ((*served)->parameters().find("lm_head.weight")->dtype(), DType::kBF16);
+  const ParameterArena& engine_params = (*served)->parameters();  // the engine owns it from here
+  std::unique_ptr<Engine> engine = make(std::move(served).value());
+  const std::unique_ptr<Model> trained = random_model(4, /*writable=*/true);
+  const Generated before = generate(*engine, prompt);
+
+  auto version = engine->update_weights(trained->parameters());
+  ASSERT_TRUE(version.ok()) << version.status();
+  EXPECT_EQ(*version, 1);
+  const Generated after = generate(*engine, prompt);
+  EXPECT_NE(after.tokens, before.tokens) << "the update did not change what the engine generates";
+
+  // The oracle: the f32 weights written as a checkpoint and loaded in bf16 by the loader.
+  const std::string dir = std::string(LOOM_TEST_TMPDIR) + "/weight_update_bf16";
+  WeightLoader::Record record;
+  for (const ParameterArena::Entry& e : trained->parameters().entries())
+    record.emplace_back(e.name, e.tensor);
+  ASSERT_TRUE(write_native_checkpoint(trained->config(), record, dir).ok());
+  auto loaded = Model::load(dir, Placement{.dtype = WeightDType::kBF16});
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  // Every engine parameter holds exactly the loaded bits (f32 ones copied, bf16 ones rounded).
+  size_t rounded = 0;
+  for (const ParameterArena::Entry& e : (*loaded)->parameters().entries()) {
+    const Tensor* mine = engine_params.find(e.name);
+    ASSERT_NE(mine, nullptr) << e.name;
+    ASSERT_EQ(mine->dtype(), e.tensor.dtype()) << e.name;
+    ASSERT_EQ(std::memcmp(mine->raw(), e.tensor.raw(), e.tensor.nbytes()), 0) << e.name;
+    rounded += e.tensor.dtype() == DType::kBF16;
+  }
+  EXPECT_GT(rounded, 0u);
+  std::unique_ptr<Engine> fresh = make(std::move(loaded).value());
+  const Generated reference = generate(*fresh, prompt);
+  EXPECT_EQ(after.tokens, reference.tokens);
+  EXPECT_EQ(after.logprobs, reference.logprobs);
+}
+
+TEST(EngineWeightUpdate, DtypesThatDoNotConvertAreRefused) {
+  const std::unique_ptr<Model> trained = random_model(4, /*writable=*/true);
+  // A bf16 source into an f32 engine: widening would serve weights the trainer does not hold.
+  std::unique_ptr<Engine> f32_engine = make(random_model(3, /*writable=*/true));
+  auto bf16_source = Model::load_random(kConfig, 4, Placement{.dtype = WeightDType::kBF16});
+  ASSERT_TRUE(bf16_source.ok()) << bf16_source.status();
+  auto widened = f32_engine->update_weights((*bf16_source)->parameters());
+  EXPECT_EQ(widened.status().code(), absl::StatusCode::kInvalidArgument) << widened.status();
+  EXPECT_NE(widened.status().message().find("only the same dtype or f32 into bf16"),
+            std::string::npos)
+      << widened.status();
+  EXPECT_EQ(f32_engine->stats().weight_version, 0);
+
+  // FP8 engine weights: a new value needs new block scales (re-quantization), which is refused.
+  Placement fp8;
+  fp8.dtype = WeightDType::kFP8;
+  fp8.writable = true;
+  auto quantized = Model::load_random(kConfig, 3, fp8);
+  ASSERT_TRUE(quantized.ok()) << quantized.status();
+  std::unique_ptr<Engine> fp8_engine = make(std::move(quantized).value());
+  auto refused = fp8_engine->update_weights(trained->parameters());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_NE(refused.status().message().find("re-quantization"), std::string::npos)
+      << refused.status();
+  EXPECT_EQ(fp8_engine->stats().weight_version, 0);
 }
 
 }  // namespace
