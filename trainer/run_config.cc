@@ -473,7 +473,7 @@ absl::StatusOr<RlConfig> parse_rl_config(std::string_view text) {
       only_keys(j, "rl",
                 {"model", "env", "rollout", "grpo", "groups_per_step", "group_size", "steps",
                  "optimizer", "balance", "routing_warnings", "warm_start", "replay", "engine",
-                 "routing_replay", "out", "checkpoint_every", "seed"}));
+                 "routing_replay", "out", "checkpoint_every", "seed", "device", "time_limit_s"}));
   RlConfig c;
   LOOM_RETURN_IF_ERROR(read_model(j, "rl", c.model_config, c.model_seed, c.model_checkpoint));
   if (j.contains("env")) LOOM_RETURN_IF_ERROR(read_env(j["env"], c.env));
@@ -496,6 +496,8 @@ absl::StatusOr<RlConfig> parse_rl_config(std::string_view text) {
     return bad("rl.group_size", "must be in [2, 1024] (a group compares its members)");
   LOOM_RETURN_IF_ERROR(read(j, "steps", "rl", c.steps));
   if (c.steps < 1) return bad("rl.steps", "must be >= 1");
+  LOOM_RETURN_IF_ERROR(read(j, "time_limit_s", "rl", c.time_limit_s));
+  if (!(c.time_limit_s >= 0)) return bad("rl.time_limit_s", "must be >= 0 (0: no limit)");
   if (j.contains("warm_start")) {
     const json& w = j["warm_start"];
     LOOM_RETURN_IF_ERROR(only_keys(w, "warm_start", {"steps", "batch_size", "lr"}));
@@ -522,11 +524,28 @@ absl::StatusOr<RlConfig> parse_rl_config(std::string_view text) {
   }
   if (j.contains("engine")) {
     const json& e = j["engine"];
-    LOOM_RETURN_IF_ERROR(only_keys(e, "engine", {"deterministic", "max_num_batched_tokens"}));
+    LOOM_RETURN_IF_ERROR(
+        only_keys(e, "engine", {"deterministic", "max_num_batched_tokens", "weight_dtype"}));
     LOOM_RETURN_IF_ERROR(read_flag(e, "deterministic", "engine", c.deterministic));
     LOOM_RETURN_IF_ERROR(read(e, "max_num_batched_tokens", "engine", c.max_num_batched_tokens));
     if (c.max_num_batched_tokens < 1) return bad("engine.max_num_batched_tokens", "must be >= 1");
+    std::string dtype = "f32";
+    LOOM_RETURN_IF_ERROR(read(e, "weight_dtype", "engine", dtype));
+    if (dtype == "f32") {
+      c.engine_weight_dtype = WeightDType::kF32;
+    } else if (dtype == "bf16") {
+      c.engine_weight_dtype = WeightDType::kBF16;
+    } else {
+      return bad("engine.weight_dtype",
+                 "must be \"f32\" or \"bf16\" (the weight sync converts the trainer's f32 "
+                 "values to those only; fp8 would need re-quantization on every sync)");
+    }
   }
+  std::string device = "cpu";
+  LOOM_RETURN_IF_ERROR(read(j, "device", "rl", device));
+  absl::StatusOr<Device> parsed_device = parse_device(device);
+  if (!parsed_device.ok()) return bad("rl.device", std::string(parsed_device.status().message()));
+  c.device = *parsed_device;
   std::string routing = "off";
   LOOM_RETURN_IF_ERROR(read(j, "routing_replay", "rl", routing));
   if (routing == "off") {
@@ -538,6 +557,11 @@ absl::StatusOr<RlConfig> parse_rl_config(std::string_view text) {
   } else {
     return bad("rl.routing_replay", "must be \"off\", \"measure\" or \"on\"");
   }
+  if (c.routing_replay != RoutingReplayMode::kOff && !c.device.is_cpu())
+    return bad("rl.routing_replay",
+               absl::StrCat("\"measure\" and \"on\" run on the CPU only (the replay kernel, "
+                            "moe_route_replay, has no GPU twin); set it to \"off\" with device ",
+                            device_name(c.device)));
   LOOM_RETURN_IF_ERROR(read(j, "out", "rl", c.out));
   if (c.out.empty()) return bad("rl.out", "required (the run folder)");
   LOOM_RETURN_IF_ERROR(read(j, "checkpoint_every", "rl", c.checkpoint_every));

@@ -16,6 +16,7 @@
 #include "trainer/synthetic_tasks.h"
 #include "trainer/tool_dialogues.h"
 #include "trainer/train_step.h"
+#include "weights/parameter_arena.h"
 
 namespace loom {
 
@@ -72,6 +73,10 @@ struct RlConfig {
   int groups_per_step = 4;  // tasks per step
   int group_size = 4;       // episodes per task (GRPO's group)
   int64_t steps = 20;       // RL steps (rollouts, one update, one weight sync)
+  // "time_limit_s": no RL step starts once this many seconds have passed since the run started
+  // (loading and the warm start included); the run then ends as after its last step, with its
+  // checkpoint. 0: no limit.
+  double time_limit_s = 0;
   OptimizerOptions optimizer;  // "optimizer" as in RunConfig ("balance" too)
   // "warm_start": {"steps", "batch_size", "lr"}: supervised steps on the environment's
   // demonstrations before RL (a model that never finishes a turn earns no reward to learn from).
@@ -83,10 +88,17 @@ struct RlConfig {
   int replay_capacity = 0;
   int64_t replay_max_age = 2;
   int replay_groups = 0;
-  // "engine": {"deterministic", "max_num_batched_tokens"}: the rollout engine's numerics
-  // (deterministic: the same seed gives the same run) and token budget per step.
+  // "engine": {"deterministic", "max_num_batched_tokens", "weight_dtype"}: the rollout engine's
+  // numerics (deterministic: the same seed gives the same run), token budget per step, and the
+  // dtype of its weight matrices ("f32" or "bf16": the weight sync rounds the trainer's f32
+  // values).
   bool deterministic = true;
   int32_t max_num_batched_tokens = 2048;
+  WeightDType engine_weight_dtype = WeightDType::kF32;
+  // Where the trainer's model, gradients and optimizer state live and the rollout engine runs,
+  // colocated ("device": "cpu", "cuda" or "cuda:N", as RUN.json's); availability is checked when
+  // the model loads.
+  Device device = Device::kCpu;
   // "routing_replay": "off", "measure" or "on" (MoE models; trainer/rl/routing_replay.h): the
   // rollouts record the engine's experts, and the trainer measures how often its own top-k differs
   // (measure) or also routes its forwards for the policy loss to them (on).

@@ -17,9 +17,9 @@ absl::StatusOr<std::vector<float>> token_logprobs(const Model& model,
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n < 2) return absl::InvalidArgumentError("token_logprobs: fewer than 2 tokens");
   const Tensor* lm_head = model.parameters().find("lm_head.weight");
-  if (lm_head == nullptr || lm_head->dtype() != DType::kF32 || !model.device().is_cpu())
+  if (lm_head == nullptr || lm_head->dtype() != DType::kF32)
     return absl::FailedPreconditionError(
-        "token_logprobs: needs a CPU model with f32 matrices (loaded trainable)");
+        "token_logprobs: needs a model with f32 matrices (loaded trainable)");
   SequenceCache cache = model.new_cache();
   ForwardBatch batch;
   batch.token_ids.assign(tokens.begin(), tokens.end());
@@ -29,12 +29,17 @@ absl::StatusOr<std::vector<float>> token_logprobs(const Model& model,
   LOOM_RETURN_IF_ERROR(model.forward(batch, &tape).status());
   const Tensor* hidden = tape.find(-1, "final_normed");
   if (hidden == nullptr) return absl::InternalError("token_logprobs: no final_normed recorded");
+  // The training loss's kernel on the model's device (the rows the policy loss differentiates).
+  const Device device = model.device();
   constexpr int64_t kIgnore = -100;
   Tensor targets = Tensor::empty({n}, DType::kI64);
   for (int64_t t = 0; t < n; ++t) targets.data<int64_t>()[t] = t + 1 < n ? tokens[t + 1] : kIgnore;
-  Tensor loss = Tensor::empty({1}), rows = Tensor::empty({n});
-  cross_entropy_forward_backward(host_exec(), *hidden, *lm_head, targets, kIgnore, 1.0f, loss, rows,
-                                 Tensor(), Tensor());
+  targets = targets.to(device);
+  Tensor loss = Tensor::empty({1}, DType::kF32, device);
+  Tensor rows = Tensor::empty({n}, DType::kF32, device);
+  cross_entropy_forward_backward(exec_for(device), *hidden, *lm_head, targets, kIgnore, 1.0f, loss,
+                                 rows, Tensor(), Tensor());
+  rows = rows.to(Device::kCpu);
   std::vector<float> out(n);
   for (int64_t t = 0; t < n; ++t) out[t] = -rows.data<float>()[t];
   return out;

@@ -36,10 +36,22 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// The run's model as the train command loads it, trainable: the trainer's, the engine's copy
-// (which update_weights writes) and the KL reference alike.
+// The run's model as the train command loads it, trainable on the run's device: the trainer's and
+// the KL reference.
 absl::StatusOr<std::unique_ptr<Model>> load_rl_model(const RlConfig& c) {
-  return load_run_model(c.model_checkpoint, c.model_config, c.model_seed, "rl");
+  return load_run_model(c.model_checkpoint, c.model_config, c.model_seed, "rl", c.device);
+}
+
+// The rollout engine's model: the run's architecture on the same device, its matrices in the
+// engine's dtype, writable so that update_weights can replace them. Its values are the config's
+// random ones until the first sync copies the trainer's in.
+absl::StatusOr<std::unique_ptr<Model>> load_engine_model(const RlConfig& c) {
+  Placement p;
+  p.device = c.device;
+  p.dtype = c.engine_weight_dtype;
+  p.writable = true;
+  return Model::load_random(c.model_checkpoint.empty() ? c.model_config : c.model_checkpoint,
+                            c.model_seed, p);
 }
 
 // The model folder's tokenizer (copied into every checkpoint), else the byte-level one, as
@@ -85,6 +97,7 @@ double population_std(const std::vector<double>& x) {
 }  // namespace
 
 absl::StatusOr<RlRunSummary> run_rl(const RlConfig& c, std::FILE* progress) {
+  const auto t_run = Clock::now();
   if (c.optimizer.balance == BalanceMethod::kAuxLoss)
     return absl::InvalidArgumentError(
         "rl: balance.method aux_loss is not supported (the policy objective carries no "
@@ -139,16 +152,14 @@ absl::StatusOr<RlRunSummary> run_rl(const RlConfig& c, std::FILE* progress) {
     if (progress != nullptr) std::fprintf(progress, "\n");
   }
 
-  // The engine serves a copy of the (warm-started) weights; the reference policy of the KL term
-  // is that same starting point, frozen.
-  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Model> engine_model, load_rl_model(c));
+  // The engine serves a copy of the (warm-started) weights, synced in below; the reference policy
+  // of the KL term is that same starting point, frozen.
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Model> engine_model, load_engine_model(c));
   std::unique_ptr<Model> reference;
   if (c.grpo.kl_coef > 0) {
     LOOM_ASSIGN_OR_RETURN(reference, load_rl_model(c));
-  }
-  for (const ParameterArena::Entry& e : model->parameters().entries()) {
-    engine_model->parameters().find(e.name)->copy_from(e.tensor);
-    if (reference) reference->parameters().find(e.name)->copy_from(e.tensor);
+    for (const ParameterArena::Entry& e : model->parameters().entries())
+      reference->parameters().find(e.name)->copy_from(e.tensor);
   }
   EngineOptions eo;
   eo.deterministic = c.deterministic;
@@ -157,6 +168,18 @@ absl::StatusOr<RlRunSummary> run_rl(const RlConfig& c, std::FILE* progress) {
   eo.seed = c.seed + 1;  // every rollout request brings its own seed; this is never drawn
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                         Engine::create(std::move(engine_model), tok.tokenizer, eo));
+  // The first sync: the rollouts of step 1 run under weight version 1, the starting weights (in
+  // the engine's dtype: a bf16 engine gets them rounded to nearest even).
+  {
+    const auto t_sync = Clock::now();
+    LOOM_RETURN_IF_ERROR(engine->update_weights(model->parameters()).status());
+    summary.initial_sync_s = seconds_since(t_sync);
+  }
+  if (progress != nullptr)
+    std::fprintf(progress, "rl on %s: engine weights %s, first weight sync %.4fs\n",
+                 device_name(c.device).c_str(),
+                 std::string(weight_dtype_name(c.engine_weight_dtype)).c_str(),
+                 summary.initial_sync_s);
 
   LOOM_ASSIGN_OR_RETURN(TrainStep step, TrainStep::create(*model, c.optimizer));
   ReplayBuffer replay(c.replay_capacity, c.replay_max_age);
@@ -177,6 +200,11 @@ absl::StatusOr<RlRunSummary> run_rl(const RlConfig& c, std::FILE* progress) {
 
   std::vector<double> step_rewards;
   for (int64_t s = 1; s <= c.steps; ++s) {
+    // The time limit ends the run between steps (the first always runs), with its checkpoint.
+    if (s > 1 && c.time_limit_s > 0 && seconds_since(t_run) >= c.time_limit_s) {
+      summary.stopped_by_time_limit = true;
+      break;
+    }
     // Rollouts: every episode of the step at once, so the engine batches them.
     std::vector<EpisodeSpec> specs(episodes);
     std::vector<uint64_t> task_seeds(c.groups_per_step);
@@ -336,7 +364,7 @@ absl::StatusOr<RlRunSummary> run_rl(const RlConfig& c, std::FILE* progress) {
       LOOM_RETURN_IF_ERROR(save());
   }
   LOOM_RETURN_IF_ERROR(save());
-  summary.steps = c.steps;
+  summary.steps = static_cast<int64_t>(step_rewards.size());
   summary.first_reward = step_rewards.front();
   summary.last_reward = step_rewards.back();
   const size_t k = std::max<size_t>(1, step_rewards.size() / 3);

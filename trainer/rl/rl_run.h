@@ -13,7 +13,13 @@
 // and appends one JSON line to RUN/metrics.jsonl. Checkpoints (the native format loom-server
 // loads, with the optimizer state) go to RUN/checkpoint-<step> every checkpoint_every steps and at
 // the end. An optional warm start first runs supervised steps on the environment's
-// demonstrations. CPU only: the trainer's forward and backward run on the host.
+// demonstrations.
+//
+// Devices (RL.json "device"): the trainer's model, gradients and AdamW state live on the run's
+// device, and the rollout engine runs on the same one (colocated), its matrices in
+// "engine.weight_dtype" (f32, or bf16 rounded from the trainer's f32 at every sync). Everything
+// else (environments, rewards, advantages, the replay buffer, the logprobs) is on the host. Routing
+// replay runs on the CPU only (parse_rl_config refuses it with a GPU device).
 #pragma once
 
 #include <cstdio>
@@ -25,12 +31,14 @@
 namespace loom {
 
 struct RlRunSummary {
-  int64_t steps = 0;
+  int64_t steps = 0;                         // RL steps run
   double first_reward = 0, last_reward = 0;  // mean task reward of the first and last step
   // Mean task reward over the first and the last third of the steps (at least one step each):
   // one step's mean over a few groups is noisy.
   double first_reward_mean = 0, last_reward_mean = 0;
   double warm_start_loss = 0;  // the last warm-start step's loss (0 without one)
+  double initial_sync_s = 0;   // the first weight sync (the starting weights into the engine)
+  bool stopped_by_time_limit = false;  // RL.json time_limit_s ended the run before `steps`
   std::string last_checkpoint;
 };
 

@@ -172,6 +172,8 @@ int rl() {
                          {"first_third_reward", summary->first_reward_mean},
                          {"last_third_reward", summary->last_reward_mean},
                          {"warm_start_loss", summary->warm_start_loss},
+                         {"initial_sync_s", summary->initial_sync_s},
+                         {"stopped_by_time_limit", summary->stopped_by_time_limit},
                          {"checkpoint", summary->last_checkpoint}};
   std::printf("%s\n", line.dump().c_str());
   return 0;
