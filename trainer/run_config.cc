@@ -301,10 +301,11 @@ absl::Status read_optimizer(const json& j, int64_t steps, OptimizerOptions& opt)
 absl::StatusOr<RunConfig> parse_run_config(std::string_view text) {
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError("run config: not valid JSON");
-  LOOM_RETURN_IF_ERROR(only_keys(
-      j, "run",
-      {"model", "data", "batch_size", "steps", "optimizer", "out", "checkpoint_every", "seed",
-       "balance", "routing_warnings", "stages", "stage_stability", "loss_bucket", "device"}));
+  LOOM_RETURN_IF_ERROR(
+      only_keys(j, "run",
+                {"model", "data", "batch_size", "steps", "optimizer", "out", "checkpoint_every",
+                 "seed", "balance", "routing_warnings", "stages", "stage_stability", "loss_bucket",
+                 "device", "max_tokens_per_pass"}));
   RunConfig c;
   LOOM_RETURN_IF_ERROR(read_model(j, "run", c.model_config, c.model_seed, c.model_checkpoint));
   std::string device = "cpu";
@@ -392,6 +393,9 @@ absl::StatusOr<RunConfig> parse_run_config(std::string_view text) {
 
   LOOM_RETURN_IF_ERROR(read_optimizer(j, c.steps, c.optimizer));
   LOOM_RETURN_IF_ERROR(read_balance(j, c.optimizer));
+  LOOM_RETURN_IF_ERROR(read(j, "max_tokens_per_pass", "run", c.optimizer.max_tokens_per_pass));
+  if (c.optimizer.max_tokens_per_pass < 0)
+    return bad("run.max_tokens_per_pass", "must be >= 0 (0: one example per pass)");
   LOOM_RETURN_IF_ERROR(c.optimizer.validate());
   return c;
 }

@@ -46,7 +46,7 @@ struct RunConfig {
   int batch_size = 8;
   int64_t steps = 100;  // optimizer steps to run (the LR schedule's total_steps by default)
   // "balance" and "routing_warnings" land in optimizer.balance, optimizer.balancer and
-  // optimizer.aux_loss_alpha.
+  // optimizer.aux_loss_alpha; "max_tokens_per_pass" in optimizer.max_tokens_per_pass.
   OptimizerOptions optimizer;
   // Staged context extension (stages.h): empty for a single-length run. With stages, steps
   // defaults to the sum of their max_steps and caps the run.

@@ -15,6 +15,9 @@ absl::Status OptimizerOptions::validate() const {
   if (balance == BalanceMethod::kAuxLoss && !(aux_loss_alpha > 0 && aux_loss_alpha <= 1e3))
     return absl::InvalidArgumentError(
         absl::StrCat("optimizer: aux_loss_alpha ", aux_loss_alpha, " outside (0, 1e3]"));
+  if (max_tokens_per_pass < 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer: max_tokens_per_pass ", max_tokens_per_pass, " is negative"));
   if (!(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1 && eps > 0 && weight_decay >= 0))
     return absl::InvalidArgumentError(absl::StrCat("optimizer: beta1 ", beta1, " beta2 ", beta2,
                                                    " eps ", eps, " weight_decay ", weight_decay,
@@ -59,19 +62,37 @@ absl::StatusOr<StepStats> TrainStep::run(std::span<const Example> batch) {
                                 : 0.0f);
   StepStats stats;
   std::vector<float> rows;
-  for (const Example& ex : batch) {
-    LOOM_ASSIGN_OR_RETURN(const double loss,
-                          model_->loss_and_gradients(ex.tokens, grads_, ex.loss_mask, &rows));
-    stats.loss += loss / static_cast<double>(batch.size());
-    stats.tokens += static_cast<int64_t>(ex.tokens.size());
-    if (stats.position_loss.size() < rows.size()) {
-      stats.position_loss.resize(rows.size(), 0.0);
-      stats.position_scored.resize(rows.size(), 0);
+  std::vector<TrainingSequence> pass;
+  for (size_t next = 0; next < batch.size();) {
+    // The examples of this pass: consecutive ones while they fit the token budget.
+    pass.clear();
+    int64_t tokens = 0;
+    for (; next < batch.size(); ++next) {
+      const int64_t len = static_cast<int64_t>(batch[next].tokens.size());
+      if (!pass.empty() &&
+          (options_.max_tokens_per_pass == 0 || tokens + len > options_.max_tokens_per_pass))
+        break;
+      pass.push_back({batch[next].tokens, batch[next].loss_mask});
+      tokens += len;
     }
-    for (size_t t = 0; t + 1 < rows.size(); ++t) {
-      if (!ex.loss_mask.empty() && ex.loss_mask[t] == 0) continue;
-      stats.position_loss[t] += rows[t];
-      ++stats.position_scored[t];
+    LOOM_ASSIGN_OR_RETURN(const std::vector<double> losses,
+                          model_->loss_and_gradients_packed(pass, grads_, &rows));
+    size_t row = 0;  // the first row of the pass's current example
+    for (size_t i = 0; i < pass.size(); ++i) {
+      const TrainingSequence& ex = pass[i];
+      const size_t len = ex.tokens.size();
+      stats.loss += losses[i] / static_cast<double>(batch.size());
+      stats.tokens += static_cast<int64_t>(len);
+      if (stats.position_loss.size() < len) {
+        stats.position_loss.resize(len, 0.0);
+        stats.position_scored.resize(len, 0);
+      }
+      for (size_t t = 0; t + 1 < len; ++t) {
+        if (!ex.loss_mask.empty() && ex.loss_mask[t] == 0) continue;
+        stats.position_loss[t] += rows[row + t];
+        ++stats.position_scored[t];
+      }
+      row += len;
     }
   }
   stats.aux_loss = grads_.aux_loss() / static_cast<double>(batch.size());

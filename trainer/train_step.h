@@ -29,6 +29,11 @@ struct OptimizerOptions {
   BalanceMethod balance = BalanceMethod::kQuantile;
   QuantileBalancerOptions balancer;  // the quantile rule's options and every method's warnings
   double aux_loss_alpha = 1e-2;      // in (0, 1e3]; read with BalanceMethod::kAuxLoss only
+  // run() packs consecutive examples of a batch into one forward and backward
+  // (Model::loss_and_gradients_packed) while their tokens fit this budget (an example longer than
+  // it runs alone); 0: one call per example. The same objective either way, up to f32 summation
+  // order; packing is what keeps a GPU's GEMMs busy (docs/trainer.md).
+  int64_t max_tokens_per_pass = 16384;
 
   absl::Status validate() const;
 };

@@ -2,6 +2,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "engine/model/layers.h"
+#include "engine/model/training_batch.h"
 #include "engine/parallel/expert_dispatcher_binding.h"
 #include "kernels/activation.h"
 #include "kernels/elementwise.h"
@@ -194,9 +195,15 @@ class MoeFfn final : public Ffn {
     Tensor d_logits = alpha > 0.0f ? ctx.take({n, e}) : logits;
     moe_route_backward(ex, logits, ids, params_, d_weights, d_logits);
     if (alpha > 0.0f) {
+      // Each sequence's own loss (its load statistics over its rows): a packed batch of several
+      // sequences optimises what their separate calls would (Model::loss_and_gradients_packed).
+      LOOM_ASSIGN_OR_RETURN(const std::vector<RowSpan> seqs, training_sequences(ctx.batch));
       Tensor aux = ctx.take({1});
-      moe_aux_loss_forward_backward(ex, logits, ids, params_.score, alpha, aux, d_logits);
-      grads.add_aux_loss(aux.to(Device::kCpu).data<float>()[0]);
+      for (const auto& [b, e] : seqs) {
+        moe_aux_loss_forward_backward(ex, logits.slice(0, b, e), ids.slice(0, b, e), params_.score,
+                                      alpha, aux, d_logits.slice(0, b, e));
+        grads.add_aux_loss(aux.to(Device::kCpu).data<float>()[0]);
+      }
     }
     linear_backward(ex, x, router_, d_logits, d_x, 0.0f, grad("router.weight", router_));
     dispatcher_->dispatch_backward(ex, d_rows, routed, d_x);

@@ -19,6 +19,14 @@
 
 namespace loom {
 
+// One sequence of a packed training call (Model::loss_and_gradients_packed): its tokens, from a
+// fresh state at position 0, with the optional loss mask and row weights of loss_and_gradients.
+struct TrainingSequence {
+  std::span<const int32_t> tokens;
+  std::span<const uint8_t> loss_mask = {};
+  std::span<const float> row_weights = {};
+};
+
 class Model {
  public:
   // Loads DIR/config.json and the checkpoint in DIR (any supported family) into a parameter
@@ -80,7 +88,7 @@ class Model {
   // Training (CPU, f32): the mean next-token cross-entropy of `tokens` (position t predicts token
   // t + 1, from a fresh state) over the scored positions (all, or those with loss_mask[t] != 0;
   // the mask has one entry per token, the last never scored) and its gradient with respect to
-  // every parameter, accumulated into `grads` under canonical names (model_backward.cc). It runs
+  // every parameter, accumulated into `grads` under canonical names (model_training.cc). It runs
   // on the model's device (f32 activations); `grads` must be empty or on that device.
   absl::StatusOr<double> loss_and_gradients(std::span<const int32_t> tokens, Gradients& grads,
                                             std::span<const uint8_t> loss_mask = {},
@@ -95,6 +103,20 @@ class Model {
   // `routing_replay` (routing_replay.h: [n, top_k] per MoE layer) the MoE layers route to the
   // given experts in the forward and in the backward's recomputation, the gate weights and their
   // gradient coming from the router's own logits; its counters count the forward's slots once.
+
+  // Several sequences in one forward and one backward over their varlen batch (each from a fresh
+  // state at position 0): every GEMM sees all their rows, which is what makes a micro-batch fast
+  // on a GPU. The objective is the sum over the sequences of what loss_and_gradients would
+  // optimise for each (its mean, or its weighted sum with row_weights; plus, with
+  // Gradients::aux_loss_alpha, its own load-balancing loss), so the gradients are the sum of the
+  // per-sequence calls' up to f32 summation order. Returns each sequence's objective (its mean or
+  // weighted sum) in order; `row_loss` receives the sequences' row losses concatenated. With
+  // `routing_replay`, its tensors cover the concatenated rows. The errors of loss_and_gradients,
+  // naming the sequence; InvalidArgument for no sequences. One sequence is exactly
+  // loss_and_gradients (model_training.cc).
+  absl::StatusOr<std::vector<double>> loss_and_gradients_packed(
+      std::span<const TrainingSequence> seqs, Gradients& grads,
+      std::vector<float>* row_loss = nullptr, RoutingReplay* routing_replay = nullptr) const;
 
   // Changes the RoPE base of the rotary layers (config().rope.theta) and rebuilds their rotary
   // tables (staged context extension: a longer stage trains with a larger base). Returns how many
@@ -148,9 +170,12 @@ class Model {
   // to call so that their temporaries stop allocating once the first step has set the high-water
   // marks (each cudaMalloc and cudaFree synchronises the GPU). A call that finds them in use by
   // another thread takes fresh ones.
+  // A packed call's forward also keeps its cache store (slot s and page s for sequence s), grown
+  // when a call has more or longer sequences than it holds.
   struct TrainingMemory {
     explicit TrainingMemory(Device device) : forward(device), backward(device) {}
     Workspace forward, backward;
+    std::unique_ptr<CacheStore> store;
   };
   mutable std::mutex training_mu_;
   mutable std::unique_ptr<TrainingMemory> training_memory_;

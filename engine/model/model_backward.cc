@@ -1,6 +1,6 @@
-// Model::loss_and_gradients: one training sequence through the forward (with a tape of every
-// sublayer's input and output), the fused cross-entropy, and the backward of every layer, last
-// first. Layers recompute their insides from their taped input (Mixer::backward), so the tape
+// The backward of both residual schemes, from the gradient of the final normalised rows to the
+// embedding's, every layer last first (model_training.cc runs the forward and the loss around
+// them). Layers recompute their insides from their taped input (Mixer::backward), so the tape
 // holds O(layers * tokens * hidden) floats and no per-token recurrent state.
 #include <algorithm>
 #include <numeric>
@@ -11,13 +11,10 @@
 #include "kernels/activation.h"
 #include "kernels/attnres.h"
 #include "kernels/elementwise.h"
-#include "kernels/loss.h"
 #include "kernels/norm.h"
 
 namespace loom {
 namespace {
-
-constexpr int64_t kIgnoreTarget = -100;
 
 const Tensor& taped(const ActivationTape& tape, int layer, std::string_view name) {
   const Tensor* t = tape.find(layer, name);
@@ -42,106 +39,6 @@ Tensor copy_of(const ForwardContext& ctx, const Tensor& t) {
 }
 
 }  // namespace
-
-absl::StatusOr<double> Model::loss_and_gradients(std::span<const int32_t> tokens, Gradients& grads,
-                                                 std::span<const uint8_t> loss_mask,
-                                                 std::vector<float>* row_loss,
-                                                 std::span<const float> row_weights,
-                                                 RoutingReplay* routing_replay) const {
-  const int64_t n = static_cast<int64_t>(tokens.size());
-  if (!loss_mask.empty() && static_cast<int64_t>(loss_mask.size()) != n)
-    return absl::InvalidArgumentError(
-        absl::StrCat("training: a loss mask of ", loss_mask.size(), " entries for ", n, " tokens"));
-  if (!row_weights.empty() && static_cast<int64_t>(row_weights.size()) != n)
-    return absl::InvalidArgumentError(
-        absl::StrCat("training: ", row_weights.size(), " row weights for ", n, " tokens"));
-  int64_t scored = 0;
-  for (int64_t t = 0; t + 1 < n; ++t) scored += loss_mask.empty() || loss_mask[t] != 0;
-  if (scored == 0)
-    return absl::InvalidArgumentError(
-        absl::StrCat("training: a sequence of ", n, " tokens has nothing to predict"));
-  const Device device = placement_.device;
-  if (act_dtype_ != DType::kF32)
-    return absl::InvalidArgumentError(
-        "training: the backward computes in f32: load the model with f32 activations");
-  if (!grads.set_device(device))
-    return absl::InvalidArgumentError(absl::StrCat("training: gradients on ",
-                                                   device_name(grads.device()), " for a model on ",
-                                                   device_name(device)));
-  std::unique_lock<std::mutex> memory_lock(training_mu_, std::try_to_lock);
-  std::unique_ptr<TrainingMemory> own_memory;
-  TrainingMemory* memory = nullptr;
-  if (memory_lock.owns_lock()) {
-    if (training_memory_ == nullptr) training_memory_ = std::make_unique<TrainingMemory>(device);
-    memory = training_memory_.get();
-  } else {
-    own_memory = std::make_unique<TrainingMemory>(device);
-    memory = own_memory.get();
-  }
-  // 1. The forward, keeping what the backward reads.
-  SequenceCache cache = new_cache();
-  ForwardBatch batch;
-  batch.workspace = &memory->forward;
-  batch.token_ids.assign(tokens.begin(), tokens.end());
-  batch.seqs.push_back({.num_tokens = n, .logits = LogitsMode::kNone, .cache = &cache});
-  batch.routing_replay = routing_replay;
-  ActivationTape tape;
-  LOOM_RETURN_IF_ERROR(forward(batch, &tape).status());
-
-  // The backward's own step: one sequence of n rows from position 0, its step data built on the
-  // host and uploaded once.
-  Workspace& ws = memory->backward;
-  ws.reset();  // grows the block to the last call's high-water mark
-  const Exec ex = exec_for(device, &ws);
-  Tensor ids = Tensor::empty({n}, DType::kI32), targets = Tensor::empty({n}, DType::kI64);
-  Tensor positions = Tensor::empty({n}, DType::kI64), cu = Tensor::empty({2}, DType::kI64);
-  Tensor past = Tensor::zeros({1}, DType::kI64), slots = Tensor::zeros({1}, DType::kI32);
-  for (int64_t t = 0; t < n; ++t) {
-    ids.data<int32_t>()[t] = tokens[t];
-    const bool counts = t + 1 < n && (loss_mask.empty() || loss_mask[t] != 0);
-    targets.data<int64_t>()[t] = counts ? tokens[t + 1] : kIgnoreTarget;
-    positions.data<int64_t>()[t] = t;
-  }
-  cu.data<int64_t>()[0] = 0;
-  cu.data<int64_t>()[1] = n;
-  ids = ids.to(device);
-  targets = targets.to(device);
-  BatchLayout layout;
-  layout.positions = positions.to(device);
-  layout.cu_seqlens = cu.to(device);
-  layout.past_lens = past.to(device);
-  layout.state_slots = slots.to(device);
-  layout.num_rows = n;
-  layout.max_seqlen = n;
-  // The replay's counters count the forward's slots; the backward's recomputation skips them.
-  const ForwardContext ctx{ex, layout, act_dtype_, nullptr, routing_replay};
-
-  // 2. The loss over positions 0 .. n-2 (each predicts the next token) and its gradient.
-  const int64_t d = cfg_.hidden_size;
-  Tensor loss = Tensor::empty({1}, DType::kF32, device);
-  Tensor d_normed = ctx.take({n, d});
-  Tensor rows = row_loss != nullptr ? Tensor::empty({n}, DType::kF32, device) : Tensor();
-  Tensor weights;
-  if (!row_weights.empty()) {
-    weights = Tensor::empty({n});
-    std::copy(row_weights.begin(), row_weights.end(), weights.data<float>());
-    weights = weights.to(device);
-  }
-  cross_entropy_forward_backward(ex, taped(tape, -1, "final_normed"), lm_head_, targets,
-                                 kIgnoreTarget, 1.0f, loss, rows, d_normed,
-                                 grads.get("lm_head.weight", lm_head_.shape()), weights);
-  // 3. The layers, last first.
-  Tensor d_embedding = ctx.take({n, d});
-  LOOM_RETURN_IF_ERROR(cfg_.attnres_block_size > 0
-                           ? backward_block_attnres(ctx, tape, d_normed, d_embedding, grads)
-                           : backward_plain_residual(ctx, tape, d_normed, d_embedding, grads));
-  embedding_backward(ex, ids, d_embedding, grads.get("embed.weight", embed_.shape()));
-  if (row_loss != nullptr) {
-    const Tensor host_rows = rows.to(Device::kCpu);
-    row_loss->assign(host_rows.data<float>(), host_rows.data<float>() + n);
-  }
-  return static_cast<double>(loss.to(Device::kCpu).data<float>()[0]);
-}
 
 absl::Status Model::backward_plain_residual(const ForwardContext& ctx, const ActivationTape& tape,
                                             const Tensor& d_normed, const Tensor& d_embedding,

@@ -4,6 +4,7 @@
 // on their masked answers only, and refuses a min_context too short for the task's own sentences.
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -179,7 +180,11 @@ TEST(TrainRun, TrainsOnAMixOfPasskeysAndToolDialogues) {
     }
     EXPECT_EQ(m["tokens"].get<int64_t>(), want_tokens) << "step " << step + 1;
     if (step == 0) {
-      EXPECT_EQ(m["loss"].get<double>(), want_loss);
+      // One packed pass against per-example calls: f32 summation order, to which fla_kda_s0 is
+      // sensitive (tests/unit/packed_training_test.cc).
+      EXPECT_NEAR(m["loss"].get<double>(), want_loss, 1e-5 * want_loss);
+      std::printf("[train mix] first loss %.9g, per-example calls %.9g\n", m["loss"].get<double>(),
+                  want_loss);
     }
     ++step;
   }
