@@ -48,7 +48,8 @@ absl::StatusOr<std::vector<float>> token_logprobs(const Model& model,
 absl::StatusOr<PolicyLossStats> accumulate_policy_gradient(const Model& model,
                                                            std::span<const Trajectory* const> batch,
                                                            const GrpoOptions& options,
-                                                           Gradients& grads, bool replay_routing) {
+                                                           Gradients& grads, bool replay_routing,
+                                                           int64_t scored_version) {
   PolicyLossStats s;
   for (const Trajectory* tr : batch) {
     const size_t n = tr->tokens.size();
@@ -71,8 +72,11 @@ absl::StatusOr<PolicyLossStats> accumulate_policy_gradient(const Model& model,
       LOOM_ASSIGN_OR_RETURN(replay, routing_replay_of(*tr, model.config(), /*apply=*/true));
     }
     RoutingReplay* routing = replay ? &*replay : nullptr;
-    LOOM_ASSIGN_OR_RETURN(const std::vector<float> logp,
-                          token_logprobs(model, tr->tokens, routing));
+    std::vector<float> fresh;
+    if (scored_version < 0 || tr->version != scored_version) {
+      LOOM_ASSIGN_OR_RETURN(fresh, token_logprobs(model, tr->tokens, routing));
+    }
+    const std::vector<float>& logp = fresh.empty() ? tr->old_logp : fresh;
     weights.assign(n, 0.0f);
     bool any = false;
     for (size_t i = 0; i + 1 < n; ++i) {

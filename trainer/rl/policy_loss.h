@@ -43,10 +43,12 @@ struct PolicyLossStats {
 // advantage is 0 and which carry no KL term add nothing and are skipped. With `replay_routing`
 // every trajectory's forward and backward route its tokens to the experts the engine recorded
 // (Trajectory::routed_experts; InvalidArgument when one has none).
-absl::StatusOr<PolicyLossStats> accumulate_policy_gradient(const Model& model,
-                                                           std::span<const Trajectory* const> batch,
-                                                           const GrpoOptions& options,
-                                                           Gradients& grads,
-                                                           bool replay_routing = false);
+// `scored_version` (>= 0): the weight version the model's parameters still hold since they
+// scored old_logp (the RL loop's: no update between scoring and this call). A trajectory sampled
+// under it reuses its old_logp as the current logprobs, which the same forward would give again
+// bit for bit, instead of running that forward; -1: every trajectory's forward runs.
+absl::StatusOr<PolicyLossStats> accumulate_policy_gradient(
+    const Model& model, std::span<const Trajectory* const> batch, const GrpoOptions& options,
+    Gradients& grads, bool replay_routing = false, int64_t scored_version = -1);
 
 }  // namespace loom

@@ -292,7 +292,7 @@ absl::StatusOr<RlRunSummary> run_rl(const RlConfig& c, std::FILE* progress) {
     if (!batch.empty()) {
       Gradients& grads = step.begin();
       LOOM_ASSIGN_OR_RETURN(
-          pl, accumulate_policy_gradient(*model, batch, c.grpo, grads, replay_routing));
+          pl, accumulate_policy_gradient(*model, batch, c.grpo, grads, replay_routing, version));
       for (const Trajectory* t : batch) train_tokens += static_cast<int64_t>(t->tokens.size());
       if (pl.tokens > 0) {
         LOOM_ASSIGN_OR_RETURN(st, step.update(1.0));
