@@ -45,11 +45,12 @@ absl::StatusOr<std::vector<float>> token_logprobs(const Model& model,
   return out;
 }
 
-absl::StatusOr<PolicyLossStats> accumulate_policy_gradient(const Model& model,
-                                                           std::span<const Trajectory* const> batch,
-                                                           const GrpoOptions& options,
-                                                           Gradients& grads, bool replay_routing,
-                                                           int64_t scored_version) {
+absl::StatusOr<PolicyLossStats> accumulate_policy_gradient(
+    const Model& model, std::span<const Trajectory* const> batch, const GrpoOptions& options,
+    Gradients& grads, bool replay_routing, int64_t scored_version, int64_t pack_tokens) {
+  if (pack_tokens < 0) pack_tokens = model.device().is_cpu() ? 0 : kPolicyPackTokens;
+  // Routing replay's tensors would have to cover the concatenated rows: one pass per trajectory.
+  const bool pack = pack_tokens > 0 && !replay_routing;
   PolicyLossStats s;
   for (const Trajectory* tr : batch) {
     const size_t n = tr->tokens.size();
@@ -65,6 +66,23 @@ absl::StatusOr<PolicyLossStats> accumulate_policy_gradient(const Model& model,
   const double inv_n = 1.0 / static_cast<double>(s.tokens);
   int64_t clipped = 0;
   std::vector<float> weights;
+  // Packed: the trajectories (and their weights) of the pass being gathered.
+  std::vector<const Trajectory*> packed;
+  std::vector<std::vector<float>> packed_weights;
+  int64_t packed_tokens = 0;
+  auto flush = [&]() -> absl::Status {
+    if (packed.empty()) return absl::OkStatus();
+    std::vector<TrainingSequence> seqs;
+    for (size_t k = 0; k < packed.size(); ++k)
+      seqs.push_back({.tokens = packed[k]->tokens,
+                      .loss_mask = packed[k]->sampled,
+                      .row_weights = packed_weights[k]});
+    LOOM_RETURN_IF_ERROR(model.loss_and_gradients_packed(seqs, grads).status());
+    packed.clear();
+    packed_weights.clear();
+    packed_tokens = 0;
+    return absl::OkStatus();
+  };
   for (const Trajectory* tr : batch) {
     const size_t n = tr->tokens.size();
     std::optional<RoutingReplay> replay;
@@ -99,10 +117,18 @@ absl::StatusOr<PolicyLossStats> accumulate_policy_gradient(const Model& model,
       any |= weights[i] != 0.0f;
     }
     if (!any) continue;
+    if (pack) {
+      if (packed_tokens + static_cast<int64_t>(n) > pack_tokens) LOOM_RETURN_IF_ERROR(flush());
+      packed.push_back(tr);
+      packed_weights.push_back(weights);
+      packed_tokens += static_cast<int64_t>(n);
+      continue;
+    }
     LOOM_RETURN_IF_ERROR(
         model.loss_and_gradients(tr->tokens, grads, tr->sampled, nullptr, weights, routing)
             .status());
   }
+  LOOM_RETURN_IF_ERROR(flush());
   s.clip_fraction = static_cast<double>(clipped) * inv_n;
   return s;
 }

@@ -47,8 +47,16 @@ struct PolicyLossStats {
 // scored old_logp (the RL loop's: no update between scoring and this call). A trajectory sampled
 // under it reuses its old_logp as the current logprobs, which the same forward would give again
 // bit for bit, instead of running that forward; -1: every trajectory's forward runs.
+// `pack_tokens`: the trajectories' forward and backward passes run packed, several per
+// Model::loss_and_gradients_packed call of at most this many tokens (a longer trajectory alone),
+// which is what keeps a GPU busy; the gradient is the per-trajectory calls' up to f32 summation
+// order. 0: one loss_and_gradients call per trajectory (and always with `replay_routing`). -1:
+// kPolicyPackTokens on a GPU, 0 on the CPU (whose per-trajectory results the demonstrations
+// were measured with).
+inline constexpr int64_t kPolicyPackTokens = 16384;
 absl::StatusOr<PolicyLossStats> accumulate_policy_gradient(
     const Model& model, std::span<const Trajectory* const> batch, const GrpoOptions& options,
-    Gradients& grads, bool replay_routing = false, int64_t scored_version = -1);
+    Gradients& grads, bool replay_routing = false, int64_t scored_version = -1,
+    int64_t pack_tokens = -1);
 
 }  // namespace loom
