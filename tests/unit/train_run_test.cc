@@ -264,7 +264,9 @@ TEST(TrainRun, TrainsOnToolDialogues) {
     ASSERT_TRUE(loss.ok()) << loss.status();
     want += *loss / 2.0;
   }
-  EXPECT_EQ(losses[0], want);
+  // The run packs each batch into one pass (max_tokens_per_pass): f32 summation order against
+  // these per-example calls (tests/unit/packed_training_test.cc).
+  EXPECT_NEAR(losses[0], want, 1e-5 * want);
 
   const double last = (losses[9] + losses[10] + losses[11]) / 3;
   std::printf("[train run] tool dialogues: step 1 loss %.4f, steps 10-12 %.4f (%.2f of it)\n",
