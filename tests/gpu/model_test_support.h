@@ -50,4 +50,16 @@ inline double rel_l2(const Tensor& a, const Tensor& b) {
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
+// ||a - b|| / ||b|| over two host f32 tensors of one shape; ||a - b|| when b is zero (a gradient
+// no token reached, e.g. an idle expert's, is zero on both sides).
+inline double rel_l2_or_abs(const Tensor& a, const Tensor& b) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    const double d = static_cast<double>(a.data<float>()[i]) - b.data<float>()[i];
+    num += d * d;
+    den += static_cast<double>(b.data<float>()[i]) * b.data<float>()[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
 }  // namespace loom

@@ -37,18 +37,6 @@ using json = nlohmann::json;
 // or wrong term gives 1e-2 and more.
 constexpr double kGradBound = 1e-3;
 
-// ||a - b|| / ||b|| over two host f32 tensors of one shape; ||a - b|| when b is zero (an expert
-// no token reached has a zero gradient on both devices).
-double rel_l2_or_abs(const Tensor& a, const Tensor& b) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < b.numel(); ++i) {
-    const double d = static_cast<double>(a.data<float>()[i]) - b.data<float>()[i];
-    num += d * d;
-    den += static_cast<double>(b.data<float>()[i]) * b.data<float>()[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
 TEST(TrainerCuda, GradcheckFixturesOnTheGpu) {
   // The CPU gradchecks' bounds (tests/unit/model_gradients_test.cc): the 1e-4 for
   // kimi_linear_s0, kGradBound for the order-sensitive fla_kda_s0.
@@ -99,7 +87,8 @@ LossAndGrads loss_and_grads(const std::string& dir, Device device,
 TEST(TrainerCuda, GradientsMatchTheCpu) {
   // qwen3_next_s0: Gated DeltaNet, gated GQA with zero-centred norms, MoE with a shared-expert
   // gate; deepseek_v3_s1: MLA (q LoRA) and a sigmoid-routed MoE with a selection bias. 77 tokens:
-  // past the CPU's 64-token chunked-backward threshold, not a multiple of a tile.
+  // the chunked backward (above kKdaRecurrentMaxTokens) over one full and one partial 64-token
+  // chunk, not a multiple of a tile.
   for (const char* name : {"qwen3_next_s0", "deepseek_v3_s1", "kimi_linear_s0"}) {
     const std::string dir = fixtures_dir() + "/" + name;
     auto cfg = load_model_config(dir);

@@ -28,16 +28,6 @@ namespace {
 constexpr double kGradBound = 1e-3;
 constexpr double kLossBound = 1e-5;
 
-double rel_l2_or_abs(const Tensor& a, const Tensor& b) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < b.numel(); ++i) {
-    const double d = static_cast<double>(a.data<float>()[i]) - b.data<float>()[i];
-    num += d * d;
-    den += static_cast<double>(b.data<float>()[i]) * b.data<float>()[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
 struct Result {
   std::vector<double> losses;
   std::vector<std::pair<std::string, Tensor>> grads;  // host copies, canonical-name order
