@@ -23,4 +23,19 @@ void causal_attention_backward(const Exec& ex, const Tensor& q, const Tensor& k,
                                const Tensor& out, const Tensor& lse, const Tensor& d_out,
                                float scale, const Tensor& dq, const Tensor& dk, const Tensor& dv);
 
+// The same over the trainer's packed batch: sequence b is rows [cu_seqlens[b], cu_seqlens[b + 1])
+// of every tensor, and a query attends only the keys of its own sequence (up to itself).
+// cu_seqlens: i64 [B + 1] on ex's device, 0 first, N last, non-decreasing; max_seqlen: at least
+// every sequence's length (the host's copy; CUDA sizes its shared memory by it). Each sequence's
+// rows get what the single-sequence call gives them: the CPU makes that call per sequence, CUDA one
+// launch whose blocks each do one row's work of it.
+void causal_attention_varlen_forward(const Exec& ex, const Tensor& q, const Tensor& k,
+                                     const Tensor& v, const Tensor& cu_seqlens, int64_t max_seqlen,
+                                     float scale, const Tensor& out, const Tensor& lse);
+void causal_attention_varlen_backward(const Exec& ex, const Tensor& q, const Tensor& k,
+                                      const Tensor& v, const Tensor& cu_seqlens, int64_t max_seqlen,
+                                      const Tensor& out, const Tensor& lse, const Tensor& d_out,
+                                      float scale, const Tensor& dq, const Tensor& dk,
+                                      const Tensor& dv);
+
 }  // namespace loom

@@ -54,6 +54,44 @@ void causal_conv1d_backward(const Exec& ex, const Tensor& x, const Tensor& weigh
 #endif
 }
 
+void causal_conv1d_varlen_backward(const Exec& ex, const Tensor& x, const Tensor& weight,
+                                   const Tensor& cu_seqlens, bool apply_silu, const Tensor& dout,
+                                   const Tensor& dx, const Tensor& dweight) {
+  static constexpr const char* kOp = "causal_conv1d_varlen_backward";
+  LOOM_ON_EXEC_DEVICE(ex, kOp, x, weight, cu_seqlens, dout, dx, dweight);
+  for (const Tensor* t : {&x, &weight, &dout, &dx, &dweight}) LOOM_CHECK_F32(*t);
+  LOOM_CHECK(x.ndim() == 2 && weight.ndim() == 2 && weight.dim(1) >= 1, "%s: x %s weight %s", kOp,
+             x.describe().c_str(), weight.describe().c_str());
+  const int64_t T = x.dim(0), C = x.dim(1), W = weight.dim(1);
+  LOOM_CHECK_SHAPE(weight, C, W);
+  LOOM_CHECK_SHAPE(dweight, C, W);
+  LOOM_CHECK_SHAPE(dout, T, C);
+  LOOM_CHECK_SHAPE(dx, T, C);
+  LOOM_CHECK(dx.raw() != x.raw() || T * C == 0, "%s: dx aliases x", kOp);
+  LOOM_CHECK(cu_seqlens.dtype() == DType::kI64 && cu_seqlens.ndim() == 1 && cu_seqlens.dim(0) >= 1,
+             "%s: cu_seqlens %s (want i64 [B + 1])", kOp, cu_seqlens.describe().c_str());
+  if (!ex.device.is_cpu()) {
+#ifdef LOOM_WITH_CUDA
+    return cuda::causal_conv1d_varlen_backward(ex, x, weight, cu_seqlens, apply_silu, dout, dx,
+                                               dweight);
+#else
+    no_kernel_for(ex, kOp);
+#endif
+  }
+  const int64_t b = cu_seqlens.dim(0) - 1;
+  const int64_t* cu = cu_seqlens.data<int64_t>();
+  LOOM_CHECK(cu[0] == 0 && cu[b] == T, "%s: cu_seqlens runs %lld..%lld over %lld rows", kOp,
+             static_cast<long long>(cu[0]), static_cast<long long>(cu[b]),
+             static_cast<long long>(T));
+  for (int64_t s = 0; s < b; ++s) {
+    LOOM_CHECK(cu[s] <= cu[s + 1], "%s: cu_seqlens decreases at %lld", kOp,
+               static_cast<long long>(s));
+    cpu::causal_conv1d_backward(x.slice(0, cu[s], cu[s + 1]), weight, Tensor(), apply_silu,
+                                dout.slice(0, cu[s], cu[s + 1]), Tensor(),
+                                dx.slice(0, cu[s], cu[s + 1]), dweight, Tensor());
+  }
+}
+
 void causal_conv1d_step(const Exec& ex, const Tensor& x, const Tensor& weight,
                         const Tensor& conv_states, bool apply_silu, const Tensor& out) {
   LOOM_ON_EXEC_DEVICE(ex, "causal_conv1d_step", x, weight, conv_states, out);

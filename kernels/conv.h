@@ -34,6 +34,16 @@ void causal_conv1d_backward(const Exec& ex, const Tensor& x, const Tensor& weigh
                             const Tensor& dfinal_state, const Tensor& dx, const Tensor& dweight,
                             const Tensor& dinitial_state);
 
+// causal_conv1d_backward over the trainer's packed batch: sequence b is rows
+// [cu_seqlens[b], cu_seqlens[b + 1]) of x, dout and dx, each started from zeros with its final
+// state unused (cu_seqlens: i64 [B + 1] on ex's device, 0 first, N last, non-decreasing). dx is
+// overwritten, dweight accumulated. The CPU runs causal_conv1d_backward per sequence (dweight
+// summed sequence by sequence); CUDA one pass over all rows, which sums dweight over fixed chunks
+// of rows across sequence boundaries: the same terms in another order.
+void causal_conv1d_varlen_backward(const Exec& ex, const Tensor& x, const Tensor& weight,
+                                   const Tensor& cu_seqlens, bool apply_silu, const Tensor& dout,
+                                   const Tensor& dx, const Tensor& dweight);
+
 // One decode step for B sequences at once, each with its own state.
 // x, out: [B, C]; weight: [C, W]; conv_states: [B, W-1, C] (updated in place).
 void causal_conv1d_step(const Exec& ex, const Tensor& x, const Tensor& weight,

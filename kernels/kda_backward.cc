@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/kda_backward.h"
 #include "kernels/cpu/kda_chunked_backward.h"
+#include "kernels/elementwise.h"
 #ifdef LOOM_WITH_CUDA
 #include "kernels/cuda/backward.h"
 #include "kernels/cuda/kda_chunked_backward.h"
@@ -28,7 +29,10 @@ void check_delta_rule_backward(const char* op, const Exec& ex, const Tensor& q, 
                                const Tensor& d_initial_state) {
   LOOM_ON_EXEC_DEVICE(ex, op, q, k, v, g, beta, initial_state, d_out);
   LOOM_ON_EXEC_DEVICE(ex, op, dq, dk, dv, dg, dbeta);
-  for (const Tensor* t : {&q, &k, &v, &g, &beta, &initial_state, &d_out}) LOOM_CHECK_F32(*t);
+  // kda_varlen_backward has no states (every sequence starts from zeros): initial_state undefined.
+  for (const Tensor* t : {&q, &k, &v, &g, &beta, &d_out}) LOOM_CHECK_F32(*t);
+  if (initial_state.defined() || d_final_state.defined() || d_initial_state.defined())
+    LOOM_CHECK_F32(initial_state);
   LOOM_CHECK(q.ndim() == 3 && k.shape() == q.shape() && v.ndim() == 3 && v.dim(0) == q.dim(0),
              "%s: q %s k %s v %s", op, q.describe().c_str(), k.describe().c_str(),
              v.describe().c_str());
@@ -40,8 +44,9 @@ void check_delta_rule_backward(const char* op, const Exec& ex, const Tensor& q, 
              static_cast<long long>(T), static_cast<long long>(Hv), static_cast<long long>(dkk));
   LOOM_CHECK(beta.ndim() == 2 && beta.dim(0) == T && beta.dim(1) == Hv, "%s: beta %s", op,
              beta.describe().c_str());
-  LOOM_CHECK(initial_state.shape() == Shape({Hv, dkk, dvv}), "%s: initial_state %s", op,
-             initial_state.describe().c_str());
+  if (initial_state.defined())
+    LOOM_CHECK(initial_state.shape() == Shape({Hv, dkk, dvv}), "%s: initial_state %s", op,
+               initial_state.describe().c_str());
   check_same_shape(op, d_out, v, "d_out");
   check_same_shape(op, dq, q, "dq");
   check_same_shape(op, dk, k, "dk");
@@ -67,6 +72,7 @@ void kda_recurrent_backward(const Exec& ex, const Tensor& q, const Tensor& k, co
                             const Tensor& dv, const Tensor& dg, const Tensor& dbeta,
                             const Tensor& d_initial_state) {
   static constexpr const char* kOp = "kda_recurrent_backward";
+  LOOM_CHECK(initial_state.defined(), "%s: no initial_state (zeros for a new sequence)", kOp);
   check_delta_rule_backward(kOp, ex, q, k, v, g, beta, initial_state, d_out, d_final_state, dq, dk,
                             dv, dg, dbeta, d_initial_state);
   if (ex.device.is_cpu())
@@ -93,6 +99,7 @@ void kda_chunked_backward(const Exec& ex, const Tensor& q, const Tensor& k, cons
                           const Tensor& dv, const Tensor& dg, const Tensor& dbeta,
                           const Tensor& d_initial_state) {
   static constexpr const char* kOp = "kda_chunked_backward";
+  LOOM_CHECK(initial_state.defined(), "%s: no initial_state (zeros for a new sequence)", kOp);
   check_delta_rule_backward(kOp, ex, q, k, v, g, beta, initial_state, d_out, d_final_state, dq, dk,
                             dv, dg, dbeta, d_initial_state);
   if (!ex.device.is_cpu()) {
@@ -110,6 +117,51 @@ void kda_chunked_backward(const Exec& ex, const Tensor& q, const Tensor& k, cons
   const Tensor scratch = ex.workspace ? ex.workspace->take(shape) : Tensor::empty(shape);
   cpu::kda_chunked_backward(q, k, v, g, beta, scale, initial_state, d_out, d_final_state, dq, dk,
                             dv, dg, dbeta, d_initial_state, scratch);
+}
+
+void kda_varlen_backward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const Tensor& g, const Tensor& beta, float scale, const Tensor& cu_seqlens,
+                         int64_t max_seqlen, const Tensor& d_out, const Tensor& dq,
+                         const Tensor& dk, const Tensor& dv, const Tensor& dg,
+                         const Tensor& dbeta) {
+  static constexpr const char* kOp = "kda_varlen_backward";
+  LOOM_ON_EXEC_DEVICE(ex, kOp, cu_seqlens);
+  LOOM_CHECK(cu_seqlens.dtype() == DType::kI64 && cu_seqlens.ndim() == 1 && cu_seqlens.dim(0) >= 1,
+             "%s: cu_seqlens %s (want i64 [B + 1])", kOp, cu_seqlens.describe().c_str());
+  LOOM_CHECK(max_seqlen >= 0, "%s: max_seqlen %lld", kOp, static_cast<long long>(max_seqlen));
+  if (!ex.device.is_cpu() && !ex.batch_invariant) {
+    check_delta_rule_backward(kOp, ex, q, k, v, g, beta, Tensor(), d_out, Tensor(), dq, dk, dv, dg,
+                              dbeta, Tensor());
+#ifdef LOOM_WITH_CUDA
+    return cuda::kda_chunked_varlen_backward(ex, q, k, v, g, beta, scale, cu_seqlens, max_seqlen,
+                                             d_out, dq, dk, dv, dg, dbeta);
+#else
+    no_kernel_for(ex, kOp);
+#endif
+  }
+  // One call per sequence, from a zero state, in the form its forward took.
+  const Tensor cu_host = cu_seqlens.to(Device::kCpu);
+  const int64_t* cu = cu_host.data<int64_t>();
+  const int64_t b = cu_seqlens.dim(0) - 1;
+  LOOM_CHECK(cu[0] == 0 && cu[b] == q.dim(0), "%s: cu_seqlens runs %lld..%lld over %lld rows", kOp,
+             static_cast<long long>(cu[0]), static_cast<long long>(cu[b]),
+             static_cast<long long>(q.dim(0)));
+  Tensor zero_state = Tensor::empty({v.dim(1), q.dim(2), v.dim(2)}, DType::kF32, ex.device);
+  zero_fill(ex, zero_state);
+  for (int64_t s = 0; s < b; ++s) {
+    const int64_t r0 = cu[s], r1 = cu[s + 1];
+    LOOM_CHECK(r0 <= r1 && r1 - r0 <= max_seqlen,
+               "%s: sequence %lld is rows %lld..%lld (max_seqlen %lld)", kOp,
+               static_cast<long long>(s), static_cast<long long>(r0), static_cast<long long>(r1),
+               static_cast<long long>(max_seqlen));
+    if (r0 == r1) continue;
+    const auto form =
+        kda_backward_takes_recurrence(ex, r1 - r0) ? kda_recurrent_backward : kda_chunked_backward;
+    form(ex, q.slice(0, r0, r1), k.slice(0, r0, r1), v.slice(0, r0, r1), g.slice(0, r0, r1),
+         beta.slice(0, r0, r1), scale, zero_state, d_out.slice(0, r0, r1), Tensor(),
+         dq.slice(0, r0, r1), dk.slice(0, r0, r1), dv.slice(0, r0, r1), dg.slice(0, r0, r1),
+         dbeta.slice(0, r0, r1), Tensor());
+  }
 }
 
 void kda_gate_backward(const Exec& ex, const Tensor& f, const Tensor& A_log, const Tensor& dt_bias,

@@ -65,6 +65,19 @@ inline bool kda_backward_takes_recurrence(const Exec& ex, int64_t tokens) {
   return kda_varlen_takes_recurrence(tokens, ex.batch_invariant);
 }
 
+// The trainer's backward over a packed batch: sequence b is rows [cu_seqlens[b], cu_seqlens[b + 1])
+// of every tensor (q, k, v, g, beta, d_out and the gradients as above with T = N rows), each
+// started from a zero state and its final state unused. cu_seqlens: i64 [B + 1] on ex's device, 0
+// first, N last, non-decreasing; max_seqlen: at least every sequence's length (the host's copy of
+// what cu_seqlens says; CUDA sizes its launch and scratch by it). The CPU, and CUDA in
+// batch-invariant mode, run each sequence in the form kda_backward_takes_recurrence picks for it;
+// CUDA otherwise runs the chunked form of every sequence in one launch (a block per value head of
+// each sequence: the bits of one kda_chunked_backward call per sequence).
+void kda_varlen_backward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const Tensor& g, const Tensor& beta, float scale, const Tensor& cu_seqlens,
+                         int64_t max_seqlen, const Tensor& d_out, const Tensor& dq,
+                         const Tensor& dk, const Tensor& dv, const Tensor& dg, const Tensor& dbeta);
+
 // Gradients of g = kda_gate_forward(f, A_log, dt_bias, lower_bound): d_f is written; d_A_log [H]
 // and d_dt_bias (undefined when dt_bias is) are parameter gradients, accumulated. Sums over tokens
 // run in token order.

@@ -7,16 +7,15 @@
 
 namespace loom {
 
-AttentionTail attention_tail_recompute(const ForwardContext& ctx, const std::vector<RowSpan>& seqs,
-                                       const Tensor& q, const Tensor& k, const Tensor& v,
-                                       float scale, const Tensor& x, const Tensor& gate_proj) {
+AttentionTail attention_tail_recompute(const ForwardContext& ctx, const Tensor& q, const Tensor& k,
+                                       const Tensor& v, float scale, const Tensor& x,
+                                       const Tensor& gate_proj) {
   const int64_t n = q.dim(0), h = q.dim(1), dv = v.dim(2);
   AttentionTail t;
   t.o = ctx.take({n, h, dv});
   t.lse = ctx.take({n, h}, DType::kF32);
-  for (const auto& [b, e] : seqs)
-    causal_attention_forward(ctx.ex, q.slice(0, b, e), k.slice(0, b, e), v.slice(0, b, e), scale,
-                             t.o.slice(0, b, e), t.lse.slice(0, b, e));
+  causal_attention_varlen_forward(ctx.ex, q, k, v, ctx.batch.cu_seqlens, ctx.batch.max_seqlen,
+                                  scale, t.o, t.lse);
   t.y = ctx.take({n, h * dv});
   copy_columns(ctx.ex, t.o.reshape({n, h * dv}), 0, t.y);
   if (gate_proj.defined()) {
@@ -27,9 +26,9 @@ AttentionTail attention_tail_recompute(const ForwardContext& ctx, const std::vec
   return t;
 }
 
-float attention_tail_backward(const ForwardContext& ctx, const std::vector<RowSpan>& seqs,
-                              const Tensor& q, const Tensor& k, const Tensor& v, float scale,
-                              const Tensor& x, const Tensor& gate_proj, const Tensor& o_proj,
+float attention_tail_backward(const ForwardContext& ctx, const Tensor& q, const Tensor& k,
+                              const Tensor& v, float scale, const Tensor& x,
+                              const Tensor& gate_proj, const Tensor& o_proj,
                               const AttentionTail& tail, const Tensor& d_out, const Tensor& d_x,
                               const std::string& prefix, Gradients& grads, const Tensor& d_q,
                               const Tensor& d_k, const Tensor& d_v) {
@@ -51,10 +50,8 @@ float attention_tail_backward(const ForwardContext& ctx, const std::vector<RowSp
   } else {
     copy_columns(ex, d_y, 0, d_o.reshape({n, h * dv}));
   }
-  for (const auto& [b, e] : seqs)
-    causal_attention_backward(ex, q.slice(0, b, e), k.slice(0, b, e), v.slice(0, b, e),
-                              tail.o.slice(0, b, e), tail.lse.slice(0, b, e), d_o.slice(0, b, e),
-                              scale, d_q.slice(0, b, e), d_k.slice(0, b, e), d_v.slice(0, b, e));
+  causal_attention_varlen_backward(ex, q, k, v, ctx.batch.cu_seqlens, ctx.batch.max_seqlen, tail.o,
+                                   tail.lse, d_o, scale, d_q, d_k, d_v);
   return beta_x;
 }
 

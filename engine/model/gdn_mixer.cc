@@ -74,7 +74,7 @@ class GdnMixer final : public Mixer {
                         const Tensor& d_x, Gradients& grads) const override {
     LOOM_RETURN_IF_ERROR(
         require_f32_weights(layer, "Gated DeltaNet", {&qkvz_proj_, &ba_proj_, &o_proj_}));
-    LOOM_ASSIGN_OR_RETURN(const std::vector<RowSpan> seqs, training_sequences(ctx.batch));
+    LOOM_RETURN_IF_ERROR(training_sequences(ctx.batch).status());  // every sequence from zeros
     const Workspace::Mark scope(ctx.ws());
     const Exec& ex = ctx.ex;
     const int64_t n = x.dim(0);
@@ -94,7 +94,7 @@ class GdnMixer final : public Mixer {
     copy_columns(ex, qkvz, channels, z);
     Tensor q_raw = ctx.take({n, hk, dk}), k_raw = ctx.take({n, hk, dk});
     Tensor q = ctx.take({n, hk, dk}), k = ctx.take({n, hk, dk}), v = ctx.take({n, hv, dv});
-    linear_attention_conv_qkv_recompute(ctx, seqs, qkv, conv_, q_raw, k_raw, q, k, v);
+    linear_attention_conv_qkv_recompute(ctx, qkv, conv_, q_raw, k_raw, q, k, v);
     Tensor ba = ctx.take({n, 2 * hv});
     linear_forward(ex, x, ba_proj_, ba);
     Tensor beta = ctx.take({n, hv}), a = ctx.take({n, hv});
@@ -104,7 +104,7 @@ class GdnMixer final : public Mixer {
     Tensor g = ctx.take({n, hv, 1});
     kda_gate_forward(ex, a, a_log_, dt_bias_, /*lower_bound=*/0.0f, g.reshape({n, hv}));
     Tensor o = ctx.take({n, hv, dv});
-    linear_attention_delta_rule_recompute(ctx, seqs, q, k, v, g, beta, o);
+    linear_attention_delta_rule_recompute(ctx, q, k, v, g, beta, o);
     const Tensor o_rows = o.reshape({n * hv, dv});
     Tensor o_normed = ctx.take({n * hv, dv});
     rmsnorm_forward(ex, o_rows, norm_, eps_, 0.0f, o_normed);
@@ -123,8 +123,7 @@ class GdnMixer final : public Mixer {
                      grad("norm.weight", norm_));
     Tensor d_q = ctx.take({n, hk, dk}), d_k = ctx.take({n, hk, dk}), d_v = ctx.take({n, hv, dv});
     Tensor d_g = ctx.take({n, hv, 1}), d_beta = ctx.take({n, hv});
-    linear_attention_delta_rule_backward(ctx, seqs, q, k, v, g, beta, d_o, d_q, d_k, d_v, d_g,
-                                         d_beta);
+    linear_attention_delta_rule_backward(ctx, q, k, v, g, beta, d_o, d_q, d_k, d_v, d_g, d_beta);
     sigmoid_backward(ex, beta, d_beta, d_beta);
     Tensor d_a = ctx.take({n, hv});
     kda_gate_backward(ex, a, a_log_, dt_bias_, /*lower_bound=*/0.0f, d_g.reshape({n, hv}), d_a,
@@ -134,7 +133,7 @@ class GdnMixer final : public Mixer {
     scatter_columns(ex, d_a, hv, d_ba);
     linear_backward(ex, x, ba_proj_, d_ba, d_x, 0.0f, grad("ba_proj.weight", ba_proj_));
     Tensor d_qkv = ctx.take({n, channels});
-    linear_attention_conv_qkv_backward(ctx, seqs, qkv, conv_, q_raw, k_raw, d_q, d_k, d_v, d_qkv,
+    linear_attention_conv_qkv_backward(ctx, qkv, conv_, q_raw, k_raw, d_q, d_k, d_v, d_qkv,
                                        grad("conv.weight", conv_));
     scatter_columns(ex, d_qkv, 0, d_qkvz);
     scatter_columns(ex, d_z, channels, d_qkvz);

@@ -86,7 +86,7 @@ class GqaMixer final : public Mixer {
                         const Tensor& d_x, Gradients& grads) const override {
     LOOM_RETURN_IF_ERROR(
         require_f32_weights(layer, "attention", {&q_proj_, &k_proj_, &v_proj_, &o_proj_}));
-    LOOM_ASSIGN_OR_RETURN(const std::vector<RowSpan> seqs, training_sequences(ctx.batch));
+    LOOM_RETURN_IF_ERROR(training_sequences(ctx.batch).status());  // every sequence from zeros
     const Workspace::Mark scope(ctx.ws());
     const Exec& ex = ctx.ex;
     const int64_t n = x.dim(0), h = cfg_.num_heads, kvh = cfg_.num_kv_heads, hd = cfg_.head_dim;
@@ -115,12 +115,12 @@ class GqaMixer final : public Mixer {
       rope_forward(ex, k, ctx.batch.positions, rope_, 0);
     }
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    const AttentionTail tail = attention_tail_recompute(ctx, seqs, q, k, v, scale, x, gate_proj_);
+    const AttentionTail tail = attention_tail_recompute(ctx, q, k, v, scale, x, gate_proj_);
 
     // Backward.
     Tensor d_q = ctx.take({n, h, hd}), d_k = ctx.take(k.shape()), d_v = ctx.take(v.shape());
-    const float beta_x = attention_tail_backward(ctx, seqs, q, k, v, scale, x, gate_proj_, o_proj_,
-                                                 tail, d_out, d_x, p, grads, d_q, d_k, d_v);
+    const float beta_x = attention_tail_backward(ctx, q, k, v, scale, x, gate_proj_, o_proj_, tail,
+                                                 d_out, d_x, p, grads, d_q, d_k, d_v);
     if (use_rope_) {
       rope_backward(ex, d_q, ctx.batch.positions, rope_, 0);
       rope_backward(ex, d_k, ctx.batch.positions, rope_, 0);

@@ -95,7 +95,7 @@ class KdaMixer final : public Mixer {
                         const Tensor& d_x, Gradients& grads) const override {
     LOOM_RETURN_IF_ERROR(require_f32_weights(
         layer, "KDA", {&qkv_proj_, &f_a_, &f_b_, &b_proj_, &g_a_, &g_b_, &o_proj_}));
-    LOOM_ASSIGN_OR_RETURN(const std::vector<RowSpan> seqs, training_sequences(ctx.batch));
+    LOOM_RETURN_IF_ERROR(training_sequences(ctx.batch).status());  // every sequence from zeros
     const Workspace::Mark scope(ctx.ws());
     const Exec& ex = ctx.ex;
     const int64_t n = x.dim(0);
@@ -112,7 +112,7 @@ class KdaMixer final : public Mixer {
     linear_forward(ex, x, qkv_proj_, qkv);
     Tensor q_raw = ctx.take({n, hk, dk}), k_raw = ctx.take({n, hk, dk});
     Tensor q = ctx.take({n, hk, dk}), k = ctx.take({n, hk, dk}), v = ctx.take({n, hv, dv});
-    linear_attention_conv_qkv_recompute(ctx, seqs, qkv, conv_, q_raw, k_raw, q, k, v);
+    linear_attention_conv_qkv_recompute(ctx, qkv, conv_, q_raw, k_raw, q, k, v);
     Tensor fa = ctx.take({n, rank_});
     linear_forward(ex, x, f_a_, fa);
     Tensor f = ctx.take({n, hv * dk});
@@ -123,7 +123,7 @@ class KdaMixer final : public Mixer {
     linear_forward(ex, x, b_proj_, beta);
     sigmoid_inplace(ex, beta);
     Tensor o = ctx.take({n, hv, dv});
-    linear_attention_delta_rule_recompute(ctx, seqs, q, k, v, g, beta, o);
+    linear_attention_delta_rule_recompute(ctx, q, k, v, g, beta, o);
     Tensor ga = ctx.take({n, rank_});
     linear_forward(ex, x, g_a_, ga);
     Tensor gate = ctx.take({n, cv_});
@@ -151,8 +151,7 @@ class KdaMixer final : public Mixer {
 
     Tensor d_q = ctx.take({n, hk, dk}), d_k = ctx.take({n, hk, dk}), d_v = ctx.take({n, hv, dv});
     Tensor d_g = ctx.take({n, hv, dk}), d_beta = ctx.take({n, hv});
-    linear_attention_delta_rule_backward(ctx, seqs, q, k, v, g, beta, d_o, d_q, d_k, d_v, d_g,
-                                         d_beta);
+    linear_attention_delta_rule_backward(ctx, q, k, v, g, beta, d_o, d_q, d_k, d_v, d_g, d_beta);
     sigmoid_backward(ex, beta, d_beta, d_beta);
     linear_backward(ex, x, b_proj_, d_beta, d_x, 1.0f, grad("b_proj.weight", b_proj_));
     Tensor d_f = ctx.take({n, hv * dk});
@@ -163,7 +162,7 @@ class KdaMixer final : public Mixer {
     linear_backward(ex, x, f_a_, d_fa, d_x, 1.0f, grad("f_a.weight", f_a_));
 
     Tensor d_qkv = ctx.take({n, channels});
-    linear_attention_conv_qkv_backward(ctx, seqs, qkv, conv_, q_raw, k_raw, d_q, d_k, d_v, d_qkv,
+    linear_attention_conv_qkv_backward(ctx, qkv, conv_, q_raw, k_raw, d_q, d_k, d_v, d_qkv,
                                        grad("conv.weight", conv_));
     linear_backward(ex, x, qkv_proj_, d_qkv, d_x, 1.0f, grad("qkv_proj.weight", qkv_proj_));
     return absl::OkStatus();

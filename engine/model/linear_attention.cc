@@ -47,8 +47,8 @@ namespace {
 
 float delta_rule_scale(const Tensor& q) { return 1.0f / std::sqrt(static_cast<float>(q.dim(2))); }
 
-// A zero [rows, cols] state in step memory.
-Tensor zero_state(const ForwardContext& ctx, Shape shape) {
+// A zero f32 tensor in step memory: the state pools the recomputation starts every sequence from.
+Tensor zero_states(const ForwardContext& ctx, Shape shape) {
   Tensor t = ctx.take(shape, DType::kF32);
   zero_fill(ctx.ex, t);
   return t;
@@ -56,19 +56,20 @@ Tensor zero_state(const ForwardContext& ctx, Shape shape) {
 
 }  // namespace
 
-void linear_attention_conv_qkv_recompute(const ForwardContext& ctx,
-                                         const std::vector<RowSpan>& seqs, const Tensor& qkv,
+// The recomputations run the forward's own varlen kernels on zeroed pools with the forward's
+// slots (sequence s in slot s), so they give the forward's bits.
+void linear_attention_conv_qkv_recompute(const ForwardContext& ctx, const Tensor& qkv,
                                          const Tensor& conv_weight, const Tensor& q_raw,
                                          const Tensor& k_raw, const Tensor& q, const Tensor& k,
                                          const Tensor& v) {
   const Workspace::Mark scope(ctx.ws());
+  const BatchLayout& batch = ctx.batch;
   const int64_t n = qkv.dim(0), channels = qkv.dim(1), width = conv_weight.dim(1);
   const int64_t ck = q.dim(1) * q.dim(2), cv = v.dim(1) * v.dim(2);
+  const int64_t b = batch.cu_seqlens.dim(0) - 1;
   Tensor conv_out = ctx.take(qkv.shape());
-  for (const auto& [b, e] : seqs)
-    causal_conv1d_forward(ctx.ex, qkv.slice(0, b, e), conv_weight,
-                          zero_state(ctx, {width - 1, channels}), /*apply_silu=*/true,
-                          conv_out.slice(0, b, e));
+  causal_conv1d_varlen(ctx.ex, qkv, conv_weight, zero_states(ctx, {b, width - 1, channels}),
+                       batch.state_slots, batch.cu_seqlens, /*apply_silu=*/true, conv_out);
   copy_columns(ctx.ex, conv_out, 0, q_raw.reshape({n, ck}));
   copy_columns(ctx.ex, conv_out, ck, k_raw.reshape({n, ck}));
   copy_columns(ctx.ex, conv_out, 2 * ck, v.reshape({n, cv}));
@@ -76,10 +77,10 @@ void linear_attention_conv_qkv_recompute(const ForwardContext& ctx,
   l2norm_forward(ctx.ex, k_raw, kQkNormEps, 1.0f, k);
 }
 
-void linear_attention_conv_qkv_backward(const ForwardContext& ctx, const std::vector<RowSpan>& seqs,
-                                        const Tensor& qkv, const Tensor& conv_weight,
-                                        const Tensor& q_raw, const Tensor& k_raw, const Tensor& d_q,
-                                        const Tensor& d_k, const Tensor& d_v, const Tensor& d_qkv,
+void linear_attention_conv_qkv_backward(const ForwardContext& ctx, const Tensor& qkv,
+                                        const Tensor& conv_weight, const Tensor& q_raw,
+                                        const Tensor& k_raw, const Tensor& d_q, const Tensor& d_k,
+                                        const Tensor& d_v, const Tensor& d_qkv,
                                         const Tensor& d_conv_weight) {
   const Workspace::Mark scope(ctx.ws());
   const int64_t n = qkv.dim(0);
@@ -90,43 +91,28 @@ void linear_attention_conv_qkv_backward(const ForwardContext& ctx, const std::ve
   scatter_columns(ctx.ex, d_q.reshape({n, ck}), 0, d_conv);
   scatter_columns(ctx.ex, d_k.reshape({n, ck}), ck, d_conv);
   scatter_columns(ctx.ex, d_v.reshape({n, cv}), 2 * ck, d_conv);
-  for (const auto& [b, e] : seqs)
-    causal_conv1d_backward(ctx.ex, qkv.slice(0, b, e), conv_weight, Tensor(),
-                           /*apply_silu=*/true, d_conv.slice(0, b, e), Tensor(),
-                           d_qkv.slice(0, b, e), d_conv_weight, Tensor());
+  causal_conv1d_varlen_backward(ctx.ex, qkv, conv_weight, ctx.batch.cu_seqlens,
+                                /*apply_silu=*/true, d_conv, d_qkv, d_conv_weight);
 }
 
-void linear_attention_delta_rule_recompute(const ForwardContext& ctx,
-                                           const std::vector<RowSpan>& seqs, const Tensor& q,
+void linear_attention_delta_rule_recompute(const ForwardContext& ctx, const Tensor& q,
                                            const Tensor& k, const Tensor& v, const Tensor& g,
                                            const Tensor& beta, const Tensor& o) {
   const Workspace::Mark scope(ctx.ws());
-  for (const auto& [b, e] : seqs) {
-    // The form the forward took for this sequence (kda_varlen_forward's rule), so o is its bits.
-    const auto form = kda_varlen_takes_recurrence(e - b, ctx.ex.batch_invariant)
-                          ? kda_recurrent_forward
-                          : kda_chunked_forward;
-    form(ctx.ex, q.slice(0, b, e), k.slice(0, b, e), v.slice(0, b, e), g.slice(0, b, e),
-         beta.slice(0, b, e), delta_rule_scale(q), zero_state(ctx, {v.dim(1), q.dim(2), v.dim(2)}),
-         o.slice(0, b, e));
-  }
+  const BatchLayout& batch = ctx.batch;
+  const int64_t b = batch.cu_seqlens.dim(0) - 1;
+  kda_varlen_forward(ctx.ex, q, k, v, g, beta, delta_rule_scale(q),
+                     zero_states(ctx, {b, v.dim(1), q.dim(2), v.dim(2)}), batch.state_slots,
+                     batch.cu_seqlens, o, batch.max_seqlen);
 }
 
-void linear_attention_delta_rule_backward(const ForwardContext& ctx,
-                                          const std::vector<RowSpan>& seqs, const Tensor& q,
+void linear_attention_delta_rule_backward(const ForwardContext& ctx, const Tensor& q,
                                           const Tensor& k, const Tensor& v, const Tensor& g,
                                           const Tensor& beta, const Tensor& d_o, const Tensor& d_q,
                                           const Tensor& d_k, const Tensor& d_v, const Tensor& d_g,
                                           const Tensor& d_beta) {
-  const Workspace::Mark scope(ctx.ws());
-  for (const auto& [b, e] : seqs) {
-    const auto form = kda_backward_takes_recurrence(ctx.ex, e - b) ? kda_recurrent_backward
-                                                                   : kda_chunked_backward;
-    form(ctx.ex, q.slice(0, b, e), k.slice(0, b, e), v.slice(0, b, e), g.slice(0, b, e),
-         beta.slice(0, b, e), delta_rule_scale(q), zero_state(ctx, {v.dim(1), q.dim(2), v.dim(2)}),
-         d_o.slice(0, b, e), Tensor(), d_q.slice(0, b, e), d_k.slice(0, b, e), d_v.slice(0, b, e),
-         d_g.slice(0, b, e), d_beta.slice(0, b, e), Tensor());
-  }
+  kda_varlen_backward(ctx.ex, q, k, v, g, beta, delta_rule_scale(q), ctx.batch.cu_seqlens,
+                      ctx.batch.max_seqlen, d_o, d_q, d_k, d_v, d_g, d_beta);
 }
 
 }  // namespace loom

@@ -24,32 +24,30 @@ void linear_attention_delta_rule(const ForwardContext& ctx, const Tensor& q, con
                                  const Tensor& v, const Tensor& g, const Tensor& beta, int layer,
                                  const Tensor& o);
 
-// Training (Mixer::backward): the same two halves over sequences that start from zero states, with
-// what their backward needs kept, and their backward.
+// Training (Mixer::backward): the same two halves over the packed batch of ctx.batch (sequence s in
+// state slot s, every one from zero states), with what their backward needs kept, and their
+// backward, each one varlen call over all the sequences.
 //
-// Recomputes the convolution of qkv per sequence in `seqs` and splits it: q_raw, k_raw [N, Hk, dk]
-// (before the L2 norm), q, k (after it) and v [N, Hv, dv].
-void linear_attention_conv_qkv_recompute(const ForwardContext& ctx,
-                                         const std::vector<RowSpan>& seqs, const Tensor& qkv,
+// Recomputes the convolution of qkv and splits it: q_raw, k_raw [N, Hk, dk] (before the L2 norm),
+// q, k (after it) and v [N, Hv, dv].
+void linear_attention_conv_qkv_recompute(const ForwardContext& ctx, const Tensor& qkv,
                                          const Tensor& conv_weight, const Tensor& q_raw,
                                          const Tensor& k_raw, const Tensor& q, const Tensor& k,
                                          const Tensor& v);
 // Backward of the above from d_q, d_k (overwritten: they become the gradients before the norm)
 // and d_v: writes d_qkv [N, C] and accumulates d_conv_weight [C, W].
-void linear_attention_conv_qkv_backward(const ForwardContext& ctx, const std::vector<RowSpan>& seqs,
-                                        const Tensor& qkv, const Tensor& conv_weight,
-                                        const Tensor& q_raw, const Tensor& k_raw, const Tensor& d_q,
-                                        const Tensor& d_k, const Tensor& d_v, const Tensor& d_qkv,
+void linear_attention_conv_qkv_backward(const ForwardContext& ctx, const Tensor& qkv,
+                                        const Tensor& conv_weight, const Tensor& q_raw,
+                                        const Tensor& k_raw, const Tensor& d_q, const Tensor& d_k,
+                                        const Tensor& d_v, const Tensor& d_qkv,
                                         const Tensor& d_conv_weight);
-// The delta rule per sequence from a zero state, in the form the forward takes for it
-// (kda_varlen_takes_recurrence), and its backward in the same form where the device has it
-// (kda_backward_takes_recurrence): d_o in, d_q, d_k, d_v, d_g, d_beta written.
-void linear_attention_delta_rule_recompute(const ForwardContext& ctx,
-                                           const std::vector<RowSpan>& seqs, const Tensor& q,
+// The delta rule from zero states, as the forward ran it (the same kernel, so the same o), and its
+// backward (kda_varlen_backward: on CUDA one chunked launch for the batch): d_o in, d_q, d_k, d_v,
+// d_g, d_beta written.
+void linear_attention_delta_rule_recompute(const ForwardContext& ctx, const Tensor& q,
                                            const Tensor& k, const Tensor& v, const Tensor& g,
                                            const Tensor& beta, const Tensor& o);
-void linear_attention_delta_rule_backward(const ForwardContext& ctx,
-                                          const std::vector<RowSpan>& seqs, const Tensor& q,
+void linear_attention_delta_rule_backward(const ForwardContext& ctx, const Tensor& q,
                                           const Tensor& k, const Tensor& v, const Tensor& g,
                                           const Tensor& beta, const Tensor& d_o, const Tensor& d_q,
                                           const Tensor& d_k, const Tensor& d_v, const Tensor& d_g,

@@ -126,7 +126,7 @@ class MlaMixer final : public Mixer {
                         const Tensor& d_x, Gradients& grads) const override {
     LOOM_RETURN_IF_ERROR(
         require_f32_weights(layer, "MLA", {&q_proj_, &q_a_, &q_b_, &kv_a_, &o_proj_, &gate_proj_}));
-    LOOM_ASSIGN_OR_RETURN(const std::vector<RowSpan> seqs, training_sequences(ctx.batch));
+    LOOM_RETURN_IF_ERROR(training_sequences(ctx.batch).status());  // every sequence from zeros
     const Workspace::Mark scope(ctx.ws());
     const Exec& ex = ctx.ex;
     const int64_t n = x.dim(0), h = cfg_.num_heads;
@@ -175,12 +175,12 @@ class MlaMixer final : public Mixer {
     gather_rows(ex, k_rope, head_rows, rope_rows);
     scatter_columns(ex, rope_rows, dn, k_rows);
     copy_columns(ex, expanded_rows, dn, v.reshape({n * h, dv}));
-    const AttentionTail tail = attention_tail_recompute(ctx, seqs, q, k, v, scale_, x, gate_proj_);
+    const AttentionTail tail = attention_tail_recompute(ctx, q, k, v, scale_, x, gate_proj_);
 
     // Backward.
     Tensor d_q = ctx.take({n, h, qk}), d_k = ctx.take(k.shape()), d_v = ctx.take(v.shape());
-    const float beta_x = attention_tail_backward(ctx, seqs, q, k, v, scale_, x, gate_proj_, o_proj_,
-                                                 tail, d_out, d_x, p, grads, d_q, d_k, d_v);
+    const float beta_x = attention_tail_backward(ctx, q, k, v, scale_, x, gate_proj_, o_proj_, tail,
+                                                 d_out, d_x, p, grads, d_q, d_k, d_v);
     // Split the key and value gradients back: k_nope_h and v_h into the expanded layout, the
     // shared rope key summing every head's share in head order.
     Tensor d_expanded = ctx.take({n, h, dn + dv}), d_rope = ctx.take({n, 1, dr});

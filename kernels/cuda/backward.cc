@@ -148,6 +148,34 @@ void causal_conv1d_backward(const Exec& ex, const Tensor& x, const Tensor& weigh
   launch::causal_conv1d_backward(s, a);
 }
 
+void causal_conv1d_varlen_backward(const Exec& ex, const Tensor& x, const Tensor& weight,
+                                   const Tensor& cu_seqlens, bool apply_silu, const Tensor& dout,
+                                   const Tensor& dx, const Tensor& dweight) {
+  static constexpr const char* kOp = "causal_conv1d_varlen_backward";
+  check_args(kOp, {&x, &weight, &dout, &dx, &dweight});
+  check_on_device(kOp, "cu_seqlens", cu_seqlens);
+  launch::ConvBackwardArgs a{};
+  a.T = x.dim(0);
+  a.C = x.dim(1);
+  a.W = weight.dim(1);
+  if (a.C == 0) return;
+  cudaStream_t s = stream_of(ex);
+  const int64_t chunks = (a.T + launch::kColumnSumRows - 1) / launch::kColumnSumRows;
+  Scratch dpre(static_cast<size_t>(a.T * a.C) * sizeof(float), s);
+  Scratch partials(static_cast<size_t>(chunks * a.C * a.W) * sizeof(float), s);
+  a.x = f(x);
+  a.weight = f(weight);
+  a.dout = f(dout);
+  a.dx = fm(dx);
+  a.dweight = fm(dweight);
+  a.dpre = static_cast<float*>(dpre.get());
+  a.partials = static_cast<float*>(partials.get());
+  a.silu = apply_silu;
+  a.cu = cu_seqlens.data<int64_t>();
+  a.num_seqs = cu_seqlens.dim(0) - 1;
+  launch::causal_conv1d_backward(s, a);
+}
+
 namespace {
 
 // The recurrent and chunked delta-rule backwards take the same arguments (one contract).
@@ -169,7 +197,7 @@ launch::KdaBackwardArgs kda_backward_args(const Tensor& q, const Tensor& k, cons
   a.v = f(v);
   a.g = f(g);
   a.beta = f(beta);
-  a.s0 = f(initial_state);
+  a.s0 = initial_state.defined() ? f(initial_state) : nullptr;
   a.d_out = f(d_out);
   a.d_final = d_final_state.defined() ? f(d_final_state) : nullptr;
   a.scale = scale;
@@ -227,8 +255,37 @@ void kda_chunked_backward(const Exec& ex, const Tensor& q, const Tensor& k, cons
   LOOM_CHECK(a.Hv <= 65535, "%s (CUDA): %lld value heads; one block each, at most 65535", kOp,
              static_cast<long long>(a.Hv));
   cudaStream_t s = stream_of(ex);
-  Scratch scratch(static_cast<size_t>(
-                      launch::kda_chunked_backward_scratch_floats(a.T, a.Hk, a.Hv, a.dk, a.dv)) *
+  a.num_seqs = 1;
+  a.max_T = a.T;
+  Scratch scratch(static_cast<size_t>(launch::kda_chunked_backward_scratch_floats(
+                      a.T, a.Hk, a.Hv, a.dk, a.dv, 1, a.T)) *
+                      sizeof(float),
+                  s);
+  a.scratch = static_cast<float*>(scratch.get());
+  launch::kda_chunked_backward(s, a);
+}
+
+void kda_chunked_varlen_backward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& g, const Tensor& beta, float scale,
+                                 const Tensor& cu_seqlens, int64_t max_seqlen, const Tensor& d_out,
+                                 const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                 const Tensor& dg, const Tensor& dbeta) {
+  static constexpr const char* kOp = "kda_varlen_backward";
+  for (const Tensor* t : {&q, &k, &v, &g, &beta, &d_out, &dq, &dk, &dv, &dg, &dbeta, &cu_seqlens}) {
+    check_on_device(kOp, "tensor", *t);
+    LOOM_CHECK(t->is_contiguous(), "%s (CUDA): %s is not contiguous", kOp, t->describe().c_str());
+  }
+  launch::KdaBackwardArgs a = kda_backward_args(q, k, v, g, beta, scale, Tensor(), d_out, Tensor(),
+                                                dq, dk, dv, dg, dbeta, Tensor());
+  a.cu_seqlens = cu_seqlens.data<int64_t>();
+  a.num_seqs = cu_seqlens.dim(0) - 1;
+  a.max_T = max_seqlen;
+  LOOM_CHECK(a.Hv <= 65535 && a.num_seqs <= 65535,
+             "%s (CUDA): %lld value heads x %lld sequences; one block each, at most 65535 of each",
+             kOp, static_cast<long long>(a.Hv), static_cast<long long>(a.num_seqs));
+  cudaStream_t s = stream_of(ex);
+  Scratch scratch(static_cast<size_t>(launch::kda_chunked_backward_scratch_floats(
+                      a.T, a.Hk, a.Hv, a.dk, a.dv, a.num_seqs, a.max_T)) *
                       sizeof(float),
                   s);
   a.scratch = static_cast<float*>(scratch.get());
@@ -312,6 +369,37 @@ void causal_attention_backward(const Exec& ex, const Tensor& q, const Tensor& k,
   launch::causal_attention_backward(stream_of(ex), f(q), f(k), f(v), f(out), f(lse), f(d_out),
                                     scale, T, Hq, Hkv, d, w, static_cast<float*>(d_rows.get()),
                                     fm(dq), fm(dk), fm(dv));
+}
+
+void causal_attention_varlen_forward(const Exec& ex, const Tensor& q, const Tensor& k,
+                                     const Tensor& v, const Tensor& cu_seqlens, int64_t max_seqlen,
+                                     float scale, const Tensor& out, const Tensor& lse) {
+  static constexpr const char* kOp = "causal_attention_varlen_forward";
+  check_args(kOp, {&q, &k, &v, &out, &lse});
+  check_on_device(kOp, "cu_seqlens", cu_seqlens);
+  const int64_t T = q.dim(0), Hq = q.dim(1), Hkv = k.dim(1), d = q.dim(2), dv = v.dim(2);
+  check_attention_limits(kOp, max_seqlen, d, dv);
+  launch::causal_attention_forward(stream_of(ex), f(q), f(k), f(v), scale, T, Hq, Hkv, d, dv,
+                                   fm(out), fm(lse), cu_seqlens.data<int64_t>(),
+                                   cu_seqlens.dim(0) - 1, max_seqlen);
+}
+
+void causal_attention_varlen_backward(const Exec& ex, const Tensor& q, const Tensor& k,
+                                      const Tensor& v, const Tensor& cu_seqlens, int64_t max_seqlen,
+                                      const Tensor& out, const Tensor& lse, const Tensor& d_out,
+                                      float scale, const Tensor& dq, const Tensor& dk,
+                                      const Tensor& dv) {
+  static constexpr const char* kOp = "causal_attention_varlen_backward";
+  check_args(kOp, {&q, &k, &v, &out, &lse, &d_out, &dq, &dk, &dv});
+  check_on_device(kOp, "cu_seqlens", cu_seqlens);
+  const int64_t T = q.dim(0), Hq = q.dim(1), Hkv = k.dim(1), d = q.dim(2), w = v.dim(2);
+  check_attention_limits(kOp, max_seqlen, d, w);
+  if (T == 0 || Hq == 0) return;
+  Scratch d_rows(static_cast<size_t>(T * Hq) * sizeof(float), stream_of(ex));
+  launch::causal_attention_backward(stream_of(ex), f(q), f(k), f(v), f(out), f(lse), f(d_out),
+                                    scale, T, Hq, Hkv, d, w, static_cast<float*>(d_rows.get()),
+                                    fm(dq), fm(dk), fm(dv), cu_seqlens.data<int64_t>(),
+                                    cu_seqlens.dim(0) - 1, max_seqlen);
 }
 
 void moe_route_backward(const Exec& ex, const Tensor& logits, const Tensor& expert_ids,

@@ -17,6 +17,25 @@ constexpr int kWarpRows = 8;      // rows a block when a warp takes a row (rstd,
 constexpr int kColThreads = 256;  // column sums and scatters
 constexpr int kPointThreads = 256;
 
+// The sequence of a packed batch that row t belongs to: cu (i64 [nseq + 1] row offsets) names
+// it; the largest s with cu[s] <= t (empty sequences before it skipped). Without cu, the one
+// sequence [0, T).
+struct RowSeq {
+  int64_t s, begin, end;
+};
+__device__ __forceinline__ RowSeq row_seq(const int64_t* cu, int64_t nseq, int64_t T, int64_t t) {
+  if (cu == nullptr) return {0, 0, T};
+  int64_t lo = 0, hi = nseq;  // cu[lo] <= t, and cu[hi] > t or hi == nseq
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (cu[mid] <= t)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return {lo, cu[lo], cu[lo + 1]};
+}
+
 __global__ void __launch_bounds__(kWarpRows * 32)
     row_rstd_kernel(const float* __restrict__ x, int64_t n, int64_t d, float eps,
                     float* __restrict__ rstd) {
@@ -286,11 +305,13 @@ namespace {
 
 using launch::ConvBackwardArgs;
 
-// xpad[p][c]: the initial state's rows, then x (zeros without a state).
-__device__ __forceinline__ float conv_xpad(const ConvBackwardArgs& a, int64_t p, int64_t c) {
-  const int64_t P = a.W - 1;
-  if (p >= P) return a.x[(p - P) * a.C + c];
-  return a.s0 != nullptr ? a.s0[p * a.C + c] : 0.0f;
+// xpad[t + j][c], the input under tap j of output row t: the initial state's rows, then x (zeros
+// without a state, and before the first row of t's sequence, `begin`, in a packed batch).
+__device__ __forceinline__ float conv_xpad(const ConvBackwardArgs& a, int64_t begin, int64_t t,
+                                           int64_t j, int64_t c) {
+  const int64_t r = t + j - (a.W - 1);
+  if (r >= begin) return a.x[r * a.C + c];
+  return a.s0 != nullptr ? a.s0[(t + j) * a.C + c] : 0.0f;  // a state only without a.cu
 }
 
 __global__ void __launch_bounds__(kPointThreads) conv_dpre_kernel(ConvBackwardArgs a) {
@@ -303,8 +324,9 @@ __global__ void __launch_bounds__(kPointThreads) conv_dpre_kernel(ConvBackwardAr
       a.dpre[i] = g;
       continue;
     }
+    const int64_t begin = row_seq(a.cu, a.num_seqs, a.T, t).begin;
     float pre = 0.0f;  // the forward's order: j = 0 .. W-1 from 0
-    for (int64_t j = 0; j < a.W; ++j) pre += a.weight[c * a.W + j] * conv_xpad(a, t + j, c);
+    for (int64_t j = 0; j < a.W; ++j) pre += a.weight[c * a.W + j] * conv_xpad(a, begin, t, j, c);
     float s, sn;
     sig_pair(pre, s, sn);
     a.dpre[i] = g * (s * (1.0f + pre * sn));
@@ -318,9 +340,14 @@ __global__ void __launch_bounds__(kColThreads) conv_dweight_partials_kernel(Conv
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * launch::kColumnSumRows;
   const int64_t t1 = t0 + launch::kColumnSumRows < a.T ? t0 + launch::kColumnSumRows : a.T;
   float* out = a.partials + (static_cast<int64_t>(blockIdx.y) * a.C + c) * a.W;
+  const RowSeq first = row_seq(a.cu, a.num_seqs, a.T, t0);
   for (int64_t j = 0; j < a.W; ++j) {
     float acc = 0.0f;
-    for (int64_t t = t0; t < t1; ++t) acc += a.dpre[t * a.C + c] * conv_xpad(a, t + j, c);
+    RowSeq seq = first;  // rows ascend: step to the next sequence at each boundary
+    for (int64_t t = t0; t < t1; ++t) {
+      while (t >= seq.end) seq = {seq.s + 1, seq.end, a.cu[seq.s + 2]};
+      acc += a.dpre[t * a.C + c] * conv_xpad(a, seq.begin, t, j, c);
+    }
     out[j] = acc;
   }
 }
@@ -348,16 +375,18 @@ __global__ void __launch_bounds__(kPointThreads) conv_dstate_kernel(ConvBackward
   }
 }
 
-// Rows p = t + W-1 of dxpad: dx, plus the final state's gradient on the last W-1 of them.
+// Rows p = t + W-1 of dxpad: dx, plus the final state's gradient on the last W-1 of them. In a
+// packed batch row t feeds only the rows of its own sequence.
 __global__ void __launch_bounds__(kPointThreads) conv_dx_kernel(ConvBackwardArgs a) {
   const int64_t P = a.W - 1, n = a.T * a.C;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kPointThreads + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * kPointThreads) {
     const int64_t t = i / a.C, c = i % a.C;
+    const int64_t end = row_seq(a.cu, a.num_seqs, a.T, t).end;
     float acc = 0.0f;
     for (int64_t j = 0; j < a.W; ++j) {
       const int64_t q = t + P - j;
-      if (q < a.T) acc += a.weight[c * a.W + j] * a.dpre[q * a.C + c];
+      if (q < end) acc += a.weight[c * a.W + j] * a.dpre[q * a.C + c];
     }
     const int64_t r = t + P - a.T;
     if (a.dfin != nullptr && r >= 0) acc += a.dfin[r * a.C + c];
@@ -779,27 +808,29 @@ __device__ __forceinline__ float block_max(float v, float* red) {
 
 __global__ void __launch_bounds__(kAttnThreads)
     attn_train_fwd_kernel(const float* __restrict__ q, const float* __restrict__ k,
-                          const float* __restrict__ v, float scale, int64_t Hq, int64_t Hkv,
-                          int64_t d, int64_t dv, float* __restrict__ out, float* __restrict__ lse) {
-  extern __shared__ float s[];
+                          const float* __restrict__ v, float scale, const int64_t* cu, int64_t nseq,
+                          int64_t T, int64_t Hq, int64_t Hkv, int64_t d, int64_t dv,
+                          float* __restrict__ out, float* __restrict__ lse) {
+  extern __shared__ float s[];  // s[j - b]: the score of key j
   __shared__ float red[32];
   const int64_t i = blockIdx.x, h = blockIdx.y, hk = h / (Hq / Hkv);
+  const int64_t b = row_seq(cu, nseq, T, i).begin;  // query i attends keys b .. i
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float* qi = q + (i * Hq + h) * d;
-  for (int64_t j = warp; j <= i; j += kAttnWarps) {
+  for (int64_t j = b + warp; j <= i; j += kAttnWarps) {
     const float dot = warp_dot(qi, k + (j * Hkv + hk) * d, d, lane);
-    if (lane == 0) s[j] = scale * dot;
+    if (lane == 0) s[j - b] = scale * dot;
   }
   __syncthreads();
   float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j <= i; j += kAttnThreads) m = fmaxf(m, s[j]);
+  for (int64_t j = b + threadIdx.x; j <= i; j += kAttnThreads) m = fmaxf(m, s[j - b]);
   m = block_max(m, red);
   float z = 0.0f;
-  for (int64_t j = threadIdx.x; j <= i; j += kAttnThreads) z += (s[j] = expf(s[j] - m));
+  for (int64_t j = b + threadIdx.x; j <= i; j += kAttnThreads) z += (s[j - b] = expf(s[j - b] - m));
   z = dev::block_sum(z, red);
   for (int64_t c = threadIdx.x; c < dv; c += kAttnThreads) {
     float acc = 0.0f;
-    for (int64_t j = 0; j <= i; ++j) acc += s[j] / z * v[(j * Hkv + hk) * dv + c];
+    for (int64_t j = b; j <= i; ++j) acc += s[j - b] / z * v[(j * Hkv + hk) * dv + c];
     out[(i * Hq + h) * dv + c] = acc;
   }
   if (threadIdx.x == 0) lse[i * Hq + h] = m + logf(z);
@@ -810,11 +841,13 @@ __global__ void __launch_bounds__(kAttnThreads)
     attn_train_dq_kernel(const float* __restrict__ q, const float* __restrict__ k,
                          const float* __restrict__ v, const float* __restrict__ out,
                          const float* __restrict__ lse, const float* __restrict__ d_out,
-                         float scale, int64_t Hq, int64_t Hkv, int64_t d, int64_t dv,
-                         float* __restrict__ d_rows, float* __restrict__ dq) {
-  extern __shared__ float ds[];
+                         float scale, const int64_t* cu, int64_t nseq, int64_t T, int64_t Hq,
+                         int64_t Hkv, int64_t d, int64_t dv, float* __restrict__ d_rows,
+                         float* __restrict__ dq) {
+  extern __shared__ float ds[];  // ds[j - b]
   __shared__ float red[32];
   const int64_t i = blockIdx.x, h = blockIdx.y, hk = h / (Hq / Hkv);
+  const int64_t b = row_seq(cu, nseq, T, i).begin;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float* qi = q + (i * Hq + h) * d;
   const float* doi = d_out + (i * Hq + h) * dv;
@@ -823,18 +856,18 @@ __global__ void __launch_bounds__(kAttnThreads)
     part += doi[c] * out[(i * Hq + h) * dv + c];
   const float D = dev::block_sum(part, red);
   const float l = lse[i * Hq + h];
-  for (int64_t j = warp; j <= i; j += kAttnWarps) {
+  for (int64_t j = b + warp; j <= i; j += kAttnWarps) {
     const float sdot = warp_dot(qi, k + (j * Hkv + hk) * d, d, lane);
     const float vdot = warp_dot(doi, v + (j * Hkv + hk) * dv, dv, lane);
     if (lane == 0) {
       const float p = expf(scale * sdot - l);
-      ds[j] = p * (vdot - D) * scale;
+      ds[j - b] = p * (vdot - D) * scale;
     }
   }
   __syncthreads();
   for (int64_t c = threadIdx.x; c < d; c += kAttnThreads) {
     float acc = 0.0f;
-    for (int64_t j = 0; j <= i; ++j) acc += ds[j] * k[(j * Hkv + hk) * d + c];
+    for (int64_t j = b; j <= i; ++j) acc += ds[j - b] * k[(j * Hkv + hk) * d + c];
     dq[(i * Hq + h) * d + c] = acc;
   }
   if (threadIdx.x == 0) d_rows[i * Hq + h] = D;
@@ -845,10 +878,12 @@ __global__ void __launch_bounds__(kAttnThreads)
     attn_train_dkv_kernel(const float* __restrict__ q, const float* __restrict__ k,
                           const float* __restrict__ v, const float* __restrict__ lse,
                           const float* __restrict__ d_out, const float* __restrict__ d_rows,
-                          float scale, int64_t T, int64_t Hq, int64_t Hkv, int64_t d, int64_t dv,
-                          float* __restrict__ dk, float* __restrict__ dvv) {
+                          float scale, const int64_t* cu, int64_t nseq, int64_t T, int64_t Hq,
+                          int64_t Hkv, int64_t d, int64_t dv, float* __restrict__ dk,
+                          float* __restrict__ dvv) {
   __shared__ float pb[kAttnTile], dsb[kAttnTile];
   const int64_t j = blockIdx.x, hk = blockIdx.y, group = Hq / Hkv;
+  const int64_t e = row_seq(cu, nseq, T, j).end;  // key j is seen by queries j .. e - 1
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float* kj = k + (j * Hkv + hk) * d;
   const float* vj = v + (j * Hkv + hk) * dv;
@@ -856,8 +891,8 @@ __global__ void __launch_bounds__(kAttnThreads)
 #pragma unroll
   for (int e = 0; e < kAttnPerThread; ++e) dk_acc[e] = dv_acc[e] = 0.0f;
   for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-    for (int64_t i0 = j; i0 < T; i0 += kAttnTile) {
-      const int64_t n = T - i0 < kAttnTile ? T - i0 : kAttnTile;
+    for (int64_t i0 = j; i0 < e; i0 += kAttnTile) {
+      const int64_t n = e - i0 < kAttnTile ? e - i0 : kAttnTile;
       for (int64_t x = warp; x < n; x += kAttnWarps) {
         const int64_t i = i0 + x;
         const float sdot = warp_dot(q + (i * Hq + h) * d, kj, d, lane);
@@ -908,30 +943,34 @@ void set_scores_smem(const void* kernel, size_t bytes) {
 namespace launch {
 void causal_attention_forward(cudaStream_t stream, const float* q, const float* k, const float* v,
                               float scale, int64_t T, int64_t Hq, int64_t Hkv, int64_t d,
-                              int64_t dv, float* out, float* lse) {
+                              int64_t dv, float* out, float* lse, const int64_t* cu, int64_t nseq,
+                              int64_t max_T) {
   if (T == 0 || Hq == 0) return;
   check_y(Hq, "causal_attention_forward");
-  const size_t smem = scores_smem_bytes(T);
+  const size_t smem = scores_smem_bytes(cu != nullptr ? max_T : T);
   set_scores_smem(reinterpret_cast<const void*>(attn_train_fwd_kernel), smem);
   const dim3 grid(blocks_of(T, 1), static_cast<unsigned>(Hq));
-  attn_train_fwd_kernel<<<grid, kAttnThreads, smem, stream>>>(q, k, v, scale, Hq, Hkv, d, dv, out,
-                                                              lse);
+  attn_train_fwd_kernel<<<grid, kAttnThreads, smem, stream>>>(q, k, v, scale, cu, nseq, T, Hq, Hkv,
+                                                              d, dv, out, lse);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
 void causal_attention_backward(cudaStream_t stream, const float* q, const float* k, const float* v,
                                const float* out, const float* lse, const float* d_out, float scale,
                                int64_t T, int64_t Hq, int64_t Hkv, int64_t d, int64_t dv,
-                               float* d_rows, float* dq, float* dk, float* dvv) {
+                               float* d_rows, float* dq, float* dk, float* dvv, const int64_t* cu,
+                               int64_t nseq, int64_t max_T) {
   if (T == 0 || Hq == 0) return;
   check_y(Hq, "causal_attention_backward");
-  const size_t smem = scores_smem_bytes(T);
+  const size_t smem = scores_smem_bytes(cu != nullptr ? max_T : T);
   set_scores_smem(reinterpret_cast<const void*>(attn_train_dq_kernel), smem);
   attn_train_dq_kernel<<<dim3(blocks_of(T, 1), static_cast<unsigned>(Hq)), kAttnThreads, smem,
-                         stream>>>(q, k, v, out, lse, d_out, scale, Hq, Hkv, d, dv, d_rows, dq);
+                         stream>>>(q, k, v, out, lse, d_out, scale, cu, nseq, T, Hq, Hkv, d, dv,
+                                   d_rows, dq);
   LOOM_CUDA_CHECK_LAUNCH();
   attn_train_dkv_kernel<<<dim3(blocks_of(T, 1), static_cast<unsigned>(Hkv)), kAttnThreads, 0,
-                          stream>>>(q, k, v, lse, d_out, d_rows, scale, T, Hq, Hkv, d, dv, dk, dvv);
+                          stream>>>(q, k, v, lse, d_out, d_rows, scale, cu, nseq, T, Hq, Hkv, d, dv,
+                                    dk, dvv);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 }  // namespace launch

@@ -30,6 +30,10 @@ void causal_conv1d_backward(const Exec& ex, const Tensor& x, const Tensor& weigh
                             const Tensor& initial_state, bool apply_silu, const Tensor& dout,
                             const Tensor& dfinal_state, const Tensor& dx, const Tensor& dweight,
                             const Tensor& dinitial_state);
+// The packed batch of zero-state sequences in one pass (kernels/conv.h).
+void causal_conv1d_varlen_backward(const Exec& ex, const Tensor& x, const Tensor& weight,
+                                   const Tensor& cu_seqlens, bool apply_silu, const Tensor& dout,
+                                   const Tensor& dx, const Tensor& dweight);
 // One block per value head, the CPU's segment replay; head dims up to 1024 (refused beyond).
 void kda_recurrent_backward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
                             const Tensor& g, const Tensor& beta, float scale,
@@ -51,6 +55,16 @@ void causal_attention_forward(const Exec& ex, const Tensor& q, const Tensor& k, 
 void causal_attention_backward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
                                const Tensor& out, const Tensor& lse, const Tensor& d_out,
                                float scale, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+// Their packed-batch forms: one launch over every sequence (max_seqlen, which must bound every
+// sequence's length, up to kAttnMaxTrainLen).
+void causal_attention_varlen_forward(const Exec& ex, const Tensor& q, const Tensor& k,
+                                     const Tensor& v, const Tensor& cu_seqlens, int64_t max_seqlen,
+                                     float scale, const Tensor& out, const Tensor& lse);
+void causal_attention_varlen_backward(const Exec& ex, const Tensor& q, const Tensor& k,
+                                      const Tensor& v, const Tensor& cu_seqlens, int64_t max_seqlen,
+                                      const Tensor& out, const Tensor& lse, const Tensor& d_out,
+                                      float scale, const Tensor& dq, const Tensor& dk,
+                                      const Tensor& dv);
 // The MoE backwards (kernels/moe.h). Index tensors (row_of_slot, expert_ids, offsets) are read
 // back and checked on the host first (a training step's few thousand entries), so a bad index
 // aborts with the CPU's words instead of reading out of bounds.

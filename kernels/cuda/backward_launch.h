@@ -32,8 +32,7 @@ enum class GateGrad : int { kSiluMul, kMulSigmoid, kMulSilu };
 //   kMulSilu:    a = x, b = gate:  da = dout * silu(gate),       db = dout * x * silu'(gate).
 void gate_backward(cudaStream_t stream, GateGrad kind, const float* a, const float* b,
                    const float* dout, int64_t n, float* da, float* db);
-void sigmoid_backward(cudaStream_t stream, const float* y, const float* dout, int64_t n,
-                      float* dx);
+void sigmoid_backward(cudaStream_t stream, const float* y, const float* dout, int64_t n, float* dx);
 // dx[r, :] = dout[r, :] * sigmoid(gate[r]), dgate[r] = sigmoid'(gate[r]) * (dout[r, :] . x[r, :]).
 void mul_sigmoid_rows_backward(cudaStream_t stream, const float* x, const float* gate,
                                const float* dout, int64_t n, int64_t c, float* dx, float* dgate);
@@ -65,6 +64,10 @@ struct ConvBackwardArgs {
   float* partials;      // scratch [ceil(T / kColumnSumRows), C, W]
   int64_t T, C, W;
   bool silu;
+  // A packed batch of zero-state sequences (s0, dfin, ds0 null): i64 [num_seqs + 1] row offsets
+  // on the device; null for one sequence of T rows.
+  const int64_t* cu = nullptr;
+  int64_t num_seqs = 1;
 };
 void causal_conv1d_backward(cudaStream_t stream, const ConvBackwardArgs& a);
 
@@ -118,21 +121,24 @@ void attnres_backward(cudaStream_t stream, const float* sources, const float* qu
 
 namespace loom::cuda::launch {
 
-// causal_attention_forward / _backward (kernels/attention_backward.h), one sequence: the CPU's
-// loops with the length-d dot products as warp reductions. Forward and the dq pass take a block
-// per (query, head) with the query's T scores in shared memory; the dk/dv pass a block per (key,
-// kv head), summing its query heads in order and the queries in ascending order. d_rows: [T, Hq]
-// scratch for D_i = dO_i . O_i. Head dims up to kAttnMaxHeadDim.
+// causal_attention_forward / _backward (kernels/attention_backward.h): the CPU's loops with the
+// length-d dot products as warp reductions. Forward and the dq pass take a block per (query, head)
+// with the query's scores in shared memory; the dk/dv pass a block per (key, kv head), summing its
+// query heads in order and the queries in ascending order. d_rows: [T, Hq] scratch for
+// D_i = dO_i . O_i. Head dims up to kAttnMaxHeadDim. One sequence of T rows with cu null; else a
+// packed batch, cu: i64 [nseq + 1] row offsets on the device, each row attending within its own
+// sequence, max_T at least every sequence's length (it sizes the scores).
 inline constexpr int64_t kAttnMaxHeadDim = 512;
 inline constexpr int64_t kAttnMaxTrainLen = 49152;  // the scores' shared memory: 192 KB
 void causal_attention_forward(cudaStream_t stream, const float* q, const float* k, const float* v,
                               float scale, int64_t T, int64_t Hq, int64_t Hkv, int64_t d,
-                              int64_t dv, float* out, float* lse);
-void causal_attention_backward(cudaStream_t stream, const float* q, const float* k,
-                               const float* v, const float* out, const float* lse,
-                               const float* d_out, float scale, int64_t T, int64_t Hq,
-                               int64_t Hkv, int64_t d, int64_t dv, float* d_rows, float* dq,
-                               float* dk, float* dvv);
+                              int64_t dv, float* out, float* lse, const int64_t* cu = nullptr,
+                              int64_t nseq = 1, int64_t max_T = 0);
+void causal_attention_backward(cudaStream_t stream, const float* q, const float* k, const float* v,
+                               const float* out, const float* lse, const float* d_out, float scale,
+                               int64_t T, int64_t Hq, int64_t Hkv, int64_t d, int64_t dv,
+                               float* d_rows, float* dq, float* dk, float* dvv,
+                               const int64_t* cu = nullptr, int64_t nseq = 1, int64_t max_T = 0);
 
 }  // namespace loom::cuda::launch
 
@@ -143,8 +149,8 @@ namespace loom::cuda::launch {
 // for the scores (into p_buf [T, E]) and d_logits += (each gradient finished before it is added);
 // one thread an expert for its probability mass in row order (double); one thread for the loss.
 void moe_aux_loss(cudaStream_t stream, const float* logits, int64_t T, int64_t E, bool sigmoid,
-                  const float* c, const double* coef, float* p_buf, float* s_buf,
-                  double* mass, float* loss, float* d_logits);
+                  const float* c, const double* coef, float* p_buf, float* s_buf, double* mass,
+                  float* loss, float* d_logits);
 
 }  // namespace loom::cuda::launch
 
@@ -158,12 +164,18 @@ namespace loom::cuda::launch {
 inline constexpr int64_t kKdaBackwardMaxDim = 1024;
 int64_t kda_backward_scratch_floats(int64_t T, int64_t Hv, int64_t dk, int64_t dv);
 struct KdaBackwardArgs {
-  const float *q, *k, *v, *g, *beta, *s0, *d_out, *d_final;  // d_final may be null
+  // d_final may be null; so may s0 (zero states) in the chunked backward's packed batch.
+  const float *q, *k, *v, *g, *beta, *s0, *d_out, *d_final;
   float scale;
   int64_t T, Hk, Hv, dk, dv;
   bool scalar_g;
   float *dq, *dk_out, *dv_out, *dg, *dbeta, *d_s0;  // d_s0 may be null
   float* scratch;  // kda_backward_scratch_floats(T, Hv, dk, dv) floats
+  // The chunked backward's packed batch (the recurrent one takes one sequence): null for one
+  // sequence of T rows; else i64 [num_seqs + 1] row offsets on the device, each sequence with its
+  // own [Hv, dk, dv] states in s0, d_final and d_s0, and max_T >= every sequence's length.
+  const int64_t* cu_seqlens = nullptr;
+  int64_t num_seqs = 1, max_T = 0;
 };
 void kda_recurrent_backward(cudaStream_t stream, const KdaBackwardArgs& a);
 

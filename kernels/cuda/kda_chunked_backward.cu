@@ -1,5 +1,6 @@
 // The chunked (WY/UT) delta-rule backward on CUDA: the algorithm and notation of its CPU twin
-// (kernels/cpu/kda_chunked_backward.cc has the equations), one block per value head.
+// (kernels/cpu/kda_chunked_backward.cc has the equations), one block per value head of each
+// sequence of a packed batch (a block does exactly what a launch for its sequence alone does).
 //
 // The block first runs the chunked forward from the initial state and keeps only the state before
 // each 64-token chunk (global scratch), then walks the chunks last first: it recomputes the chunk's
@@ -43,8 +44,9 @@ __host__ __device__ inline int64_t head_work_floats(int64_t dk, int64_t dv) {
   return 2 * (4 * kC * dk + dk) + 11 * kC * dk + 4 * kC * dv + 4 * kC * kC + 2 * dk * dv + kC;
 }
 
-__device__ inline HeadWork head_work(const KdaBackwardArgs& a, int64_t h) {
-  float* p = a.scratch + h * head_work_floats(a.dk, a.dv);
+// Block `blk` (sequence * Hv + value head)'s chunk buffers.
+__device__ inline HeadWork head_work(const KdaBackwardArgs& a, int64_t blk) {
+  float* p = a.scratch + blk * head_work_floats(a.dk, a.dv);
   const int64_t cd = kC * a.dk, cv = kC * a.dv, cc = kC * kC;
   HeadWork w;
   auto take_d = [&](int64_t n) {
@@ -87,12 +89,43 @@ __device__ inline HeadWork head_work(const KdaBackwardArgs& a, int64_t h) {
   return w;
 }
 
-__device__ inline float* head_ckpt(const KdaBackwardArgs& a, int64_t h) {
-  return a.scratch + a.Hv * head_work_floats(a.dk, a.dv) + h * chunks_of(a.T) * a.dk * a.dv;
+// Blocks of a launch: one per (sequence, value head).
+__host__ __device__ inline int64_t blocks_of_launch(const KdaBackwardArgs& a) {
+  return a.num_seqs * a.Hv;
+}
+
+__device__ inline float* head_ckpt(const KdaBackwardArgs& a, int64_t blk) {
+  return a.scratch + blocks_of_launch(a) * head_work_floats(a.dk, a.dv) +
+         blk * chunks_of(a.max_T) * a.dk * a.dv;
 }
 
 __device__ inline float* shares_base(const KdaBackwardArgs& a) {
-  return a.scratch + a.Hv * (head_work_floats(a.dk, a.dv) + chunks_of(a.T) * a.dk * a.dv);
+  return a.scratch +
+         blocks_of_launch(a) * (head_work_floats(a.dk, a.dv) + chunks_of(a.max_T) * a.dk * a.dv);
+}
+
+// The arguments as one sequence sees them: every row pointer moved to its first row, T its
+// length, the states its own (a single sequence: the arguments as given).
+__device__ inline KdaBackwardArgs sequence_args(const KdaBackwardArgs& a, int64_t s) {
+  if (a.cu_seqlens == nullptr) return a;
+  KdaBackwardArgs l = a;
+  const int64_t r = a.cu_seqlens[s], gw = a.scalar_g ? 1 : a.dk, area = a.dk * a.dv;
+  l.T = a.cu_seqlens[s + 1] - r;
+  l.q += r * a.Hk * a.dk;
+  l.k += r * a.Hk * a.dk;
+  l.v += r * a.Hv * a.dv;
+  l.g += r * a.Hv * gw;
+  l.beta += r * a.Hv;
+  l.d_out += r * a.Hv * a.dv;
+  l.dq += r * a.Hk * a.dk;
+  l.dk_out += r * a.Hk * a.dk;
+  l.dv_out += r * a.Hv * a.dv;
+  l.dg += r * a.Hv * gw;
+  l.dbeta += r * a.Hv;
+  if (l.s0 != nullptr) l.s0 += s * a.Hv * area;
+  if (l.d_final != nullptr) l.d_final += s * a.Hv * area;
+  if (l.d_s0 != nullptr) l.d_s0 += s * a.Hv * area;
+  return l;
 }
 
 // exp(x) of an f64 exponent x <= 0 (a decay or a difference of decays), to f32.
@@ -370,18 +403,24 @@ __device__ void backward_chunk(const KdaBackwardArgs& a, const HeadWork& w, int6
   }
 }
 
-__global__ void __launch_bounds__(kThreads) kda_chunked_backward_kernel(KdaBackwardArgs a) {
-  const int64_t h = blockIdx.x, dk = a.dk, dv = a.dv, area = dk * dv, n = chunks_of(a.T);
+__global__ void __launch_bounds__(kThreads) kda_chunked_backward_kernel(KdaBackwardArgs all) {
+  // Block (h, s): value head h of sequence s. The shares of dq and dk span every row of the launch
+  // (the head sum runs over them all), so their pointers move to the sequence's first row here.
+  const int64_t h = blockIdx.x, s = blockIdx.y, blk = s * all.Hv + h;
+  const int64_t row0 = all.cu_seqlens != nullptr ? all.cu_seqlens[s] : 0;
+  const KdaBackwardArgs a = sequence_args(all, s);
+  const int64_t dk = a.dk, dv = a.dv, area = dk * dv, n = chunks_of(a.T);
   const int tid = threadIdx.x, nt = blockDim.x;
-  const HeadWork w = head_work(a, h);
-  float* ckpt = head_ckpt(a, h);
+  const HeadWork w = head_work(all, blk);
+  float* ckpt = head_ckpt(all, blk);
   const bool direct = a.Hv == a.Hk;  // each value head owns its key head's rows of dq and dk
-  float* shares = shares_base(a);
-  float* dq_share = direct ? a.dq + h * dk : shares + h * a.T * dk;
-  float* dk_share = direct ? a.dk_out + h * dk : shares + (a.Hv + h) * a.T * dk;
+  float* shares = shares_base(all);
+  float* dq_share = direct ? a.dq + h * dk : shares + (h * all.T + row0) * dk;
+  float* dk_share = direct ? a.dk_out + h * dk : shares + ((a.Hv + h) * all.T + row0) * dk;
   const int64_t share_stride = direct ? a.Hk * dk : dk;
   // The boundary pass: the state before every chunk.
-  for (int64_t idx = tid; idx < area; idx += nt) w.S0[idx] = a.s0[h * area + idx];
+  for (int64_t idx = tid; idx < area; idx += nt)
+    w.S0[idx] = a.s0 != nullptr ? a.s0[h * area + idx] : 0.0f;
   __syncthreads();
   for (int64_t c = 0; c + 1 < n; ++c) {
     const int64_t t0 = c * kC, L = t0 + kC < a.T ? kC : a.T - t0;
@@ -435,14 +474,15 @@ __global__ void __launch_bounds__(256) kda_chunked_backward_sum_heads_kernel(Kda
 namespace launch {
 
 int64_t kda_chunked_backward_scratch_floats(int64_t T, int64_t Hk, int64_t Hv, int64_t dk,
-                                            int64_t dv) {
+                                            int64_t dv, int64_t num_seqs, int64_t max_T) {
   const int64_t shares = Hv == Hk ? 0 : 2 * Hv * T * dk;
-  return Hv * (head_work_floats(dk, dv) + chunks_of(T) * dk * dv) + shares;
+  return num_seqs * Hv * (head_work_floats(dk, dv) + chunks_of(max_T) * dk * dv) + shares;
 }
 
 void kda_chunked_backward(cudaStream_t stream, const KdaBackwardArgs& a) {
-  if (a.Hv == 0) return;
-  kda_chunked_backward_kernel<<<static_cast<unsigned>(a.Hv), kThreads, 0, stream>>>(a);
+  if (a.Hv == 0 || a.num_seqs == 0) return;
+  const dim3 grid(static_cast<unsigned>(a.Hv), static_cast<unsigned>(a.num_seqs));
+  kda_chunked_backward_kernel<<<grid, kThreads, 0, stream>>>(a);
   LOOM_CUDA_CHECK_LAUNCH();
   const int64_t n = a.T * a.Hk * a.dk;
   if (a.Hv != a.Hk && n > 0) {

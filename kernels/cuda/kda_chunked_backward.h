@@ -21,4 +21,14 @@ void kda_chunked_backward(const Exec& ex, const Tensor& q, const Tensor& k, cons
                           const Tensor& dv, const Tensor& dg, const Tensor& dbeta,
                           const Tensor& d_initial_state);
 
+// kda_varlen_backward (kernels/kda_backward.h) in one launch: every sequence of the packed batch
+// from a zero state, one block per (value head, sequence), each doing what a launch for its
+// sequence alone does (the same bits). Scratch: the chunk buffers per block, the chunk states of
+// the longest sequence (max_seqlen, which must bound every sequence) per block.
+void kda_chunked_varlen_backward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& g, const Tensor& beta, float scale,
+                                 const Tensor& cu_seqlens, int64_t max_seqlen, const Tensor& d_out,
+                                 const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                 const Tensor& dg, const Tensor& dbeta);
+
 }  // namespace loom::cuda

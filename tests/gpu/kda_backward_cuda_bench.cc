@@ -18,6 +18,8 @@
 // (q, k, v, g, beta, d_out read once, their gradients written once, each chunk's state written
 // and read once, all f32). Ceilings of the lent H200 (bench/results/gpu-h200.md): 4.2 TB/s
 // measured copy, ~60 TFLOP/s f32 on CUDA cores (~790 TFLOP/s bf16 dense on tensor cores).
+// Then packed batches (16 x 1024 tokens at the bundled default's H = 4, d = 64; 8 x 1024 at H = 32,
+// d = 128): kda_varlen_backward's one launch against one call per sequence.
 // Prints "KDABWD <form> T=<T> H=<H> d=<d> <median> ms ..." lines (the recurrent ones with their
 // ratio to the chunked time) and GPUBENCH lines for the chunked form (tests/gpu/run.sh's table).
 #include <cuda_runtime.h>
@@ -149,6 +151,54 @@ void run() {
                   static_cast<long long>(T), static_cast<long long>(H), static_cast<long long>(d),
                   recurrent, recurrent / chunked);
     }
+    std::fflush(stdout);
+  }
+  // The trainer's packed batch: B sequences of 1024 tokens in one kda_varlen_backward launch
+  // against one kda_chunked_backward call per sequence (what the trainer ran before). The
+  // bundled default's KDA layers (H = 4, d = 64) and a production-sized one (H = 32, d = 128).
+  struct Packed {
+    int64_t B, T, H, d;
+  };
+  for (const Packed& s : {Packed{16, 1024, 4, 64}, Packed{8, 1024, 32, 128}}) {
+    const int64_t N = s.B * s.T, H = s.H, d = s.d;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    const Tensor s0 = cuda::to_device(Tensor::zeros({H, d, d}));
+    Tensor cu_host = Tensor::empty({s.B + 1}, DType::kI64);
+    for (int64_t b = 0; b <= s.B; ++b) cu_host.data<int64_t>()[b] = b * s.T;
+    const Tensor cu = cuda::to_device(cu_host);
+    const Tensor q = view(in.q, N, H, d), k = view(in.k, N, H, d), v = view(in.v, N, H, d),
+                 g = view(in.g, N, H, d), beta = view(in.beta, N, H, 1).reshape({N, H}),
+                 d_out = view(in.d_out, N, H, d);
+    const Tensor dq = Tensor::empty(q.shape(), DType::kF32, Device::cuda(0)),
+                 dk = Tensor::empty(k.shape(), DType::kF32, Device::cuda(0)),
+                 dv = Tensor::empty(v.shape(), DType::kF32, Device::cuda(0)),
+                 dg = Tensor::empty(g.shape(), DType::kF32, Device::cuda(0)),
+                 db = Tensor::empty(beta.shape(), DType::kF32, Device::cuda(0));
+    const double chunks = std::ceil(s.T / 64.0) * s.B, C = 64.0, dd = static_cast<double>(d);
+    const double flops = chunks * H * (7 * C * C * dd + 6 * C * C * dd + 18 * C * dd * dd);
+    const double packed = time_ms([&] {
+      kda_varlen_backward(gpu(), q, k, v, g, beta, scale, cu, s.T, d_out, dq, dk, dv, dg, db);
+    });
+    const double each = time_ms([&] {
+      for (int64_t b = 0; b < s.B; ++b) {
+        const int64_t r0 = b * s.T, r1 = r0 + s.T;
+        kda_chunked_backward(gpu(), q.slice(0, r0, r1), k.slice(0, r0, r1), v.slice(0, r0, r1),
+                             g.slice(0, r0, r1), beta.slice(0, r0, r1), scale, s0,
+                             d_out.slice(0, r0, r1), Tensor(), dq.slice(0, r0, r1),
+                             dk.slice(0, r0, r1), dv.slice(0, r0, r1), dg.slice(0, r0, r1),
+                             db.slice(0, r0, r1), Tensor());
+      }
+    });
+    std::printf(
+        "KDABWD packed B=%lld T=%lld H=%lld d=%lld %.3f ms %.2f TFLOP/s (%.1f%% of f32); one call "
+        "per sequence %.3f ms (%.1fx)\n",
+        static_cast<long long>(s.B), static_cast<long long>(s.T), static_cast<long long>(H),
+        static_cast<long long>(d), packed, flops / packed / 1e9,
+        100 * flops / packed / 1e-3 / kF32Flops, each, each / packed);
+    const std::string name = "kda_varlen_backward_f32_B" + std::to_string(s.B) + "_T" +
+                             std::to_string(s.T) + "_H" + std::to_string(H) + "_d" +
+                             std::to_string(d);
+    emit_gpubench(name.c_str(), flops / packed / 1e9, "TFLOP/s", kF32Flops / 1e12, packed);
     std::fflush(stdout);
   }
 }
