@@ -316,10 +316,15 @@ absl::StatusOr<RunConfig> parse_run_config(std::string_view text) {
 
   if (!j.contains("data")) return bad("run.data", "required");
   const json& d = j["data"];
-  LOOM_RETURN_IF_ERROR(only_keys(
-      d, "data",
-      {"task", "mqar", "tool_dialogue", "passkey", "mix", "tokenizer", "shards", "seq_len"}));
+  LOOM_RETURN_IF_ERROR(only_keys(d, "data",
+                                 {"task", "mqar", "tool_dialogue", "passkey", "mix", "tokenizer",
+                                  "shards", "seq_len", "loss"}));
   LOOM_RETURN_IF_ERROR(read(d, "task", "data", c.task));
+  std::string loss = "answers";
+  LOOM_RETURN_IF_ERROR(read(d, "loss", "data", loss));
+  if (loss != "answers" && loss != "all")
+    return bad("data.loss", absl::StrCat("'", loss, "' (answers or all)"));
+  c.score_all_tokens = loss == "all";
   if (c.task != "mqar" && c.task != "passkey" && c.task != "tool_dialogue" && c.task != "mix" &&
       c.task != "shards")
     return bad("data.task",

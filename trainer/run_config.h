@@ -41,6 +41,9 @@ struct RunConfig {
   PasskeyTrainOptions passkey;
   std::string tokenizer;
   std::vector<TaskWeight> mix;  // task "mix": at least one task, each at most once
+  // data.loss: "answers" (false: each task's answers, its loss mask) or "all" (true: every
+  // next-token prediction of a synthetic example; shards always score every token).
+  bool score_all_tokens = false;
   std::vector<std::string> shards;
   int seq_len = 256;
   int batch_size = 8;

@@ -12,6 +12,21 @@ int64_t Example::scored() const {
   return std::count(loss_mask.begin(), loss_mask.end(), uint8_t{1});
 }
 
+void drop_unscored_tail(Example& ex) {
+  const auto last = std::find(ex.loss_mask.rbegin(), ex.loss_mask.rend(), uint8_t{1});
+  if (last == ex.loss_mask.rend()) return;
+  // Position i scores tokens[i + 1]: keep through the last scored position's target.
+  const size_t keep = static_cast<size_t>(ex.loss_mask.rend() - last) + 1;
+  ex.tokens.resize(keep);
+  ex.loss_mask.resize(keep);
+  ex.loss_mask.back() = 0;
+}
+
+void score_all_tokens(Example& ex) {
+  std::fill(ex.loss_mask.begin(), ex.loss_mask.end(), uint8_t{1});
+  if (!ex.loss_mask.empty()) ex.loss_mask.back() = 0;
+}
+
 absl::Status MqarOptions::validate() const {
   if (num_pairs < 1 || 4LL * num_pairs > seq_len)
     return absl::InvalidArgumentError(absl::StrCat(

@@ -26,6 +26,15 @@ struct Example {
   int64_t scored() const;
 };
 
+// What a training run does to a drawn example (trainer/train_run.cc):
+// - drop_unscored_tail cuts the tokens after the last scored prediction (MQAR's padding). A causal
+//   model's predictions at the scored positions do not depend on later tokens, so the run trains
+//   on the same objective at less compute. An example with nothing scored is left alone.
+// - score_all_tokens (data.loss "all") scores every next-token prediction: language modelling on
+//   the whole example (a passkey's filler, MQAR's keys), not only the answers.
+void drop_unscored_tail(Example& ex);
+void score_all_tokens(Example& ex);
+
 struct MqarOptions {
   int num_pairs = 16;
   int seq_len = 256;                      // padded with pad_id after the queries (unscored)

@@ -281,9 +281,14 @@ absl::StatusOr<RunSummary> run_training(const RunConfig& c, std::FILE* progress)
       } else if (task == "passkey") {
         LOOM_ASSIGN_OR_RETURN(Example ex, draw_passkey(*text->tokenizer, passkey, seq_len, rng));
         batch.push_back(std::move(ex));
+      } else if (shards) {
+        batch.push_back(shards->draw(rng, seq_len));
       } else {
-        batch.push_back(shards ? shards->draw(rng, seq_len) : make_mqar(mqar, rng));
+        Example ex = make_mqar(mqar, rng);
+        drop_unscored_tail(ex);  // the padding after the queries
+        batch.push_back(std::move(ex));
       }
+      if (c.score_all_tokens) score_all_tokens(batch.back());
     }
     LOOM_ASSIGN_OR_RETURN(const StepStats stats, step.run(batch));
     tokens += stats.tokens;

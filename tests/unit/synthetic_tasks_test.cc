@@ -12,6 +12,31 @@
 namespace loom {
 namespace {
 
+TEST(Mqar, TrainingDropsThePaddingAndCanScoreEveryToken) {
+  std::mt19937_64 rng(5);
+  MqarOptions o;
+  o.num_pairs = 5;
+  o.seq_len = 64;
+  Example ex = make_mqar(o, rng);
+  const Example whole = ex;
+  drop_unscored_tail(ex);
+  ASSERT_EQ(ex.tokens.size(), 20u);  // 5 pairs, then 5 keys each followed by its value
+  EXPECT_EQ(ex.loss_mask.size(), 20u);
+  EXPECT_EQ(ex.scored(), 5);
+  for (size_t i = 0; i < ex.tokens.size(); ++i) {
+    EXPECT_EQ(ex.tokens[i], whole.tokens[i]) << i;
+    EXPECT_EQ(ex.loss_mask[i], whole.loss_mask[i]) << i;
+  }
+  for (size_t i = ex.tokens.size(); i < whole.tokens.size(); ++i)
+    EXPECT_EQ(whole.tokens[i], o.pad_id) << i;  // only padding went
+  score_all_tokens(ex);
+  EXPECT_EQ(ex.scored(), 19);
+  EXPECT_EQ(ex.loss_mask.back(), 0);
+  Example none{{1, 2, 3}, {0, 0, 0}};
+  drop_unscored_tail(none);
+  EXPECT_EQ(none.tokens.size(), 3u);  // nothing scored: left alone
+}
+
 TEST(Mqar, EveryScoredPositionRecallsItsKeysValue) {
   std::mt19937_64 rng(3);
   MqarOptions o;

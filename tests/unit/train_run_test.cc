@@ -98,6 +98,14 @@ TEST(RunConfig, NamesTheFieldOfEveryMistake) {
   j = good;
   j["optimizer"]["warmup_steps"] = 50;  // past the 8-step schedule
   EXPECT_NE(message_of(j).find("warmup_steps"), std::string::npos);
+  j = good;
+  j["data"]["loss"] = "tokens";
+  EXPECT_NE(message_of(j).find("data.loss"), std::string::npos) << message_of(j);
+  EXPECT_FALSE(parse_run_config(good.dump())->score_all_tokens);
+  j = good;
+  j["data"]["loss"] = "all";
+  ASSERT_TRUE(parse_run_config(j.dump()).ok());
+  EXPECT_TRUE(parse_run_config(j.dump())->score_all_tokens);
   EXPECT_FALSE(parse_run_config("{not json").ok());
   EXPECT_EQ(load_run_config(tmp("missing.json")).status().code(), absl::StatusCode::kNotFound);
 }
@@ -129,6 +137,49 @@ TEST(TrainRun, ResumesFromItsCheckpointExactly) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(again[i], losses[4 + i]) << "step " << 5 + i;
   fs::remove_all(a);
   fs::remove_all(b);
+}
+
+// MQAR examples train without the padding after their queries (3 pairs: 12 of the 16 tokens), and
+// data.loss "all" scores every next token of what is left. The oracle draws the run's examples by
+// hand from its seed (7) and takes the model's loss on each, their mean the first step's loss.
+TEST(TrainRun, MqarDropsItsPaddingAndCanScoreEveryToken) {
+  for (const bool all : {false, true}) {
+    const std::string out = tmp(all ? "mqar_all" : "mqar_answers");
+    json j = mqar_run(out);
+    j["steps"] = 2;
+    j["checkpoint_every"] = 0;
+    j["optimizer"]["warmup_steps"] = 0;
+    if (all) j["data"]["loss"] = "all";
+    auto cfg = parse_run_config(j.dump());
+    ASSERT_TRUE(cfg.ok()) << cfg.status();
+    ASSERT_TRUE(run_training(*cfg, nullptr).ok());
+
+    auto model_cfg = load_model_config(loom::testing::kFixtures + "/fla_kda_s0");
+    ASSERT_TRUE(model_cfg.ok()) << model_cfg.status();
+    auto model = Model::load(*model_cfg, WeightLoader::synthetic(*model_cfg, 3));
+    ASSERT_TRUE(model.ok()) << model.status();
+    std::mt19937_64 rng(7);
+    double want = 0;
+    for (int b = 0; b < 2; ++b) {
+      Example ex = make_mqar(cfg->mqar, rng);
+      EXPECT_EQ(ex.tokens.size(), 16u);
+      drop_unscored_tail(ex);
+      EXPECT_EQ(ex.tokens.size(), 12u);  // 3 pairs, 3 queries with their values
+      EXPECT_EQ(ex.scored(), 3);
+      if (all) score_all_tokens(ex);
+      Gradients unused;
+      auto loss = (*model)->loss_and_gradients(ex.tokens, unused, ex.loss_mask);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      want += *loss / 2.0;
+    }
+    std::ifstream f(fs::path(out) / "metrics.jsonl");
+    std::string line;
+    ASSERT_TRUE(std::getline(f, line));
+    const json m = json::parse(line);
+    EXPECT_EQ(m["tokens"].get<int64_t>(), 24);
+    EXPECT_NEAR(m["loss"].get<double>(), want, 1e-5 * want) << (all ? "all" : "answers");
+    fs::remove_all(out);
+  }
 }
 
 TEST(TrainRun, TrainsOnShards) {
