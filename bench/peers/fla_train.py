@@ -17,6 +17,9 @@ Precisions (--precision, a comma list; each one a fresh model and optimizer from
   f32   no autocast; torch's matmuls in true f32 (torch.backends.cuda.matmul.allow_tf32 False,
         torch's default). fla's Triton kernels given f32 inputs use Triton's default dot
         precision, TF32: chunk_kda does not ask for more.
+  bf16w bf16 parameters, AdamW state and activations (model.to(bfloat16)), no autocast: for
+        configs where autocast's mix of bf16 and f32 tensors fails in fla's Triton kernels (its
+        Block AttnRes kernel refuses bf16 and f32 sources together, seen at bc3b101d).
 Timing: the loop does not synchronise per step (no .item(): losses stay on the GPU until the
 end), as a training loop that logs every N steps runs; torch.cuda.synchronize() before the
 first and after the last timed step bounds the wall time, and CUDA events give each step's
@@ -50,7 +53,7 @@ def parse_args():
     ap.add_argument("--config", required=True, help="a flash-linear-attention 'kda' config.json")
     ap.add_argument("--batch", type=int, default=8, help="sequences per step (B)")
     ap.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (T)")
-    ap.add_argument("--precision", default="bf16", help="comma list of bf16, f32")
+    ap.add_argument("--precision", default="bf16", help="comma list of bf16, bf16w, f32")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps first (compiles)")
     ap.add_argument("--steps", type=int, default=500, help="at most this many timed steps")
     ap.add_argument("--seconds", type=float, default=15.0, help="stop timing after about this long")
@@ -63,9 +66,9 @@ def parse_args():
     if a.batch < 1 or a.seq_len < 2 or a.warmup < 1 or a.steps < 1 or a.seconds <= 0:
         ap.error("need --batch >= 1, --seq-len >= 2, --warmup >= 1, --steps >= 1, --seconds > 0")
     a.precisions = [p.strip() for p in a.precision.split(",") if p.strip()]
-    bad = [p for p in a.precisions if p not in ("bf16", "f32")]
+    bad = [p for p in a.precisions if p not in ("bf16", "bf16w", "f32")]
     if bad or not a.precisions:
-        ap.error(f"--precision: {bad or a.precision!r}: each must be bf16 or f32")
+        ap.error(f"--precision: {bad or a.precision!r}: each must be bf16, bf16w or f32")
     return a
 
 
@@ -147,6 +150,8 @@ def main():
         torch.manual_seed(a.seed)
         torch.cuda.reset_peak_memory_stats()
         model = KDAForCausalLM(config).to(dev)  # fp32 parameters, fla's init
+        if precision == "bf16w":
+            model = model.to(torch.bfloat16)
         model.train()
         params = sum(p.numel() for p in model.parameters())
         decay = [p for p in model.parameters() if p.ndim >= 2]
