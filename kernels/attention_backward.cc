@@ -1,9 +1,8 @@
 // Contracts and device dispatch for kernels/attention_backward.h.
 #include "kernels/attention_backward.h"
 
-#include <vector>
-
 #include "kernels/cpu/attention_backward.h"
+#include "kernels/cpu/varlen.h"
 #ifdef LOOM_WITH_CUDA
 #include "kernels/cuda/backward.h"
 #endif
@@ -23,24 +22,6 @@ Dims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v
              "%s: q %s k %s v %s (want q [T, Hq, d], k [T, Hkv, d], v [T, Hkv, dv], Hkv | Hq)", op,
              q.describe().c_str(), k.describe().c_str(), v.describe().c_str());
   return {q.dim(0), q.dim(1), k.dim(1), q.dim(2), v.dim(2)};
-}
-
-// The host's view of a packed batch's offsets, checked against the rows and max_seqlen.
-std::vector<int64_t> checked_offsets(const char* op, const Tensor& cu_seqlens, int64_t rows,
-                                     int64_t max_seqlen) {
-  LOOM_CHECK(cu_seqlens.dtype() == DType::kI64 && cu_seqlens.ndim() == 1 && cu_seqlens.dim(0) >= 1,
-             "%s: cu_seqlens %s (want i64 [B + 1])", op, cu_seqlens.describe().c_str());
-  const Tensor host = cu_seqlens.to(Device::kCpu);
-  std::vector<int64_t> cu(host.data<int64_t>(), host.data<int64_t>() + host.numel());
-  LOOM_CHECK(cu.front() == 0 && cu.back() == rows, "%s: cu_seqlens runs %lld..%lld over %lld rows",
-             op, static_cast<long long>(cu.front()), static_cast<long long>(cu.back()),
-             static_cast<long long>(rows));
-  for (size_t s = 0; s + 1 < cu.size(); ++s)
-    LOOM_CHECK(cu[s] <= cu[s + 1] && cu[s + 1] - cu[s] <= max_seqlen,
-               "%s: sequence %zu is rows %lld..%lld (max_seqlen %lld)", op, s,
-               static_cast<long long>(cu[s]), static_cast<long long>(cu[s + 1]),
-               static_cast<long long>(max_seqlen));
-  return cu;
 }
 
 }  // namespace
@@ -108,12 +89,14 @@ void causal_attention_varlen_forward(const Exec& ex, const Tensor& q, const Tens
     no_kernel_for(ex, kOp);
 #endif
   }
-  const std::vector<int64_t> cu = checked_offsets(kOp, cu_seqlens, d.T, max_seqlen);
-  for (size_t s = 0; s + 1 < cu.size(); ++s) {
-    const int64_t b = cu[s], e = cu[s + 1];
-    if (b == e) continue;
-    cpu::causal_attention_forward(q.slice(0, b, e), k.slice(0, b, e), v.slice(0, b, e), scale,
-                                  out.slice(0, b, e), lse.slice(0, b, e));
+  const int64_t b = cpu::check_cu_seqlens(kOp, cu_seqlens, d.T);
+  cpu::check_max_seqlen(kOp, cu_seqlens, max_seqlen);
+  const int64_t* cu = cu_seqlens.data<int64_t>();
+  for (int64_t s = 0; s < b; ++s) {
+    const int64_t r0 = cu[s], r1 = cu[s + 1];
+    if (r0 == r1) continue;
+    cpu::causal_attention_forward(q.slice(0, r0, r1), k.slice(0, r0, r1), v.slice(0, r0, r1), scale,
+                                  out.slice(0, r0, r1), lse.slice(0, r0, r1));
   }
 }
 
@@ -142,13 +125,16 @@ void causal_attention_varlen_backward(const Exec& ex, const Tensor& q, const Ten
     no_kernel_for(ex, kOp);
 #endif
   }
-  const std::vector<int64_t> cu = checked_offsets(kOp, cu_seqlens, d.T, max_seqlen);
-  for (size_t s = 0; s + 1 < cu.size(); ++s) {
-    const int64_t b = cu[s], e = cu[s + 1];
-    if (b == e) continue;
-    cpu::causal_attention_backward(q.slice(0, b, e), k.slice(0, b, e), v.slice(0, b, e),
-                                   out.slice(0, b, e), lse.slice(0, b, e), d_out.slice(0, b, e),
-                                   scale, dq.slice(0, b, e), dk.slice(0, b, e), dv.slice(0, b, e));
+  const int64_t b = cpu::check_cu_seqlens(kOp, cu_seqlens, d.T);
+  cpu::check_max_seqlen(kOp, cu_seqlens, max_seqlen);
+  const int64_t* cu = cu_seqlens.data<int64_t>();
+  for (int64_t s = 0; s < b; ++s) {
+    const int64_t r0 = cu[s], r1 = cu[s + 1];
+    if (r0 == r1) continue;
+    cpu::causal_attention_backward(q.slice(0, r0, r1), k.slice(0, r0, r1), v.slice(0, r0, r1),
+                                   out.slice(0, r0, r1), lse.slice(0, r0, r1),
+                                   d_out.slice(0, r0, r1), scale, dq.slice(0, r0, r1),
+                                   dk.slice(0, r0, r1), dv.slice(0, r0, r1));
   }
 }
 

@@ -2,6 +2,7 @@
 #include "kernels/conv.h"
 
 #include "kernels/cpu/conv.h"
+#include "kernels/cpu/varlen.h"
 #ifdef LOOM_WITH_CUDA
 #include "kernels/cuda/backward.h"
 #include "kernels/cuda/conv.h"
@@ -68,8 +69,6 @@ void causal_conv1d_varlen_backward(const Exec& ex, const Tensor& x, const Tensor
   LOOM_CHECK_SHAPE(dout, T, C);
   LOOM_CHECK_SHAPE(dx, T, C);
   LOOM_CHECK(dx.raw() != x.raw() || T * C == 0, "%s: dx aliases x", kOp);
-  LOOM_CHECK(cu_seqlens.dtype() == DType::kI64 && cu_seqlens.ndim() == 1 && cu_seqlens.dim(0) >= 1,
-             "%s: cu_seqlens %s (want i64 [B + 1])", kOp, cu_seqlens.describe().c_str());
   if (!ex.device.is_cpu()) {
 #ifdef LOOM_WITH_CUDA
     return cuda::causal_conv1d_varlen_backward(ex, x, weight, cu_seqlens, apply_silu, dout, dx,
@@ -78,14 +77,9 @@ void causal_conv1d_varlen_backward(const Exec& ex, const Tensor& x, const Tensor
     no_kernel_for(ex, kOp);
 #endif
   }
-  const int64_t b = cu_seqlens.dim(0) - 1;
+  const int64_t b = cpu::check_cu_seqlens(kOp, cu_seqlens, T);
   const int64_t* cu = cu_seqlens.data<int64_t>();
-  LOOM_CHECK(cu[0] == 0 && cu[b] == T, "%s: cu_seqlens runs %lld..%lld over %lld rows", kOp,
-             static_cast<long long>(cu[0]), static_cast<long long>(cu[b]),
-             static_cast<long long>(T));
   for (int64_t s = 0; s < b; ++s) {
-    LOOM_CHECK(cu[s] <= cu[s + 1], "%s: cu_seqlens decreases at %lld", kOp,
-               static_cast<long long>(s));
     cpu::causal_conv1d_backward(x.slice(0, cu[s], cu[s + 1]), weight, Tensor(), apply_silu,
                                 dout.slice(0, cu[s], cu[s + 1]), Tensor(),
                                 dx.slice(0, cu[s], cu[s + 1]), dweight, Tensor());

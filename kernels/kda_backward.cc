@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/kda_backward.h"
 #include "kernels/cpu/kda_chunked_backward.h"
+#include "kernels/cpu/varlen.h"
 #include "kernels/elementwise.h"
 #ifdef LOOM_WITH_CUDA
 #include "kernels/cuda/backward.h"
@@ -126,8 +127,6 @@ void kda_varlen_backward(const Exec& ex, const Tensor& q, const Tensor& k, const
                          const Tensor& dbeta) {
   static constexpr const char* kOp = "kda_varlen_backward";
   LOOM_ON_EXEC_DEVICE(ex, kOp, cu_seqlens);
-  LOOM_CHECK(cu_seqlens.dtype() == DType::kI64 && cu_seqlens.ndim() == 1 && cu_seqlens.dim(0) >= 1,
-             "%s: cu_seqlens %s (want i64 [B + 1])", kOp, cu_seqlens.describe().c_str());
   LOOM_CHECK(max_seqlen >= 0, "%s: max_seqlen %lld", kOp, static_cast<long long>(max_seqlen));
   if (!ex.device.is_cpu() && !ex.batch_invariant) {
     check_delta_rule_backward(kOp, ex, q, k, v, g, beta, Tensor(), d_out, Tensor(), dq, dk, dv, dg,
@@ -141,19 +140,13 @@ void kda_varlen_backward(const Exec& ex, const Tensor& q, const Tensor& k, const
   }
   // One call per sequence, from a zero state, in the form its forward took.
   const Tensor cu_host = cu_seqlens.to(Device::kCpu);
+  const int64_t b = cpu::check_cu_seqlens(kOp, cu_host, q.dim(0));
+  cpu::check_max_seqlen(kOp, cu_host, max_seqlen);
   const int64_t* cu = cu_host.data<int64_t>();
-  const int64_t b = cu_seqlens.dim(0) - 1;
-  LOOM_CHECK(cu[0] == 0 && cu[b] == q.dim(0), "%s: cu_seqlens runs %lld..%lld over %lld rows", kOp,
-             static_cast<long long>(cu[0]), static_cast<long long>(cu[b]),
-             static_cast<long long>(q.dim(0)));
   Tensor zero_state = Tensor::empty({v.dim(1), q.dim(2), v.dim(2)}, DType::kF32, ex.device);
   zero_fill(ex, zero_state);
   for (int64_t s = 0; s < b; ++s) {
     const int64_t r0 = cu[s], r1 = cu[s + 1];
-    LOOM_CHECK(r0 <= r1 && r1 - r0 <= max_seqlen,
-               "%s: sequence %lld is rows %lld..%lld (max_seqlen %lld)", kOp,
-               static_cast<long long>(s), static_cast<long long>(r0), static_cast<long long>(r1),
-               static_cast<long long>(max_seqlen));
     if (r0 == r1) continue;
     const auto form =
         kda_backward_takes_recurrence(ex, r1 - r0) ? kda_recurrent_backward : kda_chunked_backward;

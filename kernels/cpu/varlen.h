@@ -1,4 +1,5 @@
-// Contract checks shared by the CPU twins of the varlen ops (kernels/conv.h, kda.h, attention.h):
+// Contract checks shared by the CPU twins of the varlen ops (kernels/conv.h, kda.h, attention.h,
+// and the trainer's packed backward in kda_backward.h and attention_backward.h):
 // the step data that says which rows, slots and pages belong to which sequence.
 #pragma once
 
@@ -24,6 +25,17 @@ inline int64_t check_cu_seqlens(const char* op, const Tensor& cu_seqlens, int64_
     LOOM_CHECK(cu[i] <= cu[i + 1], "%s: cu_seqlens decreases at %lld", op,
                static_cast<long long>(i));
   return b;
+}
+
+// Every sequence of a checked cu_seqlens at most max_seqlen rows (the bound a caller gives for
+// launch sizes and scratch).
+inline void check_max_seqlen(const char* op, const Tensor& cu_seqlens, int64_t max_seqlen) {
+  const int64_t* cu = cu_seqlens.data<int64_t>();
+  for (int64_t s = 0; s + 1 < cu_seqlens.dim(0); ++s)
+    LOOM_CHECK(cu[s + 1] - cu[s] <= max_seqlen,
+               "%s: sequence %lld is rows %lld..%lld (max_seqlen %lld)", op,
+               static_cast<long long>(s), static_cast<long long>(cu[s]),
+               static_cast<long long>(cu[s + 1]), static_cast<long long>(max_seqlen));
 }
 
 // state_slots: i32 [B], each in [0, num_slots).

@@ -118,13 +118,25 @@ void sigmoid_backward(const Exec& ex, const Tensor& y, const Tensor& dout, const
   launch::sigmoid_backward(stream_of(ex), f(y), f(dout), y.numel(), fm(dx));
 }
 
-void causal_conv1d_backward(const Exec& ex, const Tensor& x, const Tensor& weight,
-                            const Tensor& initial_state, bool apply_silu, const Tensor& dout,
-                            const Tensor& dfinal_state, const Tensor& dx, const Tensor& dweight,
-                            const Tensor& dinitial_state) {
-  check_args("causal_conv1d_backward", {&x, &weight, &dout, &dx, &dweight});
-  for (const Tensor* t : {&initial_state, &dfinal_state, &dinitial_state})
-    if (t->defined()) check_on_device("causal_conv1d_backward", "state", *t);
+namespace {
+
+// A packed batch's offsets on the device: i64 [B + 1]. Their values stay there (the kernels trust
+// them, as the callers' contracts say); the CPU twins check them.
+int64_t checked_num_seqs(const char* op, const Tensor& cu_seqlens) {
+  check_on_device(op, "cu_seqlens", cu_seqlens);
+  LOOM_CHECK(cu_seqlens.dtype() == DType::kI64 && cu_seqlens.ndim() == 1 &&
+                 cu_seqlens.dim(0) >= 1 && cu_seqlens.is_contiguous(),
+             "%s (CUDA): cu_seqlens %s, expected contiguous i64 [B + 1]", op,
+             cu_seqlens.describe().c_str());
+  return cu_seqlens.dim(0) - 1;
+}
+
+// causal_conv1d_backward's launch: one sequence (cu_seqlens undefined; the states optional) or a
+// packed batch of zero-state sequences.
+void launch_conv_backward(const Exec& ex, const Tensor& x, const Tensor& weight,
+                          const Tensor& initial_state, bool apply_silu, const Tensor& dout,
+                          const Tensor& dfinal_state, const Tensor& dx, const Tensor& dweight,
+                          const Tensor& dinitial_state, const Tensor& cu_seqlens) {
   launch::ConvBackwardArgs a{};
   a.T = x.dim(0);
   a.C = x.dim(1);
@@ -145,7 +157,24 @@ void causal_conv1d_backward(const Exec& ex, const Tensor& x, const Tensor& weigh
   a.dpre = static_cast<float*>(dpre.get());
   a.partials = static_cast<float*>(partials.get());
   a.silu = apply_silu;
+  if (cu_seqlens.defined()) {
+    a.cu = cu_seqlens.data<int64_t>();
+    a.num_seqs = cu_seqlens.dim(0) - 1;
+  }
   launch::causal_conv1d_backward(s, a);
+}
+
+}  // namespace
+
+void causal_conv1d_backward(const Exec& ex, const Tensor& x, const Tensor& weight,
+                            const Tensor& initial_state, bool apply_silu, const Tensor& dout,
+                            const Tensor& dfinal_state, const Tensor& dx, const Tensor& dweight,
+                            const Tensor& dinitial_state) {
+  check_args("causal_conv1d_backward", {&x, &weight, &dout, &dx, &dweight});
+  for (const Tensor* t : {&initial_state, &dfinal_state, &dinitial_state})
+    if (t->defined()) check_on_device("causal_conv1d_backward", "state", *t);
+  launch_conv_backward(ex, x, weight, initial_state, apply_silu, dout, dfinal_state, dx, dweight,
+                       dinitial_state, Tensor());
 }
 
 void causal_conv1d_varlen_backward(const Exec& ex, const Tensor& x, const Tensor& weight,
@@ -153,27 +182,9 @@ void causal_conv1d_varlen_backward(const Exec& ex, const Tensor& x, const Tensor
                                    const Tensor& dx, const Tensor& dweight) {
   static constexpr const char* kOp = "causal_conv1d_varlen_backward";
   check_args(kOp, {&x, &weight, &dout, &dx, &dweight});
-  check_on_device(kOp, "cu_seqlens", cu_seqlens);
-  launch::ConvBackwardArgs a{};
-  a.T = x.dim(0);
-  a.C = x.dim(1);
-  a.W = weight.dim(1);
-  if (a.C == 0) return;
-  cudaStream_t s = stream_of(ex);
-  const int64_t chunks = (a.T + launch::kColumnSumRows - 1) / launch::kColumnSumRows;
-  Scratch dpre(static_cast<size_t>(a.T * a.C) * sizeof(float), s);
-  Scratch partials(static_cast<size_t>(chunks * a.C * a.W) * sizeof(float), s);
-  a.x = f(x);
-  a.weight = f(weight);
-  a.dout = f(dout);
-  a.dx = fm(dx);
-  a.dweight = fm(dweight);
-  a.dpre = static_cast<float*>(dpre.get());
-  a.partials = static_cast<float*>(partials.get());
-  a.silu = apply_silu;
-  a.cu = cu_seqlens.data<int64_t>();
-  a.num_seqs = cu_seqlens.dim(0) - 1;
-  launch::causal_conv1d_backward(s, a);
+  checked_num_seqs(kOp, cu_seqlens);
+  launch_conv_backward(ex, x, weight, Tensor(), apply_silu, dout, Tensor(), dx, dweight, Tensor(),
+                       cu_seqlens);
 }
 
 namespace {
@@ -271,14 +282,14 @@ void kda_chunked_varlen_backward(const Exec& ex, const Tensor& q, const Tensor& 
                                  const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                  const Tensor& dg, const Tensor& dbeta) {
   static constexpr const char* kOp = "kda_varlen_backward";
-  for (const Tensor* t : {&q, &k, &v, &g, &beta, &d_out, &dq, &dk, &dv, &dg, &dbeta, &cu_seqlens}) {
+  for (const Tensor* t : {&q, &k, &v, &g, &beta, &d_out, &dq, &dk, &dv, &dg, &dbeta}) {
     check_on_device(kOp, "tensor", *t);
     LOOM_CHECK(t->is_contiguous(), "%s (CUDA): %s is not contiguous", kOp, t->describe().c_str());
   }
   launch::KdaBackwardArgs a = kda_backward_args(q, k, v, g, beta, scale, Tensor(), d_out, Tensor(),
                                                 dq, dk, dv, dg, dbeta, Tensor());
   a.cu_seqlens = cu_seqlens.data<int64_t>();
-  a.num_seqs = cu_seqlens.dim(0) - 1;
+  a.num_seqs = checked_num_seqs(kOp, cu_seqlens);
   a.max_T = max_seqlen;
   LOOM_CHECK(a.Hv <= 65535 && a.num_seqs <= 65535,
              "%s (CUDA): %lld value heads x %lld sequences; one block each, at most 65535 of each",
@@ -376,12 +387,11 @@ void causal_attention_varlen_forward(const Exec& ex, const Tensor& q, const Tens
                                      float scale, const Tensor& out, const Tensor& lse) {
   static constexpr const char* kOp = "causal_attention_varlen_forward";
   check_args(kOp, {&q, &k, &v, &out, &lse});
-  check_on_device(kOp, "cu_seqlens", cu_seqlens);
+  const int64_t nseq = checked_num_seqs(kOp, cu_seqlens);
   const int64_t T = q.dim(0), Hq = q.dim(1), Hkv = k.dim(1), d = q.dim(2), dv = v.dim(2);
   check_attention_limits(kOp, max_seqlen, d, dv);
   launch::causal_attention_forward(stream_of(ex), f(q), f(k), f(v), scale, T, Hq, Hkv, d, dv,
-                                   fm(out), fm(lse), cu_seqlens.data<int64_t>(),
-                                   cu_seqlens.dim(0) - 1, max_seqlen);
+                                   fm(out), fm(lse), cu_seqlens.data<int64_t>(), nseq, max_seqlen);
 }
 
 void causal_attention_varlen_backward(const Exec& ex, const Tensor& q, const Tensor& k,
@@ -391,15 +401,15 @@ void causal_attention_varlen_backward(const Exec& ex, const Tensor& q, const Ten
                                       const Tensor& dv) {
   static constexpr const char* kOp = "causal_attention_varlen_backward";
   check_args(kOp, {&q, &k, &v, &out, &lse, &d_out, &dq, &dk, &dv});
-  check_on_device(kOp, "cu_seqlens", cu_seqlens);
+  const int64_t nseq = checked_num_seqs(kOp, cu_seqlens);
   const int64_t T = q.dim(0), Hq = q.dim(1), Hkv = k.dim(1), d = q.dim(2), w = v.dim(2);
   check_attention_limits(kOp, max_seqlen, d, w);
   if (T == 0 || Hq == 0) return;
   Scratch d_rows(static_cast<size_t>(T * Hq) * sizeof(float), stream_of(ex));
   launch::causal_attention_backward(stream_of(ex), f(q), f(k), f(v), f(out), f(lse), f(d_out),
                                     scale, T, Hq, Hkv, d, w, static_cast<float*>(d_rows.get()),
-                                    fm(dq), fm(dk), fm(dv), cu_seqlens.data<int64_t>(),
-                                    cu_seqlens.dim(0) - 1, max_seqlen);
+                                    fm(dq), fm(dk), fm(dv), cu_seqlens.data<int64_t>(), nseq,
+                                    max_seqlen);
 }
 
 void moe_route_backward(const Exec& ex, const Tensor& logits, const Tensor& expert_ids,

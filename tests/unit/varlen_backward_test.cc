@@ -135,7 +135,7 @@ TEST(VarlenBackwardDeathTest, OffsetsMustCoverTheRowsWithinMaxSeqlen) {
   Tensor dx = Tensor::empty({T, C}), dw = Tensor::zeros({C, W});
   EXPECT_DEATH(
       causal_conv1d_varlen_backward(host_exec(), x, w, offsets({0, 4, 9}), true, x, dx, dw),
-      "causal_conv1d_varlen_backward: cu_seqlens runs 0..9 over 10 rows");
+      "causal_conv1d_varlen_backward: cu_seqlens runs from 0 to 9 over 10 rows");
   const Tensor q = random_tensor({T, 1, 4}, rng);
   Tensor out = Tensor::empty({T, 1, 4}), lse = Tensor::empty({T, 1});
   EXPECT_DEATH(
