@@ -42,7 +42,8 @@ void kda_recurrent_backward(const Exec& ex, const Tensor& q, const Tensor& k, co
 // (decayed keys) are flushed to zero while it runs (x86 FTZ/DAZ: 3.4x faster, and below 1e-38 of
 // the terms they join). Temporaries come from ex.workspace when there is one (else one allocation):
 // kda_chunked_backward_workspace_bytes. On CUDA: kernels/cuda/kda_chunked_backward.h (the same
-// equations, one block per value head; its scratch is a stream-ordered device allocation).
+// equations, every chunk in parallel once the states are known; scratch from a stream-ordered
+// device allocation).
 void kda_chunked_backward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
                           const Tensor& g, const Tensor& beta, float scale,
                           const Tensor& initial_state, const Tensor& d_out,

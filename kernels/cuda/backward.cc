@@ -268,10 +268,8 @@ void kda_chunked_backward(const Exec& ex, const Tensor& q, const Tensor& k, cons
   cudaStream_t s = stream_of(ex);
   a.num_seqs = 1;
   a.max_T = a.T;
-  Scratch scratch(static_cast<size_t>(launch::kda_chunked_backward_scratch_floats(
-                      a.T, a.Hk, a.Hv, a.dk, a.dv, 1, a.T)) *
-                      sizeof(float),
-                  s);
+  Scratch scratch(
+      static_cast<size_t>(launch::kda_chunked_backward_scratch_floats(a)) * sizeof(float), s);
   a.scratch = static_cast<float*>(scratch.get());
   launch::kda_chunked_backward(s, a);
 }
@@ -295,10 +293,8 @@ void kda_chunked_varlen_backward(const Exec& ex, const Tensor& q, const Tensor& 
              "%s (CUDA): %lld value heads x %lld sequences; one block each, at most 65535 of each",
              kOp, static_cast<long long>(a.Hv), static_cast<long long>(a.num_seqs));
   cudaStream_t s = stream_of(ex);
-  Scratch scratch(static_cast<size_t>(launch::kda_chunked_backward_scratch_floats(
-                      a.T, a.Hk, a.Hv, a.dk, a.dv, a.num_seqs, a.max_T)) *
-                      sizeof(float),
-                  s);
+  Scratch scratch(
+      static_cast<size_t>(launch::kda_chunked_backward_scratch_floats(a)) * sizeof(float), s);
   a.scratch = static_cast<float*>(scratch.get());
   launch::kda_chunked_backward(s, a);
 }

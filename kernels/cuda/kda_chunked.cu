@@ -357,6 +357,7 @@ struct Args {
   const int64_t* cu;
   const int32_t* off;
   unsigned char* work;
+  float* state_before;  // null, or [chunks, Hv, dk, dv]: the state before each chunk
   float scale;
   int64_t B, num_slots, rmax;
   int Hk, Hv, dk, dv, ntiles;
@@ -782,7 +783,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_state_kernel(Args a) {
   const int nc = static_cast<int>((len + kC - 1) / kC);
   const int32_t ci0 = a.off[b];
   float* Sg = a.pool + (slot * a.Hv + h) * static_cast<int64_t>(dk) * dv + v0;
-  E* osrc = static_cast<E*>(a.out) + h * static_cast<int64_t>(dv) + v0;
+  E* osrc = a.out != nullptr ? static_cast<E*>(a.out) + h * static_cast<int64_t>(dv) + v0 : nullptr;
   const int64_t vstride = static_cast<int64_t>(a.Hv) * dv;
 
   auto load_stage = [&](int st, int c) {
@@ -843,6 +844,19 @@ __global__ void __launch_bounds__(kThreads, 1) kda_state_kernel(Args a) {
       st2(Se + r0 * LDV + j, S[f][0], S[f][1]);
       st2(Se + (r0 + 8) * LDV + j, S[f][2], S[f][3]);
     }
+    if (a.state_before != nullptr) {
+      float* sb = a.state_before + (static_cast<int64_t>(ci0 + c) * a.Hv + h) * dk * dv + v0;
+#pragma unroll
+      for (int f = 0; f < FPW; ++f) {
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int row = 16 * sm + g8 + 8 * hr, j = 8 * (sn0 + f) + 2 * q4;
+          if (row < dk && v0 + j < dv)
+            *reinterpret_cast<float2*>(sb + int64_t{row} * dv + j) =
+                make_float2(S[f][2 * hr], S[f][2 * hr + 1]);
+        }
+      }
+    }
     if constexpr (Ly::STAGES > 1) {
       cp_async_wait<Ly::STAGES - 2>();  // chunk c's group has landed
     } else {
@@ -870,11 +884,11 @@ __global__ void __launch_bounds__(kThreads, 1) kda_state_kernel(Args a) {
         st2(Vn + t * LDV + j, u0.x - ws[nt][0], u0.y - ws[nt][1]);
         st2(Vn + (t + 8) * LDV + j, u1.x - ws[nt][2], u1.y - ws[nt][3]);
       }
-    } else {
+    } else if (osrc != nullptr) {
       warp_mma_split<NT, false>(qs, sQ, LDK, 16 * (warp - 4), Se, LDV, 0, DK);
     }
     __syncthreads();
-    if (warp >= 4) {
+    if (warp >= 4 && osrc != nullptr) {
       // O = QG S + P v_new for rows 16 (warp - 4)..
       const int m0 = 16 * (warp - 4);
       warp_mma<NT, false>(qs, sP, LD64, m0, Vn, LDV, 0, 64);
@@ -916,6 +930,125 @@ __global__ void __launch_bounds__(kThreads, 1) kda_state_kernel(Args a) {
         *reinterpret_cast<float2*>(Sg + int64_t{c} * dv + j) =
             make_float2(S[f][2 * hr], S[f][2 * hr + 1]);
     }
+  }
+}
+
+// ---- 4. the state pass in reverse (the chunked backward) ------------------------------------
+// With v_new = U0 - W S, O = QG S + P v_new and S' = diag(decay) S + KG^T v_new, the gradient of
+// the state before a chunk follows from that after it (dS) and the chunk's dO alone:
+//   dv_new = P^T dO + KG dS,   dS <- diag(decay) dS + QG^T dO - W^T dv_new,
+// every operand from the preparation's workspace. Columns of dS are independent: one block per
+// (sequence, value head, 32 value columns), f32 on CUDA cores; thread (i or s, j) with lane j, so
+// that the row operands are warp broadcasts and the column operands conflict-free. Rows past the
+// chunk's end and channels past dk are zeroed on load (the workspace is not relied on there).
+
+constexpr int kBackCols = 32, kBackThreads = 256, kBackWarps = kBackThreads / 32;
+
+template <int D>
+struct StateBackLayout {
+  static constexpr size_t W = 0, QG = W + 64 * D, KG = QG + 64 * D, P = KG + 64 * D,
+                          dO = P + 64 * 64, dV = dO + 64 * kBackCols, dS = dV + 64 * kBackCols,
+                          decay = dS + D * kBackCols, floats = decay + D;
+  static constexpr size_t bytes = floats * sizeof(float);
+};
+
+struct StateBackArgs {
+  const float* d_out;
+  const float* d_final;
+  float* d_after;
+  float* d_initial;
+};
+
+template <int D>
+__global__ void __launch_bounds__(kBackThreads) kda_state_backward_kernel(Args a, StateBackArgs r) {
+  using Ly = StateBackLayout<D>;
+  using Wk = Work<float, D>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* sm = reinterpret_cast<float*>(smem);
+  float *sW = sm + Ly::W, *sQ = sm + Ly::QG, *sK = sm + Ly::KG, *sP = sm + Ly::P;
+  float *sO = sm + Ly::dO, *sV = sm + Ly::dV, *sS = sm + Ly::dS, *sD = sm + Ly::decay;
+  const int tid = threadIdx.x, j = tid & 31, warp = tid >> 5;
+  const int64_t bh = blockIdx.x / a.ntiles;
+  const int v0 = static_cast<int>(blockIdx.x - bh * a.ntiles) * kBackCols;
+  const int h = static_cast<int>(bh % a.Hv);
+  const int64_t b = bh / a.Hv;
+  const int64_t seq0 = a.cu[b], len = a.cu[b + 1] - seq0;
+  const int dk = a.dk, dv = a.dv;
+  const int64_t area = static_cast<int64_t>(dk) * dv, vstride = static_cast<int64_t>(a.Hv) * dv;
+  const bool col = v0 + j < dv;
+  const int nc = static_cast<int>((len + kC - 1) / kC);
+  const int32_t ci0 = a.off[b];
+  const int64_t state = (b * a.Hv + h) * area + v0 + j;
+  for (int i = warp; i < D; i += kBackWarps)
+    sS[i * kBackCols + j] =
+        i < dk && col && r.d_final != nullptr ? r.d_final[state + int64_t{i} * dv] : 0.0f;
+  for (int c = nc - 1; c >= 0; --c) {
+    const int L = static_cast<int>(imin64(kC, len - int64_t{c} * kC));
+    const int64_t ci = ci0 + c;
+    const float* w = reinterpret_cast<const float*>(a.work + (ci * a.Hv + h) * Wk::kBytes);
+    __syncthreads();  // the previous chunk's reads of the operands are done
+    for (int idx = tid; idx < 64 * D; idx += kBackThreads) {
+      const int t = idx / D, i = idx % D;
+      const bool in = t < L && i < dk;
+      sW[idx] = in ? w[Wk::kW + idx] : 0.0f;
+      sQ[idx] = in ? w[Wk::kQG + idx] : 0.0f;
+      sK[idx] = in ? w[Wk::kKG + idx] : 0.0f;
+    }
+    for (int idx = tid; idx < 64 * 64; idx += kBackThreads) {
+      const int t = idx >> 6, s = idx & 63;
+      sP[idx] = t < L && s <= t ? w[Wk::kP + idx] : 0.0f;
+    }
+    for (int t = warp; t < 64; t += kBackWarps)
+      sO[t * kBackCols + j] =
+          t < L && col ? r.d_out[(seq0 + int64_t{c} * kC + t) * vstride + h * dv + v0 + j] : 0.0f;
+    for (int i = tid; i < D; i += kBackThreads)
+      sD[i] = i < dk ? reinterpret_cast<const float*>(a.work + (ci * a.Hv + h) * Wk::kBytes +
+                                                      Wk::kDecayByte)[i]
+                     : 0.0f;
+    // dS is the gradient of the state after chunk c.
+    if (col)
+      for (int i = warp; i < dk; i += kBackWarps)
+        r.d_after[(ci * a.Hv + h) * area + int64_t{i} * dv + v0 + j] = sS[i * kBackCols + j];
+    __syncthreads();
+    // dv_new, rows s = warp + 8 m.
+    {
+      float acc[8];
+#pragma unroll
+      for (int m = 0; m < 8; ++m) acc[m] = 0.0f;
+      for (int t = 0; t < 64; ++t) {
+        const float o = sO[t * kBackCols + j];
+#pragma unroll
+        for (int m = 0; m < 8; ++m) acc[m] += sP[t * 64 + warp + 8 * m] * o;
+      }
+      for (int i = 0; i < D; ++i) {
+        const float x = sS[i * kBackCols + j];
+#pragma unroll
+        for (int m = 0; m < 8; ++m) acc[m] += sK[(warp + 8 * m) * D + i] * x;
+      }
+#pragma unroll
+      for (int m = 0; m < 8; ++m) sV[(warp + 8 * m) * kBackCols + j] = acc[m];
+    }
+    __syncthreads();
+    // dS, rows i = warp + 8 m: each thread rewrites only its own elements.
+    {
+      constexpr int M = D / kBackWarps;
+      float acc[M];
+#pragma unroll
+      for (int m = 0; m < M; ++m) acc[m] = sD[warp + 8 * m] * sS[(warp + 8 * m) * kBackCols + j];
+      for (int t = 0; t < 64; ++t) {
+        const float o = sO[t * kBackCols + j], x = sV[t * kBackCols + j];
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+          acc[m] += sQ[t * D + warp + 8 * m] * o - sW[t * D + warp + 8 * m] * x;
+      }
+#pragma unroll
+      for (int m = 0; m < M; ++m) sS[(warp + 8 * m) * kBackCols + j] = acc[m];
+    }
+  }
+  if (r.d_initial != nullptr && col) {
+    __syncthreads();
+    for (int i = warp; i < dk; i += kBackWarps)
+      r.d_initial[state + int64_t{i} * dv] = sS[i * kBackCols + j];
   }
 }
 
@@ -1113,6 +1246,7 @@ Args make_args(const launch::KdaVarlenArgs& a, int64_t rmax) {
   r.pool = a.pool;
   r.slots = a.slots;
   r.cu = a.cu;
+  r.state_before = a.state_before;
   r.scale = a.scale;
   r.B = a.B;
   r.num_slots = a.num_slots;
@@ -1178,6 +1312,40 @@ void kda_chunked_varlen(cudaStream_t stream, const KdaVarlenArgs& a, int64_t rma
     else
       run_chunked_bv<float, 128>(stream, args, nchunks, bv, phases);
   }
+}
+
+const int32_t* kda_chunked_chunk_table(const void* workspace) {
+  return static_cast<const int32_t*>(workspace);
+}
+
+void kda_chunked_state_backward(cudaStream_t stream, const KdaVarlenArgs& a, const void* workspace,
+                                const float* d_out, const float* d_final, float* d_state_after,
+                                float* d_initial) {
+  if (a.B == 0 || a.Hv == 0 || a.dv == 0) return;
+  if (a.bf16 || !kda_chunked_supported(a)) {
+    std::fprintf(stderr, "kda_chunked_state_backward (CUDA): f32 and a supported shape only\n");
+    std::abort();
+  }
+  Args args = make_args(a, 0);
+  const size_t table = (static_cast<size_t>(a.B + 1) * sizeof(int32_t) + 255) / 256 * 256;
+  args.off = static_cast<const int32_t*>(workspace);
+  args.work = static_cast<unsigned char*>(const_cast<void*>(workspace)) + table;
+  args.ntiles = (a.dv + kBackCols - 1) / kBackCols;
+  const StateBackArgs r{d_out, d_final, d_state_after, d_initial};
+  const int64_t blocks = a.B * a.Hv * args.ntiles;
+  LOOM_CHECK_GRID(blocks);
+  const auto go = [&](auto kernel, size_t bytes) {
+    set_smem(kernel, bytes);
+    kernel<<<static_cast<unsigned>(blocks), kBackThreads, bytes, stream>>>(args, r);
+    LOOM_CUDA_CHECK_LAUNCH();
+  };
+  const int D = round_d(a);
+  if (D == 32)
+    go(kda_state_backward_kernel<32>, StateBackLayout<32>::bytes);
+  else if (D == 64)
+    go(kda_state_backward_kernel<64>, StateBackLayout<64>::bytes);
+  else
+    go(kda_state_backward_kernel<128>, StateBackLayout<128>::bytes);
 }
 
 void kda_recurrent_varlen(cudaStream_t stream, const KdaVarlenArgs& a, int64_t rmax) {

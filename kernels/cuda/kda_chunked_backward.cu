@@ -1,13 +1,18 @@
 // The chunked (WY/UT) delta-rule backward on CUDA: the algorithm and notation of its CPU twin
-// (kernels/cpu/kda_chunked_backward.cc has the equations), one block per value head of each
-// sequence of a packed batch (a block does exactly what a launch for its sequence alone does).
+// (kernels/cpu/kda_chunked_backward.cc has the equations), in two forms.
 //
-// The block first runs the chunked forward from the initial state and keeps only the state before
-// each 64-token chunk (global scratch), then walks the chunks last first: it recomputes the chunk's
-// A, P, U from its stored state, runs the chunk's reverse mode and carries dS to the chunk before.
-// Each step is a loop over the block's threads with a barrier after it; no warp-level tricks, no
-// atomics, so the result does not depend on scheduling. Chunk buffers live in per-head global
-// scratch (L1/L2 resident: about 0.6 MB a head at dk = dv = 128).
+// Chunk-parallel (the shapes the forward's chunked kernels take; "the chunk-parallel form" below):
+// the forward's kernels keep the state before every chunk, the state pass in reverse gives the
+// state's gradient after every chunk, then every (chunk, value head) recomputes its A, P, U from
+// its state and runs its reverse mode, all at once.
+// Sequential (any other shape): one block per value head of each sequence runs the chunked forward
+// from the initial state keeping the state before each 64-token chunk, then walks the chunks last
+// first, recomputing each from its state, running its reverse mode and carrying dS to the chunk
+// before.
+// Either way a sequence of a packed batch gets exactly what a launch for it alone gives. The
+// per-chunk steps are loops over the block's threads with a barrier after each; no warp-level
+// tricks, no atomics, so the result does not depend on scheduling. Chunk buffers live in
+// per-block global scratch (L1/L2 resident: about 0.6 MB a block at dk = dv = 128).
 //
 // Exponentials: every factor is exp of a difference <= 0 (gc_t - gc_s for s <= t, gc_t itself,
 // gc_L - gc_s), formed element by element from f64 cumulative decays: no diagonal block is
@@ -18,8 +23,12 @@
 // The row pass sums w over s for each t, the column pass over t for each s, both in f64 and with
 // the very same f32 value of w (pair_term), so that the prefix sum dg_u = sum_{s < u} colsum_s -
 // sum_{t < u} rowsum_t cancels the pairs with both ends before u exactly.
+#include <algorithm>
+#include <cstdint>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kda_chunked_backward_launch.h"
+#include "kernels/cuda/kda_chunked_launch.h"
 
 namespace loom::cuda {
 namespace {
@@ -99,7 +108,7 @@ __device__ inline float* head_ckpt(const KdaBackwardArgs& a, int64_t blk) {
          blk * chunks_of(a.max_T) * a.dk * a.dv;
 }
 
-__device__ inline float* shares_base(const KdaBackwardArgs& a) {
+__host__ __device__ inline float* shares_base(const KdaBackwardArgs& a) {
   return a.scratch +
          blocks_of_launch(a) * (head_work_floats(a.dk, a.dv) + chunks_of(a.max_T) * a.dk * a.dv);
 }
@@ -226,10 +235,11 @@ __device__ void recompute_chunk(const KdaBackwardArgs& a, const HeadWork& w, int
 }
 
 // The reverse mode of one chunk (recompute_chunk done with P): writes dv, dbeta, dg of its rows and
-// this head's share of dq and dk; turns w.dS from the gradient of the outgoing state into that of
-// the incoming one. Ends with a barrier.
+// this head's share of dq and dk; with carry_ds, turns w.dS from the gradient of the outgoing state
+// into that of the incoming one. Ends with a barrier.
 __device__ void backward_chunk(const KdaBackwardArgs& a, const HeadWork& w, int64_t h, int64_t t0,
-                               int64_t L, float* dq_share, float* dk_share, int64_t share_stride) {
+                               int64_t L, float* dq_share, float* dk_share, int64_t share_stride,
+                               bool carry_ds = true) {
   const int64_t dk = a.dk, dv = a.dv, area = dk * dv;
   const int tid = threadIdx.x, nt = blockDim.x;
   const double* gl = w.gd + (L - 1) * dk;
@@ -321,7 +331,7 @@ __device__ void backward_chunk(const KdaBackwardArgs& a, const HeadWork& w, int6
   __syncthreads();
   // dS_0 = exp(gc_L) dS_L + Qe^T dO - Ke^T (beta dR); then the pairs through A and P, by rows
   // (Qrow, Krow, rowsum of w) and by columns (Kcol, colsum of w).
-  for (int64_t idx = tid; idx < area; idx += nt) {
+  for (int64_t idx = tid; carry_ds && idx < area; idx += nt) {
     const int64_t i = idx / dv, j = idx % dv;
     float acc = exp_le0(gl[i]) * w.dS[idx];
     for (int64_t t = 0; t < L; ++t)
@@ -453,9 +463,9 @@ __global__ void __launch_bounds__(kThreads) kda_chunked_backward_kernel(KdaBackw
 }
 
 // dq, dk [T, Hk, dk]: the value heads' shares summed per key head in head order.
-__global__ void __launch_bounds__(256) kda_chunked_backward_sum_heads_kernel(KdaBackwardArgs a) {
+__global__ void __launch_bounds__(256)
+    kda_chunked_backward_sum_heads_kernel(KdaBackwardArgs a, const float* shares) {
   const int64_t n = a.T * a.Hk * a.dk, group = a.Hv / a.Hk;
-  const float* shares = shares_base(a);
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = idx % a.dk, hk = (idx / a.dk) % a.Hk, t = idx / (a.dk * a.Hk);
@@ -469,24 +479,190 @@ __global__ void __launch_bounds__(256) kda_chunked_backward_sum_heads_kernel(Kda
   }
 }
 
+// ---- the chunk-parallel form -------------------------------------------------------------------
+// For the shapes the forward's chunked kernels take (kda_chunked_supported), three passes instead
+// of one block walking its sequence:
+//  1. the forward's preparation and state pass (kernels/cuda/kda_chunked.cu, f32, rmax 0), which
+//     keep the state before every chunk (state_before) and leave W, QG, KG, P and the decays of
+//     every chunk in their workspace; the output itself is not written;
+//  2. kda_chunked_state_backward: the state pass in reverse, the gradient of the state after every
+//     chunk (and of the initial state);
+//  3. every (chunk, value head) at once: recompute_chunk from its state and backward_chunk with its
+//     state gradient given (no dS carried), on a persistent grid of as many blocks as are resident
+//     together, each with its own chunk buffers.
+// Each pass works per chunk or per sequence, so a packed launch still gives each sequence the bits
+// of a launch of its own.
+
+// Where the chunk-parallel form keeps things in a.scratch (offsets in floats, each region starting
+// on a 256-byte boundary). nb bounds the number of chunks (the forward's chunk_bound).
+struct ParallelLayout {
+  int64_t blocks, nb, work, shares, states, d_states, pool, cu, slots, fwd, total;
+};
+
+__host__ inline int64_t round64(int64_t n) { return (n + 63) / 64 * 64; }
+
+launch::KdaVarlenArgs forward_args(const KdaBackwardArgs& a) {
+  launch::KdaVarlenArgs f;
+  f.q = a.q;
+  f.k = a.k;
+  f.v = a.v;
+  f.g = a.g;
+  f.beta = a.beta;
+  f.scale = a.scale;
+  f.B = a.num_seqs;
+  f.N = a.T;
+  f.num_slots = a.num_seqs;
+  f.Hk = static_cast<int>(a.Hk);
+  f.Hv = static_cast<int>(a.Hv);
+  f.dk = static_cast<int>(a.dk);
+  f.dv = static_cast<int>(a.dv);
+  f.scalar_g = a.scalar_g;
+  return f;
+}
+
+__global__ void __launch_bounds__(kThreads, 2)
+    kda_chunk_gradient_kernel(KdaBackwardArgs all, const int32_t* off, const int64_t* cu,
+                              const float* states, const float* d_states, float* shares) {
+  const int64_t dk = all.dk, dv = all.dv, area = dk * dv;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const HeadWork w = head_work(all, blockIdx.x);
+  const int64_t items = static_cast<int64_t>(off[all.num_seqs]) * all.Hv;
+  const bool direct = all.Hv == all.Hk;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int64_t ci = item / all.Hv, h = item - ci * all.Hv;
+    int64_t s = 0, hi = all.num_seqs;  // the sequence: off[s] <= ci < off[s + 1]
+    while (hi - s > 1) {
+      const int64_t mid = (s + hi) / 2;
+      if (off[mid] <= ci) {
+        s = mid;
+      } else {
+        hi = mid;
+      }
+    }
+    const KdaBackwardArgs a = sequence_args(all, s);
+    const int64_t row0 = cu[s], t0 = (ci - off[s]) * kC, L = t0 + kC < a.T ? kC : a.T - t0;
+    float* dq_share = direct ? a.dq + h * dk : shares + (h * all.T + row0) * dk;
+    float* dk_share = direct ? a.dk_out + h * dk : shares + ((a.Hv + h) * all.T + row0) * dk;
+    const int64_t share_stride = direct ? a.Hk * dk : dk;
+    for (int64_t idx = tid; idx < area; idx += nt) {
+      w.S0[idx] = states[(ci * all.Hv + h) * area + idx];
+      w.dS[idx] = d_states[(ci * all.Hv + h) * area + idx];
+    }
+    __syncthreads();
+    recompute_chunk(a, w, h, t0, L, /*want_p=*/true);
+    backward_chunk(a, w, h, t0, L, dq_share, dk_share, share_stride, /*carry_ds=*/false);
+  }
+}
+
+// The forward's inputs that the backward's arguments do not hold: row offsets {0, T} for one
+// sequence, slot b for sequence b, and the initial states (s0, or zero) in a pool that the
+// forward's state pass may update.
+__global__ void kda_backward_setup_kernel(KdaBackwardArgs a, int64_t* cu, int32_t* slots,
+                                          float* pool) {
+  const int64_t n = a.num_seqs * a.Hv * a.dk * a.dv;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t i = i0; i < n; i += stride) pool[i] = a.s0 != nullptr ? a.s0[i] : 0.0f;
+  for (int64_t b = i0; b < a.num_seqs; b += stride) slots[b] = static_cast<int32_t>(b);
+  if (cu != nullptr && i0 == 0) {
+    cu[0] = 0;
+    cu[1] = a.T;
+  }
+}
+
+int resident_gradient_blocks() {
+  int device = 0, sms = 0, per_sm = 0;
+  LOOM_CUDA_CHECK(cudaGetDevice(&device));
+  LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  LOOM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kda_chunk_gradient_kernel,
+                                                                kThreads, 0));
+  return sms * (per_sm > 0 ? per_sm : 1);
+}
+
+ParallelLayout parallel_layout(const KdaBackwardArgs& a) {
+  ParallelLayout l{};
+  l.nb = a.T / kC + a.num_seqs;
+  const int64_t area = a.dk * a.dv;
+  l.blocks = std::min<int64_t>(l.nb * a.Hv, resident_gradient_blocks());
+  int64_t at = 0;
+  const auto take = [&](int64_t floats) {
+    const int64_t r = at;
+    at += round64(floats);
+    return r;
+  };
+  l.work = take(l.blocks * head_work_floats(a.dk, a.dv));
+  l.shares = take(a.Hv == a.Hk ? 0 : 2 * a.Hv * a.T * a.dk);
+  l.states = take(l.nb * a.Hv * area);
+  l.d_states = take(l.nb * a.Hv * area);
+  l.pool = take(a.num_seqs * a.Hv * area);
+  l.cu = take(a.cu_seqlens == nullptr ? 4 : 0);
+  l.slots = take((a.num_seqs + 1) / 2);
+  l.fwd = take(static_cast<int64_t>(
+      (launch::kda_chunked_workspace_bytes(forward_args(a)) + sizeof(float) - 1) / sizeof(float)));
+  l.total = at;
+  return l;
+}
+
+void run_parallel(cudaStream_t stream, const KdaBackwardArgs& a) {
+  const ParallelLayout l = parallel_layout(a);
+  float* base = a.scratch;
+  int64_t* cu = a.cu_seqlens == nullptr ? reinterpret_cast<int64_t*>(base + l.cu) : nullptr;
+  int32_t* slots = reinterpret_cast<int32_t*>(base + l.slots);
+  kda_backward_setup_kernel<<<dev::grid_for(a.num_seqs * a.Hv * a.dk * a.dv, 256), 256, 0,
+                              stream>>>(a, cu, slots, base + l.pool);
+  LOOM_CUDA_CHECK_LAUNCH();
+  launch::KdaVarlenArgs f = forward_args(a);
+  f.out = nullptr;
+  f.pool = base + l.pool;
+  f.slots = slots;
+  f.cu = cu != nullptr ? cu : a.cu_seqlens;
+  f.state_before = base + l.states;
+  void* fwd = base + l.fwd;
+  launch::kda_chunked_varlen(stream, f, /*rmax=*/0, fwd);
+  launch::kda_chunked_state_backward(stream, f, fwd, a.d_out, a.d_final, base + l.d_states, a.d_s0);
+  kda_chunk_gradient_kernel<<<static_cast<unsigned>(l.blocks), kThreads, 0, stream>>>(
+      a, launch::kda_chunked_chunk_table(fwd), f.cu, base + l.states, base + l.d_states,
+      base + l.shares);
+  LOOM_CUDA_CHECK_LAUNCH();
+  const int64_t n = a.T * a.Hk * a.dk;
+  if (a.Hv != a.Hk && n > 0) {
+    kda_chunked_backward_sum_heads_kernel<<<dev::grid_for(n, 256), 256, 0, stream>>>(
+        a, base + l.shares);
+    LOOM_CUDA_CHECK_LAUNCH();
+  }
+}
+
+// The forward's kernels take this shape and these pointers (the output's alignment probed on dv).
+bool takes_parallel_form(const KdaBackwardArgs& a) {
+  if (a.T == 0) return false;
+  if (a.Hv > INT32_MAX || a.dk > 128 || a.dv > 128) return false;
+  return launch::kda_chunked_supported(forward_args(a));
+}
+
 }  // namespace
 
 namespace launch {
 
-int64_t kda_chunked_backward_scratch_floats(int64_t T, int64_t Hk, int64_t Hv, int64_t dk,
-                                            int64_t dv, int64_t num_seqs, int64_t max_T) {
-  const int64_t shares = Hv == Hk ? 0 : 2 * Hv * T * dk;
-  return num_seqs * Hv * (head_work_floats(dk, dv) + chunks_of(max_T) * dk * dv) + shares;
+int64_t kda_chunked_backward_scratch_floats(const KdaBackwardArgs& a) {
+  if (takes_parallel_form(a)) return parallel_layout(a).total;
+  const int64_t shares = a.Hv == a.Hk ? 0 : 2 * a.Hv * a.T * a.dk;
+  return a.num_seqs * a.Hv * (head_work_floats(a.dk, a.dv) + chunks_of(a.max_T) * a.dk * a.dv) +
+         shares;
 }
 
 void kda_chunked_backward(cudaStream_t stream, const KdaBackwardArgs& a) {
   if (a.Hv == 0 || a.num_seqs == 0) return;
+  if (takes_parallel_form(a)) {
+    run_parallel(stream, a);
+    return;
+  }
   const dim3 grid(static_cast<unsigned>(a.Hv), static_cast<unsigned>(a.num_seqs));
   kda_chunked_backward_kernel<<<grid, kThreads, 0, stream>>>(a);
   LOOM_CUDA_CHECK_LAUNCH();
   const int64_t n = a.T * a.Hk * a.dk;
   if (a.Hv != a.Hk && n > 0) {
-    kda_chunked_backward_sum_heads_kernel<<<dev::grid_for(n, 256), 256, 0, stream>>>(a);
+    kda_chunked_backward_sum_heads_kernel<<<dev::grid_for(n, 256), 256, 0, stream>>>(
+        a, shares_base(a));
     LOOM_CUDA_CHECK_LAUNCH();
   }
 }

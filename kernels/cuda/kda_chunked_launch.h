@@ -14,7 +14,9 @@ namespace loom::cuda::launch {
 // v and out [N, Hv, dv], g [N, Hv, dk] (or [N, Hv, 1] when scalar_g), beta [N, Hv]; its f32
 // state is pool[slots[b]] ([num_slots, Hv, dk, dv], updated in place). q, k, v and out are bf16
 // when `bf16`, else f32; beta is bf16 when `beta_bf16`, else f32; g is f32. cu and slots live on
-// the device.
+// the device. The chunked form also takes out == null (the output is not written) and, for the
+// chunked backward, state_before: f32 [chunks, Hv, dk, dv] that receives the state before each
+// chunk, chunk numbered as in the workspace's chunk table (kda_chunked_chunk_table).
 struct KdaVarlenArgs {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -25,6 +27,7 @@ struct KdaVarlenArgs {
   float* pool = nullptr;
   const int32_t* slots = nullptr;
   const int64_t* cu = nullptr;
+  float* state_before = nullptr;
   float scale = 1.0f;
   int64_t B = 0, N = 0, num_slots = 0;
   int Hk = 0, Hv = 0, dk = 0, dv = 0;
@@ -45,6 +48,22 @@ bool kda_chunked_supported(const KdaVarlenArgs& a);
 size_t kda_chunked_workspace_bytes(const KdaVarlenArgs& a);
 void kda_chunked_varlen(cudaStream_t stream, const KdaVarlenArgs& a, int64_t rmax, void* workspace,
                         int bv = 0, int phases = 3);
+
+// The chunk table at the head of a workspace that kda_chunked_varlen filled: i32 [B + 1] on the
+// device, entry b the global number of sequence b's first chunk, entry B the number of chunks.
+const int32_t* kda_chunked_chunk_table(const void* workspace);
+
+// The reverse of the chunked form's state pass, for the chunked backward (f32 only, a.bf16 false;
+// after kda_chunked_varlen with rmax 0 filled `workspace`): per sequence, from the gradient of its
+// final state (d_final [B, Hv, dk, dv], or zero when null), walks its chunks last first and writes
+// the gradient of the state after each chunk to d_state_after (f32 [chunks, Hv, dk, dv], chunks
+// numbered as in the chunk table) and, when d_initial is not null, that of the initial state
+// ([B, Hv, dk, dv]). d_out: f32 [N, Hv, dv], the output's gradient. Uses only what the
+// preparation left in the workspace (W, QG, KG, P and the chunk decay), not the states:
+//   dv_new = P^T dO + KG dS,   dS <- diag(decay) dS + QG^T dO - W^T dv_new.
+void kda_chunked_state_backward(cudaStream_t stream, const KdaVarlenArgs& a, const void* workspace,
+                                const float* d_out, const float* d_final, float* d_state_after,
+                                float* d_initial);
 
 // Test hook for the warp-level bf16 tensor-core GEMM of the chunked kernels: with A [64, 64] and
 // B [64, 32] row-major bf16 (as uint16 bits) on the device, writes C = A B and Ct = A^T B

@@ -11,12 +11,14 @@
 //
 // Inputs: random host tiles of 1024 tokens repeated over T on the device (as kda_chunked_bench).
 //
-// Counts. FLOPs: the chunked kernel's arithmetic as executed per 64-token chunk and head (its
-// boundary pass, its recomputation and its reverse mode; products and sums counted as 2):
-// 7 C^2 dk + 6 C^2 dv + 18 C dk dv with C = 64, 24.5 MFLOP at dk = dv = 128; its element-wise
-// exponentials (about 3 C^2 dk / 2 a chunk) are not counted. Bytes: the fewest the op must move
-// (q, k, v, g, beta, d_out read once, their gradients written once, each chunk's state written
-// and read once, all f32). Ceilings of the lent H200 (bench/results/gpu-h200.md): 4.2 TB/s
+// Counts. FLOPs: the chunked backward's arithmetic per 64-token chunk and head as the sequential
+// form executes it (a forward pass for the states, the recomputation and the reverse mode;
+// products and sums counted as 2): 7 C^2 dk + 6 C^2 dv + 18 C dk dv with C = 64, 24.5 MFLOP at
+// dk = dv = 128, kept as the unit of work for both forms (the chunk-parallel form spends about the
+// same: the forward's preparation instead of the boundary pass, plus the reverse state pass); the
+// element-wise exponentials (about 3 C^2 dk / 2 a chunk) are not counted. Bytes: the fewest the op
+// must move (q, k, v, g, beta, d_out read once, their gradients written once, each chunk's state
+// written and read once, all f32). Ceilings of the lent H200 (bench/results/gpu-h200.md): 4.2 TB/s
 // measured copy, ~60 TFLOP/s f32 on CUDA cores (~790 TFLOP/s bf16 dense on tensor cores).
 // Then packed batches (16 x 1024 tokens at the bundled default's H = 4, d = 64; 8 x 1024 at H = 32,
 // d = 128): kda_varlen_backward's one launch against one call per sequence.
