@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cuda/activation.h"
+#include "kernels/cuda/attention_train_launch.h"
 #include "kernels/cuda/backward_launch.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.h"
@@ -345,11 +346,13 @@ void attnres_aggregate_backward(const Exec& ex, const Tensor& sources, const Ten
 
 namespace {
 void check_attention_limits(const char* op, int64_t T, int64_t d, int64_t dv) {
+  if (launch::attention_tiled_supported(d, dv)) return;  // tiled: no length limit
   LOOM_CHECK(
       T <= launch::kAttnMaxTrainLen && d <= launch::kAttnMaxHeadDim &&
           dv <= launch::kAttnMaxHeadDim,
-      "%s (CUDA): %lld tokens with head dims %lld / %lld; this kernel keeps a query's scores "
-      "in shared memory and takes at most %lld tokens and head dims of %lld",
+      "%s (CUDA): %lld tokens with head dims %lld / %lld; beyond the tiled kernels' head dims "
+      "(192 / 128) this kernel keeps a query's scores in shared memory and takes at most %lld "
+      "tokens and head dims of %lld",
       op, static_cast<long long>(T), static_cast<long long>(d), static_cast<long long>(dv),
       static_cast<long long>(launch::kAttnMaxTrainLen),
       static_cast<long long>(launch::kAttnMaxHeadDim));

@@ -6,6 +6,7 @@
 // added in order, so the same inputs give the same bits at any occupancy. Row scatters (embedding
 // and gather_rows backward) add each target row's sources in source order, the CPU's order, so
 // they match it bit for bit.
+#include "kernels/cuda/attention_train_launch.h"
 #include "kernels/cuda/backward_launch.h"
 #include "kernels/cuda/common.cuh"
 
@@ -946,6 +947,11 @@ void causal_attention_forward(cudaStream_t stream, const float* q, const float* 
                               int64_t dv, float* out, float* lse, const int64_t* cu, int64_t nseq,
                               int64_t max_T) {
   if (T == 0 || Hq == 0) return;
+  if (attention_tiled_supported(d, dv)) {
+    causal_attention_tiled_forward(stream, q, k, v, scale, T, Hq, Hkv, d, dv, out, lse, cu, nseq,
+                                   max_T);
+    return;
+  }
   check_y(Hq, "causal_attention_forward");
   const size_t smem = scores_smem_bytes(cu != nullptr ? max_T : T);
   set_scores_smem(reinterpret_cast<const void*>(attn_train_fwd_kernel), smem);
@@ -961,6 +967,11 @@ void causal_attention_backward(cudaStream_t stream, const float* q, const float*
                                float* d_rows, float* dq, float* dk, float* dvv, const int64_t* cu,
                                int64_t nseq, int64_t max_T) {
   if (T == 0 || Hq == 0) return;
+  if (attention_tiled_supported(d, dv)) {
+    causal_attention_tiled_backward(stream, q, k, v, out, lse, d_out, scale, T, Hq, Hkv, d, dv,
+                                    d_rows, dq, dk, dvv, cu, nseq, max_T);
+    return;
+  }
   check_y(Hq, "causal_attention_backward");
   const size_t smem = scores_smem_bytes(cu != nullptr ? max_T : T);
   set_scores_smem(reinterpret_cast<const void*>(attn_train_dq_kernel), smem);

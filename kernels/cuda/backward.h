@@ -48,15 +48,16 @@ void attnres_aggregate_backward(const Exec& ex, const Tensor& sources, const Ten
                                 const Tensor& key_norm, const Tensor& out_norm, float eps,
                                 const Tensor& dout, const Tensor& dsources, const Tensor& dquery,
                                 const Tensor& dkey_norm, const Tensor& dout_norm);
-// Training attention (kernels/attention_backward.h): T up to launch::kAttnMaxTrainLen and head
-// dims up to launch::kAttnMaxHeadDim (refused beyond, with the limits named).
+// Training attention (kernels/attention_backward.h): any T with head dims d <= 192, dv <= 128
+// (the tiled kernels); larger head dims up to launch::kAttnMaxHeadDim with T up to
+// launch::kAttnMaxTrainLen (refused beyond, with the limits named).
 void causal_attention_forward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
                               float scale, const Tensor& out, const Tensor& lse);
 void causal_attention_backward(const Exec& ex, const Tensor& q, const Tensor& k, const Tensor& v,
                                const Tensor& out, const Tensor& lse, const Tensor& d_out,
                                float scale, const Tensor& dq, const Tensor& dk, const Tensor& dv);
-// Their packed-batch forms: one launch over every sequence (max_seqlen, which must bound every
-// sequence's length, up to kAttnMaxTrainLen).
+// Their packed-batch forms: one launch over every sequence (max_seqlen must bound every
+// sequence's length; the same limits).
 void causal_attention_varlen_forward(const Exec& ex, const Tensor& q, const Tensor& k,
                                      const Tensor& v, const Tensor& cu_seqlens, int64_t max_seqlen,
                                      float scale, const Tensor& out, const Tensor& lse);

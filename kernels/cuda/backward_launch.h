@@ -121,13 +121,16 @@ void attnres_backward(cudaStream_t stream, const float* sources, const float* qu
 
 namespace loom::cuda::launch {
 
-// causal_attention_forward / _backward (kernels/attention_backward.h): the CPU's loops with the
-// length-d dot products as warp reductions. Forward and the dq pass take a block per (query, head)
-// with the query's scores in shared memory; the dk/dv pass a block per (key, kv head), summing its
-// query heads in order and the queries in ascending order. d_rows: [T, Hq] scratch for
-// D_i = dO_i . O_i. Head dims up to kAttnMaxHeadDim. One sequence of T rows with cu null; else a
-// packed batch, cu: i64 [nseq + 1] row offsets on the device, each row attending within its own
-// sequence, max_T at least every sequence's length (it sizes the scores).
+// causal_attention_forward / _backward (kernels/attention_backward.h). Head dims within
+// attention_tiled_supported (d <= 192, dv <= 128): the tiled kernels of
+// kernels/cuda/attention_train.cu (FlashAttention-2's passes, f32, no length limit). Larger ones:
+// the CPU's loops with the length-d dot products as warp reductions; forward and the dq pass take a
+// block per (query, head) with the query's scores in shared memory (kAttnMaxTrainLen tokens at
+// most), the dk/dv pass a block per (key, kv head), summing its query heads in order and the
+// queries in ascending order. d_rows: [T, Hq] scratch for D_i = dO_i . O_i. Head dims up to
+// kAttnMaxHeadDim. One sequence of T rows with cu null; else a packed batch, cu: i64 [nseq + 1]
+// row offsets on the device, each row attending within its own sequence, max_T at least every
+// sequence's length.
 inline constexpr int64_t kAttnMaxHeadDim = 512;
 inline constexpr int64_t kAttnMaxTrainLen = 49152;  // the scores' shared memory: 192 KB
 void causal_attention_forward(cudaStream_t stream, const float* q, const float* k, const float* v,

@@ -539,7 +539,10 @@ TEST(CudaBackward, CausalAttention) {
   struct Case {
     int64_t T, Hq, Hkv, d, dv;
   };
-  for (const Case& c : {Case{70, 4, 2, 48, 40}, Case{300, 2, 1, 192, 128}, Case{1, 3, 3, 17, 9}}) {
+  // The tiled kernels (d <= 192, dv <= 128; one to 16 tiles of 64, the default's d 96 / dv 64 at
+  // T 1000), then head dims past them (the one-row-a-block kernels).
+  for (const Case& c : {Case{70, 4, 2, 48, 40}, Case{300, 2, 1, 192, 128}, Case{1, 3, 3, 17, 9},
+                        Case{1000, 4, 4, 96, 64}, Case{90, 2, 2, 256, 160}}) {
     const Tensor q = randn({c.T, c.Hq, c.d}), k = randn({c.T, c.Hkv, c.d}),
                  v = randn({c.T, c.Hkv, c.dv}), dout = randn({c.T, c.Hq, c.dv});
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
