@@ -111,7 +111,9 @@ absl::StatusOr<EvalSummary> eval_passkey(const EvalOptions& o, const Tokenizer& 
 absl::StatusOr<EvalSummary> eval_mqar(const EvalOptions& o, Generator& generator, std::FILE* out) {
   EvalSummary summary{.task = "mqar"};
   MqarOptions mqar = o.mqar;
-  mqar.seq_len = 4 * mqar.num_pairs;  // no padding: the prompts end at the queries
+  // The prompts end at the queries: packed, the padding after them changes nothing; spread, the
+  // slots depend on the length.
+  if (!mqar.spread) mqar.seq_len = 4 * mqar.num_pairs;
   if (absl::Status st = mqar.validate(); !st.ok()) return st;
   for (int s = 0; s < o.samples; ++s) {
     std::mt19937_64 rng = eval_case_rng(o.seed, "mqar", {static_cast<uint64_t>(s)});
@@ -250,6 +252,13 @@ absl::Status EvalOptions::validate() const {
     for (double d : depths)
       if (!(d >= 0.0 && d <= 1.0))
         return absl::InvalidArgumentError(absl::StrCat("--depths: ", d, " outside [0, 1]"));
+  }
+  if (task == "mqar") {
+    MqarOptions m = mqar;
+    if (!m.spread) m.seq_len = 4 * m.num_pairs;
+    if (absl::Status st = m.validate(); !st.ok())
+      return absl::InvalidArgumentError(
+          absl::StrCat("--mqar_pairs / --mqar_seq_len: ", st.message()));
   }
   return absl::OkStatus();
 }

@@ -46,7 +46,7 @@ struct EvalOptions {
   int samples = 4;  // passkey: per cell; mqar: examples; tool: dialogues
   uint64_t seed = 1;
   int passkey_digits = 5;
-  MqarOptions mqar;  // seq_len is ignored (the prompt ends at each query)
+  MqarOptions mqar;  // seq_len only matters with spread (the prompt ends at each query)
   ToolDialogueOptions tool;
   // The tool task's chat format and the syntax its replies are read in (a model folder's family:
   // chat_format_for_model_type, default_tool_call_syntax).

@@ -84,12 +84,15 @@ RoutingHealth quantile_balance_step(const QuantileBalancerOptions& options,
   const double low = count_quantile(counts, options.q_low);
   const double high = count_quantile(counts, options.q_high);
   const float eta = static_cast<float>(options.eta);
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  const double mean = static_cast<double>(total) / static_cast<double>(counts.size());
   for (size_t e = 0; e < counts.size(); ++e) {
     const double c = static_cast<double>(counts[e]);
-    if (c > high) {
+    if (c > high || (c == high && c > mean)) {
       bias[e] -= eta;
       ++h.lowered;
-    } else if (c < low) {
+    } else if (c < low || (c == low && c < mean)) {
       bias[e] += eta;
       ++h.raised;
     }

@@ -56,7 +56,10 @@ RoutingHealth routing_health(std::span<const int64_t> counts);
 
 // Updates `bias` (one entry per expert) from this step's `counts` and returns the step's health.
 // The counts must already be summed over every rank (data parallel), so every rank applies the
-// same update. Experts exactly at a quantile are left alone.
+// same update. An expert exactly at a quantile moves only when that puts it toward the mean load:
+// at q_low with fewer tokens than the mean it is raised, at q_high with more it is lowered. Without
+// that tie rule a collapsed router ([0, 0, 0, 0, 0, 0, N, N]: q_low is 0) would never raise its
+// idle experts; a uniform load is left alone.
 RoutingHealth quantile_balance_step(const QuantileBalancerOptions& options,
                                     std::span<const int64_t> counts, std::span<float> bias);
 

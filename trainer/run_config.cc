@@ -40,6 +40,9 @@ absl::Status read(const json& obj, const char* key, std::string_view where, T& o
   if constexpr (std::is_same_v<T, std::string>) {
     if (!v.is_string()) return bad(field, "must be a string");
     out = v.get<std::string>();
+  } else if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) return bad(field, "must be true or false");
+    out = v.get<bool>();
   } else if constexpr (std::is_floating_point_v<T>) {
     if (!v.is_number()) return bad(field, "must be a number");
     out = v.get<T>();
@@ -85,13 +88,15 @@ absl::StatusOr<std::string> read_config_file(const std::string& path) {
 
 absl::Status read_mqar(const json& q, std::string_view where, MqarOptions& m) {
   LOOM_RETURN_IF_ERROR(only_keys(
-      q, where, {"num_pairs", "key_begin", "num_keys", "value_begin", "num_values", "pad_id"}));
+      q, where,
+      {"num_pairs", "key_begin", "num_keys", "value_begin", "num_values", "pad_id", "spread"}));
   LOOM_RETURN_IF_ERROR(read(q, "num_pairs", where, m.num_pairs));
   LOOM_RETURN_IF_ERROR(read(q, "key_begin", where, m.key_begin));
   LOOM_RETURN_IF_ERROR(read(q, "num_keys", where, m.num_keys));
   LOOM_RETURN_IF_ERROR(read(q, "value_begin", where, m.value_begin));
   LOOM_RETURN_IF_ERROR(read(q, "num_values", where, m.num_values));
   LOOM_RETURN_IF_ERROR(read(q, "pad_id", where, m.pad_id));
+  LOOM_RETURN_IF_ERROR(read(q, "spread", where, m.spread));
   return absl::OkStatus();
 }
 

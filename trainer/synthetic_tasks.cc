@@ -61,11 +61,29 @@ Example make_mqar(const MqarOptions& o, std::mt19937_64& rng) {
   std::vector<int> order(o.num_pairs);
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), rng);
-  for (int i : order) {
+  const auto query = [&](int i) {
     ex.tokens.push_back(keys[i]);
     ex.loss_mask.push_back(1);  // from the key, predict its value
     ex.tokens.push_back(values[i]);
     ex.loss_mask.push_back(0);
+  };
+  if (!o.spread) {
+    for (int i : order) query(i);
+  } else {
+    const int slots = (o.seq_len - 2 * o.num_pairs) / 2;
+    std::vector<int> chosen(slots);
+    std::iota(chosen.begin(), chosen.end(), 0);
+    std::shuffle(chosen.begin(), chosen.end(), rng);
+    chosen.resize(o.num_pairs);
+    std::sort(chosen.begin(), chosen.end());
+    for (int s = 0, next = 0; s < slots; ++s) {
+      if (next < o.num_pairs && chosen[next] == s) {
+        query(order[next++]);
+      } else {
+        ex.tokens.insert(ex.tokens.end(), {o.pad_id, o.pad_id});
+        ex.loss_mask.insert(ex.loss_mask.end(), {0, 0});
+      }
+    }
   }
   while (static_cast<int>(ex.tokens.size()) < o.seq_len) {
     ex.tokens.push_back(o.pad_id);

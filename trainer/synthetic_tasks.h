@@ -3,7 +3,9 @@
 //
 // - MQAR (multi-query associative recall, Zoology): N key-value pairs, then every key again in a
 //   random order, each followed by its value; only the recalled values are scored. Token ids are
-//   drawn from two disjoint ranges of the vocabulary, so any model can train on it.
+//   drawn from two disjoint ranges of the vocabulary, so any model can train on it. The queries
+//   follow the pairs directly, or (spread) sit in random two-token slots over the rest of the
+//   sequence with padding between them, so that recall spans the whole length.
 // - Passkey retrieval: filler text with "The pass key is NNNNN. Remember it." at a chosen depth,
 //   then "What is the pass key? The pass key is" and the digits; only the digits are scored. Built
 //   with the model's tokenizer so the trained model retrieves passkeys in plain text.
@@ -37,7 +39,11 @@ void score_all_tokens(Example& ex);
 
 struct MqarOptions {
   int num_pairs = 16;
-  int seq_len = 256;                      // padded with pad_id after the queries (unscored)
+  int seq_len = 256;  // padded with pad_id after the queries (unscored)
+  // false: the queries directly after the pairs. true: the seq_len - 2 num_pairs tokens after the
+  // pairs are two-token slots, num_pairs of them (drawn uniformly, kept in order) hold the queries
+  // in a random order and the others pad_id.
+  bool spread = false;
   int32_t key_begin = 1, num_keys = 128;  // keys: ids [key_begin, key_begin + num_keys)
   int32_t value_begin = 129, num_values = 128;
   int32_t pad_id = 0;

@@ -52,6 +52,39 @@ TEST(QuantileBalance, MovesOnlyTheExpertsOutsideTheQuantiles) {
   EXPECT_NE(warnings[0].find("layer 3"), std::string::npos);
 }
 
+// A collapsed router: two experts take every token, so the q_low quantile is 0 and no count is
+// below it. The idle experts sit at that quantile with fewer tokens than the mean and are raised;
+// so are they when one expert takes everything (then q_high is 0 too).
+TEST(QuantileBalance, RaisesTheIdleExpertsOfACollapsedRouter) {
+  QuantileBalancerOptions o;
+  o.eta = 0.5;
+  {
+    const std::vector<int64_t> counts = {0, 0, 512, 0, 0, 512, 0, 0};
+    std::vector<float> bias(8, 0.0f);
+    const RoutingHealth h = quantile_balance_step(o, counts, bias);
+    const std::vector<float> want = {0.5f, 0.5f, -0.5f, 0.5f, 0.5f, -0.5f, 0.5f, 0.5f};
+    EXPECT_EQ(bias, want);
+    EXPECT_EQ(h.raised, 6);
+    EXPECT_EQ(h.lowered, 2);
+    EXPECT_DOUBLE_EQ(h.idle_fraction, 0.75);
+  }
+  {
+    const std::vector<int64_t> counts = {0, 0, 0, 300, 0};
+    std::vector<float> bias(5, 1.0f);
+    const RoutingHealth h = quantile_balance_step(o, counts, bias);
+    EXPECT_EQ(bias, (std::vector<float>{1.5f, 1.5f, 1.5f, 0.5f, 1.5f}));
+    EXPECT_EQ(h.raised, 4);
+    EXPECT_EQ(h.lowered, 1);
+  }
+  {
+    // Two load levels: each side moves toward the mean (11); nobody sits still at a tie.
+    const std::vector<int64_t> counts = {10, 12, 10, 12, 10, 12, 10, 12};
+    std::vector<float> bias(8, 0.0f);
+    quantile_balance_step(o, counts, bias);
+    EXPECT_EQ(bias, (std::vector<float>{0.5f, -0.5f, 0.5f, -0.5f, 0.5f, -0.5f, 0.5f, -0.5f}));
+  }
+}
+
 TEST(QuantileBalance, UniformLoadIsHealthyAndUntouched) {
   QuantileBalancerOptions o;
   const std::vector<int64_t> counts(16, 100);

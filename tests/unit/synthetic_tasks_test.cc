@@ -3,6 +3,7 @@
 // at the requested depth and scores exactly the key's digits.
 #include "trainer/synthetic_tasks.h"
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <string>
@@ -63,6 +64,47 @@ TEST(Mqar, EveryScoredPositionRecallsItsKeysValue) {
     }
     EXPECT_EQ(ex.loss_mask.back(), 0);
   }
+}
+
+// Spread queries: the pairs first, then two-token slots over the rest of the sequence, each a
+// query (its key, then the key's value) or padding; every key is queried once, and over many
+// examples the queries reach the far end.
+TEST(Mqar, SpreadQueriesFillSlotsOverTheWholeSequence) {
+  std::mt19937_64 rng(11);
+  MqarOptions o;
+  o.num_pairs = 16;
+  o.seq_len = 256;
+  o.spread = true;
+  ASSERT_TRUE(o.validate().ok());
+  size_t last_query = 0;
+  for (int n = 0; n < 50; ++n) {
+    const Example ex = make_mqar(o, rng);
+    ASSERT_EQ(ex.tokens.size(), 256u);
+    EXPECT_EQ(ex.scored(), 16);
+    std::map<int32_t, int32_t> value_of;
+    for (int i = 0; i < 2 * o.num_pairs; i += 2) value_of[ex.tokens[i]] = ex.tokens[i + 1];
+    ASSERT_EQ(value_of.size(), 16u);
+    std::map<int32_t, int> queried;
+    for (size_t i = 2 * o.num_pairs; i < ex.tokens.size(); i += 2) {
+      if (ex.loss_mask[i]) {
+        ASSERT_TRUE(value_of.contains(ex.tokens[i])) << i;
+        EXPECT_EQ(ex.tokens[i + 1], value_of[ex.tokens[i]]) << i;
+        EXPECT_EQ(ex.loss_mask[i + 1], 0) << i;
+        ++queried[ex.tokens[i]];
+        last_query = std::max(last_query, i);
+      } else {
+        EXPECT_EQ(ex.tokens[i], o.pad_id) << i;
+        EXPECT_EQ(ex.tokens[i + 1], o.pad_id) << i;
+      }
+    }
+    EXPECT_EQ(queried.size(), 16u);
+    for (const auto& [key, times] : queried) EXPECT_EQ(times, 1) << key;
+  }
+  EXPECT_GT(last_query, 200u);  // the packed layout ends its queries at position 62
+  // Without spread the same options keep the packed layout.
+  o.spread = false;
+  const Example packed = make_mqar(o, rng);
+  for (int i = 2 * o.num_pairs; i < 4 * o.num_pairs; i += 2) EXPECT_EQ(packed.loss_mask[i], 1) << i;
 }
 
 TEST(Mqar, RejectsLayoutsThatCannotWork) {

@@ -106,6 +106,13 @@ TEST(RunConfig, NamesTheFieldOfEveryMistake) {
   j["data"]["loss"] = "all";
   ASSERT_TRUE(parse_run_config(j.dump()).ok());
   EXPECT_TRUE(parse_run_config(j.dump())->score_all_tokens);
+  EXPECT_FALSE(parse_run_config(good.dump())->mqar.spread);
+  j = good;
+  j["data"]["mqar"]["spread"] = true;
+  ASSERT_TRUE(parse_run_config(j.dump()).ok());
+  EXPECT_TRUE(parse_run_config(j.dump())->mqar.spread);
+  j["data"]["mqar"]["spread"] = 1;
+  EXPECT_NE(message_of(j).find("data.mqar.spread"), std::string::npos) << message_of(j);
   EXPECT_FALSE(parse_run_config("{not json").ok());
   EXPECT_EQ(load_run_config(tmp("missing.json")).status().code(), absl::StatusCode::kNotFound);
 }

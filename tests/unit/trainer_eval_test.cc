@@ -169,6 +169,29 @@ TEST(TrainerEval, MqarOracleScoresOneOffByOneScoresZero) {
   EXPECT_EQ(zero->score, 0.0);
 }
 
+// Spread MQAR: the prompts run through the padding slots of a 128-token example, the oracle still
+// answers every query, and an impossible layout is refused up front.
+TEST(TrainerEval, MqarSpreadPromptsCoverTheLength) {
+  const auto tok = Tokenizer::byte_level();
+  EvalOptions o;
+  o.task = "mqar";
+  o.samples = 2;
+  o.mqar = {.num_pairs = 8, .seq_len = 128, .spread = true};
+  std::vector<Example> examples;
+  for (uint64_t s = 0; s < 2; ++s) {
+    std::mt19937_64 rng = eval_case_rng(o.seed, "mqar", {s});
+    examples.push_back(make_mqar(o.mqar, rng));
+  }
+  OracleGenerator oracle(examples);
+  auto summary = run_eval(o, *tok, oracle, nullptr, nullptr);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(oracle.misses, 0);
+  EXPECT_EQ(summary->total, 16);
+  EXPECT_EQ(summary->score, 1.0);
+  o.mqar.seq_len = 20;  // 8 pairs need 32 tokens
+  EXPECT_NE(o.validate().message().find("pairs"), std::string::npos);
+}
+
 std::vector<Example> tool_examples(const EvalOptions& o, const Tokenizer& tok) {
   std::vector<Example> out;
   for (uint64_t s = 0; s < static_cast<uint64_t>(o.samples); ++s) {

@@ -16,7 +16,8 @@
 //       the loss and every parameter's gradient on the fixture's prompt 1 against its
 //       grads.safetensors and loss_1: one JSON line per tensor, then {"fixture", "ok", ...}.
 //   loom-trainer eval --model DIR --task passkey|mqar|tool [--lengths 512,1024] [--depths 0,0.5,1]
-//                     [--samples N] [--seed S] [--device cpu|cuda]
+//                     [--samples N] [--seed S] [--device cpu|cuda] [--mqar_pairs N]
+//                     [--mqar_seq_len N]
 //       greedy evaluation through the serving engine (trainer/eval.h): one JSON line per grid
 //       cell / example / dialogue, then {"task", "score", ...}; bad flags exit 2.
 #include <cmath>
@@ -61,6 +62,10 @@ ABSL_FLAG(std::string, lengths, "512,1024,2048", "eval passkey: context lengths 
 ABSL_FLAG(std::string, depths, "0,0.25,0.5,0.75,1", "eval passkey: needle depths in [0, 1]");
 ABSL_FLAG(int, samples, 4, "eval: samples per passkey cell, MQAR examples, or tool dialogues");
 ABSL_FLAG(uint64_t, seed, 1, "eval: seeds the prompts");
+ABSL_FLAG(int, mqar_pairs, 16, "eval mqar: key-value pairs per example");
+ABSL_FLAG(int, mqar_seq_len, 0,
+          "eval mqar: 0 puts the queries right after the pairs; N spreads them over N tokens "
+          "(data.mqar.spread)");
 
 namespace {
 
@@ -206,6 +211,15 @@ int eval() {
       return usage_error("--depths: '" + std::string(part) + "' is not a number");
     options.depths.push_back(v);
   }
+  const int pairs = absl::GetFlag(FLAGS_mqar_pairs), mqar_len = absl::GetFlag(FLAGS_mqar_seq_len);
+  if (options.task != "mqar" && (pairs != 16 || mqar_len != 0))
+    return usage_error("--mqar_pairs and --mqar_seq_len are for --task mqar");
+  if (mqar_len < 0) return usage_error("--mqar_seq_len: must be 0 or a length");
+  options.mqar.num_pairs = pairs;
+  if (mqar_len > 0) {
+    options.mqar.spread = true;
+    options.mqar.seq_len = mqar_len;
+  }
   if (absl::Status st = options.validate(); !st.ok()) return usage_error(std::string(st.message()));
   auto device = loom::parse_device(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return usage_error("--device: " + std::string(device.status().message()));
@@ -224,7 +238,8 @@ int main(int argc, char** argv) {
       "       loom-trainer rl --config RL.json\n"
       "       loom-trainer gradcheck --fixture DIR [--device cpu|cuda]\n"
       "       loom-trainer eval --model DIR --task passkey|mqar|tool [--lengths ...]\n"
-      "                         [--depths ...] [--samples N] [--device cpu|cuda]");
+      "                         [--depths ...] [--samples N] [--device cpu|cuda]\n"
+      "                         [--mqar_pairs N] [--mqar_seq_len N]");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() < 2)
     return fail("a command is required (prepare-data, shard-info, train, rl, gradcheck, eval)");
