@@ -108,13 +108,18 @@ absl::StatusOr<EvalSummary> eval_passkey(const EvalOptions& o, const Tokenizer& 
   return summary;
 }
 
+// The MQAR examples the evaluation draws. The prompts end at the queries: packed, the padding
+// after them changes nothing (the example is 4 num_pairs tokens); spread, the slots depend on the
+// length asked for.
+MqarOptions eval_mqar_layout(const MqarOptions& m) {
+  MqarOptions r = m;
+  if (!r.spread) r.seq_len = 4 * r.num_pairs;
+  return r;
+}
+
 absl::StatusOr<EvalSummary> eval_mqar(const EvalOptions& o, Generator& generator, std::FILE* out) {
   EvalSummary summary{.task = "mqar"};
-  MqarOptions mqar = o.mqar;
-  // The prompts end at the queries: packed, the padding after them changes nothing; spread, the
-  // slots depend on the length.
-  if (!mqar.spread) mqar.seq_len = 4 * mqar.num_pairs;
-  if (absl::Status st = mqar.validate(); !st.ok()) return st;
+  const MqarOptions mqar = eval_mqar_layout(o.mqar);
   for (int s = 0; s < o.samples; ++s) {
     std::mt19937_64 rng = eval_case_rng(o.seed, "mqar", {static_cast<uint64_t>(s)});
     const Example ex = make_mqar(mqar, rng);
@@ -254,9 +259,7 @@ absl::Status EvalOptions::validate() const {
         return absl::InvalidArgumentError(absl::StrCat("--depths: ", d, " outside [0, 1]"));
   }
   if (task == "mqar") {
-    MqarOptions m = mqar;
-    if (!m.spread) m.seq_len = 4 * m.num_pairs;
-    if (absl::Status st = m.validate(); !st.ok())
+    if (absl::Status st = eval_mqar_layout(mqar).validate(); !st.ok())
       return absl::InvalidArgumentError(
           absl::StrCat("--mqar_pairs / --mqar_seq_len: ", st.message()));
   }

@@ -632,7 +632,8 @@ void run_parallel(cudaStream_t stream, const KdaBackwardArgs& a) {
   }
 }
 
-// The forward's kernels take this shape and these pointers (the output's alignment probed on dv).
+// The forward's kernels take this shape and these pointers (the size checks first keep the int
+// fields of KdaVarlenArgs from overflowing).
 bool takes_parallel_form(const KdaBackwardArgs& a) {
   if (a.T == 0) return false;
   if (a.Hv > INT32_MAX || a.dk > 128 || a.dv > 128) return false;
