@@ -12,7 +12,10 @@
 // Either way a sequence of a packed batch gets exactly what a launch for it alone gives. The
 // per-chunk steps are loops over the block's threads with a barrier after each; no warp-level
 // tricks, no atomics, so the result does not depend on scheduling. Chunk buffers live in
-// per-block global scratch (L1/L2 resident: about 0.6 MB a block at dk = dv = 128).
+// per-block global scratch (about 0.6 MB a block at dk = dv = 128), except in the chunk-parallel
+// form when the tiles its loops read across rows fit one block's shared memory (dk, dv <= 64: 211
+// KB at 64 x 64, one block an SM): there they sit in shared memory with padded rows (HeadWork),
+// 2.4x faster at the bundled default's 4 heads of 64 than the all-global layout.
 //
 // Exponentials: every factor is exp of a difference <= 0 (gc_t - gc_s for s <= t, gc_t itself,
 // gc_L - gc_s), formed element by element from f64 cumulative decays: no diagonal block is
@@ -26,6 +29,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/attention_launch.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kda_chunked_backward_launch.h"
 #include "kernels/cuda/kda_chunked_launch.h"
@@ -40,61 +44,98 @@ constexpr int kThreads = 512;
 
 __host__ __device__ inline int64_t chunks_of(int64_t T) { return (T + kC - 1) / kC; }
 
-// One value head's chunk buffers (f64 ones first, so every region stays 8-byte aligned).
+// One value head's chunk buffers (f64 ones first, so every region stays 8-byte aligned). The tiles
+// the chunk's loops read across rows (Q, K, gd with row stride rk; VW, U, dO, dR and the state's
+// rows S0, dS with row stride rv) either sit in global scratch (rk = dk, rv = dv) or, when they
+// fit, in shared memory with odd row strides (rk = dk + 1, rv = dv + 1), so that a warp reading a
+// column touches 32 different banks. The others (row-major [L, dk]) stay in global scratch. P and
+// dP share one buffer: P is dead once dU is formed, before dP is.
 struct HeadWork {
   double *gd, *rw, *cw, *dgc, *sd;
   float *Q, *K, *Qe, *Ke, *Kend, *dQe, *mKe, *dKend, *qrow, *krow, *kcol;
   float *VW, *U, *dO, *dR;
   float *A, *P, *dP, *dA;
   float *S0, *dS, *beta;
+  int64_t rk, rv;
 };
 
-__host__ __device__ inline int64_t head_work_floats(int64_t dk, int64_t dv) {
-  return 2 * (4 * kC * dk + dk) + 11 * kC * dk + 4 * kC * dv + 4 * kC * kC + 2 * dk * dv + kC;
-}
-
-// Block `blk` (sequence * Hv + value head)'s chunk buffers.
-__device__ inline HeadWork head_work(const KdaBackwardArgs& a, int64_t blk) {
-  float* p = a.scratch + blk * head_work_floats(a.dk, a.dv);
-  const int64_t cd = kC * a.dk, cv = kC * a.dv, cc = kC * kC;
-  HeadWork w;
-  auto take_d = [&](int64_t n) {
+// Hands out consecutive regions of a float buffer (f64 regions take two floats an element).
+struct Carver {
+  float* p;
+  __device__ double* take_d(int64_t n) {
     double* r = reinterpret_cast<double*>(p);
     p += 2 * n;
     return r;
-  };
-  auto take = [&](int64_t n) {
+  }
+  __device__ float* take(int64_t n) {
     float* r = p;
     p += n;
     return r;
-  };
-  w.gd = take_d(cd);
-  w.rw = take_d(cd);
-  w.cw = take_d(cd);
-  w.dgc = take_d(cd);
-  w.sd = take_d(a.dk);
-  w.Q = take(cd);
-  w.K = take(cd);
-  w.Qe = take(cd);
-  w.Ke = take(cd);
-  w.Kend = take(cd);
-  w.dQe = take(cd);
-  w.mKe = take(cd);
-  w.dKend = take(cd);
-  w.qrow = take(cd);
-  w.krow = take(cd);
-  w.kcol = take(cd);
-  w.VW = take(cv);
-  w.U = take(cv);
-  w.dO = take(cv);
-  w.dR = take(cv);
-  w.A = take(cc);
-  w.P = take(cc);
-  w.dP = take(cc);
-  w.dA = take(cc);
-  w.S0 = take(a.dk * a.dv);
-  w.dS = take(a.dk * a.dv);
-  w.beta = take(kC);
+  }
+};
+
+// The tiles that may live in shared memory, carved from c with row strides rk, rv.
+__device__ inline void carve_row_tiles(HeadWork& w, Carver& c, int64_t dk, int64_t rk, int64_t rv) {
+  w.rk = rk;
+  w.rv = rv;
+  w.gd = c.take_d(kC * rk);
+  w.Q = c.take(kC * rk);
+  w.K = c.take(kC * rk);
+  w.VW = c.take(kC * rv);
+  w.U = c.take(kC * rv);
+  w.dO = c.take(kC * rv);
+  w.dR = c.take(kC * rv);
+  w.A = c.take(kC * kC);
+  w.P = w.dP = c.take(kC * kC);
+  w.dA = c.take(kC * kC);
+  w.S0 = c.take(dk * rv);
+  w.dS = c.take(dk * rv);
+  w.beta = c.take(kC);
+}
+
+__host__ __device__ inline int64_t row_tile_floats(int64_t dk, int64_t rk, int64_t rv) {
+  return 4 * kC * rk + 4 * kC * rv + 3 * kC * kC + 2 * dk * rv + kC;
+}
+
+// The [L, dk] buffers that always stay in global scratch.
+__device__ inline void carve_global_tiles(HeadWork& w, Carver& c, int64_t dk) {
+  const int64_t cd = kC * dk;
+  w.rw = c.take_d(cd);
+  w.cw = c.take_d(cd);
+  w.dgc = c.take_d(cd);
+  w.sd = c.take_d(dk);
+  w.Qe = c.take(cd);
+  w.Ke = c.take(cd);
+  w.Kend = c.take(cd);
+  w.dQe = c.take(cd);
+  w.mKe = c.take(cd);
+  w.dKend = c.take(cd);
+  w.qrow = c.take(cd);
+  w.krow = c.take(cd);
+  w.kcol = c.take(cd);
+}
+
+__host__ __device__ inline int64_t global_tile_floats(int64_t dk) {
+  return 2 * (3 * kC * dk + dk) + 9 * kC * dk;
+}
+
+// Shared-memory bytes of the row tiles with padded strides (the chunk-parallel form uses them when
+// they fit one block's shared memory).
+__host__ inline size_t shared_row_tile_bytes(int64_t dk, int64_t dv) {
+  return static_cast<size_t>(row_tile_floats(dk, dk + 1, dv + 1)) * sizeof(float);
+}
+
+// Floats of global scratch per block: everything, or only the global tiles.
+__host__ __device__ inline int64_t head_work_floats(int64_t dk, int64_t dv, bool row_tiles_shared) {
+  return global_tile_floats(dk) + (row_tiles_shared ? 0 : row_tile_floats(dk, dk, dv));
+}
+
+// Block `blk`'s chunk buffers, all in global scratch.
+__device__ inline HeadWork head_work(const KdaBackwardArgs& a, int64_t blk) {
+  HeadWork w;
+  Carver c{a.scratch + blk * head_work_floats(a.dk, a.dv, false)};
+  carve_row_tiles(w, c, a.dk, a.dk, a.dv);
+  carve_global_tiles(w, c, a.dk);
   return w;
 }
 
@@ -104,13 +145,13 @@ __host__ __device__ inline int64_t blocks_of_launch(const KdaBackwardArgs& a) {
 }
 
 __device__ inline float* head_ckpt(const KdaBackwardArgs& a, int64_t blk) {
-  return a.scratch + blocks_of_launch(a) * head_work_floats(a.dk, a.dv) +
+  return a.scratch + blocks_of_launch(a) * head_work_floats(a.dk, a.dv, false) +
          blk * chunks_of(a.max_T) * a.dk * a.dv;
 }
 
 __host__ __device__ inline float* shares_base(const KdaBackwardArgs& a) {
-  return a.scratch +
-         blocks_of_launch(a) * (head_work_floats(a.dk, a.dv) + chunks_of(a.max_T) * a.dk * a.dv);
+  return a.scratch + blocks_of_launch(a) *
+                         (head_work_floats(a.dk, a.dv, false) + chunks_of(a.max_T) * a.dk * a.dv);
 }
 
 // The arguments as one sequence sees them: every row pointer moved to its first row, T its
@@ -158,43 +199,44 @@ __device__ __forceinline__ PairTerm pair_term(float dp, float da, float qt, floa
 __device__ void recompute_chunk(const KdaBackwardArgs& a, const HeadWork& w, int64_t h, int64_t t0,
                                 int64_t L, bool want_p) {
   const int64_t dk = a.dk, dv = a.dv, hk = h / (a.Hv / a.Hk), gw = a.scalar_g ? 1 : dk;
+  const int64_t rk = w.rk, rv = w.rv;
   const int tid = threadIdx.x, nt = blockDim.x;
   for (int64_t idx = tid; idx < L * dk; idx += nt) {
     const int64_t t = idx / dk, c = idx % dk, src = ((t0 + t) * a.Hk + hk) * dk + c;
-    w.Q[idx] = a.q[src] * a.scale;
-    w.K[idx] = a.k[src];
+    w.Q[t * rk + c] = a.q[src] * a.scale;
+    w.K[t * rk + c] = a.k[src];
   }
   for (int64_t idx = tid; idx < L * dv; idx += nt) {
     const int64_t t = idx / dv, j = idx % dv;
-    w.VW[idx] = a.v[((t0 + t) * a.Hv + h) * dv + j];
+    w.VW[t * rv + j] = a.v[((t0 + t) * a.Hv + h) * dv + j];
   }
   for (int64_t t = tid; t < L; t += nt) w.beta[t] = a.beta[(t0 + t) * a.Hv + h];
   for (int64_t c = tid; c < dk; c += nt) {
     double acc = 0.0;
     for (int64_t t = 0; t < L; ++t) {
       acc += a.g[((t0 + t) * a.Hv + h) * gw + (a.scalar_g ? 0 : c)];
-      w.gd[t * dk + c] = acc;
+      w.gd[t * rk + c] = acc;
     }
   }
   __syncthreads();
-  const double* gl = w.gd + (L - 1) * dk;
+  const double* gl = w.gd + (L - 1) * rk;
   for (int64_t idx = tid; idx < L * dk; idx += nt) {
-    const int64_t c = idx % dk;
-    const float e = exp_le0(w.gd[idx]);
-    w.Qe[idx] = w.Q[idx] * e;
-    w.Ke[idx] = w.K[idx] * e;
-    w.Kend[idx] = w.K[idx] * exp_le0(gl[c] - w.gd[idx]);
+    const int64_t t = idx / dk, c = idx % dk, r = t * rk + c;
+    const float e = exp_le0(w.gd[r]);
+    w.Qe[idx] = w.Q[r] * e;
+    w.Ke[idx] = w.K[r] * e;
+    w.Kend[idx] = w.K[r] * exp_le0(gl[c] - w.gd[r]);
   }
   // A_ts (s < t) and P_ts (s <= t), element by element.
   for (int64_t idx = tid; idx < L * L; idx += nt) {
     const int64_t t = idx / L, s = idx % L;
     float av = 0.0f, pv = 0.0f;
     if (s <= t) {
-      const float* kt = w.K + t * dk;
-      const float* qt = w.Q + t * dk;
-      const float* ks = w.K + s * dk;
-      const double* gt = w.gd + t * dk;
-      const double* gs = w.gd + s * dk;
+      const float* kt = w.K + t * rk;
+      const float* qt = w.Q + t * rk;
+      const float* ks = w.K + s * rk;
+      const double* gt = w.gd + t * rk;
+      const double* gs = w.gd + s * rk;
       for (int64_t c = 0; c < dk; ++c) {
         const float ke = ks[c] * exp_le0(gt[c] - gs[c]);
         av += kt[c] * ke;
@@ -209,8 +251,8 @@ __device__ void recompute_chunk(const KdaBackwardArgs& a, const HeadWork& w, int
   for (int64_t idx = tid; idx < L * dv; idx += nt) {
     const int64_t t = idx / dv, j = idx % dv;
     float acc = 0.0f;
-    for (int64_t i = 0; i < dk; ++i) acc += w.Ke[t * dk + i] * w.S0[i * dv + j];
-    w.VW[idx] -= acc;
+    for (int64_t i = 0; i < dk; ++i) acc += w.Ke[t * dk + i] * w.S0[i * rv + j];
+    w.VW[t * rv + j] -= acc;
   }
   __syncthreads();
   // U_t = beta_t (VW_t - sum_{s < t} A_ts U_s), 16 rows at a time: the earlier rows' share for the
@@ -219,16 +261,16 @@ __device__ void recompute_chunk(const KdaBackwardArgs& a, const HeadWork& w, int
     const int64_t r1 = r0 + kSub < L ? r0 + kSub : L;
     for (int64_t idx = tid; idx < (r1 - r0) * dv; idx += nt) {
       const int64_t t = r0 + idx / dv, j = idx % dv;
-      float acc = w.VW[t * dv + j];
-      for (int64_t s = 0; s < r0; ++s) acc -= w.A[t * kC + s] * w.U[s * dv + j];
-      w.U[t * dv + j] = acc;
+      float acc = w.VW[t * rv + j];
+      for (int64_t s = 0; s < r0; ++s) acc -= w.A[t * kC + s] * w.U[s * rv + j];
+      w.U[t * rv + j] = acc;
     }
     __syncthreads();
     for (int64_t j = tid; j < dv; j += nt)
       for (int64_t t = r0; t < r1; ++t) {
-        float acc = w.U[t * dv + j];
-        for (int64_t s = r0; s < t; ++s) acc -= w.A[t * kC + s] * w.U[s * dv + j];
-        w.U[t * dv + j] = w.beta[t] * acc;
+        float acc = w.U[t * rv + j];
+        for (int64_t s = r0; s < t; ++s) acc -= w.A[t * kC + s] * w.U[s * rv + j];
+        w.U[t * rv + j] = w.beta[t] * acc;
       }
     __syncthreads();
   }
@@ -240,21 +282,21 @@ __device__ void recompute_chunk(const KdaBackwardArgs& a, const HeadWork& w, int
 __device__ void backward_chunk(const KdaBackwardArgs& a, const HeadWork& w, int64_t h, int64_t t0,
                                int64_t L, float* dq_share, float* dk_share, int64_t share_stride,
                                bool carry_ds = true) {
-  const int64_t dk = a.dk, dv = a.dv, area = dk * dv;
+  const int64_t dk = a.dk, dv = a.dv, rk = w.rk, rv = w.rv;
   const int tid = threadIdx.x, nt = blockDim.x;
-  const double* gl = w.gd + (L - 1) * dk;
+  const double* gl = w.gd + (L - 1) * rk;
   for (int64_t idx = tid; idx < L * dv; idx += nt) {
     const int64_t t = idx / dv, j = idx % dv;
-    w.dO[idx] = a.d_out[((t0 + t) * a.Hv + h) * dv + j];
+    w.dO[t * rv + j] = a.d_out[((t0 + t) * a.Hv + h) * dv + j];
   }
   __syncthreads();
   // dU = P^T dO + Kend dS_L, into dR.
   for (int64_t idx = tid; idx < L * dv; idx += nt) {
     const int64_t s = idx / dv, j = idx % dv;
     float acc = 0.0f;
-    for (int64_t t = s; t < L; ++t) acc += w.P[t * kC + s] * w.dO[t * dv + j];
-    for (int64_t i = 0; i < dk; ++i) acc += w.Kend[s * dk + i] * w.dS[i * dv + j];
-    w.dR[idx] = acc;
+    for (int64_t t = s; t < L; ++t) acc += w.P[t * kC + s] * w.dO[t * rv + j];
+    for (int64_t i = 0; i < dk; ++i) acc += w.Kend[s * dk + i] * w.dS[i * rv + j];
+    w.dR[s * rv + j] = acc;
   }
   __syncthreads();
   // dR_s = dU_s - sum_{t > s} beta_t A_ts dR_t, 16 rows at a time, last first.
@@ -262,28 +304,28 @@ __device__ void backward_chunk(const KdaBackwardArgs& a, const HeadWork& w, int6
     const int64_t r1 = r0 + kSub < L ? r0 + kSub : L;
     for (int64_t idx = tid; idx < (r1 - r0) * dv; idx += nt) {
       const int64_t s = r0 + idx / dv, j = idx % dv;
-      float acc = w.dR[s * dv + j];
-      for (int64_t t = r1; t < L; ++t) acc -= w.beta[t] * w.A[t * kC + s] * w.dR[t * dv + j];
-      w.dR[s * dv + j] = acc;
+      float acc = w.dR[s * rv + j];
+      for (int64_t t = r1; t < L; ++t) acc -= w.beta[t] * w.A[t * kC + s] * w.dR[t * rv + j];
+      w.dR[s * rv + j] = acc;
     }
     __syncthreads();
     for (int64_t j = tid; j < dv; j += nt)
       for (int64_t s = r1 - 2; s >= r0; --s) {
-        float acc = w.dR[s * dv + j];
-        for (int64_t t = s + 1; t < r1; ++t) acc -= w.beta[t] * w.A[t * kC + s] * w.dR[t * dv + j];
-        w.dR[s * dv + j] = acc;
+        float acc = w.dR[s * rv + j];
+        for (int64_t t = s + 1; t < r1; ++t) acc -= w.beta[t] * w.A[t * kC + s] * w.dR[t * rv + j];
+        w.dR[s * rv + j] = acc;
       }
     __syncthreads();
   }
-  // dP_ts = dO_t . U_s (s <= t), dAp_ts = dR_t . U_s (s < t), into dP and dA.
+  // dP_ts = dO_t . U_s (s <= t), dAp_ts = dR_t . U_s (s < t), into dP (P's buffer) and dA.
   for (int64_t idx = tid; idx < L * L; idx += nt) {
     const int64_t t = idx / L, s = idx % L;
     float p = 0.0f, ap = 0.0f;
     if (s <= t)
       for (int64_t j = 0; j < dv; ++j) {
-        const float u = w.U[s * dv + j];
-        p += w.dO[t * dv + j] * u;
-        ap += w.dR[t * dv + j] * u;
+        const float u = w.U[s * rv + j];
+        p += w.dO[t * rv + j] * u;
+        ap += w.dR[t * rv + j] * u;
       }
     w.dP[t * kC + s] = p;
     w.dA[t * kC + s] = s < t ? ap : 0.0f;
@@ -292,7 +334,7 @@ __device__ void backward_chunk(const KdaBackwardArgs& a, const HeadWork& w, int6
   // dbeta_t = dR_t . VW_t - sum_{s < t} dAp_ts A_ts.
   for (int64_t t = tid; t < L; t += nt) {
     float db = 0.0f;
-    for (int64_t j = 0; j < dv; ++j) db += w.dR[t * dv + j] * w.VW[t * dv + j];
+    for (int64_t j = 0; j < dv; ++j) db += w.dR[t * rv + j] * w.VW[t * rv + j];
     for (int64_t s = 0; s < t; ++s) db -= w.dA[t * kC + s] * w.A[t * kC + s];
     a.dbeta[(t0 + t) * a.Hv + h] = db;
   }
@@ -304,8 +346,8 @@ __device__ void backward_chunk(const KdaBackwardArgs& a, const HeadWork& w, int6
   }
   for (int64_t idx = tid; idx < L * dv; idx += nt) {
     const int64_t t = idx / dv, j = idx % dv;
-    const float r = w.dR[idx] * w.beta[t];
-    w.dR[idx] = r;
+    const float r = w.dR[t * rv + j] * w.beta[t];
+    w.dR[t * rv + j] = r;
     a.dv_out[((t0 + t) * a.Hv + h) * dv + j] = r;
   }
   __syncthreads();
@@ -314,10 +356,10 @@ __device__ void backward_chunk(const KdaBackwardArgs& a, const HeadWork& w, int6
     const int64_t t = idx / dk, i = idx % dk;
     float q = 0.0f, k = 0.0f, e = 0.0f;
     for (int64_t j = 0; j < dv; ++j) {
-      const float s0 = w.S0[i * dv + j];
-      q += w.dO[t * dv + j] * s0;
-      k += w.dR[t * dv + j] * s0;
-      e += w.U[t * dv + j] * w.dS[i * dv + j];
+      const float s0 = w.S0[i * rv + j];
+      q += w.dO[t * rv + j] * s0;
+      k += w.dR[t * rv + j] * s0;
+      e += w.U[t * rv + j] * w.dS[i * rv + j];
     }
     w.dQe[idx] = q;
     w.mKe[idx] = k;
@@ -325,27 +367,27 @@ __device__ void backward_chunk(const KdaBackwardArgs& a, const HeadWork& w, int6
   }
   for (int64_t i = tid; i < dk; i += nt) {
     double acc = 0.0;
-    for (int64_t j = 0; j < dv; ++j) acc += double(w.S0[i * dv + j]) * w.dS[i * dv + j];
+    for (int64_t j = 0; j < dv; ++j) acc += double(w.S0[i * rv + j]) * w.dS[i * rv + j];
     w.sd[i] = acc;
   }
   __syncthreads();
   // dS_0 = exp(gc_L) dS_L + Qe^T dO - Ke^T (beta dR); then the pairs through A and P, by rows
   // (Qrow, Krow, rowsum of w) and by columns (Kcol, colsum of w).
-  for (int64_t idx = tid; carry_ds && idx < area; idx += nt) {
+  for (int64_t idx = tid; carry_ds && idx < dk * dv; idx += nt) {
     const int64_t i = idx / dv, j = idx % dv;
-    float acc = exp_le0(gl[i]) * w.dS[idx];
+    float acc = exp_le0(gl[i]) * w.dS[i * rv + j];
     for (int64_t t = 0; t < L; ++t)
-      acc += w.Qe[t * dk + i] * w.dO[t * dv + j] - w.Ke[t * dk + i] * w.dR[t * dv + j];
-    w.dS[idx] = acc;
+      acc += w.Qe[t * dk + i] * w.dO[t * rv + j] - w.Ke[t * dk + i] * w.dR[t * rv + j];
+    w.dS[i * rv + j] = acc;
   }
   for (int64_t idx = tid; idx < L * dk; idx += nt) {
     const int64_t t = idx / dk, c = idx % dk;
-    const float qt = w.Q[idx], kt = w.K[idx];
-    const double gt = w.gd[idx];
+    const float qt = w.Q[t * rk + c], kt = w.K[t * rk + c];
+    const double gt = w.gd[t * rk + c];
     float qrow = 0.0f, krow = 0.0f;
     double rw = 0.0;
     for (int64_t s = 0; s <= t; ++s) {
-      const float e = exp_le0(gt - w.gd[s * dk + c]), ks = w.K[s * dk + c];
+      const float e = exp_le0(gt - w.gd[s * rk + c]), ks = w.K[s * rk + c];
       const float dp = w.dP[t * kC + s], da = w.dA[t * kC + s];
       const float kse = ks * e;
       qrow += dp * kse;
@@ -358,14 +400,14 @@ __device__ void backward_chunk(const KdaBackwardArgs& a, const HeadWork& w, int6
   }
   for (int64_t idx = tid; idx < L * dk; idx += nt) {
     const int64_t s = idx / dk, c = idx % dk;
-    const float ks = w.K[idx];
-    const double gs = w.gd[idx];
+    const float ks = w.K[s * rk + c];
+    const double gs = w.gd[s * rk + c];
     float kcol = 0.0f;
     double cw = 0.0;
     for (int64_t t = s; t < L; ++t) {
-      const float e = exp_le0(w.gd[t * dk + c] - gs);
+      const float e = exp_le0(w.gd[t * rk + c] - gs);
       const PairTerm p =
-          pair_term(w.dP[t * kC + s], w.dA[t * kC + s], w.Q[t * dk + c], w.K[t * dk + c], ks, e);
+          pair_term(w.dP[t * kC + s], w.dA[t * kC + s], w.Q[t * rk + c], w.K[t * rk + c], ks, e);
       kcol += p.col;
       if (t > s) cw += p.w;
     }
@@ -378,7 +420,8 @@ __device__ void backward_chunk(const KdaBackwardArgs& a, const HeadWork& w, int6
   // x_t = Qe_t dQe_t + Ke_t dKe_t (Qe, Ke depend on g_u for u <= t; Kend_t for u > t).
   for (int64_t idx = tid; idx < L * dk; idx += nt) {
     const int64_t t = idx / dk, c = idx % dk;
-    const float eg = exp_le0(w.gd[idx]), eL = exp_le0(gl[c] - w.gd[idx]);
+    const double gt = w.gd[t * rk + c];
+    const float eg = exp_le0(gt), eL = exp_le0(gl[c] - gt);
     const float dQ = w.qrow[idx] + w.dQe[idx] * eg;
     const float dK = w.krow[idx] + w.kcol[idx] - w.mKe[idx] * eg + w.dKend[idx] * eL;
     dq_share[(t0 + t) * share_stride + c] = dQ * a.scale;
@@ -421,7 +464,7 @@ __global__ void __launch_bounds__(kThreads) kda_chunked_backward_kernel(KdaBackw
   const KdaBackwardArgs a = sequence_args(all, s);
   const int64_t dk = a.dk, dv = a.dv, area = dk * dv, n = chunks_of(a.T);
   const int tid = threadIdx.x, nt = blockDim.x;
-  const HeadWork w = head_work(all, blk);
+  const HeadWork w = head_work(all, blk);  // unpadded (rk = dk, rv = dv): states are contiguous
   float* ckpt = head_ckpt(all, blk);
   const bool direct = a.Hv == a.Hk;  // each value head owns its key head's rows of dq and dk
   float* shares = shares_base(all);
@@ -437,11 +480,11 @@ __global__ void __launch_bounds__(kThreads) kda_chunked_backward_kernel(KdaBackw
     for (int64_t idx = tid; idx < area; idx += nt) ckpt[c * area + idx] = w.S0[idx];
     recompute_chunk(a, w, h, t0, L, /*want_p=*/false);
     // S0 <- exp(gc_L) S0 + Kend^T U.
-    const double* gl = w.gd + (L - 1) * dk;
+    const double* gl = w.gd + (L - 1) * w.rk;
     for (int64_t idx = tid; idx < area; idx += nt) {
       const int64_t i = idx / dv, j = idx % dv;
       float acc = exp_le0(gl[i]) * w.S0[idx];
-      for (int64_t t = 0; t < L; ++t) acc += w.Kend[t * dk + i] * w.U[t * dv + j];
+      for (int64_t t = 0; t < L; ++t) acc += w.Kend[t * dk + i] * w.U[t * w.rv + j];
       w.S0[idx] = acc;
     }
     __syncthreads();
@@ -496,6 +539,7 @@ __global__ void __launch_bounds__(256)
 // Where the chunk-parallel form keeps things in a.scratch (offsets in floats, each region starting
 // on a 256-byte boundary). nb bounds the number of chunks (the forward's chunk_bound).
 struct ParallelLayout {
+  bool shared;  // the gradient kernel's row tiles in shared memory
   int64_t blocks, nb, work, shares, states, d_states, pool, cu, slots, fwd, total;
 };
 
@@ -520,12 +564,24 @@ launch::KdaVarlenArgs forward_args(const KdaBackwardArgs& a) {
   return f;
 }
 
-__global__ void __launch_bounds__(kThreads, 2)
+// kRowTilesShared: the row tiles in dynamic shared memory (padded strides; one block an SM), the
+// rest of the chunk buffers in global scratch; otherwise all of them in global scratch.
+template <bool kRowTilesShared>
+__global__ void __launch_bounds__(kThreads, kRowTilesShared ? 1 : 2)
     kda_chunk_gradient_kernel(KdaBackwardArgs all, const int32_t* off, const int64_t* cu,
                               const float* states, const float* d_states, float* shares) {
+  extern __shared__ float4 smem_f4[];
   const int64_t dk = all.dk, dv = all.dv, area = dk * dv;
   const int tid = threadIdx.x, nt = blockDim.x;
-  const HeadWork w = head_work(all, blockIdx.x);
+  HeadWork w;
+  if constexpr (kRowTilesShared) {
+    Carver sc{reinterpret_cast<float*>(smem_f4)};
+    carve_row_tiles(w, sc, dk, dk + 1, dv + 1);
+    Carver gc{all.scratch + blockIdx.x * head_work_floats(dk, dv, true)};
+    carve_global_tiles(w, gc, dk);
+  } else {
+    w = head_work(all, blockIdx.x);
+  }
   const int64_t items = static_cast<int64_t>(off[all.num_seqs]) * all.Hv;
   const bool direct = all.Hv == all.Hk;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
@@ -545,8 +601,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     float* dk_share = direct ? a.dk_out + h * dk : shares + ((a.Hv + h) * all.T + row0) * dk;
     const int64_t share_stride = direct ? a.Hk * dk : dk;
     for (int64_t idx = tid; idx < area; idx += nt) {
-      w.S0[idx] = states[(ci * all.Hv + h) * area + idx];
-      w.dS[idx] = d_states[(ci * all.Hv + h) * area + idx];
+      const int64_t r = (idx / dv) * w.rv + idx % dv;
+      w.S0[r] = states[(ci * all.Hv + h) * area + idx];
+      w.dS[r] = d_states[(ci * all.Hv + h) * area + idx];
     }
     __syncthreads();
     recompute_chunk(a, w, h, t0, L, /*want_p=*/true);
@@ -570,27 +627,37 @@ __global__ void kda_backward_setup_kernel(KdaBackwardArgs a, int64_t* cu, int32_
   }
 }
 
-int resident_gradient_blocks() {
-  int device = 0, sms = 0, per_sm = 0;
+// Whether the row tiles go to shared memory: when they fit one block's opt-in limit (dk, dv <= 64
+// with the padding; 211 KB at 64 x 64).
+bool row_tiles_shared(const KdaBackwardArgs& a) {
+  int device = 0, limit = 0;
   LOOM_CUDA_CHECK(cudaGetDevice(&device));
-  LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  LOOM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kda_chunk_gradient_kernel,
-                                                                kThreads, 0));
-  return sms * (per_sm > 0 ? per_sm : 1);
+  LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return shared_row_tile_bytes(a.dk, a.dv) <= static_cast<size_t>(limit);
+}
+
+// Blocks of the gradient kernel resident at once (which also raises its shared-memory limit).
+int64_t resident_gradient_blocks(const KdaBackwardArgs& a, bool shared) {
+  if (shared)
+    return launch::resident_blocks(reinterpret_cast<const void*>(&kda_chunk_gradient_kernel<true>),
+                                   kThreads, shared_row_tile_bytes(a.dk, a.dv));
+  return launch::resident_blocks(reinterpret_cast<const void*>(&kda_chunk_gradient_kernel<false>),
+                                 kThreads, 0);
 }
 
 ParallelLayout parallel_layout(const KdaBackwardArgs& a) {
   ParallelLayout l{};
   l.nb = a.T / kC + a.num_seqs;
   const int64_t area = a.dk * a.dv;
-  l.blocks = std::min<int64_t>(l.nb * a.Hv, resident_gradient_blocks());
+  l.shared = row_tiles_shared(a);
+  l.blocks = std::min<int64_t>(l.nb * a.Hv, resident_gradient_blocks(a, l.shared));
   int64_t at = 0;
   const auto take = [&](int64_t floats) {
     const int64_t r = at;
     at += round64(floats);
     return r;
   };
-  l.work = take(l.blocks * head_work_floats(a.dk, a.dv));
+  l.work = take(l.blocks * head_work_floats(a.dk, a.dv, l.shared));
   l.shares = take(a.Hv == a.Hk ? 0 : 2 * a.Hv * a.T * a.dk);
   l.states = take(l.nb * a.Hv * area);
   l.d_states = take(l.nb * a.Hv * area);
@@ -620,9 +687,16 @@ void run_parallel(cudaStream_t stream, const KdaBackwardArgs& a) {
   void* fwd = base + l.fwd;
   launch::kda_chunked_varlen(stream, f, /*rmax=*/0, fwd);
   launch::kda_chunked_state_backward(stream, f, fwd, a.d_out, a.d_final, base + l.d_states, a.d_s0);
-  kda_chunk_gradient_kernel<<<static_cast<unsigned>(l.blocks), kThreads, 0, stream>>>(
-      a, launch::kda_chunked_chunk_table(fwd), f.cu, base + l.states, base + l.d_states,
-      base + l.shares);
+  const int32_t* table = launch::kda_chunked_chunk_table(fwd);
+  const unsigned blocks = static_cast<unsigned>(l.blocks);
+  if (l.shared) {
+    kda_chunk_gradient_kernel<true>
+        <<<blocks, kThreads, shared_row_tile_bytes(a.dk, a.dv), stream>>>(
+            a, table, f.cu, base + l.states, base + l.d_states, base + l.shares);
+  } else {
+    kda_chunk_gradient_kernel<false><<<blocks, kThreads, 0, stream>>>(
+        a, table, f.cu, base + l.states, base + l.d_states, base + l.shares);
+  }
   LOOM_CUDA_CHECK_LAUNCH();
   const int64_t n = a.T * a.Hk * a.dk;
   if (a.Hv != a.Hk && n > 0) {
@@ -647,7 +721,8 @@ namespace launch {
 int64_t kda_chunked_backward_scratch_floats(const KdaBackwardArgs& a) {
   if (takes_parallel_form(a)) return parallel_layout(a).total;
   const int64_t shares = a.Hv == a.Hk ? 0 : 2 * a.Hv * a.T * a.dk;
-  return a.num_seqs * a.Hv * (head_work_floats(a.dk, a.dv) + chunks_of(a.max_T) * a.dk * a.dv) +
+  return a.num_seqs * a.Hv *
+             (head_work_floats(a.dk, a.dv, false) + chunks_of(a.max_T) * a.dk * a.dv) +
          shares;
 }
 

@@ -15,7 +15,8 @@ namespace loom::cuda::launch {
 // field but scratch set). The chunk-parallel form (the shapes the forward's chunked kernels take:
 // dk, dv <= 128 and multiples of 8, q, k, v 16-byte aligned) keeps the state and its gradient
 // before every 64-token chunk, the forward's per-chunk workspace and one set of chunk buffers
-// (about 0.6 MB at dk = dv = 128) per resident block; the sequential form one set of chunk buffers
+// (about 0.6 MB at dk = dv = 128; at dk, dv <= 64 only the [64, dk] ones, the rest in shared
+// memory) per resident block; the sequential form one set of chunk buffers
 // per (sequence, value head) and the states of the longest sequence. Both add each value head's
 // share of dq and dk over all T rows when value heads share a key head.
 int64_t kda_chunked_backward_scratch_floats(const KdaBackwardArgs& a);
