@@ -6,6 +6,7 @@
 // added in order, so the same inputs give the same bits at any occupancy. Row scatters (embedding
 // and gather_rows backward) add each target row's sources in source order, the CPU's order, so
 // they match it bit for bit.
+#include "kernels/cuda/attention_launch.h"
 #include "kernels/cuda/attention_train_launch.h"
 #include "kernels/cuda/backward_launch.h"
 #include "kernels/cuda/common.cuh"
@@ -70,14 +71,36 @@ __global__ void __launch_bounds__(kColThreads)
   partials[static_cast<int64_t>(blockIdx.y) * c + j] = acc;
 }
 
-__global__ void __launch_bounds__(kColThreads)
-    column_total_kernel(const float* __restrict__ partials, int64_t chunks, int64_t c,
-                        float* __restrict__ dw) {
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * kColThreads + threadIdx.x;
-  if (j >= c) return;
+// out[j] += sum over the chunks of partials[k, j] for the cols columns of partials [chunks, cols],
+// column j going to out0[j], out1[j - width] or out2[j - 2 width] (width = cols with one output).
+// A block takes 32 columns; its 8 rows of threads sum the chunks k = y mod 8 in order, then row 0
+// adds the 8 rows in order: a fixed order whatever the occupancy (the same bits every run), with
+// 8 times the parallelism of a thread per column over thousands of chunks.
+constexpr int kTotalCols = 32, kTotalRows = 8;
+__global__ void __launch_bounds__(kTotalCols* kTotalRows)
+    ordered_column_total_kernel(const float* __restrict__ partials, int64_t chunks, int64_t cols,
+                                int64_t width, float* out0, float* out1, float* out2) {
+  __shared__ float rows[kTotalRows][kTotalCols + 1];
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kTotalCols + threadIdx.x;
   float s = 0.0f;
-  for (int64_t k = 0; k < chunks; ++k) s += partials[k * c + j];
-  dw[j] += s;
+  if (j < cols)
+    for (int64_t k = threadIdx.y; k < chunks; k += kTotalRows) s += partials[k * cols + j];
+  rows[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || j >= cols) return;
+  float t = 0.0f;
+  for (int y = 0; y < kTotalRows; ++y) t += rows[y][threadIdx.x];
+  const int64_t which = j / width;
+  float* out = which == 0 ? out0 : which == 1 ? out1 : out2;
+  out[j - which * width] += t;
+}
+
+void ordered_column_total(cudaStream_t stream, const float* partials, int64_t chunks, int64_t cols,
+                          int64_t width, float* out0, float* out1, float* out2) {
+  const dim3 block(kTotalCols, kTotalRows);
+  ordered_column_total_kernel<<<static_cast<unsigned>((cols + kTotalCols - 1) / kTotalCols), block,
+                                0, stream>>>(partials, chunks, cols, width, out0, out1, out2);
+  LOOM_CUDA_CHECK_LAUNCH();
 }
 
 // Every element of a row is read before any is written (the block sum synchronises), and each
@@ -228,9 +251,7 @@ void column_sums(cudaStream_t stream, const float* dout, const float* x, const f
   const dim3 grid(blocks_of(c, kColThreads), static_cast<unsigned>(chunks));
   column_partials_kernel<<<grid, kColThreads, 0, stream>>>(dout, x, rstd, n, c, partials);
   LOOM_CUDA_CHECK_LAUNCH();
-  column_total_kernel<<<blocks_of(c, kColThreads), kColThreads, 0, stream>>>(partials, chunks, c,
-                                                                             dw);
-  LOOM_CUDA_CHECK_LAUNCH();
+  ordered_column_total(stream, partials, chunks, c, c, dw, nullptr, nullptr);
 }
 
 void rmsnorm_dx(cudaStream_t stream, const float* x, const float* w, float off, const float* dout,
@@ -736,22 +757,124 @@ __global__ void __launch_bounds__(kAttnResThreads)
   }
 }
 
-__global__ void __launch_bounds__(kColThreads)
-    attnres_param_total_kernel(const float* __restrict__ partials, int64_t blocks, int64_t D,
-                               float* __restrict__ dw, float* __restrict__ dr,
-                               float* __restrict__ dov) {
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * kColThreads + threadIdx.x;
-  if (j >= D) return;
-  float sw = 0.0f, sr = 0.0f, so = 0.0f;
-  for (int64_t b = 0; b < blocks; ++b) {
-    const float* part = partials + b * 3 * D;
-    sw += part[j];
-    sr += part[D + j];
-    so += part[2 * D + j];
+// The same per-token work with a warp per token (warp reductions, no block barriers): for widths
+// whose per-warp rows fit shared memory (attnres_warp_smem). Block = kAttnResWarps warps over the
+// same 16 tokens as the block form (warp w takes tokens t0 + w, t0 + w + kAttnResWarps, ...), each
+// warp summing its tokens' parameter terms in its own rows, the block adding the warps' rows in
+// warp order into its partial. Per warp: mix, dm, du, pw, pr, po [D]; logit, inv, p, dp [S].
+constexpr int kAttnResWarps = 4;
+
+__host__ __device__ inline int64_t attnres_warp_floats(int64_t S, int64_t D) {
+  return 6 * D + 4 * S;
+}
+
+__global__ void __launch_bounds__(kAttnResWarps * 32)
+    attnres_backward_warp_kernel(const float* src, const float* __restrict__ w,
+                                 const float* __restrict__ r, const float* __restrict__ o,
+                                 float eps, const float* __restrict__ gout, int64_t S, int64_t N,
+                                 int64_t D, float* dsrc, float* __restrict__ partials) {
+  extern __shared__ float sh[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float* mix = sh + warp * attnres_warp_floats(S, D);
+  float* dm = mix + D;
+  float* du = dm + D;
+  float* pw = du + D;
+  float* pr = pw + D;
+  float* po = pr + D;
+  float* logit = po + D;
+  float* inv = logit + S;
+  float* p = inv + S;
+  float* dp = p + S;
+  const float fd = static_cast<float>(D);
+  for (int64_t j = lane; j < 3 * D; j += 32) pw[j] = 0.0f;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * launch::kAttnResTokenBlock;
+  const int64_t t1 = t0 + launch::kAttnResTokenBlock < N ? t0 + launch::kAttnResTokenBlock : N;
+  for (int64_t t = t0 + warp; t < t1; t += kAttnResWarps) {
+    for (int64_t i = 0; i < S; ++i) {
+      const float* v = src + (i * N + t) * D;
+      float ss = 0.0f;
+      for (int64_t j = lane; j < D; j += 32) ss += v[j] * v[j];
+      const float inv_i = 1.0f / sqrtf(dev::warp_sum(ss) / fd + eps);
+      float dot = 0.0f;
+      for (int64_t j = lane; j < D; j += 32) dot += (v[j] * inv_i) * r[j] * w[j];
+      dot = dev::warp_sum(dot);  // on every lane
+      if (lane == 0) {
+        logit[i] = dot;
+        inv[i] = inv_i;
+      }
+    }
+    __syncwarp();
+    float mx = -INFINITY;  // the softmax over depth in the CPU's order, on every lane
+    for (int64_t i = 0; i < S; ++i) mx = fmaxf(mx, logit[i]);
+    float z = 0.0f;
+    for (int64_t i = 0; i < S; ++i) z += expf(logit[i] - mx);
+    for (int64_t i = lane; i < S; i += 32) p[i] = expf(logit[i] - mx) / z;
+    __syncwarp();
+    float ss = 0.0f;
+    for (int64_t j = lane; j < D; j += 32) {
+      float m = 0.0f;
+      for (int64_t i = 0; i < S; ++i) m += p[i] * src[(i * N + t) * D + j];
+      mix[j] = m;
+      ss += m * m;
+    }
+    const float inv_m = 1.0f / sqrtf(dev::warp_sum(ss) / fd + eps);
+    const float* g = gout + t * D;
+    float gm = 0.0f;
+    for (int64_t j = lane; j < D; j += 32) {
+      const float mhat = mix[j] * inv_m;
+      po[j] += g[j] * mhat;
+      gm += g[j] * o[j] * mhat;
+    }
+    gm = dev::warp_sum(gm);
+    for (int64_t j = lane; j < D; j += 32)
+      dm[j] = inv_m * (g[j] * o[j] - mix[j] * inv_m * (gm / fd));
+    __syncwarp();
+    float pdp = 0.0f;
+    for (int64_t i = 0; i < S; ++i) {
+      const float* v = src + (i * N + t) * D;
+      float dot = 0.0f;
+      for (int64_t j = lane; j < D; j += 32) dot += dm[j] * v[j];
+      dot = dev::warp_sum(dot);
+      if (lane == 0) dp[i] = dot;
+      pdp += p[i] * dot;
+    }
+    __syncwarp();
+    // This warp alone reads this token's sources, all of them before here (dot products above
+    // end in shuffles every lane waits for): each lane rewrites only the elements it reads
+    // (dsources may alias sources).
+    for (int64_t j = lane; j < D; j += 32) du[j] = 0.0f;
+    for (int64_t i = 0; i < S; ++i) {
+      const float ds = p[i] * (dp[i] - pdp);
+      const float* v = src + (i * N + t) * D;
+      float* dv = dsrc + (i * N + t) * D;
+      const float k = logit[i] * inv[i] / fd;
+      for (int64_t j = lane; j < D; j += 32) {
+        const float vj = v[j];
+        du[j] += ds * (vj * inv[i]);
+        dv[j] = p[i] * dm[j] + ds * inv[i] * (r[j] * w[j] - k * vj);
+      }
+    }
+    for (int64_t j = lane; j < D; j += 32) {
+      pw[j] += du[j] * r[j];
+      pr[j] += du[j] * w[j];
+    }
+    __syncwarp();  // the warp's rows are rewritten by its next token
   }
-  dw[j] += sw;
-  dr[j] += sr;
-  dov[j] += so;
+  __syncthreads();
+  float* part = partials + static_cast<int64_t>(blockIdx.x) * 3 * D;
+  for (int64_t j = threadIdx.x; j < 3 * D; j += kAttnResWarps * 32) {
+    float acc = 0.0f;
+    for (int wi = 0; wi < kAttnResWarps; ++wi)
+      acc += sh[wi * attnres_warp_floats(S, D) + 3 * D + j];
+    part[j] = acc;
+  }
+}
+
+// Shared bytes of the warp form; it runs when they stay within this bound (D up to about 1000),
+// leaving room for two blocks an SM.
+constexpr size_t kAttnResWarpSmemMax = 100 * 1024;
+size_t attnres_warp_smem(int64_t S, int64_t D) {
+  return static_cast<size_t>(kAttnResWarps * attnres_warp_floats(S, D)) * sizeof(float);
 }
 
 }  // namespace
@@ -763,6 +886,17 @@ void attnres_backward(cudaStream_t stream, const float* sources, const float* qu
                       float* dquery, float* dkey_norm, float* dout_norm) {
   if (N == 0 || D == 0) return;
   const int64_t blocks = (N + kAttnResTokenBlock - 1) / kAttnResTokenBlock;
+  if (const size_t warp_smem = attnres_warp_smem(S, D); warp_smem <= kAttnResWarpSmemMax) {
+    // Raises the kernel's shared-memory limit on this device (once per size; cached).
+    if (warp_smem > 48 * 1024)
+      resident_blocks(reinterpret_cast<const void*>(&attnres_backward_warp_kernel),
+                      kAttnResWarps * 32, warp_smem);
+    attnres_backward_warp_kernel<<<blocks_of(blocks, 1), kAttnResWarps * 32, warp_smem, stream>>>(
+        sources, query, key_norm, out_norm, eps, dout, S, N, D, dsources, partials);
+    LOOM_CUDA_CHECK_LAUNCH();
+    ordered_column_total(stream, partials, blocks, 3 * D, D, dquery, dkey_norm, dout_norm);
+    return;
+  }
   const size_t smem = static_cast<size_t>(3 * D + 4 * S) * sizeof(float);
   if (smem > 48 * 1024) {
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(attnres_backward_kernel,
@@ -772,9 +906,7 @@ void attnres_backward(cudaStream_t stream, const float* sources, const float* qu
   attnres_backward_kernel<<<blocks_of(blocks, 1), kAttnResThreads, smem, stream>>>(
       sources, query, key_norm, out_norm, eps, dout, S, N, D, dsources, partials);
   LOOM_CUDA_CHECK_LAUNCH();
-  attnres_param_total_kernel<<<blocks_of(D, kColThreads), kColThreads, 0, stream>>>(
-      partials, blocks, D, dquery, dkey_norm, dout_norm);
-  LOOM_CUDA_CHECK_LAUNCH();
+  ordered_column_total(stream, partials, blocks, 3 * D, D, dquery, dkey_norm, dout_norm);
 }
 }  // namespace launch
 }  // namespace loom::cuda

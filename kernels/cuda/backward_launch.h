@@ -16,7 +16,8 @@ inline constexpr int64_t kColumnSumRows = 64;
 // rstd[r] = 1 / sqrt(mean(x[r]^2) + eps) over rows of d.
 void row_rstd(cudaStream_t stream, const float* x, int64_t n, int64_t d, float eps, float* rstd);
 // dw[j] += sum_r dout[r, j] * x[r, j] * rstd[r] (rstd null: 1), summed in a fixed order: rows in
-// chunks of kColumnSumRows into `partials`, then the chunks in order.
+// chunks of kColumnSumRows into `partials`, then the chunks (8 stripes of chunks, each in order,
+// the stripes in order).
 void column_sums(cudaStream_t stream, const float* dout, const float* x, const float* rstd,
                  int64_t n, int64_t c, float* partials, float* dw);
 // dx = rstd * ((off + w) * dout - xhat * mean((off + w) * dout * xhat)), xhat = x * rstd.
@@ -109,8 +110,10 @@ void moe_route_backward(cudaStream_t stream, const float* logits, const int32_t*
 namespace loom::cuda::launch {
 
 // attnres_aggregate_backward (kernels/attnres.h): one block per 16 tokens (the CPU's blocks),
-// each token recomputed and differentiated with block reductions; the blocks' parameter partials
-// [nblk, 3 D] (dquery, dkey_norm, dout_norm) then added in block order.
+// each token recomputed and differentiated by a warp (warp reductions; widths whose per-warp rows
+// fit shared memory, D up to about 1000) or by the whole block (block reductions; wider rows); the
+// blocks' parameter partials [nblk, 3 D] (dquery, dkey_norm, dout_norm) then added in a fixed
+// order (the same bits every run).
 inline constexpr int64_t kAttnResTokenBlock = 16;
 void attnres_backward(cudaStream_t stream, const float* sources, const float* query,
                       const float* key_norm, const float* out_norm, float eps, const float* dout,
