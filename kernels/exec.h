@@ -27,6 +27,11 @@ struct Exec {
   // Batch-invariant numerics (kernels/batch_invariance.h): each output row is computed by the
   // same operations whatever else is in the call. The engine's --deterministic mode.
   bool batch_invariant = false;
+  // f32 GEMMs of more than one row on a GPU may round their inputs to TF32 (10-bit mantissa) on
+  // the tensor cores, accumulating in f32 (cuBLAS's FAST_TF32): the trainer's opt-in
+  // (`precision.matmul`, Model::set_tf32_matmul). Ignored under batch_invariant, which keeps its
+  // own f32 kernel. Never set for the host: the CPU has no such unit.
+  bool tf32_matmul = false;
 };
 
 // The host, no workspace, default numerics: for tools, tests and one-off host work.

@@ -310,7 +310,7 @@ absl::StatusOr<RunConfig> parse_run_config(std::string_view text) {
       only_keys(j, "run",
                 {"model", "data", "batch_size", "steps", "optimizer", "out", "checkpoint_every",
                  "seed", "balance", "routing_warnings", "stages", "stage_stability", "loss_bucket",
-                 "device", "max_tokens_per_pass"}));
+                 "device", "max_tokens_per_pass", "matmul"}));
   RunConfig c;
   LOOM_RETURN_IF_ERROR(read_model(j, "run", c.model_config, c.model_seed, c.model_checkpoint));
   std::string device = "cpu";
@@ -318,6 +318,14 @@ absl::StatusOr<RunConfig> parse_run_config(std::string_view text) {
   absl::StatusOr<Device> parsed = parse_device(device);
   if (!parsed.ok()) return bad("run.device", std::string(parsed.status().message()));
   c.device = *parsed;
+  std::string matmul = "f32";
+  LOOM_RETURN_IF_ERROR(read(j, "matmul", "run", matmul));
+  if (matmul == "tf32") {
+    if (c.device.is_cpu()) return bad("run.matmul", "\"tf32\" needs a CUDA device (run.device)");
+    c.tf32_matmul = true;
+  } else if (matmul != "f32") {
+    return bad("run.matmul", "must be \"f32\" or \"tf32\"");
+  }
 
   if (!j.contains("data")) return bad("run.data", "required");
   const json& d = j["data"];

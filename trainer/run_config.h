@@ -62,6 +62,9 @@ struct RunConfig {
   // Where the model, its gradients and the optimizer state live ("device": "cpu", "cuda" or
   // "cuda:N"); whether this build and machine have it is checked when the model loads.
   Device device = Device::kCpu;
+  // "matmul": "f32" (default) or "tf32": the GPU's f32 GEMMs on TF32 tensor cores
+  // (Model::set_tf32_matmul); CUDA devices only.
+  bool tf32_matmul = false;
 };
 
 // The run config of `loom-trainer rl --config RL.json` (agent RL with GRPO, trainer/rl/rl_run.h;

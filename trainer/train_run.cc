@@ -185,6 +185,7 @@ absl::StatusOr<RunSummary> run_training(const RunConfig& c, std::FILE* progress)
   LOOM_ASSIGN_OR_RETURN(
       std::unique_ptr<Model> model,
       load_run_model(c.model_checkpoint, c.model_config, c.model_seed, "train", c.device));
+  LOOM_RETURN_IF_ERROR(model->set_tf32_matmul(c.tf32_matmul));
   const int64_t vocab = model->config().vocab_size;
   LOOM_ASSIGN_OR_RETURN(TrainStep step, TrainStep::create(*model, c.optimizer));
   std::mt19937_64 rng(c.seed);

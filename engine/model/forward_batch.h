@@ -63,6 +63,11 @@ struct ForwardBatch {
   // token order; validated by Model::forward (validate_routing_replay), its counters added to.
   // Null: each layer's own top-k (serving).
   RoutingReplay* routing_replay = nullptr;
+  // The forward of a training step (Model::loss_and_gradients*): every sequence starts at position
+  // 0 and nothing reads the step's caches afterwards, so attention layers compute as their
+  // backward's recomputation does (the training attention kernels over the step's own keys and
+  // values) and write no cache (ForwardContext::training).
+  bool training = false;
 };
 
 }  // namespace loom

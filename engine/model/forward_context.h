@@ -46,6 +46,10 @@ struct ForwardContext {
   // The experts MoE layers route the batch's rows to instead of their own choice, with the
   // counters they add to; null: every layer routes by its own top-k (routing_replay.h).
   RoutingReplay* routing_replay = nullptr;
+  // A training step's forward or backward (ForwardBatch::training): every sequence from position
+  // 0, no cache read after the step. Attention mixers then run the training kernels and skip
+  // their cache writes.
+  bool training = false;
 
   Workspace& ws() const { return *ex.workspace; }
   // Step memory for an intermediate: of the activation dtype, or of `dtype` where the op needs

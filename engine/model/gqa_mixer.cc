@@ -10,6 +10,7 @@
 #include "engine/model/rope_table.h"
 #include "engine/model/training_batch.h"
 #include "kernels/attention.h"
+#include "kernels/attention_backward.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_backward.h"
@@ -68,12 +69,20 @@ class GqaMixer final : public Mixer {
     }
     Tensor o = ctx.take({n, h, hd});
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    const Tensor& k_pool = batch.store->pool(layer, 0);
-    const Tensor& v_pool = batch.store->pool(layer, 1);
-    cache_write_varlen(ctx.ex, k_pool, batch.page_table, batch.cu_seqlens, batch.past_lens, k);
-    cache_write_varlen(ctx.ex, v_pool, batch.page_table, batch.cu_seqlens, batch.past_lens, v);
-    gqa_attention_varlen(ctx.ex, q, k_pool, v_pool, batch.page_table, batch.cu_seqlens,
-                         batch.past_lens, scale, o);
+    if (ctx.training && ctx.act_dtype == DType::kF32) {
+      // The backward's own attention kernel over the step's keys and values (no cache to fill):
+      // the forward's output is then what the backward recomputes.
+      Tensor lse = ctx.take({n, h}, DType::kF32);
+      causal_attention_varlen_forward(ctx.ex, q, k, v, batch.cu_seqlens, batch.max_seqlen, scale, o,
+                                      lse);
+    } else {
+      const Tensor& k_pool = batch.store->pool(layer, 0);
+      const Tensor& v_pool = batch.store->pool(layer, 1);
+      cache_write_varlen(ctx.ex, k_pool, batch.page_table, batch.cu_seqlens, batch.past_lens, k);
+      cache_write_varlen(ctx.ex, v_pool, batch.page_table, batch.cu_seqlens, batch.past_lens, v);
+      gqa_attention_varlen(ctx.ex, q, k_pool, v_pool, batch.page_table, batch.cu_seqlens,
+                           batch.past_lens, scale, o);
+    }
     if (gate_proj_.defined()) {
       Tensor gate = ctx.take({n, h * hd});
       linear_forward(ctx.ex, x, gate_proj_, gate);

@@ -74,6 +74,15 @@ class MlaMixer final : public Mixer {
                const Tensor& out) const override {
     const Workspace::Mark scope(ctx.ws());
     const BatchLayout& batch = ctx.batch;
+    if (ctx.training && ctx.act_dtype == DType::kF32) {
+      // The expanded form through the training attention kernel, as the backward recomputes it
+      // (no cache to fill: ForwardContext::training).
+      const Expanded e = expand(ctx, x);
+      const AttentionTail tail =
+          attention_tail_recompute(ctx, e.q, e.k, e.v, scale_, x, gate_proj_);
+      linear_forward(ctx.ex, tail.y, o_proj_, out);
+      return;
+    }
     const int64_t n = x.dim(0), h = cfg_.num_heads;
     const int64_t dn = cfg_.qk_nope_head_dim, dr = cfg_.qk_rope_head_dim, dv = cfg_.v_head_dim;
     const int64_t r = cfg_.kv_lora_rank;
@@ -138,43 +147,10 @@ class MlaMixer final : public Mixer {
     };
 
     // Recompute the forward, keeping what the backward reads.
-    Tensor q = ctx.take({n, h, qk}), qa_pre, qa;
-    if (q_proj_.defined()) {
-      linear_forward(ex, x, q_proj_, q.reshape({n, h * qk}));
-    } else {
-      qa_pre = ctx.take({n, ql});
-      qa = ctx.take({n, ql});
-      linear_forward(ex, x, q_a_, qa_pre);
-      rmsnorm_forward(ex, qa_pre, q_a_norm_, kLatentNormEps, 0.0f, qa);
-      linear_forward(ex, qa, q_b_, q.reshape({n, h * qk}));
-    }
-    Tensor kv = ctx.take({n, r + dr});
-    linear_forward(ex, x, kv_a_, kv);
-    Tensor latent_pre = ctx.take({n, r}), latent = ctx.take({n, r});
-    copy_columns(ex, kv, 0, latent_pre);
-    rmsnorm_forward(ex, latent_pre, kv_a_norm_, kLatentNormEps, 0.0f, latent);
-    Tensor k_rope = ctx.take({n, dr});
-    copy_columns(ex, kv, r, k_rope);
-    if (use_rope_) {
-      rope_forward(ex, q, ctx.batch.positions, rope_, /*dim_offset=*/dn);
-      rope_forward(ex, k_rope.reshape({n, 1, dr}), ctx.batch.positions, rope_, 0);
-    }
-    Tensor expanded = ctx.take({n, h, dn + dv});  // [k_nope_h | v_h] per head
-    linear_forward(ex, latent, kv_b_, expanded.reshape({n, h * (dn + dv)}));
-    // k = [k_nope_h | k_rope] and v_h per head, by column copies on the model's device; the shared
-    // rope key reaches every head through a row gather (head_rows[t h + hh] = t).
-    Tensor head_rows = Tensor::empty({n * h}, DType::kI64);
-    for (int64_t i = 0; i < n * h; ++i) head_rows.data<int64_t>()[i] = i / h;
-    head_rows = head_rows.to(ex.device);
-    Tensor k = ctx.take({n, h, qk}), v = ctx.take({n, h, dv});
-    const Tensor expanded_rows = expanded.reshape({n * h, dn + dv});
-    const Tensor k_rows = k.reshape({n * h, qk});
-    Tensor nope_rows = ctx.take({n * h, dn}), rope_rows = ctx.take({n * h, dr});
-    copy_columns(ex, expanded_rows, 0, nope_rows);
-    scatter_columns(ex, nope_rows, 0, k_rows);
-    gather_rows(ex, k_rope, head_rows, rope_rows);
-    scatter_columns(ex, rope_rows, dn, k_rows);
-    copy_columns(ex, expanded_rows, dn, v.reshape({n * h, dv}));
+    const Expanded e = expand(ctx, x);
+    const Tensor &q = e.q, &k = e.k, &v = e.v, &qa_pre = e.qa_pre, &qa = e.qa;
+    const Tensor &latent_pre = e.latent_pre, &latent = e.latent, &head_rows = e.head_rows;
+    const Tensor &nope_rows = e.nope_rows, &rope_rows = e.rope_rows;
     const AttentionTail tail = attention_tail_recompute(ctx, q, k, v, scale_, x, gate_proj_);
 
     // Backward.
@@ -217,6 +193,65 @@ class MlaMixer final : public Mixer {
       linear_backward(ex, x, q_a_, d_qa, d_x, 1.0f, grad("q_a_proj.weight", q_a_));
     }
     return absl::OkStatus();
+  }
+
+  // The expanded form's q, k, v of every row (RoPE applied) and what the backward reads of their
+  // making, in step memory of the caller's scope. Per head the key is [k_nope_h | k_rope] (the rope
+  // key shared by every head) and the value v_h, both from the normalised latent through kv_b.
+  struct Expanded {
+    Tensor q, k, v;               // [N, H, qk], [N, H, qk], [N, H, dv]
+    Tensor qa_pre, qa;            // q_a's output before and after its norm (q_lora_rank > 0 only)
+    Tensor latent_pre, latent;    // the latent before and after kv_a_norm
+    Tensor head_rows;             // i64 [N H]: row t h + hh -> t (the rope key's gather)
+    Tensor nope_rows, rope_rows;  // [N H, dn], [N H, dr] scratch of the column moves
+  };
+  Expanded expand(const ForwardContext& ctx, const Tensor& x) const {
+    const Exec& ex = ctx.ex;
+    const int64_t n = x.dim(0), h = cfg_.num_heads;
+    const int64_t dn = cfg_.qk_nope_head_dim, dr = cfg_.qk_rope_head_dim, dv = cfg_.v_head_dim;
+    const int64_t r = cfg_.kv_lora_rank, qk = dn + dr, ql = cfg_.q_lora_rank;
+    Expanded e;
+    e.q = ctx.take({n, h, qk});
+    if (q_proj_.defined()) {
+      linear_forward(ex, x, q_proj_, e.q.reshape({n, h * qk}));
+    } else {
+      e.qa_pre = ctx.take({n, ql});
+      e.qa = ctx.take({n, ql});
+      linear_forward(ex, x, q_a_, e.qa_pre);
+      rmsnorm_forward(ex, e.qa_pre, q_a_norm_, kLatentNormEps, 0.0f, e.qa);
+      linear_forward(ex, e.qa, q_b_, e.q.reshape({n, h * qk}));
+    }
+    Tensor kv = ctx.take({n, r + dr});
+    linear_forward(ex, x, kv_a_, kv);
+    e.latent_pre = ctx.take({n, r});
+    e.latent = ctx.take({n, r});
+    copy_columns(ex, kv, 0, e.latent_pre);
+    rmsnorm_forward(ex, e.latent_pre, kv_a_norm_, kLatentNormEps, 0.0f, e.latent);
+    Tensor k_rope = ctx.take({n, dr});
+    copy_columns(ex, kv, r, k_rope);
+    if (use_rope_) {
+      rope_forward(ex, e.q, ctx.batch.positions, rope_, /*dim_offset=*/dn);
+      rope_forward(ex, k_rope.reshape({n, 1, dr}), ctx.batch.positions, rope_, 0);
+    }
+    Tensor expanded = ctx.take({n, h, dn + dv});  // [k_nope_h | v_h] per head
+    linear_forward(ex, e.latent, kv_b_, expanded.reshape({n, h * (dn + dv)}));
+    // k = [k_nope_h | k_rope] and v_h per head, by column copies on the model's device; the shared
+    // rope key reaches every head through a row gather (head_rows[t h + hh] = t).
+    Tensor head_rows = Tensor::empty({n * h}, DType::kI64);
+    for (int64_t i = 0; i < n * h; ++i) head_rows.data<int64_t>()[i] = i / h;
+    e.head_rows = head_rows.to(ex.device);
+    e.k = ctx.take({n, h, qk});
+    e.v = ctx.take({n, h, dv});
+    const Tensor expanded_rows = expanded.reshape({n * h, dn + dv});
+    const Tensor k_rows = e.k.reshape({n * h, qk});
+    e.nope_rows = ctx.take({n * h, dn});
+    e.rope_rows = ctx.take({n * h, dr});
+    copy_columns(ex, expanded_rows, 0, e.nope_rows);
+    scatter_columns(ex, e.nope_rows, 0, k_rows);
+    gather_rows(ex, k_rope, e.head_rows, e.rope_rows);
+    scatter_columns(ex, e.rope_rows, dn, k_rows);
+    copy_columns(ex, expanded_rows, dn, e.v.reshape({n * h, dv}));
+    return e;
   }
 
   // The YaRN softmax multiplier depends on the factor and mscale, not on theta: it stays.

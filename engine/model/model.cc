@@ -42,6 +42,7 @@ absl::StatusOr<Tensor> Model::forward_private(const ForwardBatch& batch,
   staged.workspace = batch.workspace;
   staged.step = batch.step;
   staged.routing_replay = batch.routing_replay;
+  staged.training = batch.training;
   staged.seqs.resize(n);
   for (size_t s = 0; s < n; ++s) {
     const SequenceInput& in = batch.seqs[s];
@@ -125,6 +126,7 @@ absl::StatusOr<Tensor> Model::forward_store(const ForwardBatch& batch, Activatio
   }
   Exec ex = exec_for(device, ws);
   ex.batch_invariant = batch.batch_invariant;
+  ex.tf32_matmul = tf32_matmul_;
   // Validate everything before touching any cache, so a bad batch changes nothing.
   LOOM_ASSIGN_OR_RETURN(BatchLayout layout, make_layout(batch, ex, *step));
   if (batch.routing_replay != nullptr) {
@@ -135,7 +137,7 @@ absl::StatusOr<Tensor> Model::forward_store(const ForwardBatch& batch, Activatio
     LOOM_RETURN_IF_ERROR(validate_routing_replay(cfg_, *batch.routing_replay, layout.num_rows));
   }
   if (layout.num_rows == 0) return Tensor::empty({0, cfg_.vocab_size}, DType::kF32, device);
-  Tensor logits = launch_layers(ex, layout, tape, batch.routing_replay);
+  Tensor logits = launch_layers(ex, layout, tape, batch.routing_replay, batch.training);
   return own_ws ? logits.clone() : logits;
 }
 
@@ -148,21 +150,31 @@ absl::StatusOr<BatchLayout> Model::prepare(const ForwardBatch& batch) const {
   LOOM_RETURN_IF_ERROR(check_devices(batch));
   Exec ex = exec_for(placement_.device, batch.workspace);
   ex.batch_invariant = batch.batch_invariant;
+  ex.tf32_matmul = tf32_matmul_;
   return make_layout(batch, ex, *batch.step);
+}
+
+absl::Status Model::set_tf32_matmul(bool on) {
+  if (on && placement_.device.is_cpu())
+    return absl::InvalidArgumentError(
+        "TF32 matmuls need a CUDA device (the model is on the CPU, which computes in f32)");
+  tf32_matmul_ = on;
+  return absl::OkStatus();
 }
 
 Tensor Model::launch(const ForwardBatch& batch, const BatchLayout& layout) const {
   Exec ex = exec_for(placement_.device, batch.workspace);
   ex.batch_invariant = batch.batch_invariant;
-  return launch_layers(ex, layout, nullptr, nullptr);
+  ex.tf32_matmul = tf32_matmul_;
+  return launch_layers(ex, layout, nullptr, nullptr, /*training=*/false);
 }
 
 Tensor Model::launch_layers(const Exec& ex, const BatchLayout& layout, ActivationTape* tape,
-                            RoutingReplay* routing_replay) const {
+                            RoutingReplay* routing_replay, bool training) const {
   Workspace* ws = ex.workspace;
   const int64_t rows = layout.num_rows;
   ws->reset();
-  const ForwardContext ctx{ex, layout, act_dtype_, tape, routing_replay};
+  const ForwardContext ctx{ex, layout, act_dtype_, tape, routing_replay, training};
 
   const int64_t d = cfg_.hidden_size;
   // The residual stream stays f32 whatever the activations are (Placement::activations).

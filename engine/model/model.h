@@ -125,6 +125,12 @@ class Model {
   // a forward runs (model_rope.cc).
   int set_rope_theta(double theta);
 
+  // f32 GEMMs of more than one row through TF32 tensor cores from now on (Exec::tf32_matmul), in
+  // every forward and backward of this model: the trainer's `precision.matmul: tf32`.
+  // InvalidArgument on the CPU, which has no such unit. Not to be called while a forward runs.
+  absl::Status set_tf32_matmul(bool on);
+  bool tf32_matmul() const { return tf32_matmul_; }
+
  private:
   explicit Model(ModelConfig cfg) : cfg_(std::move(cfg)) {}
 
@@ -137,7 +143,7 @@ class Model {
   absl::Status check_devices(const ForwardBatch& batch) const;
   // Every kernel of the forward over a packed layout (resets ex.workspace first).
   Tensor launch_layers(const Exec& ex, const BatchLayout& layout, ActivationTape* tape,
-                       RoutingReplay* routing_replay) const;
+                       RoutingReplay* routing_replay, bool training) const;
   // Validates a store batch and packs its step data into `step`.
   absl::StatusOr<BatchLayout> make_layout(const ForwardBatch& batch, const Exec& ex,
                                           StepData& step) const;
@@ -166,6 +172,7 @@ class Model {
   std::vector<Layer> layers_;
   std::unique_ptr<ParameterArena> arena_;  // owns every tensor above (and the layers')
   Placement placement_;
+  bool tf32_matmul_ = false;  // set_tf32_matmul
   // loss_and_gradients' step memory (its forward's and its backward's workspaces), kept from call
   // to call so that their temporaries stop allocating once the first step has set the high-water
   // marks (each cudaMalloc and cudaFree synchronises the GPU). A call that finds them in use by

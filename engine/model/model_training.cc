@@ -84,6 +84,7 @@ absl::StatusOr<std::vector<double>> Model::loss_and_gradients_packed(
   ForwardBatch batch;
   batch.workspace = &memory->forward;
   batch.routing_replay = routing_replay;
+  batch.training = true;
   batch.token_ids.reserve(n);
   for (const TrainingSequence& seq : seqs)
     batch.token_ids.insert(batch.token_ids.end(), seq.tokens.begin(), seq.tokens.end());
@@ -124,7 +125,8 @@ absl::StatusOr<std::vector<double>> Model::loss_and_gradients_packed(
   // host and uploaded once.
   Workspace& ws = memory->backward;
   ws.reset();  // grows the block to the last call's high-water mark
-  const Exec ex = exec_for(device, &ws);
+  Exec ex = exec_for(device, &ws);
+  ex.tf32_matmul = tf32_matmul_;
   Tensor ids = Tensor::empty({n}, DType::kI32), targets = Tensor::empty({n}, DType::kI64);
   Tensor positions = Tensor::empty({n}, DType::kI64), cu = Tensor::empty({b + 1}, DType::kI64);
   Tensor past = Tensor::zeros({b}, DType::kI64), slots = Tensor::empty({b}, DType::kI32);
@@ -158,7 +160,7 @@ absl::StatusOr<std::vector<double>> Model::loss_and_gradients_packed(
   layout.num_rows = n;
   layout.max_seqlen = longest;
   // The replay's counters count the forward's slots; the backward's recomputation skips them.
-  const ForwardContext ctx{ex, layout, act_dtype_, nullptr, routing_replay};
+  const ForwardContext ctx{ex, layout, act_dtype_, nullptr, routing_replay, /*training=*/true};
 
   // 2. The loss over each sequence's positions but its last (each predicts the next token) and
   // its gradient.

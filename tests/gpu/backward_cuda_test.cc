@@ -70,6 +70,7 @@
 #include "kernels/conv.h"
 #include "kernels/cuda/device.h"
 #include "kernels/elementwise.h"
+#include "kernels/gemm.h"
 #include "kernels/gemm_backward.h"
 #include "kernels/kda_backward.h"
 #include "kernels/moe.h"
@@ -295,6 +296,32 @@ TEST(CudaBackward, Linear) {
     const std::string tag = std::string("linear_backward") + (beta != 0 ? "_accumulate" : "");
     report(tag + "_dx", scaled(dxd, dx), twin::kGemmTol);
     report(tag + "_dw", scaled(dwd, dw), twin::kGemmTol);
+  }
+}
+
+// Exec::tf32_matmul (the trainer's `matmul: tf32`): both products round their inputs to TF32
+// (10-bit mantissa, relative error <= 2^-11 each), so an element is off by at most
+// 2^-10 sum |x_i w_i|, about 2.6 max |ref| for these random normals: 2^-8 of max |ref| bounds it.
+// The error must also exceed f32's, or the tensor cores were not used.
+TEST(CudaBackward, LinearTf32) {
+  const int64_t m = 133, k = 257, n = 67;
+  const Tensor x = randn({m, k}), w = randn({n, k}), dy = randn({m, n});
+  // linear_backward adds into dw: zeros on both devices.
+  Tensor y = Tensor::empty({m, n}), dx = Tensor::empty({m, k}), dw = Tensor::zeros({n, k});
+  linear_forward(host_exec(), x, w, y);
+  linear_backward(host_exec(), x, w, dy, dx, 0.0f, dw);
+  Exec ex = gpu();
+  ex.tf32_matmul = true;
+  const Tensor yd = poisoned({m, n}), dxd = poisoned({m, k}), dwd = dev(Tensor::zeros({n, k}));
+  linear_forward(ex, dev(x), dev(w), yd);
+  linear_backward(ex, dev(x), dev(w), dev(dy), dxd, 0.0f, dwd);
+  const double tol = std::ldexp(1.0, -8);
+  for (const auto& [name, got, ref] :
+       {std::tuple{"linear_tf32_y", &yd, &y}, std::tuple{"linear_tf32_dx", &dxd, &dx},
+        std::tuple{"linear_tf32_dw", &dwd, &dw}}) {
+    const double err = scaled(*got, *ref);
+    report(name, err, tol);
+    EXPECT_GT(err, twin::kGemmTol) << name << ": no TF32 rounding seen";
   }
 }
 
