@@ -62,7 +62,7 @@ ABSL_FLAG(std::string, lengths, "512,1024,2048", "eval passkey: context lengths 
 ABSL_FLAG(std::string, depths, "0,0.25,0.5,0.75,1", "eval passkey: needle depths in [0, 1]");
 ABSL_FLAG(int, samples, 4, "eval: samples per passkey cell, MQAR examples, or tool dialogues");
 ABSL_FLAG(uint64_t, seed, 1, "eval: seeds the prompts");
-ABSL_FLAG(int, mqar_pairs, 16, "eval mqar: key-value pairs per example");
+ABSL_FLAG(int, mqar_pairs, 0, "eval mqar: key-value pairs per example (0: 16)");
 ABSL_FLAG(int, mqar_seq_len, 0,
           "eval mqar: 0 puts the queries right after the pairs; N spreads them over N tokens "
           "(data.mqar.spread)");
@@ -212,10 +212,11 @@ int eval() {
     options.depths.push_back(v);
   }
   const int pairs = absl::GetFlag(FLAGS_mqar_pairs), mqar_len = absl::GetFlag(FLAGS_mqar_seq_len);
-  if (options.task != "mqar" && (pairs != 16 || mqar_len != 0))
+  if (options.task != "mqar" && (pairs != 0 || mqar_len != 0))
     return usage_error("--mqar_pairs and --mqar_seq_len are for --task mqar");
+  if (pairs < 0) return usage_error("--mqar_pairs: must be 0 (16) or a count");
   if (mqar_len < 0) return usage_error("--mqar_seq_len: must be 0 or a length");
-  options.mqar.num_pairs = pairs;
+  options.mqar.num_pairs = pairs > 0 ? pairs : 16;
   if (mqar_len > 0) {
     options.mqar.spread = true;
     options.mqar.seq_len = mqar_len;
