@@ -149,8 +149,7 @@ class MlaMixer final : public Mixer {
     // Recompute the forward, keeping what the backward reads.
     const Expanded e = expand(ctx, x);
     const Tensor &q = e.q, &k = e.k, &v = e.v, &qa_pre = e.qa_pre, &qa = e.qa;
-    const Tensor &latent_pre = e.latent_pre, &latent = e.latent, &head_rows = e.head_rows;
-    const Tensor &nope_rows = e.nope_rows, &rope_rows = e.rope_rows;
+    const Tensor &latent_pre = e.latent_pre, &latent = e.latent, &nope_rows = e.nope_rows;
     const AttentionTail tail = attention_tail_recompute(ctx, q, k, v, scale_, x, gate_proj_);
 
     // Backward.
@@ -165,9 +164,14 @@ class MlaMixer final : public Mixer {
     copy_columns(ex, d_k_rows, 0, nope_rows);
     scatter_columns(ex, nope_rows, 0, d_expanded_rows);
     scatter_columns(ex, d_v.reshape({n * h, dv}), dn, d_expanded_rows);
-    copy_columns(ex, d_k_rows, dn, rope_rows);
+    // d_rope = 0 + head 0's share + head 1's + ...: the sum in head order.
+    const Tensor d_k_cols = d_k.reshape({n, h * qk}), d_rope_cols = d_rope.reshape({n, dr});
+    Tensor share = ctx.take({n, dr});
     zero_fill(ex, d_rope);
-    gather_rows_backward(ex, rope_rows, head_rows, d_rope.reshape({n, dr}));
+    for (int64_t hh = 0; dr > 0 && hh < h; ++hh) {
+      copy_columns(ex, d_k_cols, hh * qk + dn, share);
+      add_inplace(ex, d_rope_cols, share);
+    }
     Tensor d_latent = ctx.take({n, r});
     linear_backward(ex, latent, kv_b_, d_expanded.reshape({n, h * (dn + dv)}), d_latent, 0.0f,
                     grad("kv_b_proj.weight", kv_b_));
@@ -199,11 +203,10 @@ class MlaMixer final : public Mixer {
   // making, in step memory of the caller's scope. Per head the key is [k_nope_h | k_rope] (the rope
   // key shared by every head) and the value v_h, both from the normalised latent through kv_b.
   struct Expanded {
-    Tensor q, k, v;               // [N, H, qk], [N, H, qk], [N, H, dv]
-    Tensor qa_pre, qa;            // q_a's output before and after its norm (q_lora_rank > 0 only)
-    Tensor latent_pre, latent;    // the latent before and after kv_a_norm
-    Tensor head_rows;             // i64 [N H]: row t h + hh -> t (the rope key's gather)
-    Tensor nope_rows, rope_rows;  // [N H, dn], [N H, dr] scratch of the column moves
+    Tensor q, k, v;             // [N, H, qk], [N, H, qk], [N, H, dv]
+    Tensor qa_pre, qa;          // q_a's output before and after its norm (q_lora_rank > 0 only)
+    Tensor latent_pre, latent;  // the latent before and after kv_a_norm
+    Tensor nope_rows;           // [N H, dn] scratch of the column moves
   };
   Expanded expand(const ForwardContext& ctx, const Tensor& x) const {
     const Exec& ex = ctx.ex;
@@ -236,20 +239,17 @@ class MlaMixer final : public Mixer {
     Tensor expanded = ctx.take({n, h, dn + dv});  // [k_nope_h | v_h] per head
     linear_forward(ex, e.latent, kv_b_, expanded.reshape({n, h * (dn + dv)}));
     // k = [k_nope_h | k_rope] and v_h per head, by column copies on the model's device; the shared
-    // rope key reaches every head through a row gather (head_rows[t h + hh] = t).
-    Tensor head_rows = Tensor::empty({n * h}, DType::kI64);
-    for (int64_t i = 0; i < n * h; ++i) head_rows.data<int64_t>()[i] = i / h;
-    e.head_rows = head_rows.to(ex.device);
+    // rope key is written into every head's columns (one column copy a head: no index tensor to
+    // upload, so no synchronisation with the device).
     e.k = ctx.take({n, h, qk});
     e.v = ctx.take({n, h, dv});
     const Tensor expanded_rows = expanded.reshape({n * h, dn + dv});
     const Tensor k_rows = e.k.reshape({n * h, qk});
     e.nope_rows = ctx.take({n * h, dn});
-    e.rope_rows = ctx.take({n * h, dr});
     copy_columns(ex, expanded_rows, 0, e.nope_rows);
     scatter_columns(ex, e.nope_rows, 0, k_rows);
-    gather_rows(ex, k_rope, e.head_rows, e.rope_rows);
-    scatter_columns(ex, e.rope_rows, dn, k_rows);
+    const Tensor k_cols = e.k.reshape({n, h * qk});
+    for (int64_t hh = 0; dr > 0 && hh < h; ++hh) scatter_columns(ex, k_rope, hh * qk + dn, k_cols);
     copy_columns(ex, expanded_rows, dn, e.v.reshape({n * h, dv}));
     return e;
   }
