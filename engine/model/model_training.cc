@@ -156,6 +156,8 @@ absl::StatusOr<std::vector<double>> Model::loss_and_gradients_packed(
   layout.positions = positions.to(device);
   layout.cu_seqlens = cu.to(device);
   layout.past_lens = past.to(device);
+  layout.host_cu_seqlens = cu;  // so that no layer's backward reads them back (a sync each)
+  layout.host_past_lens = past;
   layout.state_slots = slots.to(device);
   layout.num_rows = n;
   layout.max_seqlen = longest;

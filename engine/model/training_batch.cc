@@ -15,9 +15,11 @@ absl::Status require_f32_weights(int layer, std::string_view kind,
 }
 
 absl::StatusOr<std::vector<RowSpan>> training_sequences(const BatchLayout& batch) {
-  // Device step data comes back once: a few integers per sequence.
-  const Tensor cu_host = batch.cu_seqlens.to(Device::kCpu);
-  const Tensor past_host = batch.past_lens.to(Device::kCpu);
+  // The layout's host copies, else the device step data read back: a few integers per sequence.
+  const Tensor cu_host =
+      batch.host_cu_seqlens.defined() ? batch.host_cu_seqlens : batch.cu_seqlens.to(Device::kCpu);
+  const Tensor past_host =
+      batch.host_past_lens.defined() ? batch.host_past_lens : batch.past_lens.to(Device::kCpu);
   const int64_t b = batch.cu_seqlens.dim(0) - 1;
   const int64_t* cu = cu_host.data<int64_t>();
   const int64_t* past = past_host.data<int64_t>();

@@ -21,7 +21,8 @@ using RowSpan = std::pair<int64_t, int64_t>;  // rows [first, second) of one seq
 absl::Status require_f32_weights(int layer, std::string_view kind,
                                  std::initializer_list<const Tensor*> weights);
 
-// The sequences of ctx.batch (host step data). FailedPrecondition if any has past positions.
+// The sequences of ctx.batch (its host copies when it has them, else the step data read back from
+// the device). FailedPrecondition if any has past positions.
 absl::StatusOr<std::vector<RowSpan>> training_sequences(const BatchLayout& batch);
 
 }  // namespace loom

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/model/model.h"
+#include "engine/model/training_batch.h"
 #include "gtest/gtest.h"
 #include "kernels/kda.h"
 #include "nlohmann/json.hpp"
@@ -26,6 +27,31 @@ namespace loom {
 namespace {
 
 namespace fs = std::filesystem;
+
+Tensor i64s(std::vector<int64_t> v) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kI64);
+  for (size_t i = 0; i < v.size(); ++i) t.data<int64_t>()[i] = v[i];
+  return t;
+}
+
+// A layout's host copies, when it has them, are what training_sequences reads (the training
+// backward's own layout keeps them, so that no layer's backward reads the step data back from a
+// GPU); without them it reads the step data itself. Past positions are refused either way.
+TEST(TrainingSequences, HostCopiesFirst) {
+  BatchLayout layout;
+  layout.cu_seqlens = i64s({0, 3, 7});
+  layout.past_lens = i64s({0, 0});
+  auto seqs = training_sequences(layout);
+  ASSERT_TRUE(seqs.ok()) << seqs.status();
+  EXPECT_EQ(*seqs, (std::vector<RowSpan>{{0, 3}, {3, 7}}));
+  layout.host_cu_seqlens = i64s({0, 5, 7});
+  layout.host_past_lens = i64s({0, 0});
+  seqs = training_sequences(layout);
+  ASSERT_TRUE(seqs.ok()) << seqs.status();
+  EXPECT_EQ(*seqs, (std::vector<RowSpan>{{0, 5}, {5, 7}}));
+  layout.host_past_lens = i64s({0, 2});
+  EXPECT_EQ(training_sequences(layout).status().code(), absl::StatusCode::kFailedPrecondition);
+}
 using json = nlohmann::json;
 
 // Packing changes only the order of f32 sums: GEMMs over more rows (OpenBLAS blocks and edges
