@@ -15,7 +15,7 @@ void cross_entropy_forward_backward(const Exec& ex, const Tensor& hidden, const 
                                     const Tensor& targets, int64_t ignore_index, float loss_scale,
                                     const Tensor& loss, const Tensor& row_loss,
                                     const Tensor& dhidden, const Tensor& dlm_head,
-                                    const Tensor& row_weight) {
+                                    const Tensor& row_weight, const Tensor& host_targets) {
   LOOM_ON_EXEC_DEVICE(ex, "cross_entropy_forward_backward", hidden, lm_head, targets, loss,
                       row_loss, dhidden, dlm_head, row_weight);
   LOOM_CHECK_F32(hidden);
@@ -31,6 +31,12 @@ void cross_entropy_forward_backward(const Exec& ex, const Tensor& hidden, const 
              "cross_entropy_forward_backward: targets must be contiguous i32/i64 [%lld], got %s",
              static_cast<long long>(t), targets.describe().c_str());
   LOOM_CHECK_SHAPE(loss, 1);
+  LOOM_CHECK(!host_targets.defined() ||
+                 (host_targets.device().is_cpu() && host_targets.dtype() == targets.dtype() &&
+                  host_targets.shape() == targets.shape() && host_targets.is_contiguous()),
+             "cross_entropy_forward_backward: host_targets must be a contiguous host copy of "
+             "targets (%s), got %s",
+             targets.describe().c_str(), host_targets.describe().c_str());
   if (row_loss.defined()) {
     LOOM_CHECK_F32(row_loss);
     LOOM_CHECK_SHAPE(row_loss, t);
@@ -64,7 +70,7 @@ void cross_entropy_forward_backward(const Exec& ex, const Tensor& hidden, const 
 #ifdef LOOM_WITH_CUDA
   return cuda::cross_entropy_forward_backward(ex, hidden, lm_head, targets, ignore_index,
                                               loss_scale, loss, row_loss, dhidden, dlm_head,
-                                              row_weight);
+                                              row_weight, host_targets);
 #else
   no_kernel_for(ex, "cross_entropy_forward_backward");
 #endif

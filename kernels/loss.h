@@ -38,7 +38,12 @@ namespace loom {
 //
 // CUDA (kernels/cuda/loss.h): the same two passes with GPU-sized chunks (1024 rows, up to 16384
 // vocabulary entries) on cuBLAS, one block per row for the online log-sum-exp; the targets are
-// read back to the host once to check them. Two calls give the same bits.
+// checked and the counted rows listed on the host: from host_targets when the caller has them
+// there (the trainer does: no read back, no synchronisation), else from one read back of targets.
+// Two calls give the same bits.
+//
+// host_targets: undefined, or [T] i32/i64 on the host holding targets' values (checked on shape
+// and dtype, trusted on values). The CPU, whose targets are on the host, reads targets.
 //
 // Determinism: the per-row loops split rows over threads, row losses are summed in row order and
 // dlm_head receives the row chunks in order; the GEMMs are OpenBLAS's, whose results depend on its
@@ -49,6 +54,7 @@ void cross_entropy_forward_backward(const Exec& ex, const Tensor& hidden, const 
                                     const Tensor& targets, int64_t ignore_index, float loss_scale,
                                     const Tensor& loss, const Tensor& row_loss,
                                     const Tensor& dhidden, const Tensor& dlm_head,
-                                    const Tensor& row_weight = Tensor());
+                                    const Tensor& row_weight = Tensor(),
+                                    const Tensor& host_targets = Tensor());
 
 }  // namespace loom

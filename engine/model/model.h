@@ -173,15 +173,18 @@ class Model {
   std::unique_ptr<ParameterArena> arena_;  // owns every tensor above (and the layers')
   Placement placement_;
   bool tf32_matmul_ = false;  // set_tf32_matmul
-  // loss_and_gradients' step memory (its forward's and its backward's workspaces), kept from call
-  // to call so that their temporaries stop allocating once the first step has set the high-water
-  // marks (each cudaMalloc and cudaFree synchronises the GPU). A call that finds them in use by
+  // loss_and_gradients' step memory (its forward's and its backward's workspaces and step data),
+  // kept from call to call so that a step stops allocating once the first one has set the
+  // high-water marks: each cudaMalloc and cudaFree synchronises the GPU, and a synchronisation
+  // leaves it idle while the host queues the next kernels. A call that finds them in use by
   // another thread takes fresh ones.
   // A packed call's forward also keeps its cache store (slot s and page s for sequence s), grown
   // when a call has more or longer sequences than it holds.
   struct TrainingMemory {
-    explicit TrainingMemory(Device device) : forward(device), backward(device) {}
+    explicit TrainingMemory(Device device)
+        : forward(device), backward(device), forward_step(device), backward_step(device) {}
     Workspace forward, backward;
+    StepData forward_step, backward_step;
     std::unique_ptr<CacheStore> store;
   };
   mutable std::mutex training_mu_;

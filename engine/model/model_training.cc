@@ -83,6 +83,7 @@ absl::StatusOr<std::vector<double>> Model::loss_and_gradients_packed(
   // call as it always was); several on the memory's store, sequence s in slot s and page s.
   ForwardBatch batch;
   batch.workspace = &memory->forward;
+  batch.step = &memory->forward_step;
   batch.routing_replay = routing_replay;
   batch.training = true;
   batch.token_ids.reserve(n);
@@ -122,14 +123,15 @@ absl::StatusOr<std::vector<double>> Model::loss_and_gradients_packed(
   LOOM_RETURN_IF_ERROR(forward(batch, &tape).status());
 
   // The backward's own step: the sequences' rows from position 0, its step data built on the
-  // host and uploaded once.
+  // host and uploaded in one copy, the targets and row weights in two more, each into memory that
+  // stays from step to step (no allocation, no synchronisation).
   Workspace& ws = memory->backward;
   ws.reset();  // grows the block to the last call's high-water mark
   Exec ex = exec_for(device, &ws);
   ex.tf32_matmul = tf32_matmul_;
-  Tensor ids = Tensor::empty({n}, DType::kI32), targets = Tensor::empty({n}, DType::kI64);
-  Tensor positions = Tensor::empty({n}, DType::kI64), cu = Tensor::empty({b + 1}, DType::kI64);
-  Tensor past = Tensor::zeros({b}, DType::kI64), slots = Tensor::empty({b}, DType::kI32);
+  StepData& step = memory->backward_step;
+  step.begin({.tokens = n, .seqs = b, .logit_rows = 0, .page_cols = 0});
+  Tensor targets = Tensor::empty({n}, DType::kI64);
   // A mean over each of several sequences is a weighted sum with weight 1 / scored rows; one
   // sequence keeps the kernel's mean (the same bits as ever).
   const bool weighted = b > 1 || !seqs[0].row_weights.empty();
@@ -139,26 +141,32 @@ absl::StatusOr<std::vector<double>> Model::loss_and_gradients_packed(
     const float mean_weight = 1.0f / static_cast<float>(scored[s]);
     for (int64_t t = 0; t < first[s + 1] - first[s]; ++t) {
       const int64_t r = first[s] + t;
-      ids.data<int32_t>()[r] = seq.tokens[t];
+      step.token_ids.data<int32_t>()[r] = seq.tokens[t];
       targets.data<int64_t>()[r] = scores(seq, t) ? seq.tokens[t + 1] : kIgnoreTarget;
-      positions.data<int64_t>()[r] = t;
+      step.positions.data<int64_t>()[r] = t;
       if (weighted)
         weights.data<float>()[r] = seq.row_weights.empty() ? mean_weight : seq.row_weights[t];
     }
-    cu.data<int64_t>()[s] = first[s];
-    slots.data<int32_t>()[s] = static_cast<int32_t>(s);
+    step.cu_seqlens.data<int64_t>()[s] = first[s];
+    step.past_lens.data<int64_t>()[s] = 0;
+    step.state_slots.data<int32_t>()[s] = static_cast<int32_t>(s);
   }
-  cu.data<int64_t>()[b] = n;
-  ids = ids.to(device);
-  targets = targets.to(device);
-  if (weighted) weights = weights.to(device);
+  step.cu_seqlens.data<int64_t>()[b] = n;
+  step.publish(ex);
+  auto upload = [&](const Tensor& host) {
+    if (!host.defined() || device.is_cpu()) return host;
+    Tensor on = ws.take(host.shape(), host.dtype());
+    upload_async(ex, on.raw(), host.raw(), host.nbytes());
+    return on;
+  };
+  const Tensor device_targets = upload(targets), device_weights = upload(weights);
   BatchLayout layout;
-  layout.positions = positions.to(device);
-  layout.cu_seqlens = cu.to(device);
-  layout.past_lens = past.to(device);
-  layout.host_cu_seqlens = cu;  // so that no layer's backward reads them back (a sync each)
-  layout.host_past_lens = past;
-  layout.state_slots = slots.to(device);
+  layout.positions = step.on_device(step.positions);
+  layout.cu_seqlens = step.on_device(step.cu_seqlens);
+  layout.past_lens = step.on_device(step.past_lens);
+  layout.host_cu_seqlens = step.cu_seqlens;  // so that no layer's backward reads them back
+  layout.host_past_lens = step.past_lens;
+  layout.state_slots = step.on_device(step.state_slots);
   layout.num_rows = n;
   layout.max_seqlen = longest;
   // The replay's counters count the forward's slots; the backward's recomputation skips them.
@@ -167,27 +175,40 @@ absl::StatusOr<std::vector<double>> Model::loss_and_gradients_packed(
   // 2. The loss over each sequence's positions but its last (each predicts the next token) and
   // its gradient.
   const int64_t d = cfg_.hidden_size;
-  Tensor loss = Tensor::empty({1}, DType::kF32, device);
+  Tensor loss = ws.take({1});
   Tensor d_normed = ctx.take({n, d});
   // Several sequences' objectives come from the row losses.
-  Tensor rows = row_loss != nullptr || b > 1 ? Tensor::empty({n}, DType::kF32, device) : Tensor();
+  Tensor rows = row_loss != nullptr || b > 1 ? ws.take({n}) : Tensor();
   const Tensor* final_normed = tape.find(-1, "final_normed");
   LOOM_CHECK(final_normed != nullptr, "training: the forward recorded no final_normed");
-  cross_entropy_forward_backward(ex, *final_normed, lm_head_, targets, kIgnoreTarget, 1.0f, loss,
-                                 rows, d_normed, grads.get("lm_head.weight", lm_head_.shape()),
-                                 weights);
+  cross_entropy_forward_backward(ex, *final_normed, lm_head_, device_targets, kIgnoreTarget, 1.0f,
+                                 loss, rows, d_normed,
+                                 grads.get("lm_head.weight", lm_head_.shape()), device_weights,
+                                 targets);
   // 3. The layers, last first.
   Tensor d_embedding = ctx.take({n, d});
   LOOM_RETURN_IF_ERROR(cfg_.attnres_block_size > 0
                            ? backward_block_attnres(ctx, tape, d_normed, d_embedding, grads)
                            : backward_plain_residual(ctx, tape, d_normed, d_embedding, grads));
-  embedding_backward(ex, ids, d_embedding, grads.get("embed.weight", embed_.shape()));
+  // The host's ids: the kernel sorts them on the host, and need not read them back.
+  embedding_backward(ex, step.token_ids, d_embedding, grads.get("embed.weight", embed_.shape()));
 
+  // The step's one read back: the loss, or the row losses it is made of.
   std::vector<double> out(b, 0.0);
-  if (b == 1) out[0] = static_cast<double>(loss.to(Device::kCpu).data<float>()[0]);
-  if (!rows.defined()) return out;
-  const Tensor host_rows = rows.to(Device::kCpu);
-  const float* r = host_rows.data<float>();
+  if (!rows.defined()) {
+    float value = 0.0f;
+    download(ex, &value, loss.raw(), sizeof(value));
+    out[0] = static_cast<double>(value);
+    return out;
+  }
+  std::vector<float> host_rows(static_cast<size_t>(n));
+  download(ex, host_rows.data(), rows.raw(), rows.nbytes());
+  if (b == 1) {
+    float value = 0.0f;  // after the rows' download: no second wait
+    download(ex, &value, loss.raw(), sizeof(value));
+    out[0] = static_cast<double>(value);
+  }
+  const float* r = host_rows.data();
   if (row_loss != nullptr) row_loss->assign(r, r + n);
   if (b == 1) return out;
   for (int64_t s = 0; s < b; ++s) {

@@ -51,6 +51,16 @@ class CallBuffer {
   size_t used_ = 0;
 };
 
+// A host copy of the targets, widened to i64.
+std::vector<int64_t> widen_targets(const Tensor& host) {
+  std::vector<int64_t> out(static_cast<size_t>(host.numel()));
+  if (host.dtype() == DType::kI64)
+    std::copy_n(host.data<int64_t>(), out.size(), out.data());
+  else
+    std::copy_n(host.data<int32_t>(), out.size(), out.data());
+  return out;
+}
+
 // The targets on the host, widened to i64 (one device-to-host copy and a synchronisation).
 std::vector<int64_t> read_targets(const Exec& ex, const Tensor& targets) {
   const int64_t n = targets.numel();
@@ -77,7 +87,7 @@ void cross_entropy_forward_backward(const Exec& ex, const Tensor& hidden, const 
                                     const Tensor& targets, int64_t ignore_index, float loss_scale,
                                     const Tensor& loss, const Tensor& row_loss,
                                     const Tensor& dhidden, const Tensor& dlm_head,
-                                    const Tensor& row_weight) {
+                                    const Tensor& row_weight, const Tensor& host_targets) {
   LOOM_CHECK_CUDA_ARG(kOp, hidden);
   LOOM_CHECK_CUDA_ARG(kOp, lm_head);
   LOOM_CHECK_CUDA_ARG(kOp, targets);
@@ -91,7 +101,8 @@ void cross_entropy_forward_backward(const Exec& ex, const Tensor& hidden, const 
   const bool i64 = targets.dtype() == DType::kI64;
 
   // Validate every target before writing anything (the CPU's words); list the counted rows.
-  const std::vector<int64_t> y = read_targets(ex, targets);
+  const std::vector<int64_t> y = host_targets.defined() ? widen_targets(host_targets)
+                                                       : read_targets(ex, targets);
   std::vector<int32_t> row_of;
   row_of.reserve(y.size());
   for (int64_t t = 0; t < t_count; ++t) {

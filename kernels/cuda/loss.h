@@ -38,6 +38,6 @@ void cross_entropy_forward_backward(const Exec& ex, const Tensor& hidden, const 
                                     const Tensor& targets, int64_t ignore_index, float loss_scale,
                                     const Tensor& loss, const Tensor& row_loss,
                                     const Tensor& dhidden, const Tensor& dlm_head,
-                                    const Tensor& row_weight);
+                                    const Tensor& row_weight, const Tensor& host_targets);
 
 }  // namespace loom::cuda
