@@ -310,7 +310,7 @@ absl::StatusOr<RunConfig> parse_run_config(std::string_view text) {
       only_keys(j, "run",
                 {"model", "data", "batch_size", "steps", "optimizer", "out", "checkpoint_every",
                  "seed", "balance", "routing_warnings", "stages", "stage_stability", "loss_bucket",
-                 "device", "max_tokens_per_pass", "matmul"}));
+                 "device", "max_tokens_per_pass", "matmul", "data_parallel"}));
   RunConfig c;
   LOOM_RETURN_IF_ERROR(read_model(j, "run", c.model_config, c.model_seed, c.model_checkpoint));
   std::string device = "cpu";
@@ -401,6 +401,15 @@ absl::StatusOr<RunConfig> parse_run_config(std::string_view text) {
 
   LOOM_RETURN_IF_ERROR(read(j, "batch_size", "run", c.batch_size));
   if (c.batch_size < 1 || c.batch_size > 4096) return bad("run.batch_size", "must be in [1, 4096]");
+  LOOM_RETURN_IF_ERROR(read(j, "data_parallel", "run", c.data_parallel));
+  if (c.data_parallel < 1 || c.data_parallel > 64)
+    return bad("run.data_parallel", "must be in [1, 64]");
+  if (c.batch_size % c.data_parallel != 0)
+    return bad("run.data_parallel",
+               absl::StrCat("batch_size ", c.batch_size, " is not a multiple of ", c.data_parallel,
+                            " ranks (each rank takes an equal share of every batch)"));
+  if (c.data_parallel > 1 && c.device.is_cuda() && c.device.index != 0)
+    return bad("run.data_parallel", "ranks run on devices 0..N-1: use run.device \"cuda\"");
   LOOM_RETURN_IF_ERROR(read(j, "steps", "run", c.steps));
   if (c.steps < 1) return bad("run.steps", "must be >= 1");
   LOOM_RETURN_IF_ERROR(read(j, "out", "run", c.out));

@@ -65,6 +65,11 @@ struct RunConfig {
   // "matmul": "f32" (default) or "tf32": the GPU's f32 GEMMs on TF32 tensor cores
   // (Model::set_tf32_matmul); CUDA devices only.
   bool tf32_matmul = false;
+  // "data_parallel": N >= 1 ranks, each a replica of the model with its own optimizer state,
+  // batch_size / N examples of every batch (batch_size a multiple of N), the gradients summed
+  // over the ranks before each update (so every replica applies the same one). On CUDA, rank r
+  // runs on device r (run.device "cuda" or "cuda:0") over NCCL; on the CPU the ranks are threads.
+  int data_parallel = 1;
 };
 
 // The run config of `loom-trainer rl --config RL.json` (agent RL with GRPO, trainer/rl/rl_run.h;

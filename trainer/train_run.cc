@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -14,12 +15,21 @@
 #include "core/status.h"
 #include "engine/chat/chat_template.h"
 #include "engine/model/model.h"
+#include "engine/parallel/rank_group.h"
+#include "engine/parallel/thread_communicator.h"
 #include "nlohmann/json.hpp"
+#include "kernels/exec.h"
 #include "trainer/checkpoint.h"
 #include "trainer/stages.h"
 #include "trainer/token_shard.h"
 #include "trainer/tool_dialogues.h"
 #include "weights/weight_loader.h"
+
+#ifdef LOOM_WITH_NCCL
+#include "engine/parallel/nccl_communicator.h"
+#include "engine/parallel/node_rendezvous.h"
+#include "engine/parallel/tcp_communicator.h"
+#endif
 
 namespace loom {
 namespace {
@@ -181,13 +191,20 @@ absl::StatusOr<std::unique_ptr<Model>> load_run_model(const std::string& checkpo
   return Model::load(cfg, WeightLoader::synthetic(cfg, seed), trainable);
 }
 
-absl::StatusOr<RunSummary> run_training(const RunConfig& c, std::FILE* progress) {
+namespace {
+
+// One replica's run: the whole run with `dp` null; with data parallelism rank dp->rank(), which
+// draws every batch as every rank does (the same seed), runs its share and writes the metrics and
+// checkpoints only as rank 0 (every rank holds the same weights and optimizer state).
+absl::StatusOr<RunSummary> train_rank(const RunConfig& c, std::FILE* progress, Communicator* dp) {
+  const bool writer = dp == nullptr || dp->rank() == 0;
   LOOM_ASSIGN_OR_RETURN(
       std::unique_ptr<Model> model,
       load_run_model(c.model_checkpoint, c.model_config, c.model_seed, "train", c.device));
   LOOM_RETURN_IF_ERROR(model->set_tf32_matmul(c.tf32_matmul));
   const int64_t vocab = model->config().vocab_size;
   LOOM_ASSIGN_OR_RETURN(TrainStep step, TrainStep::create(*model, c.optimizer));
+  step.set_data_parallel(dp);
   std::mt19937_64 rng(c.seed);
   // Staged runs: the stage, its step count and its recent losses (the stability window's 2W).
   const bool staged = !c.stages.empty();
@@ -232,11 +249,14 @@ absl::StatusOr<RunSummary> run_training(const RunConfig& c, std::FILE* progress)
         return absl::InvalidArgumentError(absl::StrCat(
             "train: the MQAR ids do not fit the model's ", vocab, "-token vocabulary"));
   }
-  std::error_code ec;
-  fs::create_directories(c.out, ec);
-  if (ec) return absl::InternalError(absl::StrCat("train: cannot create ", c.out));
-  std::ofstream metrics(fs::path(c.out) / "metrics.jsonl", std::ios::app);
-  if (!metrics) return absl::InternalError(absl::StrCat("train: cannot write in ", c.out));
+  std::ofstream metrics;
+  if (writer) {
+    std::error_code ec;
+    fs::create_directories(c.out, ec);
+    if (ec) return absl::InternalError(absl::StrCat("train: cannot create ", c.out));
+    metrics.open(fs::path(c.out) / "metrics.jsonl", std::ios::app);
+    if (!metrics) return absl::InternalError(absl::StrCat("train: cannot write in ", c.out));
+  }
 
   // Enters stage `stage`: its RoPE base (a note when the model has no rotary layers).
   std::string rope_note;
@@ -249,6 +269,7 @@ absl::StatusOr<RunSummary> run_training(const RunConfig& c, std::FILE* progress)
 
   RunSummary summary;
   auto save = [&]() -> absl::Status {
+    if (!writer) return absl::OkStatus();
     std::ostringstream rng_state;
     rng_state << rng;
     TrainerMetadata meta = {{"data_rng", rng_state.str()}};
@@ -327,8 +348,10 @@ absl::StatusOr<RunSummary> run_training(const RunConfig& c, std::FILE* progress)
         for (const std::string& w : routing_warnings(c.optimizer.balancer, layer, r.health))
           std::fprintf(progress, "\nrouting warning: %s", w.c_str());
     }
-    metrics << line.dump() << "\n";
-    metrics.flush();
+    if (writer) {
+      metrics << line.dump() << "\n";
+      metrics.flush();
+    }
     if (i == 0) summary.first_loss = stats.loss;
     summary.last_loss = stats.loss;
     summary.steps = i + 1;
@@ -361,6 +384,50 @@ absl::StatusOr<RunSummary> run_training(const RunConfig& c, std::FILE* progress)
   if (progress != nullptr) std::fprintf(progress, "\n");
   LOOM_RETURN_IF_ERROR(save());
   return summary;
+}
+
+}  // namespace
+
+absl::StatusOr<RunSummary> run_training(const RunConfig& c, std::FILE* progress) {
+  if (c.data_parallel == 1) return train_rank(c, progress, nullptr);
+  // A rank waits this long at a collective for the others (rank 0 may be writing a checkpoint).
+  const absl::Duration timeout = absl::Minutes(30);
+  RunSummary summary;
+  auto body = [&](Communicator& comm) -> absl::Status {
+    RunConfig rank_config = c;
+    if (c.device.is_cuda()) rank_config.device = Device::cuda(comm.rank());
+    LOOM_ASSIGN_OR_RETURN(RunSummary s,
+                          train_rank(rank_config, comm.rank() == 0 ? progress : nullptr, &comm));
+    if (comm.rank() == 0) summary = std::move(s);
+    return absl::OkStatus();
+  };
+  if (c.device.is_cpu()) {
+    LOOM_RETURN_IF_ERROR(run_thread_ranks(c.data_parallel, timeout, body));
+    return summary;
+  }
+  for (int r = 0; r < c.data_parallel; ++r) {
+    const absl::Status ok = device_available(Device::cuda(r));
+    if (!ok.ok())
+      return absl::FailedPreconditionError(absl::StrCat(
+          "train: data_parallel ", c.data_parallel, " runs rank ", r, " on cuda:", r, ": ",
+          ok.message()));
+  }
+#ifdef LOOM_WITH_NCCL
+  LOOM_ASSIGN_OR_RETURN(const std::string id, nccl_unique_id());
+  LOOM_ASSIGN_OR_RETURN(Rendezvous rv, rendezvous({.nnodes = 1,
+                                                   .local_ranks = c.data_parallel,
+                                                   .world_size = c.data_parallel}));
+  std::vector<int> devices(static_cast<size_t>(c.data_parallel));
+  std::iota(devices.begin(), devices.end(), 0);
+  LOOM_ASSIGN_OR_RETURN(
+      std::unique_ptr<NcclGroup> group,
+      NcclGroup::create(std::make_unique<TcpGroup>(std::move(rv), timeout), id, devices, timeout));
+  LOOM_RETURN_IF_ERROR(run_local_ranks(*group, body));
+  return summary;
+#else
+  return absl::FailedPreconditionError(
+      "train: data_parallel on CUDA needs a build with NCCL (this one has none)");
+#endif
 }
 
 }  // namespace loom

@@ -1,11 +1,14 @@
 #include "trainer/train_step.h"
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/elementwise.h"
 #include "kernels/optim.h"
+#include "trainer/data_parallel.h"
 
 namespace loom {
 
@@ -56,6 +59,15 @@ absl::StatusOr<TrainStep> TrainStep::create(const Model& model, const OptimizerO
 
 absl::StatusOr<StepStats> TrainStep::run(std::span<const Example> batch) {
   if (batch.empty()) return absl::InvalidArgumentError("training: an empty batch");
+  std::span<const Example> mine = batch;
+  if (dp_ != nullptr) {
+    if (batch.size() % static_cast<size_t>(dp_->size()) != 0)
+      return absl::InvalidArgumentError(absl::StrCat("training: a batch of ", batch.size(),
+                                                     " examples over ", dp_->size(),
+                                                     " data-parallel ranks"));
+    const RankShare share = rank_share(batch.size(), dp_->rank(), dp_->size());
+    mine = batch.subspan(share.begin, share.end - share.begin);
+  }
   grads_.zero();
   grads_.set_aux_loss_alpha(options_.balance == BalanceMethod::kAuxLoss
                                 ? static_cast<float>(options_.aux_loss_alpha)
@@ -63,16 +75,16 @@ absl::StatusOr<StepStats> TrainStep::run(std::span<const Example> batch) {
   StepStats stats;
   std::vector<float> rows;
   std::vector<TrainingSequence> pass;
-  for (size_t next = 0; next < batch.size();) {
+  for (size_t next = 0; next < mine.size();) {
     // The examples of this pass: consecutive ones while they fit the token budget.
     pass.clear();
     int64_t tokens = 0;
-    for (; next < batch.size(); ++next) {
-      const int64_t len = static_cast<int64_t>(batch[next].tokens.size());
+    for (; next < mine.size(); ++next) {
+      const int64_t len = static_cast<int64_t>(mine[next].tokens.size());
       if (!pass.empty() &&
           (options_.max_tokens_per_pass == 0 || tokens + len > options_.max_tokens_per_pass))
         break;
-      pass.push_back({batch[next].tokens, batch[next].loss_mask});
+      pass.push_back({mine[next].tokens, mine[next].loss_mask});
       tokens += len;
     }
     LOOM_ASSIGN_OR_RETURN(const std::vector<double> losses,
@@ -96,6 +108,7 @@ absl::StatusOr<StepStats> TrainStep::run(std::span<const Example> batch) {
     }
   }
   stats.aux_loss = grads_.aux_loss() / static_cast<double>(batch.size());
+  if (dp_ != nullptr) LOOM_RETURN_IF_ERROR(sum_stats_over_ranks(batch, stats));
   LOOM_ASSIGN_OR_RETURN(StepStats updated, update(1.0 / static_cast<double>(batch.size())));
   stats.grad_norm = updated.grad_norm;
   stats.step = updated.step;
@@ -110,10 +123,43 @@ Gradients& TrainStep::begin(float aux_loss_alpha) {
   return grads_;
 }
 
+absl::Status TrainStep::sum_stats_over_ranks(std::span<const Example> batch,
+                                             StepStats& stats) const {
+  // Every rank packs the same layout: the positions of the batch's longest example.
+  size_t longest = 0;
+  for (const Example& e : batch) longest = std::max(longest, e.tokens.size());
+  stats.position_loss.resize(longest, 0.0);
+  stats.position_scored.resize(longest, 0);
+  std::vector<double> v = {stats.loss, stats.aux_loss, static_cast<double>(stats.tokens)};
+  v.insert(v.end(), stats.position_loss.begin(), stats.position_loss.end());
+  v.insert(v.end(), stats.position_scored.begin(), stats.position_scored.end());
+  LOOM_ASSIGN_OR_RETURN(const std::vector<double> sum,
+                        sum_over_ranks(*dp_, v, model_->placement().device));
+  stats.loss = sum[0];
+  stats.aux_loss = sum[1];
+  stats.tokens = static_cast<int64_t>(sum[2]);
+  for (size_t t = 0; t < longest; ++t) {
+    stats.position_loss[t] = sum[3 + t];
+    stats.position_scored[t] = static_cast<int64_t>(sum[3 + longest + t]);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<StepStats> TrainStep::update(double mean) {
   StepStats stats;
   const Device device = model_->placement().device;
   const Exec ex = exec_for(device);
+  std::map<std::string, std::vector<int64_t>> counts = grads_.expert_counts();
+  if (dp_ != nullptr) {
+    // The ranks' gradients summed in one collective over one block; the expert counts too.
+    LOOM_RETURN_IF_ERROR(all_reduce_sum(*dp_, grads_.flatten(dp_->size()), dp_part_));
+    std::vector<double> packed;
+    for (const auto& [name, c] : counts) packed.insert(packed.end(), c.begin(), c.end());
+    LOOM_ASSIGN_OR_RETURN(const std::vector<double> sum, sum_over_ranks(*dp_, packed, device));
+    size_t at = 0;
+    for (auto& [name, c] : counts)
+      for (int64_t& n : c) n = static_cast<int64_t>(sum[at++]);
+  }
   // Global norm of the scaled gradient: each parameter's sum of squares on its device, read back
   // once, summed in the arena's order.
   std::vector<bool> has_grad(moments_.size(), false);
@@ -147,21 +193,21 @@ absl::StatusOr<StepStats> TrainStep::update(double mean) {
     s.weight_decay = mo.decay ? options_.weight_decay : 0.0f;
     adamw_update(ex, s, mo.param, *g, mo.m, mo.v);
   }
-  for (const auto& [bias_name, counts] : grads_.expert_counts()) {
+  for (const auto& [bias_name, layer_counts] : counts) {
     const Tensor* bias = model_->parameters().find(bias_name);
-    if (bias == nullptr || bias->numel() != static_cast<int64_t>(counts.size()))
+    if (bias == nullptr || bias->numel() != static_cast<int64_t>(layer_counts.size()))
       return absl::InternalError(
           absl::StrCat("training: no selection bias ", bias_name, " for its expert counts"));
     // The bias moves on the host (a few floats a layer) and goes back to the model's device.
     const Tensor host_bias = device.is_cpu() ? *bias : bias->to(Device::kCpu);
     const RoutingHealth health =
         options_.balance == BalanceMethod::kQuantile
-            ? quantile_balance_step(options_.balancer, counts,
-                                    std::span<float>(host_bias.data<float>(), counts.size()))
-            : routing_health(counts);
+            ? quantile_balance_step(options_.balancer, layer_counts,
+                                    std::span<float>(host_bias.data<float>(), layer_counts.size()))
+            : routing_health(layer_counts);
     if (!device.is_cpu() && options_.balance == BalanceMethod::kQuantile)
       bias->copy_from(host_bias);
-    stats.routing.push_back({bias_name, counts, health});
+    stats.routing.push_back({bias_name, layer_counts, health});
   }
   return stats;
 }

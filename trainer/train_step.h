@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "engine/model/gradients.h"
 #include "engine/model/model.h"
+#include "engine/parallel/communicator.h"
 #include "trainer/load_balancer.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/synthetic_tasks.h"
@@ -72,6 +73,14 @@ class TrainStep {
   absl::StatusOr<StepStats> run(std::span<const Example> batch);
   int64_t steps() const { return step_; }
 
+  // Data parallelism (trainer/data_parallel.h): this step is rank comm->rank() of comm->size()
+  // replicas, each created from the same weights and options. run() then takes the whole batch
+  // on every rank, runs this rank's share (rank_share), and sums the gradients, the statistics and
+  // the expert counts over the ranks before the update, so that every rank returns the same stats
+  // and applies the same update (the batch size a multiple of the ranks; InvalidArgument
+  // otherwise). Every rank must call run() in lockstep. null: a single replica.
+  void set_data_parallel(Communicator* comm) { dp_ = comm; }
+
   // The same update from gradients a caller accumulates itself (a policy-gradient objective,
   // trainer/rl): begin() zeroes the gradients and returns them, the caller's backward passes add
   // into them, and update() multiplies them by `scale` (1 / examples for a mean; 1 when the
@@ -90,6 +99,9 @@ class TrainStep {
   TrainStep(const Model& model, const OptimizerOptions& options)
       : model_(&model), options_(options) {}
 
+  // run()'s data-parallel tail: the loss, tokens and per-position sums over the ranks.
+  absl::Status sum_stats_over_ranks(std::span<const Example> batch, StepStats& stats) const;
+
   struct Moments {
     Tensor param, m, v;
     bool decay = false;
@@ -100,6 +112,8 @@ class TrainStep {
   Gradients grads_;
   Tensor sums_;  // [parameters] f32 on the model's device: each gradient's sum of squares
   int64_t step_ = 0;
+  Communicator* dp_ = nullptr;
+  Tensor dp_part_;  // all_reduce_sum's scratch
 };
 
 }  // namespace loom

@@ -1,5 +1,7 @@
 #include "engine/model/gradients.h"
 
+#include <algorithm>
+
 #include "core/status.h"
 #include "kernels/elementwise.h"
 
@@ -36,9 +38,34 @@ bool Gradients::set_device(Device device) {
 }
 
 void Gradients::zero() {
-  for (auto& [name, t] : grads_) zero_fill(exec_for(device_), t);
+  if (flat_.defined() && flat_names_ == grads_.size()) {
+    zero_fill(exec_for(device_), flat_);
+  } else {
+    for (auto& [name, t] : grads_) zero_fill(exec_for(device_), t);
+  }
   counts_.clear();
   aux_loss_ = 0.0;
+}
+
+const Tensor& Gradients::flatten(int64_t multiple) {
+  LOOM_CHECK(multiple >= 1, "Gradients::flatten: multiple %lld", static_cast<long long>(multiple));
+  if (flat_.defined() && flat_names_ == grads_.size() && flat_multiple_ == multiple) return flat_;
+  int64_t total = 0;
+  for (const auto& [name, t] : grads_) total += t.numel();
+  total = (total + multiple - 1) / multiple * multiple;
+  Tensor block = Tensor::empty({std::max<int64_t>(total, multiple)}, DType::kF32, device_);
+  zero_fill(exec_for(device_), block);  // the padding; every gradient is copied over its part
+  int64_t at = 0;
+  for (auto& [name, t] : grads_) {
+    Tensor view = block.slice(0, at, at + t.numel()).reshape(t.shape());
+    view.copy_from(t);
+    t = std::move(view);
+    at += t.numel();
+  }
+  flat_ = std::move(block);
+  flat_names_ = grads_.size();
+  flat_multiple_ = multiple;
+  return flat_;
 }
 
 void Gradients::add_expert_counts(const std::string& bias_name,

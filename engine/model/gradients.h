@@ -29,6 +29,13 @@ class Gradients {
   // Sets every gradient to zero (the tensors stay, for the next step) and clears the counts.
   void zero();
 
+  // Moves every gradient into one contiguous f32 block, in name order, zero-padded to a multiple
+  // of `multiple` elements, and returns the block: what a data-parallel step sums over the ranks
+  // in one collective. The values are kept; get() then hands out views into the block, and zero()
+  // fills it in one call. A name first asked for after this gets a tensor of its own until the
+  // next flatten() takes it in (the block is then rebuilt; nothing is rebuilt otherwise).
+  const Tensor& flatten(int64_t multiple);
+
   // The routing of the same pass, for quantile load balancing (trainer/load_balancer.h): tokens
   // routed to each expert, summed over the pass, under the canonical name of the selection bias
   // they tune ("layers.L.moe.router.bias"). MoE layers without a bias report nothing.
@@ -48,6 +55,9 @@ class Gradients {
  private:
   Device device_;
   std::map<std::string, Tensor, std::less<>> grads_;
+  Tensor flat_;             // flatten()'s block, or undefined
+  size_t flat_names_ = 0;   // how many of grads_ live in it (all of them, or it is stale)
+  int64_t flat_multiple_ = 0;
   std::map<std::string, std::vector<int64_t>> counts_;
   float aux_alpha_ = 0.0f;
   double aux_loss_ = 0.0;
