@@ -160,19 +160,31 @@ absl::StatusOr<StepStats> TrainStep::update(double mean) {
     for (auto& [name, c] : counts)
       for (int64_t& n : c) n = static_cast<int64_t>(sum[at++]);
   }
-  // Global norm of the scaled gradient: each parameter's sum of squares on its device, read back
-  // once, summed in the arena's order.
-  std::vector<bool> has_grad(moments_.size(), false);
-  for (size_t i = 0; i < moments_.size(); ++i) {
-    const Tensor* g = grads_.find(moments_[i].first);
-    if (g == nullptr) continue;
-    has_grad[i] = true;
-    sum_of_squares(ex, *g, sums_.slice(0, static_cast<int64_t>(i), static_cast<int64_t>(i) + 1));
-  }
-  const Tensor sums = sums_.to(Device::kCpu);
+  // Global norm of the scaled gradient. When every gradient is a parameter's (always, but for a
+  // caller's stray name), the gradients are one block (Gradients::flatten: also what makes
+  // zero() one fill) and its sum of squares is one reduction; otherwise each parameter's sum is
+  // taken and they are added in the arena's order. One read back either way.
+  size_t with_grad = 0;
+  for (const auto& [name, mo] : moments_) with_grad += grads_.find(name) != nullptr;
   double total = 0;
-  for (size_t i = 0; i < moments_.size(); ++i)
-    if (has_grad[i]) total += sums.data<float>()[i];
+  if (with_grad == grads_.names().size()) {
+    sum_of_squares(ex, grads_.flatten(dp_ != nullptr ? dp_->size() : 1), sums_.slice(0, 0, 1));
+    float sum = 0.0f;
+    download(ex, &sum, sums_.raw(), sizeof(sum));
+    total = sum;
+  } else {
+    std::vector<bool> has_grad(moments_.size(), false);
+    for (size_t i = 0; i < moments_.size(); ++i) {
+      const Tensor* g = grads_.find(moments_[i].first);
+      if (g == nullptr) continue;
+      has_grad[i] = true;
+      sum_of_squares(ex, *g,
+                     sums_.slice(0, static_cast<int64_t>(i), static_cast<int64_t>(i) + 1));
+    }
+    const Tensor sums = sums_.to(Device::kCpu);
+    for (size_t i = 0; i < moments_.size(); ++i)
+      if (has_grad[i]) total += sums.data<float>()[i];
+  }
   stats.grad_norm = std::sqrt(total) * mean;
   double scale = mean;
   if (options_.clip_norm > 0 && stats.grad_norm > options_.clip_norm)

@@ -110,7 +110,7 @@ class TrainStep {
   OptimizerOptions options_;
   std::vector<std::pair<std::string, Moments>> moments_;  // canonical name order of the arena
   Gradients grads_;
-  Tensor sums_;  // [parameters] f32 on the model's device: each gradient's sum of squares
+  Tensor sums_;  // [parameters] f32 on the model's device: the gradients' sums of squares
   int64_t step_ = 0;
   Communicator* dp_ = nullptr;
   Tensor dp_part_;  // all_reduce_sum's scratch
