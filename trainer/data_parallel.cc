@@ -18,8 +18,8 @@ RankShare rank_share(size_t batch, int rank, int size) {
 absl::Status all_reduce_sum(Communicator& comm, const Tensor& flat, Tensor& part) {
   const int64_t size = comm.size();
   if (flat.ndim() != 1 || flat.dtype() != DType::kF32 || flat.numel() % size != 0)
-    return absl::InternalError(absl::StrCat("all_reduce_sum: ", flat.describe(),
-                                            " is not f32 [", size, " * n]"));
+    return absl::InternalError(
+        absl::StrCat("all_reduce_sum: ", flat.describe(), " is not f32 [", size, " * n]"));
   const int64_t n = flat.numel() / size;
   if (!part.defined() || part.numel() != n || part.device() != flat.device())
     part = Tensor::empty({n}, DType::kF32, flat.device());

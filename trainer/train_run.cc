@@ -17,8 +17,8 @@
 #include "engine/model/model.h"
 #include "engine/parallel/rank_group.h"
 #include "engine/parallel/thread_communicator.h"
-#include "nlohmann/json.hpp"
 #include "kernels/exec.h"
+#include "nlohmann/json.hpp"
 #include "trainer/checkpoint.h"
 #include "trainer/stages.h"
 #include "trainer/token_shard.h"
@@ -408,15 +408,15 @@ absl::StatusOr<RunSummary> run_training(const RunConfig& c, std::FILE* progress)
   for (int r = 0; r < c.data_parallel; ++r) {
     const absl::Status ok = device_available(Device::cuda(r));
     if (!ok.ok())
-      return absl::FailedPreconditionError(absl::StrCat(
-          "train: data_parallel ", c.data_parallel, " runs rank ", r, " on cuda:", r, ": ",
-          ok.message()));
+      return absl::FailedPreconditionError(absl::StrCat("train: data_parallel ", c.data_parallel,
+                                                        " runs rank ", r, " on cuda:", r, ": ",
+                                                        ok.message()));
   }
 #ifdef LOOM_WITH_NCCL
   LOOM_ASSIGN_OR_RETURN(const std::string id, nccl_unique_id());
-  LOOM_ASSIGN_OR_RETURN(Rendezvous rv, rendezvous({.nnodes = 1,
-                                                   .local_ranks = c.data_parallel,
-                                                   .world_size = c.data_parallel}));
+  LOOM_ASSIGN_OR_RETURN(
+      Rendezvous rv,
+      rendezvous({.nnodes = 1, .local_ranks = c.data_parallel, .world_size = c.data_parallel}));
   std::vector<int> devices(static_cast<size_t>(c.data_parallel));
   std::iota(devices.begin(), devices.end(), 0);
   LOOM_ASSIGN_OR_RETURN(

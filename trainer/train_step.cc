@@ -178,8 +178,7 @@ absl::StatusOr<StepStats> TrainStep::update(double mean) {
       const Tensor* g = grads_.find(moments_[i].first);
       if (g == nullptr) continue;
       has_grad[i] = true;
-      sum_of_squares(ex, *g,
-                     sums_.slice(0, static_cast<int64_t>(i), static_cast<int64_t>(i) + 1));
+      sum_of_squares(ex, *g, sums_.slice(0, static_cast<int64_t>(i), static_cast<int64_t>(i) + 1));
     }
     const Tensor sums = sums_.to(Device::kCpu);
     for (size_t i = 0; i < moments_.size(); ++i)

@@ -55,8 +55,8 @@ class Gradients {
  private:
   Device device_;
   std::map<std::string, Tensor, std::less<>> grads_;
-  Tensor flat_;             // flatten()'s block, or undefined
-  size_t flat_names_ = 0;   // how many of grads_ live in it (all of them, or it is stale)
+  Tensor flat_;            // flatten()'s block, or undefined
+  size_t flat_names_ = 0;  // how many of grads_ live in it (all of them, or it is stale)
   int64_t flat_multiple_ = 0;
   std::map<std::string, std::vector<int64_t>> counts_;
   float aux_alpha_ = 0.0f;

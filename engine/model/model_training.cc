@@ -181,10 +181,9 @@ absl::StatusOr<std::vector<double>> Model::loss_and_gradients_packed(
   Tensor rows = row_loss != nullptr || b > 1 ? ws.take({n}) : Tensor();
   const Tensor* final_normed = tape.find(-1, "final_normed");
   LOOM_CHECK(final_normed != nullptr, "training: the forward recorded no final_normed");
-  cross_entropy_forward_backward(ex, *final_normed, lm_head_, device_targets, kIgnoreTarget, 1.0f,
-                                 loss, rows, d_normed,
-                                 grads.get("lm_head.weight", lm_head_.shape()), device_weights,
-                                 targets);
+  cross_entropy_forward_backward(
+      ex, *final_normed, lm_head_, device_targets, kIgnoreTarget, 1.0f, loss, rows, d_normed,
+      grads.get("lm_head.weight", lm_head_.shape()), device_weights, targets);
   // 3. The layers, last first.
   Tensor d_embedding = ctx.take({n, d});
   LOOM_RETURN_IF_ERROR(cfg_.attnres_block_size > 0

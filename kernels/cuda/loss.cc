@@ -101,8 +101,8 @@ void cross_entropy_forward_backward(const Exec& ex, const Tensor& hidden, const 
   const bool i64 = targets.dtype() == DType::kI64;
 
   // Validate every target before writing anything (the CPU's words); list the counted rows.
-  const std::vector<int64_t> y = host_targets.defined() ? widen_targets(host_targets)
-                                                       : read_targets(ex, targets);
+  const std::vector<int64_t> y =
+      host_targets.defined() ? widen_targets(host_targets) : read_targets(ex, targets);
   std::vector<int32_t> row_of;
   row_of.reserve(y.size());
   for (int64_t t = 0; t < t_count; ++t) {

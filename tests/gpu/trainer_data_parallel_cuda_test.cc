@@ -29,23 +29,25 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 std::string tmp(const std::string& name) {
-  return (fs::temp_directory_path() / ("trainer_dp_cuda." + std::to_string(::getpid()) + "." + name))
+  return (fs::temp_directory_path() /
+          ("trainer_dp_cuda." + std::to_string(::getpid()) + "." + name))
       .string();
 }
 
 json run(const std::string& out, int ranks) {
-  return {{"model", {{"config", fixtures_dir() + "/kimi_linear_s0/config.json"}, {"seed", 3}}},
-          {"data",
-           {{"task", "mqar"},
-            {"seq_len", 24},
-            {"mqar", {{"num_pairs", 4}, {"num_keys", 64}, {"value_begin", 65}, {"num_values", 64}}}}},
-          {"batch_size", 4},
-          {"steps", 3},
-          {"optimizer", {{"peak_lr", 3e-3}, {"min_lr", 3e-3}, {"warmup_steps", 1}}},
-          {"device", "cuda"},
-          {"out", out},
-          {"seed", 5},
-          {"data_parallel", ranks}};
+  return {
+      {"model", {{"config", fixtures_dir() + "/kimi_linear_s0/config.json"}, {"seed", 3}}},
+      {"data",
+       {{"task", "mqar"},
+        {"seq_len", 24},
+        {"mqar", {{"num_pairs", 4}, {"num_keys", 64}, {"value_begin", 65}, {"num_values", 64}}}}},
+      {"batch_size", 4},
+      {"steps", 3},
+      {"optimizer", {{"peak_lr", 3e-3}, {"min_lr", 3e-3}, {"warmup_steps", 1}}},
+      {"device", "cuda"},
+      {"out", out},
+      {"seed", 5},
+      {"data_parallel", ranks}};
 }
 
 std::vector<json> metrics_of(const std::string& dir) {

@@ -3,6 +3,8 @@
 // one-rank run of the same batches, the oracle: the same first-step loss and routing (its expert
 // counts are summed over the ranks), losses and final weights that stay within f32 summation
 // noise after, and one metrics file and checkpoint written (by rank 0).
+#include "trainer/data_parallel.h"
+
 #include <unistd.h>
 
 #include <cmath>
@@ -16,7 +18,6 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/unit/engine_test_support.h"
-#include "trainer/data_parallel.h"
 #include "trainer/run_config.h"
 #include "trainer/train_run.h"
 
@@ -32,18 +33,19 @@ std::string tmp(const std::string& name) {
 }
 
 json run(const std::string& out, int ranks) {
-  return {{"model",
-           {{"config", loom::testing::kFixtures + "/kimi_linear_s0/config.json"}, {"seed", 3}}},
-          {"data",
-           {{"task", "mqar"},
-            {"seq_len", 24},
-            {"mqar", {{"num_pairs", 4}, {"num_keys", 64}, {"value_begin", 65}, {"num_values", 64}}}}},
-          {"batch_size", 4},
-          {"steps", 3},
-          {"optimizer", {{"peak_lr", 3e-3}, {"min_lr", 3e-3}, {"warmup_steps", 1}}},
-          {"out", out},
-          {"seed", 5},
-          {"data_parallel", ranks}};
+  return {
+      {"model",
+       {{"config", loom::testing::kFixtures + "/kimi_linear_s0/config.json"}, {"seed", 3}}},
+      {"data",
+       {{"task", "mqar"},
+        {"seq_len", 24},
+        {"mqar", {{"num_pairs", 4}, {"num_keys", 64}, {"value_begin", 65}, {"num_values", 64}}}}},
+      {"batch_size", 4},
+      {"steps", 3},
+      {"optimizer", {{"peak_lr", 3e-3}, {"min_lr", 3e-3}, {"warmup_steps", 1}}},
+      {"out", out},
+      {"seed", 5},
+      {"data_parallel", ranks}};
 }
 
 std::vector<json> metrics_of(const std::string& dir) {
