@@ -14,6 +14,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (c->task == "mqar" && !c->mqar.validate().ok()) __builtin_trap();
   if (c->task == "shards" && c->shards.empty()) __builtin_trap();
   if (!c->optimizer.validate().ok()) __builtin_trap();
+  if (c->data_parallel < 1 || c->batch_size % c->data_parallel != 0 ||
+      (c->data_parallel > 1 && c->device.is_cuda() && c->device.index != 0))
+    __builtin_trap();
   if (c->loss_bucket < 1 || c->stage_stability.window < 1 || !(c->stage_stability.tolerance >= 0))
     __builtin_trap();
   for (const loom::StageConfig& s : c->stages) {
