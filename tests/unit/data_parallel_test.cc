@@ -2,7 +2,8 @@
 // and its mistakes; a two-rank run of kimi_linear_s0 (KDA, MLA, a biased MoE router) against the
 // one-rank run of the same batches, the oracle: the same first-step loss and routing (its expert
 // counts are summed over the ranks), losses and final weights that stay within f32 summation
-// noise after, and one metrics file and checkpoint written (by rank 0).
+// noise after, and one metrics file and checkpoint written (by rank 0); a two-rank run resumed
+// from its checkpoint repeats the uninterrupted one exactly.
 #include "trainer/data_parallel.h"
 
 #include <unistd.h>
@@ -170,6 +171,34 @@ TEST(DataParallel, TwoRanksTrainAsOne) {
   EXPECT_LT(worst, 1e-3);
   fs::remove_all(one);
   fs::remove_all(two);
+}
+
+// A two-rank run resumed from its step-2 checkpoint repeats the uninterrupted run's steps 3 and 4
+// exactly (every rank restores the same weights, moments and data position).
+TEST(DataParallel, ResumesExactly) {
+  const std::string whole = tmp("whole"), rest = tmp("rest");
+  fs::remove_all(whole);
+  fs::remove_all(rest);
+  json j = run(whole, 2);
+  j["steps"] = 4;
+  j["checkpoint_every"] = 2;
+  auto a = run_training(*parse_run_config(j.dump()), nullptr);
+  ASSERT_TRUE(a.ok()) << a.status();
+  json r = run(rest, 2);
+  r["model"] = {{"checkpoint", (fs::path(whole) / "checkpoint-2").string()}};
+  r["steps"] = 2;
+  r["optimizer"]["total_steps"] = 4;
+  auto b = run_training(*parse_run_config(r.dump()), nullptr);
+  ASSERT_TRUE(b.ok()) << b.status();
+  const std::vector<json> ma = metrics_of(whole), mb = metrics_of(rest);
+  ASSERT_EQ(ma.size(), 4u);
+  ASSERT_EQ(mb.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(mb[i]["loss"].get<double>(), ma[2 + i]["loss"].get<double>()) << "step " << 3 + i;
+    EXPECT_EQ(mb[i]["grad_norm"].get<double>(), ma[2 + i]["grad_norm"].get<double>());
+  }
+  fs::remove_all(whole);
+  fs::remove_all(rest);
 }
 
 }  // namespace
