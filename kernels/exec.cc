@@ -133,6 +133,19 @@ void download_async(const Exec& ex, void* dst, const void* src, size_t bytes) {
 #endif
 }
 
+void copy_async(const Exec& ex, void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  if (ex.device.is_cpu()) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#ifdef LOOM_WITH_CUDA
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda::stream_of(ex)));
+#else
+  no_kernel_for(ex, "copy_async");
+#endif
+}
+
 void synchronize(const Exec& ex) {
   if (ex.device.is_cpu()) return;
 #ifdef LOOM_WITH_CUDA

@@ -79,6 +79,9 @@ void download(const Exec& ex, void* dst, const void* src, size_t bytes);
 // memcpy). On a GPU `dst` must be page-locked (core/allocator.h's allocate_transfer_buffer), or
 // the copy is staged and synchronous.
 void download_async(const Exec& ex, void* dst, const void* src, size_t bytes);
+// Copy of `bytes` between two buffers on ex.device, enqueued on `ex`'s stream after everything
+// enqueued before it (a memcpy on the host): no allocation, no synchronisation.
+void copy_async(const Exec& ex, void* dst, const void* src, size_t bytes);
 // Waits until everything enqueued on `ex`'s stream has finished (nothing to wait for on the host).
 void synchronize(const Exec& ex);
 

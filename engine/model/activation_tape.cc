@@ -11,9 +11,20 @@ bool ActivationTape::wants(std::string_view name) const {
   return names_.empty() || std::find(names_.begin(), names_.end(), name) != names_.end();
 }
 
+void ActivationTape::keep_in(const Exec& ex, Workspace* memory) {
+  exec_ = ex;
+  memory_ = memory;
+}
+
 void ActivationTape::record(int layer, std::string_view name, const Tensor& value) {
   if (!wants(name)) return;
-  Tensor copy = value.clone();
+  Tensor copy;
+  if (memory_ != nullptr && value.is_contiguous() && value.device() == memory_->device()) {
+    copy = memory_->take(value.shape(), value.dtype());
+    copy_async(*exec_, copy.raw(), value.raw(), value.nbytes());
+  } else {
+    copy = value.clone();
+  }
   auto [it, inserted] =
       index_.try_emplace(std::make_pair(layer, std::string(name)), entries_.size());
   if (inserted) {

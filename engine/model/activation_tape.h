@@ -15,12 +15,15 @@
 //   (-1, "final_normed")  [N, D] the final normalised hidden state of every row
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "core/tensor.h"
+#include "core/workspace.h"
+#include "kernels/exec.h"
 
 namespace loom {
 
@@ -28,6 +31,12 @@ class ActivationTape {
  public:
   // Keeps the named tensors only; no names: keeps everything recorded.
   explicit ActivationTape(std::vector<std::string> names = {});
+
+  // Where record() keeps its copies: by default each is a tensor of its own (an allocation and a
+  // synchronising copy on a GPU); with this, views taken from `memory` (which must outlive the
+  // records and not be reset while they are read) filled by an asynchronous copy on `ex`'s stream,
+  // what a training step does so that its forward never waits for the GPU.
+  void keep_in(const Exec& ex, Workspace* memory);
 
   // Whether record() keeps `name` (layers skip the copy otherwise).
   bool wants(std::string_view name) const;
@@ -48,6 +57,8 @@ class ActivationTape {
 
  private:
   std::vector<std::string> names_;
+  std::optional<Exec> exec_;     // keep_in's
+  Workspace* memory_ = nullptr;  // keep_in's
   std::vector<Entry> entries_;
   absl::flat_hash_map<std::pair<int, std::string>, size_t> index_;
 };

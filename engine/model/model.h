@@ -173,17 +173,22 @@ class Model {
   std::unique_ptr<ParameterArena> arena_;  // owns every tensor above (and the layers')
   Placement placement_;
   bool tf32_matmul_ = false;  // set_tf32_matmul
-  // loss_and_gradients' step memory (its forward's and its backward's workspaces and step data),
-  // kept from call to call so that a step stops allocating once the first one has set the
-  // high-water marks: each cudaMalloc and cudaFree synchronises the GPU, and a synchronisation
-  // leaves it idle while the host queues the next kernels. A call that finds them in use by
-  // another thread takes fresh ones.
+  // loss_and_gradients' step memory (its forward's and its backward's workspaces and step data,
+  // the activation tape's copies), kept from call to call so that a step stops allocating once
+  // the first one has set the high-water marks: each cudaMalloc and cudaFree synchronises the
+  // GPU, and a synchronisation leaves it idle while the host queues the next kernels. A call that
+  // finds them in use by another thread takes fresh ones.
   // A packed call's forward also keeps its cache store (slot s and page s for sequence s), grown
   // when a call has more or longer sequences than it holds.
   struct TrainingMemory {
     explicit TrainingMemory(Device device)
-        : forward(device), backward(device), forward_step(device), backward_step(device) {}
+        : forward(device),
+          backward(device),
+          tape(device),
+          forward_step(device),
+          backward_step(device) {}
     Workspace forward, backward;
+    Workspace tape;  // the activation tape's copies (ActivationTape::keep_in)
     StepData forward_step, backward_step;
     std::unique_ptr<CacheStore> store;
   };

@@ -120,6 +120,8 @@ absl::StatusOr<std::vector<double>> Model::loss_and_gradients_packed(
                             .pages = std::span<const int32_t>(&page_ids[s], 1)});
   }
   ActivationTape tape;
+  memory->tape.reset();  // grows the block to the last call's high-water mark
+  tape.keep_in(exec_for(device, &memory->tape), &memory->tape);
   LOOM_RETURN_IF_ERROR(forward(batch, &tape).status());
 
   // The backward's own step: the sequences' rows from position 0, its step data built on the

@@ -140,6 +140,36 @@ TEST(ActivationTape, KeepsOnlyTheNamesAskedFor) {
   EXPECT_EQ(ffn_only.find(0, "ffn_in"), nullptr);
 }
 
+// keep_in: the records are views of the given workspace (no tensor of their own), hold what a
+// tape without it holds, and a strided value still gets a copy of its own.
+TEST(ActivationTape, KeepsItsCopiesInAWorkspace) {
+  auto loaded = Model::load(loom::testing::kFixtures + "/kimi_linear_s1");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const Model& model = **loaded;
+  const std::vector<int32_t> ids = random_tokens(19, model.config().vocab_size, 5);
+  ActivationTape own, kept;
+  Workspace memory(Device::kCpu, size_t{64} << 20);
+  kept.keep_in(exec_for(Device::kCpu, &memory), &memory);
+  prefill(model, ids, &own);
+  prefill(model, ids, &kept);
+  ASSERT_EQ(kept.entries().size(), own.entries().size());
+  const Tensor probe = memory.take({1});  // the next view: after every record
+  for (const ActivationTape::Entry& e : kept.entries()) {
+    const std::string what = e.name + " of layer " + std::to_string(e.layer);
+    expect_equal(e.value, *own.find(e.layer, e.name), what);
+    EXPECT_LT(static_cast<const char*>(e.value.raw()), static_cast<const char*>(probe.raw()))
+        << what << " is not in the workspace";
+  }
+  EXPECT_EQ(memory.overflow_allocations(), 0u);
+  const Tensor wide = Tensor::full({4, 6}, 2.5f);
+  kept.record(7, "strided", wide.slice(1, 1, 3));
+  const Tensor* strided = kept.find(7, "strided");
+  ASSERT_NE(strided, nullptr);
+  EXPECT_EQ(strided->shape(), (Shape{4, 2}));
+  EXPECT_TRUE(strided->is_contiguous());
+  EXPECT_EQ(strided->data<float>()[7], 2.5f);
+}
+
 TEST(ActivationTape, RecordsSublayerInputsUnderBlockAttentionResiduals) {
   auto cfg = load_model_config(loom::testing::kFixtures + "/kimi_linear_s1");
   ASSERT_TRUE(cfg.ok()) << cfg.status();
