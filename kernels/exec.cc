@@ -92,58 +92,49 @@ Exec exec_for(Device device, Workspace* workspace) {
 #endif
 }
 
-void upload_async(const Exec& ex, void* dst, const void* src, size_t bytes) {
+namespace {
+
+enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
+
+// The stream-ordered copies below: a memcpy on the host, cudaMemcpyAsync on ex's stream on a GPU,
+// followed by a wait for the stream when `wait`.
+void copy_on_stream(const Exec& ex, void* dst, const void* src, size_t bytes, CopyKind kind,
+                    bool wait, const char* op) {
   if (bytes == 0) return;
   if (ex.device.is_cpu()) {
     std::memcpy(dst, src, bytes);
     return;
   }
 #ifdef LOOM_WITH_CUDA
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cuda::stream_of(ex)));
+  const cudaMemcpyKind k = kind == CopyKind::kHostToDevice   ? cudaMemcpyHostToDevice
+                           : kind == CopyKind::kDeviceToHost ? cudaMemcpyDeviceToHost
+                                                             : cudaMemcpyDeviceToDevice;
+  const cudaStream_t stream = cuda::stream_of(ex);
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, k, stream));
+  if (wait) LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
 #else
-  no_kernel_for(ex, "upload_async");
+  (void)kind;
+  (void)wait;
+  no_kernel_for(ex, op);
 #endif
+}
+
+}  // namespace
+
+void upload_async(const Exec& ex, void* dst, const void* src, size_t bytes) {
+  copy_on_stream(ex, dst, src, bytes, CopyKind::kHostToDevice, false, "upload_async");
 }
 
 void download(const Exec& ex, void* dst, const void* src, size_t bytes) {
-  if (bytes == 0) return;
-  if (ex.device.is_cpu()) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
-#ifdef LOOM_WITH_CUDA
-  const cudaStream_t stream = cuda::stream_of(ex);
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream));
-  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
-#else
-  no_kernel_for(ex, "download");
-#endif
+  copy_on_stream(ex, dst, src, bytes, CopyKind::kDeviceToHost, true, "download");
 }
 
 void download_async(const Exec& ex, void* dst, const void* src, size_t bytes) {
-  if (bytes == 0) return;
-  if (ex.device.is_cpu()) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
-#ifdef LOOM_WITH_CUDA
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cuda::stream_of(ex)));
-#else
-  no_kernel_for(ex, "download_async");
-#endif
+  copy_on_stream(ex, dst, src, bytes, CopyKind::kDeviceToHost, false, "download_async");
 }
 
 void copy_async(const Exec& ex, void* dst, const void* src, size_t bytes) {
-  if (bytes == 0) return;
-  if (ex.device.is_cpu()) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
-#ifdef LOOM_WITH_CUDA
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda::stream_of(ex)));
-#else
-  no_kernel_for(ex, "copy_async");
-#endif
+  copy_on_stream(ex, dst, src, bytes, CopyKind::kDeviceToDevice, false, "copy_async");
 }
 
 void synchronize(const Exec& ex) {

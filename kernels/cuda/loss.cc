@@ -63,22 +63,9 @@ std::vector<int64_t> widen_targets(const Tensor& host) {
 
 // The targets on the host, widened to i64 (one device-to-host copy and a synchronisation).
 std::vector<int64_t> read_targets(const Exec& ex, const Tensor& targets) {
-  const int64_t n = targets.numel();
-  std::vector<int64_t> out(static_cast<size_t>(n));
-  if (n == 0) return out;
-  cudaStream_t s = stream_of(ex);
-  if (targets.dtype() == DType::kI64) {
-    LOOM_CUDA_CHECK(
-        cudaMemcpyAsync(out.data(), targets.raw(), targets.nbytes(), cudaMemcpyDeviceToHost, s));
-    LOOM_CUDA_CHECK(cudaStreamSynchronize(s));
-  } else {
-    std::vector<int32_t> narrow(static_cast<size_t>(n));
-    LOOM_CUDA_CHECK(
-        cudaMemcpyAsync(narrow.data(), targets.raw(), targets.nbytes(), cudaMemcpyDeviceToHost, s));
-    LOOM_CUDA_CHECK(cudaStreamSynchronize(s));
-    std::copy(narrow.begin(), narrow.end(), out.begin());
-  }
-  return out;
+  Tensor host = Tensor::empty(targets.shape(), targets.dtype());
+  download(ex, host.raw(), targets.raw(), targets.nbytes());
+  return widen_targets(host);
 }
 
 }  // namespace
