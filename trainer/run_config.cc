@@ -206,8 +206,44 @@ absl::Status read_balance(const json& j, OptimizerOptions& opt) {
   return absl::OkStatus();
 }
 
+// A stage's "mix": [{"task", "weight"}, ...] over data.mix's tasks: each listed at most once,
+// weights in [0, 1e6] (a task left out weighs 0), at least one above 0. Into weights, in data.mix's
+// order.
+absl::Status read_stage_mix(const json& list, const std::string& where,
+                            const std::vector<TaskWeight>& run_mix, std::vector<double>& weights) {
+  if (run_mix.empty()) return bad(where, "only for data.task mix");
+  if (!list.is_array() || list.empty() || list.size() > run_mix.size())
+    return bad(where, absl::StrCat("must be a list of 1 to ", run_mix.size(),
+                                   " {\"task\", \"weight\"} entries over data.mix's tasks"));
+  weights.assign(run_mix.size(), 0.0);
+  std::vector<bool> seen(run_mix.size(), false);
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string at = absl::StrCat(where, "[", i, "]");
+    LOOM_RETURN_IF_ERROR(only_keys(list[i], at, {"task", "weight"}));
+    if (!list[i].contains("task")) return bad(at + ".task", "required");
+    if (!list[i].contains("weight")) return bad(at + ".weight", "required");
+    std::string task;
+    double weight = 0;
+    LOOM_RETURN_IF_ERROR(read(list[i], "task", at, task));
+    LOOM_RETURN_IF_ERROR(read(list[i], "weight", at, weight));
+    size_t k = 0;
+    while (k < run_mix.size() && run_mix[k].task != task) ++k;
+    if (k == run_mix.size())
+      return bad(at + ".task", absl::StrCat("'", task, "' is not in data.mix"));
+    if (seen[k]) return bad(at + ".task", absl::StrCat("'", task, "' twice"));
+    if (!std::isfinite(weight) || weight < 0 || weight > 1e6)
+      return bad(at + ".weight", absl::StrCat(weight, " is outside [0, 1e6]"));
+    seen[k] = true;
+    weights[k] = weight;
+  }
+  bool any = false;
+  for (double w : weights) any = any || w > 0;
+  if (!any) return bad(where, "every weight is 0: the stage would draw no examples");
+  return absl::OkStatus();
+}
+
 // "stages": [{"seq_len", "rope_theta", "min_steps", "max_steps", "mqar", "tool_dialogue",
-// "passkey"}, ...] and
+// "passkey", "mix"}, ...] and
 // "stage_stability": {"window", "tolerance"}.
 absl::Status read_stages(const json& j, RunConfig& c) {
   if (j.contains("stage_stability")) {
@@ -227,9 +263,9 @@ absl::Status read_stages(const json& j, RunConfig& c) {
   for (size_t i = 0; i < list.size(); ++i) {
     const std::string where = absl::StrCat("stages[", i, "]");
     const json& o = list[i];
-    LOOM_RETURN_IF_ERROR(only_keys(
-        o, where,
-        {"seq_len", "rope_theta", "min_steps", "max_steps", "mqar", "tool_dialogue", "passkey"}));
+    LOOM_RETURN_IF_ERROR(only_keys(o, where,
+                                   {"seq_len", "rope_theta", "min_steps", "max_steps", "mqar",
+                                    "tool_dialogue", "passkey", "mix"}));
     StageConfig s;
     if (!o.contains("seq_len")) return bad(where + ".seq_len", "required");
     if (!o.contains("max_steps")) return bad(where + ".max_steps", "required");
@@ -272,6 +308,8 @@ absl::Status read_stages(const json& j, RunConfig& c) {
         if (!ok.ok()) return bad(where + ".passkey", std::string(ok.message()));
       }
     }
+    if (o.contains("mix"))
+      LOOM_RETURN_IF_ERROR(read_stage_mix(o["mix"], where + ".mix", c.mix, s.mix_weights));
     c.stages.push_back(s);
   }
   return absl::OkStatus();

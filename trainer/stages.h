@@ -22,6 +22,9 @@ struct StageConfig {
   MqarOptions mqar;                   // task mqar: data.mqar with the stage's overrides and seq_len
   ToolDialogueOptions tool_dialogue;  // task tool_dialogue: data.tool_dialogue with the overrides
   PasskeyTrainOptions passkey;        // task passkey: data.passkey with the overrides
+  // Task mix: this stage's weight of each task of data.mix, in its order (0: not drawn in this
+  // stage); empty: data.mix's weights.
+  std::vector<double> mix_weights;
 };
 
 // "Stable": the relative change between the mean loss of the last `window` steps and that of the

@@ -282,10 +282,16 @@ absl::StatusOr<RunSummary> train_rank(const RunConfig& c, std::FILE* progress, C
     summary.last_checkpoint = dir;
     return absl::OkStatus();
   };
-  // data.task mix: each example's task, in proportion to the weights.
+  // data.task mix: each example's task, in proportion to the weights (a stage's own, if it has
+  // them).
   std::vector<double> weights;
   for (const TaskWeight& t : c.mix) weights.push_back(t.weight);
-  std::discrete_distribution<size_t> mix_pick(weights.begin(), weights.end());
+  std::vector<std::discrete_distribution<size_t>> mix_picks(
+      1, std::discrete_distribution<size_t>(weights.begin(), weights.end()));
+  for (const StageConfig& s : c.stages)
+    mix_picks.push_back(s.mix_weights.empty() ? mix_picks[0]
+                                              : std::discrete_distribution<size_t>(
+                                                    s.mix_weights.begin(), s.mix_weights.end()));
   const auto start = std::chrono::steady_clock::now();
   int64_t tokens = 0;
   bool done = false;
@@ -294,6 +300,7 @@ absl::StatusOr<RunSummary> train_rank(const RunConfig& c, std::FILE* progress, C
     const MqarOptions& mqar = staged ? c.stages[stage].mqar : c.mqar;
     const ToolDialogueOptions& tool = staged ? c.stages[stage].tool_dialogue : c.tool_dialogue;
     const PasskeyTrainOptions& passkey = staged ? c.stages[stage].passkey : c.passkey;
+    std::discrete_distribution<size_t>& mix_pick = mix_picks[staged ? stage + 1 : 0];
     std::vector<Example> batch;
     for (int b = 0; b < c.batch_size; ++b) {
       const std::string& task = c.task == "mix" ? c.mix[mix_pick(rng)].task : c.task;

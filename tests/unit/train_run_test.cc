@@ -19,6 +19,8 @@
 #include "nlohmann/json.hpp"
 #include "tests/unit/engine_test_support.h"
 #include "trainer/run_config.h"
+#include "trainer/stages.h"
+#include "trainer/synthetic_tasks.h"
 #include "trainer/token_shard.h"
 #include "trainer/tool_dialogues.h"
 #include "weights/model_config.h"
@@ -379,6 +381,75 @@ TEST(TrainRun, ToolDialogueStagesDrawTheirOwnMix) {
   }
   EXPECT_EQ(step, 4);
   EXPECT_TRUE(longer) << "the second stage drew no multi-exchange dialogue; the check is empty";
+  fs::remove_all(out);
+}
+
+// A stage's own mix: the first stage draws only tool dialogues, the second only passkeys (the
+// dialogue's weight 0), and every step's token count is what those draws give from the run's seed.
+TEST(TrainRun, MixStagesDrawTheirOwnTasks) {
+  const std::string out = tmp("mix_stages");
+  json j = tool_run(out);
+  j["data"]["task"] = "mix";
+  j["data"]["mix"] = {{{"task", "passkey"}, {"weight", 1}},
+                      {{"task", "tool_dialogue"}, {"weight", 1}}};
+  j["stages"] = {
+      {{"seq_len", 1024}, {"max_steps", 2}, {"mix", {{{"task", "tool_dialogue"}, {"weight", 1}}}}},
+      {{"seq_len", 512},
+       {"max_steps", 2},
+       {"mix",
+        {{{"task", "passkey"}, {"weight", 2}}, {{"task", "tool_dialogue"}, {"weight", 0}}}}}};
+  j["checkpoint_every"] = 0;
+  j["optimizer"]["warmup_steps"] = 0;
+  auto cfg = parse_run_config(j.dump());
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->stages[0].mix_weights, (std::vector<double>{0, 1}));
+  EXPECT_EQ(cfg->stages[1].mix_weights, (std::vector<double>{2, 0}));
+  ASSERT_TRUE(run_training(*cfg, nullptr).ok());
+  const auto tok = Tokenizer::byte_level();
+  std::mt19937_64 rng(7);
+  std::ifstream f(fs::path(out) / "metrics.jsonl");
+  std::string line;
+  int step = 0;
+  while (std::getline(f, line)) {
+    const json m = json::parse(line);
+    const StageConfig& stage = cfg->stages[step < 2 ? 0 : 1];
+    std::discrete_distribution<size_t> pick(stage.mix_weights.begin(), stage.mix_weights.end());
+    int64_t want = 0;
+    for (int b = 0; b < 2; ++b) {
+      const size_t task = pick(rng);
+      ASSERT_EQ(task, step < 2 ? 1u : 0u) << "step " << step + 1;
+      absl::StatusOr<Example> ex =
+          task == 1 ? make_tool_dialogue_example(*tok, ChatFormat::kNative,
+                                                 make_tool_dialogue(stage.tool_dialogue, rng))
+                    : draw_passkey(*tok, stage.passkey, stage.seq_len, rng);
+      ASSERT_TRUE(ex.ok()) << ex.status();
+      want += static_cast<int64_t>(ex->tokens.size());
+    }
+    EXPECT_EQ(m["tokens"].get<int64_t>(), want) << "step " << step + 1;
+    ++step;
+  }
+  EXPECT_EQ(step, 4);
+  // What a stage's mix may not be.
+  for (const auto& [mix, field] : std::vector<std::pair<json, std::string>>{
+           {{{{"task", "mqar"}, {"weight", 1}}}, "stages[0].mix[0].task"},
+           {{{{"task", "passkey"}, {"weight", 0}}}, "stages[0].mix"},
+           {{{{"task", "passkey"}, {"weight", -1}}}, "stages[0].mix[0].weight"},
+           {{{{"task", "passkey"}}}, "stages[0].mix[0].weight"},
+           {{{{"task", "passkey"}, {"weight", 1}}, {{"task", "passkey"}, {"weight", 1}}},
+            "stages[0].mix[1].task"},
+           {json::array(), "stages[0].mix"}}) {
+    json bad = j;
+    bad["stages"][0]["mix"] = mix;
+    const auto r = parse_run_config(bad.dump());
+    ASSERT_FALSE(r.ok()) << mix.dump();
+    EXPECT_NE(r.status().message().find(field), std::string::npos) << r.status();
+  }
+  json not_mix = tool_run(out);
+  not_mix["stages"] = {
+      {{"seq_len", 1024}, {"max_steps", 1}, {"mix", {{{"task", "tool_dialogue"}, {"weight", 1}}}}}};
+  const auto r = parse_run_config(not_mix.dump());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("only for data.task mix"), std::string::npos) << r.status();
   fs::remove_all(out);
 }
 
