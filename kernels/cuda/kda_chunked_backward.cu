@@ -44,6 +44,39 @@ constexpr int kThreads = 512;
 
 __host__ __device__ inline int64_t chunks_of(int64_t T) { return (T + kC - 1) / kC; }
 
+// The block's 512 threads over a tile of at most 64 x 64 outputs, rows [0, rows) and columns
+// [n0, cols): each thread has rows ty + 32 r (r < 2) and columns n0 + tx + 16 c (c < 4), with
+// ty = tid / 16 and tx = tid % 16, and loads its operands from rows and columns clamped into range
+// (what those give is dropped). A thread then loads 2 + 4 operands a term for 8 outputs, where
+// a thread per output loaded 2 or more a term: the chunk's products are bound by shared-memory and
+// L1 load instructions, not by arithmetic. Each output still sums its terms in ascending order,
+// one fused multiply-add (or the same rounded operations) each, so the bits are the per-output
+// loops'. In a lower-triangular product (column <= row), the pieces r = 0, c >= 2 (columns from
+// 32 on, rows below 32) are never inside: upper() names them.
+struct OutputQuad {
+  static constexpr int kRows = 2, kCols = 4;
+  int row[kRows], col[kCols];    // the outputs
+  int lrow[kRows], lcol[kCols];  // where their operands are loaded from
+  __device__ OutputQuad(int64_t rows, int64_t n0, int64_t cols) {
+    const int ty = static_cast<int>(threadIdx.x) / 16, tx = static_cast<int>(threadIdx.x) % 16;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      row[r] = ty + 32 * r;
+      lrow[r] = row[r] < rows ? row[r] : static_cast<int>(rows) - 1;
+    }
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      col[c] = static_cast<int>(n0) + tx + 16 * c;
+      lcol[c] = col[c] < cols ? col[c] : static_cast<int>(cols) - 1;
+    }
+  }
+  __device__ bool inside(int r, int c, int64_t rows, int64_t cols) const {
+    return row[r] < rows && col[c] < cols;
+  }
+  static __device__ constexpr bool upper(int r, int c) { return r == 0 && c >= 2; }
+};
+static_assert(kThreads == 512 && kC == 64, "OutputQuad covers 64 x 64 outputs with 512 threads");
+
 // One value head's chunk buffers (f64 ones first, so every region stays 8-byte aligned). The tiles
 // the chunk's loops read across rows (Q, K, gd with row stride rk; VW, U, dO, dR and the state's
 // rows S0, dS with row stride rv) either sit in global scratch (rk = dk, rv = dv) or, when they
@@ -227,32 +260,65 @@ __device__ void recompute_chunk(const KdaBackwardArgs& a, const HeadWork& w, int
     w.Ke[idx] = w.K[r] * e;
     w.Kend[idx] = w.K[r] * exp_le0(gl[c] - w.gd[r]);
   }
-  // A_ts (s < t) and P_ts (s <= t), element by element.
-  for (int64_t idx = tid; idx < L * L; idx += nt) {
-    const int64_t t = idx / L, s = idx % L;
-    float av = 0.0f, pv = 0.0f;
-    if (s <= t) {
-      const float* kt = w.K + t * rk;
-      const float* qt = w.Q + t * rk;
-      const float* ks = w.K + s * rk;
-      const double* gt = w.gd + t * rk;
-      const double* gs = w.gd + s * rk;
-      for (int64_t c = 0; c < dk; ++c) {
-        const float ke = ks[c] * exp_le0(gt[c] - gs[c]);
-        av += kt[c] * ke;
-        pv += qt[c] * ke;
+  // A_ts (s < t) and P_ts (s <= t): rows t, columns s (a pair s > t may overflow; it is dropped).
+  {
+    const OutputQuad o(L, 0, L);
+    float av[2][4] = {}, pv[2][4] = {};
+    for (int64_t c = 0; c < dk; ++c) {
+      float kt[2], qt[2], ks[4];
+      double gt[2], gs[4];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        kt[r] = w.K[o.lrow[r] * rk + c];
+        qt[r] = w.Q[o.lrow[r] * rk + c];
+        gt[r] = w.gd[o.lrow[r] * rk + c];
       }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        ks[j] = w.K[o.lcol[j] * rk + c];
+        gs[j] = w.gd[o.lcol[j] * rk + c];
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if (OutputQuad::upper(r, j)) continue;
+          const float ke = ks[j] * exp_le0(gt[r] - gs[j]);
+          av[r][j] += kt[r] * ke;
+          pv[r][j] += qt[r] * ke;
+        }
     }
-    w.A[t * kC + s] = s < t ? av : 0.0f;
-    if (want_p) w.P[t * kC + s] = pv;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (!o.inside(r, j, L, L)) continue;
+        const int t = o.row[r], s = o.col[j];
+        w.A[t * kC + s] = s < t ? av[r][j] : 0.0f;
+        if (want_p) w.P[t * kC + s] = s <= t ? pv[r][j] : 0.0f;
+      }
   }
   __syncthreads();
   // VW = V - Ke S0.
-  for (int64_t idx = tid; idx < L * dv; idx += nt) {
-    const int64_t t = idx / dv, j = idx % dv;
-    float acc = 0.0f;
-    for (int64_t i = 0; i < dk; ++i) acc += w.Ke[t * dk + i] * w.S0[i * rv + j];
-    w.VW[t * rv + j] -= acc;
+  for (int64_t n0 = 0; n0 < dv; n0 += kC) {
+    const OutputQuad o(L, n0, dv);
+    float acc[2][4] = {};
+    for (int64_t i = 0; i < dk; ++i) {
+      float x[2], y[4];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) x[r] = w.Ke[o.lrow[r] * dk + i];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) y[j] = w.S0[i * rv + o.lcol[j]];
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[r][j] += x[r] * y[j];
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (o.inside(r, j, L, dv)) w.VW[o.row[r] * rv + o.col[j]] -= acc[r][j];
   }
   __syncthreads();
   // U_t = beta_t (VW_t - sum_{s < t} A_ts U_s), 16 rows at a time: the earlier rows' share for the
@@ -290,13 +356,38 @@ __device__ void backward_chunk(const KdaBackwardArgs& a, const HeadWork& w, int6
     w.dO[t * rv + j] = a.d_out[((t0 + t) * a.Hv + h) * dv + j];
   }
   __syncthreads();
-  // dU = P^T dO + Kend dS_L, into dR.
-  for (int64_t idx = tid; idx < L * dv; idx += nt) {
-    const int64_t s = idx / dv, j = idx % dv;
-    float acc = 0.0f;
-    for (int64_t t = s; t < L; ++t) acc += w.P[t * kC + s] * w.dO[t * rv + j];
-    for (int64_t i = 0; i < dk; ++i) acc += w.Kend[s * dk + i] * w.dS[i * rv + j];
-    w.dR[s * rv + j] = acc;
+  // dU = P^T dO + Kend dS_L, into dR: rows s, columns j. P_ts is zero for t < s, and the terms
+  // from t = (the thread's first row) on add zeros to row s + 32 until t reaches it: the same bits.
+  for (int64_t n0 = 0; n0 < dv; n0 += kC) {
+    const OutputQuad o(L, n0, dv);
+    float acc[2][4] = {};
+    for (int64_t t = o.lrow[0]; t < L; ++t) {
+      float x[2], y[4];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) x[r] = w.P[t * kC + o.lrow[r]];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) y[j] = w.dO[t * rv + o.lcol[j]];
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[r][j] += x[r] * y[j];
+    }
+    for (int64_t i = 0; i < dk; ++i) {
+      float x[2], y[4];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) x[r] = w.Kend[o.lrow[r] * dk + i];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) y[j] = w.dS[i * rv + o.lcol[j]];
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[r][j] += x[r] * y[j];
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (o.inside(r, j, L, dv)) w.dR[o.row[r] * rv + o.col[j]] = acc[r][j];
   }
   __syncthreads();
   // dR_s = dU_s - sum_{t > s} beta_t A_ts dR_t, 16 rows at a time, last first.
@@ -317,18 +408,38 @@ __device__ void backward_chunk(const KdaBackwardArgs& a, const HeadWork& w, int6
       }
     __syncthreads();
   }
-  // dP_ts = dO_t . U_s (s <= t), dAp_ts = dR_t . U_s (s < t), into dP (P's buffer) and dA.
-  for (int64_t idx = tid; idx < L * L; idx += nt) {
-    const int64_t t = idx / L, s = idx % L;
-    float p = 0.0f, ap = 0.0f;
-    if (s <= t)
-      for (int64_t j = 0; j < dv; ++j) {
-        const float u = w.U[s * rv + j];
-        p += w.dO[t * rv + j] * u;
-        ap += w.dR[t * rv + j] * u;
+  // dP_ts = dO_t . U_s (s <= t), dAp_ts = dR_t . U_s (s < t), into dP (P's buffer) and dA: rows t,
+  // columns s.
+  {
+    const OutputQuad o(L, 0, L);
+    float p[2][4] = {}, ap[2][4] = {};
+    for (int64_t j = 0; j < dv; ++j) {
+      float xo[2], xr[2], u[4];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        xo[r] = w.dO[o.lrow[r] * rv + j];
+        xr[r] = w.dR[o.lrow[r] * rv + j];
       }
-    w.dP[t * kC + s] = p;
-    w.dA[t * kC + s] = s < t ? ap : 0.0f;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) u[c] = w.U[o.lcol[c] * rv + j];
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          if (OutputQuad::upper(r, c)) continue;
+          p[r][c] += xo[r] * u[c];
+          ap[r][c] += xr[r] * u[c];
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        if (!o.inside(r, c, L, L)) continue;
+        const int t = o.row[r], s = o.col[c];
+        w.dP[t * kC + s] = s <= t ? p[r][c] : 0.0f;
+        w.dA[t * kC + s] = s < t ? ap[r][c] : 0.0f;
+      }
   }
   __syncthreads();
   // dbeta_t = dR_t . VW_t - sum_{s < t} dAp_ts A_ts.
@@ -351,19 +462,56 @@ __device__ void backward_chunk(const KdaBackwardArgs& a, const HeadWork& w, int6
     a.dv_out[((t0 + t) * a.Hv + h) * dv + j] = r;
   }
   __syncthreads();
-  // dQe = dO S0^T, mKe = (beta dR) S0^T = -dKe, dKend = U dS_L^T, and sd_i = S0_i . dS_L,i.
-  for (int64_t idx = tid; idx < L * dk; idx += nt) {
-    const int64_t t = idx / dk, i = idx % dk;
-    float q = 0.0f, k = 0.0f, e = 0.0f;
+  // dQe = dO S0^T, mKe = (beta dR) S0^T = -dKe (rows t, columns i), then dKend = U dS_L^T, and
+  // sd_i = S0_i . dS_L,i.
+  for (int64_t n0 = 0; n0 < dk; n0 += kC) {
+    const OutputQuad o(L, n0, dk);
+    float q[2][4] = {}, k[2][4] = {};
     for (int64_t j = 0; j < dv; ++j) {
-      const float s0 = w.S0[i * rv + j];
-      q += w.dO[t * rv + j] * s0;
-      k += w.dR[t * rv + j] * s0;
-      e += w.U[t * rv + j] * w.dS[i * rv + j];
+      float xo[2], xr[2], s0[4];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        xo[r] = w.dO[o.lrow[r] * rv + j];
+        xr[r] = w.dR[o.lrow[r] * rv + j];
+      }
+#pragma unroll
+      for (int c = 0; c < 4; ++c) s0[c] = w.S0[o.lcol[c] * rv + j];
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          q[r][c] += xo[r] * s0[c];
+          k[r][c] += xr[r] * s0[c];
+        }
     }
-    w.dQe[idx] = q;
-    w.mKe[idx] = k;
-    w.dKend[idx] = e;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (o.inside(r, c, L, dk)) {
+          w.dQe[o.row[r] * dk + o.col[c]] = q[r][c];
+          w.mKe[o.row[r] * dk + o.col[c]] = k[r][c];
+        }
+  }
+  for (int64_t n0 = 0; n0 < dk; n0 += kC) {
+    const OutputQuad o(L, n0, dk);
+    float e[2][4] = {};
+    for (int64_t j = 0; j < dv; ++j) {
+      float xu[2], ds[4];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) xu[r] = w.U[o.lrow[r] * rv + j];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) ds[c] = w.dS[o.lcol[c] * rv + j];
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) e[r][c] += xu[r] * ds[c];
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (o.inside(r, c, L, dk)) w.dKend[o.row[r] * dk + o.col[c]] = e[r][c];
   }
   for (int64_t i = tid; i < dk; i += nt) {
     double acc = 0.0;
@@ -380,39 +528,105 @@ __device__ void backward_chunk(const KdaBackwardArgs& a, const HeadWork& w, int6
       acc += w.Qe[t * dk + i] * w.dO[t * rv + j] - w.Ke[t * dk + i] * w.dR[t * rv + j];
     w.dS[i * rv + j] = acc;
   }
-  for (int64_t idx = tid; idx < L * dk; idx += nt) {
-    const int64_t t = idx / dk, c = idx % dk;
-    const float qt = w.Q[t * rk + c], kt = w.K[t * rk + c];
-    const double gt = w.gd[t * rk + c];
-    float qrow = 0.0f, krow = 0.0f;
-    double rw = 0.0;
-    for (int64_t s = 0; s <= t; ++s) {
-      const float e = exp_le0(gt - w.gd[s * rk + c]), ks = w.K[s * rk + c];
-      const float dp = w.dP[t * kC + s], da = w.dA[t * kC + s];
-      const float kse = ks * e;
-      qrow += dp * kse;
-      krow += da * kse;
-      if (s < t) rw += pair_term(dp, da, qt, kt, ks, e).w;
+  // By rows: (t, c) over s <= t.
+  for (int64_t n0 = 0; n0 < dk; n0 += kC) {
+    const OutputQuad o(L, n0, dk);
+    float qt[2][4], kt[2][4], qrow[2][4] = {}, krow[2][4] = {};
+    double gt[2][4], rw[2][4] = {};
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int at = o.lrow[r] * rk + o.lcol[c];
+        qt[r][c] = w.Q[at];
+        kt[r][c] = w.K[at];
+        gt[r][c] = w.gd[at];
+      }
+    for (int s = 0; s <= o.lrow[1]; ++s) {
+      float dp[2], da[2], ks[4];
+      double gs[4];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        dp[r] = w.dP[o.lrow[r] * kC + s];
+        da[r] = w.dA[o.lrow[r] * kC + s];
+      }
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        ks[c] = w.K[s * rk + o.lcol[c]];
+        gs[c] = w.gd[s * rk + o.lcol[c]];
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if (s > o.lrow[r]) continue;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const float e = exp_le0(gt[r][c] - gs[c]);
+          const float kse = ks[c] * e;
+          qrow[r][c] += dp[r] * kse;
+          krow[r][c] += da[r] * kse;
+          if (s < o.lrow[r]) rw[r][c] += pair_term(dp[r], da[r], qt[r][c], kt[r][c], ks[c], e).w;
+        }
+      }
     }
-    w.qrow[idx] = qrow;
-    w.krow[idx] = krow;
-    w.rw[idx] = rw;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (o.inside(r, c, L, dk)) {
+          const int64_t idx = o.row[r] * dk + o.col[c];
+          w.qrow[idx] = qrow[r][c];
+          w.krow[idx] = krow[r][c];
+          w.rw[idx] = rw[r][c];
+        }
   }
-  for (int64_t idx = tid; idx < L * dk; idx += nt) {
-    const int64_t s = idx / dk, c = idx % dk;
-    const float ks = w.K[s * rk + c];
-    const double gs = w.gd[s * rk + c];
-    float kcol = 0.0f;
-    double cw = 0.0;
-    for (int64_t t = s; t < L; ++t) {
-      const float e = exp_le0(w.gd[t * rk + c] - gs);
-      const PairTerm p =
-          pair_term(w.dP[t * kC + s], w.dA[t * kC + s], w.Q[t * rk + c], w.K[t * rk + c], ks, e);
-      kcol += p.col;
-      if (t > s) cw += p.w;
+  // By columns: (s, c) over t >= s.
+  for (int64_t n0 = 0; n0 < dk; n0 += kC) {
+    const OutputQuad o(L, n0, dk);
+    float ks[2][4], kcol[2][4] = {};
+    double gs[2][4], cw[2][4] = {};
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int at = o.lrow[r] * rk + o.lcol[c];
+        ks[r][c] = w.K[at];
+        gs[r][c] = w.gd[at];
+      }
+    for (int t = o.lrow[0]; t < L; ++t) {
+      float dp[2], da[2], qt[4], kt[4];
+      double gt[4];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        dp[r] = w.dP[t * kC + o.lrow[r]];
+        da[r] = w.dA[t * kC + o.lrow[r]];
+      }
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        qt[c] = w.Q[t * rk + o.lcol[c]];
+        kt[c] = w.K[t * rk + o.lcol[c]];
+        gt[c] = w.gd[t * rk + o.lcol[c]];
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if (t < o.lrow[r]) continue;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const float e = exp_le0(gt[c] - gs[r][c]);
+          const PairTerm p = pair_term(dp[r], da[r], qt[c], kt[c], ks[r][c], e);
+          kcol[r][c] += p.col;
+          if (t > o.lrow[r]) cw[r][c] += p.w;
+        }
+      }
     }
-    w.kcol[idx] = kcol;
-    w.cw[idx] = cw;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (o.inside(r, c, L, dk)) {
+          const int64_t idx = o.row[r] * dk + o.col[c];
+          w.kcol[idx] = kcol[r][c];
+          w.cw[idx] = cw[r][c];
+        }
   }
   __syncthreads();
   // dq, dk of the chunk's rows, and dg per channel:
@@ -567,7 +781,7 @@ launch::KdaVarlenArgs forward_args(const KdaBackwardArgs& a) {
 // kRowTilesShared: the row tiles in dynamic shared memory (padded strides; one block an SM), the
 // rest of the chunk buffers in global scratch; otherwise all of them in global scratch.
 template <bool kRowTilesShared>
-__global__ void __launch_bounds__(kThreads, kRowTilesShared ? 1 : 2)
+__global__ void __launch_bounds__(kThreads, 1)
     kda_chunk_gradient_kernel(KdaBackwardArgs all, const int32_t* off, const int64_t* cu,
                               const float* states, const float* d_states, float* shares) {
   extern __shared__ float4 smem_f4[];
