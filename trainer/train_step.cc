@@ -162,32 +162,11 @@ absl::StatusOr<StepStats> TrainStep::update(double mean) {
   }
   // Global norm of the scaled gradient. When every gradient is a parameter's (always, but for a
   // caller's stray name), the gradients are one block (Gradients::flatten: also what makes
-  // zero() one fill) and its sum of squares is one reduction; otherwise each parameter's sum is
-  // taken and they are added in the arena's order. One read back either way.
+  // zero() one fill), its sum of squares is one reduction, and the update takes its clipped scale
+  // from that sum where it lies (adamw_update_many: one launch, no read back before it);
+  // otherwise each parameter's sum is read back and added in the arena's order.
   size_t with_grad = 0;
   for (const auto& [name, mo] : moments_) with_grad += grads_.find(name) != nullptr;
-  double total = 0;
-  if (with_grad == grads_.names().size()) {
-    sum_of_squares(ex, grads_.flatten(dp_ != nullptr ? dp_->size() : 1), sums_.slice(0, 0, 1));
-    float sum = 0.0f;
-    download(ex, &sum, sums_.raw(), sizeof(sum));
-    total = sum;
-  } else {
-    std::vector<bool> has_grad(moments_.size(), false);
-    for (size_t i = 0; i < moments_.size(); ++i) {
-      const Tensor* g = grads_.find(moments_[i].first);
-      if (g == nullptr) continue;
-      has_grad[i] = true;
-      sum_of_squares(ex, *g, sums_.slice(0, static_cast<int64_t>(i), static_cast<int64_t>(i) + 1));
-    }
-    const Tensor sums = sums_.to(Device::kCpu);
-    for (size_t i = 0; i < moments_.size(); ++i)
-      if (has_grad[i]) total += sums.data<float>()[i];
-  }
-  stats.grad_norm = std::sqrt(total) * mean;
-  double scale = mean;
-  if (options_.clip_norm > 0 && stats.grad_norm > options_.clip_norm)
-    scale *= options_.clip_norm / stats.grad_norm;
   ++step_;
   stats.step = step_;
   stats.lr = options_.lr.at(step_);
@@ -197,12 +176,43 @@ absl::StatusOr<StepStats> TrainStep::update(double mean) {
   s.beta2 = options_.beta2;
   s.eps = options_.eps;
   s.step = step_;
-  s.grad_scale = static_cast<float>(scale);
-  for (auto& [name, mo] : moments_) {
-    const Tensor* g = grads_.find(name);
-    if (g == nullptr) continue;  // no gradient (a routing bias): not an optimizer parameter
-    s.weight_decay = mo.decay ? options_.weight_decay : 0.0f;
-    adamw_update(ex, s, mo.param, *g, mo.m, mo.v);
+  if (with_grad == grads_.names().size()) {
+    const Tensor sum = sums_.slice(0, 0, 1);
+    sum_of_squares(ex, grads_.flatten(dp_ != nullptr ? dp_->size() : 1), sum);
+    std::vector<AdamWTensor> tensors;
+    tensors.reserve(with_grad);
+    for (const auto& [name, mo] : moments_) {
+      const Tensor* g = grads_.find(name);
+      if (g == nullptr) continue;  // no gradient (a routing bias): not an optimizer parameter
+      tensors.push_back({mo.param, *g, mo.m, mo.v, mo.decay});
+    }
+    s.weight_decay = options_.weight_decay;
+    adamw_update_many(
+        ex, s, tensors,
+        {.sum_squares = sum, .mean = mean, .clip_norm = std::max(0.0, options_.clip_norm)});
+    float total = 0.0f;  // after the update is queued: the wait overlaps it
+    download(ex, &total, sum.raw(), sizeof(total));
+    stats.grad_norm = std::sqrt(static_cast<double>(total)) * mean;
+  } else {
+    std::vector<bool> has_grad(moments_.size(), false);
+    for (size_t i = 0; i < moments_.size(); ++i) {
+      const Tensor* g = grads_.find(moments_[i].first);
+      if (g == nullptr) continue;
+      has_grad[i] = true;
+      sum_of_squares(ex, *g, sums_.slice(0, static_cast<int64_t>(i), static_cast<int64_t>(i) + 1));
+    }
+    const Tensor sums = sums_.to(Device::kCpu);
+    double total = 0;
+    for (size_t i = 0; i < moments_.size(); ++i)
+      if (has_grad[i]) total += sums.data<float>()[i];
+    stats.grad_norm = std::sqrt(total) * mean;
+    s.grad_scale = static_cast<float>(clipped_grad_scale(total, mean, options_.clip_norm));
+    for (auto& [name, mo] : moments_) {
+      const Tensor* g = grads_.find(name);
+      if (g == nullptr) continue;
+      s.weight_decay = mo.decay ? options_.weight_decay : 0.0f;
+      adamw_update(ex, s, mo.param, *g, mo.m, mo.v);
+    }
   }
   for (const auto& [bias_name, layer_counts] : counts) {
     const Tensor* bias = model_->parameters().find(bias_name);

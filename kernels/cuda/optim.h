@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <span>
 
 #include "core/tensor.h"
 #include "kernels/exec.h"
@@ -16,6 +17,8 @@ namespace loom::cuda {
 
 void adamw_update(const Exec& ex, const AdamWStep& s, const Tensor& param, const Tensor& grad,
                   const Tensor& m, const Tensor& v);
+void adamw_update_many(const Exec& ex, const AdamWStep& s, std::span<const AdamWTensor> tensors,
+                       const GradScale& scale);
 void sum_of_squares(const Exec& ex, const Tensor& x, const Tensor& out);
 
 namespace launch {
@@ -26,6 +29,31 @@ void adamw(cudaStream_t stream, float* p, const float* g, float* m, float* v, in
 // partials: ceil(n / 4096) doubles of scratch; out: one f32.
 void sum_of_squares(cudaStream_t stream, const float* x, int64_t n, double* partials, float* out);
 inline constexpr int64_t kSumSquaresBlock = 4096;
+
+// One launch of the multi-tensor update: up to kAdamWTensors tensors, passed by value (3.3 KB of
+// kernel parameters), each split into blocks of kAdamWBlock elements; first_block is the tensor's
+// first block of the launch's grid. The gradient scale is float(clipped_grad_scale(*sum_squares,
+// mean, clip_norm)), computed by every thread from the sum on the device.
+inline constexpr int kAdamWTensors = 64;
+inline constexpr int64_t kAdamWBlock = 4096;
+struct AdamWEntry {
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  int64_t n;
+  int32_t first_block;
+  float decay;  // 1 - lr * weight decay
+};
+struct AdamWLaunch {
+  AdamWEntry e[kAdamWTensors];
+  int count;
+  int blocks;  // of the grid
+  float beta1, beta2, eps, step_size, sqrt_bc2;
+  const float* sum_squares;
+  double mean, clip_norm;
+};
+void adamw_many(cudaStream_t stream, const AdamWLaunch& a);
 }  // namespace launch
 
 }  // namespace loom::cuda

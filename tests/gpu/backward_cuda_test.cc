@@ -396,6 +396,48 @@ TEST(CudaBackward, AdamWAndSumOfSquares) {
   }
 }
 
+// The multi-tensor update on the GPU: the bits of one adamw_update a tensor there (70 tensors: two
+// launches; tensors of one and of several 4096-element blocks), the scale clipped on the device
+// from the sum there, and the CPU's within rounding.
+TEST(CudaBackward, AdamWManyTensors) {
+  std::vector<AdamWTensor> many, one, cpu;
+  for (int i = 0; i < 70; ++i) {
+    const int64_t n = std::vector<int64_t>{1, 7, 4096, 4097, 9000}[i % 5] + i;
+    Tensor v = randn({n}, 0.1f);
+    for (int64_t k = 0; k < n; ++k) v.data<float>()[k] = std::fabs(v.data<float>()[k]);
+    const AdamWTensor t{randn({n}), randn({n}), randn({n}, 0.1f), v, i % 3 != 0};
+    cpu.push_back({t.param.clone(), t.grad, t.m.clone(), t.v.clone(), t.decay});
+    many.push_back({dev(t.param), dev(t.grad), dev(t.m), dev(t.v), t.decay});
+    one.push_back({dev(t.param), dev(t.grad), dev(t.m), dev(t.v), t.decay});
+  }
+  AdamWStep s;
+  s.lr = 1e-2f;
+  s.weight_decay = 0.1f;
+  for (const double clip : {0.0, 3.0}) {
+    ++s.step;
+    Tensor sum = Tensor::empty({1});
+    sum.data<float>()[0] = 1234.5f;  // norm 35.1 * mean 0.5: clipped to 3
+    adamw_update_many(gpu(), s, many, {.sum_squares = dev(sum), .mean = 0.5, .clip_norm = clip});
+    adamw_update_many(host_exec(), s, cpu, {.sum_squares = sum, .mean = 0.5, .clip_norm = clip});
+    AdamWStep each = s;
+    each.grad_scale = static_cast<float>(clipped_grad_scale(1234.5, 0.5, clip));
+    for (const AdamWTensor& t : one) {
+      each.weight_decay = t.decay ? s.weight_decay : 0.0f;
+      adamw_update(gpu(), each, t.param, t.grad, t.m, t.v);
+    }
+  }
+  double worst = 0;
+  for (size_t i = 0; i < many.size(); ++i) {
+    for (auto [a, b] : {std::pair{&many[i].param, &one[i].param}, std::pair{&many[i].m, &one[i].m},
+                        std::pair{&many[i].v, &one[i].v}}) {
+      const Tensor x = host(*a), y = host(*b);
+      ASSERT_EQ(0, std::memcmp(x.raw(), y.raw(), x.nbytes())) << "tensor " << i;
+    }
+    worst = std::max(worst, scaled(many[i].param, cpu[i].param));
+  }
+  report("adamw_many_param", worst, 8 * twin::kEps);
+}
+
 TEST(CudaBackward, KdaGate) {
   const int64_t T = 300, H = 3, per_head = 67, width = H * per_head;
   for (float lb : {0.0f, -5.0f}) {

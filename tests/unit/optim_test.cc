@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <numbers>
 #include <random>
 #include <vector>
@@ -63,6 +64,55 @@ TEST(AdamW, RejectsBadHyperparameters) {
   Tensor wrong = Tensor::zeros({4});
   s.step = 1;
   EXPECT_DEATH(adamw_update(host_exec(), s, p, wrong, m, v), "adamw_update");
+}
+
+TEST(AdamW, ClippedGradScaleIsTheMeanUnlessTheNormExceedsTheBound) {
+  // norm = sqrt(400) * 0.25 = 5.
+  EXPECT_EQ(clipped_grad_scale(400.0, 0.25, 0.0), 0.25);
+  EXPECT_EQ(clipped_grad_scale(400.0, 0.25, 5.0), 0.25);
+  EXPECT_DOUBLE_EQ(clipped_grad_scale(400.0, 0.25, 2.0), 0.25 * 2.0 / 5.0);
+  EXPECT_EQ(clipped_grad_scale(0.0, 0.5, 1.0), 0.5);
+}
+
+// adamw_update_many against one adamw_update a tensor with the scale it describes: the same bits,
+// with and without clipping, weight decay only where asked, more tensors than one GPU launch takes.
+TEST(AdamW, ManyTensorsGiveTheBitsOfOneCallATensor) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<AdamWTensor> many, one;
+  for (int i = 0; i < 70; ++i) {
+    const int64_t n = std::vector<int64_t>{1, 7, 4096, 4097, 513}[i % 5] + i;
+    AdamWTensor t{Tensor::empty({n}), Tensor::empty({n}), Tensor::empty({n}), Tensor::empty({n}),
+                  i % 3 != 0};
+    for (const Tensor* x : {&t.param, &t.grad, &t.m, &t.v})
+      for (int64_t k = 0; k < n; ++k) x->data<float>()[k] = normal(rng);
+    for (int64_t k = 0; k < n; ++k) t.v.data<float>()[k] = std::fabs(t.v.data<float>()[k]);
+    many.push_back(t);
+    one.push_back({t.param.clone(), t.grad, t.m.clone(), t.v.clone(), t.decay});
+  }
+  AdamWStep s;
+  s.lr = 3e-3f;
+  s.weight_decay = 0.1f;
+  for (const double clip : {0.0, 1e9, 2.0}) {
+    ++s.step;
+    Tensor sum = Tensor::empty({1});
+    sum.data<float>()[0] = 123.25f;
+    const GradScale scale{.sum_squares = sum, .mean = 0.5, .clip_norm = clip};
+    adamw_update_many(host_exec(), s, many, scale);
+    AdamWStep each = s;
+    each.grad_scale = static_cast<float>(clipped_grad_scale(123.25, 0.5, clip));
+    EXPECT_EQ(each.grad_scale,
+              clip == 2.0 ? static_cast<float>(0.5 * 2.0 / (std::sqrt(123.25) * 0.5)) : 0.5f);
+    for (const AdamWTensor& t : one) {
+      each.weight_decay = t.decay ? s.weight_decay : 0.0f;
+      adamw_update(host_exec(), each, t.param, t.grad, t.m, t.v);
+    }
+    for (size_t i = 0; i < many.size(); ++i)
+      for (auto [a, b] : {std::pair{&many[i].param, &one[i].param},
+                          std::pair{&many[i].m, &one[i].m}, std::pair{&many[i].v, &one[i].v}})
+        ASSERT_EQ(0, std::memcmp(a->raw(), b->raw(), a->nbytes()))
+            << "tensor " << i << " clip " << clip;
+  }
 }
 
 TEST(SumOfSquares, EqualsTheDoubleSumRoundedOnce) {
