@@ -7,15 +7,25 @@
 
 namespace loom {
 
-AttentionTail attention_tail_recompute(const ForwardContext& ctx, const Tensor& q, const Tensor& k,
-                                       const Tensor& v, float scale, const Tensor& x,
-                                       const Tensor& gate_proj) {
+AttentionTail attention_tail_recompute(const ForwardContext& ctx, int layer, const Tensor& q,
+                                       const Tensor& k, const Tensor& v, float scale,
+                                       const Tensor& x, const Tensor& gate_proj) {
   const int64_t n = q.dim(0), h = q.dim(1), dv = v.dim(2);
   AttentionTail t;
-  t.o = ctx.take({n, h, dv});
-  t.lse = ctx.take({n, h}, DType::kF32);
-  causal_attention_varlen_forward(ctx.ex, q, k, v, ctx.batch.cu_seqlens, ctx.batch.max_seqlen,
-                                  scale, t.o, t.lse);
+  const Tensor* kept_o = ctx.kept != nullptr ? ctx.kept->find(layer, kAttentionOut) : nullptr;
+  const Tensor* kept_lse = ctx.kept != nullptr ? ctx.kept->find(layer, kAttentionLse) : nullptr;
+  if (kept_o != nullptr && kept_lse != nullptr && kept_o->shape() == Shape{n, h, dv} &&
+      kept_lse->shape() == Shape{n, h}) {
+    t.o = *kept_o;
+    t.lse = *kept_lse;
+  } else {
+    t.o = ctx.take({n, h, dv});
+    t.lse = ctx.take({n, h}, DType::kF32);
+    causal_attention_varlen_forward(ctx.ex, q, k, v, ctx.batch.cu_seqlens, ctx.batch.max_seqlen,
+                                    scale, t.o, t.lse);
+    ctx.record(layer, kAttentionOut, t.o);
+    ctx.record(layer, kAttentionLse, t.lse);
+  }
   t.y = ctx.take({n, h * dv});
   copy_columns(ctx.ex, t.o.reshape({n, h * dv}), 0, t.y);
   if (gate_proj.defined()) {

@@ -18,9 +18,15 @@ struct AttentionTail {
 };
 
 // Step memory of the caller's scope. q: [N, H, d]; k: [N, Hkv, d]; v: [N, Hkv, dv]; x: [N, D].
-AttentionTail attention_tail_recompute(const ForwardContext& ctx, const Tensor& q, const Tensor& k,
-                                       const Tensor& v, float scale, const Tensor& x,
-                                       const Tensor& gate_proj);
+// In a training forward (ctx.tape) the attention outputs and log-sum-exps are recorded under
+// kAttentionOut and kAttentionLse for `layer`; in its backward (ctx.kept holding them) they are
+// taken from there instead of being computed again (the same bits: the same kernel on the same
+// q, k, v).
+inline constexpr const char* kAttentionOut = "attention_out";
+inline constexpr const char* kAttentionLse = "attention_lse";
+AttentionTail attention_tail_recompute(const ForwardContext& ctx, int layer, const Tensor& q,
+                                       const Tensor& k, const Tensor& v, float scale,
+                                       const Tensor& x, const Tensor& gate_proj);
 
 // From d_out [N, D]: accumulates `prefix` + "o_proj.weight" (and "gate_proj.weight") into grads,
 // writes d_q, d_k, d_v and, with a gate, d_x (the gate projection's share). Returns the beta the

@@ -53,6 +53,9 @@ struct ForwardContext {
   // 0, no cache read after the step. Attention mixers then run the training kernels and skip
   // their cache writes.
   bool training = false;
+  // A training step's backward: the tape its forward filled, read-only (attention mixers take
+  // their outputs and log-sum-exps from it instead of running the attention forward again).
+  const ActivationTape* kept = nullptr;
 
   Workspace& ws() const { return *ex.workspace; }
   // Step memory for an intermediate: of the activation dtype, or of `dtype` where the op needs

@@ -67,22 +67,22 @@ class GqaMixer final : public Mixer {
       rope_forward(ctx.ex, q, batch.positions, rope_, 0);
       rope_forward(ctx.ex, k, batch.positions, rope_, 0);
     }
-    Tensor o = ctx.take({n, h, hd});
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     if (ctx.training && ctx.act_dtype == DType::kF32) {
-      // The backward's own attention kernel over the step's keys and values (no cache to fill):
-      // the forward's output is then what the backward recomputes.
-      Tensor lse = ctx.take({n, h}, DType::kF32);
-      causal_attention_varlen_forward(ctx.ex, q, k, v, batch.cu_seqlens, batch.max_seqlen, scale, o,
-                                      lse);
-    } else {
-      const Tensor& k_pool = batch.store->pool(layer, 0);
-      const Tensor& v_pool = batch.store->pool(layer, 1);
-      cache_write_varlen(ctx.ex, k_pool, batch.page_table, batch.cu_seqlens, batch.past_lens, k);
-      cache_write_varlen(ctx.ex, v_pool, batch.page_table, batch.cu_seqlens, batch.past_lens, v);
-      gqa_attention_varlen(ctx.ex, q, k_pool, v_pool, batch.page_table, batch.cu_seqlens,
-                           batch.past_lens, scale, o);
+      // The backward's own attention kernel over the step's keys and values (no cache to fill),
+      // its outputs kept on the tape for the backward.
+      const AttentionTail tail =
+          attention_tail_recompute(ctx, layer, q, k, v, scale, x, gate_proj_);
+      linear_forward(ctx.ex, tail.y, o_proj_, out);
+      return;
     }
+    Tensor o = ctx.take({n, h, hd});
+    const Tensor& k_pool = batch.store->pool(layer, 0);
+    const Tensor& v_pool = batch.store->pool(layer, 1);
+    cache_write_varlen(ctx.ex, k_pool, batch.page_table, batch.cu_seqlens, batch.past_lens, k);
+    cache_write_varlen(ctx.ex, v_pool, batch.page_table, batch.cu_seqlens, batch.past_lens, v);
+    gqa_attention_varlen(ctx.ex, q, k_pool, v_pool, batch.page_table, batch.cu_seqlens,
+                         batch.past_lens, scale, o);
     if (gate_proj_.defined()) {
       Tensor gate = ctx.take({n, h * hd});
       linear_forward(ctx.ex, x, gate_proj_, gate);
@@ -124,7 +124,7 @@ class GqaMixer final : public Mixer {
       rope_forward(ex, k, ctx.batch.positions, rope_, 0);
     }
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    const AttentionTail tail = attention_tail_recompute(ctx, q, k, v, scale, x, gate_proj_);
+    const AttentionTail tail = attention_tail_recompute(ctx, layer, q, k, v, scale, x, gate_proj_);
 
     // Backward.
     Tensor d_q = ctx.take({n, h, hd}), d_k = ctx.take(k.shape()), d_v = ctx.take(v.shape());

@@ -79,7 +79,7 @@ class MlaMixer final : public Mixer {
       // (no cache to fill: ForwardContext::training).
       const Expanded e = expand(ctx, x);
       const AttentionTail tail =
-          attention_tail_recompute(ctx, e.q, e.k, e.v, scale_, x, gate_proj_);
+          attention_tail_recompute(ctx, layer, e.q, e.k, e.v, scale_, x, gate_proj_);
       linear_forward(ctx.ex, tail.y, o_proj_, out);
       return;
     }
@@ -150,7 +150,7 @@ class MlaMixer final : public Mixer {
     const Expanded e = expand(ctx, x);
     const Tensor &q = e.q, &k = e.k, &v = e.v, &qa_pre = e.qa_pre, &qa = e.qa;
     const Tensor &latent_pre = e.latent_pre, &latent = e.latent, &nope_rows = e.nope_rows;
-    const AttentionTail tail = attention_tail_recompute(ctx, q, k, v, scale_, x, gate_proj_);
+    const AttentionTail tail = attention_tail_recompute(ctx, layer, q, k, v, scale_, x, gate_proj_);
 
     // Backward.
     Tensor d_q = ctx.take({n, h, qk}), d_k = ctx.take(k.shape()), d_v = ctx.take(v.shape());

@@ -172,7 +172,8 @@ absl::StatusOr<std::vector<double>> Model::loss_and_gradients_packed(
   layout.num_rows = n;
   layout.max_seqlen = longest;
   // The replay's counters count the forward's slots; the backward's recomputation skips them.
-  const ForwardContext ctx{ex, layout, act_dtype_, nullptr, routing_replay, /*training=*/true};
+  const ForwardContext ctx{ex,   layout, act_dtype_, nullptr, routing_replay, /*training=*/true,
+                           &tape};
 
   // 2. The loss over each sequence's positions but its last (each predicts the next token) and
   // its gradient.
