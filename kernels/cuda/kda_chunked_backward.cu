@@ -74,6 +74,56 @@ struct OutputQuad {
     return row[r] < rows && col[c] < cols;
   }
   static __device__ constexpr bool upper(int r, int c) { return r == 0 && c >= 2; }
+
+  // acc[r][c] += a(lrow[r], k) * b(k, lcol[c]) for k in [k0, k1), in order; kLower skips the
+  // pieces upper() names.
+  template <bool kLower = false, class A, class B>
+  __device__ void accumulate(float (&acc)[kRows][kCols], int64_t k0, int64_t k1, A a, B b) const {
+    for (int64_t k = k0; k < k1; ++k) {
+      float x[kRows], y[kCols];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) x[r] = a(lrow[r], k);
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) y[c] = b(k, lcol[c]);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int c = 0; c < kCols; ++c)
+          if (!kLower || !upper(r, c)) acc[r][c] += x[r] * y[c];
+    }
+  }
+  // Two products sharing their right operand: acc1 += a1 b, acc2 += a2 b (one load of b a term).
+  template <bool kLower = false, class A1, class A2, class B>
+  __device__ void accumulate2(float (&acc1)[kRows][kCols], float (&acc2)[kRows][kCols], int64_t k0,
+                              int64_t k1, A1 a1, A2 a2, B b) const {
+    for (int64_t k = k0; k < k1; ++k) {
+      float x1[kRows], x2[kRows], y[kCols];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        x1[r] = a1(lrow[r], k);
+        x2[r] = a2(lrow[r], k);
+      }
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) y[c] = b(k, lcol[c]);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int c = 0; c < kCols; ++c)
+          if (!kLower || !upper(r, c)) {
+            acc1[r][c] += x1[r] * y[c];
+            acc2[r][c] += x2[r] * y[c];
+          }
+    }
+  }
+  // f(row, col, r, c) for each output inside [0, rows) x [0, cols).
+  template <class F>
+  __device__ void each_inside(int64_t rows, int64_t cols, F f) const {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int c = 0; c < kCols; ++c)
+        if (inside(r, c, rows, cols)) f(row[r], col[c], r, c);
+  }
 };
 static_assert(kThreads == 512 && kC == 64, "OutputQuad covers 64 x 64 outputs with 512 threads");
 
@@ -303,22 +353,10 @@ __device__ void recompute_chunk(const KdaBackwardArgs& a, const HeadWork& w, int
   for (int64_t n0 = 0; n0 < dv; n0 += kC) {
     const OutputQuad o(L, n0, dv);
     float acc[2][4] = {};
-    for (int64_t i = 0; i < dk; ++i) {
-      float x[2], y[4];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) x[r] = w.Ke[o.lrow[r] * dk + i];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) y[j] = w.S0[i * rv + o.lcol[j]];
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[r][j] += x[r] * y[j];
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        if (o.inside(r, j, L, dv)) w.VW[o.row[r] * rv + o.col[j]] -= acc[r][j];
+    o.accumulate(
+        acc, 0, dk, [&](int t, int64_t i) { return w.Ke[t * dk + i]; },
+        [&](int64_t i, int j) { return w.S0[i * rv + j]; });
+    o.each_inside(L, dv, [&](int t, int j, int r, int c) { w.VW[t * rv + j] -= acc[r][c]; });
   }
   __syncthreads();
   // U_t = beta_t (VW_t - sum_{s < t} A_ts U_s), 16 rows at a time: the earlier rows' share for the
@@ -361,33 +399,13 @@ __device__ void backward_chunk(const KdaBackwardArgs& a, const HeadWork& w, int6
   for (int64_t n0 = 0; n0 < dv; n0 += kC) {
     const OutputQuad o(L, n0, dv);
     float acc[2][4] = {};
-    for (int64_t t = o.lrow[0]; t < L; ++t) {
-      float x[2], y[4];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) x[r] = w.P[t * kC + o.lrow[r]];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) y[j] = w.dO[t * rv + o.lcol[j]];
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[r][j] += x[r] * y[j];
-    }
-    for (int64_t i = 0; i < dk; ++i) {
-      float x[2], y[4];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) x[r] = w.Kend[o.lrow[r] * dk + i];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) y[j] = w.dS[i * rv + o.lcol[j]];
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[r][j] += x[r] * y[j];
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        if (o.inside(r, j, L, dv)) w.dR[o.row[r] * rv + o.col[j]] = acc[r][j];
+    o.accumulate(
+        acc, o.lrow[0], L, [&](int s, int64_t t) { return w.P[t * kC + s]; },
+        [&](int64_t t, int j) { return w.dO[t * rv + j]; });
+    o.accumulate(
+        acc, 0, dk, [&](int s, int64_t i) { return w.Kend[s * dk + i]; },
+        [&](int64_t i, int j) { return w.dS[i * rv + j]; });
+    o.each_inside(L, dv, [&](int s, int j, int r, int c) { w.dR[s * rv + j] = acc[r][c]; });
   }
   __syncthreads();
   // dR_s = dU_s - sum_{t > s} beta_t A_ts dR_t, 16 rows at a time, last first.
@@ -413,33 +431,14 @@ __device__ void backward_chunk(const KdaBackwardArgs& a, const HeadWork& w, int6
   {
     const OutputQuad o(L, 0, L);
     float p[2][4] = {}, ap[2][4] = {};
-    for (int64_t j = 0; j < dv; ++j) {
-      float xo[2], xr[2], u[4];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        xo[r] = w.dO[o.lrow[r] * rv + j];
-        xr[r] = w.dR[o.lrow[r] * rv + j];
-      }
-#pragma unroll
-      for (int c = 0; c < 4; ++c) u[c] = w.U[o.lcol[c] * rv + j];
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          if (OutputQuad::upper(r, c)) continue;
-          p[r][c] += xo[r] * u[c];
-          ap[r][c] += xr[r] * u[c];
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        if (!o.inside(r, c, L, L)) continue;
-        const int t = o.row[r], s = o.col[c];
-        w.dP[t * kC + s] = s <= t ? p[r][c] : 0.0f;
-        w.dA[t * kC + s] = s < t ? ap[r][c] : 0.0f;
-      }
+    o.accumulate2</*kLower=*/true>(
+        p, ap, 0, dv, [&](int t, int64_t j) { return w.dO[t * rv + j]; },
+        [&](int t, int64_t j) { return w.dR[t * rv + j]; },
+        [&](int64_t j, int s) { return w.U[s * rv + j]; });
+    o.each_inside(L, L, [&](int t, int s, int r, int c) {
+      w.dP[t * kC + s] = s <= t ? p[r][c] : 0.0f;
+      w.dA[t * kC + s] = s < t ? ap[r][c] : 0.0f;
+    });
   }
   __syncthreads();
   // dbeta_t = dR_t . VW_t - sum_{s < t} dAp_ts A_ts.
@@ -467,51 +466,22 @@ __device__ void backward_chunk(const KdaBackwardArgs& a, const HeadWork& w, int6
   for (int64_t n0 = 0; n0 < dk; n0 += kC) {
     const OutputQuad o(L, n0, dk);
     float q[2][4] = {}, k[2][4] = {};
-    for (int64_t j = 0; j < dv; ++j) {
-      float xo[2], xr[2], s0[4];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        xo[r] = w.dO[o.lrow[r] * rv + j];
-        xr[r] = w.dR[o.lrow[r] * rv + j];
-      }
-#pragma unroll
-      for (int c = 0; c < 4; ++c) s0[c] = w.S0[o.lcol[c] * rv + j];
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          q[r][c] += xo[r] * s0[c];
-          k[r][c] += xr[r] * s0[c];
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-        if (o.inside(r, c, L, dk)) {
-          w.dQe[o.row[r] * dk + o.col[c]] = q[r][c];
-          w.mKe[o.row[r] * dk + o.col[c]] = k[r][c];
-        }
+    o.accumulate2(
+        q, k, 0, dv, [&](int t, int64_t j) { return w.dO[t * rv + j]; },
+        [&](int t, int64_t j) { return w.dR[t * rv + j]; },
+        [&](int64_t j, int i) { return w.S0[i * rv + j]; });
+    o.each_inside(L, dk, [&](int t, int i, int r, int c) {
+      w.dQe[t * dk + i] = q[r][c];
+      w.mKe[t * dk + i] = k[r][c];
+    });
   }
   for (int64_t n0 = 0; n0 < dk; n0 += kC) {
     const OutputQuad o(L, n0, dk);
     float e[2][4] = {};
-    for (int64_t j = 0; j < dv; ++j) {
-      float xu[2], ds[4];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) xu[r] = w.U[o.lrow[r] * rv + j];
-#pragma unroll
-      for (int c = 0; c < 4; ++c) ds[c] = w.dS[o.lcol[c] * rv + j];
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) e[r][c] += xu[r] * ds[c];
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-        if (o.inside(r, c, L, dk)) w.dKend[o.row[r] * dk + o.col[c]] = e[r][c];
+    o.accumulate(
+        e, 0, dv, [&](int t, int64_t j) { return w.U[t * rv + j]; },
+        [&](int64_t j, int i) { return w.dS[i * rv + j]; });
+    o.each_inside(L, dk, [&](int t, int i, int r, int c) { w.dKend[t * dk + i] = e[r][c]; });
   }
   for (int64_t i = tid; i < dk; i += nt) {
     double acc = 0.0;
