@@ -336,23 +336,82 @@ __device__ __forceinline__ float conv_xpad(const ConvBackwardArgs& a, int64_t be
   return a.s0 != nullptr ? a.s0[(t + j) * a.C + c] : 0.0f;  // a state only without a.cu
 }
 
+// The gradient at the activation's input of row t, channel c (begin: the first row of t's
+// sequence): dout itself without the SiLU, else dout * silu'(pre) with pre recomputed in the
+// forward's order (j = 0 .. W-1 from 0).
+__device__ __forceinline__ float conv_dpre(const ConvBackwardArgs& a, int64_t begin, int64_t t,
+                                           int64_t c) {
+  const float g = a.dout[t * a.C + c];
+  if (!a.silu) return g;
+  float pre = 0.0f;
+  for (int64_t j = 0; j < a.W; ++j) pre += a.weight[c * a.W + j] * conv_xpad(a, begin, t, j, c);
+  float s, sn;
+  sig_pair(pre, s, sn);
+  return g * (s * (1.0f + pre * sn));
+}
+
 __global__ void __launch_bounds__(kPointThreads) conv_dpre_kernel(ConvBackwardArgs a) {
   const int64_t n = a.T * a.C;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kPointThreads + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * kPointThreads) {
     const int64_t t = i / a.C, c = i % a.C;
-    const float g = a.dout[i];
-    if (!a.silu) {
-      a.dpre[i] = g;
-      continue;
-    }
-    const int64_t begin = row_seq(a.cu, a.num_seqs, a.T, t).begin;
-    float pre = 0.0f;  // the forward's order: j = 0 .. W-1 from 0
-    for (int64_t j = 0; j < a.W; ++j) pre += a.weight[c * a.W + j] * conv_xpad(a, begin, t, j, c);
-    float s, sn;
-    sig_pair(pre, s, sn);
-    a.dpre[i] = g * (s * (1.0f + pre * sn));
+    a.dpre[i] = conv_dpre(a, row_seq(a.cu, a.num_seqs, a.T, t).begin, t, c);
   }
+}
+
+// The three passes below in one, for kernel widths up to 4 (the models' 4) when dx is memory of
+// its own: a thread per channel and chunk of kColumnSumRows rows walks rows q = t0 .. t1 + W - 2
+// in order, computing dpre(q) once and keeping the last W in registers; rows q < t1 add to the
+// chunk's weight partials (conv_dweight_partials_kernel's sums, in its order), and once
+// q = t + W - 1, row t's dx is complete (conv_dx_kernel's sum, in its order). dpre is written
+// only where the initial state's gradient reads it (rows < W - 1). The same bits as the three
+// kernels.
+template <int kW>
+__global__ void __launch_bounds__(kColThreads) conv_fused_backward_kernel(ConvBackwardArgs a) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColThreads + threadIdx.x;
+  if (c >= a.C) return;
+  constexpr int64_t P = kW - 1;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * launch::kColumnSumRows;
+  const int64_t t1 = t0 + launch::kColumnSumRows < a.T ? t0 + launch::kColumnSumRows : a.T;
+  const int64_t q1 = t1 + P < a.T ? t1 + P : a.T;  // rows whose dpre a dx of the chunk reads
+  float w[kW], part[kW], win[kW];                  // win[i]: dpre(q - i), the rows before t0 unused
+#pragma unroll
+  for (int j = 0; j < kW; ++j) {
+    w[j] = a.weight[c * kW + j];
+    part[j] = 0.0f;
+    win[j] = 0.0f;
+  }
+  RowSeq qs = row_seq(a.cu, a.num_seqs, a.T, t0);  // q's sequence
+  RowSeq ts = qs;                                  // t = q - P's sequence (from t0 on)
+  auto advance = [&](RowSeq& r, int64_t row) {
+    while (row >= r.end) r = {r.s + 1, r.end, a.cu[r.s + 2]};
+  };
+  for (int64_t q = t0; q < q1 + P; ++q) {
+#pragma unroll
+    for (int j = kW - 1; j > 0; --j) win[j] = win[j - 1];
+    if (q < q1) {
+      advance(qs, q);
+      win[0] = conv_dpre(a, qs.begin, q, c);
+      if (q < P && a.ds0 != nullptr) a.dpre[q * a.C + c] = win[0];
+      if (q < t1) {
+#pragma unroll
+        for (int j = 0; j < kW; ++j) part[j] += win[0] * conv_xpad(a, qs.begin, q, j, c);
+      }
+    }
+    const int64_t t = q - P;
+    if (t < t0 || t >= t1) continue;
+    advance(ts, t);
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kW; ++j)  // tap j reads dpre(t + P - j) = win[j] (row q - j)
+      if (t + P - j < ts.end) acc += w[j] * win[j];
+    const int64_t r = t + P - a.T;
+    if (a.dfin != nullptr && r >= 0) acc += a.dfin[r * a.C + c];
+    a.dx[t * a.C + c] = acc;
+  }
+  float* out = a.partials + (static_cast<int64_t>(blockIdx.y) * a.C + c) * kW;
+#pragma unroll
+  for (int j = 0; j < kW; ++j) out[j] = part[j];
 }
 
 // partials[chunk, c, j] = sum over the chunk's t of dpre[t, c] * xpad[t + j, c], t ascending.
@@ -421,6 +480,41 @@ __global__ void __launch_bounds__(kPointThreads) conv_dx_kernel(ConvBackwardArgs
 namespace launch {
 void causal_conv1d_backward(cudaStream_t stream, const ConvBackwardArgs& a) {
   if (a.C == 0) return;
+  // The fused kernel reads dout and x rows of the next chunk while that chunk's threads write dx:
+  // with dx in place of either, the three kernels below (dpre complete before any dx is written).
+  const auto overlaps_dx = [&](const float* p) {
+    const float* end = a.dx + a.T * a.C;
+    return p < end && a.dx < p + a.T * a.C;
+  };
+  if (a.T > 0 && a.W >= 1 && a.W <= 4 && !overlaps_dx(a.dout) && !overlaps_dx(a.x)) {
+    const int64_t chunks = (a.T + kColumnSumRows - 1) / kColumnSumRows;
+    check_y(chunks, "causal_conv1d_backward");
+    const dim3 grid(blocks_of(a.C, kColThreads), static_cast<unsigned>(chunks));
+    switch (a.W) {
+      case 1:
+        conv_fused_backward_kernel<1><<<grid, kColThreads, 0, stream>>>(a);
+        break;
+      case 2:
+        conv_fused_backward_kernel<2><<<grid, kColThreads, 0, stream>>>(a);
+        break;
+      case 3:
+        conv_fused_backward_kernel<3><<<grid, kColThreads, 0, stream>>>(a);
+        break;
+      default:
+        conv_fused_backward_kernel<4><<<grid, kColThreads, 0, stream>>>(a);
+        break;
+    }
+    LOOM_CUDA_CHECK_LAUNCH();
+    conv_dweight_total_kernel<<<blocks_of(a.C * a.W, kColThreads), kColThreads, 0, stream>>>(
+        a, chunks);
+    LOOM_CUDA_CHECK_LAUNCH();
+    if (a.ds0 != nullptr && a.W > 1) {
+      conv_dstate_kernel<<<dev::grid_for((a.W - 1) * a.C, kPointThreads), kPointThreads, 0,
+                           stream>>>(a);
+      LOOM_CUDA_CHECK_LAUNCH();
+    }
+    return;
+  }
   if (a.T > 0) {
     conv_dpre_kernel<<<dev::grid_for(a.T * a.C, kPointThreads), kPointThreads, 0, stream>>>(a);
     LOOM_CUDA_CHECK_LAUNCH();
