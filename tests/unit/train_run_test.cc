@@ -51,11 +51,18 @@ json mqar_run(const std::string& out) {
       {"seed", 7}};
 }
 
-std::vector<double> losses_in(const std::string& run) {
-  std::vector<double> out;
+// Every line of a run's metrics.jsonl, parsed.
+std::vector<json> metrics_of(const std::string& run) {
+  std::vector<json> out;
   std::ifstream f(fs::path(run) / "metrics.jsonl");
   std::string line;
-  while (std::getline(f, line)) out.push_back(json::parse(line)["loss"].get<double>());
+  while (std::getline(f, line)) out.push_back(json::parse(line));
+  return out;
+}
+
+std::vector<double> losses_in(const std::string& run) {
+  std::vector<double> out;
+  for (const json& m : metrics_of(run)) out.push_back(m["loss"].get<double>());
   return out;
 }
 
@@ -361,12 +368,9 @@ TEST(TrainRun, ToolDialogueStagesDrawTheirOwnMix) {
   ASSERT_TRUE(run_training(*cfg, nullptr).ok());
   const auto tok = Tokenizer::byte_level();
   std::mt19937_64 rng(7);
-  std::ifstream f(fs::path(out) / "metrics.jsonl");
-  std::string line;
   int step = 0;
   bool longer = false;
-  while (std::getline(f, line)) {
-    const json m = json::parse(line);
+  for (const json& m : metrics_of(out)) {
     const ToolDialogueOptions& o = cfg->stages[step < 2 ? 0 : 1].tool_dialogue;
     int64_t want = 0;
     for (int b = 0; b < 2; ++b) {
@@ -407,11 +411,8 @@ TEST(TrainRun, MixStagesDrawTheirOwnTasks) {
   ASSERT_TRUE(run_training(*cfg, nullptr).ok());
   const auto tok = Tokenizer::byte_level();
   std::mt19937_64 rng(7);
-  std::ifstream f(fs::path(out) / "metrics.jsonl");
-  std::string line;
   int step = 0;
-  while (std::getline(f, line)) {
-    const json m = json::parse(line);
+  for (const json& m : metrics_of(out)) {
     const StageConfig& stage = cfg->stages[step < 2 ? 0 : 1];
     std::discrete_distribution<size_t> pick(stage.mix_weights.begin(), stage.mix_weights.end());
     int64_t want = 0;
