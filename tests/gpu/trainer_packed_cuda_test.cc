@@ -3,9 +3,12 @@
 // parameter's gradient, for fixture models covering KDA, GDN, MLA, GQA, MoE and Block AttnRes;
 // then TrainStep with and without packing on the GPU. Sequence lengths on both sides of the
 // chunked forms' threshold (kKdaRecurrentMaxTokens), none a multiple of a tile.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -17,6 +20,7 @@
 #include "trainer/synthetic_tasks.h"
 #include "trainer/train_step.h"
 #include "weights/model_config.h"
+#include "weights/weight_loader.h"
 
 namespace loom {
 namespace {
@@ -102,6 +106,66 @@ TEST(TrainerPackedCuda, PackedMatchesPerSequenceAndTheCpu) {
     const Result cpu_packed = run(*cpu, seqs, true);
     expect_close(gpu_packed, gpu_each, "cuda packed vs cuda per-sequence", name);
     expect_close(gpu_packed, cpu_packed, "cuda packed vs cpu packed", name);
+  }
+}
+
+// The bundled default's shape (weights/default/config.json: head dims of 64, four MoE layers, MLA
+// with and without its rotary part) on sequences of up to 506 tokens: eight 64-token chunks, the
+// shapes a passkey batch at 512 trains on, which the fixture models above (dims of 16 and 32, up
+// to 130 tokens) do not reach. Packed on the GPU against packed on the CPU in f32; with the GEMMs
+// in TF32 (`"matmul": "tf32"`) only with dense MLPs: TF32's rounding moves router scores enough
+// to flip near-tied top-k choices of a random router, which changes those tokens' outputs
+// outright (s16a: every MoE model gradient 8-18% off, the dense ones are the measure of TF32).
+TEST(TrainerPackedCuda, DefaultShapedModelMatchesTheCpu) {
+  std::ifstream f(std::string(LOOM_SOURCE_DIR) + "/weights/default/config.json");
+  ASSERT_TRUE(f.good());
+  std::ostringstream text;
+  text << f.rdbuf();
+  struct Variant {
+    const char* name;
+    int rope;
+    bool moe;
+  };
+  for (const Variant& v :
+       {Variant{"default (RoPE MLA)", 32, true}, Variant{"default (NoPE MLA)", 0, true},
+        Variant{"default (NoPE MLA, dense MLPs)", 0, false}}) {
+    auto cfg = parse_model_config(text.str());
+    ASSERT_TRUE(cfg.ok()) << cfg.status();
+    cfg->mla.qk_rope_head_dim = v.rope;
+    if (!v.moe) std::fill(cfg->ffns.begin(), cfg->ffns.end(), FfnType::kDense);
+    const WeightLoader weights = WeightLoader::synthetic(*cfg, 1);
+    auto load_on = [&](Device device) -> std::unique_ptr<Model> {
+      auto m = Model::load(*cfg, weights,
+                           Placement{.device = device,
+                                     .dtype = WeightDType::kF32,
+                                     .activations = ActivationDType::kF32,
+                                     .trainable = true});
+      EXPECT_TRUE(m.ok()) << m.status();
+      return m.ok() ? std::move(*m) : nullptr;
+    };
+    std::mt19937_64 rng(17);
+    std::vector<std::vector<int32_t>> seqs;
+    for (int64_t len : {506, 301, 257, 129}) seqs.push_back(random_ids(len, cfg->vocab_size, rng));
+    auto gpu = load_on(Device::cuda(0));
+    auto cpu = load_on(Device::kCpu);
+    ASSERT_TRUE(gpu && cpu);
+    const Result cpu_packed = run(*cpu, seqs, true);
+    expect_close(run(*gpu, seqs, true), cpu_packed, "cuda packed vs cpu packed", v.name);
+    if (v.moe) continue;
+    ASSERT_TRUE(gpu->set_tf32_matmul(true).ok());
+    const Result tf32 = run(*gpu, seqs, true);
+    ASSERT_EQ(tf32.grads.size(), cpu_packed.grads.size());
+    double worst = 0;
+    std::string worst_name;
+    for (size_t i = 0; i < tf32.grads.size(); ++i) {
+      const double r = rel_l2_or_abs(tf32.grads[i].second, cpu_packed.grads[i].second);
+      EXPECT_LE(r, 3e-2) << v.name << " tf32 " << tf32.grads[i].first;
+      if (r > worst) worst = r, worst_name = tf32.grads[i].first;
+    }
+    for (size_t s = 0; s < seqs.size(); ++s)
+      EXPECT_NEAR(tf32.losses[s], cpu_packed.losses[s], 1e-3 * cpu_packed.losses[s]) << v.name;
+    std::printf("%s cuda tf32 packed vs cpu packed: loss %.7f / %.7f, worst rel L2 %.3g (%s)\n",
+                v.name, tf32.losses[0], cpu_packed.losses[0], worst, worst_name.c_str());
   }
 }
 
