@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "engine/sampling/sampling_params.h"
 
 namespace loom {
 
@@ -61,6 +63,15 @@ absl::StatusOr<PreparedChat> prepare_chat(const OpenAiRequest& req, const Tokeni
     out.prompt = std::move(prompt);
   }
   LOOM_ASSIGN_OR_RETURN(out.request, engine_request(req, *std::move(ids), max_model_len));
+  std::vector<std::string>& stop = out.request.params.stop;
+  if (!chat.end_of_turn_stop.empty() &&
+      std::find(stop.begin(), stop.end(), chat.end_of_turn_stop) == stop.end()) {
+    if (stop.size() >= static_cast<size_t>(kMaxStopStrings))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stop: at most ", kMaxStopStrings - 1, " strings in a chat request to this model: its ",
+          "replies also stop at the end of turn \"", chat.end_of_turn_stop, "\""));
+    stop.push_back(chat.end_of_turn_stop);
+  }
   out.output.reasoning = chat.reasoning;
   out.output.starts_in_reasoning = opens_reasoning;
   if (req.parse_tools()) out.output.tool_calls = chat.tool_call_syntax;

@@ -1,6 +1,8 @@
 #include "server/chat_setup.h"
 
+#include <span>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
@@ -8,16 +10,36 @@
 
 namespace loom {
 
+namespace {
+
+// The built-in template's end-of-turn marker when `tokenizer` does not encode it as one special
+// token; empty otherwise.
+std::string text_end_of_turn(ChatFormat format, const Tokenizer& tokenizer) {
+  auto marker = end_of_turn_marker(format);
+  if (!marker.ok()) return "";
+  const Tokenizer::Range all{0, marker->size()};
+  const std::vector<int32_t> ids =
+      tokenizer.encode_with_special_ranges(*marker, std::span(&all, 1));
+  if (ids.size() == 1 && tokenizer.is_special(ids[0])) return "";
+  return *std::move(marker);
+}
+
+}  // namespace
+
 absl::StatusOr<ChatSetup> load_chat_setup(const std::string& dir, std::string_view model_type,
-                                          ReasoningParser reasoning_parser) {
+                                          ReasoningParser reasoning_parser,
+                                          const Tokenizer* tokenizer) {
   ChatSetup chat;
   chat.format = chat_format_for_model_type(model_type);
   chat.tool_call_syntax = default_tool_call_syntax(chat.format);
   chat.reasoning_parser = reasoning_parser;
   auto t = CheckpointChatTemplate::load(dir);
   if (!t.ok()) {
-    if (t.status().code() == absl::StatusCode::kNotFound) return chat;
-    return t.status();
+    if (t.status().code() != absl::StatusCode::kNotFound) return t.status();
+    // The built-in template: a checkpoint's own one comes with a tokenizer whose special tokens
+    // end its turns.
+    if (tokenizer != nullptr) chat.end_of_turn_stop = text_end_of_turn(chat.format, *tokenizer);
+    return chat;
   }
   chat.chat_template = std::make_shared<const CheckpointChatTemplate>(std::move(t).value());
   if (auto syntax = probe_tool_call_syntax(*chat.chat_template)) {

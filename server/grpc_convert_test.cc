@@ -348,10 +348,12 @@ TEST(GrpcChat, RefusesWithHttpsWords) {
 // both frontends with Qwen3-Next's own template (which prints the schema with tojson, key order
 // and all), and the sampling fields land where Generate puts them.
 TEST(GrpcChat, RendersAsHttpWithTheCheckpointTemplate) {
-  auto chat = load_chat_setup(kTemplates + "/qwen3_next", "qwen3_next", ReasoningParser::kAuto);
+  auto tok = Tokenizer::byte_level();
+  auto chat =
+      load_chat_setup(kTemplates + "/qwen3_next", "qwen3_next", ReasoningParser::kAuto, tok.get());
   ASSERT_TRUE(chat.ok()) << chat.status();
   ASSERT_TRUE(chat->chat_template != nullptr);
-  auto tok = Tokenizer::byte_level();
+  EXPECT_EQ(chat->end_of_turn_stop, "");  // a checkpoint's template: its tokenizer's specials
   const char* schema =
       R"({"type": "object", "required": ["tz"], "properties": {"tz": {"type": "string", "maxLength": 8}}})";
   v1::ChatRequest proto = chat_proto(R"(

@@ -51,8 +51,8 @@ int main(int argc, char** argv) {
     tokenizer = loom::Tokenizer::byte_level();  // small bundled models: ids 0..259
   }
   // Chat renders and reads as loom-server does: the folder's own template, else the family's.
-  auto chat =
-      loom::load_chat_setup(dir, (*model)->config().model_type, loom::ReasoningParser::kAuto);
+  auto chat = loom::load_chat_setup(dir, (*model)->config().model_type,
+                                    loom::ReasoningParser::kAuto, tokenizer.get());
   if (!chat.ok()) {
     std::cerr << "loom-grpc-harness: " << chat.status() << "\n";
     return 1;

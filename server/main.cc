@@ -183,7 +183,7 @@ int main(int argc, char** argv) {
   }
   // The checkpoint's own Jinja chat template when its folder has one, and the tool-call syntax
   // and reasoning it writes; else the family's built-in template and syntax (docs/chat.md).
-  auto chat = loom::load_chat_setup(dir, model_type, options->reasoning_parser);
+  auto chat = loom::load_chat_setup(dir, model_type, options->reasoning_parser, tokenizer.get());
   if (!chat.ok()) return fail(absl::StrCat("loading the chat template of ", dir), chat.status());
   const std::string chat_template = loom::describe_chat_template(*chat);
   const std::string chat_output = loom::describe_chat_output(*chat);

@@ -122,24 +122,6 @@ absl::StatusOr<std::vector<ToolDialogueTurn>> tool_dialogue_turns(ChatFormat for
   return turns;
 }
 
-absl::StatusOr<std::string> end_of_turn_marker(ChatFormat format) {
-  const std::vector<ChatMessage> q = {{.role = "user", .content = "q"}};
-  auto prompt = render_chat(format, q, {}, {.add_generation_prompt = true});
-  if (!prompt.ok()) return prompt.status();
-  std::vector<ChatMessage> qa = q;
-  qa.push_back({.role = "assistant", .content = "a"});
-  auto whole = render_chat(format, qa, {}, {.add_generation_prompt = false});
-  if (!whole.ok()) return whole.status();
-  if (!whole->starts_with(*prompt + "a"))
-    return absl::InvalidArgumentError(absl::StrCat("the ", absl_sv(chat_format_name(format)),
-                                                   " template writes no plain end of turn"));
-  std::string marker(absl::StripAsciiWhitespace(whole->substr(prompt->size() + 1)));
-  if (marker.empty())
-    return absl::InvalidArgumentError(absl::StrCat("the ", absl_sv(chat_format_name(format)),
-                                                   " template writes no end-of-turn marker"));
-  return marker;
-}
-
 std::vector<int32_t> encode_chat_prompt(const Tokenizer& tokenizer, const RenderedChat& prompt) {
   const std::vector<Tokenizer::Range> ranges =
       clip_ranges(prompt.markup_ranges, 0, prompt.text.size());

@@ -61,10 +61,6 @@ absl::StatusOr<std::vector<ToolDialogueTurn>> tool_dialogue_turns(ChatFormat for
 // The messages as rendered for `format` (Kimi's tool-call ids are "functions.<name>:<k>").
 std::vector<ChatMessage> tool_dialogue_messages(ChatFormat format, const ToolDialogue& dialogue);
 
-// The end-of-turn marker `format` writes after an assistant message ("<|end|>" for native),
-// found by rendering a one-turn conversation.
-absl::StatusOr<std::string> end_of_turn_marker(ChatFormat format);
-
 // The whole dialogue as a training example: the rendered conversation (no trailing generation
 // prompt) encoded as loom-server encodes prompts (special tokens only inside the template's
 // markup), in pieces split at the assistant turns' boundaries so that every turn's prompt encodes

@@ -2,9 +2,10 @@
 
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "engine/chat/json_text.h"
 #include "core/status.h"
+#include "engine/chat/json_text.h"
 #include "nlohmann/json.hpp"
 
 namespace loom {
@@ -409,6 +410,24 @@ absl::StatusOr<RenderedChat> render_chat_prompt(ChatFormat format,
       return render_native(messages, tools_json, options);
   }
   return absl::InvalidArgumentError("unknown chat format");
+}
+
+absl::StatusOr<std::string> end_of_turn_marker(ChatFormat format) {
+  const std::vector<ChatMessage> q = {{.role = "user", .content = "q"}};
+  auto prompt = render_chat(format, q, {}, {.add_generation_prompt = true});
+  if (!prompt.ok()) return prompt.status();
+  std::vector<ChatMessage> qa = q;
+  qa.push_back({.role = "assistant", .content = "a"});
+  auto whole = render_chat(format, qa, {}, {.add_generation_prompt = false});
+  if (!whole.ok()) return whole.status();
+  if (!whole->starts_with(*prompt + "a"))
+    return absl::InvalidArgumentError(absl::StrCat("the ", absl_sv(chat_format_name(format)),
+                                                   " template writes no plain end of turn"));
+  std::string marker(absl::StripAsciiWhitespace(whole->substr(prompt->size() + 1)));
+  if (marker.empty())
+    return absl::InvalidArgumentError(absl::StrCat("the ", absl_sv(chat_format_name(format)),
+                                                   " template writes no end-of-turn marker"));
+  return marker;
 }
 
 }  // namespace loom

@@ -83,4 +83,10 @@ absl::StatusOr<RenderedChat> render_chat_prompt(ChatFormat format,
                                                 const std::vector<ToolDefinition>& tools,
                                                 const RenderOptions& options);
 
+// The end-of-turn marker `format` writes after an assistant message ("<|end|>" for native,
+// "<|im_end|>" for qwen), found by rendering a one-turn conversation. A reply ends there: the
+// trainer's evaluations cut replies at it, and loom-server stops a chat reply at it when the
+// model's tokenizer spells it as text rather than as one special token.
+absl::StatusOr<std::string> end_of_turn_marker(ChatFormat format);
+
 }  // namespace loom
