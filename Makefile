@@ -77,9 +77,12 @@ run: build default-model
 conformance: build
 	./build/bin/loom-conformance --fixture $(RUN_FIXTURE)
 
-# The bundled default model: deterministic untrained weights for weights/default/config.json.
-build/default-model/model.safetensors: build weights/default/config.json
-	./build/bin/loom-init-model --config weights/default/config.json --seed 1 --out build/default-model
+# The bundled default model: the trained weights in weights/default (weights/default/README.md),
+# copied where `make run` and the images serve them from (an earlier build's UNTRAINED marker
+# goes).
+build/default-model/model.safetensors: weights/default/config.json weights/default/model.safetensors
+	@mkdir -p build/default-model && rm -f build/default-model/UNTRAINED
+	cp weights/default/config.json weights/default/model.safetensors build/default-model/
 
 default-model: build/default-model/model.safetensors
 

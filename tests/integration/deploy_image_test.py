@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The CPU image (deploy/docker/Dockerfile.cpu) built and run with podman (ctest deploy_cpu_image_e2e).
 
-Builds `--target runtime-prebuilt`: this build's loom-server and a default model written by this
-build's loom-init-model, in the image's runtime stage (the compiling `build` stage takes minutes
-and is the same runtime stage after it; docs/deploy.md records its run). The base image is a local
+Builds `--target runtime-prebuilt`: this build's loom-server and the bundled default model
+(weights/default, as `make default-model` copies it), in the image's runtime stage (the compiling
+`build` stage takes minutes and is the same runtime stage after it; docs/deploy.md records its
+run). The base image is a local
 Debian bookworm made with deploy/docker/debian-base.sh (debootstrap) when no registry is reachable.
 Then the container runs as the image says (its CMD, a read-only root file system, as
 Kubernetes' readOnlyRootFilesystem): /ready and /health answer 200, one completion comes back with
@@ -83,7 +84,6 @@ def http_get(port, path, body=None):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--server", required=True)
-    ap.add_argument("--init-model", required=True)
     ap.add_argument("--source", required=True)
     ap.add_argument("--base", default="localhost/debian:bookworm-debootstrap")
     args = ap.parse_args()
@@ -119,9 +119,10 @@ def main():
         for f in ("Dockerfile.cpu", "Dockerfile.cpu.dockerignore", "collect-libs.sh"):
             shutil.copy2(os.path.join(args.source, "deploy", "docker", f),
                          os.path.join(ctx, "deploy", "docker", f))
-        run([args.init_model, "--config",
-             os.path.join(args.source, "weights", "default", "config.json"), "--seed", "1",
-             "--out", os.path.join(ctx, "build", "default-model")])
+        os.makedirs(os.path.join(ctx, "build", "default-model"))
+        for f in ("config.json", "model.safetensors"):
+            shutil.copy2(os.path.join(args.source, "weights", "default", f),
+                         os.path.join(ctx, "build", "default-model", f))
         t0 = time.time()
         run([podman] + glob_opts + ["build", "--network", "host", "--target", "runtime-prebuilt",
                                     "--build-arg", "BASE=" + args.base, "-t", IMAGE,

@@ -318,13 +318,15 @@ class DeployTest(unittest.TestCase):
             self.assertEqual(sorted(expose), sorted([values["port"], values["grpc_port"]]), name)
             self.assertEqual(values["host"], "0.0.0.0", name)
             model_dir = values["model"]
-            self.assertIn("--out %s" % model_dir.replace("/opt/loom", "/out"),
+            self.assertIn("-t %s weights/default/config.json weights/default/model.safetensors"
+                          % model_dir.replace("/opt/loom", "/out"),
                           re.sub(r"\s+", " ", joined), name)
             users = re.findall(r"^USER (\S+)$", joined, re.M)
             self.assertTrue(users and all(not u.startswith(("0", "root")) for u in users), name)
             self.assertIn('ENTRYPOINT ["/opt/loom/bin/tini", "-g", "--", "/opt/loom/bin/loom-server"]',
                           joined, name)
-            for ref in ("weights/default/config.json", "deploy/docker/collect-libs.sh"):
+            for ref in ("weights/default/config.json", "weights/default/model.safetensors",
+                        "deploy/docker/collect-libs.sh"):
                 self.assertIn(ref, joined, name)
                 self.assertTrue(os.path.exists(repo_path(ref)), ref)
             # The build stage installs what `make deps` installs for the build (and tini).
