@@ -19,17 +19,14 @@ both frontends:
 import argparse
 import http.client
 import json
-import queue
-import re
-import subprocess
+import os
 import sys
-import threading
-import time
 import unittest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from loom_server_process import LoomServer  # noqa: E402
+
 ARGS = None
-HTTP_LISTEN = re.compile(r"http listening on http://[^ ]+ \(port (\d+)\)")
-GRPC_LISTEN = re.compile(r"grpc listening on (\S+):(\d+)")
 DEADLINE = 120.0
 
 # The trainer's passkey text (trainer/synthetic_tasks.cc, make_passkey).
@@ -48,42 +45,6 @@ def passkey_prompt(key, before, after):
             (key, key) + FILLER * after + QUESTION)
 
 
-class Server:
-    """loom-server with both frontends on free loopback ports."""
-
-    def __init__(self):
-        cmd = [ARGS.server, "--model", ARGS.model, "--host", "127.0.0.1", "--port", "0",
-               "--grpc_port", "0"]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.stderr = []
-        lines = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(l) for l in self.proc.stdout], daemon=True).start()
-        threading.Thread(target=lambda: [self.stderr.append(l) for l in self.proc.stderr],
-                         daemon=True).start()
-        self.port = self.target = None
-        end = time.time() + 120
-        while time.time() < end and (self.port is None or self.target is None):
-            try:
-                line = lines.get(timeout=0.5)
-            except queue.Empty:
-                if self.proc.poll() is not None:
-                    break
-                continue
-            if m := HTTP_LISTEN.search(line):
-                self.port = int(m.group(1))
-            if m := GRPC_LISTEN.search(line):
-                self.target = "%s:%s" % (m.group(1), m.group(2))
-        if self.port is None or self.target is None:
-            self.stop()
-            raise RuntimeError("loom-server did not report its ports: %s\n%s" %
-                               (cmd, "".join(self.stderr[-20:])))
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-
 def http_json(port, method, path, body=None):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=DEADLINE)
     try:
@@ -98,7 +59,7 @@ def http_json(port, method, path, body=None):
 class DefaultModelTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.server = Server()
+        cls.server = LoomServer(ARGS.server, ARGS.model, "--grpc_port", "0")
         status, body = http_json(cls.server.port, "GET", "/v1/models")
         assert status == 200, body
         cls.model = body["data"][0]["id"]
@@ -155,7 +116,8 @@ class DefaultModelTest(unittest.TestCase):
         self.assertEqual(c["message"]["content"], "12 plus 30 is 42.")
 
     def test_grpc_chat_tool_call_and_answer(self):
-        client = loom_client.LoomClient(self.server.target, timeout=DEADLINE)
+        client = loom_client.LoomClient("127.0.0.1:%d" % self.server.grpc_port,
+                                        timeout=DEADLINE)
         try:
             c = client.chat_reply(self.call_turn(), tools=TOOLS, max_tokens=60, temperature=0)[0]
             self.check_call(c["tool_calls"], c["finish_reason"], c["content"])
