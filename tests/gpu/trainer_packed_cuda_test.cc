@@ -71,10 +71,11 @@ Result run(const Model& model, const std::vector<std::vector<int32_t>>& seqs, bo
 }
 
 void expect_close(const Result& got, const Result& want, const char* what,
-                  const std::string& fixture) {
+                  const std::string& fixture, double grad_bound = kGradBound,
+                  double loss_bound = kLossBound) {
   ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
   for (size_t s = 0; s < want.losses.size(); ++s)
-    EXPECT_NEAR(got.losses[s], want.losses[s], kLossBound * std::fabs(want.losses[s]))
+    EXPECT_NEAR(got.losses[s], want.losses[s], loss_bound * std::fabs(want.losses[s]))
         << fixture << " " << what << " sequence " << s;
   ASSERT_EQ(got.grads.size(), want.grads.size()) << what;
   double worst = 0;
@@ -82,7 +83,7 @@ void expect_close(const Result& got, const Result& want, const char* what,
   for (size_t i = 0; i < want.grads.size(); ++i) {
     ASSERT_EQ(got.grads[i].first, want.grads[i].first);
     const double r = rel_l2_or_abs(got.grads[i].second, want.grads[i].second);
-    EXPECT_LE(r, kGradBound) << fixture << " " << what << " " << want.grads[i].first;
+    EXPECT_LE(r, grad_bound) << fixture << " " << what << " " << want.grads[i].first;
     if (r > worst) worst = r, worst_name = want.grads[i].first;
   }
   std::printf("%s %s: %zu gradients, worst rel L2 %.3g (%s)\n", fixture.c_str(), what,
@@ -153,19 +154,8 @@ TEST(TrainerPackedCuda, DefaultShapedModelMatchesTheCpu) {
     expect_close(run(*gpu, seqs, true), cpu_packed, "cuda packed vs cpu packed", v.name);
     if (v.moe) continue;
     ASSERT_TRUE(gpu->set_tf32_matmul(true).ok());
-    const Result tf32 = run(*gpu, seqs, true);
-    ASSERT_EQ(tf32.grads.size(), cpu_packed.grads.size());
-    double worst = 0;
-    std::string worst_name;
-    for (size_t i = 0; i < tf32.grads.size(); ++i) {
-      const double r = rel_l2_or_abs(tf32.grads[i].second, cpu_packed.grads[i].second);
-      EXPECT_LE(r, 3e-2) << v.name << " tf32 " << tf32.grads[i].first;
-      if (r > worst) worst = r, worst_name = tf32.grads[i].first;
-    }
-    for (size_t s = 0; s < seqs.size(); ++s)
-      EXPECT_NEAR(tf32.losses[s], cpu_packed.losses[s], 1e-3 * cpu_packed.losses[s]) << v.name;
-    std::printf("%s cuda tf32 packed vs cpu packed: loss %.7f / %.7f, worst rel L2 %.3g (%s)\n",
-                v.name, tf32.losses[0], cpu_packed.losses[0], worst, worst_name.c_str());
+    expect_close(run(*gpu, seqs, true), cpu_packed, "cuda tf32 packed vs cpu packed", v.name,
+                 /*grad_bound=*/3e-2, /*loss_bound=*/1e-3);
   }
 }
 

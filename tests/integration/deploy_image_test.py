@@ -4,8 +4,8 @@
 Builds `--target runtime-prebuilt`: this build's loom-server and the bundled default model
 (weights/default, as `make default-model` copies it), in the image's runtime stage (the compiling
 `build` stage takes minutes and is the same runtime stage after it; docs/deploy.md records its
-run). The base image is a local
-Debian bookworm made with deploy/docker/debian-base.sh (debootstrap) when no registry is reachable.
+run). The base image is a local Debian bookworm made with deploy/docker/debian-base.sh
+(debootstrap) when no registry is reachable.
 Then the container runs as the image says (its CMD, a read-only root file system, as
 Kubernetes' readOnlyRootFilesystem): /ready and /health answer 200, one completion comes back with
 the tokens asked for, the process runs as uid 10001, and `podman stop` (SIGTERM through tini)
