@@ -87,10 +87,11 @@ absl::StatusOr<std::string> read_config_file(const std::string& path) {
 }
 
 absl::Status read_mqar(const json& q, std::string_view where, MqarOptions& m) {
-  LOOM_RETURN_IF_ERROR(only_keys(
-      q, where,
-      {"num_pairs", "key_begin", "num_keys", "value_begin", "num_values", "pad_id", "spread"}));
+  LOOM_RETURN_IF_ERROR(only_keys(q, where,
+                                 {"num_pairs", "min_pairs", "key_begin", "num_keys", "value_begin",
+                                  "num_values", "pad_id", "spread"}));
   LOOM_RETURN_IF_ERROR(read(q, "num_pairs", where, m.num_pairs));
+  LOOM_RETURN_IF_ERROR(read(q, "min_pairs", where, m.min_pairs));
   LOOM_RETURN_IF_ERROR(read(q, "key_begin", where, m.key_begin));
   LOOM_RETURN_IF_ERROR(read(q, "num_keys", where, m.num_keys));
   LOOM_RETURN_IF_ERROR(read(q, "value_begin", where, m.value_begin));
@@ -242,8 +243,8 @@ absl::Status read_stage_mix(const json& list, const std::string& where,
   return absl::OkStatus();
 }
 
-// "stages": [{"seq_len", "rope_theta", "min_steps", "max_steps", "mqar", "tool_dialogue",
-// "passkey", "mix"}, ...] and
+// "stages": [{"seq_len", "rope_theta", "min_steps", "max_steps", "target_loss", "mqar",
+// "tool_dialogue", "passkey", "mix"}, ...] and
 // "stage_stability": {"window", "tolerance"}.
 absl::Status read_stages(const json& j, RunConfig& c) {
   if (j.contains("stage_stability")) {
@@ -264,8 +265,8 @@ absl::Status read_stages(const json& j, RunConfig& c) {
     const std::string where = absl::StrCat("stages[", i, "]");
     const json& o = list[i];
     LOOM_RETURN_IF_ERROR(only_keys(o, where,
-                                   {"seq_len", "rope_theta", "min_steps", "max_steps", "mqar",
-                                    "tool_dialogue", "passkey", "mix"}));
+                                   {"seq_len", "rope_theta", "min_steps", "max_steps",
+                                    "target_loss", "mqar", "tool_dialogue", "passkey", "mix"}));
     StageConfig s;
     if (!o.contains("seq_len")) return bad(where + ".seq_len", "required");
     if (!o.contains("max_steps")) return bad(where + ".max_steps", "required");
@@ -273,6 +274,9 @@ absl::Status read_stages(const json& j, RunConfig& c) {
     LOOM_RETURN_IF_ERROR(read(o, "rope_theta", where, s.rope_theta));
     LOOM_RETURN_IF_ERROR(read(o, "min_steps", where, s.min_steps));
     LOOM_RETURN_IF_ERROR(read(o, "max_steps", where, s.max_steps));
+    LOOM_RETURN_IF_ERROR(read(o, "target_loss", where, s.target_loss));
+    if (o.contains("target_loss"))
+      LOOM_RETURN_IF_ERROR(in_range(where + ".target_loss", s.target_loss, 1e-9, 1e6));
     if (s.seq_len < 2 || s.seq_len > (1 << 20))
       return bad(where + ".seq_len", "must be in [2, 2^20]");
     if (o.contains("rope_theta"))

@@ -24,6 +24,8 @@ std::string_view stage_end_name(StageEnd end) {
   switch (end) {
     case StageEnd::kStable:
       return "stable";
+    case StageEnd::kTargetLoss:
+      return "target_loss";
     case StageEnd::kMaxSteps:
       return "max_steps";
     case StageEnd::kNone:
@@ -35,8 +37,16 @@ std::string_view stage_end_name(StageEnd end) {
 StageEnd stage_end(const StageConfig& stage, const StabilityRule& rule, int64_t steps_in_stage,
                    std::span<const double> losses) {
   if (steps_in_stage >= stage.max_steps) return StageEnd::kMaxSteps;
-  if (steps_in_stage >= stage.min_steps && loss_is_stable(losses, rule)) return StageEnd::kStable;
-  return StageEnd::kNone;
+  if (steps_in_stage < stage.min_steps) return StageEnd::kNone;
+  if (stage.target_loss > 0) {
+    const size_t w = static_cast<size_t>(std::max(rule.window, 1));
+    if (losses.size() < w) return StageEnd::kNone;
+    double mean = 0;
+    for (size_t i = losses.size() - w; i < losses.size(); ++i) mean += losses[i];
+    mean /= static_cast<double>(w);
+    return mean < stage.target_loss ? StageEnd::kTargetLoss : StageEnd::kNone;
+  }
+  return loss_is_stable(losses, rule) ? StageEnd::kStable : StageEnd::kNone;
 }
 
 std::vector<PositionBucket> position_buckets(int64_t seq_len, int64_t first) {

@@ -19,6 +19,10 @@ struct StageConfig {
   double rope_theta = 0;  // the RoPE base from this stage on; 0: leave it as it is
   int64_t min_steps = 0;
   int64_t max_steps = 1;
+  // > 0: the stage ends, from min_steps on, once the mean loss of its last window steps is below
+  // this, and never on a stable loss (a curriculum's plateau is stable long before its task is
+  // learned). 0: the stability rule.
+  double target_loss = 0;
   MqarOptions mqar;                   // task mqar: data.mqar with the stage's overrides and seq_len
   ToolDialogueOptions tool_dialogue;  // task tool_dialogue: data.tool_dialogue with the overrides
   PasskeyTrainOptions passkey;        // task passkey: data.passkey with the overrides
@@ -38,11 +42,13 @@ struct StabilityRule {
 // `losses`: the stage's losses so far, oldest first (at least the last 2W of them).
 bool loss_is_stable(std::span<const double> losses, const StabilityRule& rule);
 
-enum class StageEnd { kNone, kStable, kMaxSteps };
-std::string_view stage_end_name(StageEnd end);  // "", "stable", "max_steps"
+enum class StageEnd { kNone, kStable, kTargetLoss, kMaxSteps };
+// "", "stable", "target_loss", "max_steps"
+std::string_view stage_end_name(StageEnd end);
 
 // Whether the stage ends after `steps_in_stage` steps whose recent losses are `losses`:
-// kMaxSteps at max_steps, kStable from min_steps on once loss_is_stable, else kNone.
+// kMaxSteps at max_steps; from min_steps on, kTargetLoss once the mean of the last `rule.window`
+// losses is below a set target_loss, else (no target) kStable once loss_is_stable; else kNone.
 StageEnd stage_end(const StageConfig& stage, const StabilityRule& rule, int64_t steps_in_stage,
                    std::span<const double> losses);
 

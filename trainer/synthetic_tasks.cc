@@ -31,6 +31,9 @@ absl::Status MqarOptions::validate() const {
   if (num_pairs < 1 || 4LL * num_pairs > seq_len)
     return absl::InvalidArgumentError(absl::StrCat(
         "mqar: ", num_pairs, " pairs need ", 4LL * num_pairs, " tokens; seq_len is ", seq_len));
+  if (min_pairs < 0 || min_pairs > num_pairs)
+    return absl::InvalidArgumentError(
+        absl::StrCat("mqar: min_pairs ", min_pairs, " outside [0, num_pairs = ", num_pairs, "]"));
   if (num_keys < num_pairs || num_values < 1)
     return absl::InvalidArgumentError(absl::StrCat("mqar: ", num_keys, " keys and ", num_values,
                                                    " values for ", num_pairs, " pairs"));
@@ -44,21 +47,24 @@ absl::Status MqarOptions::validate() const {
 }
 
 Example make_mqar(const MqarOptions& o, std::mt19937_64& rng) {
+  const int num_pairs = o.min_pairs > 0
+                            ? std::uniform_int_distribution<int>(o.min_pairs, o.num_pairs)(rng)
+                            : o.num_pairs;
   std::vector<int32_t> keys(o.num_keys);
   std::iota(keys.begin(), keys.end(), o.key_begin);
   std::shuffle(keys.begin(), keys.end(), rng);
-  keys.resize(o.num_pairs);
+  keys.resize(num_pairs);
   std::uniform_int_distribution<int32_t> value(o.value_begin, o.value_begin + o.num_values - 1);
-  std::vector<int32_t> values(o.num_pairs);
+  std::vector<int32_t> values(num_pairs);
   for (int32_t& v : values) v = value(rng);
   Example ex;
   ex.tokens.reserve(o.seq_len);
-  for (int i = 0; i < o.num_pairs; ++i) {
+  for (int i = 0; i < num_pairs; ++i) {
     ex.tokens.push_back(keys[i]);
     ex.tokens.push_back(values[i]);
   }
   ex.loss_mask.assign(ex.tokens.size(), 0);
-  std::vector<int> order(o.num_pairs);
+  std::vector<int> order(num_pairs);
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), rng);
   const auto query = [&](int i) {
@@ -70,14 +76,14 @@ Example make_mqar(const MqarOptions& o, std::mt19937_64& rng) {
   if (!o.spread) {
     for (int i : order) query(i);
   } else {
-    const int slots = (o.seq_len - 2 * o.num_pairs) / 2;
+    const int slots = (o.seq_len - 2 * num_pairs) / 2;
     std::vector<int> chosen(slots);
     std::iota(chosen.begin(), chosen.end(), 0);
     std::shuffle(chosen.begin(), chosen.end(), rng);
-    chosen.resize(o.num_pairs);
+    chosen.resize(num_pairs);
     std::sort(chosen.begin(), chosen.end());
     for (int s = 0, next = 0; s < slots; ++s) {
-      if (next < o.num_pairs && chosen[next] == s) {
+      if (next < num_pairs && chosen[next] == s) {
         query(order[next++]);
       } else {
         ex.tokens.insert(ex.tokens.end(), {o.pad_id, o.pad_id});

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -105,6 +106,38 @@ TEST(Mqar, SpreadQueriesFillSlotsOverTheWholeSequence) {
   o.spread = false;
   const Example packed = make_mqar(o, rng);
   for (int i = 2 * o.num_pairs; i < 4 * o.num_pairs; i += 2) EXPECT_EQ(packed.loss_mask[i], 1) << i;
+}
+
+// min_pairs: each example has between min_pairs and num_pairs pairs (every count turns up over
+// many draws), queried once each, spread over the same length.
+TEST(Mqar, MinPairsDrawsEachExamplesPairCount) {
+  std::mt19937_64 rng(5);
+  MqarOptions o;
+  o.num_pairs = 8;
+  o.min_pairs = 3;
+  o.seq_len = 64;
+  o.spread = true;
+  ASSERT_TRUE(o.validate().ok());
+  std::set<int64_t> counts;
+  for (int n = 0; n < 200; ++n) {
+    const Example ex = make_mqar(o, rng);
+    ASSERT_EQ(ex.tokens.size(), 64u);
+    const int64_t pairs = ex.scored();
+    counts.insert(pairs);
+    std::map<int32_t, int32_t> value_of;
+    for (int i = 0; i < 2 * pairs; i += 2) value_of[ex.tokens[i]] = ex.tokens[i + 1];
+    ASSERT_EQ(static_cast<int64_t>(value_of.size()), pairs);
+    for (size_t i = 2 * pairs; i + 1 < ex.tokens.size(); ++i) {
+      if (!ex.loss_mask[i]) continue;
+      ASSERT_TRUE(value_of.contains(ex.tokens[i])) << i;
+      EXPECT_EQ(ex.tokens[i + 1], value_of[ex.tokens[i]]) << i;
+    }
+  }
+  EXPECT_EQ(counts, (std::set<int64_t>{3, 4, 5, 6, 7, 8}));
+  o.min_pairs = 9;
+  EXPECT_NE(o.validate().message().find("min_pairs"), std::string::npos);
+  o.min_pairs = -1;
+  EXPECT_NE(o.validate().message().find("min_pairs"), std::string::npos);
 }
 
 TEST(Mqar, RejectsLayoutsThatCannotWork) {

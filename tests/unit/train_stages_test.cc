@@ -218,6 +218,8 @@ TEST(StagedRunConfig, NamesTheFieldOfEveryMistake) {
       {[](json& j) { j["stages"][0]["min_steps"] = 9; }, "stages[0].min_steps"},
       {[](json& j) { j["stages"][1]["rope_theta"] = 0; }, "stages[1].rope_theta"},
       {[](json& j) { j["stages"][1]["rope_theta"] = "big"; }, "stages[1].rope_theta"},
+      {[](json& j) { j["stages"][0]["target_loss"] = 0; }, "stages[0].target_loss"},
+      {[](json& j) { j["stages"][0]["target_loss"] = "low"; }, "stages[0].target_loss"},
       {[](json& j) {
          j["stages"][1]["mqar"] = {{"num_pairs", 40}};
        },
@@ -273,6 +275,18 @@ TEST(StageRule, StableOnlyWhenTheWindowMeansAgree) {
   EXPECT_EQ(stage_end(stage, rule, 10, falling), StageEnd::kMaxSteps);
   EXPECT_EQ(stage_end_name(StageEnd::kStable), "stable");
   EXPECT_EQ(stage_end_name(StageEnd::kMaxSteps), "max_steps");
+
+  // A target loss ends the stage on the last window's mean, and a plateau above it never does.
+  const StageConfig target{.seq_len = 16, .min_steps = 4, .max_steps = 10, .target_loss = 1.5};
+  EXPECT_EQ(stage_end(target, rule, 6, std::vector<double>(6, 2.0)), StageEnd::kNone);  // stable
+  EXPECT_EQ(stage_end(target, rule, 6, flat), StageEnd::kTargetLoss);
+  EXPECT_EQ(stage_end(target, rule, 3, falling), StageEnd::kNone);                    // min_steps
+  EXPECT_EQ(stage_end(target, rule, 6, std::vector<double>{1, 1}), StageEnd::kNone);  // < W
+  EXPECT_EQ(stage_end(target, rule, 6, falling), StageEnd::kNone);                    // mean 2
+  EXPECT_EQ(stage_end(target, rule, 6, std::vector<double>{6, 5, 4, 2, 1, 1}),
+            StageEnd::kTargetLoss);  // mean 4/3
+  EXPECT_EQ(stage_end(target, rule, 10, std::vector<double>{3, 3, 3}), StageEnd::kMaxSteps);
+  EXPECT_EQ(stage_end_name(StageEnd::kTargetLoss), "target_loss");
 }
 
 TEST(StageRule, PositionBucketsDouble) {
@@ -432,6 +446,29 @@ TEST(StagedRun, StableLossEndsAStageEarlyAndRotaryFreeModelsSayWhy) {
   EXPECT_EQ(lines[1]["stage_ended"], "stable");
   EXPECT_EQ(lines[3]["stage_ended"], "stable");
   EXPECT_EQ(lines[2]["rope_note"], "no rotary layers: rope_theta ignored");
+  fs::remove_all(a);
+}
+
+TEST(StagedRun, TargetLossEndsAStageAndAPlateauDoesNot) {
+  const std::string a = tmp("target");
+  json j = staged_run(a);
+  j["stage_stability"] = {{"window", 1}, {"tolerance", 1e9}};  // anything is stable
+  j["stages"][0]["min_steps"] = 2;
+  j["stages"][0]["max_steps"] = 3;
+  j["stages"][0]["target_loss"] = 1e-6;  // out of reach: runs to max_steps although stable
+  j["stages"][1]["min_steps"] = 2;
+  j["stages"][1]["max_steps"] = 50;
+  j["stages"][1]["target_loss"] = 1e6;  // reached at once: ends after min_steps
+  j["checkpoint_every"] = 0;
+  auto c = parse_run_config(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto summary = run_training(*c, nullptr);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  const std::vector<json> lines = lines_in(a);
+  ASSERT_EQ(lines.size(), 5u);
+  EXPECT_FALSE(lines[1].contains("stage_ended"));
+  EXPECT_EQ(lines[2]["stage_ended"], "max_steps");
+  EXPECT_EQ(lines[4]["stage_ended"], "target_loss");
   fs::remove_all(a);
 }
 
