@@ -17,6 +17,12 @@
 
 namespace loom {
 
+// How a GPU's f32 GEMMs of more than one row that go to cuBLAS multiply (the trainer's
+// `matmul`): in f32 on the CUDA cores, or on the tensor cores with their inputs rounded to TF32
+// (10-bit mantissa) or to bf16 (7-bit mantissa), accumulating in f32 either way (cuBLAS's
+// FAST_TF32 and FAST_16BF). Operands and results stay f32 in memory.
+enum class MatmulPrecision { kF32, kTf32, kBf16 };
+
 struct Exec {
   Device device = Device::kCpu;
   // The device's cudaStream_t (as void*, so that this header needs no CUDA header); null on the
@@ -27,11 +33,10 @@ struct Exec {
   // Batch-invariant numerics (kernels/batch_invariance.h): each output row is computed by the
   // same operations whatever else is in the call. The engine's --deterministic mode.
   bool batch_invariant = false;
-  // f32 GEMMs of more than one row on a GPU may round their inputs to TF32 (10-bit mantissa) on
-  // the tensor cores, accumulating in f32 (cuBLAS's FAST_TF32): the trainer's opt-in
-  // (`precision.matmul`, Model::set_tf32_matmul). Ignored under batch_invariant, which keeps its
-  // own f32 kernel. Never set for the host: the CPU has no such unit.
-  bool tf32_matmul = false;
+  // The trainer's opt-in for f32 GEMMs on a GPU's tensor cores (Model::set_matmul_precision).
+  // Ignored under batch_invariant, which keeps its own f32 kernel. Never other than kF32 for the
+  // host: the CPU has no such unit.
+  MatmulPrecision matmul = MatmulPrecision::kF32;
 };
 
 // The host, no workspace, default numerics: for tools, tests and one-off host work.

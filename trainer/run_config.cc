@@ -362,11 +362,12 @@ absl::StatusOr<RunConfig> parse_run_config(std::string_view text) {
   c.device = *parsed;
   std::string matmul = "f32";
   LOOM_RETURN_IF_ERROR(read(j, "matmul", "run", matmul));
-  if (matmul == "tf32") {
-    if (c.device.is_cpu()) return bad("run.matmul", "\"tf32\" needs a CUDA device (run.device)");
-    c.tf32_matmul = true;
+  if (matmul == "tf32" || matmul == "bf16") {
+    if (c.device.is_cpu())
+      return bad("run.matmul", absl::StrCat("\"", matmul, "\" needs a CUDA device (run.device)"));
+    c.matmul = matmul == "tf32" ? MatmulPrecision::kTf32 : MatmulPrecision::kBf16;
   } else if (matmul != "f32") {
-    return bad("run.matmul", "must be \"f32\" or \"tf32\"");
+    return bad("run.matmul", "must be \"f32\", \"tf32\" or \"bf16\"");
   }
 
   if (!j.contains("data")) return bad("run.data", "required");

@@ -62,9 +62,9 @@ struct RunConfig {
   // Where the model, its gradients and the optimizer state live ("device": "cpu", "cuda" or
   // "cuda:N"); whether this build and machine have it is checked when the model loads.
   Device device = Device::kCpu;
-  // "matmul": "f32" (default) or "tf32": the GPU's f32 GEMMs on TF32 tensor cores
-  // (Model::set_tf32_matmul); CUDA devices only.
-  bool tf32_matmul = false;
+  // "matmul": "f32" (default), "tf32" or "bf16": the GPU's f32 GEMMs on TF32 or bf16 tensor
+  // cores (Model::set_matmul_precision); CUDA devices only.
+  MatmulPrecision matmul = MatmulPrecision::kF32;
   // "data_parallel": N >= 1 ranks, each a replica of the model with its own optimizer state,
   // batch_size / N examples of every batch (batch_size a multiple of N), the gradients summed
   // over the ranks before each update (so every replica applies the same one). On CUDA, rank r

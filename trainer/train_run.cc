@@ -201,7 +201,7 @@ absl::StatusOr<RunSummary> train_rank(const RunConfig& c, std::FILE* progress, C
   LOOM_ASSIGN_OR_RETURN(
       std::unique_ptr<Model> model,
       load_run_model(c.model_checkpoint, c.model_config, c.model_seed, "train", c.device));
-  LOOM_RETURN_IF_ERROR(model->set_tf32_matmul(c.tf32_matmul));
+  LOOM_RETURN_IF_ERROR(model->set_matmul_precision(c.matmul));
   const int64_t vocab = model->config().vocab_size;
   LOOM_ASSIGN_OR_RETURN(TrainStep step, TrainStep::create(*model, c.optimizer));
   step.set_data_parallel(dp);

@@ -126,7 +126,7 @@ absl::StatusOr<Tensor> Model::forward_store(const ForwardBatch& batch, Activatio
   }
   Exec ex = exec_for(device, ws);
   ex.batch_invariant = batch.batch_invariant;
-  ex.tf32_matmul = tf32_matmul_;
+  ex.matmul = matmul_;
   // Validate everything before touching any cache, so a bad batch changes nothing.
   LOOM_ASSIGN_OR_RETURN(BatchLayout layout, make_layout(batch, ex, *step));
   if (batch.routing_replay != nullptr) {
@@ -150,22 +150,23 @@ absl::StatusOr<BatchLayout> Model::prepare(const ForwardBatch& batch) const {
   LOOM_RETURN_IF_ERROR(check_devices(batch));
   Exec ex = exec_for(placement_.device, batch.workspace);
   ex.batch_invariant = batch.batch_invariant;
-  ex.tf32_matmul = tf32_matmul_;
+  ex.matmul = matmul_;
   return make_layout(batch, ex, *batch.step);
 }
 
-absl::Status Model::set_tf32_matmul(bool on) {
-  if (on && placement_.device.is_cpu())
-    return absl::InvalidArgumentError(
-        "TF32 matmuls need a CUDA device (the model is on the CPU, which computes in f32)");
-  tf32_matmul_ = on;
+absl::Status Model::set_matmul_precision(MatmulPrecision precision) {
+  if (precision != MatmulPrecision::kF32 && placement_.device.is_cpu())
+    return absl::InvalidArgumentError(absl::StrCat(
+        precision == MatmulPrecision::kBf16 ? "bf16" : "TF32",
+        " matmuls need a CUDA device (the model is on the CPU, which computes in f32)"));
+  matmul_ = precision;
   return absl::OkStatus();
 }
 
 Tensor Model::launch(const ForwardBatch& batch, const BatchLayout& layout) const {
   Exec ex = exec_for(placement_.device, batch.workspace);
   ex.batch_invariant = batch.batch_invariant;
-  ex.tf32_matmul = tf32_matmul_;
+  ex.matmul = matmul_;
   return launch_layers(ex, layout, nullptr, nullptr, /*training=*/false);
 }
 

@@ -125,11 +125,11 @@ class Model {
   // a forward runs (model_rope.cc).
   int set_rope_theta(double theta);
 
-  // f32 GEMMs of more than one row through TF32 tensor cores from now on (Exec::tf32_matmul), in
-  // every forward and backward of this model: the trainer's `precision.matmul: tf32`.
+  // f32 GEMMs of more than one row on TF32 or bf16 tensor cores from now on (Exec::matmul), in
+  // every forward and backward of this model: the trainer's `matmul`. kF32 goes back.
   // InvalidArgument on the CPU, which has no such unit. Not to be called while a forward runs.
-  absl::Status set_tf32_matmul(bool on);
-  bool tf32_matmul() const { return tf32_matmul_; }
+  absl::Status set_matmul_precision(MatmulPrecision precision);
+  MatmulPrecision matmul_precision() const { return matmul_; }
 
  private:
   explicit Model(ModelConfig cfg) : cfg_(std::move(cfg)) {}
@@ -172,7 +172,7 @@ class Model {
   std::vector<Layer> layers_;
   std::unique_ptr<ParameterArena> arena_;  // owns every tensor above (and the layers')
   Placement placement_;
-  bool tf32_matmul_ = false;  // set_tf32_matmul
+  MatmulPrecision matmul_ = MatmulPrecision::kF32;  // set_matmul_precision
   // loss_and_gradients' step memory (its forward's and its backward's workspaces and step data,
   // the activation tape's copies), kept from call to call so that a step stops allocating once
   // the first one has set the high-water marks: each cudaMalloc and cudaFree synchronises the

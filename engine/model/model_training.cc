@@ -130,7 +130,7 @@ absl::StatusOr<std::vector<double>> Model::loss_and_gradients_packed(
   Workspace& ws = memory->backward;
   ws.reset();  // grows the block to the last call's high-water mark
   Exec ex = exec_for(device, &ws);
-  ex.tf32_matmul = tf32_matmul_;
+  ex.matmul = matmul_;
   StepData& step = memory->backward_step;
   step.begin({.tokens = n, .seqs = b, .logit_rows = 0, .page_cols = 0});
   Tensor targets = Tensor::empty({n}, DType::kI64);

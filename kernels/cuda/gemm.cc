@@ -72,15 +72,18 @@ void sgemm_rowmajor(const Exec& ex, bool trans_a, bool trans_b, int64_t m, int64
     }
     return;
   }
-  if (ex.tf32_matmul) {
-    // The trainer's opt-in (Exec::tf32_matmul): inputs rounded to TF32 on the tensor cores, f32
+  if (ex.matmul != MatmulPrecision::kF32) {
+    // The trainer's opt-in (Exec::matmul): inputs rounded to TF32 or bf16 on the tensor cores, f32
     // accumulation and output, the same handle (no math-mode state to restore).
+    const cublasComputeType_t compute = ex.matmul == MatmulPrecision::kBf16
+                                            ? CUBLAS_COMPUTE_32F_FAST_16BF
+                                            : CUBLAS_COMPUTE_32F_FAST_TF32;
     LOOM_CUBLAS_CHECK(
         cublasGemmEx(device_context(ex.device.index).blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                      trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
                      static_cast<int>(k), &alpha, b, CUDA_R_32F, static_cast<int>(ldb), a,
                      CUDA_R_32F, static_cast<int>(lda), &beta, c, CUDA_R_32F, static_cast<int>(ldc),
-                     CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+                     compute, CUBLAS_GEMM_DEFAULT));
     return;
   }
   LOOM_CUBLAS_CHECK(

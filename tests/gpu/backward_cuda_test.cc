@@ -300,29 +300,38 @@ TEST(CudaBackward, Linear) {
   }
 }
 
-// Exec::tf32_matmul (the trainer's `matmul: tf32`): both products round their inputs to TF32
-// (10-bit mantissa, relative error <= 2^-11 each), so an element is off by at most
-// 2^-10 sum |x_i w_i|, about 2.6 max |ref| for these random normals: 2^-8 of max |ref| bounds it.
-// The error must also exceed f32's, or the tensor cores were not used.
-TEST(CudaBackward, LinearTf32) {
+// Exec::matmul (the trainer's `matmul`): tf32 rounds both products' inputs to a 10-bit mantissa
+// (relative error <= 2^-11 each), so an element is off by at most 2^-10 sum |x_i w_i|, about 2.6
+// max |ref| for these random normals: 2^-8 of max |ref| bounds it. bf16 keeps 7 bits (relative
+// error <= 2^-8 each): 2^-7 sum |x_i w_i|, so 2^-5 of max |ref|. Each error must also exceed
+// f32's (bf16's TF32's), or the tensor cores were not used at that precision.
+TEST(CudaBackward, LinearTf32AndBf16) {
   const int64_t m = 133, k = 257, n = 67;
   const Tensor x = randn({m, k}), w = randn({n, k}), dy = randn({m, n});
   // linear_backward adds into dw: zeros on both devices.
   Tensor y = Tensor::empty({m, n}), dx = Tensor::empty({m, k}), dw = Tensor::zeros({n, k});
   linear_forward(host_exec(), x, w, y);
   linear_backward(host_exec(), x, w, dy, dx, 0.0f, dw);
-  Exec ex = gpu();
-  ex.tf32_matmul = true;
-  const Tensor yd = poisoned({m, n}), dxd = poisoned({m, k}), dwd = dev(Tensor::zeros({n, k}));
-  linear_forward(ex, dev(x), dev(w), yd);
-  linear_backward(ex, dev(x), dev(w), dev(dy), dxd, 0.0f, dwd);
-  const double tol = std::ldexp(1.0, -8);
-  for (const auto& [name, got, ref] :
-       {std::tuple{"linear_tf32_y", &yd, &y}, std::tuple{"linear_tf32_dx", &dxd, &dx},
-        std::tuple{"linear_tf32_dw", &dwd, &dw}}) {
-    const double err = scaled(*got, *ref);
-    report(name, err, tol);
-    EXPECT_GT(err, twin::kGemmTol) << name << ": no TF32 rounding seen";
+  double tf32_err[3] = {0, 0, 0};
+  for (const MatmulPrecision precision : {MatmulPrecision::kTf32, MatmulPrecision::kBf16}) {
+    const bool bf16 = precision == MatmulPrecision::kBf16;
+    Exec ex = gpu();
+    ex.matmul = precision;
+    const Tensor yd = poisoned({m, n}), dxd = poisoned({m, k}), dwd = dev(Tensor::zeros({n, k}));
+    linear_forward(ex, dev(x), dev(w), yd);
+    linear_backward(ex, dev(x), dev(w), dev(dy), dxd, 0.0f, dwd);
+    const double tol = std::ldexp(1.0, bf16 ? -5 : -8);
+    int i = 0;
+    for (const auto& [name, got, ref] :
+         {std::tuple{"y", &yd, &y}, std::tuple{"dx", &dxd, &dx}, std::tuple{"dw", &dwd, &dw}}) {
+      const std::string tag = std::string(bf16 ? "linear_bf16_" : "linear_tf32_") + name;
+      const double err = scaled(*got, *ref);
+      report(tag, err, tol);
+      EXPECT_GT(err, bf16 ? 2 * tf32_err[i] : twin::kGemmTol)
+          << tag << ": no " << (bf16 ? "bf16" : "TF32") << " rounding seen";
+      if (!bf16) tf32_err[i] = err;
+      ++i;
+    }
   }
 }
 

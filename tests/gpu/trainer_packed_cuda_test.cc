@@ -153,7 +153,7 @@ TEST(TrainerPackedCuda, DefaultShapedModelMatchesTheCpu) {
     const Result cpu_packed = run(*cpu, seqs, true);
     expect_close(run(*gpu, seqs, true), cpu_packed, "cuda packed vs cpu packed", v.name);
     if (v.moe) continue;
-    ASSERT_TRUE(gpu->set_tf32_matmul(true).ok());
+    ASSERT_TRUE(gpu->set_matmul_precision(MatmulPrecision::kTf32).ok());
     expect_close(run(*gpu, seqs, true), cpu_packed, "cuda tf32 packed vs cpu packed", v.name,
                  /*grad_bound=*/3e-2, /*loss_bound=*/1e-3);
   }

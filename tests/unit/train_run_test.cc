@@ -92,14 +92,18 @@ TEST(RunConfig, NamesTheFieldOfEveryMistake) {
   ASSERT_TRUE(parse_run_config(j.dump()).ok());
   EXPECT_EQ(parse_run_config(j.dump())->device, Device::cuda(1));
   EXPECT_EQ(parse_run_config(good.dump())->device, Device::kCpu);
-  EXPECT_FALSE(parse_run_config(good.dump())->tf32_matmul);
-  j = good;
-  j["matmul"] = "tf32";  // the CPU has no TF32
-  EXPECT_NE(message_of(j).find("run.matmul"), std::string::npos) << message_of(j);
-  j["device"] = "cuda";
-  ASSERT_TRUE(parse_run_config(j.dump()).ok());
-  EXPECT_TRUE(parse_run_config(j.dump())->tf32_matmul);
-  j["matmul"] = "bf16";
+  EXPECT_EQ(parse_run_config(good.dump())->matmul, MatmulPrecision::kF32);
+  for (const auto& [name, precision] :
+       {std::pair{"tf32", MatmulPrecision::kTf32}, std::pair{"bf16", MatmulPrecision::kBf16}}) {
+    j = good;
+    j["matmul"] = name;  // the CPU has neither
+    EXPECT_NE(message_of(j).find("run.matmul"), std::string::npos) << message_of(j);
+    EXPECT_NE(message_of(j).find("CUDA"), std::string::npos) << message_of(j);
+    j["device"] = "cuda";
+    ASSERT_TRUE(parse_run_config(j.dump()).ok()) << name;
+    EXPECT_EQ(parse_run_config(j.dump())->matmul, precision) << name;
+  }
+  j["matmul"] = "fp16";
   EXPECT_NE(message_of(j).find("run.matmul"), std::string::npos) << message_of(j);
   j = good;
   j["model"]["checkpoint"] = "/x";
