@@ -47,7 +47,7 @@ absl::Status MqarOptions::validate() const {
 }
 
 Example make_mqar(const MqarOptions& o, std::mt19937_64& rng) {
-  const int num_pairs = o.min_pairs > 0
+  const int num_pairs = o.min_pairs > 0 && o.min_pairs < o.num_pairs
                             ? std::uniform_int_distribution<int>(o.min_pairs, o.num_pairs)(rng)
                             : o.num_pairs;
   std::vector<int32_t> keys(o.num_keys);

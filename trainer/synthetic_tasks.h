@@ -40,7 +40,8 @@ void score_all_tokens(Example& ex);
 struct MqarOptions {
   int num_pairs = 16;
   // > 0: each example draws its number of pairs uniformly from [min_pairs, num_pairs] (Zoology
-  // trains on a mix of pair counts; the easy examples start recall learning); 0: num_pairs.
+  // trains on a mix of pair counts; the easy examples start recall learning); 0 (or num_pairs):
+  // num_pairs, drawing nothing.
   int min_pairs = 0;
   int seq_len = 256;  // padded with pad_id after the queries (unscored)
   // false: the queries directly after the pairs. true: the seq_len - 2 num_pairs tokens after the

@@ -134,6 +134,12 @@ TEST(Mqar, MinPairsDrawsEachExamplesPairCount) {
     }
   }
   EXPECT_EQ(counts, (std::set<int64_t>{3, 4, 5, 6, 7, 8}));
+  // min_pairs = num_pairs draws nothing: the examples of min_pairs 0, token for token.
+  std::mt19937_64 r1(9), r2(9);
+  MqarOptions fixed = o;
+  fixed.min_pairs = 0;
+  o.min_pairs = o.num_pairs;
+  for (int n = 0; n < 5; ++n) EXPECT_EQ(make_mqar(o, r1).tokens, make_mqar(fixed, r2).tokens);
   o.min_pairs = 9;
   EXPECT_NE(o.validate().message().find("min_pairs"), std::string::npos);
   o.min_pairs = -1;

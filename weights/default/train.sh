@@ -12,6 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=${1:-build-cuda/bin}
 trainer=$bin/loom-trainer
+rm -rf runs/default  # each run's metrics.jsonl appends: start clean
 bf16() { "$bin/loom-convert" --from "$1" --to "$2" --dtype bf16 > /dev/null; }
 "$trainer" train --config weights/default/train-1-passkey.json
 bf16 runs/default/1-passkey/checkpoint-3000 runs/default/1-passkey-bf16

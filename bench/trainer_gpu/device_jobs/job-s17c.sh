@@ -1,5 +1,5 @@
-# Session 17, call C: from s17b's p1 (16 pairs packed in 64 learned at step 373: default's config,
-# RoPE MLA, batch 256, seed 11) on to spread queries, two curricula side by side, tf32, each stage
+# Session 17, call C: from s17b's p2 (16 pairs packed in 64 learned at step 377: default's config,
+# RoPE MLA, tf32, batch 256, seed 11) on to spread queries, two curricula side by side, tf32, each stage
 # but the last ending once its loss is below 0.05 (stages[i].target_loss): g: 64 packed, then
 # spread over 128, 192, 256; j: 64 packed, then spread over 256 at once. Then MQAR evals over 256.
 # Carry [".device-deps", ".device-clean"]; src s17c.

@@ -10,6 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 bin=${1:-build-cuda/bin}
+rm -rf runs/mqar256 runs/mqar256-bf16  # metrics.jsonl appends: start clean
 "$bin/loom-trainer" train --config bench/trainer_gpu/mqar256/run.json
 last=$(ls -d runs/mqar256/checkpoint-* | sort -V | tail -1)
 "$bin/loom-convert" --from "$last" --to runs/mqar256-bf16 --dtype bf16 > /dev/null
