@@ -5,17 +5,22 @@
 
 namespace loom {
 
+namespace {
+
+// The mean of `losses`, summed in order.
+double mean_of(std::span<const double> losses) {
+  double sum = 0;
+  for (double x : losses) sum += x;
+  return sum / static_cast<double>(losses.size());
+}
+
+}  // namespace
+
 bool loss_is_stable(std::span<const double> losses, const StabilityRule& rule) {
   const size_t w = static_cast<size_t>(std::max(rule.window, 1));
   if (losses.size() < 2 * w) return false;
-  double last = 0, before = 0;
-  const size_t n = losses.size();
-  for (size_t i = 0; i < w; ++i) {
-    last += losses[n - w + i];
-    before += losses[n - 2 * w + i];
-  }
-  last /= static_cast<double>(w);
-  before /= static_cast<double>(w);
+  const double last = mean_of(losses.last(w));
+  const double before = mean_of(losses.subspan(losses.size() - 2 * w, w));
   if (!std::isfinite(last) || !std::isfinite(before)) return false;
   return std::abs(last - before) < rule.tolerance * std::abs(before);
 }
@@ -41,10 +46,7 @@ StageEnd stage_end(const StageConfig& stage, const StabilityRule& rule, int64_t 
   if (stage.target_loss > 0) {
     const size_t w = static_cast<size_t>(std::max(rule.window, 1));
     if (losses.size() < w) return StageEnd::kNone;
-    double mean = 0;
-    for (size_t i = losses.size() - w; i < losses.size(); ++i) mean += losses[i];
-    mean /= static_cast<double>(w);
-    return mean < stage.target_loss ? StageEnd::kTargetLoss : StageEnd::kNone;
+    return mean_of(losses.last(w)) < stage.target_loss ? StageEnd::kTargetLoss : StageEnd::kNone;
   }
   return loss_is_stable(losses, rule) ? StageEnd::kStable : StageEnd::kNone;
 }
