@@ -83,8 +83,14 @@ struct EngineLoop::LiveRequest {
 };
 
 EngineLoop::EngineLoop(const EngineOptions& options, const Tokenizer* tokenizer, int64_t vocab,
-                       EngineInbox& inbox, SessionStore& sessions)
-    : options_(options), tokenizer_(tokenizer), vocab_(vocab), inbox_(inbox), sessions_(sessions) {}
+                       Device device, EngineInbox& inbox, SessionStore& sessions)
+    : options_(options),
+      tokenizer_(tokenizer),
+      vocab_(vocab),
+      inbox_(inbox),
+      sessions_(sessions),
+      clock_(device),
+      exec_(exec_for(device)) {}
 
 EngineLoop::~EngineLoop() = default;
 
@@ -120,7 +126,7 @@ absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::create(
   LOOM_ASSIGN_OR_RETURN(CacheSizing sizing, cache_sizing_compute(sizing_in));
 
   std::unique_ptr<EngineLoop> loop(
-      new EngineLoop(options, tokenizer, cfg.vocab_size, inbox, sessions));
+      new EngineLoop(options, tokenizer, cfg.vocab_size, model.device(), inbox, sessions));
   loop->link_ = link;
   store_options.num_pages = sizing.num_pages;
   store_options.num_slots = sizing.num_state_slots;
@@ -174,6 +180,7 @@ absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::create(
         std::min<int64_t>(sizing.num_pages, (context + options.page_size - 1) / options.page_size);
   }
   loop->runner_->reserve(largest);
+  loop->runner_->set_step_clock(&loop->clock_);
   if (options.cuda_graphs && graphs_supported(model.device())) {
     absl::StatusOr<GraphCaptureReport> report = loop->runner_->enable_decode_graphs(largest);
     if (!report.ok())
@@ -215,7 +222,11 @@ void EngineLoop::run() {
     }
     for (uint64_t id : in.cancels) cancel_request(id);
     if (in.stopping) break;
-    if (sched_->has_unfinished()) step();
+    if (sched_->has_unfinished()) {
+      step();
+    } else {
+      step_left_work_ = false;
+    }
     next_expiry_ = sessions_.next_expiry();
     publish_stats();
   }
@@ -267,6 +278,8 @@ void EngineLoop::run_lockstep() {
     if (group_busy) {
       step();  // an empty plan runs a dummy forward
       if (link_->after_step) link_->after_step();
+    } else {
+      step_left_work_ = false;
     }
     if (absl::Status st = link_->comm->status(); !st.ok()) {
       fail_everything(st);
@@ -384,6 +397,9 @@ void EngineLoop::admit(LiveRequest& r, Choice& c) {
 void EngineLoop::step() {
   BatchPlan plan = sched_->schedule();
   stats_.preemptions += static_cast<int64_t>(plan.preempted.size());
+  bool decode = !plan.seqs.empty();
+  for (const SeqPlan& s : plan.seqs) decode = decode && s.tokens.size() == 1;
+  clock_.begin_step(decode, step_left_work_);
   // A step records its routing only when a planned request asked for it.
   std::optional<ActivationTape> tape;
   if (plan_records_routing(plan)) tape = routing_->make_tape();
@@ -417,6 +433,7 @@ void EngineLoop::step() {
     result = fail_step(plan, logits.status());
   }
   complete(result);
+  step_left_work_ = sched_->has_unfinished();
 }
 
 bool EngineLoop::plan_records_routing(const BatchPlan& plan) {
@@ -470,6 +487,7 @@ StepResult EngineLoop::sample_and_emit(const BatchPlan& plan, const Tensor& logi
     slots_.push_back(slot);
   }
   const std::vector<SampledToken>& tokens = sampler_->sample(logits, slots_);
+  clock_.mark_end(exec_);
 
   StepResult result;
   size_t row = 0;
@@ -596,6 +614,17 @@ void EngineLoop::publish_stats() {
   stats_.running = sched_->num_running();
   stats_.pages_free = sched_->kv_pool().free_count();
   stats_.slots_free = sched_->slot_pool().free_count();
+  const StepClockTotals& clock = clock_.totals(/*settle=*/!sched_->has_unfinished());
+  stats_.device_steps = clock.all.steps;
+  stats_.device_busy_ms = clock.all.busy_ms;
+  stats_.device_gaps = clock.all.gaps;
+  stats_.device_gap_ms = clock.all.gap_ms;
+  stats_.device_max_gap_ms = clock.all.max_gap_ms;
+  stats_.decode_device_steps = clock.decode.steps;
+  stats_.decode_device_busy_ms = clock.decode.busy_ms;
+  stats_.decode_device_gaps = clock.decode.gaps;
+  stats_.decode_device_gap_ms = clock.decode.gap_ms;
+  stats_.decode_device_max_gap_ms = clock.decode.max_gap_ms;
   const ParkedSequences& parked = sched_->parked();
   stats_.sessions_resident = parked.count();
   stats_.session_pages = parked.pages();

@@ -30,6 +30,7 @@
 #include "engine/engine.h"
 #include "engine/engine_inbox.h"
 #include "engine/sampling/batch_sampler.h"
+#include "engine/step_clock.h"
 #include "scheduler/batch_plan.h"
 
 namespace loom {
@@ -91,7 +92,7 @@ class EngineLoop {
   struct Choice;
   struct LiveRequest;
 
-  EngineLoop(const EngineOptions& options, const Tokenizer* tokenizer, int64_t vocab,
+  EngineLoop(const EngineOptions& options, const Tokenizer* tokenizer, int64_t vocab, Device device,
              EngineInbox& inbox, SessionStore& sessions);
 
   // Intake: new requests become live (their first choices admitted), cancelled ones end.
@@ -147,6 +148,11 @@ class EngineLoop {
   std::unique_ptr<CacheStore> store_;
   std::unique_ptr<SessionOffload> offload_;  // null when off; the scheduler points at it
   std::unique_ptr<Scheduler> sched_;
+  DeviceStepClock clock_;  // the runner marks each step's first device work on it
+  // Whether the last pass ran a step that left work: the next step follows it at once, so the
+  // device's idle time between the two is the host's overhead (clock_'s gaps).
+  bool step_left_work_ = false;
+  Exec exec_;  // the model's device's
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<BatchSampler> sampler_;
   // Cuts a step's routing into the requests that asked for it (Request::return_routed_experts).

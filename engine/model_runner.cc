@@ -37,6 +37,15 @@ absl::StatusOr<GraphCaptureReport> ModelRunner::enable_decode_graphs(const StepS
   return report;
 }
 
+void ModelRunner::set_step_clock(DeviceStepClock* clock) {
+  clock_ = clock;
+  if (clock == nullptr) {
+    step_.set_before_publish(nullptr);
+  } else {
+    step_.set_before_publish([clock](const Exec& ex) { clock->mark_start(ex); });
+  }
+}
+
 ForwardBatch& ModelRunner::next_batch() {
   ForwardBatch& batch = batch_;
   batch.store = &store_;
@@ -54,6 +63,8 @@ absl::StatusOr<Tensor> ModelRunner::run(const BatchPlan& plan, ActivationTape* t
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const SeqPlan& s = plan.seqs[i];
     if (store_.has_linear()) {
+      if (clock_ != nullptr && (s.restore_from_slot >= 0 || s.fresh_state))
+        clock_->mark_start(exec_for(model_.device()));
       if (s.restore_from_slot >= 0) {
         store_.copy_slot(s.restore_from_slot, s.state_slot);
       } else if (s.fresh_state) {
@@ -93,7 +104,10 @@ absl::Status ModelRunner::run_dummy() {
   in.slot = CacheStore::kScratchSlot;
   in.pages = kScratchTable;
   in.padding = true;
-  if (store_.has_linear()) store_.reset_slot(CacheStore::kScratchSlot);
+  if (store_.has_linear()) {
+    if (clock_ != nullptr) clock_->mark_start(exec_for(model_.device()));
+    store_.reset_slot(CacheStore::kScratchSlot);
+  }
   return model_.forward(batch).status();
 }
 

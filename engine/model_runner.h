@@ -12,6 +12,7 @@
 #include "engine/model/cache_store.h"
 #include "engine/model/model.h"
 #include "engine/model/step_data.h"
+#include "engine/step_clock.h"
 #include "scheduler/batch_plan.h"
 
 namespace loom {
@@ -50,6 +51,10 @@ class ModelRunner {
   // Null unless enabled: replays and recordings so far (tests, benchmarks).
   const DecodeGraphs* decode_graphs() const { return graphs_.get(); }
 
+  // From now on every run() and run_dummy() marks its first device work on `clock` (null: stop),
+  // which must outlive the runner or the next call.
+  void set_step_clock(DeviceStepClock* clock);
+
   // The step memory every run() reuses: once both have seen the largest step, a step allocates
   // nothing and packs its step data once (tests count both).
   const Workspace& workspace() const { return workspace_; }
@@ -66,6 +71,7 @@ class ModelRunner {
   StepData step_;
   ForwardBatch batch_;  // reused so its vectors keep their capacity from step to step
   std::unique_ptr<DecodeGraphs> graphs_;
+  DeviceStepClock* clock_ = nullptr;
 };
 
 }  // namespace loom

@@ -19,8 +19,8 @@ namespace loom {
 
 // How a GPU's f32 GEMMs of more than one row that go to cuBLAS multiply (the trainer's
 // `matmul`): in f32 on the CUDA cores, or on the tensor cores with their inputs rounded to TF32
-// (10-bit mantissa) or to bf16 (7-bit mantissa), accumulating in f32 either way (cuBLAS's
-// FAST_TF32 and FAST_16BF). Operands and results stay f32 in memory.
+// (10-bit mantissa; cuBLAS's FAST_TF32) or to bf16 (7-bit mantissa; both operands cast into bf16
+// copies first), accumulating in f32 either way. Operands and results stay f32 in memory.
 enum class MatmulPrecision { kF32, kTf32, kBf16 };
 
 struct Exec {

@@ -153,6 +153,19 @@ std::string Metrics::render(const EngineStats& s) const {
           static_cast<double>(s.generated_tokens));
   counter("loom_preemptions_total", "Requests preempted (recomputed later).",
           static_cast<double>(s.preemptions));
+  // The device's own clock (engine/step_clock.h; zero on the host): the idle time between steps
+  // run back to back is the host's overhead, which overlapping scheduling would hide.
+  counter("loom_engine_device_busy_seconds_total",
+          "GPU time engine steps kept the device busy (device events).", s.device_busy_ms / 1e3);
+  counter("loom_engine_device_idle_between_steps_seconds_total",
+          "GPU idle time between engine steps run back to back: host work between them.",
+          s.device_gap_ms / 1e3);
+  counter("loom_engine_decode_device_busy_seconds_total",
+          "GPU busy time of decode steps (every sequence one token).",
+          s.decode_device_busy_ms / 1e3);
+  counter("loom_engine_decode_device_idle_seconds_total",
+          "GPU idle time before decode steps that followed the previous step at once.",
+          s.decode_device_gap_ms / 1e3);
   counter("loom_prefix_cache_hit_tokens_total", "Prompt tokens served from the prefix cache.",
           static_cast<double>(s.prefix_hit_tokens));
   counter("loom_prefix_cache_query_tokens_total", "Prompt tokens looked up in the prefix cache.",

@@ -182,6 +182,44 @@ std::vector<Timeline> run_requests(Engine& engine, const std::vector<std::vector
   return out;
 }
 
+// The engine's device clock over one decode run (EngineStats' decode_device_*): on a GPU, the
+// device time of its decode steps and the GPU's idle time between them.
+struct DecodeClock {
+  int64_t steps = 0, gaps = 0;
+  double busy_ms = 0, gap_ms = 0, max_gap_ms = 0;
+  std::string cells() const {
+    if (steps == 0) return "- | - | -";  // the host: nothing measured
+    const double mean = gaps > 0 ? gap_ms / static_cast<double>(gaps) : 0.0;
+    const double busy = busy_ms / static_cast<double>(steps);
+    const double idle = gaps > 0 ? mean / busy : 0.0;
+    return absl::StrFormat("%.3f | %.3f (%.3f) | %.2f%%", busy, mean, max_gap_ms, 100.0 * idle);
+  }
+};
+
+DecodeClock decode_clock(const EngineStats& before, const EngineStats& after) {
+  DecodeClock c;
+  c.steps = after.decode_device_steps - before.decode_device_steps;
+  c.gaps = after.decode_device_gaps - before.decode_device_gaps;
+  c.busy_ms = after.decode_device_busy_ms - before.decode_device_busy_ms;
+  c.gap_ms = after.decode_device_gap_ms - before.decode_device_gap_ms;
+  // The largest gap since start: this run's when it raised it (runs are compared side by side).
+  c.max_gap_ms = after.decode_device_max_gap_ms;
+  return c;
+}
+
+// The stats once the loop has published its last step: a stream's last event goes out inside the
+// step, before the loop publishes, so the counters are read until they stop moving.
+EngineStats settled_stats(const Engine& engine) {
+  EngineStats s = engine.stats();
+  for (int i = 0; i < 50; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    const EngineStats next = engine.stats();
+    if (next.steps == s.steps && next.device_steps == s.device_steps) return next;
+    s = next;
+  }
+  return s;
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -366,27 +404,37 @@ int run_offline(const OfflineOptions& o) {
   std::printf("Decode, %lld-token contexts, %lld tokens timed per sequence\n\n",
               static_cast<long long>(o.context), static_cast<long long>(o.decode_steps));
   std::printf(
-      "| batch | TPOT p50 ms | output tok/s | roofline ms | roofline tok/s | of roofline |\n"
-      "|---|---|---|---|---|---|\n");
+      "| batch | TPOT p50 ms | output tok/s | roofline ms | roofline tok/s | of roofline | "
+      "device ms a decode step | GPU idle between decode steps, mean ms (max) | idle / busy |\n"
+      "|---|---|---|---|---|---|---|---|---|\n");
   for (int64_t b : o.batches) {
     std::vector<std::vector<int32_t>> prompts;
     for (int64_t i = 0; i < b; ++i)
       prompts.push_back(random_prompt(o.context, cfg.vocab_size, rng));
+    const EngineStats before = (*engine)->stats();
     const std::vector<Timeline> ts = run_requests(
         **engine, prompts, static_cast<int32_t>(o.decode_steps + prefill_steps(b) + 1));
     if (any_error(ts)) rc = 1;
+    const DecodeClock clock = decode_clock(before, settled_stats(**engine));
     const double tpot = whole_batch_tpot(ts);
     const double roof =
         decode_step_bytes(fp, b, o.context + o.decode_steps / 2) / ceil.copy_bytes_per_s;
     const double tps = tpot > 0 ? b / tpot : 0;
-    std::printf("| %lld | %.3f | %.1f | %.3f | %.1f | %.1f%% |\n", static_cast<long long>(b),
-                tpot * 1e3, tps, roof * 1e3, b / roof, tpot > 0 ? 100.0 * roof / tpot : 0.0);
-    report["decode"].push_back({{"batch", b},
-                                {"context", o.context},
-                                {"tpot_ms", tpot * 1e3},
-                                {"tokens_per_s", tps},
-                                {"roofline_ms", roof * 1e3},
-                                {"roofline_tokens_per_s", b / roof}});
+    std::printf("| %lld | %.3f | %.1f | %.3f | %.1f | %.1f%% | %s |\n", static_cast<long long>(b),
+                tpot * 1e3, tps, roof * 1e3, b / roof, tpot > 0 ? 100.0 * roof / tpot : 0.0,
+                clock.cells().c_str());
+    nlohmann::json row = {
+        {"batch", b},          {"context", o.context},      {"tpot_ms", tpot * 1e3},
+        {"tokens_per_s", tps}, {"roofline_ms", roof * 1e3}, {"roofline_tokens_per_s", b / roof}};
+    if (clock.steps > 0) {
+      row["device_step_ms"] = clock.busy_ms / static_cast<double>(clock.steps);
+      row["decode_steps_timed"] = clock.steps;
+      row["idle_gaps"] = clock.gaps;
+      row["idle_gap_mean_ms"] = clock.gaps > 0 ? clock.gap_ms / clock.gaps : 0.0;
+      row["idle_gap_max_ms"] = clock.max_gap_ms;
+      row["idle_over_busy"] = clock.busy_ms > 0 ? clock.gap_ms / clock.busy_ms : 0.0;
+    }
+    report["decode"].push_back(row);
   }
 
   if (!o.prefill.empty()) {

@@ -54,6 +54,7 @@ void StepData::begin(const StepShape& shape) {
 void StepData::publish(const Exec& ex) {
   LOOM_CHECK(ex.device == device_, "StepData on %s published on %s", device_name(device_).c_str(),
              device_name(ex.device).c_str());
+  if (before_publish_) before_publish_(ex);
   if (!device_.is_cpu()) upload_async(ex, device_block_.get(), block_.get(), used_);
   ++transfers_;
 }

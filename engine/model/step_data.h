@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <utility>
 
 #include "core/tensor.h"
 #include "kernels/exec.h"
@@ -36,6 +38,11 @@ class StepData {
   // of the packed block on `ex`'s stream (staged before it returns, so the views may be refilled
   // for the next step at once); on the host the packing itself is the transfer. Counted.
   void publish(const Exec& ex);
+  // Called with publish()'s Exec just before its copy is enqueued: the step's first device work
+  // in a decode step (the engine's DeviceStepClock marks its start there). Empty: nothing.
+  void set_before_publish(std::function<void(const Exec&)> hook) {
+    before_publish_ = std::move(hook);
+  }
   // The tensor the kernels read for `field` (one of the views below): the view itself on the
   // host, its mirror in the device block on a GPU.
   Tensor on_device(const Tensor& field) const;
@@ -59,6 +66,7 @@ class StepData {
   static size_t bytes_for(const StepShape& shape);
 
   Device device_;
+  std::function<void(const Exec&)> before_publish_;
   std::shared_ptr<void> block_;         // host: the packed views
   std::shared_ptr<void> device_block_;  // GPU: the mirror the kernels read
   size_t used_ = 0;                     // bytes of the current step's layout

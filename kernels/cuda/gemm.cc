@@ -72,18 +72,36 @@ void sgemm_rowmajor(const Exec& ex, bool trans_a, bool trans_b, int64_t m, int64
     }
     return;
   }
-  if (ex.matmul != MatmulPrecision::kF32) {
-    // The trainer's opt-in (Exec::matmul): inputs rounded to TF32 or bf16 on the tensor cores, f32
+  if (ex.matmul == MatmulPrecision::kBf16) {
+    // Both operands rounded once into bf16 copies, multiplied on the tensor cores with f32
+    // accumulation into the f32 out (what autocast does). Not CUBLAS_COMPUTE_32F_FAST_16BF: that
+    // only allows bf16, and on the H200 it gave TF32's results to the last bit (s18a).
+    const int64_t rows_a = trans_a ? k : m, cols_a = trans_a ? m : k;
+    const int64_t rows_b = trans_b ? n : k, cols_b = trans_b ? k : n;
+    const int64_t lda16 = (cols_a + 7) / 8 * 8, ldb16 = (cols_b + 7) / 8 * 8;
+    const cudaStream_t stream = stream_of(ex);
+    Scratch staged(static_cast<size_t>(rows_a * lda16 + rows_b * ldb16) * sizeof(uint16_t), stream);
+    uint16_t* a16 = static_cast<uint16_t*>(staged.get());
+    uint16_t* b16 = a16 + rows_a * lda16;
+    launch::cast_rows_f32_bf16(stream, a, lda, rows_a, cols_a, a16, lda16);
+    launch::cast_rows_f32_bf16(stream, b, ldb, rows_b, cols_b, b16, ldb16);
+    LOOM_CUBLAS_CHECK(
+        cublasGemmEx(device_context(ex.device.index).blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                     trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                     static_cast<int>(k), &alpha, b16, CUDA_R_16BF, static_cast<int>(ldb16), a16,
+                     CUDA_R_16BF, static_cast<int>(lda16), &beta, c, CUDA_R_32F,
+                     static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return;
+  }
+  if (ex.matmul == MatmulPrecision::kTf32) {
+    // The trainer's opt-in (Exec::matmul): inputs rounded to TF32 on the tensor cores, f32
     // accumulation and output, the same handle (no math-mode state to restore).
-    const cublasComputeType_t compute = ex.matmul == MatmulPrecision::kBf16
-                                            ? CUBLAS_COMPUTE_32F_FAST_16BF
-                                            : CUBLAS_COMPUTE_32F_FAST_TF32;
     LOOM_CUBLAS_CHECK(
         cublasGemmEx(device_context(ex.device.index).blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                      trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
                      static_cast<int>(k), &alpha, b, CUDA_R_32F, static_cast<int>(ldb), a,
                      CUDA_R_32F, static_cast<int>(lda), &beta, c, CUDA_R_32F, static_cast<int>(ldc),
-                     compute, CUBLAS_GEMM_DEFAULT));
+                     CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
     return;
   }
   LOOM_CUBLAS_CHECK(
@@ -318,7 +336,7 @@ void linear_bf16(const Exec& ex, const Tensor& x, const Tensor& w, const Tensor&
     } else {
       staged = Tensor::empty({m, ldx}, DType::kBF16, ex.device);
     }
-    launch::cast_rows_f32_bf16(stream, x.data<float>(), m, k, staged.data<uint16_t>(), ldx);
+    launch::cast_rows_f32_bf16(stream, x.data<float>(), k, m, k, staged.data<uint16_t>(), ldx);
     xb = staged.data<uint16_t>();
   }
   if (kernel == Bf16Gemm::kCublasLt && k > 0) {

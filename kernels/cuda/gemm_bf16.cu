@@ -64,14 +64,14 @@ constexpr int kCastThreads = 256;
 
 template <bool kVec>
 __global__ void __launch_bounds__(kCastThreads)
-    cast_rows_kernel(const float* __restrict__ x, int64_t m, int64_t k, uint16_t* __restrict__ xb,
-                     int64_t ldxb) {
+    cast_rows_kernel(const float* __restrict__ x, int64_t ldx, int64_t m, int64_t k,
+                     uint16_t* __restrict__ xb, int64_t ldxb) {
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * kCastThreads + threadIdx.x) * 4;
   if (c >= ldxb) return;
   for (int64_t r = blockIdx.y; r < m; r += gridDim.y) {
-    const float* xr = x + r * k;
+    const float* xr = x + r * ldx;
     float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if constexpr (kVec) {  // k % 4 == 0: a group is all in or all out
+    if constexpr (kVec) {  // k % 4 == 0 and ldx % 4 == 0: a group is all in or all out
       if (c < k) {
         const float4 f = *reinterpret_cast<const float4*>(xr + c);
         v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
@@ -462,17 +462,17 @@ void launch_tiled(cudaStream_t stream, const uint16_t* x, int64_t ldx, const uin
 
 namespace launch {
 
-void cast_rows_f32_bf16(cudaStream_t stream, const float* x, int64_t m, int64_t k, uint16_t* xb,
-                        int64_t ldxb) {
+void cast_rows_f32_bf16(cudaStream_t stream, const float* x, int64_t ldx, int64_t m, int64_t k,
+                        uint16_t* xb, int64_t ldxb) {
   if (m == 0 || ldxb == 0) return;
   const int64_t groups = (ldxb + 3) / 4;
   const int64_t gx = (groups + kCastThreads - 1) / kCastThreads;
   LOOM_CHECK_GRID(gx);
   const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(m < 65535 ? m : 65535));
-  if (k % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0) {
-    cast_rows_kernel<true><<<grid, kCastThreads, 0, stream>>>(x, m, k, xb, ldxb);
+  if (k % 4 == 0 && ldx % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0) {
+    cast_rows_kernel<true><<<grid, kCastThreads, 0, stream>>>(x, ldx, m, k, xb, ldxb);
   } else {
-    cast_rows_kernel<false><<<grid, kCastThreads, 0, stream>>>(x, m, k, xb, ldxb);
+    cast_rows_kernel<false><<<grid, kCastThreads, 0, stream>>>(x, ldx, m, k, xb, ldxb);
   }
   LOOM_CUDA_CHECK_LAUNCH();
 }

@@ -11,9 +11,10 @@
 namespace loom::cuda::launch {
 
 // xb[r, c] = bf16(x[r, c]) (round to nearest even) for c < k, 0 for k <= c < ldxb: the bf16 copy
-// of f32 activations that the bf16 GEMMs read. x is [m, k] contiguous; ldxb % 8 == 0, ldxb >= k.
-void cast_rows_f32_bf16(cudaStream_t stream, const float* x, int64_t m, int64_t k, uint16_t* xb,
-                        int64_t ldxb);
+// of f32 activations that the bf16 GEMMs read. x is [m, k] with row stride ldx >= k; ldxb % 8 ==
+// 0, ldxb >= k.
+void cast_rows_f32_bf16(cudaStream_t stream, const float* x, int64_t ldx, int64_t m, int64_t k,
+                        uint16_t* xb, int64_t ldxb);
 
 // Element type of an activation or output array of the bf16-weight kernels.
 enum class Elem : int { kF32, kBF16 };
