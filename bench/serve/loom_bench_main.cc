@@ -15,8 +15,10 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "bench/offline/offline_bench.h"
+#ifdef LOOM_BENCH_SERVE
 #include "bench/serve/serve_command.h"
 #include "bench/serve/serve_options.h"
+#endif
 
 namespace {
 
@@ -81,6 +83,7 @@ int main(int argc, char** argv) {
                  positional[2]);
     return 2;
   }
+#ifdef LOOM_BENCH_SERVE
   // A server that closes a stream early must not kill the load generator with SIGPIPE.
   std::signal(SIGPIPE, SIG_IGN);
   auto options = loom::bench::serve_options_from_flags();
@@ -89,4 +92,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   return loom::bench::run_serve(*std::move(options));
+#else
+  std::fprintf(stderr,
+               "loom-bench serve: this build has no HTTP client (configured with LOOM_SERVER off "
+               "or without gRPC); `offline` works\n");
+  return 2;
+#endif
 }
