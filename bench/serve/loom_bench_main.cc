@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
   absl::FlagsUsageConfig usage_config;
   usage_config.contains_help_flags = [](absl::string_view file) {
     return file.find("bench/serve/") != absl::string_view::npos ||
+           file.find("bench/bench_flags") != absl::string_view::npos ||
            file.find("bench/offline/") != absl::string_view::npos;
   };
   absl::SetFlagsUsageConfig(usage_config);

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <set>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -12,12 +13,14 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
+// --model, --seed, --json and --plot are shared with `offline` (bench/bench_flags.cc).
+ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(uint64_t, seed);
+ABSL_DECLARE_FLAG(std::string, json);
+ABSL_DECLARE_FLAG(std::string, plot);
 ABSL_FLAG(std::string, url, "http://127.0.0.1:8000", "Server address (http://host:port[/base]).");
 ABSL_FLAG(std::string, api_key, "",
           "Bearer key for servers started with --api_key (default: $LOOM_API_KEY).");
-ABSL_FLAG(std::string, model, "",
-          "serve: the model name sent with each request (default: the first model GET /v1/models "
-          "lists); offline: the model directory (or config.json with --random_weights).");
 ABSL_FLAG(std::string, concurrency, "1,2,4,8,16,32",
           "Comma-separated concurrency levels: requests kept in flight, one closed loop each.");
 ABSL_FLAG(int, requests, 0, "Requests per level; 0: max(4 * concurrency, 16).");
@@ -28,15 +31,10 @@ ABSL_FLAG(int, vocab_lo, 0, "Prompt token ids are drawn uniformly from [vocab_lo
 ABSL_FLAG(int, vocab_hi, 0,
           "Upper bound (exclusive) of prompt token ids; 0: the server's tokenizer vocabulary "
           "size, `loom_vocab_size` in loom-server's GET /v1/models (other servers: set it).");
-ABSL_FLAG(uint64_t, seed, 0, "Seed of the random prompts (the same seed sends the same prompts).");
 ABSL_FLAG(int, warmup, 2, "Requests sent one at a time before the first level and not measured.");
 ABSL_FLAG(double, timeout_s, 600,
           "Seconds to wait for the server at any one step (connect: at most 10).");
-ABSL_FLAG(std::string, json, "", "Write every number, the settings and the model id to FILE.");
 ABSL_FLAG(std::string, markdown, "", "Append a Markdown section (settings and the table) to FILE.");
-ABSL_FLAG(std::string, plot, "",
-          "Write a PNG to FILE with gnuplot (pngcairo): throughput, TTFT and ITL/TPOT against "
-          "concurrency.");
 
 namespace loom::bench {
 namespace {
