@@ -1,6 +1,6 @@
-// Where a decode step's device time goes, kernel by kernel.
+// Where a decode step's (or a prefill chunk's) device time goes, kernel by kernel.
 //
-//   decode_step_profile MODEL_DIR [BATCH] [CONTEXT] [STEPS]
+//   decode_step_profile MODEL_DIR [BATCH] [CONTEXT] [STEPS] [PREFILL]
 //
 // Loads MODEL_DIR's config.json with random weights on the GPU (bf16 matrices and activations, as
 // the engine runs them), prefills BATCH sequences of CONTEXT random tokens each, then times STEPS
@@ -11,6 +11,8 @@
 //
 // lists exactly that step's kernels. The eager wall time less the kernels' summed time is what the
 // step loses to launches and host work; CUDA graphs (the engine's default) remove most of that.
+// With PREFILL > 0 the timed and profiled step is instead the prefill of a new sequence's first
+// PREFILL tokens (an empty cache each time: the time to first token of such a prompt).
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -39,8 +41,9 @@ int run(int argc, char** argv) {
   const int batch = argc > 2 ? std::atoi(argv[2]) : 1;
   const int64_t context = argc > 3 ? std::atoll(argv[3]) : 4096;
   const int steps = argc > 4 ? std::atoi(argv[4]) : 20;
-  if (batch < 1 || context < 1 || steps < 1) {
-    std::fprintf(stderr, "BATCH, CONTEXT and STEPS must be >= 1\n");
+  const int64_t prefill = argc > 5 ? std::atoll(argv[5]) : 0;
+  if (batch < 1 || context < 1 || steps < 1 || prefill < 0) {
+    std::fprintf(stderr, "BATCH, CONTEXT and STEPS must be >= 1, PREFILL >= 0\n");
     return 2;
   }
   absl::StatusOr<std::unique_ptr<Model>> m =
@@ -72,11 +75,20 @@ int run(int argc, char** argv) {
       done += n;
     }
   }
+  std::vector<SequenceCache> chunk_cache;
   auto step = [&]() -> bool {
     ForwardBatch fb;
-    fb.token_ids = random_ids(batch, vocab, rng);
-    for (SequenceCache& c : caches)
-      fb.seqs.push_back({.num_tokens = 1, .logits = LogitsMode::kLast, .cache = &c});
+    if (prefill > 0) {
+      chunk_cache.clear();
+      chunk_cache.push_back((*m)->new_cache());
+      fb.token_ids = random_ids(prefill, vocab, rng);
+      fb.seqs.push_back(
+          {.num_tokens = prefill, .logits = LogitsMode::kLast, .cache = &chunk_cache.back()});
+    } else {
+      fb.token_ids = random_ids(batch, vocab, rng);
+      for (SequenceCache& c : caches)
+        fb.seqs.push_back({.num_tokens = 1, .logits = LogitsMode::kLast, .cache = &c});
+    }
     absl::StatusOr<Tensor> l = (*m)->forward(fb);
     if (!l.ok()) std::fprintf(stderr, "decode: %s\n", l.status().ToString().c_str());
     return l.ok() && cudaDeviceSynchronize() == cudaSuccess;
@@ -91,8 +103,9 @@ int run(int argc, char** argv) {
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(ms.begin(), ms.end());
-  std::printf("DECODESTEP batch %d context %lld eager median %.3f ms min %.3f ms (%d steps)\n",
-              batch, static_cast<long long>(context), ms[ms.size() / 2], ms.front(), steps);
+  std::printf("%s batch %d context %lld prefill %lld eager median %.3f ms min %.3f ms (%d steps)\n",
+              prefill > 0 ? "PREFILLSTEP" : "DECODESTEP", batch, static_cast<long long>(context),
+              static_cast<long long>(prefill), ms[ms.size() / 2], ms.front(), steps);
   cudaProfilerStart();
   const bool ok = step();
   cudaProfilerStop();

@@ -2,8 +2,9 @@
 # operands (s17d showed cuBLAS's FAST_16BF giving TF32's results to the last bit): backward_cuda_test
 # with LinearTf32AndBf16; (2) the engine's device step clock: model_step_clock_cuda_test (host sleeps
 # and the wall clock as oracles); (3) `loom-bench offline` on the 48B-shaped model with the new
-# idle-gap columns, graphs on, then off at batch 1 and 64; (4) the peer's small config trained in tf32
-# and in bf16 (20 s each) for their step times.
+# idle-gap columns, graphs on, then off at batch 1 and 64; (4) ncu per kernel over one 8192-token
+# prefill of the 48B-shaped model (decode_step_profile's PREFILL); (5) the peer's small config
+# trained in tf32 and in bf16 (15 s each) for their step times.
 # Carry [".device-deps", ".device-clean", ".device-fx"]; src s18a.
 set -u
 JOB_T0=$(date +%s); LIMIT=${LIMIT:-400}
@@ -11,7 +12,8 @@ left() { echo $(( LIMIT - ($(date +%s) - JOB_T0) )); }
 source .device-clean/device-env.sh ${SRC:-s18a} fixtures-train.tar.xz
 export LOOM_GPU_FIXTURES=/tmp/fx
 loom_configure || exit 1
-loom_build backward_cuda_test model_step_clock_cuda_test loom-bench loom-trainer || exit 1
+loom_build backward_cuda_test model_step_clock_cuda_test loom-bench loom-trainer \
+  decode_step_profile || exit 1
 S=$OUT/summary.txt; : > $S
 echo "src $(cat .loom-src-rev); after build $(( $(date +%s) - JOB_T0 )) s" >> $S
 timeout 60 build-cuda/tests/backward_cuda_test > $OUT/backward.log 2>&1
@@ -30,7 +32,14 @@ if [ $(left) -gt 120 ]; then
     --json $OUT/offline-eager.json > $OUT/offline-eager.md 2>&1
   echo "offline eager rc=$?" >> $S; grep -A8 "^Decode" $OUT/offline-eager.md >> $S
 fi
-if [ $(left) -gt 60 ]; then
+if [ $(left) -gt 150 ]; then
+  timeout $(( $(left) - 60 )) ncu --profile-from-start off --clock-control none \
+    --metrics gpu__time_duration.sum --print-summary per-kernel \
+    build-cuda/bin/decode_step_profile bench/configs/kimi_linear_48b_a3b 1 1 3 8192 \
+    > $OUT/ncu-prefill.txt 2>&1
+  echo "ncu prefill rc=$? $(grep -E 'PREFILLSTEP' $OUT/ncu-prefill.txt)" >> $S
+fi
+if [ $(left) -gt 45 ]; then
   cfg=bench/peers/kda_train_config_small.json; BS=16; TL=1024
   python3 bench/peers/random_shard.py --out /tmp/shard.bin --vocab 260 --tokens 4194304 > /dev/null
   for p in tf32 bf16; do
@@ -41,7 +50,7 @@ if [ $(left) -gt 60 ]; then
  "optimizer": {"peak_lr": 3e-4, "warmup_steps": 10},
  "out": "/tmp/loom-$p", "seed": 1}
 JSON
-    t=$(( $(left) / 2 - 5 )); [ $t -gt 20 ] && t=20
+    t=$(( $(left) / 2 - 5 )); [ $t -gt 15 ] && t=15
     [ $t -lt 8 ] && { echo "no time left for $p" >> $S; continue; }
     timeout $t build-cuda/bin/loom-trainer train --config /tmp/run-$p.json > /dev/null 2> $OUT/lp-$p.err
     python3 bench/peers/train_table.py loom --metrics /tmp/loom-$p/metrics.jsonl --config $cfg \
