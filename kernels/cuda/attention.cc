@@ -14,12 +14,15 @@
 
 #include "kernels/cuda/attention_launch.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/gemm.h"
 
 namespace loom::cuda {
 namespace {
 
 // Sequences of at most this many new rows split their keys (decode, a few draft tokens).
 constexpr int kSplitRows = 8;
+// Rows (query tokens) above which MLA's two projections run as cuBLAS GEMMs (mla()).
+constexpr int64_t kMlaGemmMinRows = 64;
 // Per-length split sizes. MLA: a split's partial (H x R f32, 64 KB at 32 heads) is ~5% of the
 // 1.2 MB of bf16 cache that 1024 keys hold, and a 128K context still makes 128 splits. GQA: a
 // partial is Hq x dv floats, small against 256 keys of K and V.
@@ -41,6 +44,16 @@ bool is_act(DType t) { return t == DType::kF32 || t == DType::kBF16; }
 bool sync_handoff_from_env() {
   static const bool on = [] {
     const char* v = std::getenv("LOOM_MLA_SYNC_HANDOFF");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+}
+
+// LOOM_MLA_PROJECTION_KERNELS=1 keeps Loom's projection kernels at every row count (mla()): the
+// GEMMs' A/B switch for benchmarks.
+bool projection_kernels_from_env() {
+  static const bool on = [] {
+    const char* v = std::getenv("LOOM_MLA_PROJECTION_KERNELS");
     return v != nullptr && std::string(v) == "1";
   }();
   return on;
@@ -376,13 +389,26 @@ void mla(const Exec& ex, const Tensor& q, const Tensor& latent_pool, const Tenso
                            dr, scale);
   if (N == 0 || c.B == 0) return;
   const LatentPlan p = plan_latent(fn, ex, c, tuning);
+  const bool act_bf16 = q.dtype() == DType::kBF16;
+  // Prefill-sized calls map q into the latent space and the result back out with one cuBLAS GEMM
+  // per head on the tensor cores: Loom's projection kernels below (CUDA cores, f32 kv_b) took 55
+  // of an 8192-token prefill's ~260 ms on the 48B-shaped model (about 8 TFLOP/s; ncu, s18a).
+  // Decode-sized calls and batch-invariant mode keep them: their rows do not depend on N. With
+  // bf16 activations both GEMMs read bf16 (q as it is, kv_b and o_lat rounded into the call's
+  // buffer); with f32 ones they are true f32 GEMMs.
+  const bool gemm_projections =
+      !ex.batch_invariant && N > kMlaGemmMinRows && !projection_kernels_from_env();
+  const bool bf16_gemms = gemm_projections && act_bf16;
 
   const size_t sched_bytes = align256(launch::attn_schedule_bytes(p.bounds, N, c.B));
   const size_t qlat_bytes = align256(static_cast<size_t>(N) * H * (R + dr) * 4);
   const size_t olat_bytes = align256(static_cast<size_t>(N) * H * R * 4);
   const size_t acc_bytes = align256(static_cast<size_t>(p.bounds.parts) * H * R * 4);
   const size_t ml_bytes = align256(static_cast<size_t>(p.bounds.parts) * H * 2 * 4);
-  const CallBuffer buf(ex, sched_bytes + qlat_bytes + olat_bytes + acc_bytes + ml_bytes);
+  const size_t kv16_bytes = bf16_gemms ? align256(static_cast<size_t>(H) * (dn + dv) * R * 2) : 0;
+  const size_t o16_bytes = bf16_gemms ? align256(static_cast<size_t>(N) * H * R * 2) : 0;
+  const CallBuffer buf(
+      ex, sched_bytes + qlat_bytes + olat_bytes + acc_bytes + ml_bytes + kv16_bytes + o16_bytes);
   char* at = buf.get();
   launch::AttnArgs& a = c.a;
   a.probe = tuning.probe;
@@ -396,13 +422,49 @@ void mla(const Exec& ex, const Tensor& q, const Tensor& latent_pool, const Tenso
   a.part_acc = reinterpret_cast<float*>(at);
   at += acc_bytes;
   a.part_ml = reinterpret_cast<float*>(at);
+  at += ml_bytes;
+  uint16_t* kv16 = reinterpret_cast<uint16_t*>(at);
+  at += kv16_bytes;
+  uint16_t* o16 = reinterpret_cast<uint16_t*>(at);
   a.q = q_lat;
   a.o = o_lat;
 
   const cudaStream_t stream = stream_of(ex);
-  const bool act_bf16 = q.dtype() == DType::kBF16;
-  launch::mla_absorb_q(stream, q.raw(), act_bf16, kv_b.data<float>(), q_lat, N, H, dn, dr, dv, R);
+  // kv_b's rows for head h: [h (dn + dv), h (dn + dv) + dn) take q_nope into the latent space,
+  // the dv after them take the latent output to the value dims.
+  const int64_t dq = dn + dr, head_rows = dn + dv;
+  const GemmElem proj_elem = bf16_gemms ? GemmElem::kBF16 : GemmElem::kF32;
+  const void* kv_proj = kv_b.raw();
+  if (bf16_gemms) {
+    launch::copy_2d(stream, kv16, true, R, kv_b.raw(), false, R, H * head_rows, R);
+    kv_proj = kv16;
+  }
+  const size_t proj_size = bf16_gemms ? 2 : 4;
+  if (gemm_projections) {
+    gemm_strided_batched(ex, H, N, R, dn, q.raw(), act_bf16 ? GemmElem::kBF16 : GemmElem::kF32,
+                         H * dq, dq, kv_proj, proj_elem, R, head_rows * R, /*trans_b=*/false, q_lat,
+                         GemmElem::kF32, H * (R + dr), R + dr);
+    if (dr > 0)
+      launch::copy_2d(stream, q_lat + R, false, R + dr,
+                      static_cast<const char*>(q.raw()) + dn * (act_bf16 ? 2 : 4), act_bf16, dq,
+                      N * H, dr);
+  } else {
+    launch::mla_absorb_q(stream, q.raw(), act_bf16, kv_b.data<float>(), q_lat, N, H, dn, dr, dv, R);
+  }
   run_latent(stream, a, p, N, c.B);
+  if (gemm_projections) {
+    if (p.bounds.split_rows > 0) launch::attn_combine(stream, a, p.bounds.split_rows, true);
+    const void* o_proj = o_lat;
+    if (bf16_gemms) {
+      launch::copy_2d(stream, o16, true, R, o_lat, false, R, N * H, R);
+      o_proj = o16;
+    }
+    gemm_strided_batched(ex, H, N, dv, R, o_proj, proj_elem, H * R, R,
+                         static_cast<const char*>(kv_proj) + dn * R * proj_size, proj_elem, R,
+                         head_rows * R, /*trans_b=*/true, out.raw(),
+                         act_bf16 ? GemmElem::kBF16 : GemmElem::kF32, H * dv, dv);
+    return;
+  }
   // Few rows: the projection splits each row's value dims over several blocks, each of which
   // would combine the row's partials again; combine them once, into o_lat, first.
   // Only where splits are sized by the batch already (occupancy): elsewhere a row's bits must not

@@ -111,6 +111,35 @@ void sgemm_rowmajor(const Exec& ex, bool trans_a, bool trans_b, int64_t m, int64
                   &beta, c, static_cast<int>(ldc)));
 }
 
+}  // namespace
+
+void gemm_strided_batched(const Exec& ex, int64_t batch, int64_t m, int64_t n, int64_t k,
+                          const void* a, GemmElem a_type, int64_t lda, int64_t stride_a,
+                          const void* b, GemmElem b_type, int64_t ldb, int64_t stride_b,
+                          bool trans_b, void* c, GemmElem c_type, int64_t ldc, int64_t stride_c) {
+  if (batch == 0 || m == 0 || n == 0) return;
+  LOOM_CHECK(a_type == b_type && (a_type == GemmElem::kBF16 || c_type == GemmElem::kF32),
+             "gemm_strided_batched: a and b of one type, and an f32 c for f32 a and b");
+  LOOM_CHECK(k > 0 && batch <= INT_MAX && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX &&
+                 lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX,
+             "gemm_strided_batched: sizes beyond 32-bit cuBLAS indices or k = 0 (batch %lld m "
+             "%lld n %lld k %lld)",
+             static_cast<long long>(batch), static_cast<long long>(m), static_cast<long long>(n),
+             static_cast<long long>(k));
+  auto type = [](GemmElem e) { return e == GemmElem::kBF16 ? CUDA_R_16BF : CUDA_R_32F; };
+  const float alpha = 1.0f, beta = 0.0f;
+  // Row-major c = a op(b) is column-major c^T = op(b)^T a^T: b comes first, untransposed when
+  // trans_b (b [n, k] row-major is column-major [k, n], and op(b)^T = b), transposed otherwise.
+  LOOM_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      device_context(ex.device.index).blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N,
+      static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, type(b_type),
+      static_cast<int>(ldb), stride_b, a, type(a_type), static_cast<int>(lda), stride_a, &beta, c,
+      type(c_type), static_cast<int>(ldc), stride_c, static_cast<int>(batch), CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT));
+}
+
+namespace {
+
 // ---------------------------------------------------------------------------------------------
 // cuBLASLt (bf16)
 

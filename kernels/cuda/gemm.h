@@ -40,4 +40,15 @@ enum class Bf16Gemm { kAuto, kGemv, kCublasLt, kTiled };
 void linear_forward_bf16(const Exec& ex, const Tensor& x, const Tensor& w, const Tensor& out,
                          float beta, Bf16Gemm kernel = Bf16Gemm::kAuto);
 
+// `batch` row-major GEMMs at fixed element strides, one cuBLAS call: c_i[m, n] = a_i[m, k]
+// op(b_i), op(b_i) = b_i [k, n] (trans_b false) or b_i^T with b_i [n, k] (trans_b true); a_i = a +
+// i * stride_a elements with row stride lda, likewise b and c. Element types: every one f32 (true
+// f32, CUBLAS_DEFAULT_MATH), or a and b bf16 with c f32 or bf16; f32 accumulation either way.
+// Not batch invariant (cuBLAS picks its kernel by shape). For per-head projections (MLA's).
+enum class GemmElem { kF32, kBF16 };
+void gemm_strided_batched(const Exec& ex, int64_t batch, int64_t m, int64_t n, int64_t k,
+                          const void* a, GemmElem a_type, int64_t lda, int64_t stride_a,
+                          const void* b, GemmElem b_type, int64_t ldb, int64_t stride_b,
+                          bool trans_b, void* c, GemmElem c_type, int64_t ldc, int64_t stride_c);
+
 }  // namespace loom::cuda
