@@ -393,11 +393,13 @@ void mla(const Exec& ex, const Tensor& q, const Tensor& latent_pool, const Tenso
   // Prefill-sized calls map q into the latent space and the result back out with one cuBLAS GEMM
   // per head on the tensor cores: Loom's projection kernels below (CUDA cores, f32 kv_b) took 55
   // of an 8192-token prefill's ~260 ms on the 48B-shaped model (about 8 TFLOP/s; ncu, s18a).
-  // Decode-sized calls and batch-invariant mode keep them: their rows do not depend on N. With
-  // bf16 activations both GEMMs read bf16 (q as it is, kv_b and o_lat rounded into the call's
-  // buffer); with f32 ones they are true f32 GEMMs.
-  const bool gemm_projections =
-      !ex.batch_invariant && N > kMlaGemmMinRows && !projection_kernels_from_env();
+  // Only where the attention's own rows already depend on the batch (the tensor-core paths' splits
+  // sized by it, the default mode's): cuBLAS picks its kernel by N, so a row's bits would, and
+  // the CUDA-core path and per-length splits keep that invariance (and batch-invariant mode).
+  // Decode-sized calls keep the kernels too. With bf16 activations both GEMMs read bf16 (q as it
+  // is, kv_b and o_lat rounded into the call's buffer); with f32 ones they are true f32 GEMMs.
+  const bool gemm_projections = !ex.batch_invariant && p.policy.wave_items > 0 &&
+                                N > kMlaGemmMinRows && !projection_kernels_from_env();
   const bool bf16_gemms = gemm_projections && act_bf16;
 
   const size_t sched_bytes = align256(launch::attn_schedule_bytes(p.bounds, N, c.B));

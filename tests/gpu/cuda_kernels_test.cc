@@ -86,8 +86,9 @@ class CudaKernels : public ::testing::Test {
 
 // ---------------------------------------------------------------------------------------------
 // Norms: tolerance twin::norm_tol (tests/gpu/twin_tolerances.h says why).
+// D = 40 and 128 take the warp-per-row kernel (at most 64 units a row), 129 and 4096 a block.
 TEST_F(CudaKernels, RmsNorm) {
-  for (int64_t D : {129, 4096}) {
+  for (int64_t D : {40, 128, 129, 4096}) {
     for (float offset : {0.0f, 1.0f}) {
       const int64_t N = 37;
       Tensor x = randn({N, D}, 2.0f), w = randn({D}, 0.5f);
@@ -589,9 +590,10 @@ const std::vector<std::pair<DType, DType>> kMixedPairs = {
 std::string pair_name(DType a, DType b) { return std::string(dname(a)) + "_" + dname(b); }
 
 // x f32 (the residual) or bf16 into out f32 or bf16; D = 129 (scalar path), 1028 (16-byte units
-// for f32 only), 4096 (units of 8 either way). In place on bf16 as KDA's o_norm does.
+// for f32 only), 4096 (units of 8 either way): a block per row; D = 40 (scalar) and 128 (KDA's
+// o_norm): a warp per row. In place on bf16 as KDA's o_norm does.
 TEST_F(CudaKernels, RmsNormBf16) {
-  for (int64_t D : {129, 1028, 4096}) {
+  for (int64_t D : {40, 128, 129, 1028, 4096}) {
     for (float offset : {0.0f, 1.0f}) {
       const int64_t N = 37;
       const Tensor x0 = randn({N, D}, 2.0f), w = randn({D}, 0.5f);
@@ -612,9 +614,10 @@ TEST_F(CudaKernels, RmsNormBf16) {
   }
 }
 
-// q and k: bf16 in place; the other pairs too (d = 129 scalar, 128 vectorised).
+// q and k: bf16 in place; the other pairs too (d = 129 scalar, 128 vectorised: a warp per row,
+// 40 scalar: a warp per row).
 TEST_F(CudaKernels, L2NormBf16) {
-  for (int64_t d : {129, 128}) {
+  for (int64_t d : {129, 128, 40}) {
     const Tensor x0 = randn({61, 3, d}, 1.5f);
     for (auto [xt, ot] : kMixedPairs) {
       Tensor x = x0.clone(), ref = Tensor::empty(x0.shape());
