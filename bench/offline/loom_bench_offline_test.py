@@ -60,6 +60,23 @@ def main():
           "ceilings and active parameters")
     if have_gnuplot:
         check(os.path.getsize(png) > 1000, "PNG written")
+        # --replot draws the same plot from the report alone (no model, nothing run).
+        png2 = os.path.join(a.tmp, "replot.png")
+        if os.path.exists(png2):
+            os.remove(png2)
+        p = subprocess.run([a.bench, "offline", "--replot", out_json, "--plot", png2],
+                           capture_output=True, text=True, timeout=60)
+        check(p.returncode == 0 and open(png2, "rb").read(8) == b"\x89PNG\r\n\x1a\n",
+              "--replot writes a PNG (stderr: %r)" % p.stderr[-300:])
+    bad = os.path.join(a.tmp, "not_a_report.json")
+    with open(bad, "w") as f:
+        f.write('{"decode": [{"batch": "one"}], "model": "m"}')
+    for flags, needle in ((["--replot", out_json], "--plot"),
+                          (["--replot", bad, "--plot", os.path.join(a.tmp, "x.png")],
+                           "--replot")):
+        p = subprocess.run([a.bench, "offline"] + flags, capture_output=True, text=True,
+                           timeout=60)
+        check(p.returncode != 0 and needle in p.stderr, "%s refused naming %s" % (flags, needle))
     for flags, needle in ((["--batches", "0"], "--batches"), (["--context", "0"], "--context"),
                           (["--prefill", "x"], "--prefill")):
         p = subprocess.run([a.bench, "offline", "--model", a.model] + flags, capture_output=True,

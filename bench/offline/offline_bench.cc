@@ -45,6 +45,9 @@ ABSL_FLAG(int64_t, max_num_batched_tokens, 8192, "offline: the engine's token bu
 ABSL_FLAG(bool, cuda_graphs, true, "offline: decode steps as CUDA graph replays (the server's)");
 ABSL_FLAG(int64_t, cache_budget_mb, 0,
           "offline: KV pages + state slots, MiB (0: derived on a GPU, 1024 on the CPU)");
+ABSL_FLAG(std::string, replot, "",
+          "offline: run nothing; draw --plot from a report an earlier run wrote with --json "
+          "(e.g. on a GPU machine without gnuplot)");
 
 namespace loom::bench {
 namespace {
@@ -298,6 +301,12 @@ absl::Status write_plot(const nlohmann::json& decode, const std::string& title,
 absl::StatusOr<OfflineOptions> offline_options_from_flags() {
   OfflineOptions o;
   o.model = absl::GetFlag(FLAGS_model);
+  o.replot = absl::GetFlag(FLAGS_replot);
+  o.plot = absl::GetFlag(FLAGS_plot);
+  if (!o.replot.empty()) {
+    if (o.plot.empty()) return absl::InvalidArgumentError("--replot needs --plot PNG");
+    return o;
+  }
   if (o.model.empty())
     return absl::InvalidArgumentError(
         "--model: a model directory (or a config with --random_weights)");
@@ -322,7 +331,6 @@ absl::StatusOr<OfflineOptions> offline_options_from_flags() {
   o.cache_budget_mb = absl::GetFlag(FLAGS_cache_budget_mb);
   o.seed = absl::GetFlag(FLAGS_seed);
   o.json = absl::GetFlag(FLAGS_json);
-  o.plot = absl::GetFlag(FLAGS_plot);
   if (o.context < 1 || o.decode_steps < 1 || o.long_decode_steps < 1)
     return absl::InvalidArgumentError("--context, --decode_steps and --long_decode_steps: >= 1");
   if (o.max_num_batched_tokens < 1 || o.cache_budget_mb < 0)
@@ -336,6 +344,28 @@ int run_offline(const OfflineOptions& o) {
     std::fprintf(stderr, "loom-bench offline: %s\n", std::string(st.message()).c_str());
     return 1;
   };
+  if (!o.replot.empty()) {
+    std::ifstream in(o.replot);
+    const nlohmann::json report = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (report.is_discarded() || !report.is_object() || !report.contains("decode") ||
+        !report["decode"].is_array() || !report.contains("model"))
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("--replot ", o.replot,
+                       ": not a report of `loom-bench offline --json` (no decode rows)")));
+    for (const auto& row : report["decode"])
+      if (!row.is_object() || !row.contains("batch") || !row["batch"].is_number() ||
+          !row.contains("tokens_per_s") || !row["tokens_per_s"].is_number() ||
+          !row.contains("roofline_tokens_per_s") || !row["roofline_tokens_per_s"].is_number() ||
+          !report["model"].is_string())
+        return fail(
+            absl::InvalidArgumentError(absl::StrCat("--replot ", o.replot,
+                                                    ": a decode row without batch, tokens_per_s "
+                                                    "and roofline_tokens_per_s numbers")));
+    if (absl::Status st = write_plot(report["decode"], report["model"].get<std::string>(), o.plot);
+        !st.ok())
+      return fail(st);
+    return 0;
+  }
   auto device = parse_device(o.device);
   if (!device.ok()) return fail(device.status());
   if (absl::Status st = device_available(*device); !st.ok()) return fail(st);

@@ -31,6 +31,7 @@ struct OfflineOptions {
   uint64_t seed = 1;            // prompts' token ids
   std::string json;             // write the report here too
   std::string plot;             // a PNG of decode tokens/s against batch beside the roofline
+  std::string replot;           // draw `plot` from this --json report instead of running
 };
 
 absl::StatusOr<OfflineOptions> offline_options_from_flags();

@@ -37,7 +37,9 @@ constexpr const char* kUsage =
     "runs the engine in this process (no server): decode time per output token and tokens/s at\n"
     "each batch over --context-token prompts, time to first token of each --prefill prompt, and\n"
     "both at each --long_context, each beside its roofline from a copy and a GEMM measured in the\n"
-    "same run (the model's active bytes per step; its FLOPs per prompt).\n\n"
+    "same run (the model's active bytes per step; its FLOPs per prompt).\n"
+    "loom-bench offline --replot REPORT.json --plot FILE.png draws the plot of a report written\n"
+    "by --json elsewhere (a GPU machine without gnuplot), running nothing.\n\n"
     "Other benchmarks: loom-bench-kernels (CPU kernels), loom-bench-engine (engine throughput\n"
     "at several concurrencies).";
 
