@@ -375,16 +375,7 @@ EngineStats Engine::stats() const {
     s.sessions_expired += r.sessions_expired;
     s.weight_version = r.weight_version;
     s.weight_updates = r.weight_updates;
-    s.device_steps += r.device_steps;
-    s.device_gaps += r.device_gaps;
-    s.device_busy_ms += r.device_busy_ms;
-    s.device_gap_ms += r.device_gap_ms;
-    s.device_max_gap_ms = std::max(s.device_max_gap_ms, r.device_max_gap_ms);
-    s.decode_device_steps += r.decode_device_steps;
-    s.decode_device_gaps += r.decode_device_gaps;
-    s.decode_device_busy_ms += r.decode_device_busy_ms;
-    s.decode_device_gap_ms += r.decode_device_gap_ms;
-    s.decode_device_max_gap_ms = std::max(s.decode_device_max_gap_ms, r.decode_device_max_gap_ms);
+    merge(s.device_clock, r.device_clock);
   }
   return s;
 }

@@ -20,6 +20,7 @@
 #include "engine/model/model.h"
 #include "engine/request.h"
 #include "engine/request_stream.h"
+#include "engine/step_clock.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace loom {
@@ -112,12 +113,10 @@ struct EngineStats {
   int64_t weight_version = 0, weight_updates = 0;
   // On a GPU, since start (engine/step_clock.h): steps timed on the device, the device time they
   // kept it busy, and its idle time between steps the loop ran back to back (the host's overhead
-  // between them: read-back, emitting, scheduling, packing), for every step and for decode steps
-  // (every sequence one token; the gap before them). All zero on the host.
-  int64_t device_steps = 0, device_gaps = 0;
-  double device_busy_ms = 0, device_gap_ms = 0, device_max_gap_ms = 0;
-  int64_t decode_device_steps = 0, decode_device_gaps = 0;
-  double decode_device_busy_ms = 0, decode_device_gap_ms = 0, decode_device_max_gap_ms = 0;
+  // between them: read-back, emitting, scheduling, packing; with expert parallelism also the
+  // ranks' agreement), for every step and for decode steps (every sequence one token; the gap
+  // before them). All zero on the host.
+  StepClockTotals device_clock;
 };
 
 class Engine {

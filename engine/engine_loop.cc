@@ -214,6 +214,7 @@ void EngineLoop::run() {
         u->done.Notify();
       } else {
         update_weights(*u);
+        step_left_work_ = false;  // the weights' upload is not the host's overhead
       }
     }
     for (EngineInbox::Pending& p : in.arrivals) add_request(std::move(p));
@@ -248,7 +249,7 @@ absl::StatusOr<EngineLoop::Agreement> EngineLoop::agree(bool stopping, bool busy
 }
 
 void EngineLoop::run_lockstep() {
-  bool group_busy = false;
+  bool& group_busy = group_busy_;
   for (;;) {
     // Idle, a rank still passes every idle_poll: a peer's arrivals start a step it must join.
     const absl::Time deadline =
@@ -399,7 +400,9 @@ void EngineLoop::step() {
   stats_.preemptions += static_cast<int64_t>(plan.preempted.size());
   bool decode = !plan.seqs.empty();
   for (const SeqPlan& s : plan.seqs) decode = decode && s.tokens.size() == 1;
-  clock_.begin_step(decode, step_left_work_);
+  // Session caches parked or restored since the last step put their copies on the stream in the
+  // gap: it is then no measure of the host's overhead.
+  clock_.begin_step(decode, step_left_work_ && offload_moves() == offload_moves_at_end_);
   // A step records its routing only when a planned request asked for it.
   std::optional<ActivationTape> tape;
   if (plan_records_routing(plan)) tape = routing_->make_tape();
@@ -488,6 +491,7 @@ StepResult EngineLoop::sample_and_emit(const BatchPlan& plan, const Tensor& logi
   }
   const std::vector<SampledToken>& tokens = sampler_->sample(logits, slots_);
   clock_.mark_end(exec_);
+  offload_moves_at_end_ = offload_moves();
 
   StepResult result;
   size_t row = 0;
@@ -609,22 +613,20 @@ void EngineLoop::finish(LiveRequest& r, Choice& c, FinishReason reason, std::str
   }
 }
 
+int64_t EngineLoop::offload_moves() const {
+  if (offload_ == nullptr) return 0;
+  const HostCacheTier::Stats& t = offload_->tier().stats();
+  return t.stored + t.restored;
+}
+
 void EngineLoop::publish_stats() {
   stats_.waiting = sched_->num_waiting();
   stats_.running = sched_->num_running();
   stats_.pages_free = sched_->kv_pool().free_count();
   stats_.slots_free = sched_->slot_pool().free_count();
-  const StepClockTotals& clock = clock_.totals(/*settle=*/!sched_->has_unfinished());
-  stats_.device_steps = clock.all.steps;
-  stats_.device_busy_ms = clock.all.busy_ms;
-  stats_.device_gaps = clock.all.gaps;
-  stats_.device_gap_ms = clock.all.gap_ms;
-  stats_.device_max_gap_ms = clock.all.max_gap_ms;
-  stats_.decode_device_steps = clock.decode.steps;
-  stats_.decode_device_busy_ms = clock.decode.busy_ms;
-  stats_.decode_device_gaps = clock.decode.gaps;
-  stats_.decode_device_gap_ms = clock.decode.gap_ms;
-  stats_.decode_device_max_gap_ms = clock.decode.max_gap_ms;
+  // Settled only when this loop and its group are idle: a rank stepping dummies for its group
+  // must not wait for each one here.
+  stats_.device_clock = clock_.totals(/*settle=*/!sched_->has_unfinished() && !group_busy_);
   const ParkedSequences& parked = sched_->parked();
   stats_.sessions_resident = parked.count();
   stats_.session_pages = parked.pages();

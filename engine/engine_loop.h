@@ -131,6 +131,8 @@ class EngineLoop {
   // are dropped (computed by the old weights) and the version goes up by one.
   void update_weights(EngineInbox::WeightUpdate& update);
   void publish_stats();
+  // Blobs the session offload tier has stored or handed back since start (0 without one).
+  int64_t offload_moves() const;
 
   // The live request a scheduler id names; null once it is gone (finished or cancelled).
   LiveRequest* find_request(uint64_t sched_id);
@@ -152,7 +154,11 @@ class EngineLoop {
   // Whether the last pass ran a step that left work: the next step follows it at once, so the
   // device's idle time between the two is the host's overhead (clock_'s gaps).
   bool step_left_work_ = false;
-  Exec exec_;  // the model's device's
+  // The offload tier's blob moves when the last step ended: moves since then put device copies in
+  // the gap before the next step, which is then not measured.
+  int64_t offload_moves_at_end_ = 0;
+  bool group_busy_ = false;  // expert parallelism: the group has work (run_lockstep)
+  Exec exec_;                // the model's device's
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<BatchSampler> sampler_;
   // Cuts a step's routing into the requests that asked for it (Request::return_routed_experts).

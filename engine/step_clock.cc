@@ -25,6 +25,16 @@ void add_step(StepClockTotals& totals, bool decode, double busy_ms, bool has_gap
   if (decode) add_to(totals.decode, busy_ms, has_gap, gap_ms);
 }
 
+void merge(StepClockTotals& totals, const StepClockTotals& more) {
+  for (auto [t, m] : {std::pair{&totals.all, &more.all}, std::pair{&totals.decode, &more.decode}}) {
+    t->steps += m->steps;
+    t->busy_ms += m->busy_ms;
+    t->gaps += m->gaps;
+    t->gap_ms += m->gap_ms;
+    t->max_gap_ms = std::max(t->max_gap_ms, m->max_gap_ms);
+  }
+}
+
 DeviceStepClock::DeviceStepClock(Device device)
     : device_(device), enabled_(!DeviceEvent(device).empty()) {}
 

@@ -35,6 +35,9 @@ struct StepClockTotals {
 
 // Folds measured steps into totals (the clock's arithmetic, apart from the device).
 void add_step(StepClockTotals& totals, bool decode, double busy_ms, bool has_gap, double gap_ms);
+// Adds `more` into `totals` (counts and times add, the largest gap is the larger): the sum over
+// several engine ranks.
+void merge(StepClockTotals& totals, const StepClockTotals& more);
 
 // Owned by the engine loop thread.
 class DeviceStepClock {

@@ -155,17 +155,25 @@ std::string Metrics::render(const EngineStats& s) const {
           static_cast<double>(s.preemptions));
   // The device's own clock (engine/step_clock.h; zero on the host): the idle time between steps
   // run back to back is the host's overhead, which overlapping scheduling would hide.
+  const StepClockTotals& dc = s.device_clock;
   counter("loom_engine_device_busy_seconds_total",
-          "GPU time engine steps kept the device busy (device events).", s.device_busy_ms / 1e3);
-  counter("loom_engine_device_idle_between_steps_seconds_total",
+          "GPU time engine steps kept the device busy (device events).", dc.all.busy_ms / 1e3);
+  counter("loom_engine_device_idle_seconds_total",
           "GPU idle time between engine steps run back to back: host work between them.",
-          s.device_gap_ms / 1e3);
+          dc.all.gap_ms / 1e3);
+  counter("loom_engine_device_idle_gaps_total",
+          "Gaps measured between engine steps run back to back.", static_cast<double>(dc.all.gaps));
   counter("loom_engine_decode_device_busy_seconds_total",
-          "GPU busy time of decode steps (every sequence one token).",
-          s.decode_device_busy_ms / 1e3);
+          "GPU busy time of decode steps (every sequence one token).", dc.decode.busy_ms / 1e3);
   counter("loom_engine_decode_device_idle_seconds_total",
           "GPU idle time before decode steps that followed the previous step at once.",
-          s.decode_device_gap_ms / 1e3);
+          dc.decode.gap_ms / 1e3);
+  counter("loom_engine_decode_device_idle_gaps_total",
+          "Gaps measured before decode steps that followed the previous step at once.",
+          static_cast<double>(dc.decode.gaps));
+  gauge("loom_engine_device_idle_max_seconds",
+        "The longest GPU idle gap between back-to-back engine steps since start.",
+        dc.all.max_gap_ms / 1e3);
   counter("loom_prefix_cache_hit_tokens_total", "Prompt tokens served from the prefix cache.",
           static_cast<double>(s.prefix_hit_tokens));
   counter("loom_prefix_cache_query_tokens_total", "Prompt tokens looked up in the prefix cache.",

@@ -71,8 +71,13 @@ def main():
     bad = os.path.join(a.tmp, "not_a_report.json")
     with open(bad, "w") as f:
         f.write('{"decode": [{"batch": "one"}], "model": "m"}')
+    empty = os.path.join(a.tmp, "empty_report.json")
+    with open(empty, "w") as f:
+        f.write('{"decode": [], "model": "m"}')
     for flags, needle in ((["--replot", out_json], "--plot"),
                           (["--replot", bad, "--plot", os.path.join(a.tmp, "x.png")],
+                           "--replot"),
+                          (["--replot", empty, "--plot", os.path.join(a.tmp, "x.png")],
                            "--replot")):
         p = subprocess.run([a.bench, "offline"] + flags, capture_output=True, text=True,
                            timeout=60)

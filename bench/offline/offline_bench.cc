@@ -185,29 +185,32 @@ std::vector<Timeline> run_requests(Engine& engine, const std::vector<std::vector
   return out;
 }
 
-// The engine's device clock over one decode run (EngineStats' decode_device_*): on a GPU, the
-// device time of its decode steps and the GPU's idle time between them.
+// The engine's device clock over one decode run (EngineStats::device_clock.decode): on a GPU,
+// the device time of its decode steps and the GPU's idle time before them. The derived figures
+// are computed here once, for the table and the JSON alike.
 struct DecodeClock {
   int64_t steps = 0, gaps = 0;
-  double busy_ms = 0, gap_ms = 0, max_gap_ms = 0;
+  double busy_ms = 0, gap_ms = 0;
+  double max_gap_ms = 0;  // since the engine started (the stats keep no per-run maximum)
+  double step_ms() const { return steps > 0 ? busy_ms / static_cast<double>(steps) : 0.0; }
+  double mean_gap_ms() const { return gaps > 0 ? gap_ms / static_cast<double>(gaps) : 0.0; }
+  // Idle over busy time, as Grafana's rate(idle) / rate(busy).
+  double idle_over_busy() const { return busy_ms > 0 ? gap_ms / busy_ms : 0.0; }
   std::string cells() const {
     if (steps == 0) return "- | - | -";  // the host: nothing measured
-    const double mean = gaps > 0 ? gap_ms / static_cast<double>(gaps) : 0.0;
-    const double busy = busy_ms / static_cast<double>(steps);
-    const double idle = gaps > 0 ? mean / busy : 0.0;
-    return absl::StrFormat("%.3f | %.3f (%.3f) | %.2f%%", busy, mean, max_gap_ms, 100.0 * idle);
+    return absl::StrFormat("%.3f | %.3f (%.3f) | %.2f%%", step_ms(), mean_gap_ms(), max_gap_ms,
+                           100.0 * idle_over_busy());
   }
 };
 
 DecodeClock decode_clock(const EngineStats& before, const EngineStats& after) {
-  DecodeClock c;
-  c.steps = after.decode_device_steps - before.decode_device_steps;
-  c.gaps = after.decode_device_gaps - before.decode_device_gaps;
-  c.busy_ms = after.decode_device_busy_ms - before.decode_device_busy_ms;
-  c.gap_ms = after.decode_device_gap_ms - before.decode_device_gap_ms;
-  // The largest gap since start: this run's when it raised it (runs are compared side by side).
-  c.max_gap_ms = after.decode_device_max_gap_ms;
-  return c;
+  const StepTimes& a = after.device_clock.decode;
+  const StepTimes& b = before.device_clock.decode;
+  return DecodeClock{.steps = a.steps - b.steps,
+                     .gaps = a.gaps - b.gaps,
+                     .busy_ms = a.busy_ms - b.busy_ms,
+                     .gap_ms = a.gap_ms - b.gap_ms,
+                     .max_gap_ms = a.max_gap_ms};
 }
 
 // The stats once the loop has published its last step: a stream's last event goes out inside the
@@ -217,7 +220,8 @@ EngineStats settled_stats(const Engine& engine) {
   for (int i = 0; i < 50; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
     const EngineStats next = engine.stats();
-    if (next.steps == s.steps && next.device_steps == s.device_steps) return next;
+    if (next.steps == s.steps && next.device_clock.all.steps == s.device_clock.all.steps)
+      return next;
     s = next;
   }
   return s;
@@ -348,15 +352,15 @@ int run_offline(const OfflineOptions& o) {
     std::ifstream in(o.replot);
     const nlohmann::json report = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
     if (report.is_discarded() || !report.is_object() || !report.contains("decode") ||
-        !report["decode"].is_array() || !report.contains("model"))
+        !report["decode"].is_array() || report["decode"].empty() || !report.contains("model") ||
+        !report["model"].is_string())
       return fail(absl::InvalidArgumentError(
           absl::StrCat("--replot ", o.replot,
                        ": not a report of `loom-bench offline --json` (no decode rows)")));
     for (const auto& row : report["decode"])
       if (!row.is_object() || !row.contains("batch") || !row["batch"].is_number() ||
           !row.contains("tokens_per_s") || !row["tokens_per_s"].is_number() ||
-          !row.contains("roofline_tokens_per_s") || !row["roofline_tokens_per_s"].is_number() ||
-          !report["model"].is_string())
+          !row.contains("roofline_tokens_per_s") || !row["roofline_tokens_per_s"].is_number())
         return fail(
             absl::InvalidArgumentError(absl::StrCat("--replot ", o.replot,
                                                     ": a decode row without batch, tokens_per_s "
@@ -435,7 +439,8 @@ int run_offline(const OfflineOptions& o) {
               static_cast<long long>(o.context), static_cast<long long>(o.decode_steps));
   std::printf(
       "| batch | TPOT p50 ms | output tok/s | roofline ms | roofline tok/s | of roofline | "
-      "device ms a decode step | GPU idle between decode steps, mean ms (max) | idle / busy |\n"
+      "device ms a decode step | GPU idle before a decode step, mean ms (max since start) | "
+      "idle / busy |\n"
       "|---|---|---|---|---|---|---|---|---|\n");
   for (int64_t b : o.batches) {
     std::vector<std::vector<int32_t>> prompts;
@@ -457,12 +462,12 @@ int run_offline(const OfflineOptions& o) {
         {"batch", b},          {"context", o.context},      {"tpot_ms", tpot * 1e3},
         {"tokens_per_s", tps}, {"roofline_ms", roof * 1e3}, {"roofline_tokens_per_s", b / roof}};
     if (clock.steps > 0) {
-      row["device_step_ms"] = clock.busy_ms / static_cast<double>(clock.steps);
+      row["device_step_ms"] = clock.step_ms();
       row["decode_steps_timed"] = clock.steps;
       row["idle_gaps"] = clock.gaps;
-      row["idle_gap_mean_ms"] = clock.gaps > 0 ? clock.gap_ms / clock.gaps : 0.0;
-      row["idle_gap_max_ms"] = clock.max_gap_ms;
-      row["idle_over_busy"] = clock.busy_ms > 0 ? clock.gap_ms / clock.busy_ms : 0.0;
+      row["idle_gap_mean_ms"] = clock.mean_gap_ms();
+      row["idle_gap_max_since_start_ms"] = clock.max_gap_ms;
+      row["idle_over_busy"] = clock.idle_over_busy();
     }
     report["decode"].push_back(row);
   }

@@ -396,10 +396,12 @@ void mla(const Exec& ex, const Tensor& q, const Tensor& latent_pool, const Tenso
   // Only where the attention's own rows already depend on the batch (the tensor-core paths' splits
   // sized by it, the default mode's): cuBLAS picks its kernel by N, so a row's bits would, and
   // the CUDA-core path and per-length splits keep that invariance (and batch-invariant mode).
-  // Decode-sized calls keep the kernels too. With bf16 activations both GEMMs read bf16 (q as it
-  // is, kv_b and o_lat rounded into the call's buffer); with f32 ones they are true f32 GEMMs.
+  // Calls with no sequence of several rows (decode batches, however large) keep the kernels too:
+  // the GEMMs' bf16 path would round all of kv_b again every step. With bf16 activations both
+  // GEMMs read bf16 (q as it is, kv_b rounded into the call's buffer, o_lat into q_lat's, dead
+  // once the attention has read it); with f32 ones they are true f32 GEMMs.
   const bool gemm_projections = !ex.batch_invariant && p.policy.wave_items > 0 &&
-                                N > kMlaGemmMinRows && !projection_kernels_from_env();
+                                N > kMlaGemmMinRows && N > c.B && !projection_kernels_from_env();
   const bool bf16_gemms = gemm_projections && act_bf16;
 
   const size_t sched_bytes = align256(launch::attn_schedule_bytes(p.bounds, N, c.B));
@@ -408,9 +410,8 @@ void mla(const Exec& ex, const Tensor& q, const Tensor& latent_pool, const Tenso
   const size_t acc_bytes = align256(static_cast<size_t>(p.bounds.parts) * H * R * 4);
   const size_t ml_bytes = align256(static_cast<size_t>(p.bounds.parts) * H * 2 * 4);
   const size_t kv16_bytes = bf16_gemms ? align256(static_cast<size_t>(H) * (dn + dv) * R * 2) : 0;
-  const size_t o16_bytes = bf16_gemms ? align256(static_cast<size_t>(N) * H * R * 2) : 0;
-  const CallBuffer buf(
-      ex, sched_bytes + qlat_bytes + olat_bytes + acc_bytes + ml_bytes + kv16_bytes + o16_bytes);
+  const CallBuffer buf(ex,
+                       sched_bytes + qlat_bytes + olat_bytes + acc_bytes + ml_bytes + kv16_bytes);
   char* at = buf.get();
   launch::AttnArgs& a = c.a;
   a.probe = tuning.probe;
@@ -426,8 +427,8 @@ void mla(const Exec& ex, const Tensor& q, const Tensor& latent_pool, const Tenso
   a.part_ml = reinterpret_cast<float*>(at);
   at += ml_bytes;
   uint16_t* kv16 = reinterpret_cast<uint16_t*>(at);
-  at += kv16_bytes;
-  uint16_t* o16 = reinterpret_cast<uint16_t*>(at);
+  // N H R bf16 fit in q_lat's N H (R + dr) f32.
+  uint16_t* o16 = reinterpret_cast<uint16_t*>(q_lat);
   a.q = q_lat;
   a.o = o_lat;
 

@@ -1,16 +1,14 @@
 #include "kernels/cuda/event.h"
 
+#include "kernels/cuda/context.h"
 #include "kernels/cuda/launch.h"
 
 namespace loom::cuda {
 
 cudaEvent_t create_timing_event(int index) {
-  int current = 0;
-  LOOM_CUDA_CHECK(cudaGetDevice(&current));
-  if (current != index) LOOM_CUDA_CHECK(cudaSetDevice(index));
+  const DeviceGuard on(index);
   cudaEvent_t e = nullptr;
   LOOM_CUDA_CHECK(cudaEventCreate(&e));
-  if (current != index) LOOM_CUDA_CHECK(cudaSetDevice(current));
   return e;
 }
 

@@ -75,7 +75,7 @@ void sgemm_rowmajor(const Exec& ex, bool trans_a, bool trans_b, int64_t m, int64
   if (ex.matmul == MatmulPrecision::kBf16) {
     // Both operands rounded once into bf16 copies, multiplied on the tensor cores with f32
     // accumulation into the f32 out (what autocast does). Not CUBLAS_COMPUTE_32F_FAST_16BF: that
-    // only allows bf16, and on the H200 it gave TF32's results to the last bit (s18a).
+    // only allows bf16, and on the H200 it gave TF32's results to the last bit (s17d).
     const int64_t rows_a = trans_a ? k : m, cols_a = trans_a ? m : k;
     const int64_t rows_b = trans_b ? n : k, cols_b = trans_b ? k : n;
     const int64_t lda16 = (cols_a + 7) / 8 * 8, ldb16 = (cols_b + 7) / 8 * 8;
@@ -128,8 +128,9 @@ void gemm_strided_batched(const Exec& ex, int64_t batch, int64_t m, int64_t n, i
              static_cast<long long>(k));
   auto type = [](GemmElem e) { return e == GemmElem::kBF16 ? CUDA_R_16BF : CUDA_R_32F; };
   const float alpha = 1.0f, beta = 0.0f;
-  // Row-major c = a op(b) is column-major c^T = op(b)^T a^T: b comes first, untransposed when
-  // trans_b (b [n, k] row-major is column-major [k, n], and op(b)^T = b), transposed otherwise.
+  // Row-major c = a op(b) is column-major c^T = op(b)^T a^T, b the first operand. Read
+  // column-major, a row-major b [k, n] already is op(b)^T = b^T (CUBLAS_OP_N); a row-major b
+  // [n, k] (trans_b) reads as b^T [k, n], so op(b)^T = b takes CUBLAS_OP_T.
   LOOM_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       device_context(ex.device.index).blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N,
       static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, type(b_type),

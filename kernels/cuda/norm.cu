@@ -89,7 +89,6 @@ template <bool kRms>
 void launch_norm(cudaStream_t stream, const void* x, bool x_bf16, const float* w, void* out,
                  bool out_bf16, int64_t rows, int64_t d, float eps, float p0) {
   if (rows == 0 || d == 0) return;
-  LOOM_CHECK_GRID(rows);
   const int threads = d >= 2048 ? 256 : (d >= 512 ? 128 : 64);
   const dim3 grid(static_cast<unsigned>(rows));
   dev::with_elem(x_bf16, [&](auto xt) {
@@ -114,8 +113,10 @@ void launch_norm(cudaStream_t stream, const void* x, bool x_bf16, const float* w
               <<<wgrid, kWarpRowWarps * 32, 0, stream>>>(xp, w, op, rows, d, eps, p0);
         }
       } else if (vec) {
+        LOOM_CHECK_GRID(rows);
         norm_kernel<kRms, X, O, kV><<<grid, threads, 0, stream>>>(xp, w, op, d, eps, p0);
       } else {
+        LOOM_CHECK_GRID(rows);
         norm_kernel<kRms, X, O, 1><<<grid, threads, 0, stream>>>(xp, w, op, d, eps, p0);
       }
     });

@@ -12,7 +12,8 @@
 // lists exactly that step's kernels. The eager wall time less the kernels' summed time is what the
 // step loses to launches and host work; CUDA graphs (the engine's default) remove most of that.
 // With PREFILL > 0 the timed and profiled step is instead the prefill of a new sequence's first
-// PREFILL tokens (an empty cache each time: the time to first token of such a prompt).
+// PREFILL tokens (an empty cache each time: the time to first token of such a prompt; the timing
+// includes the cache's allocation, the profile lists kernels only); BATCH and CONTEXT are unused.
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -59,7 +60,7 @@ int run(int argc, char** argv) {
   std::mt19937_64 rng(1);
   std::vector<SequenceCache> caches;
   caches.reserve(static_cast<size_t>(batch));
-  for (int b = 0; b < batch; ++b) {
+  for (int b = 0; b < (prefill > 0 ? 0 : batch); ++b) {
     caches.push_back((*m)->new_cache());
     // Prefill in chunks of at most 8192 tokens, as the engine's default budget does.
     for (int64_t done = 0; done < context;) {
@@ -90,7 +91,9 @@ int run(int argc, char** argv) {
         fb.seqs.push_back({.num_tokens = 1, .logits = LogitsMode::kLast, .cache = &c});
     }
     absl::StatusOr<Tensor> l = (*m)->forward(fb);
-    if (!l.ok()) std::fprintf(stderr, "decode: %s\n", l.status().ToString().c_str());
+    if (!l.ok())
+      std::fprintf(stderr, "%s: %s\n", prefill > 0 ? "prefill" : "decode",
+                   l.status().ToString().c_str());
     return l.ok() && cudaDeviceSynchronize() == cudaSuccess;
   };
   for (int i = 0; i < 3; ++i)

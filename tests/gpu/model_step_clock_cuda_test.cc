@@ -145,16 +145,19 @@ TEST(DeviceStepClockCuda, EngineStatsFitTheWallClock) {
     std::printf(
         "GPUINFO %s steps %lld timed %lld decode %lld busy %.3f ms gaps %lld idle %.3f ms "
         "(decode %.3f / %.3f ms, max gap %.3f ms), wall %.1f ms\n",
-        tag.c_str(), static_cast<long long>(s.steps), static_cast<long long>(s.device_steps),
-        static_cast<long long>(s.decode_device_steps), s.device_busy_ms,
-        static_cast<long long>(s.device_gaps), s.device_gap_ms, s.decode_device_busy_ms,
-        s.decode_device_gap_ms, s.decode_device_max_gap_ms, wall_ms);
-    EXPECT_EQ(s.device_steps, s.steps);    // every step had device work and ended
-    EXPECT_GE(s.decode_device_steps, 20);  // 24 tokens each: at least 20 all-decode steps
-    EXPECT_GT(s.decode_device_gaps, 0);
-    EXPECT_GT(s.decode_device_busy_ms, 0.0);
-    EXPECT_GE(s.device_gap_ms, 0.0);
-    check_le(tag + "busy_plus_idle_over_wall", (s.device_busy_ms + s.device_gap_ms) / wall_ms, 1.0);
+        tag.c_str(), static_cast<long long>(s.steps),
+        static_cast<long long>(s.device_clock.all.steps),
+        static_cast<long long>(s.device_clock.decode.steps), s.device_clock.all.busy_ms,
+        static_cast<long long>(s.device_clock.all.gaps), s.device_clock.all.gap_ms,
+        s.device_clock.decode.busy_ms, s.device_clock.decode.gap_ms,
+        s.device_clock.decode.max_gap_ms, wall_ms);
+    EXPECT_EQ(s.device_clock.all.steps, s.steps);  // every step had device work and ended
+    EXPECT_GE(s.device_clock.decode.steps, 20);    // 24 tokens each: at least 20 all-decode steps
+    EXPECT_GT(s.device_clock.decode.gaps, 0);
+    EXPECT_GT(s.device_clock.decode.busy_ms, 0.0);
+    EXPECT_GE(s.device_clock.all.gap_ms, 0.0);
+    check_le(tag + "busy_plus_idle_over_wall",
+             (s.device_clock.all.busy_ms + s.device_clock.all.gap_ms) / wall_ms, 1.0);
   }
 }
 

@@ -27,6 +27,22 @@ TEST(StepClock, AddStepSplitsDecodeStepsAndGaps) {
   EXPECT_DOUBLE_EQ(t.decode.max_gap_ms, 0.5);
 }
 
+TEST(StepClock, MergeAddsRanks) {
+  StepClockTotals a, b;
+  add_step(a, true, 2.0, true, 0.5);
+  add_step(b, false, 3.0, true, 1.5);
+  add_step(b, true, 1.0, false, 0.0);
+  merge(a, b);
+  EXPECT_EQ(a.all.steps, 3);
+  EXPECT_DOUBLE_EQ(a.all.busy_ms, 6.0);
+  EXPECT_EQ(a.all.gaps, 2);
+  EXPECT_DOUBLE_EQ(a.all.gap_ms, 2.0);
+  EXPECT_DOUBLE_EQ(a.all.max_gap_ms, 1.5);
+  EXPECT_EQ(a.decode.steps, 2);
+  EXPECT_EQ(a.decode.gaps, 1);
+  EXPECT_DOUBLE_EQ(a.decode.max_gap_ms, 0.5);
+}
+
 TEST(StepClock, TheHostMeasuresNothing) {
   DeviceStepClock clock(Device::kCpu);
   EXPECT_FALSE(clock.enabled());
