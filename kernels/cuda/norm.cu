@@ -11,25 +11,28 @@
 namespace loom::cuda {
 namespace {
 
-// V elements per unit (1: scalar); V divides d.
-template <bool kRms, typename X, typename O, int V>
-__global__ void __launch_bounds__(256)
-    norm_kernel(const X* x, const float* __restrict__ w, O* out, int64_t d, float eps, float p0) {
-  __shared__ float red[32];
-  const int64_t row = blockIdx.x, units = d / V;
-  const X* xr = x + row * d;
-  O* orow = out + row * d;
+// The two passes over one row, shared by both kernels: the units first, first + stride, ... of
+// this thread (V elements per unit, 1: scalar; V divides d), then the thread's reduction.
+template <typename X, int V>
+__device__ __forceinline__ float row_sum_squares(const X* xr, int64_t units, int64_t first,
+                                                 int64_t stride) {
   float ss = 0.0f;
-  for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+  for (int64_t u = first; u < units; u += stride) {
     float v[V];
     dev::ld_vec<V>(xr + u * V, v);
 #pragma unroll
     for (int j = 0; j < V; ++j) ss += v[j] * v[j];
   }
-  ss = dev::block_sum(ss, red);
-  // p0 = weight_offset (rms) or scale (l2).
+  return ss;
+}
+
+// p0 = weight_offset (rms) or scale (l2); ss the row's sum of squares.
+template <bool kRms, typename X, typename O, int V>
+__device__ __forceinline__ void scale_row(const X* xr, const float* __restrict__ w, O* orow,
+                                          int64_t units, int64_t first, int64_t stride, int64_t d,
+                                          float ss, float eps, float p0) {
   const float mul = kRms ? 1.0f / sqrtf(ss / static_cast<float>(d) + eps) : p0 / sqrtf(ss + eps);
-  for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+  for (int64_t u = first; u < units; u += stride) {
     float v[V];
     dev::ld_vec<V>(xr + u * V, v);
     if constexpr (kRms) {
@@ -45,6 +48,18 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// A block per row.
+template <bool kRms, typename X, typename O, int V>
+__global__ void __launch_bounds__(256)
+    norm_kernel(const X* x, const float* __restrict__ w, O* out, int64_t d, float eps, float p0) {
+  __shared__ float red[32];
+  const int64_t row = blockIdx.x, units = d / V;
+  const float ss =
+      dev::block_sum(row_sum_squares<X, V>(x + row * d, units, threadIdx.x, blockDim.x), red);
+  scale_row<kRms, X, O, V>(x + row * d, w, out + row * d, units, threadIdx.x, blockDim.x, d, ss,
+                           eps, p0);
+}
+
 // Rows of at most this many units take a warp each.
 constexpr int64_t kWarpRowUnits = 64;
 constexpr int kWarpRowWarps = 8;
@@ -58,31 +73,8 @@ __global__ void __launch_bounds__(kWarpRowWarps * 32)
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpRowWarps + (threadIdx.x >> 5);
   if (row >= rows) return;  // uniform across the warp
   const int64_t units = d / V;
-  const X* xr = x + row * d;
-  O* orow = out + row * d;
-  float ss = 0.0f;
-  for (int64_t u = lane; u < units; u += 32) {
-    float v[V];
-    dev::ld_vec<V>(xr + u * V, v);
-#pragma unroll
-    for (int j = 0; j < V; ++j) ss += v[j] * v[j];
-  }
-  ss = dev::warp_sum(ss);
-  const float mul = kRms ? 1.0f / sqrtf(ss / static_cast<float>(d) + eps) : p0 / sqrtf(ss + eps);
-  for (int64_t u = lane; u < units; u += 32) {
-    float v[V];
-    dev::ld_vec<V>(xr + u * V, v);
-    if constexpr (kRms) {
-      float ww[V];
-      dev::ld_vec<V>(w + u * V, ww);
-#pragma unroll
-      for (int j = 0; j < V; ++j) v[j] = (p0 + ww[j]) * (v[j] * mul);
-    } else {
-#pragma unroll
-      for (int j = 0; j < V; ++j) v[j] *= mul;
-    }
-    dev::st_vec<V>(orow + u * V, v);
-  }
+  const float ss = dev::warp_sum(row_sum_squares<X, V>(x + row * d, units, lane, 32));
+  scale_row<kRms, X, O, V>(x + row * d, w, out + row * d, units, lane, 32, d, ss, eps, p0);
 }
 
 template <bool kRms>
