@@ -3,6 +3,7 @@
 
 #include <optional>
 
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/norm.h"
 #ifdef LOOM_WITH_CUDA
 #include "kernels/cuda/backward.h"
@@ -30,6 +31,20 @@ void rmsnorm_forward(const Exec& ex, const Tensor& x, const Tensor& w, float eps
   return cuda::rmsnorm_forward(ex, x, w, eps, weight_offset, out);
 #else
   no_kernel_for(ex, "rmsnorm_forward");
+#endif
+}
+
+void add_rmsnorm_forward(const Exec& ex, const Tensor& h, const Tensor& delta, const Tensor& w,
+                         float eps, float weight_offset, const Tensor& out) {
+  LOOM_ON_EXEC_DEVICE(ex, "add_rmsnorm_forward", h, delta, w, out);
+  if (ex.device.is_cpu()) {
+    cpu::add_inplace(h, delta);
+    return cpu::rmsnorm_forward(h, w, eps, weight_offset, out);
+  }
+#ifdef LOOM_WITH_CUDA
+  return cuda::add_rmsnorm_forward(ex, h, delta, w, eps, weight_offset, out);
+#else
+  no_kernel_for(ex, "add_rmsnorm_forward");
 #endif
 }
 

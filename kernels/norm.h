@@ -19,6 +19,14 @@ namespace loom {
 void rmsnorm_forward(const Exec& ex, const Tensor& x, const Tensor& w, float eps,
                      float weight_offset, const Tensor& out);
 
+// h += delta, then out = rmsnorm_forward(h): a residual add and the next sublayer's pre-norm in
+// one pass over the row (one kernel on CUDA). The same bits as add_inplace(h, delta) followed by
+// rmsnorm_forward(h, ..., out) when delta and out have one dtype. h, delta, out: [N, D]; h f32 or
+// (CUDA) bf16, delta and out each f32 or (CUDA) bf16; `out` may alias `h` (same dtype), delta
+// aliases neither.
+void add_rmsnorm_forward(const Exec& ex, const Tensor& h, const Tensor& delta, const Tensor& w,
+                         float eps, float weight_offset, const Tensor& out);
+
 // Per-head L2 normalisation as KDA/GDN use it: out = x / sqrt(sum(x^2) + eps) * scale over the
 // last dimension. x, out: [..., d] contiguous (any leading shape), f32 or (CUDA) bf16 each; `out`
 // may alias `x` (same dtype).

@@ -199,21 +199,25 @@ Tensor Model::run_plain_residual(const ForwardContext& ctx, Tensor h) const {
   const int64_t rows = h.dim(0), d = h.dim(1);
   Tensor xn = ctx.take({rows, d});
   Tensor delta = ctx.take({rows, d});
+  const float eps = cfg_.rms_norm_eps, offset = cfg_.norm_weight_offset;
+  // Each residual add is fused with the norm that reads its sum (the next sublayer's, or the
+  // final one, in place), so h is updated and normalised in one pass.
+  if (cfg_.num_layers == 0) rmsnorm_forward(ctx.ex, h, final_norm_, eps, offset, h);
+  if (cfg_.num_layers > 0) rmsnorm_forward(ctx.ex, h, layers_[0].mixer_norm, eps, offset, xn);
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const Layer& layer = layers_[l];
     ctx.record(l, "residual", h);
-    rmsnorm_forward(ctx.ex, h, layer.mixer_norm, cfg_.rms_norm_eps, cfg_.norm_weight_offset, xn);
     ctx.record(l, "mixer_in", xn);
     layer.mixer->forward(ctx, xn, l, delta);
     ctx.record(l, "mixer_out", delta);
-    add_inplace(ctx.ex, h, delta);
-    rmsnorm_forward(ctx.ex, h, layer.ffn_norm, cfg_.rms_norm_eps, cfg_.norm_weight_offset, xn);
+    add_rmsnorm_forward(ctx.ex, h, delta, layer.ffn_norm, eps, offset, xn);
     ctx.record(l, "ffn_in", xn);
     layer.ffn->forward(ctx, xn, delta);
     ctx.record(l, "ffn_out", delta);
-    add_inplace(ctx.ex, h, delta);
+    const bool last = l + 1 == cfg_.num_layers;
+    add_rmsnorm_forward(ctx.ex, h, delta, last ? final_norm_ : layers_[l + 1].mixer_norm, eps,
+                        offset, last ? h : xn);
   }
-  rmsnorm_forward(ctx.ex, h, final_norm_, cfg_.rms_norm_eps, cfg_.norm_weight_offset, h);
   return h;
 }
 

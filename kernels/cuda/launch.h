@@ -42,6 +42,10 @@ void rmsnorm(cudaStream_t stream, const void* x, bool x_bf16, const float* w, vo
              bool out_bf16, int64_t rows, int64_t d, float eps, float weight_offset);
 void l2norm(cudaStream_t stream, const void* x, bool x_bf16, void* out, bool out_bf16, int64_t rows,
             int64_t d, float eps, float scale);
+// x += delta (stored rounded as x's type), then rmsnorm of that x into out (out may alias x).
+void add_rmsnorm(cudaStream_t stream, void* x, bool x_bf16, const void* delta, bool delta_bf16,
+                 const float* w, void* out, bool out_bf16, int64_t rows, int64_t d, float eps,
+                 float weight_offset);
 
 // elementwise
 enum class Unary : int { kAdd, kMulSigmoid, kMulSilu, kSigmoid, kSiluMul };

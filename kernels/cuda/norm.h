@@ -11,6 +11,8 @@ namespace loom::cuda {
 
 void rmsnorm_forward(const Exec& ex, const Tensor& x, const Tensor& w, float eps,
                      float weight_offset, const Tensor& out);
+void add_rmsnorm_forward(const Exec& ex, const Tensor& h, const Tensor& delta, const Tensor& w,
+                         float eps, float weight_offset, const Tensor& out);
 void l2norm_forward(const Exec& ex, const Tensor& x, float eps, float scale, const Tensor& out);
 
 }  // namespace loom::cuda

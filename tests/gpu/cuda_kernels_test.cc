@@ -614,6 +614,54 @@ TEST_F(CudaKernels, RmsNormBf16) {
   }
 }
 
+// add_rmsnorm_forward against what it fuses, add_inplace then rmsnorm_forward on the GPU: the
+// same bits in h and in out (0 differing elements, NaN poisoning included), for h f32 (the
+// model's residual) or bf16, delta and out f32 or bf16 (one dtype, as the model passes them),
+// widths that take the warp kernel (40, 128), the scalar block path (129) and 16-byte units
+// (1028 for f32, 2304 as the 48B model, 4096), in place (out = h, the final norm) and not; and
+// against the CPU twin (add then norm in f32 on the same rounded inputs) within the bf16 bounds.
+TEST_F(CudaKernels, AddRmsNormIsAddThenNorm) {
+  auto differing = [](const Tensor& a, const Tensor& b) {
+    const Tensor ha = host(a), hb = host(b);
+    int64_t n = 0;
+    const size_t item = dtype_size(ha.dtype());
+    for (int64_t i = 0; i < ha.numel(); ++i) {
+      n += std::memcmp(static_cast<const char*>(ha.raw()) + i * item,
+                       static_cast<const char*>(hb.raw()) + i * item, item) != 0;
+    }
+    return n;
+  };
+  for (int64_t D : {40, 128, 129, 1028, 2304, 4096}) {
+    for (DType ht : {kF32, kBF16}) {
+      for (DType at : {kF32, kBF16}) {
+        const int64_t N = 13;
+        Tensor h0 = randn({N, D}, 2.0f), delta = randn({N, D}, 1.0f), w = randn({D}, 0.5f);
+        const Tensor wd = dev(w), dd = as_dev(delta, at);
+        const std::string tag =
+            "_h" + std::string(dname(ht)) + "_d" + dname(at) + "_D" + std::to_string(D);
+        for (bool in_place : {false, true}) {
+          if (in_place && ht != at) continue;  // out aliases h: one dtype
+          Tensor h_ref = h0.clone(), h_copy = h0.clone();
+          const Tensor h_unfused = as_dev(h_ref, ht), h_fused = as_dev(h_copy, ht);
+          const Tensor o_unfused = in_place ? h_unfused : poisoned_as({N, D}, at);
+          const Tensor o_fused = in_place ? h_fused : poisoned_as({N, D}, at);
+          add_inplace(gpu(), h_unfused, dd);
+          rmsnorm_forward(gpu(), h_unfused, wd, 1e-5f, 0.0f, o_unfused);
+          add_rmsnorm_forward(gpu(), h_fused, dd, wd, 1e-5f, 0.0f, o_fused);
+          const std::string name = std::string("add_rmsnorm") + (in_place ? "_inplace" : "") + tag;
+          const int64_t diff = differing(h_fused, h_unfused) + differing(o_fused, o_unfused);
+          report(name + "_bits_vs_unfused", static_cast<double>(diff), 0.0);
+          Tensor ref = Tensor::empty({N, D});
+          add_rmsnorm_forward(host_exec(), h_ref, delta, w, 1e-5f, 0.0f, ref);
+          // A bf16 h holds the sum rounded before the norm reads it: the bf16 bound then too.
+          report(name + "_vs_cpu", rel_l2(host(o_fused).to_f32(), ref),
+                 bf16_tol(ht == kBF16 ? kBF16 : at));
+        }
+      }
+    }
+  }
+}
+
 // q and k: bf16 in place; the other pairs too (d = 129 scalar, 128 vectorised: a warp per row,
 // 40 scalar: a warp per row).
 TEST_F(CudaKernels, L2NormBf16) {
