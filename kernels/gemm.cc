@@ -2,6 +2,10 @@
 // cuBLAS, cuBLASLt and Loom's kernels on CUDA (kernels/cuda/gemm.h says which runs when).
 #include "kernels/gemm.h"
 
+#include <optional>
+
+#include "core/workspace.h"
+#include "kernels/activation.h"
 #include "kernels/cpu/gemm.h"
 #ifdef LOOM_WITH_CUDA
 #include "kernels/cuda/gemm.h"
@@ -32,17 +36,48 @@ void linear_forward(const Exec& ex, const Tensor& x, const Tensor& w, const Tens
     return cpu::linear_forward(x, w, out, beta);
   }
 #ifdef LOOM_WITH_CUDA
-  // f32 x and out with f32, bf16 or FP8 w; bf16 x or out (bf16 activations) with bf16 or FP8 w
-  // only. Under ex.batch_invariant the CUDA twin runs Loom's row-invariant kernels instead of
-  // cuBLAS.
+  // f32 x and out with f32, bf16 or FP8 w; bf16 x or out (bf16 activations) with bf16 or FP8 w,
+  // and bf16 x with f32 w into f32 out (a router's f32 logits from bf16 rows). Under
+  // ex.batch_invariant the CUDA twin runs Loom's row-invariant kernels instead of cuBLAS.
   const bool bf16_activations = x.dtype() == DType::kBF16 || out.dtype() == DType::kBF16;
-  if (!bf16_activations || w.dtype() == DType::kF32) {
-    LOOM_CHECK_F32(x);
-    LOOM_CHECK_F32(out);
-  }
+  if (!bf16_activations || w.dtype() == DType::kF32) LOOM_CHECK_F32(out);
+  if (!bf16_activations) LOOM_CHECK_F32(x);
   return cuda::linear_forward(ex, x, w, out, beta);
 #else
   no_kernel_for(ex, "linear_forward");
+#endif
+}
+
+void linear_swiglu_forward(const Exec& ex, const Tensor& x, const Tensor& w_gate,
+                           const Tensor& w_up, const Tensor& h) {
+  LOOM_ON_EXEC_DEVICE(ex, "linear_swiglu_forward", x, w_gate, w_up, h);
+  LOOM_CHECK(w_gate.shape() == w_up.shape() && w_gate.dtype() == w_up.dtype(),
+             "linear_swiglu_forward: w_gate %s w_up %s", w_gate.describe().c_str(),
+             w_up.describe().c_str());
+#ifdef LOOM_WITH_CUDA
+  if (ex.device.is_cuda() && cuda::linear_swiglu_gemv(ex, x, w_gate, w_up, h)) return;
+#endif
+  std::optional<Workspace::Mark> mark;
+  if (ex.workspace != nullptr) mark.emplace(*ex.workspace);
+  auto scratch = [&] {
+    return ex.workspace != nullptr ? ex.workspace->take(h.shape(), h.dtype())
+                                   : Tensor::empty(h.shape(), h.dtype(), ex.device);
+  };
+  const Tensor g = scratch(), u = scratch();
+  linear_forward(ex, x, w_gate, g);
+  linear_forward(ex, x, w_up, u);
+  silu_mul_forward(ex, g, u, h);
+}
+
+bool linear_is_gemv(const Exec& ex, const Tensor& w, int64_t rows) {
+#ifdef LOOM_WITH_CUDA
+  return ex.device.is_cuda() && !ex.batch_invariant && w.dtype() == DType::kBF16 && w.ndim() == 2 &&
+         w.is_contiguous() && rows >= 1 && rows <= cuda::kGemvAutoRows;
+#else
+  (void)ex;
+  (void)w;
+  (void)rows;
+  return false;
 #endif
 }
 

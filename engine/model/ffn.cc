@@ -9,6 +9,7 @@
 #include "kernels/gemm.h"
 #include "kernels/gemm_backward.h"
 #include "kernels/moe.h"
+#include "kernels/side_stream.h"
 
 namespace loom {
 namespace {
@@ -29,12 +30,23 @@ class DenseFfn final : public Ffn {
   void forward(const ForwardContext& ctx, const Tensor& x, const Tensor& out) const override {
     const Workspace::Mark scope(ctx.ws());
     const int64_t n = x.dim(0);
-    Tensor g = ctx.take({n, width_}), u = ctx.take({n, width_});
-    linear_forward(ctx.ex, x, gate_, g);
-    linear_forward(ctx.ex, x, up_, u);
-    silu_mul_forward(ctx.ex, g, u, g);
-    linear_forward(ctx.ex, g, down_, out);
+    Tensor h = ctx.take({n, width_});
+    forward_with(ctx.ex, x, h, out);
   }
+
+  // forward on caller-provided memory for the hidden activations h [rows, width] (no workspace):
+  // MoeFfn runs the shared expert this way on a side stream.
+  void forward_with(const Exec& ex, const Tensor& x, const Tensor& h, const Tensor& out) const {
+    linear_swiglu_forward(ex, x, gate_, up_, h);
+    linear_forward(ex, h, down_, out);
+  }
+  // True when forward_with of `rows` rows is two of Loom's GEMV kernels (kernels/side_stream.h's
+  // condition for a side-stream branch).
+  bool runs_as_gemvs(const Exec& ex, int64_t rows) const {
+    return linear_is_gemv(ex, gate_, rows) && linear_is_gemv(ex, up_, rows) &&
+           linear_is_gemv(ex, down_, rows);
+  }
+  int64_t width() const { return width_; }
 
   absl::Status backward(const ForwardContext& ctx, const Tensor& x, const Tensor& d_out,
                         const Tensor& d_x, Gradients& grads) const override {
@@ -109,15 +121,24 @@ class MoeFfn final : public Ffn {
   void forward(const ForwardContext& ctx, const Tensor& x, const Tensor& out) const override {
     const Workspace::Mark scope(ctx.ws());
     const int64_t n = x.dim(0), e = router_.dim(0);
-    // The router and the shared-expert gate keep f32 weights (parameter_arena.h) and read f32
-    // rows: routing decides on the exact logits whatever the activations are.
-    Tensor x_f32 = x;
-    if (x.dtype() != DType::kF32) {
-      x_f32 = ctx.take(x.shape(), DType::kF32);
-      copy_columns(ctx.ex, x, 0, x_f32);
+    // At decode sizes the shared expert (two GEMV kernels) runs on a side stream beside the
+    // router, the routing and the routed experts, a chain of small kernels it does not depend
+    // on; its output and hidden activations are taken here, before the fork, so that nothing it
+    // uses is released while it runs.
+    Tensor s;
+    Exec side;
+    const bool overlap = shared_ != nullptr && shared_->runs_as_gemvs(ctx.ex, n);
+    if (shared_) s = ctx.take(out.shape());
+    if (overlap) {
+      const Tensor h = ctx.take({n, shared_->width()});
+      side = fork_side_stream(ctx.ex);
+      shared_->forward_with(side, x, h, s);
     }
+    // The router and the shared-expert gate keep f32 weights (parameter_arena.h) and compute in
+    // f32 on x's values (bf16 rows are widened exactly inside linear_forward): routing decides on
+    // the exact logits whatever the activations are.
     Tensor logits = ctx.take({n, e}, DType::kF32);
-    linear_forward(ctx.ex, x_f32, router_, logits);
+    linear_forward(ctx.ex, x, router_, logits);
     Tensor ids = ctx.take({n, params_.top_k}, DType::kI32);
     Tensor weights = ctx.take({n, params_.top_k}, DType::kF32);
     route(ctx, logits, ids, weights, /*count_replay=*/true);
@@ -129,11 +150,14 @@ class MoeFfn final : public Ffn {
     moe_grouped_swiglu(ctx.ex, routed.rows, routed.offsets, w_gate_, w_up_, w_down_, y);
     dispatcher_->combine(ctx.ex, y, routed, out);
     if (shared_) {
-      Tensor s = ctx.take(out.shape());
-      shared_->forward(ctx, x, s);
+      if (overlap) {
+        join_side_stream(ctx.ex, side);
+      } else {
+        shared_->forward(ctx, x, s);
+      }
       if (shared_gate_.defined()) {
         Tensor g = ctx.take({n, 1}, DType::kF32);
-        linear_forward(ctx.ex, x_f32, shared_gate_, g);
+        linear_forward(ctx.ex, x, shared_gate_, g);
         mul_sigmoid_rows(ctx.ex, s, g);
       }
       add_inplace(ctx.ex, out, s);

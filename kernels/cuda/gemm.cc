@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm_fp8.h"
 #include "kernels/cuda/gemm_launch.h"
 
@@ -312,12 +313,11 @@ void check_linear(const char* fn, const Tensor& x, const Tensor& w, const Tensor
   auto f32_or_bf16 = [](const Tensor& t) {
     return (t.dtype() == DType::kF32 || t.dtype() == DType::kBF16) && t.is_contiguous();
   };
-  LOOM_CHECK(
-      f32_or_bf16(x) && f32_or_bf16(w) && f32_or_bf16(out) &&
-          (w.dtype() == DType::kBF16 || (x.dtype() == DType::kF32 && out.dtype() == DType::kF32)),
-      "%s: x %s w %s out %s: expected contiguous f32 x, w and out, or a bf16 w with f32 "
-      "or bf16 x and out",
-      fn, x.describe().c_str(), w.describe().c_str(), out.describe().c_str());
+  LOOM_CHECK(f32_or_bf16(x) && f32_or_bf16(w) && f32_or_bf16(out) &&
+                 (w.dtype() == DType::kBF16 || out.dtype() == DType::kF32),
+             "%s: x %s w %s out %s: expected contiguous f32 w with f32 or bf16 x and f32 out, or a "
+             "bf16 w with f32 or bf16 x and out",
+             fn, x.describe().c_str(), w.describe().c_str(), out.describe().c_str());
   LOOM_CHECK(w.ndim() == 2 && x.ndim() >= 1 && out.ndim() == x.ndim() && x.dim(-1) == w.dim(1) &&
                  out.dim(-1) == w.dim(0),
              "%s: x %s w %s out %s", fn, x.describe().c_str(), w.describe().c_str(),
@@ -331,6 +331,35 @@ void check_linear(const char* fn, const Tensor& x, const Tensor& w, const Tensor
 int64_t rows_of(const Tensor& x, const Tensor& out, int64_t n, int64_t k) {
   return k > 0 ? x.numel() / k : out.numel() / (n > 0 ? n : 1);
 }
+
+}  // namespace
+
+bool linear_swiglu_gemv(const Exec& ex, const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
+                        const Tensor& h) {
+  if (ex.batch_invariant || w_gate.dtype() != DType::kBF16 || w_up.dtype() != DType::kBF16 ||
+      w_gate.ndim() != 2 || !w_gate.is_contiguous() || !w_up.is_contiguous() ||
+      !x.is_contiguous() || !h.is_contiguous() || x.ndim() < 1 || h.ndim() != x.ndim() ||
+      (x.dtype() != DType::kF32 && x.dtype() != DType::kBF16) ||
+      (h.dtype() != DType::kF32 && h.dtype() != DType::kBF16)) {
+    return false;
+  }
+  const int64_t n = w_gate.dim(0), k = w_gate.dim(1);
+  if (x.dim(-1) != k || h.dim(-1) != n ||
+      x.numel() / std::max<int64_t>(k, 1) != h.numel() / std::max<int64_t>(n, 1))
+    return false;
+  const int64_t m = k > 0 ? x.numel() / k : 0;
+  if (m > kGemvAutoRows || k == 0) return false;
+  LOOM_CHECK_CUDA_ARG("linear_swiglu_forward", x);
+  LOOM_CHECK_CUDA_ARG("linear_swiglu_forward", w_gate);
+  LOOM_CHECK_CUDA_ARG("linear_swiglu_forward", w_up);
+  LOOM_CHECK_CUDA_ARG("linear_swiglu_forward", h);
+  launch::gemv_bf16_swiglu(stream_of(ex), static_cast<const uint16_t*>(w_gate.raw()),
+                           static_cast<const uint16_t*>(w_up.raw()), x.raw(), elem_of(x), k,
+                           h.raw(), elem_of(h), n, m, n, k);
+  return true;
+}
+
+namespace {
 
 void linear_bf16(const Exec& ex, const Tensor& x, const Tensor& w, const Tensor& out, float beta,
                  Bf16Gemm kernel) {
@@ -408,6 +437,25 @@ void linear_forward(const Exec& ex, const Tensor& x, const Tensor& w, const Tens
   if (w.dtype() == DType::kBF16) return linear_bf16(ex, x, w, out, beta, Bf16Gemm::kAuto);
   const int64_t n = w.dim(0), k = w.dim(1);
   const int64_t m = rows_of(x, out, n, k);
+  if (x.dtype() == DType::kBF16) {
+    // f32 w with bf16 rows (an MoE router on bf16 activations; routing decides on f32 logits):
+    // one row is read widened by the GEMV, more are widened into the workspace first. Either
+    // way the bits of the f32 product on the widened rows, without a separate widening kernel
+    // at decode.
+    if (m == 1 && !ex.batch_invariant) {
+      launch::gemv_rows_bf16x(stream_of(ex), w.data<float>(), static_cast<const uint16_t*>(x.raw()),
+                              out.data<float>(), n, k, 1.0f, beta);
+      return;
+    }
+    std::optional<Workspace::Mark> mark;
+    if (ex.workspace != nullptr) mark.emplace(*ex.workspace);
+    const Tensor xf = ex.workspace != nullptr ? ex.workspace->take({m, k}, DType::kF32)
+                                              : Tensor::empty({m, k}, DType::kF32, ex.device);
+    copy_columns(ex, x.reshape({m, k}), 0, xf);
+    sgemm_rowmajor(ex, false, true, m, n, k, 1.0f, xf.data<float>(), k, w.data<float>(), k, beta,
+                   out.data<float>(), n);
+    return;
+  }
   sgemm_rowmajor(ex, false, true, m, n, k, 1.0f, x.data<float>(), k, w.data<float>(), k, beta,
                  out.data<float>(), n);
 }

@@ -40,6 +40,12 @@ enum class Bf16Gemm { kAuto, kGemv, kCublasLt, kTiled };
 void linear_forward_bf16(const Exec& ex, const Tensor& x, const Tensor& w, const Tensor& out,
                          float beta, Bf16Gemm kernel = Bf16Gemm::kAuto);
 
+// linear_swiglu_forward's fused case (kernels/gemm.h): bf16 w_gate and w_up, at most kGemvAutoRows
+// rows, not batch-invariant, contiguous operands, x and h f32 or bf16. Runs it and returns true,
+// or returns false (the caller composes it) for anything else.
+bool linear_swiglu_gemv(const Exec& ex, const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
+                        const Tensor& h);
+
 // `batch` row-major GEMMs at fixed element strides, one cuBLAS call: c_i[m, n] = a_i[m, k]
 // op(b_i), op(b_i) = b_i [k, n] (trans_b false) or b_i^T with b_i [n, k] (trans_b true); a_i = a +
 // i * stride_a elements with row stride lda, likewise b and c. Element types: every one f32 (true

@@ -24,6 +24,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm_launch.h"
+#include "kernels/cuda/gemv_split.h"
 
 namespace loom::cuda {
 namespace {
@@ -91,24 +92,10 @@ __global__ void __launch_bounds__(kCastThreads)
 // GEMV: S warps per weight row (each a slice of k; S = 1, 2, 4 or 8), R activation rows at
 // once (each weight element is read once and used R times).
 //
-// Why split k: a decode step's GEMVs are memory-bound, and one warp per row leaves too few warps
-// (too few bytes in flight) wherever n is small: on an H200 at batch 1 of the 48B-shaped model,
-// an n = 2304, k = 4096 output projection ran at 1.9 TB/s, n = 1024 (the shared expert) at 0.8
-// TB/s, n = 128 (the KDA gates' low-rank halves) at 0.1 TB/s (ncu, bench/results/gpu-h200.md).
-// S comes from n and k only (gemv_split), never from the row count, so a row's bits are the same
-// in a 1-row and an 8-row call: lane sums in the warp_sum's fixed order, then the S partial sums
-// in slice order.
-constexpr int kGemvWarps = 8;
-// Warps worth resident on the GPU before a split pays no more (H200: 132 SMs x 64 warps).
-constexpr int64_t kGemvTargetWarps = 8192;
-// Columns a slice keeps at least (each lane then still loads >= one 16-byte word per pass).
-constexpr int64_t kGemvMinSliceCols = 256;
-
-int gemv_split(int64_t n, int64_t k) {
-  int s = 1;
-  while (s < kGemvWarps && n * s < kGemvTargetWarps && k / (2 * s) >= kGemvMinSliceCols) s *= 2;
-  return s;
-}
+// The split of k (gemv_split.h) comes from n and k only, so a row's bits are the same in a 1-row
+// and an 8-row call: lane sums in the warp_sum's fixed order, then the S partial sums in slice
+// order.
+constexpr int kGemvWarps = kGemvMaxSplit;
 
 template <typename XT>
 __device__ __forceinline__ float load_x(const XT* p) {
@@ -129,124 +116,178 @@ __device__ __forceinline__ void load_x8(const XT* p, float (&f)[8]) {
   }
 }
 
-template <typename XT, int R, bool kVec, int S>
+// An output's value rounded to its array's type (what a later kernel would read back).
+__device__ __forceinline__ float as_stored(float v, launch::Elem type) {
+  return type == launch::Elem::kF32 ? v : bf16_bits_to_f32(f32_to_bf16_bits(v));
+}
+
+// kDual (the SwiGLU GEMV): w2 is a second weight of w's shape (up beside gate), read by the same
+// warp over the same slice, and the output is silu(g) * u with g and u first rounded to out's type:
+// the bits of two gemv calls and silu_mul_forward, in one pass (a decode step's shared expert
+// ran those as three kernels, ~5 + 5 + 2 us, ncu s19a).
+template <typename XT, int R, bool kVec, int S, bool kDual = false>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_bf16_kernel(const uint16_t* __restrict__ w, const XT* __restrict__ x, int64_t ldx,
                      void* __restrict__ out, launch::Elem out_type, int64_t ldo, int64_t n,
-                     int64_t k, float beta) {
+                     int64_t k, float beta, const uint16_t* __restrict__ w2 = nullptr) {
   static_assert(kGemvWarps % S == 0);
+  constexpr int NM = kDual ? 2 : 1;  // weight matrices
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int part = warp % S;  // this warp's slice of k
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kGemvWarps / S) + warp / S;
   const bool live = row < n;  // uniform across the warp
-  float acc[R];
+  float acc[NM][R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+  for (int m = 0; m < NM; ++m)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
   if (live) {
-    const uint16_t* wr = w + row * k;
+    const uint16_t* wr[NM];
+    wr[0] = w + row * k;
+    if constexpr (kDual) wr[1] = w2 + row * k;
     if constexpr (kVec) {
-      const uint4* w8 = reinterpret_cast<const uint4*>(wr);
       const int64_t k8 = k / 8;
 #pragma unroll 4
       for (int64_t i = part * 32 + lane; i < k8; i += 32 * S) {
-        float wf[8];
-        unpack8(__ldcs(w8 + i), wf);
+        float wf[NM][8];
+#pragma unroll
+        for (int m = 0; m < NM; ++m)
+          unpack8(__ldcs(reinterpret_cast<const uint4*>(wr[m]) + i), wf[m]);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           float xf[8];
           load_x8(x + r * ldx + i * 8, xf);
 #pragma unroll
-          for (int e = 0; e < 8; ++e) acc[r] = fmaf(wf[e], xf[e], acc[r]);
+          for (int m = 0; m < NM; ++m)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[m][r] = fmaf(wf[m][e], xf[e], acc[m][r]);
         }
       }
     } else {
 #pragma unroll 4
       for (int64_t i = part * 32 + lane; i < k; i += 32 * S) {
-        const float wv = bf16_bits_to_f32(__ldcs(wr + i));
+        float wv[NM];
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] = fmaf(wv, load_x(x + r * ldx + i), acc[r]);
+        for (int m = 0; m < NM; ++m) wv[m] = bf16_bits_to_f32(__ldcs(wr[m] + i));
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const float xv = load_x(x + r * ldx + i);
+#pragma unroll
+          for (int m = 0; m < NM; ++m) acc[m][r] = fmaf(wv[m], xv, acc[m][r]);
+        }
       }
     }
   }
+  // The row's sums: lane r ends with row r's (each matrix's) in mine[].
+  float mine[NM];
+#pragma unroll
+  for (int m = 0; m < NM; ++m) mine[m] = 0.0f;
+  bool writer;
   if constexpr (S == 1) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const float s = dev::warp_sum(acc[r]);
-      if (live && lane == r) store_out(out, out_type, r * ldo + row, s, beta);
+#pragma unroll
+      for (int m = 0; m < NM; ++m) {
+        const float s = dev::warp_sum(acc[m][r]);
+        if (lane == r) mine[m] = s;
+      }
     }
+    writer = live && lane < R;
   } else {
-    __shared__ float partial[kGemvWarps][R];
+    __shared__ float partial[NM][kGemvWarps][R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const float s = dev::warp_sum(acc[r]);
-      if (lane == r) partial[warp][r] = s;
+#pragma unroll
+      for (int m = 0; m < NM; ++m) {
+        const float s = dev::warp_sum(acc[m][r]);
+        if (lane == r) partial[m][warp][r] = s;
+      }
     }
     __syncthreads();
-    if (live && part == 0 && lane < R) {
-      float s = partial[warp][lane];
+    writer = live && part == 0 && lane < R;
+    if (writer) {
 #pragma unroll
-      for (int j = 1; j < S; ++j) s += partial[warp + j][lane];
-      store_out(out, out_type, lane * ldo + row, s, beta);
+      for (int m = 0; m < NM; ++m) {
+        float s = partial[m][warp][lane];
+#pragma unroll
+        for (int j = 1; j < S; ++j) s += partial[m][warp + j][lane];
+        mine[m] = s;
+      }
+    }
+  }
+  if (writer) {
+    if constexpr (kDual) {
+      const float g = as_stored(mine[0], out_type), u = as_stored(mine[1], out_type);
+      store_out(out, out_type, lane * ldo + row, dev::silu(g) * u, 0.0f);
+    } else {
+      store_out(out, out_type, lane * ldo + row, mine[0], beta);
     }
   }
 }
 
-template <typename XT, int R, int S>
+template <typename XT, int R, int S, bool kDual = false>
 void launch_gemv_split(cudaStream_t stream, bool vec, const uint16_t* w, const XT* x, int64_t ldx,
                        void* out, launch::Elem out_type, int64_t ldo, int64_t n, int64_t k,
-                       float beta) {
+                       float beta, const uint16_t* w2 = nullptr) {
   const int64_t rows_per_block = kGemvWarps / S;
   const int64_t blocks = (n + rows_per_block - 1) / rows_per_block;
   LOOM_CHECK_GRID(blocks);
   if (vec) {
-    gemv_bf16_kernel<XT, R, true, S><<<static_cast<unsigned>(blocks), kGemvWarps * 32, 0, stream>>>(
-        w, x, ldx, out, out_type, ldo, n, k, beta);
-  } else {
-    gemv_bf16_kernel<XT, R, false, S>
+    gemv_bf16_kernel<XT, R, true, S, kDual>
         <<<static_cast<unsigned>(blocks), kGemvWarps * 32, 0, stream>>>(w, x, ldx, out, out_type,
-                                                                        ldo, n, k, beta);
+                                                                        ldo, n, k, beta, w2);
+  } else {
+    gemv_bf16_kernel<XT, R, false, S, kDual>
+        <<<static_cast<unsigned>(blocks), kGemvWarps * 32, 0, stream>>>(w, x, ldx, out, out_type,
+                                                                        ldo, n, k, beta, w2);
   }
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
-template <typename XT, int R>
-void launch_gemv(cudaStream_t stream, const uint16_t* w, const XT* x, int64_t ldx, void* out,
-                 launch::Elem out_type, int64_t ldo, int64_t n, int64_t k, float beta) {
+template <typename XT, int R, bool kDual>
+void launch_gemv(cudaStream_t stream, const uint16_t* w, const uint16_t* w2, const XT* x,
+                 int64_t ldx, void* out, launch::Elem out_type, int64_t ldo, int64_t n, int64_t k,
+                 float beta) {
   const bool vec = k % 8 == 0 && ldx % 8 == 0 && (reinterpret_cast<uintptr_t>(w) & 15u) == 0 &&
+                   (!kDual || (reinterpret_cast<uintptr_t>(w2) & 15u) == 0) &&
                    (reinterpret_cast<uintptr_t>(x) & 15u) == 0;
   switch (gemv_split(n, k)) {
     case 1:
-      return launch_gemv_split<XT, R, 1>(stream, vec, w, x, ldx, out, out_type, ldo, n, k, beta);
+      return launch_gemv_split<XT, R, 1, kDual>(stream, vec, w, x, ldx, out, out_type, ldo, n, k,
+                                                beta, w2);
     case 2:
-      return launch_gemv_split<XT, R, 2>(stream, vec, w, x, ldx, out, out_type, ldo, n, k, beta);
+      return launch_gemv_split<XT, R, 2, kDual>(stream, vec, w, x, ldx, out, out_type, ldo, n, k,
+                                                beta, w2);
     case 4:
-      return launch_gemv_split<XT, R, 4>(stream, vec, w, x, ldx, out, out_type, ldo, n, k, beta);
+      return launch_gemv_split<XT, R, 4, kDual>(stream, vec, w, x, ldx, out, out_type, ldo, n, k,
+                                                beta, w2);
     default:
-      return launch_gemv_split<XT, R, 8>(stream, vec, w, x, ldx, out, out_type, ldo, n, k, beta);
+      return launch_gemv_split<XT, R, 8, kDual>(stream, vec, w, x, ldx, out, out_type, ldo, n, k,
+                                                beta, w2);
   }
 }
 
-template <typename XT>
-void gemv_bf16_rows(cudaStream_t stream, const uint16_t* w, const XT* x, int64_t ldx, void* out,
-                    launch::Elem out_type, int64_t ldo, int64_t m, int64_t n, int64_t k,
-                    float beta) {
+template <typename XT, bool kDual>
+void gemv_bf16_rows(cudaStream_t stream, const uint16_t* w, const uint16_t* w2, const XT* x,
+                    int64_t ldx, void* out, launch::Elem out_type, int64_t ldo, int64_t m,
+                    int64_t n, int64_t k, float beta) {
   switch (m) {
     case 1:
-      return launch_gemv<XT, 1>(stream, w, x, ldx, out, out_type, ldo, n, k, beta);
+      return launch_gemv<XT, 1, kDual>(stream, w, w2, x, ldx, out, out_type, ldo, n, k, beta);
     case 2:
-      return launch_gemv<XT, 2>(stream, w, x, ldx, out, out_type, ldo, n, k, beta);
+      return launch_gemv<XT, 2, kDual>(stream, w, w2, x, ldx, out, out_type, ldo, n, k, beta);
     case 3:
-      return launch_gemv<XT, 3>(stream, w, x, ldx, out, out_type, ldo, n, k, beta);
+      return launch_gemv<XT, 3, kDual>(stream, w, w2, x, ldx, out, out_type, ldo, n, k, beta);
     case 4:
-      return launch_gemv<XT, 4>(stream, w, x, ldx, out, out_type, ldo, n, k, beta);
+      return launch_gemv<XT, 4, kDual>(stream, w, w2, x, ldx, out, out_type, ldo, n, k, beta);
     case 5:
-      return launch_gemv<XT, 5>(stream, w, x, ldx, out, out_type, ldo, n, k, beta);
+      return launch_gemv<XT, 5, kDual>(stream, w, w2, x, ldx, out, out_type, ldo, n, k, beta);
     case 6:
-      return launch_gemv<XT, 6>(stream, w, x, ldx, out, out_type, ldo, n, k, beta);
+      return launch_gemv<XT, 6, kDual>(stream, w, w2, x, ldx, out, out_type, ldo, n, k, beta);
     case 7:
-      return launch_gemv<XT, 7>(stream, w, x, ldx, out, out_type, ldo, n, k, beta);
+      return launch_gemv<XT, 7, kDual>(stream, w, w2, x, ldx, out, out_type, ldo, n, k, beta);
     case 8:
-      return launch_gemv<XT, 8>(stream, w, x, ldx, out, out_type, ldo, n, k, beta);
+      return launch_gemv<XT, 8, kDual>(stream, w, w2, x, ldx, out, out_type, ldo, n, k, beta);
     default:
       std::fprintf(stderr, "%s:%d: gemv_bf16 takes 1 to %d rows, got %lld\n", __FILE__, __LINE__,
                    launch::kGemvBf16MaxRows, static_cast<long long>(m));
@@ -481,10 +522,24 @@ void gemv_bf16(cudaStream_t stream, const uint16_t* w, const void* x, Elem x_typ
                void* out, Elem out_type, int64_t ldo, int64_t m, int64_t n, int64_t k, float beta) {
   if (m == 0 || n == 0) return;
   if (x_type == Elem::kF32) {
-    gemv_bf16_rows(stream, w, static_cast<const float*>(x), ldx, out, out_type, ldo, m, n, k, beta);
+    gemv_bf16_rows<float, false>(stream, w, nullptr, static_cast<const float*>(x), ldx, out,
+                                 out_type, ldo, m, n, k, beta);
   } else {
-    gemv_bf16_rows(stream, w, static_cast<const uint16_t*>(x), ldx, out, out_type, ldo, m, n, k,
-                   beta);
+    gemv_bf16_rows<uint16_t, false>(stream, w, nullptr, static_cast<const uint16_t*>(x), ldx, out,
+                                    out_type, ldo, m, n, k, beta);
+  }
+}
+
+void gemv_bf16_swiglu(cudaStream_t stream, const uint16_t* w_gate, const uint16_t* w_up,
+                      const void* x, Elem x_type, int64_t ldx, void* h, Elem h_type, int64_t ldh,
+                      int64_t m, int64_t n, int64_t k) {
+  if (m == 0 || n == 0) return;
+  if (x_type == Elem::kF32) {
+    gemv_bf16_rows<float, true>(stream, w_gate, w_up, static_cast<const float*>(x), ldx, h, h_type,
+                                ldh, m, n, k, 0.0f);
+  } else {
+    gemv_bf16_rows<uint16_t, true>(stream, w_gate, w_up, static_cast<const uint16_t*>(x), ldx, h,
+                                   h_type, ldh, m, n, k, 0.0f);
   }
 }
 

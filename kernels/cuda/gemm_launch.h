@@ -27,6 +27,11 @@ enum class Elem : int { kF32, kBF16 };
 inline constexpr int kGemvBf16MaxRows = 8;
 void gemv_bf16(cudaStream_t stream, const uint16_t* w, const void* x, Elem x_type, int64_t ldx,
                void* out, Elem out_type, int64_t ldo, int64_t m, int64_t n, int64_t k, float beta);
+// h[r, j] = silu(g) * u with g = sum_k x[r, k] w_gate[j, k] and u likewise with w_up, each rounded
+// to h's type first: the bits of two gemv_bf16 calls into h's type and silu_mul, in one kernel.
+void gemv_bf16_swiglu(cudaStream_t stream, const uint16_t* w_gate, const uint16_t* w_up,
+                      const void* x, Elem x_type, int64_t ldx, void* h, Elem h_type, int64_t ldh,
+                      int64_t m, int64_t n, int64_t k);
 
 // out[r, j] = sum_k x[r, k] w[j, k] (+ beta out[r, j]) with x bf16 [m, k] (row stride ldx), w bf16
 // [n, k] (row stride k), on tensor cores (mma.sync m16n8k16, f32 accumulation) in a fixed K order:

@@ -73,6 +73,9 @@ void fill_or_scale(cudaStream_t stream, float* x, int64_t n,
 // out[i] = alpha * w[i, :] . x + beta * out[i] for row-major w [n, k]; beta = 0 never reads out.
 void gemv_rows(cudaStream_t stream, const float* w, const float* x, float* out, int64_t n,
                int64_t k, float alpha, float beta);
+// The same with x bf16 (raw bits), widened exactly: the bits gemv_rows gives on x widened first.
+void gemv_rows_bf16x(cudaStream_t stream, const float* w, const uint16_t* x, float* out, int64_t n,
+                     int64_t k, float alpha, float beta);
 
 // conv
 void causal_conv1d_forward(cudaStream_t stream, const float* x, const float* w, float* state,

@@ -94,7 +94,8 @@ using Quad = std::conditional_t<sizeof(T) == 4, float4, uint2>;
 
 // ---- moe_route ---------------------------------------------------------------------------------
 
-constexpr int kRouteWarps = 4;  // tokens per block
+constexpr int kRouteWarps = 4;     // tokens per block
+constexpr int kRoutePerLane = 16;  // experts a lane holds in registers for the picks (E <= 512)
 
 // exp rounded as the CPU's std::exp(float) (glibc expf, < 0.502 ulp): via double.
 __device__ __forceinline__ float exp_as_host(float x) {
@@ -111,6 +112,19 @@ __device__ __forceinline__ bool before(const Pick& a, const Pick& b) {
   if (b.i == INT_MAX) return true;
   return a.v > b.v || (a.v == b.v && a.i < b.i);
 }
+// A routing candidate as one ordered 64-bit key: the score's bits mapped so that unsigned order
+// is float order (-0 taken as +0, which compares equal to it; NaN below everything), then
+// 0xffffffff - index so that of equal scores the lower index is larger. Never 0 (the index part
+// is at least 2^32 - 2^31).
+__device__ __forceinline__ uint64_t pick_key(float v, int index) {
+  const uint32_t b = __float_as_uint(v + 0.0f);
+  const uint32_t ordered = v != v ? 0u : (b & 0x80000000u) != 0 ? ~b : (b | 0x80000000u);
+  return (static_cast<uint64_t>(ordered) << 32) | (0xffffffffu - static_cast<uint32_t>(index));
+}
+__device__ __forceinline__ int key_index(uint64_t key) {
+  return static_cast<int>(0xffffffffu - static_cast<uint32_t>(key));
+}
+
 __device__ __forceinline__ Pick warp_best(Pick p) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -120,10 +134,12 @@ __device__ __forceinline__ Pick warp_best(Pick p) {
   return p;
 }
 
-// Dynamic shared memory: per warp, E selection scores, E group scores, then the E logits.
-// The logits (and the bias) are staged first, every load of the row in flight at once: a decode
-// step routes one token per warp, where loading and transforming one expert per lane at a time
-// put a memory latency per 32 experts on the critical path (16.9 us a call at E = 256 under ncu).
+// Dynamic shared memory: per warp, E selection scores, E group scores, then the E logits (for a
+// sigmoid router, their sigmoids). A sigmoid router's scores are computed by the whole block
+// for its tokens before each warp selects for its own: at decode (one token a launch) a warp
+// alone spent most of the kernel's 13 us in the serial double-precision exps of its 8 experts a
+// lane (ncu, s19d); the block's 128 threads take 2 each. The logits (and the bias) are otherwise
+// staged first, every load of the row in flight at once.
 template <bool kSigmoid>
 __global__ void __launch_bounds__(kRouteWarps * 32)
     route_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int64_t T, int E,
@@ -131,29 +147,33 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
                  int32_t* __restrict__ ids, float* __restrict__ weights) {
   extern __shared__ float route_smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kRouteWarps;
+  if constexpr (kSigmoid) {
+    const int tokens = T - t0 < kRouteWarps ? static_cast<int>(T - t0) : kRouteWarps;
+#pragma unroll 2
+    for (int idx = threadIdx.x; idx < tokens * E; idx += blockDim.x) {
+      const int w = idx / E, j = idx - w * E;
+      float* sel_w = route_smem + static_cast<size_t>(w) * 3 * E;
+      const float s = 1.0f / (1.0f + exp_as_host(-logits[(t0 + w) * E + j]));
+      sel_w[2 * E + j] = s;  // the expert's score, read again for the weights
+      sel_w[j] = bias ? s + bias[j] : s;
+    }
+    __syncthreads();
+  }
+  const int64_t t = t0 + warp;
   if (t >= T) return;  // no block-wide synchronisation below
   float* sel = route_smem + static_cast<size_t>(warp) * 3 * E;
   float* gsc = sel + E;
-  float* l = gsc + E;  // this token's logits
-  {
+  float* l = gsc + E;  // this token's logits (softmax) or scores (sigmoid)
+  if constexpr (!kSigmoid) {
     const float* lt = logits + t * E;
 #pragma unroll 8
     for (int j = lane; j < E; j += 32) l[j] = lt[j];
-    if (kSigmoid && bias) {
-#pragma unroll 8
-      for (int j = lane; j < E; j += 32) sel[j] = bias[j];
-    }
   }
   __syncwarp();
 
   float mx = 0.0f, sum = 1.0f;  // softmax: max logit and the sum of exps
-  if constexpr (kSigmoid) {
-    for (int j = lane; j < E; j += 32) {
-      const float s = 1.0f / (1.0f + exp_as_host(-l[j]));
-      sel[j] = bias ? s + sel[j] : s;
-    }
-  } else {
+  if constexpr (!kSigmoid) {    // (a sigmoid router's scores are in place: above)
     mx = -INFINITY;
     for (int j = lane; j < E; j += 32) mx = fmaxf(mx, l[j]);
 #pragma unroll
@@ -215,22 +235,59 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
   // into the selection area (free then).
   int* picked = reinterpret_cast<int*>(gsc);
   uint32_t taken = 0;  // bit i: expert lane + 32 i picked
-  for (int c = 0; c < K; ++c) {
-    Pick p{0.0f, INT_MAX};
-    for (int j = lane, i = 0; j < E; j += 32, ++i) {
-      const Pick q{sel[j], j};
-      if (!(taken >> i & 1u) && before(q, p)) p = q;
+  if (E <= 32 * kRoutePerLane) {
+    // Each lane keeps its experts as 64-bit keys in registers (pick_key: a larger key is a larger
+    // score, then a lower index, as before() orders them; 0 is no expert) and its best remaining
+    // one; a pick is one warp-wide max of the lanes' bests, after which only the winning lane
+    // rescans its own. A decode step routes one token per launch, so this warp is most of the
+    // kernel, latency-bound at ~9 cycles an instruction (ncu, s19f): rescanning every expert from
+    // shared memory with Pick comparisons for each of the K picks made it ~13 us.
+    uint64_t key[kRoutePerLane];
+#pragma unroll
+    for (int i = 0; i < kRoutePerLane; ++i) {
+      const int j = lane + 32 * i;
+      key[i] = j < E ? pick_key(sel[j], j) : 0;
     }
-    p = warp_best(p);
-    if (p.i == INT_MAX) p.i = 0;  // fewer than K experts: the host checks exclude it
-    if ((p.i & 31) == lane) taken |= 1u << (p.i >> 5);
-    if (lane == 0) picked[c] = p.i;
+    const auto lane_best = [&] {
+      uint64_t b = 0;
+#pragma unroll
+      for (int i = 0; i < kRoutePerLane; ++i) b = max(b, key[i]);
+      return b;
+    };
+    uint64_t mine = lane_best();
+    for (int c = 0; c < K; ++c) {
+      uint64_t best = mine;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(kFull, best, o));
+      // No expert left (fewer than K): 0, which the host checks exclude.
+      const int e = best == 0 ? 0 : key_index(best);
+      if (best != 0 && (e & 31) == lane) {
+#pragma unroll
+        for (int i = 0; i < kRoutePerLane; ++i) {
+          if (i == e >> 5) key[i] = 0;  // selects, not a dynamically indexed (local) array
+        }
+        mine = lane_best();
+      }
+      if (lane == 0) picked[c] = e;
+    }
+  } else {
+    for (int c = 0; c < K; ++c) {
+      Pick p{0.0f, INT_MAX};
+      for (int j = lane, i = 0; j < E; j += 32, ++i) {
+        const Pick q{sel[j], j};
+        if (!(taken >> i & 1u) && before(q, p)) p = q;
+      }
+      p = warp_best(p);
+      if (p.i == INT_MAX) p.i = 0;  // fewer than K experts: the host checks exclude it
+      if ((p.i & 31) == lane) taken |= 1u << (p.i >> 5);
+      if (lane == 0) picked[c] = p.i;
+    }
   }
   __syncwarp();
   float* score = sel;
   for (int c = lane; c < K; c += 32) {
     const int e = picked[c];
-    score[c] = kSigmoid ? 1.0f / (1.0f + exp_as_host(-l[e])) : exp_as_host(l[e] - mx) / sum;
+    score[c] = kSigmoid ? l[e] : exp_as_host(l[e] - mx) / sum;
   }
   __syncwarp();
   float denom = 1.0f;

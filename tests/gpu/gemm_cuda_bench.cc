@@ -199,13 +199,18 @@ void bench_gemv_decode() {
 
 }  // namespace loom
 
-int main() {
+// `gemm_cuda_bench decode` times only the decode GEMVs (after the ceilings).
+int main(int argc, char** argv) {
   loom::cuda::init();
   cudaDeviceProp prop{};
   LOOM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, %.0f MB L2\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize / 1e6);
   loom::bench_ceilings();
+  if (argc > 1 && std::string(argv[1]) == "decode") {
+    loom::bench_gemv_decode();
+    return 0;
+  }
   loom::bench_shape(4096, 4096);
   loom::bench_shape(2048, 7168);
   loom::bench_gemv_decode();

@@ -41,10 +41,13 @@
 #include <vector>
 
 #include "core/workspace.h"
+#include "kernels/activation.h"
 #include "kernels/batch_invariance.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/side_stream.h"
 #include "tests/gpu/gpu_test_support.h"
 #include "tests/gpu/twin_tolerances.h"
 
@@ -301,6 +304,102 @@ TEST_F(GemmCuda, Bf16GemvSplits) {
              same ? 0.0 : 1.0, 0.0);
     }
   }
+}
+
+// linear_swiglu_forward's fused GEMV against the composition it replaces (two GEMVs into h's
+// type, then silu_mul_forward; both on the GPU): the same bits, for 1 to 4 rows (the fused
+// case's range; 5 rows take the composition itself), x and h each f32 or bf16, every split of k
+// and the scalar path (k % 8 != 0). The composition's kernels have their own CPU-twin tests.
+TEST_F(GemmCuda, Bf16SwigluGemvIsTwoGemvsAndSiluMul) {
+  constexpr Shape2 kSwigluShapes[] = {
+      {1024, 2304}, {9216, 2304}, {37, 4100}, {1001, 1001}, {5, 2307}};
+  const Exec& ex = gpu();
+  for (const Shape2 s : kSwigluShapes) {
+    const Tensor wg = dev(to_bf16(randn({s.N, s.K}, 0.05f)));
+    const Tensor wu = dev(to_bf16(randn({s.N, s.K}, 0.05f)));
+    for (const DType xt : {DType::kF32, DType::kBF16}) {
+      for (const DType ht : {DType::kF32, DType::kBF16}) {
+        for (int64_t M : {1, 2, 4, 5}) {
+          const Tensor x = randn({M, s.K});
+          const Tensor xd = dev(xt == DType::kBF16 ? to_bf16(x) : x);
+          const Tensor nan = Tensor::full({M, s.N}, std::nanf(""));
+          Tensor fused = dev(ht == DType::kBF16 ? to_bf16(nan) : nan);
+          linear_swiglu_forward(ex, xd, wg, wu, fused);
+          Tensor g = Tensor::empty({M, s.N}, ht, Device::kCuda);
+          Tensor u = Tensor::empty({M, s.N}, ht, Device::kCuda);
+          Tensor h = Tensor::empty({M, s.N}, ht, Device::kCuda);
+          linear_forward(ex, xd, wg, g);
+          linear_forward(ex, xd, wu, u);
+          silu_mul_forward(ex, g, u, h);
+          const Tensor a = host(fused), b = host(h);
+          const bool same = std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+          std::string name = std::string("swiglu_gemv_") + (xt == DType::kBF16 ? "bf16x" : "f32x") +
+                             (ht == DType::kBF16 ? "_bf16h" : "_f32h");
+          report(case_name(name + "_bits_vs_composed", M, s.N, s.K, 0.0f), same ? 0.0 : 1.0, 0.0);
+        }
+      }
+    }
+  }
+}
+
+// f32 w with bf16 x (an MoE router on bf16 activations) into f32 out: the bits of the same call
+// on x widened to f32 first, for one row (the GEMV, every split of k and the scalar path) and more
+// (widened into the workspace), with and without batch invariance.
+TEST_F(GemmCuda, F32WeightsBf16RowsAreTheWidenedRows) {
+  constexpr Shape2 kRouterShapes[] = {{256, 2304}, {384, 7168}, {60, 2048}, {37, 4100}, {5, 1001}};
+  for (const Shape2 s : kRouterShapes) {
+    const Tensor wd = dev(randn({s.N, s.K}, 0.05f));
+    for (int64_t M : {1, 3, 17}) {
+      const Tensor xb = to_bf16(randn({M, s.K}));
+      const Tensor xbd = dev(xb), xfd = dev(xb.to_f32());
+      for (const bool invariant : {false, true}) {
+        const Exec& ex = invariant ? gpu_invariant() : gpu();
+        Tensor a = Tensor::empty({M, s.N}, DType::kF32, Device::kCuda);
+        Tensor b = Tensor::empty({M, s.N}, DType::kF32, Device::kCuda);
+        linear_forward(ex, xbd, wd, a);
+        linear_forward(ex, xfd, wd, b);
+        const Tensor ha = host(a), hb = host(b);
+        report(case_name(invariant ? "f32w_bf16x_bits_invariant" : "f32w_bf16x_bits", M, s.N, s.K,
+                         0.0f),
+               std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0 ? 0.0 : 1.0, 0.0);
+      }
+    }
+  }
+}
+
+// A GEMV forked onto the side stream (kernels/side_stream.h) and joined: the caller's stream reads
+// its result only after it is complete. The output starts as NaN and the GEMV is large (8192 x
+// 8192 bf16, ~40 us) while the caller's stream copies the output at once after the join; the
+// copy must equal a plain GEMV's bits. Forking twice without a join aborts.
+TEST_F(GemmCuda, SideStreamBranchJoinsBeforeUse) {
+  const int64_t N = 8192, K = 8192;
+  const Tensor w = dev(to_bf16(randn({N, K}, 0.02f)));
+  const Tensor x = dev(randn({1, K}));
+  const Exec& ex = gpu();
+  for (int round = 0; round < 3; ++round) {
+    Tensor y = dev(Tensor::full({1, N}, std::nanf("")));
+    Tensor copy = dev(Tensor::full({1, N}, std::nanf("")));
+    const Exec side = fork_side_stream(ex);
+    EXPECT_EQ(side.workspace, nullptr);
+    EXPECT_NE(side.stream, ex.stream);
+    linear_forward(side, x, w, y);
+    join_side_stream(ex, side);
+    copy_columns(ex, y, 0, copy);
+    Tensor plain = Tensor::empty({1, N}, DType::kF32, Device::kCuda);
+    linear_forward(ex, x, w, plain);
+    const Tensor a = host(copy), b = host(plain);
+    report("side_stream_join_round" + std::to_string(round),
+           std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0 ? 0.0 : 1.0, 0.0);
+  }
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        const Exec s1 = fork_side_stream(ex);
+        const Exec s2 = fork_side_stream(ex);
+        static_cast<void>(s1);
+        static_cast<void>(s2);
+      },
+      "already forked");
 }
 
 // bf16 x (bf16 activations), f32 or bf16 out: nothing is rounded on the way in, so every kernel

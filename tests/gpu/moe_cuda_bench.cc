@@ -312,15 +312,23 @@ bool device_is_sm90() {
 }  // namespace loom
 
 // `moe_cuda_bench swiglu` times only the grouped SwiGLU's tensor-core paths (with the copy and
-// cuBLAS rooflines); no argument runs everything.
+// cuBLAS rooflines), `moe_cuda_bench decode` only the decode shapes (with the copy roofline); no
+// argument runs everything.
 int main(int argc, char** argv) {
   using namespace loom;
-  const bool swiglu_only = argc > 1 && std::string(argv[1]) == "swiglu";
+  const std::string mode = argc > 1 ? argv[1] : "";
+  const bool swiglu_only = mode == "swiglu";
   cuda::init();
   cudaDeviceProp prop{};
   LOOM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
   bench_copy();
+  if (mode == "decode") {
+    for (int64_t T : {1, 4, 8}) bench_swiglu_decode(T, true, "gemv", 256, 2304, 1024);
+    bench_route(1, 256, 8, 1, 1);
+    bench_route(16384, 256, 8, 1, 1);
+    return 0;
+  }
   bench_cublas();
   // Balanced 512 / 1024 / 2048 rows per expert, then the skewed routing (mean 512).
   for (int64_t rows : {512, 1024, 2048, -1}) {
