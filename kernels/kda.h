@@ -72,4 +72,36 @@ inline bool kda_varlen_takes_recurrence(int64_t tokens, bool batch_invariant) {
 void kda_gate_forward(const Exec& ex, const Tensor& f, const Tensor& A_log, const Tensor& dt_bias,
                       float lower_bound, const Tensor& g);
 
+// A decode step's inputs to the delta rule for B sequences of one new token each (row b is
+// sequence b): what a KDA (or, with one decay per head, Gated DeltaNet) layer runs between its
+// projections and kda_varlen_forward, fused.
+//   conv = SiLU(the short convolution of qkv against conv_states[state_slots[b]]), the state
+//          moved along as causal_conv1d_varlen moves it;
+//   q = l2norm(conv[:, 0:ck]), k = l2norm(conv[:, ck:2ck]) per head (eps qk_eps, scale 1);
+//   v = conv[:, 2ck:];  g = kda_gate_forward(f, A_log, dt_bias, lower_bound);
+//   beta = sigmoid(beta), in place.
+// The bits of causal_conv1d_varlen (into a conv_out of q's dtype), copy_columns, l2norm_forward,
+// kda_gate_forward and sigmoid_inplace run one after another; on CUDA one kernel.
+// qkv: [B, C] with C = 2 Hk dk + Hv dv; conv_weight: [C, W] f32; conv_states: [num_slots, W-1, C];
+// state_slots: i32 [B], distinct; f: [B, Hv dk] (or [B, Hv]: GDN's decay per head); A_log: [Hv];
+// dt_bias: f's width or undefined; beta: [B, Hv]; q, k: [B, Hk, dk]; v: [B, Hv, dv]; g: f32,
+// f's numel ([B, Hv, dk] or [B, Hv, 1]).
+// Dtypes: f32 on the CPU. On CUDA qkv, q, k and v share one activation dtype (f32 or bf16),
+// conv_states, f and beta are each f32 or bf16, and dk <= 256.
+// A negative slot marks a padding row (a captured graph's filler, as kda_varlen_forward's decode
+// takes it): its conv state is not touched and its q, k and v rows are zero; its g and beta rows
+// are computed as any row's. (causal_conv1d_varlen itself takes no negative slot.)
+void kda_decode_prepare(const Exec& ex, const Tensor& qkv, const Tensor& conv_weight,
+                        const Tensor& conv_states, const Tensor& state_slots, const Tensor& f,
+                        const Tensor& A_log, const Tensor& dt_bias, float lower_bound, float qk_eps,
+                        const Tensor& beta, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& g);
+
+// out = RMSNorm(x) * sigmoid(gate) row by row: KDA's gated per-head output norm in one pass, with
+// the bits of rmsnorm_forward(x, w, eps, 0, out) followed by mul_sigmoid_inplace(out, gate).
+// x, out: [..., D] contiguous, f32 or (CUDA) bf16 each, out may alias x (same dtype); w: [D] f32;
+// gate: x's numel, f32 or (CUDA) bf16 (element i gates element i).
+void rmsnorm_gated_forward(const Exec& ex, const Tensor& x, const Tensor& w, float eps,
+                           const Tensor& gate, const Tensor& out);
+
 }  // namespace loom

@@ -49,18 +49,24 @@ class GdnMixer final : public Mixer {
     Tensor qkv = ctx.take({n, channels}), z = ctx.take({n, cv_});
     copy_columns(ctx.ex, qkvz, 0, qkv);
     copy_columns(ctx.ex, qkvz, channels, z);
-    Tensor q = ctx.take({n, hk, dk}), k = ctx.take({n, hk, dk});
-    Tensor v = ctx.take({n, hv, dv});
-    linear_attention_conv_qkv(ctx, qkv, conv_, layer, q, k, v);
-
     Tensor ba = ctx.take({n, 2 * hv});
     linear_forward(ctx.ex, x, ba_proj_, ba);
     Tensor beta = ctx.take({n, hv}), a = ctx.take({n, hv});
     copy_columns(ctx.ex, ba, 0, beta);
     copy_columns(ctx.ex, ba, hv, a);
-    sigmoid_inplace(ctx.ex, beta);
+
+    Tensor q = ctx.take({n, hk, dk}), k = ctx.take({n, hk, dk});
+    Tensor v = ctx.take({n, hv, dv});
     Tensor g = ctx.take({n, hv, 1}, DType::kF32);  // log decays: f32 (their cumsum is long)
-    kda_gate_forward(ctx.ex, a, a_log_, dt_bias_, /*lower_bound=*/0.0f, g.reshape({n, hv}));
+    if (linear_attention_is_decode(ctx, n)) {
+      // A decode step: KDA's fused preparation (one decay per head), the same bits.
+      linear_attention_decode_prepare(ctx, qkv, conv_, layer, a, a_log_, dt_bias_,
+                                      /*lower_bound=*/0.0f, beta, q, k, v, g);
+    } else {
+      linear_attention_conv_qkv(ctx, qkv, conv_, layer, q, k, v);
+      sigmoid_inplace(ctx.ex, beta);
+      kda_gate_forward(ctx.ex, a, a_log_, dt_bias_, /*lower_bound=*/0.0f, g.reshape({n, hv}));
+    }
 
     Tensor o = ctx.take({n, hv, dv});
     linear_attention_delta_rule(ctx, q, k, v, g, beta, layer, o);

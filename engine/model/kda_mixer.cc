@@ -13,6 +13,7 @@
 #include "kernels/kda.h"
 #include "kernels/kda_backward.h"
 #include "kernels/norm.h"
+#include "kernels/side_stream.h"
 
 namespace loom {
 namespace {
@@ -62,32 +63,45 @@ class KdaMixer final : public Mixer {
     const int64_t channels = 2 * ck_ + cv_;
 
     Tensor qkv = ctx.take({n, channels});
+    Tensor fa = ctx.take({n, rank_}), f = ctx.take({n, hv * dk}), beta = ctx.take({n, hv});
+    Tensor ga = ctx.take({n, rank_}), gate = ctx.take({n, cv_});
+    // The decay gate's and output gate's low-rank pairs and beta read only x. At decode sizes
+    // (each one GEMV kernel: kernels/side_stream.h's condition) they run on a side stream beside
+    // the q|k|v projection, the layer's largest read; five small kernels that cost their launch
+    // and ramp each then overlap it.
+    const bool overlap = linear_is_gemv(ctx.ex, f_a_, n) && linear_is_gemv(ctx.ex, f_b_, n) &&
+                         linear_is_gemv(ctx.ex, b_proj_, n) && linear_is_gemv(ctx.ex, g_a_, n) &&
+                         linear_is_gemv(ctx.ex, g_b_, n);
+    const Exec side = overlap ? fork_side_stream(ctx.ex) : ctx.ex;
+    linear_forward(side, x, f_a_, fa);
+    linear_forward(side, fa, f_b_, f);
+    linear_forward(side, x, b_proj_, beta);
+    linear_forward(side, x, g_a_, ga);
+    linear_forward(side, ga, g_b_, gate);
+    if (g_b_bias_.defined()) add_bias(side, gate, g_b_bias_);
     linear_forward(ctx.ex, x, qkv_proj_, qkv);
+    if (overlap) join_side_stream(ctx.ex, side);
+
     Tensor q = ctx.take({n, hk, dk}), k = ctx.take({n, hk, dk});
     Tensor v = ctx.take({n, hv, dv});
-    linear_attention_conv_qkv(ctx, qkv, conv_, layer, q, k, v);
-
-    Tensor fa = ctx.take({n, rank_});
-    linear_forward(ctx.ex, x, f_a_, fa);
-    Tensor f = ctx.take({n, hv * dk});
-    linear_forward(ctx.ex, fa, f_b_, f);
     Tensor g = ctx.take({n, hv, dk}, DType::kF32);  // log decays: f32 (their cumsum is long)
-    kda_gate_forward(ctx.ex, f, a_log_, dt_bias_, cfg_.gate_lower_bound, g.reshape({n, hv * dk}));
-    Tensor beta = ctx.take({n, hv});
-    linear_forward(ctx.ex, x, b_proj_, beta);
-    sigmoid_inplace(ctx.ex, beta);
+    if (linear_attention_is_decode(ctx, n)) {
+      // A decode step: convolution, split, norms, gate and sigmoid(beta) in one kernel on CUDA
+      // (six launch-bound kernels otherwise), with their bits.
+      linear_attention_decode_prepare(ctx, qkv, conv_, layer, f, a_log_, dt_bias_,
+                                      cfg_.gate_lower_bound, beta, q, k, v, g);
+    } else {
+      linear_attention_conv_qkv(ctx, qkv, conv_, layer, q, k, v);
+      kda_gate_forward(ctx.ex, f, a_log_, dt_bias_, cfg_.gate_lower_bound, g.reshape({n, hv * dk}));
+      sigmoid_inplace(ctx.ex, beta);
+    }
 
     Tensor o = ctx.take({n, hv, dv});
     linear_attention_delta_rule(ctx, q, k, v, g, beta, layer, o);
 
-    Tensor ga = ctx.take({n, rank_});
-    linear_forward(ctx.ex, x, g_a_, ga);
-    Tensor gate = ctx.take({n, cv_});
-    linear_forward(ctx.ex, ga, g_b_, gate);
-    if (g_b_bias_.defined()) add_bias(ctx.ex, gate, g_b_bias_);
+    // RMSNorm per head times sigmoid(gate): one kernel, the bits of the norm then the multiply.
     Tensor o_rows = o.reshape({n * hv, dv});
-    rmsnorm_forward(ctx.ex, o_rows, o_norm_, eps_, 0.0f, o_rows);
-    mul_sigmoid_inplace(ctx.ex, o_rows, gate);
+    rmsnorm_gated_forward(ctx.ex, o_rows, o_norm_, eps_, gate, o_rows);
     linear_forward(ctx.ex, o.reshape({n, cv_}), o_proj_, out);
   }
 

@@ -32,6 +32,21 @@ void linear_attention_conv_qkv(const ForwardContext& ctx, const Tensor& qkv,
   l2norm_forward(ctx.ex, k, kQkNormEps, 1.0f, k);
 }
 
+bool linear_attention_is_decode(const ForwardContext& ctx, int64_t rows) {
+  const BatchLayout& batch = ctx.batch;
+  return batch.max_seqlen == 1 && batch.cu_seqlens.defined() && batch.cu_seqlens.dim(0) == rows + 1;
+}
+
+void linear_attention_decode_prepare(const ForwardContext& ctx, const Tensor& qkv,
+                                     const Tensor& conv_weight, int layer, const Tensor& f,
+                                     const Tensor& A_log, const Tensor& dt_bias, float lower_bound,
+                                     const Tensor& beta, const Tensor& q, const Tensor& k,
+                                     const Tensor& v, const Tensor& g) {
+  const BatchLayout& batch = ctx.batch;
+  kda_decode_prepare(ctx.ex, qkv, conv_weight, batch.store->conv_states(layer), batch.state_slots,
+                     f, A_log, dt_bias, lower_bound, kQkNormEps, beta, q, k, v, g);
+}
+
 void linear_attention_delta_rule(const ForwardContext& ctx, const Tensor& q, const Tensor& k,
                                  const Tensor& v, const Tensor& g, const Tensor& beta, int layer,
                                  const Tensor& o) {

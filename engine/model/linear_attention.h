@@ -17,6 +17,20 @@ void linear_attention_conv_qkv(const ForwardContext& ctx, const Tensor& qkv,
                                const Tensor& conv_weight, int layer, const Tensor& q,
                                const Tensor& k, const Tensor& v);
 
+// Whether this step is a pure decode batch of `rows` rows: every sequence exactly one new row
+// (ctx.batch.max_seqlen == 1 and as many sequences as rows), so row b is sequence b.
+bool linear_attention_is_decode(const ForwardContext& ctx, int64_t rows);
+
+// For a pure decode batch (linear_attention_is_decode): linear_attention_conv_qkv, then the decay
+// gate g = kda_gate_forward(f, A_log, dt_bias, lower_bound) and beta = sigmoid(beta) in place, as
+// one kda_decode_prepare (one kernel on CUDA, the bits of the separate ops).
+// f: [N, Hv*dk] (or [N, Hv]: one decay per head); g: f32 of f's numel; beta: [N, Hv].
+void linear_attention_decode_prepare(const ForwardContext& ctx, const Tensor& qkv,
+                                     const Tensor& conv_weight, int layer, const Tensor& f,
+                                     const Tensor& A_log, const Tensor& dt_bias, float lower_bound,
+                                     const Tensor& beta, const Tensor& q, const Tensor& k,
+                                     const Tensor& v, const Tensor& g);
+
 // Runs the delta rule per sequence: the chunked form for prefill chunks, the token recurrence for
 // a few tokens (decode) and in batch-invariant mode (kda_varlen_takes_recurrence).
 // g: [N, Hv, dk] or [N, Hv, 1]; beta: [N, Hv]; o: [N, Hv, dv].

@@ -17,5 +17,15 @@ void kda_recurrent_forward(const Exec& ex, const Tensor& q, const Tensor& k, con
 // dt_bias may be undefined (no bias).
 void kda_gate_forward(const Exec& ex, const Tensor& f, const Tensor& A_log, const Tensor& dt_bias,
                       float lower_bound, const Tensor& g);
+// One kernel (kernels/cuda/kda_decode_prep.cu, host side kernels/cuda/kda_fused.cc). qkv, q, k
+// and v of one activation dtype, conv_states, f and beta each f32 or bf16; dk <= 256.
+void kda_decode_prepare(const Exec& ex, const Tensor& qkv, const Tensor& conv_weight,
+                        const Tensor& conv_states, const Tensor& state_slots, const Tensor& f,
+                        const Tensor& A_log, const Tensor& dt_bias, float lower_bound, float qk_eps,
+                        const Tensor& beta, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& g);
+// One kernel (kernels/cuda/kda_gated_norm.cu), a warp a row.
+void rmsnorm_gated_forward(const Exec& ex, const Tensor& x, const Tensor& w, float eps,
+                           const Tensor& gate, const Tensor& out);
 
 }  // namespace loom::cuda

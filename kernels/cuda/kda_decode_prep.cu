@@ -1,0 +1,295 @@
+// kda_decode_prepare (kernels/kda.h): everything a KDA layer's decode step runs between its
+// projections and the recurrence, one launch instead of six (the short convolution with SiLU and
+// its state update, the split into q, k, v, the two l2 norms, the decay gate and sigmoid(beta)),
+// which cost ~13 us of launch-bound kernels per layer at batch 1. Gated DeltaNet's decode step
+// runs it too (one decay gate per head: gate_width Hv).
+//
+// Work. Each warp takes one task of one row (row b is sequence b): a q or k head (the
+// convolution of its dk channels, then their l2 norm), 128 channels of v (the convolution), 128
+// decay gates, or 128 betas. Rows and tasks are flattened, kWarps tasks a block.
+//
+// Bits: every value is what the separate kernels store.
+//  - Convolution: conv_varlen_kernel's operations for a one-token sequence (kernels/cuda/
+//    conv_varlen.cu): acc = fmaf(w[c, j], xpad[j], acc) from 0 over the W-1 state rows then x,
+//    SiLU, rounded to the activation type (the separate conv_out). The new state is the old rows
+//    1 .. W-2 and x, stored as that kernel stores them.
+//  - l2 norm of a head: kernels/cuda/norm.cu's reduction replayed (norm_order.cuh): a lane keeps
+//    the values of the units that norm.cu's thread `lane` (or, for its 64-thread block, threads
+//    lane and lane + 32) would read, summed in that thread's order, then the same shuffle trees;
+//    out = x * (scale / sqrtf(ss + eps)).
+//  - Gate: kda_gate_kernel's formula (kernels/cuda/kda.cu); beta: elementwise.cu's sigmoid.
+//
+// Slots: a negative slot is a padding row (a captured graph's filler, as in kda_decode.cu): its
+// state is not touched and its q, k and v rows are zero (the norm of a zero head is zero); its
+// gates and betas are computed as for any row. A slot >= num_slots (a caller bug) reads its
+// state as NaN and writes none, as conv_varlen_kernel does for any bad slot.
+#include "kernels/cuda/kda_fused_launch.h"
+#include "kernels/cuda/norm_order.cuh"
+
+namespace loom::cuda {
+namespace {
+
+using launch::KdaDecodePrepArgs;
+
+constexpr int kWarps = 4;    // tasks a block
+constexpr int kChunk = 128;  // v channels, gates or betas a task: 4 per lane
+constexpr int kMaxDk = launch::kKdaDecodePrepMaxDk;
+constexpr int kMaxNormWarps = 2;  // norm.cu's reduction of a row of at most 256: 32 or 64 threads
+
+// The convolution with SiLU (f32, before rounding) of N channels of one row, ch[i] where ok[i],
+// moving the slot's state along. st: the slot's state (pool + slot * (W-1) * C), null for a bad
+// slot (its rows read as NaN, nothing stored). All loads come first, then the arithmetic, then
+// the state stores, so the loads of the N channels are in flight together (interleaved, each
+// store would keep the next channel's loads waiting: the compiler cannot tell the rows apart).
+// No other thread touches these channels of this slot. KW: the width W at compile time, or 0 for
+// any width (one channel after another).
+template <int KW, int N, typename TX, typename TS>
+__device__ __forceinline__ void conv_channels(const TX* xrow, const float* __restrict__ w, TS* st,
+                                              const int64_t (&ch)[N], const bool (&ok)[N],
+                                              int64_t C, int W_runtime, float (&y)[N]) {
+  const float kNaN = __int_as_float(0x7fc00000);
+  if constexpr (KW > 0) {
+    constexpr int P = KW - 1;
+    float xv[N], s[N][P > 0 ? P : 1];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      xv[i] = ok[i] ? dev::ld(xrow + ch[i]) : 0.0f;
+#pragma unroll
+      for (int j = 0; j < P; ++j)
+        s[i][j] = ok[i] && st != nullptr ? dev::ld(st + j * C + ch[i]) : kNaN;
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const float* wc = w + ch[i] * KW;
+      float acc = 0.0f;
+      if (ok[i]) {
+#pragma unroll
+        for (int j = 0; j < P; ++j) acc = fmaf(wc[j], s[i][j], acc);
+        acc = fmaf(wc[P], xv[i], acc);
+      }
+      y[i] = dev::silu(acc);
+    }
+    if (st == nullptr) return;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      if (!ok[i]) continue;
+#pragma unroll
+      for (int j = 0; j + 1 < P; ++j) dev::st(st + j * C + ch[i], s[i][j + 1]);
+      if constexpr (P > 0) dev::st(st + (P - 1) * C + ch[i], xv[i]);
+    }
+  } else {
+    const int P = W_runtime - 1;
+    for (int i = 0; i < N; ++i) {
+      y[i] = 0.0f;
+      if (!ok[i]) continue;
+      const float* wc = w + ch[i] * W_runtime;
+      float acc = 0.0f;
+      for (int j = 0; j < P; ++j) {
+        const float s = st != nullptr ? dev::ld(st + j * C + ch[i]) : kNaN;
+        acc = fmaf(wc[j], s, acc);
+        if (st != nullptr && j > 0) dev::st(st + (j - 1) * C + ch[i], s);
+      }
+      const float xv = dev::ld(xrow + ch[i]);
+      acc = fmaf(wc[P], xv, acc);
+      if (st != nullptr && P > 0) dev::st(st + (P - 1) * C + ch[i], xv);
+      y[i] = dev::silu(acc);
+    }
+  }
+}
+
+// One q or k head: the convolution of its channels c0 .. c0 + dk - 1 and their l2 norm into out
+// (the head's dk elements). V: norm.cu's unit width for this head (1, or 16 bytes of TX); the
+// lane holds the units lane + 32 m (m < kM), which norm.cu's thread lane + 32 (m mod nw) reads.
+template <int KW, typename TX, typename TS, int V>
+__device__ __forceinline__ void head_task(const KdaDecodePrepArgs& a, const TX* xrow, TS* st,
+                                          bool pad, int64_t c0, int64_t C, TX* out, int nw,
+                                          int lane) {
+  constexpr int kM = kMaxDk / (32 * V);
+  const int units = a.dk / V;
+  float vals[kM][V];
+  int64_t ch[kM * V];
+  bool ok[kM * V];
+#pragma unroll
+  for (int m = 0; m < kM; ++m)
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      ch[m * V + j] = c0 + (lane + 32 * m) * V + j;
+      ok[m * V + j] = !pad && lane + 32 * m < units;
+    }
+  float y[kM * V];
+  conv_channels<KW>(xrow, a.conv_w, st, ch, ok, C, a.W, y);  // pad: all zero (SiLU(0))
+  float part[kMaxNormWarps] = {};
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+    if (lane + 32 * m < units) {
+      const bool second = nw == 2 && (m & 1);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float x = dev::as_stored<TX>(y[m * V + j]);
+        vals[m][j] = x;
+        // norm.cu's `ss += v * v`, which nvcc contracts to this fma (-fmad=true, its default);
+        // spelled out so that the two accumulators' branches cannot share one rounded product.
+        if (second) {
+          part[1] = fmaf(x, x, part[1]);
+        } else {
+          part[0] = fmaf(x, x, part[0]);
+        }
+      }
+    }
+  }
+  const float ss = dev::norm_order_sum(part, nw, lane);
+  const float mul = a.qk_scale / sqrtf(ss + a.qk_eps);
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+    const int u = lane + 32 * m;
+    if (u < units) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) vals[m][j] *= mul;
+      dev::st_vec<V>(out + u * V, vals[m]);
+    }
+  }
+}
+
+__device__ __forceinline__ float ld_flag(const void* p, int64_t i, bool bf16) {
+  return bf16 ? dev::ld(static_cast<const dev::bf16*>(p) + i)
+              : dev::ld(static_cast<const float*>(p) + i);
+}
+
+template <int KW, typename TX, typename TS>
+__global__ void __launch_bounds__(kWarps * 32)
+    kda_decode_prep_kernel(const KdaDecodePrepArgs a, int64_t tasks_per_row, int v_tasks,
+                           int g_tasks) {
+  const int lane = threadIdx.x & 31;
+  const int64_t task = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (task >= a.B * tasks_per_row) return;  // uniform across the warp
+  const int64_t b = task / tasks_per_row;
+  int64_t t = task % tasks_per_row;
+  const int64_t ck = static_cast<int64_t>(a.Hk) * a.dk, cv = static_cast<int64_t>(a.Hv) * a.dv;
+  const int64_t C = 2 * ck + cv;
+
+  if (t < 2 * a.Hk + v_tasks) {
+    // A convolution task: the row's slot, then a head or a run of v channels.
+    const TX* xrow = static_cast<const TX*>(a.qkv) + b * C;
+    const int64_t slot = a.slots[b];
+    const bool pad = slot < 0;
+    TS* st = pad || slot >= a.num_slots
+                 ? nullptr
+                 : static_cast<TS*>(a.conv_pool) + slot * static_cast<int64_t>(a.W - 1) * C;
+    if (t < 2 * a.Hk) {
+      const bool is_k = t >= a.Hk;
+      const int64_t h = is_k ? t - a.Hk : t;
+      TX* out = static_cast<TX*>(is_k ? a.k : a.q) + b * ck + h * a.dk;
+      const launch::NormOrder o = is_k ? a.k_order : a.q_order;
+      const int64_t c0 = (is_k ? ck : 0) + h * a.dk;
+      constexpr int kV = dev::kVecWidth<TX>;
+      if (o.vec == kV) {
+        head_task<KW, TX, TS, kV>(a, xrow, st, pad, c0, C, out, o.threads / 32, lane);
+      } else {
+        head_task<KW, TX, TS, 1>(a, xrow, st, pad, c0, C, out, o.threads / 32, lane);
+      }
+      return;
+    }
+    t -= 2 * a.Hk;
+    constexpr int kPerLane = kChunk / 32;
+    int64_t ch[kPerLane];
+    bool ok[kPerLane];
+    float y[kPerLane];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int64_t e = t * kChunk + i * 32 + lane;
+      ch[i] = 2 * ck + e;
+      ok[i] = !pad && e < cv;
+    }
+    conv_channels<KW>(xrow, a.conv_w, st, ch, ok, C, a.W, y);
+    TX* vrow = static_cast<TX*>(a.v) + b * cv;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int64_t e = t * kChunk + i * 32 + lane;
+      if (e < cv) dev::st(vrow + e, y[i]);  // pad: SiLU(0) = 0
+    }
+    return;
+  }
+  t -= 2 * a.Hk + v_tasks;
+
+  if (t < g_tasks) {
+    // kda_gate_kernel's formula, element e of the row's gates.
+    const int64_t per_head = a.gate_width / a.Hv;
+#pragma unroll
+    for (int i = 0; i < kChunk / 32; ++i) {
+      const int64_t e = t * kChunk + i * 32 + lane;
+      if (e >= a.gate_width) break;
+      const int64_t idx = b * a.gate_width + e;
+      const float x = ld_flag(a.f, idx, a.f_bf16) + (a.dt_bias != nullptr ? a.dt_bias[e] : 0.0f);
+      const float ah = expf(a.A_log[e / per_head]);
+      a.g[idx] =
+          a.lower_bound == 0.0f ? -ah * dev::softplus(x) : a.lower_bound * dev::sigmoid(ah * x);
+    }
+    return;
+  }
+  t -= g_tasks;
+
+  // sigmoid(beta) in place.
+#pragma unroll
+  for (int i = 0; i < kChunk / 32; ++i) {
+    const int64_t e = t * kChunk + i * 32 + lane;
+    if (e >= a.Hv) break;
+    const int64_t idx = b * a.Hv + e;
+    const float y = dev::sigmoid(ld_flag(a.beta, idx, a.beta_bf16));
+    if (a.beta_bf16) {
+      dev::st(static_cast<dev::bf16*>(a.beta) + idx, y);
+    } else {
+      dev::st(static_cast<float*>(a.beta) + idx, y);
+    }
+  }
+}
+
+template <int KW, typename TX, typename TS>
+void launch_prep(cudaStream_t stream, unsigned blocks, const KdaDecodePrepArgs& a,
+                 int64_t tasks_per_row, int v_tasks, int g_tasks) {
+  kda_decode_prep_kernel<KW, TX, TS>
+      <<<blocks, kWarps * 32, 0, stream>>>(a, tasks_per_row, v_tasks, g_tasks);
+}
+
+int64_t tasks_of(int64_t n) { return (n + kChunk - 1) / kChunk; }
+
+}  // namespace
+
+namespace launch {
+
+void kda_decode_prepare(cudaStream_t stream, const KdaDecodePrepArgs& a) {
+  if (a.B == 0) return;
+  if (a.dk > kMaxDk || a.q_order.threads > 32 * kMaxNormWarps ||
+      a.k_order.threads > 32 * kMaxNormWarps || a.W < 1 || a.Hv < 1 || a.Hk < 1) {
+    std::fprintf(stderr, "kda_decode_prepare (CUDA): dk %d > %d or an unsupported norm order\n",
+                 a.dk, kMaxDk);
+    std::abort();
+  }
+  const int64_t cv = static_cast<int64_t>(a.Hv) * a.dv;
+  const int v_tasks = static_cast<int>(tasks_of(cv));
+  const int g_tasks = static_cast<int>(tasks_of(a.gate_width));
+  const int64_t tasks_per_row = 2 * a.Hk + v_tasks + g_tasks + tasks_of(a.Hv);
+  const int64_t blocks = (a.B * tasks_per_row + kWarps - 1) / kWarps;
+  LOOM_CHECK_GRID(blocks);
+  dev::with_elem(a.act_bf16, [&](auto xt) {
+    dev::with_elem(a.pool_bf16, [&](auto st) {
+      using TX = typename decltype(xt)::type;
+      using TS = typename decltype(st)::type;
+      const unsigned grid = static_cast<unsigned>(blocks);
+      // The widths conv_varlen.cu compiles (KDA and GDN use 4); any other runs the generic loop.
+      switch (a.W) {
+        case 2:
+          return launch_prep<2, TX, TS>(stream, grid, a, tasks_per_row, v_tasks, g_tasks);
+        case 3:
+          return launch_prep<3, TX, TS>(stream, grid, a, tasks_per_row, v_tasks, g_tasks);
+        case 4:
+          return launch_prep<4, TX, TS>(stream, grid, a, tasks_per_row, v_tasks, g_tasks);
+        default:
+          return launch_prep<0, TX, TS>(stream, grid, a, tasks_per_row, v_tasks, g_tasks);
+      }
+    });
+  });
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace launch
+}  // namespace loom::cuda
