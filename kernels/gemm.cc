@@ -57,16 +57,28 @@ void linear_swiglu_forward(const Exec& ex, const Tensor& x, const Tensor& w_gate
 #ifdef LOOM_WITH_CUDA
   if (ex.device.is_cuda() && cuda::linear_swiglu_gemv(ex, x, w_gate, w_up, h)) return;
 #endif
+  // The gate's product goes to h itself, silu_mul then works in place: one scratch tensor.
   std::optional<Workspace::Mark> mark;
   if (ex.workspace != nullptr) mark.emplace(*ex.workspace);
-  auto scratch = [&] {
-    return ex.workspace != nullptr ? ex.workspace->take(h.shape(), h.dtype())
-                                   : Tensor::empty(h.shape(), h.dtype(), ex.device);
-  };
-  const Tensor g = scratch(), u = scratch();
-  linear_forward(ex, x, w_gate, g);
+  const Tensor u = ex.workspace != nullptr ? ex.workspace->take(h.shape(), h.dtype())
+                                           : Tensor::empty(h.shape(), h.dtype(), ex.device);
+  linear_forward(ex, x, w_gate, h);
   linear_forward(ex, x, w_up, u);
-  silu_mul_forward(ex, g, u, h);
+  silu_mul_forward(ex, h, u, h);
+}
+
+bool linear_swiglu_is_gemv(const Exec& ex, const Tensor& x, const Tensor& w_gate,
+                           const Tensor& w_up, const Tensor& h) {
+#ifdef LOOM_WITH_CUDA
+  return ex.device.is_cuda() && cuda::linear_swiglu_gemv_applies(ex, x, w_gate, w_up, h);
+#else
+  (void)ex;
+  (void)x;
+  (void)w_gate;
+  (void)w_up;
+  (void)h;
+  return false;
+#endif
 }
 
 bool linear_is_gemv(const Exec& ex, const Tensor& w, int64_t rows) {

@@ -33,6 +33,12 @@ void linear_forward(const Exec& ex, const Tensor& x, const Tensor& w, const Tens
 // one). x, h: [M, K] and [M, N] (f32, or bf16 on CUDA); w_gate, w_up: [N, K] of one dtype.
 void linear_swiglu_forward(const Exec& ex, const Tensor& x, const Tensor& w_gate,
                            const Tensor& w_up, const Tensor& h);
+// True when linear_swiglu_forward(ex, x, w_gate, w_up, h) runs as that one GEMV kernel (no
+// workspace, no cuBLAS): the case above with contiguous f32 or bf16 x and h of matching shapes,
+// and w_gate and w_up equally aligned (so both halves take the separate GEMV's path, hence its
+// bits). False on the host.
+bool linear_swiglu_is_gemv(const Exec& ex, const Tensor& x, const Tensor& w_gate,
+                           const Tensor& w_up, const Tensor& h);
 
 // True when linear_forward of `rows` rows with weight w runs as one of Loom's GEMV kernels, which
 // takes no workspace and no cuBLAS handle (so it may run on a side stream, kernels/side_stream.h);

@@ -83,14 +83,17 @@ void kda_gate_forward(const Exec& ex, const Tensor& f, const Tensor& A_log, cons
 // The bits of causal_conv1d_varlen (into a conv_out of q's dtype), copy_columns, l2norm_forward,
 // kda_gate_forward and sigmoid_inplace run one after another; on CUDA one kernel.
 // qkv: [B, C] with C = 2 Hk dk + Hv dv; conv_weight: [C, W] f32; conv_states: [num_slots, W-1, C];
-// state_slots: i32 [B], distinct; f: [B, Hv dk] (or [B, Hv]: GDN's decay per head); A_log: [Hv];
-// dt_bias: f's width or undefined; beta: [B, Hv]; q, k: [B, Hk, dk]; v: [B, Hv, dv]; g: f32,
+// state_slots: i32 [B], distinct but for the scratch slot (CacheStore::kScratchSlot, which the
+// engine's captured graphs point their filler rows at: several may share it, and what they leave
+// there is never read by a real row); f: [B, Hv dk] (or [B, Hv]: GDN's decay per head); A_log:
+// [Hv]; dt_bias: f's width or undefined; beta: [B, Hv]; q, k: [B, Hk, dk]; v: [B, Hv, dv]; g: f32,
 // f's numel ([B, Hv, dk] or [B, Hv, 1]).
 // Dtypes: f32 on the CPU. On CUDA qkv, q, k and v share one activation dtype (f32 or bf16),
 // conv_states, f and beta are each f32 or bf16, and dk <= 256.
-// A negative slot marks a padding row (a captured graph's filler, as kda_varlen_forward's decode
-// takes it): its conv state is not touched and its q, k and v rows are zero; its g and beta rows
-// are computed as any row's. (causal_conv1d_varlen itself takes no negative slot.)
+// A negative slot marks a padding row for callers that pad with -1 (kda_varlen_forward's decode
+// takes them the same way; the engine pads with the scratch slot instead): its conv state is not
+// touched and its q, k and v rows are zero; its g and beta rows are computed as any row's.
+// (causal_conv1d_varlen itself takes no negative slot.)
 void kda_decode_prepare(const Exec& ex, const Tensor& qkv, const Tensor& conv_weight,
                         const Tensor& conv_states, const Tensor& state_slots, const Tensor& f,
                         const Tensor& A_log, const Tensor& dt_bias, float lower_bound, float qk_eps,

@@ -25,7 +25,9 @@ struct RouterParams {
 
 // logits: [T, E] f32; bias: [E] f32 or undefined (selection only, never in the weights);
 // expert_ids: [T, top_k] i32 (ordered by descending selection score); weights: [T, top_k] f32.
-// Ties break towards the lower expert index, like torch.topk on CPU.
+// Ties break towards the lower expert index, like torch.topk on CPU. A NaN logit's selection is
+// unspecified (the CUDA kernel ranks NaN scores below every number; a model that produces them is
+// broken either way).
 void moe_route(const Exec& ex, const Tensor& logits, const Tensor& bias, const RouterParams& params,
                const Tensor& expert_ids, const Tensor& weights);
 

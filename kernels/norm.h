@@ -21,7 +21,10 @@ void rmsnorm_forward(const Exec& ex, const Tensor& x, const Tensor& w, float eps
 
 // h += delta, then out = rmsnorm_forward(h): a residual add and the next sublayer's pre-norm in
 // one pass over the row (one kernel on CUDA). The same bits as add_inplace(h, delta) followed by
-// rmsnorm_forward(h, ..., out) when delta and out have one dtype. h, delta, out: [N, D]; h f32 or
+// rmsnorm_forward(h, ..., out) when delta and out have one dtype and delta is 16-byte aligned
+// whenever h and out are (the norm's vector width, hence its summation order, is the same then;
+// the model's final norm, out = h f32 with a bf16 delta, sums in 8-element units where the plain
+// f32 norm takes 4). h, delta, out: [N, D]; h f32 or
 // (CUDA) bf16, delta and out each f32 or (CUDA) bf16; `out` may alias `h` (same dtype), delta
 // aliases neither.
 void add_rmsnorm_forward(const Exec& ex, const Tensor& h, const Tensor& delta, const Tensor& w,

@@ -34,9 +34,15 @@ class DenseFfn final : public Ffn {
     forward_with(ctx.ex, x, h, out);
   }
 
-  // forward on caller-provided memory for the hidden activations h [rows, width] (no workspace):
-  // MoeFfn runs the shared expert this way on a side stream.
+  // forward on caller-provided memory for the hidden activations h [rows, width]: MoeFfn runs
+  // the shared expert this way on a side stream, whose Exec has no workspace; there both products
+  // must be single GEMV kernels (runs_as_gemvs), which take none.
   void forward_with(const Exec& ex, const Tensor& x, const Tensor& h, const Tensor& out) const {
+    LOOM_CHECK(
+        ex.workspace != nullptr || ex.device.is_cpu() ||
+            (linear_swiglu_is_gemv(ex, x, gate_, up_, h) && linear_is_gemv(ex, down_, x.dim(0))),
+        "%sforward_with: without a workspace the products must be single GEMV kernels",
+        prefix_.c_str());
     linear_swiglu_forward(ex, x, gate_, up_, h);
     linear_forward(ex, h, down_, out);
   }
@@ -125,12 +131,12 @@ class MoeFfn final : public Ffn {
     // router, the routing and the routed experts, a chain of small kernels it does not depend
     // on; its output and hidden activations are taken here, before the fork, so that nothing it
     // uses is released while it runs.
-    Tensor s;
+    Tensor s, h;  // live until the join below
     Exec side;
     const bool overlap = shared_ != nullptr && shared_->runs_as_gemvs(ctx.ex, n);
     if (shared_) s = ctx.take(out.shape());
     if (overlap) {
-      const Tensor h = ctx.take({n, shared_->width()});
+      h = ctx.take({n, shared_->width()});
       side = fork_side_stream(ctx.ex);
       shared_->forward_with(side, x, h, s);
     }

@@ -334,21 +334,32 @@ int64_t rows_of(const Tensor& x, const Tensor& out, int64_t n, int64_t k) {
 
 }  // namespace
 
-bool linear_swiglu_gemv(const Exec& ex, const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
-                        const Tensor& h) {
+bool linear_swiglu_gemv_applies(const Exec& ex, const Tensor& x, const Tensor& w_gate,
+                                const Tensor& w_up, const Tensor& h) {
   if (ex.batch_invariant || w_gate.dtype() != DType::kBF16 || w_up.dtype() != DType::kBF16 ||
-      w_gate.ndim() != 2 || !w_gate.is_contiguous() || !w_up.is_contiguous() ||
-      !x.is_contiguous() || !h.is_contiguous() || x.ndim() < 1 || h.ndim() != x.ndim() ||
-      (x.dtype() != DType::kF32 && x.dtype() != DType::kBF16) ||
+      w_gate.ndim() != 2 || w_up.shape() != w_gate.shape() || !w_gate.is_contiguous() ||
+      !w_up.is_contiguous() || !x.is_contiguous() || !h.is_contiguous() || x.ndim() < 1 ||
+      h.ndim() != x.ndim() || (x.dtype() != DType::kF32 && x.dtype() != DType::kBF16) ||
       (h.dtype() != DType::kF32 && h.dtype() != DType::kBF16)) {
     return false;
   }
+  // The fused kernel vectorises both matrices or neither: equal alignment keeps each half on the
+  // path (and so the bits) a separate GEMV would take.
+  const auto aligned = [](const Tensor& t) {
+    return (reinterpret_cast<uintptr_t>(t.raw()) & 15u) == 0;
+  };
+  if (aligned(w_gate) != aligned(w_up)) return false;
   const int64_t n = w_gate.dim(0), k = w_gate.dim(1);
-  if (x.dim(-1) != k || h.dim(-1) != n ||
-      x.numel() / std::max<int64_t>(k, 1) != h.numel() / std::max<int64_t>(n, 1))
+  if (k == 0 || x.dim(-1) != k || h.dim(-1) != n ||
+      x.numel() / k != h.numel() / std::max<int64_t>(n, 1))
     return false;
-  const int64_t m = k > 0 ? x.numel() / k : 0;
-  if (m > kGemvAutoRows || k == 0) return false;
+  return x.numel() / k <= kGemvAutoRows;
+}
+
+bool linear_swiglu_gemv(const Exec& ex, const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
+                        const Tensor& h) {
+  if (!linear_swiglu_gemv_applies(ex, x, w_gate, w_up, h)) return false;
+  const int64_t n = w_gate.dim(0), k = w_gate.dim(1), m = x.numel() / k;
   LOOM_CHECK_CUDA_ARG("linear_swiglu_forward", x);
   LOOM_CHECK_CUDA_ARG("linear_swiglu_forward", w_gate);
   LOOM_CHECK_CUDA_ARG("linear_swiglu_forward", w_up);

@@ -45,6 +45,9 @@ void linear_forward_bf16(const Exec& ex, const Tensor& x, const Tensor& w, const
 // or returns false (the caller composes it) for anything else.
 bool linear_swiglu_gemv(const Exec& ex, const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
                         const Tensor& h);
+// Whether linear_swiglu_gemv would run (and return true) for these operands.
+bool linear_swiglu_gemv_applies(const Exec& ex, const Tensor& x, const Tensor& w_gate,
+                                const Tensor& w_up, const Tensor& h);
 
 // `batch` row-major GEMMs at fixed element strides, one cuBLAS call: c_i[m, n] = a_i[m, k]
 // op(b_i), op(b_i) = b_i [k, n] (trans_b false) or b_i^T with b_i [n, k] (trans_b true); a_i = a +

@@ -640,22 +640,28 @@ TEST_F(CudaKernels, AddRmsNormIsAddThenNorm) {
         const std::string tag =
             "_h" + std::string(dname(ht)) + "_d" + dname(at) + "_D" + std::to_string(D);
         for (bool in_place : {false, true}) {
-          if (in_place && ht != at) continue;  // out aliases h: one dtype
           Tensor h_ref = h0.clone(), h_copy = h0.clone();
           const Tensor h_unfused = as_dev(h_ref, ht), h_fused = as_dev(h_copy, ht);
           const Tensor o_unfused = in_place ? h_unfused : poisoned_as({N, D}, at);
-          const Tensor o_fused = in_place ? h_fused : poisoned_as({N, D}, at);
+          const Tensor o_fused =
+              in_place ? h_fused : poisoned_as({N, D}, at);  // in place: h's type
           add_inplace(gpu(), h_unfused, dd);
           rmsnorm_forward(gpu(), h_unfused, wd, 1e-5f, 0.0f, o_unfused);
           add_rmsnorm_forward(gpu(), h_fused, dd, wd, 1e-5f, 0.0f, o_fused);
           const std::string name = std::string("add_rmsnorm") + (in_place ? "_inplace" : "") + tag;
-          const int64_t diff = differing(h_fused, h_unfused) + differing(o_fused, o_unfused);
-          report(name + "_bits_vs_unfused", static_cast<double>(diff), 0.0);
+          // In place with delta's dtype not h's (the model's final norm: h f32, delta bf16, out =
+          // h) the norm moves 8-element units where the plain f32 norm takes 4: another summation
+          // order, so only the CPU bound holds there (norm.h).
+          if (!in_place || ht == at) {
+            const int64_t diff = differing(h_fused, h_unfused) + differing(o_fused, o_unfused);
+            report(name + "_bits_vs_unfused", static_cast<double>(diff), 0.0);
+          }
           Tensor ref = Tensor::empty({N, D});
           add_rmsnorm_forward(host_exec(), h_ref, delta, w, 1e-5f, 0.0f, ref);
           // A bf16 h holds the sum rounded before the norm reads it: the bf16 bound then too.
+          const DType out_type = in_place ? ht : at;
           report(name + "_vs_cpu", rel_l2(host(o_fused).to_f32(), ref),
-                 bf16_tol(ht == kBF16 ? kBF16 : at));
+                 bf16_tol(ht == kBF16 ? kBF16 : out_type));
         }
       }
     }
