@@ -83,16 +83,6 @@ void gqa_attention_forward(const Exec& ex, const Tensor& q, const CacheView& k_c
   no_kernel_for(ex, "gqa_attention_forward");
 }
 
-MlaForm mla_attention_form(int64_t t, int64_t s, const MlaDims& dims, bool batch_invariant) {
-  const int64_t h = dims.heads, dn = dims.nope_dim, dr = dims.rope_dim, dv = dims.v_dim,
-                r = dims.latent_dim;
-  const double expanded =
-      static_cast<double>(s) * h * r * (dn + dv) + static_cast<double>(t) * s * h * (dn + dr + dv);
-  const double absorbed =
-      static_cast<double>(t) * h * r * (dn + dv) + static_cast<double>(t) * s * h * (2 * r + dr);
-  return absorbed <= expanded || batch_invariant ? MlaForm::kAbsorbed : MlaForm::kExpanded;
-}
-
 void cache_write_varlen(const Exec& ex, const Tensor& pool, const Tensor& page_table,
                         const Tensor& cu_seqlens, const Tensor& past_lens, const Tensor& rows) {
   LOOM_ON_EXEC_DEVICE(ex, "cache_write_varlen", pool, page_table, cu_seqlens, past_lens, rows);
@@ -113,7 +103,8 @@ void cache_write_varlen(const Exec& ex, const Tensor& pool, const Tensor& page_t
 void mla_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& latent_pool,
                           const Tensor& rope_pool, const Tensor& page_table,
                           const Tensor& cu_seqlens, const Tensor& past_lens, const Tensor& kv_b,
-                          const MlaDims& dims, float scale, const Tensor& out) {
+                          const MlaDims& dims, float scale, const Tensor& out,
+                          const VarlenHostLens& host) {
   LOOM_ON_EXEC_DEVICE(ex, "mla_attention_varlen", q, latent_pool, rope_pool, page_table, cu_seqlens,
                       past_lens, kv_b, out);
   if (ex.device.is_cpu()) {
@@ -125,8 +116,9 @@ void mla_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& latent_
   refuse_fp8_pool("mla_attention_varlen", rope_pool);
 #ifdef LOOM_WITH_CUDA
   return cuda::mla_attention_varlen(ex, q, latent_pool, rope_pool, page_table, cu_seqlens,
-                                    past_lens, kv_b, dims, scale, out);
+                                    past_lens, kv_b, dims, scale, out, host);
 #else
+  (void)host;
   no_kernel_for(ex, "mla_attention_varlen");
 #endif
 }

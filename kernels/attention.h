@@ -116,15 +116,37 @@ void cache_write_varlen(const Exec& ex, const Tensor& pool, const Tensor& page_t
 // (T*S*H*(2R+dr)). Batch-invariant numerics always take the absorbed form, as decode does: the two
 // forms round differently, so a prefill and a recompute of the same tokens must not switch.
 enum class MlaForm : uint8_t { kExpanded, kAbsorbed };
-MlaForm mla_attention_form(int64_t t, int64_t s, const MlaDims& dims, bool batch_invariant);
+// Inline: the CUDA backend (kernels/cuda/attention.cc) makes the same choice.
+inline MlaForm mla_attention_form(int64_t t, int64_t s, const MlaDims& dims, bool batch_invariant) {
+  const int64_t h = dims.heads, dn = dims.nope_dim, dr = dims.rope_dim, dv = dims.v_dim,
+                r = dims.latent_dim;
+  const double expanded =
+      static_cast<double>(s) * h * r * (dn + dv) + static_cast<double>(t) * s * h * (dn + dr + dv);
+  const double absorbed =
+      static_cast<double>(t) * h * r * (dn + dv) + static_cast<double>(t) * s * h * (2 * r + dr);
+  return absorbed <= expanded || batch_invariant ? MlaForm::kAbsorbed : MlaForm::kExpanded;
+}
+
+// The host's copies of a varlen call's cu_seqlens and past_lens, where the caller has them (the
+// model's step layout packs them on the host). A GPU call reads neither tensor back, so without
+// them it cannot tell a prefill chunk from decode rows: it then takes the absorbed form for every
+// sequence. They must equal the tensors (the host call reads the tensors themselves).
+struct VarlenHostLens {
+  const int64_t* cu_seqlens = nullptr;  // [B + 1]
+  const int64_t* past_lens = nullptr;   // [B]
+  bool known() const { return cu_seqlens != nullptr && past_lens != nullptr; }
+};
 
 // MLA for every sequence, in the form mla_attention_form(its rows, its S, dims,
 // ex.batch_invariant) picks. latent_pool: [num_pages, page_size, R]; rope_pool: [num_pages,
-// page_size, dr]; q: [N, H, dn + dr]; out: [N, H, dv].
+// page_size, dr]; q: [N, H, dn + dr]; out: [N, H, dv]. On a GPU the expanded form needs `host`
+// (and the shapes kernels/cuda/attention.h names); elsewhere the absorbed form computes the same
+// function.
 void mla_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& latent_pool,
                           const Tensor& rope_pool, const Tensor& page_table,
                           const Tensor& cu_seqlens, const Tensor& past_lens, const Tensor& kv_b,
-                          const MlaDims& dims, float scale, const Tensor& out);
+                          const MlaDims& dims, float scale, const Tensor& out,
+                          const VarlenHostLens& host = {});
 
 // GQA for every sequence. k_pool: [num_pages, page_size, Hkv, d]; v_pool: [num_pages, page_size,
 // Hkv, dv]; q: [N, Hq, d]; out: [N, Hq, dv].

@@ -30,8 +30,9 @@ struct BatchLayout {
   int64_t num_rows = 0;
   int64_t max_seqlen = 0;       // the longest sequence's new rows (host-known: picks kernels)
   CacheStore* store = nullptr;  // never null in a forward
-  // Host copies of cu_seqlens and past_lens where whoever built the layout has them (the training
-  // backward's own layout); undefined: training_sequences reads them back from the device.
+  // Host copies of cu_seqlens and past_lens where whoever built the layout has them (the model's
+  // step packing, the training backward's own layout): kernels choose their form by them (MLA's
+  // expanded prefill on a GPU); undefined: training_sequences reads them back from the device.
   Tensor host_cu_seqlens, host_past_lens;
 };
 

@@ -117,8 +117,11 @@ class MlaMixer final : public Mixer {
       cache_write_varlen(ctx.ex, rope_pool, batch.page_table, batch.cu_seqlens, batch.past_lens,
                          rope);
     Tensor o = ctx.take({n, h, dv});
+    VarlenHostLens host;
+    if (batch.host_cu_seqlens.defined() && batch.host_past_lens.defined())
+      host = {batch.host_cu_seqlens.data<int64_t>(), batch.host_past_lens.data<int64_t>()};
     mla_attention_varlen(ctx.ex, q, latent_pool, rope_pool, batch.page_table, batch.cu_seqlens,
-                         batch.past_lens, kv_b_, dims, scale_, o);
+                         batch.past_lens, kv_b_, dims, scale_, o, host);
     if (gate_proj_.defined()) {
       Tensor gate = ctx.take({n, h * dv});
       linear_forward(ctx.ex, x, gate_proj_, gate);

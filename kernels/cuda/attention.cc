@@ -11,10 +11,12 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/attention_launch.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/mla_expanded_launch.h"
 
 namespace loom::cuda {
 namespace {
@@ -359,10 +361,170 @@ void run_latent(cudaStream_t stream, const launch::AttnArgs& a, const LatentPlan
   }
 }
 
+// ---- MLA, expanded form -----------------------------------------------------------------------
+
+// Keys per expansion block at least (a block's GEMM and attention pass should be long enough to
+// fill the GPU); a chunk of T new rows takes max(T, this) keys a block, so the block's memory
+// follows the step's rows and not its context.
+constexpr int64_t kMlaExpandedMinKeyBlock = 4096;
+
+bool mla_expanded_shapes(const Tensor& latent_pool, const MlaDims& dims) {
+  return latent_pool.dtype() == DType::kBF16 && dims.latent_dim % 8 == 0 &&
+         launch::mla_expanded_supported(static_cast<int>(dims.nope_dim),
+                                        static_cast<int>(dims.rope_dim),
+                                        static_cast<int>(dims.v_dim));
+}
+
+// Which sequences take the expanded form (empty: none does).
+std::vector<char> mla_expanded_sequences(const Exec& ex, const Tensor& latent_pool,
+                                         const MlaDims& dims, const AttentionTuning& tuning,
+                                         const VarlenHostLens& host, int64_t B) {
+  if (!host.known() || tuning.mla_form == 1 || ex.batch_invariant ||
+      !mla_expanded_shapes(latent_pool, dims))
+    return {};
+  std::vector<char> expanded(B, 0);
+  bool any = false;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t T = host.cu_seqlens[b + 1] - host.cu_seqlens[b], P = host.past_lens[b];
+    expanded[b] = T > 0 && (tuning.mla_form == 2 ||
+                            (T >= kMlaExpandedMinRows &&
+                             mla_attention_form(T, P + T, dims, false) == MlaForm::kExpanded));
+    any = any || expanded[b];
+  }
+  if (!any) return {};
+  return expanded;
+}
+
 void mla(const Exec& ex, const Tensor& q, const Tensor& latent_pool, const Tensor& rope_pool,
          const Tensor& page_table, const Tensor& cu_seqlens, const Tensor& past_lens,
          const Tensor& kv_b, const MlaDims& dims, float scale, const Tensor& out,
-         const AttentionTuning& tuning) {
+         const AttentionTuning& tuning, const VarlenHostLens& host);
+
+// The call with some sequences in the expanded form (`expanded`): the others first, as absorbed
+// sub-batches (each maximal run of them, its row offsets shifted to start at 0), then each
+// expanded sequence over its keys in blocks: gather the block's latent and rope rows out of the
+// pages, expand them with kv_b (one bf16 GEMM: k_nope and v of every head), attend.
+void mla_mixed(const Exec& ex, const Tensor& q, const Tensor& latent_pool, const Tensor& rope_pool,
+               const Tensor& page_table, const Tensor& cu_seqlens, const Tensor& past_lens,
+               const Tensor& kv_b, const MlaDims& dims, float scale, const Tensor& out,
+               const AttentionTuning& tuning, const VarlenHostLens& host,
+               const std::vector<char>& expanded) {
+  const int64_t B = static_cast<int64_t>(expanded.size());
+  const int64_t* cu = host.cu_seqlens;
+  const cudaStream_t stream = stream_of(ex);
+  for (int64_t b0 = 0; b0 < B;) {
+    if (expanded[b0]) {
+      ++b0;
+      continue;
+    }
+    int64_t b1 = b0;
+    while (b1 < B && !expanded[b1]) ++b1;
+    if (cu[b1] > cu[b0]) {
+      const CallBuffer cu_buf(ex, static_cast<size_t>(b1 - b0 + 1) * 8);
+      launch::shift_offsets(stream, cu_seqlens.data<int64_t>() + b0, b1 - b0 + 1,
+                            reinterpret_cast<int64_t*>(cu_buf.get()));
+      const Tensor sub_cu =
+          Tensor::wrap(cu_buf.get(), {b1 - b0 + 1}, DType::kI64, cu_seqlens.device());
+      mla(ex, q.slice(0, cu[b0], cu[b1]), latent_pool, rope_pool, page_table.slice(0, b0, b1),
+          sub_cu, past_lens.slice(0, b0, b1), kv_b, dims, scale, out.slice(0, cu[b0], cu[b1]),
+          tuning, VarlenHostLens{});
+    }
+    b0 = b1;
+  }
+
+  const int64_t H = dims.heads, dn = dims.nope_dim, dr = dims.rope_dim, dv = dims.v_dim,
+                R = dims.latent_dim, dq = dn + dr, kvw = H * (dn + dv);
+  const bool act_bf16 = q.dtype() == DType::kBF16;
+  // Keys per expansion block of a sequence of T new rows.
+  const auto key_block = [&](int64_t T) {
+    if (tuning.mla_key_block > 0) return tuning.mla_key_block;
+    return (std::max(T, kMlaExpandedMinKeyBlock) + 63) / 64 * 64;
+  };
+  int64_t max_rows = 0, max_block = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    if (!expanded[b]) continue;
+    max_rows = std::max(max_rows, cu[b + 1] - cu[b]);
+    max_block = std::max(max_block, key_block(cu[b + 1] - cu[b]));
+  }
+  const size_t kv16_bytes = align256(static_cast<size_t>(kvw) * R * 2);
+  const size_t q16_bytes = act_bf16 ? 0 : align256(static_cast<size_t>(max_rows) * H * dq * 2);
+  const size_t lat_bytes = align256(static_cast<size_t>(max_block) * R * 2);
+  const size_t rope_bytes = align256(static_cast<size_t>(max_block) * std::max<int64_t>(dr, 1) * 2);
+  const size_t kvx_bytes = align256(static_cast<size_t>(max_block) * kvw * 2);
+  // The running state across key blocks, taken whatever the context so that the step memory the
+  // engine profiles (one prefill from position 0: one block) covers long contexts too.
+  const size_t acc_bytes = align256(static_cast<size_t>(max_rows) * H * dv * 4);
+  const size_t ml_bytes = align256(static_cast<size_t>(max_rows) * H * 2 * 4);
+  size_t total = kv16_bytes + q16_bytes + lat_bytes + rope_bytes + kvx_bytes + acc_bytes + ml_bytes;
+  // At least what the absorbed form takes for as many rows (its latent queries and outputs), so
+  // that a step whose rows run absorbed (many short chunks) never needs more than the profile.
+  total =
+      std::max(total, align256(static_cast<size_t>(max_rows) * H * (2 * R + dr) * 4) + kv16_bytes);
+  const CallBuffer buf(ex, total);
+  char* at = buf.get();
+  auto carve = [&](size_t bytes) {
+    char* p = at;
+    at += bytes;
+    return p;
+  };
+  void* kv16 = carve(kv16_bytes);
+  void* q16 = carve(q16_bytes);
+  void* lat = carve(lat_bytes);
+  void* rope = carve(rope_bytes);
+  void* kvx = carve(kvx_bytes);
+  float* acc = reinterpret_cast<float*>(carve(acc_bytes));
+  float* ml = reinterpret_cast<float*>(carve(ml_bytes));
+  launch::copy_2d(stream, kv16, true, R, kv_b.raw(), false, R, kvw, R);
+
+  const int64_t ps = latent_pool.dim(1), cols = page_table.dim(1);
+  for (int64_t b = 0; b < B; ++b) {
+    if (!expanded[b]) continue;
+    const int64_t r0 = cu[b], T = cu[b + 1] - cu[b], P = host.past_lens[b], S = P + T;
+    const int64_t kb = key_block(T);
+    launch::MlaExpandedArgs a;
+    if (act_bf16) {
+      a.q = static_cast<const char*>(q.raw()) + r0 * H * dq * 2;
+    } else {
+      launch::copy_2d(stream, q16, true, H * dq, q.data<float>() + r0 * H * dq, false, H * dq, T,
+                      H * dq);
+      a.q = q16;
+    }
+    a.q_row = H * dq;
+    a.kv = kvx;
+    a.kv_row = kvw;
+    a.k_rope = rope;
+    a.rope_row = dr;
+    a.T = static_cast<int>(T);
+    a.H = static_cast<int>(H);
+    a.dn = static_cast<int>(dn);
+    a.dr = static_cast<int>(dr);
+    a.dv = static_cast<int>(dv);
+    a.past = P;
+    a.scale = scale;
+    a.acc = acc;
+    a.ml = ml;
+    a.out = static_cast<char*>(out.raw()) + r0 * H * dv * (act_bf16 ? 2 : 4);
+    a.out_row = H * dv;
+    a.out_f32 = !act_bf16;
+    for (int64_t k0 = 0; k0 < S; k0 += kb) {
+      const int64_t nk = std::min(kb, S - k0);
+      launch::mla_gather_keys(stream, latent_pool.raw(), dr > 0 ? rope_pool.raw() : nullptr, R, dr,
+                              page_table.data<int32_t>() + b * cols, ps, k0, nk, lat, rope);
+      gemm_strided_batched(ex, 1, nk, kvw, R, lat, GemmElem::kBF16, R, 0, kv16, GemmElem::kBF16, R,
+                           0, /*trans_b=*/true, kvx, GemmElem::kBF16, kvw, 0);
+      a.key0 = k0;
+      a.nk = nk;
+      a.first = k0 == 0;
+      a.last = k0 + nk >= S;
+      launch::mla_expanded_attention(stream, a);
+    }
+  }
+}
+
+void mla(const Exec& ex, const Tensor& q, const Tensor& latent_pool, const Tensor& rope_pool,
+         const Tensor& page_table, const Tensor& cu_seqlens, const Tensor& past_lens,
+         const Tensor& kv_b, const MlaDims& dims, float scale, const Tensor& out,
+         const AttentionTuning& tuning, const VarlenHostLens& host) {
   const char* fn = "mla_attention_varlen";
   LOOM_CHECK_CUDA_ARG(fn, q);
   LOOM_CHECK_CUDA_ARG(fn, kv_b);
@@ -388,6 +550,15 @@ void mla(const Exec& ex, const Tensor& q, const Tensor& latent_pool, const Tenso
   MlaCall c = check_latent(fn, latent_pool, rope_pool, page_table, cu_seqlens, past_lens, N, H, R,
                            dr, scale);
   if (N == 0 || c.B == 0) return;
+  LOOM_CHECK(tuning.mla_form != 2 || (host.known() && mla_expanded_shapes(latent_pool, dims)),
+             "%s: the expanded form needs the host lens, bf16 pools and dn = dv = 128, dr = 64",
+             fn);
+  const std::vector<char> expanded =
+      mla_expanded_sequences(ex, latent_pool, dims, tuning, host, c.B);
+  if (!expanded.empty()) {
+    return mla_mixed(ex, q, latent_pool, rope_pool, page_table, cu_seqlens, past_lens, kv_b, dims,
+                     scale, out, tuning, host, expanded);
+  }
   const LatentPlan p = plan_latent(fn, ex, c, tuning);
   const bool act_bf16 = q.dtype() == DType::kBF16;
   // Prefill-sized calls map q into the latent space and the result back out with one cuBLAS GEMM
@@ -497,18 +668,20 @@ void gqa_attention_varlen_tuned(const Exec& ex, const Tensor& q, const Tensor& k
 void mla_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& latent_pool,
                           const Tensor& rope_pool, const Tensor& page_table,
                           const Tensor& cu_seqlens, const Tensor& past_lens, const Tensor& kv_b,
-                          const MlaDims& dims, float scale, const Tensor& out) {
+                          const MlaDims& dims, float scale, const Tensor& out,
+                          const VarlenHostLens& host) {
   mla(ex, q, latent_pool, rope_pool, page_table, cu_seqlens, past_lens, kv_b, dims, scale, out,
-      AttentionTuning{});
+      AttentionTuning{}, host);
 }
 
 void mla_attention_varlen_tuned(const Exec& ex, const Tensor& q, const Tensor& latent_pool,
                                 const Tensor& rope_pool, const Tensor& page_table,
                                 const Tensor& cu_seqlens, const Tensor& past_lens,
                                 const Tensor& kv_b, const MlaDims& dims, float scale,
-                                const Tensor& out, const AttentionTuning& tuning) {
+                                const Tensor& out, const AttentionTuning& tuning,
+                                const VarlenHostLens& host) {
   mla(ex, q, latent_pool, rope_pool, page_table, cu_seqlens, past_lens, kv_b, dims, scale, out,
-      tuning);
+      tuning, host);
 }
 
 void mla_latent_attention_varlen(const Exec& ex, const Tensor& q_lat, const Tensor& latent_pool,

@@ -5,11 +5,18 @@
 // them on the host); a page id outside the pool is not read.
 //
 // Dtypes: q and out f32 or bf16 (the same); pools f32 or bf16 (both the same); kv_b f32;
-// arithmetic in f32. MLA always takes the absorbed form (both forms are the same function; the
-// absorbed one needs no per-key expansion): q_lat = W_UK^T q_nope, attention over the latent
-// cache, out = W_UV o_lat. With a bf16 cache, R = 512 and dr = 64 the attention runs on tensor
-// cores (q and the softmax weights rounded to bf16 for the products, as flash attention does);
-// otherwise on CUDA cores in f32.
+// arithmetic in f32. MLA's two forms compute the same function:
+//  - absorbed (decode, short chunks, and every sequence when the host lens are not given):
+//    q_lat = W_UK^T q_nope, attention over the latent cache, out = W_UV o_lat. With a bf16 cache,
+//    R = 512 and dr = 64 the attention runs on tensor cores (q and the softmax weights rounded to
+//    bf16 for the products, as flash attention does); otherwise on CUDA cores in f32.
+//  - expanded (long prefill chunks): a sequence with host lens, at least kMlaExpandedMinRows new
+//    rows and mla_attention_form's choice, bf16 pools, dn = dv = 128 and dr = 64, not
+//    batch-invariant. Its keys are gathered out of the pages in blocks, expanded by one bf16 GEMM
+//    with kv_b (k_nope and v of every head), and attended to per head on tensor cores
+//    (attention_mla_expanded.cu): 640 FLOPs a query-key pair and head against the absorbed
+//    form's 2176, which is what makes a 1M-token prefill feasible. The other sequences of the
+//    call run in the absorbed form as sub-batches.
 //
 // Splits (flash-decoding). A sequence of at most 8 new rows splits its keys into chunks whose
 // size is a function of its own length alone (launch::keys_per_split), combined afterwards, so a
@@ -35,7 +42,13 @@ void gqa_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& k_pool,
 void mla_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& latent_pool,
                           const Tensor& rope_pool, const Tensor& page_table,
                           const Tensor& cu_seqlens, const Tensor& past_lens, const Tensor& kv_b,
-                          const MlaDims& dims, float scale, const Tensor& out);
+                          const MlaDims& dims, float scale, const Tensor& out,
+                          const VarlenHostLens& host = {});
+
+// New rows a sequence needs before the expanded form is considered on the GPU: below it the
+// per-sequence launches (a gather, a GEMM and an attention pass per key block) cost more than
+// the absorbed form's batched kernels save.
+inline constexpr int64_t kMlaExpandedMinRows = 128;
 
 // Knobs for tests and benchmarks; zero fields keep the defaults the two ops above use. All but
 // `probe` change only how the result is computed (and so its rounding); `probe` breaks it on
@@ -53,6 +66,10 @@ struct AttentionTuning {
   int probe = 0;       // benchmarks only, wrong results: 1 times the arithmetic, 2 the loads,
                        // 3-6 parts of a call (attention_launch.h, AttnArgs::probe)
   bool sync_handoff = false;  // wgmma MLA: bar.sync on both sides of the P handoff (racecheck)
+  // MLA's form, with host lens: 0 by cost and rows (mla_attention_varlen); 1 absorbed for every
+  // sequence; 2 expanded for every sequence with rows (supported shapes; tests, benchmarks).
+  int mla_form = 0;
+  int64_t mla_key_block = 0;  // expanded form: keys per expansion block (0: the default)
 };
 
 void gqa_attention_varlen_tuned(const Exec& ex, const Tensor& q, const Tensor& k_pool,
@@ -63,7 +80,8 @@ void mla_attention_varlen_tuned(const Exec& ex, const Tensor& q, const Tensor& l
                                 const Tensor& rope_pool, const Tensor& page_table,
                                 const Tensor& cu_seqlens, const Tensor& past_lens,
                                 const Tensor& kv_b, const MlaDims& dims, float scale,
-                                const Tensor& out, const AttentionTuning& tuning);
+                                const Tensor& out, const AttentionTuning& tuning,
+                                const VarlenHostLens& host = {});
 
 // MLA's attention core alone, queries already in latent space: q_lat [N, H, R + dr] f32
 // ([W_UK^T q_nope | q_rope]), o_lat [N, H, R] f32 = softmax(scale (q_lat . [c | k_rope])) c.

@@ -462,6 +462,59 @@ TEST(AttentionCuda, MlaVarlen) {
   run_mla(cases[3], make_step({300}, {90}, 64));
 }
 
+// MLA's expanded form (long prefill chunks; kernels/cuda/attention.h) against the CPU: with the
+// host lens the default picks it per sequence (chunks of >= 128 rows where it is cheaper) and
+// runs the rest absorbed in sub-batches, wherever they sit in the batch; forced for every
+// sequence (decode rows too), with key blocks far smaller than a chunk (block edges inside the
+// query tiles), f32 and bf16 activations, pages of 16 and 64 keys.
+TEST(AttentionCuda, MlaExpandedForm) {
+  cuda::init();
+  const std::vector<int64_t> lens = {1, 300, 7, 1000, 129, 200, 1, 0, 131};
+  const std::vector<int64_t> past = {3000, 0, 40, 777, 5000, 50, 0, 9, 1};
+  struct Variant {
+    std::string name;
+    int64_t page_size;
+    DType act;
+    cuda::AttentionTuning tuning;
+  };
+  const std::vector<Variant> variants = {
+      {"default_ps64_f32", 64, DType::kF32, {}},
+      {"default_ps16_bf16act", 16, DType::kBF16, {}},
+      {"forced_ps64_bf16act_block200", 64, DType::kBF16, {.mla_form = 2, .mla_key_block = 200}},
+      {"forced_ps16_f32_block64", 16, DType::kF32, {.mla_form = 2, .mla_key_block = 64}},
+  };
+  for (const Variant& v : variants) {
+    for (int order = 0; order < 2; ++order) {
+      std::vector<int64_t> l = lens, p = past;
+      if (order == 1) {  // another arrangement of expanded and absorbed runs
+        std::reverse(l.begin(), l.end());
+        std::reverse(p.begin(), p.end());
+      }
+      const Step s = make_step(l, p, v.page_size);
+      MlaCase c{v.name, kDeepSeek, v.page_size, DType::kBF16, v.act, v.tuning, 1e-2};
+      const MlaInputs in = mla_inputs(c, s);
+      Tensor ref = Tensor::empty({s.N, c.dims.heads, c.dims.v_dim});
+      mla_attention_varlen(host_exec(), in.q, in.latent, in.rope, s.table, s.cu_h, s.past_h,
+                           in.kv_b, c.dims, in.scale, ref);
+      const VarlenHostLens lens_h{s.cu_h.data<int64_t>(), s.past_h.data<int64_t>()};
+      const Tensor o = poisoned({s.N, c.dims.heads, c.dims.v_dim}, c.act);
+      cuda::mla_attention_varlen_tuned(gpu(), in.qd, in.latent_d, in.rope_d, s.table_d, s.cu_d,
+                                       s.past_d, in.kv_b_d, c.dims, in.scale, o, c.tuning, lens_h);
+      report("mla_expanded_" + v.name + "_order" + std::to_string(order), rel_l2(o, ref), c.tol);
+      // Each sequence alone (its rows' error, so that one sequence's mistake cannot hide in the
+      // batch's norm).
+      const Tensor oh = host(o).to_f32();
+      for (int64_t b = 0; b < s.B; ++b) {
+        if (s.lens[b] == 0) continue;
+        const double err = rel_l2(oh.slice(0, s.cu[b], s.cu[b + 1]).clone(),
+                                  ref.slice(0, s.cu[b], s.cu[b + 1]).clone());
+        EXPECT_LE(err, c.tol) << v.name << " order " << order << " sequence " << b << " ("
+                              << s.lens[b] << " rows after " << s.past[b] << ")";
+      }
+    }
+  }
+}
+
 // Decode batches for the tensor-core kernels at lengths that are not multiples of a key tile or
 // a page: batch 1, 3, 37 (contexts 1..~2600) and 40 (a wide page table), split by the batch
 // (default), by each length, and not.

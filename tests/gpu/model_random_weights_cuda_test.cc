@@ -217,6 +217,88 @@ TEST(RandomWeightsCuda, ForwardMatchesCpu) {
   }
 }
 
+// A small kimi_linear model with the DeepSeek/Kimi MLA head dims (dn = dv = 128, dr = 64, R =
+// 512), which the GPU's expanded MLA form supports.
+constexpr const char* kKimiMlaHeads = R"({
+  "model_type": "kimi_linear", "architectures": ["KimiLinearForCausalLM"], "hidden_act": "silu",
+  "vocab_size": 320, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+  "num_attention_heads": 3, "num_key_value_heads": 3, "kv_lora_rank": 512, "q_lora_rank": null,
+  "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "rms_norm_eps": 1e-5,
+  "linear_attn_config": {"full_attn_layers": [2], "kda_layers": [1], "head_dim": 32,
+                         "num_heads": 2, "short_conv_kernel_size": 4},
+  "num_experts": 8, "num_experts_per_token": 2, "num_shared_experts": 1,
+  "moe_intermediate_size": 64, "first_k_dense_replace": 1, "routed_scaling_factor": 2.446,
+  "num_expert_group": 1, "topk_group": 1, "moe_renormalize": true, "tie_word_embeddings": false
+})";
+
+// Prefill chunks long enough for MLA's expanded form on the GPU (kernels/cuda/attention.h): a
+// 300-token prompt beside another sequence's 6-token one, then a step that mixes its next
+// 200-token chunk (expanded, over 500 keys) with that sequence's decode row (absorbed, as a
+// sub-batch), over bf16 KV
+// pages on both sides; every logit row against the CPU's (the same bf16 pages, f32 arithmetic).
+// The GPU's batch-invariant mode (absorbed everywhere, tensor cores) is measured beside it: both
+// round q, the keys and the softmax weights to bf16 for their products, so both sit near the
+// bf16 rounding of one product (2^-9 relative) and the bound is 10x that.
+TEST(RandomWeightsCuda, MlaExpandedPrefillMatchesCpu) {
+  ASSERT_TRUE(device_available(Device::kCuda).ok());
+  const uint64_t seed = gpu_test_seed();
+  std::mt19937_64 rng(seed + 7);
+  const absl::StatusOr<ModelConfig> cfg = parse_model_config(kKimiMlaHeads);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  auto cpu = random_model(*cfg, seed, Placement{.dtype = WeightDType::kF32});
+  auto gpu =
+      random_model(*cfg, seed, Placement{.device = Device::kCuda, .dtype = WeightDType::kF32});
+  ASSERT_TRUE(cpu && gpu);
+  const int64_t page = 16;
+  CacheStore::Options opt{
+      .num_pages = 80, .page_size = page, .num_slots = 4, .kv_dtype = DType::kBF16};
+  CacheStore::Options gopt = opt;
+  gopt.device = Device::kCuda;
+  const std::vector<int32_t> a = random_ids(500, cfg->vocab_size, rng);
+  const std::vector<int32_t> b = random_ids(7, cfg->vocab_size, rng);
+  std::vector<int32_t> table_a(40), table_b(4);
+  for (int i = 0; i < 40; ++i) table_a[i] = 79 - 2 * i;  // scattered pages
+  for (int i = 0; i < 4; ++i) table_b[i] = 2 * i;
+  // Round 0: b[0, 6) and a[0, 300); round 1: b[6] (a decode row) and a[300, 500).
+  auto run = [&](const Model& m, CacheStore& store, bool invariant) {
+    std::vector<Tensor> out;
+    if (store.has_linear()) {
+      store.reset_slot(1);
+      store.reset_slot(2);
+    }
+    for (int round = 0; round < 2; ++round) {
+      ForwardBatch fb;
+      fb.store = &store;
+      fb.batch_invariant = invariant;
+      const int64_t a0 = round == 0 ? 0 : 300, an = round == 0 ? 300 : 200;
+      const int64_t b0 = round == 0 ? 0 : 6, bn = round == 0 ? 6 : 1;
+      fb.token_ids.assign(b.begin() + b0, b.begin() + b0 + bn);
+      fb.token_ids.insert(fb.token_ids.end(), a.begin() + a0, a.begin() + a0 + an);
+      fb.seqs.push_back(
+          {.num_tokens = bn, .logits = LogitsMode::kAll, .start = b0, .slot = 2, .pages = table_b});
+      fb.seqs.push_back(
+          {.num_tokens = an, .logits = LogitsMode::kAll, .start = a0, .slot = 1, .pages = table_a});
+      absl::StatusOr<Tensor> logits = m.forward(fb);
+      EXPECT_TRUE(logits.ok()) << logits.status();
+      out.push_back(logits.ok() ? logits->to(Device::kCpu) : Tensor());
+    }
+    return out;
+  };
+  auto cs = CacheStore::create(cpu->config(), opt);
+  auto gs = CacheStore::create(gpu->config(), gopt);
+  ASSERT_TRUE(cs.ok() && gs.ok()) << cs.status() << gs.status();
+  const std::vector<Tensor> ref = run(*cpu, **cs, false);
+  const std::vector<Tensor> expanded = run(*gpu, **gs, false);
+  const std::vector<Tensor> absorbed = run(*gpu, **gs, true);
+  double err_x = 0, err_a = 0;
+  for (int round = 0; round < 2; ++round) {
+    err_x = std::max(err_x, rel_l2(expanded[round], ref[round]));
+    err_a = std::max(err_a, rel_l2(absorbed[round], ref[round]));
+  }
+  std::printf("GPUINFO mla_heads_absorbed_invariant_vs_cpu %.3e\n", err_a);
+  check("mla_heads_expanded_prefill_vs_cpu", err_x, 10 * std::ldexp(1.0, -9));
+}
+
 std::string bench_config(const char* name) {
   if (const char* env = std::getenv("LOOM_BENCH_CONFIGS")) return std::string(env) + "/" + name;
   return std::string("bench/configs/") + name;  // run.sh runs from the repository root
