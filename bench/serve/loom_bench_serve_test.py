@@ -168,6 +168,34 @@ def test_measures(server, tmp):
     check(len(png) > 1000 and png[:8] == b"\x89PNG\r\n\x1a\n", "plot is a PNG (%d bytes)" % len(png))
 
 
+def test_logprobs_time_every_request(server, tmp):
+    # With --logprobs every token streams a chunk, so requests whose tokens the fixture's
+    # tokenizer cannot decode are timed too: no level reports requests without text.
+    out_json = os.path.join(tmp, "logprobs.json")
+    requests, output_len = 6, 8
+    rc, out, err = bench("serve", "--url", server.url, "--concurrency", "2", "--requests",
+                         str(requests), "--input_len", "12", "--output_len", str(output_len),
+                         "--seed", "3", "--logprobs", "--json", out_json, "--timeout_s", "60")
+    print(out, err, sep="\n", flush=True)
+    if not check(rc == 0, "loom-bench serve --logprobs exits 0 (got %d)" % rc):
+        return
+    with open(out_json) as f:
+        report = json.load(f)
+    check(report["settings"]["logprobs"] is True, "JSON settings say logprobs")
+    for l in report["levels"]:
+        per = l["per_request"]
+        check(l["ok"] == requests and l["no_text"] == 0,
+              "every request timed with logprobs: ok %d, no_text %d" % (l["ok"], l["no_text"]))
+        # At most a chunk per token (tokens the pump delivers together share one), plus one for
+        # text held back until the end (an unfinished UTF-8 sequence, flushed with the finish).
+        check(all(p["ttft_ms"] is not None and 0 < p["ttft_ms"] <= p["e2e_ms"] and
+                  1 <= p["text_chunks"] <= output_len + 1 for p in per),
+              "each request has a TTFT within its e2e and 1..%d chunks: %s" %
+              (output_len + 1,
+               [(p["ttft_ms"], p["e2e_ms"], p["text_chunks"]) for p in per]))
+        check(l["tpot_ms"] is not None, "TPOT reported")
+
+
 def test_failed_requests_are_counted(server, tmp):
     # Prompt ids beyond the vocabulary: the server answers 400. With a warm-up that is reported at
     # once; without, every measured request is a counted failure and the exit status is 1.
@@ -274,6 +302,8 @@ def main():
         server = Server()  # defaults, prefix cache on: random prompts must not hit it
         print("== test_measures", flush=True)
         test_measures(server, tmp)
+        print("== test_logprobs_time_every_request", flush=True)
+        test_logprobs_time_every_request(server, tmp)
         print("== test_long_prompt", flush=True)
         test_long_prompt(server, tmp)
         print("== test_failed_requests_are_counted", flush=True)

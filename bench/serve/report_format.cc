@@ -107,9 +107,10 @@ std::string format_markdown(const RunInfo& info, const std::vector<LevelReport>&
                                  info.started_at, "\n\n");
   absl::StrAppend(&out, "- Workload: random token-id prompts of ", o.input_len, " tokens (ids in [",
                   o.vocab_lo, ", ", o.vocab_hi, "), seed ", o.seed, "), ", o.output_len,
-                  " output tokens each (ignore_eos, temperature 0), streamed; closed loop per "
-                  "level; ",
-                  o.warmup, " warm-up requests before the first level.\n");
+                  " output tokens each (ignore_eos, temperature 0",
+                  o.logprobs ? ", logprobs 0: every token streams a chunk" : "",
+                  "), streamed; closed loop per level; ", o.warmup,
+                  " warm-up requests before the first level.\n");
   std::vector<std::string> counts;
   for (const LevelReport& r : levels) counts.push_back(absl::StrCat(r.requests));
   absl::StrAppend(&out, "- Requests per level: ", absl::StrJoin(counts, ", "),
@@ -141,6 +142,7 @@ json report_json(const RunInfo& info, const std::vector<LevelReport>& levels) {
                    {"timeout_s", o.timeout_s},
                    {"temperature", 0},
                    {"ignore_eos", true},
+                   {"logprobs", o.logprobs},
                    {"stream", true}};
   json out_levels = json::array();
   for (const LevelReport& r : levels) {

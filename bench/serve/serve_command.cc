@@ -37,6 +37,7 @@ class BodyMaker {
     params_.max_tokens = o.output_len;
     params_.temperature = 0;
     params_.ignore_eos = true;
+    params_.logprobs = o.logprobs;
   }
 
   std::vector<std::string> make(int count) {

@@ -32,6 +32,11 @@ ABSL_FLAG(int, vocab_hi, 0,
           "Upper bound (exclusive) of prompt token ids; 0: the server's tokenizer vocabulary "
           "size, `loom_vocab_size` in loom-server's GET /v1/models (other servers: set it).");
 ABSL_FLAG(int, warmup, 2, "Requests sent one at a time before the first level and not measured.");
+ABSL_FLAG(bool, logprobs, false,
+          "Ask for each token's logprob (logprobs: 0), so that every token streams a chunk even "
+          "where it decodes to no text (a tokenizer smaller than the model's vocabulary, random "
+          "weights): TTFT, ITL and TPOT then cover every request. The server computes the "
+          "logprobs too, which costs a little.");
 ABSL_FLAG(double, timeout_s, 600,
           "Seconds to wait for the server at any one step (connect: at most 10).");
 ABSL_FLAG(std::string, markdown, "", "Append a Markdown section (settings and the table) to FILE.");
@@ -97,6 +102,7 @@ absl::StatusOr<ServeOptions> serve_options_from_flags() {
   o.vocab_hi = absl::GetFlag(FLAGS_vocab_hi);
   o.seed = absl::GetFlag(FLAGS_seed);
   o.warmup = absl::GetFlag(FLAGS_warmup);
+  o.logprobs = absl::GetFlag(FLAGS_logprobs);
   o.timeout_s = absl::GetFlag(FLAGS_timeout_s);
   o.json_path = absl::GetFlag(FLAGS_json);
   o.markdown_path = absl::GetFlag(FLAGS_markdown);

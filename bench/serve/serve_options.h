@@ -22,6 +22,9 @@ struct ServeOptions {
   int vocab_hi = 0;  // 0: the server's tokenizer vocabulary size, loom_vocab_size of GET /v1/models
   uint64_t seed = 0;
   int warmup = 2;
+  // Ask for each token's logprob, so that every token streams a chunk even where it decodes to no
+  // text (a model vocabulary larger than its tokenizer's: random weights, fixtures).
+  bool logprobs = false;
   double timeout_s = 600;
   std::string json_path;
   std::string markdown_path;

@@ -27,7 +27,7 @@ RequestRecord run_stream_request(client::HttpClient& client, const std::string& 
   RequestRecord r;
   absl::Status chunk_error;
   std::optional<client::Usage> usage;
-  std::optional<Clock::time_point> last_text;
+  std::optional<Clock::time_point> last_token;
   bool done = false;
   const Clock::time_point start = Clock::now();
   auto reply = client.post_sse("/v1/completions", body, [&](std::string_view data) {
@@ -42,13 +42,14 @@ RequestRecord run_stream_request(client::HttpClient& client, const std::string& 
       done = true;
       return false;
     }
-    if (!chunk->text.empty()) {
-      if (last_text) {
-        r.itl_s.push_back(seconds_between(*last_text, now));
+    // A token arrived: text, or (with logprobs) a token that decodes to no text yet.
+    if (!chunk->text.empty() || chunk->logprob_tokens > 0) {
+      if (last_token) {
+        r.itl_s.push_back(seconds_between(*last_token, now));
       } else {
         r.ttft_s = seconds_between(start, now);
       }
-      last_text = now;
+      last_token = now;
     }
     if (chunk->usage) usage = chunk->usage;
     return true;
@@ -61,7 +62,7 @@ RequestRecord run_stream_request(client::HttpClient& client, const std::string& 
   if (!chunk_error.ok()) return failed(std::string(chunk_error.message()));
   if (!done) return failed("the stream ended before [DONE]");
   if (!usage) return failed("the stream had no usage chunk (stream_options.include_usage)");
-  r.has_text = last_text.has_value();
+  r.has_text = last_token.has_value();
   r.output_tokens = usage->completion_tokens;
   r.ok = true;
   return r;

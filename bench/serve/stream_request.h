@@ -17,10 +17,11 @@ struct RequestRecord {
   // False when the stream finished without any text: every token decoded to nothing the server
   // could send yet (ids beyond the tokenizer's vocabulary, as in fixtures whose model vocabulary
   // is larger; or an unfinished UTF-8 sequence). Such a request is ok (its tokens count) but
-  // has no TTFT, ITL or TPOT.
+  // has no TTFT, ITL or TPOT. With logprobs requested every token streams a chunk, so a chunk
+  // with a token's logprob counts as text here.
   bool has_text = false;
-  double ttft_s = 0;          // to the first chunk with non-empty text; when has_text
-  std::vector<double> itl_s;  // gaps between successive non-empty text chunks
+  double ttft_s = 0;  // to the first chunk with non-empty text (or a logprob); when has_text
+  std::vector<double> itl_s;  // gaps between successive such chunks
   double e2e_s = 0;           // to the end of the stream ([DONE])
   int64_t output_tokens = 0;  // usage.completion_tokens of the stream's usage chunk
 };

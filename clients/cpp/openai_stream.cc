@@ -75,12 +75,14 @@ std::optional<Usage> usage_of(const json& j) {
 json completion_request(const GenerationParams& params, json prompt, bool stream) {
   json j = common_fields(params, stream);
   j["prompt"] = std::move(prompt);
+  if (params.logprobs) j["logprobs"] = 0;
   return j;
 }
 
 json chat_request(const GenerationParams& params, const std::vector<ChatMessage>& messages,
                   bool stream) {
   json j = common_fields(params, stream);
+  if (params.logprobs) j["logprobs"] = true;
   json m = json::array();
   for (const ChatMessage& msg : messages)
     m.push_back({{"role", msg.role}, {"content", msg.content}});
@@ -106,6 +108,11 @@ absl::StatusOr<StreamChunk> parse_stream_chunk(std::string_view data, bool chat)
       out.text = string_or_empty(*c, "text");
     }
     out.finish_reason = string_or_empty(*c, "finish_reason");
+    auto lp = c->find("logprobs");
+    if (lp != c->end() && lp->is_object()) {
+      auto list = lp->find(chat ? "content" : "tokens");
+      if (list != lp->end() && list->is_array()) out.logprob_tokens = std::ssize(*list);
+    }
   }
   return out;
 }

@@ -23,6 +23,9 @@ struct GenerationParams {
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   bool ignore_eos = false;  // Loom extension: benchmarks generate exactly max_tokens
+  // Each token's logprob (completions: "logprobs": 0; chat: "logprobs": true). Streamed, every
+  // token then arrives in a chunk even where it decodes to no text yet.
+  bool logprobs = false;
 };
 
 struct ChatMessage {
@@ -44,9 +47,12 @@ struct Usage {
 
 // What one `data:` payload of a completions or chat stream says about choice 0.
 struct StreamChunk {
-  bool done = false;           // the `[DONE]` sentinel
-  std::string text;            // text (completions) or delta.content (chat) of choice 0
-  std::string finish_reason;   // set on the choice's last chunk
+  bool done = false;          // the `[DONE]` sentinel
+  std::string text;           // text (completions) or delta.content (chat) of choice 0
+  std::string finish_reason;  // set on the choice's last chunk
+  // Tokens of choice 0's logprobs in this chunk (completions: logprobs.tokens; chat:
+  // logprobs.content); 0 when the request did not ask for logprobs.
+  int64_t logprob_tokens = 0;
   std::optional<Usage> usage;  // the usage chunk (stream_options.include_usage)
 };
 

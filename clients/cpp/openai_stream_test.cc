@@ -37,6 +37,14 @@ TEST(OpenAiStream, RequestBodiesCarryOnlyWhatWasSet) {
 
   json ids = completion_request(GenerationParams{}, json({1, 2, 3}), false);
   EXPECT_EQ(ids["prompt"], json({1, 2, 3}));
+  EXPECT_FALSE(ids.contains("logprobs"));
+
+  // Logprobs: the sampled token's alone (completions' 0; chat's true).
+  GenerationParams lp;
+  lp.logprobs = true;
+  EXPECT_EQ(completion_request(lp, "hi", true)["logprobs"], 0);
+  EXPECT_EQ(chat_request(lp, {{"user", "u"}}, true)["logprobs"], true);
+  EXPECT_FALSE(full.contains("logprobs"));
 }
 
 TEST(OpenAiStream, ParsesCompletionAndChatChunks) {
@@ -82,6 +90,24 @@ TEST(OpenAiStream, ParsesCompletionAndChatChunks) {
       R"({"choices":[{"index":0,"delta":{"content":null,"tool_calls":[]}}]})", true);
   ASSERT_TRUE(tool.ok());
   EXPECT_EQ(tool->text, "");
+  EXPECT_EQ(tool->logprob_tokens, 0);
+
+  // With logprobs, tokens that decode to no text still arrive: counted from the logprobs lists.
+  auto lp = parse_stream_chunk(
+      R"({"choices":[{"index":0,"text":"","logprobs":{"tokens":["",""],"token_logprobs":[-1.5,-0.25],"top_logprobs":null,"text_offset":[3,3]},"finish_reason":null}]})",
+      false);
+  ASSERT_TRUE(lp.ok()) << lp.status();
+  EXPECT_EQ(lp->text, "");
+  EXPECT_EQ(lp->logprob_tokens, 2);
+  auto chat_lp = parse_stream_chunk(
+      R"({"choices":[{"index":0,"delta":{"content":""},"logprobs":{"content":[{"token":"","logprob":-2.0,"bytes":[],"top_logprobs":[]}],"refusal":null}}]})",
+      true);
+  ASSERT_TRUE(chat_lp.ok()) << chat_lp.status();
+  EXPECT_EQ(chat_lp->logprob_tokens, 1);
+  // A logprobs field of another shape counts no token rather than failing.
+  auto odd_lp = parse_stream_chunk(R"({"choices":[{"index":0,"text":"a","logprobs":[1]}]})", false);
+  ASSERT_TRUE(odd_lp.ok());
+  EXPECT_EQ(odd_lp->logprob_tokens, 0);
 }
 
 TEST(OpenAiStream, ErrorsAndGarbageAreErrors) {
