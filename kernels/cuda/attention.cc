@@ -6,6 +6,7 @@
 #include "kernels/cuda/attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -361,7 +362,22 @@ void run_latent(cudaStream_t stream, const launch::AttnArgs& a, const LatentPlan
   }
 }
 
+// Bytes of the absorbed path's call buffer (mla()): the schedule, latent queries and outputs,
+// split partials, and kv_b rounded to bf16 where its projections are bf16 GEMMs.
+size_t absorbed_bytes(const LatentPlan& p, int64_t N, int64_t B, int64_t H, int64_t R, int64_t dr,
+                      int64_t dn, int64_t dv, bool bf16_gemms) {
+  return align256(launch::attn_schedule_bytes(p.bounds, N, B)) +
+         align256(static_cast<size_t>(N) * H * (R + dr) * 4) +
+         align256(static_cast<size_t>(N) * H * R * 4) +
+         align256(static_cast<size_t>(p.bounds.parts) * H * R * 4) +
+         align256(static_cast<size_t>(p.bounds.parts) * H * 2 * 4) +
+         (bf16_gemms ? align256(static_cast<size_t>(H) * (dn + dv) * R * 2) : 0);
+}
+
 // ---- MLA, expanded form -----------------------------------------------------------------------
+
+// Sequences the expanded form has run, process-wide (mla_expanded_sequences_run()).
+std::atomic<uint64_t> g_expanded_sequences{0};
 
 // Keys per expansion block at least (a block's GEMM and attention pass should be long enough to
 // fill the GPU); a chunk of T new rows takes max(T, this) keys a block, so the block's memory
@@ -404,14 +420,28 @@ void mla(const Exec& ex, const Tensor& q, const Tensor& latent_pool, const Tenso
 // sub-batches (each maximal run of them, its row offsets shifted to start at 0), then each
 // expanded sequence over its keys in blocks: gather the block's latent and rope rows out of the
 // pages, expand them with kv_b (one bf16 GEMM: k_nope and v of every head), attend.
-void mla_mixed(const Exec& ex, const Tensor& q, const Tensor& latent_pool, const Tensor& rope_pool,
-               const Tensor& page_table, const Tensor& cu_seqlens, const Tensor& past_lens,
-               const Tensor& kv_b, const MlaDims& dims, float scale, const Tensor& out,
-               const AttentionTuning& tuning, const VarlenHostLens& host,
-               const std::vector<char>& expanded) {
+void mla_mixed(const char* fn, const Exec& ex, const MlaCall& c, const Tensor& q,
+               const Tensor& latent_pool, const Tensor& rope_pool, const Tensor& page_table,
+               const Tensor& cu_seqlens, const Tensor& past_lens, const Tensor& kv_b,
+               const MlaDims& dims, float scale, const Tensor& out, const AttentionTuning& tuning,
+               const VarlenHostLens& host, const std::vector<char>& expanded) {
   const int64_t B = static_cast<int64_t>(expanded.size());
   const int64_t* cu = host.cu_seqlens;
   const cudaStream_t stream = stream_of(ex);
+  const int64_t ps = latent_pool.dim(1), cols = page_table.dim(1);
+  // The host lens must describe the call (the device tensors are not read back to compare).
+  LOOM_CHECK(cu[0] == 0 && cu[B] == c.N, "%s: host cu_seqlens run from %lld to %lld for %lld rows",
+             fn, static_cast<long long>(cu[0]), static_cast<long long>(cu[B]),
+             static_cast<long long>(c.N));
+  for (int64_t b = 0; b < B; ++b) {
+    LOOM_CHECK(cu[b + 1] >= cu[b] && host.past_lens[b] >= 0 &&
+                   host.past_lens[b] + (cu[b + 1] - cu[b]) <= cols * ps,
+               "%s: sequence %lld: %lld rows after %lld cached positions do not fit its %lld "
+               "page-table columns of %lld",
+               fn, static_cast<long long>(b), static_cast<long long>(cu[b + 1] - cu[b]),
+               static_cast<long long>(host.past_lens[b]), static_cast<long long>(cols),
+               static_cast<long long>(ps));
+  }
   for (int64_t b0 = 0; b0 < B;) {
     if (expanded[b0]) {
       ++b0;
@@ -449,17 +479,23 @@ void mla_mixed(const Exec& ex, const Tensor& q, const Tensor& latent_pool, const
   const size_t kv16_bytes = align256(static_cast<size_t>(kvw) * R * 2);
   const size_t q16_bytes = act_bf16 ? 0 : align256(static_cast<size_t>(max_rows) * H * dq * 2);
   const size_t lat_bytes = align256(static_cast<size_t>(max_block) * R * 2);
-  const size_t rope_bytes = align256(static_cast<size_t>(max_block) * std::max<int64_t>(dr, 1) * 2);
+  const size_t rope_bytes = align256(static_cast<size_t>(max_block) * dr * 2);
   const size_t kvx_bytes = align256(static_cast<size_t>(max_block) * kvw * 2);
   // The running state across key blocks, taken whatever the context so that the step memory the
   // engine profiles (one prefill from position 0: one block) covers long contexts too.
   const size_t acc_bytes = align256(static_cast<size_t>(max_rows) * H * dv * 4);
   const size_t ml_bytes = align256(static_cast<size_t>(max_rows) * H * 2 * 4);
   size_t total = kv16_bytes + q16_bytes + lat_bytes + rope_bytes + kvx_bytes + acc_bytes + ml_bytes;
-  // At least what the absorbed form takes for as many rows (its latent queries and outputs), so
-  // that a step whose rows run absorbed (many short chunks) never needs more than the profile.
-  total =
-      std::max(total, align256(static_cast<size_t>(max_rows) * H * (2 * R + dr) * 4) + kv16_bytes);
+  // At least what the absorbed form would take for as many rows, each its own sequence (the most
+  // split partials), so that the step memory the engine profiles (one prefill from position 0,
+  // which runs here) also covers a step whose rows all run absorbed (many short chunks).
+  {
+    MlaCall worst = c;
+    worst.N = max_rows;
+    worst.B = max_rows;
+    const LatentPlan wp = plan_latent(fn, ex, worst, tuning);
+    total = std::max(total, absorbed_bytes(wp, max_rows, max_rows, H, R, dr, dn, dv, true));
+  }
   const CallBuffer buf(ex, total);
   char* at = buf.get();
   auto carve = [&](size_t bytes) {
@@ -476,9 +512,9 @@ void mla_mixed(const Exec& ex, const Tensor& q, const Tensor& latent_pool, const
   float* ml = reinterpret_cast<float*>(carve(ml_bytes));
   launch::copy_2d(stream, kv16, true, R, kv_b.raw(), false, R, kvw, R);
 
-  const int64_t ps = latent_pool.dim(1), cols = page_table.dim(1);
   for (int64_t b = 0; b < B; ++b) {
     if (!expanded[b]) continue;
+    g_expanded_sequences.fetch_add(1, std::memory_order_relaxed);
     const int64_t r0 = cu[b], T = cu[b + 1] - cu[b], P = host.past_lens[b], S = P + T;
     const int64_t kb = key_block(T);
     launch::MlaExpandedArgs a;
@@ -508,8 +544,9 @@ void mla_mixed(const Exec& ex, const Tensor& q, const Tensor& latent_pool, const
     a.out_f32 = !act_bf16;
     for (int64_t k0 = 0; k0 < S; k0 += kb) {
       const int64_t nk = std::min(kb, S - k0);
-      launch::mla_gather_keys(stream, latent_pool.raw(), dr > 0 ? rope_pool.raw() : nullptr, R, dr,
-                              page_table.data<int32_t>() + b * cols, ps, k0, nk, lat, rope);
+      launch::mla_gather_keys(stream, latent_pool.raw(), rope_pool.raw(), R, dr,
+                              page_table.data<int32_t>() + b * cols, ps, latent_pool.dim(0), k0, nk,
+                              lat, rope);
       gemm_strided_batched(ex, 1, nk, kvw, R, lat, GemmElem::kBF16, R, 0, kv16, GemmElem::kBF16, R,
                            0, /*trans_b=*/true, kvx, GemmElem::kBF16, kvw, 0);
       a.key0 = k0;
@@ -550,14 +587,16 @@ void mla(const Exec& ex, const Tensor& q, const Tensor& latent_pool, const Tenso
   MlaCall c = check_latent(fn, latent_pool, rope_pool, page_table, cu_seqlens, past_lens, N, H, R,
                            dr, scale);
   if (N == 0 || c.B == 0) return;
-  LOOM_CHECK(tuning.mla_form != 2 || (host.known() && mla_expanded_shapes(latent_pool, dims)),
-             "%s: the expanded form needs the host lens, bf16 pools and dn = dv = 128, dr = 64",
+  LOOM_CHECK(tuning.mla_form != 2 ||
+                 (host.known() && !ex.batch_invariant && mla_expanded_shapes(latent_pool, dims)),
+             "%s: the expanded form needs the host lens, bf16 pools, dn = dv = 128, dr = 64 and "
+             "not batch-invariant numerics",
              fn);
   const std::vector<char> expanded =
       mla_expanded_sequences(ex, latent_pool, dims, tuning, host, c.B);
   if (!expanded.empty()) {
-    return mla_mixed(ex, q, latent_pool, rope_pool, page_table, cu_seqlens, past_lens, kv_b, dims,
-                     scale, out, tuning, host, expanded);
+    return mla_mixed(fn, ex, c, q, latent_pool, rope_pool, page_table, cu_seqlens, past_lens, kv_b,
+                     dims, scale, out, tuning, host, expanded);
   }
   const LatentPlan p = plan_latent(fn, ex, c, tuning);
   const bool act_bf16 = q.dtype() == DType::kBF16;
@@ -580,9 +619,7 @@ void mla(const Exec& ex, const Tensor& q, const Tensor& latent_pool, const Tenso
   const size_t olat_bytes = align256(static_cast<size_t>(N) * H * R * 4);
   const size_t acc_bytes = align256(static_cast<size_t>(p.bounds.parts) * H * R * 4);
   const size_t ml_bytes = align256(static_cast<size_t>(p.bounds.parts) * H * 2 * 4);
-  const size_t kv16_bytes = bf16_gemms ? align256(static_cast<size_t>(H) * (dn + dv) * R * 2) : 0;
-  const CallBuffer buf(ex,
-                       sched_bytes + qlat_bytes + olat_bytes + acc_bytes + ml_bytes + kv16_bytes);
+  const CallBuffer buf(ex, absorbed_bytes(p, N, c.B, H, R, dr, dn, dv, bf16_gemms));
   char* at = buf.get();
   launch::AttnArgs& a = c.a;
   a.probe = tuning.probe;
@@ -672,6 +709,10 @@ void mla_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& latent_
                           const VarlenHostLens& host) {
   mla(ex, q, latent_pool, rope_pool, page_table, cu_seqlens, past_lens, kv_b, dims, scale, out,
       AttentionTuning{}, host);
+}
+
+uint64_t mla_expanded_sequences_run() {
+  return g_expanded_sequences.load(std::memory_order_relaxed);
 }
 
 void mla_attention_varlen_tuned(const Exec& ex, const Tensor& q, const Tensor& latent_pool,

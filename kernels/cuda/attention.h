@@ -49,6 +49,9 @@ void mla_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& latent_
 // per-sequence launches (a gather, a GEMM and an attention pass per key block) cost more than
 // the absorbed form's batched kernels save.
 inline constexpr int64_t kMlaExpandedMinRows = 128;
+// Sequences MLA's expanded form has run since the process started (tests check that a call took
+// it: the absorbed form computes the same function within their bounds).
+uint64_t mla_expanded_sequences_run();
 
 // Knobs for tests and benchmarks; zero fields keep the defaults the two ops above use. All but
 // `probe` change only how the result is computed (and so its rounding); `probe` breaks it on

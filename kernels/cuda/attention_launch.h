@@ -187,11 +187,12 @@ void mla_project_out(cudaStream_t stream, const float* o_lat, const float* part_
                      bool act_bf16, int64_t N, int64_t H, int64_t dn, int64_t dv, int64_t R);
 
 // MLA's expanded form (kernels/cuda/mla_key_gather.cu): keys [key0, key0 + nk) of one sequence,
-// whose page-table row is `pages` (device), copied out of bf16 pools into contiguous rows: lat
-// [nk, R] and rope [nk, dr] bf16. R and dr multiples of 8 (16-byte rows; dr may be 0).
+// whose page-table row is `pages` (device, covering those positions), copied out of bf16 pools of
+// num_pages pages into contiguous rows: lat [nk, R] and rope [nk, dr] bf16 (a page id outside
+// the pool is not read: zeros). R and dr multiples of 8 (16-byte rows; dr may be 0).
 void mla_gather_keys(cudaStream_t stream, const void* latent_pool, const void* rope_pool, int64_t R,
-                     int64_t dr, const int32_t* pages, int64_t page_size, int64_t key0, int64_t nk,
-                     void* lat, void* rope);
+                     int64_t dr, const int32_t* pages, int64_t page_size, int64_t num_pages,
+                     int64_t key0, int64_t nk, void* lat, void* rope);
 // out[i] = cu[i] - cu[0] for i < n (a sub-batch's cu_seqlens, rows counted from its first).
 void shift_offsets(cudaStream_t stream, const int64_t* cu, int64_t n, int64_t* out);
 

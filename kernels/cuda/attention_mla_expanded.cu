@@ -434,6 +434,10 @@ void mla_expanded_attention(cudaStream_t stream, const MlaExpandedArgs& a) {
                        static_cast<long long>(a.past), static_cast<long long>(a.key0));
   MLA_EXPANDED_REQUIRE(a.scale > 0.0f && std::isfinite(a.scale), "scale %g must be positive",
                        a.scale);
+  // An empty first block that is not also the last would leave the state uninitialised for the
+  // next launch to read.
+  MLA_EXPANDED_REQUIRE(a.nk > 0 || !a.first || a.last,
+                       "an empty first key block (nk 0) must also be the last");
   if (a.T == 0) return;
   if (a.nk == 0 && (a.first || !a.last)) return;
   MLA_EXPANDED_REQUIRE(aligned16(a.q) && aligned16(a.kv) && aligned16(a.k_rope),

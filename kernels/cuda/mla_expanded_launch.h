@@ -60,7 +60,8 @@ bool mla_expanded_supported(int dn, int dr, int dv);
 // their state bit for bit; with `last` every row is normalised and written (a row with no key at
 // all gets 0). T = 0, or nk = 0 unless last && !first, does nothing. Aborts with a message on
 // unsupported dims, pointers not 16-byte aligned, row strides not multiples of 8 elements, a
-// non-positive scale, or missing acc/ml/out where they are needed.
+// non-positive scale, missing acc/ml/out where they are needed, or an empty first block that is
+// not also the last (it would leave the state uninitialised).
 void mla_expanded_attention(cudaStream_t stream, const MlaExpandedArgs& a);
 
 }  // namespace loom::cuda::launch

@@ -14,19 +14,25 @@ namespace {
 constexpr int kGatherWarps = 8;
 
 // One warp per key: its latent row (R bf16) then its rope row (dr bf16), 16 bytes a lane a step.
+// A page id outside the pool is not read: the key's rows are zeros.
 __global__ void __launch_bounds__(kGatherWarps * 32)
     mla_gather_keys_kernel(const uint4* __restrict__ latent_pool,
                            const uint4* __restrict__ rope_pool, int lat_vecs, int rope_vecs,
-                           const int32_t* __restrict__ pages, int64_t page_size, int64_t key0,
-                           int64_t nk, uint4* __restrict__ lat, uint4* __restrict__ rope) {
+                           const int32_t* __restrict__ pages, int64_t page_size, int64_t num_pages,
+                           int64_t key0, int64_t nk, uint4* __restrict__ lat,
+                           uint4* __restrict__ rope) {
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kGatherWarps + threadIdx.x / 32;
   if (j >= nk) return;
   const int lane = threadIdx.x % 32;
   const int64_t pos = key0 + j;
-  const int64_t row = static_cast<int64_t>(pages[pos / page_size]) * page_size + pos % page_size;
-  for (int v = lane; v < lat_vecs; v += 32) lat[j * lat_vecs + v] = latent_pool[row * lat_vecs + v];
+  const int64_t page = pages[pos / page_size];
+  const bool inside = page >= 0 && page < num_pages;
+  const int64_t row = inside ? page * page_size + pos % page_size : 0;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  for (int v = lane; v < lat_vecs; v += 32)
+    lat[j * lat_vecs + v] = inside ? latent_pool[row * lat_vecs + v] : zero;
   for (int v = lane; v < rope_vecs; v += 32)
-    rope[j * rope_vecs + v] = rope_pool[row * rope_vecs + v];
+    rope[j * rope_vecs + v] = inside ? rope_pool[row * rope_vecs + v] : zero;
 }
 
 __global__ void shift_offsets_kernel(const int64_t* __restrict__ cu, int64_t n,
@@ -40,13 +46,13 @@ __global__ void shift_offsets_kernel(const int64_t* __restrict__ cu, int64_t n,
 namespace launch {
 
 void mla_gather_keys(cudaStream_t stream, const void* latent_pool, const void* rope_pool, int64_t R,
-                     int64_t dr, const int32_t* pages, int64_t page_size, int64_t key0, int64_t nk,
-                     void* lat, void* rope) {
+                     int64_t dr, const int32_t* pages, int64_t page_size, int64_t num_pages,
+                     int64_t key0, int64_t nk, void* lat, void* rope) {
   if (nk <= 0) return;
   const int64_t blocks = (nk + kGatherWarps - 1) / kGatherWarps;
   mla_gather_keys_kernel<<<static_cast<unsigned>(blocks), kGatherWarps * 32, 0, stream>>>(
       static_cast<const uint4*>(latent_pool), static_cast<const uint4*>(rope_pool),
-      static_cast<int>(R / 8), static_cast<int>(dr / 8), pages, page_size, key0, nk,
+      static_cast<int>(R / 8), static_cast<int>(dr / 8), pages, page_size, num_pages, key0, nk,
       static_cast<uint4*>(lat), static_cast<uint4*>(rope));
   LOOM_CUDA_CHECK_LAUNCH();
 }

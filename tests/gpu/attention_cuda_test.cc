@@ -43,6 +43,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/workspace.h"
 #include "kernels/attention.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/device.h"
@@ -497,10 +498,37 @@ TEST(AttentionCuda, MlaExpandedForm) {
       mla_attention_varlen(host_exec(), in.q, in.latent, in.rope, s.table, s.cu_h, s.past_h,
                            in.kv_b, c.dims, in.scale, ref);
       const VarlenHostLens lens_h{s.cu_h.data<int64_t>(), s.past_h.data<int64_t>()};
+      // The sequences that must take the expanded form (the rest run absorbed).
+      uint64_t want = 0;
+      for (int64_t b = 0; b < s.B; ++b) {
+        const int64_t T = s.lens[b];
+        want +=
+            T > 0 && (v.tuning.mla_form == 2 ||
+                      (T >= cuda::kMlaExpandedMinRows &&
+                       mla_attention_form(T, s.past[b] + T, c.dims, false) == MlaForm::kExpanded));
+      }
+      ASSERT_GT(want, 0u) << v.name;
+      // Through a step workspace, as the engine runs it: the first call overflows it (fresh
+      // allocations), reset() grows it to the high-water mark, the second carves every buffer
+      // out of the block (the sub-batches' regions released and reused by the expanded part).
+      Workspace ws(Device::kCuda);
+      Exec ex = gpu();
+      ex.workspace = &ws;
+      const uint64_t before = cuda::mla_expanded_sequences_run();
       const Tensor o = poisoned({s.N, c.dims.heads, c.dims.v_dim}, c.act);
-      cuda::mla_attention_varlen_tuned(gpu(), in.qd, in.latent_d, in.rope_d, s.table_d, s.cu_d,
+      cuda::mla_attention_varlen_tuned(ex, in.qd, in.latent_d, in.rope_d, s.table_d, s.cu_d,
                                        s.past_d, in.kv_b_d, c.dims, in.scale, o, c.tuning, lens_h);
+      EXPECT_EQ(cuda::mla_expanded_sequences_run() - before, want) << v.name;
       report("mla_expanded_" + v.name + "_order" + std::to_string(order), rel_l2(o, ref), c.tol);
+      cuda::synchronize();
+      ws.reset();
+      const uint64_t overflows = ws.overflow_allocations();
+      const Tensor o2 = poisoned({s.N, c.dims.heads, c.dims.v_dim}, c.act);
+      cuda::mla_attention_varlen_tuned(ex, in.qd, in.latent_d, in.rope_d, s.table_d, s.cu_d,
+                                       s.past_d, in.kv_b_d, c.dims, in.scale, o2, c.tuning, lens_h);
+      EXPECT_EQ(ws.overflow_allocations(), overflows)
+          << v.name << ": the second call fits the grown workspace";
+      EXPECT_TRUE(bit_equal(host(o2), host(o))) << v.name << ": the same bits from the workspace";
       // Each sequence alone (its rows' error, so that one sequence's mistake cannot hide in the
       // batch's norm).
       const Tensor oh = host(o).to_f32();

@@ -27,6 +27,7 @@
 #include "engine/model/model.h"
 #include "engine/model/random_weights.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/exec.h"
 #include "kernels/random_fill.h"
@@ -288,8 +289,13 @@ TEST(RandomWeightsCuda, MlaExpandedPrefillMatchesCpu) {
   auto gs = CacheStore::create(gpu->config(), gopt);
   ASSERT_TRUE(cs.ok() && gs.ok()) << cs.status() << gs.status();
   const std::vector<Tensor> ref = run(*cpu, **cs, false);
+  const uint64_t before = cuda::mla_expanded_sequences_run();
   const std::vector<Tensor> expanded = run(*gpu, **gs, false);
+  // The 300- and 200-row chunks of the one MLA layer took the expanded form; nothing else did.
+  EXPECT_EQ(cuda::mla_expanded_sequences_run() - before, 2u);
+  const uint64_t mid = cuda::mla_expanded_sequences_run();
   const std::vector<Tensor> absorbed = run(*gpu, **gs, true);
+  EXPECT_EQ(cuda::mla_expanded_sequences_run(), mid) << "batch-invariant mode runs absorbed";
   double err_x = 0, err_a = 0;
   for (int round = 0; round < 2; ++round) {
     err_x = std::max(err_x, rel_l2(expanded[round], ref[round]));
