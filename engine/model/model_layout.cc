@@ -146,10 +146,11 @@ absl::StatusOr<BatchLayout> Model::make_layout(const ForwardBatch& batch, const 
   layout.past_lens = step.on_device(step.past_lens);
   layout.state_slots = step.on_device(step.state_slots);
   layout.page_table = step.on_device(step.page_table);
-  // The step data's host views are refilled by the next step's packing (possibly while this one
-  // is still being enqueued), so the layout keeps copies of its own.
-  layout.host_cu_seqlens = step.cu_seqlens.clone();
-  layout.host_past_lens = step.past_lens.clone();
+  // Views of the packed host block, not copies (a decode step allocates nothing): valid until
+  // the step data's next begin(), and a layout serves the one forward that enqueues it right
+  // after (Model::forward, the decode graphs' capture), which reads them while enqueueing.
+  layout.host_cu_seqlens = step.cu_seqlens;
+  layout.host_past_lens = step.past_lens;
   return layout;
 }
 
