@@ -362,16 +362,20 @@ void run_latent(cudaStream_t stream, const launch::AttnArgs& a, const LatentPlan
   }
 }
 
-// Bytes of the absorbed path's call buffer (mla()): the schedule, latent queries and outputs,
-// split partials, and kv_b rounded to bf16 where its projections are bf16 GEMMs.
-size_t absorbed_bytes(const LatentPlan& p, int64_t N, int64_t B, int64_t H, int64_t R, int64_t dr,
-                      int64_t dn, int64_t dv, bool bf16_gemms) {
-  return align256(launch::attn_schedule_bytes(p.bounds, N, B)) +
-         align256(static_cast<size_t>(N) * H * (R + dr) * 4) +
-         align256(static_cast<size_t>(N) * H * R * 4) +
-         align256(static_cast<size_t>(p.bounds.parts) * H * R * 4) +
-         align256(static_cast<size_t>(p.bounds.parts) * H * 2 * 4) +
-         (bf16_gemms ? align256(static_cast<size_t>(H) * (dn + dv) * R * 2) : 0);
+// The absorbed path's call buffer (mla()), in carving order: the schedule, latent queries and
+// outputs, split partials, and kv_b rounded to bf16 where its projections are bf16 GEMMs.
+struct AbsorbedBuffer {
+  size_t sched, qlat, olat, acc, ml, kv16;
+  size_t total() const { return sched + qlat + olat + acc + ml + kv16; }
+};
+AbsorbedBuffer absorbed_buffer(const LatentPlan& p, int64_t N, int64_t B, int64_t H, int64_t R,
+                               int64_t dr, int64_t dn, int64_t dv, bool bf16_gemms) {
+  return {align256(launch::attn_schedule_bytes(p.bounds, N, B)),
+          align256(static_cast<size_t>(N) * H * (R + dr) * 4),
+          align256(static_cast<size_t>(N) * H * R * 4),
+          align256(static_cast<size_t>(p.bounds.parts) * H * R * 4),
+          align256(static_cast<size_t>(p.bounds.parts) * H * 2 * 4),
+          bf16_gemms ? align256(static_cast<size_t>(H) * (dn + dv) * R * 2) : 0};
 }
 
 // ---- MLA, expanded form -----------------------------------------------------------------------
@@ -494,7 +498,8 @@ void mla_mixed(const char* fn, const Exec& ex, const MlaCall& c, const Tensor& q
     worst.N = max_rows;
     worst.B = max_rows;
     const LatentPlan wp = plan_latent(fn, ex, worst, tuning);
-    total = std::max(total, absorbed_bytes(wp, max_rows, max_rows, H, R, dr, dn, dv, true));
+    total =
+        std::max(total, absorbed_buffer(wp, max_rows, max_rows, H, R, dr, dn, dv, true).total());
   }
   const CallBuffer buf(ex, total);
   char* at = buf.get();
@@ -614,26 +619,22 @@ void mla(const Exec& ex, const Tensor& q, const Tensor& latent_pool, const Tenso
                                 N > kMlaGemmMinRows && N > c.B && !projection_kernels_from_env();
   const bool bf16_gemms = gemm_projections && act_bf16;
 
-  const size_t sched_bytes = align256(launch::attn_schedule_bytes(p.bounds, N, c.B));
-  const size_t qlat_bytes = align256(static_cast<size_t>(N) * H * (R + dr) * 4);
-  const size_t olat_bytes = align256(static_cast<size_t>(N) * H * R * 4);
-  const size_t acc_bytes = align256(static_cast<size_t>(p.bounds.parts) * H * R * 4);
-  const size_t ml_bytes = align256(static_cast<size_t>(p.bounds.parts) * H * 2 * 4);
-  const CallBuffer buf(ex, absorbed_bytes(p, N, c.B, H, R, dr, dn, dv, bf16_gemms));
+  const AbsorbedBuffer sizes = absorbed_buffer(p, N, c.B, H, R, dr, dn, dv, bf16_gemms);
+  const CallBuffer buf(ex, sizes.total());
   char* at = buf.get();
   launch::AttnArgs& a = c.a;
   a.probe = tuning.probe;
   a.sync_handoff = tuning.sync_handoff || sync_handoff_from_env();
   a.sched = launch::attn_schedule_carve(at, p.bounds, N, c.B);
-  at += sched_bytes;
+  at += sizes.sched;
   float* q_lat = reinterpret_cast<float*>(at);
-  at += qlat_bytes;
+  at += sizes.qlat;
   float* o_lat = reinterpret_cast<float*>(at);
-  at += olat_bytes;
+  at += sizes.olat;
   a.part_acc = reinterpret_cast<float*>(at);
-  at += acc_bytes;
+  at += sizes.acc;
   a.part_ml = reinterpret_cast<float*>(at);
-  at += ml_bytes;
+  at += sizes.ml;
   uint16_t* kv16 = reinterpret_cast<uint16_t*>(at);
   // N H R bf16 fit in q_lat's N H (R + dr) f32.
   uint16_t* o16 = reinterpret_cast<uint16_t*>(q_lat);
