@@ -51,7 +51,8 @@ int64_t graph_page_cols(int64_t pages, int64_t max_cols) {
 std::string GraphCaptureReport::describe() const {
   return absl::StrCat("CUDA graphs: ", buckets.size(), " decode batch sizes (",
                       absl::StrJoin(buckets, ","), ") at ", page_cols, " page columns, ", nodes,
-                      " nodes, recorded in ", absl::StrFormat("%.2f", seconds), " s, ",
+                      " nodes (", programmatic_edges, " programmatic edges), recorded in ",
+                      absl::StrFormat("%.2f", seconds), " s, ",
                       absl::StrFormat("%.1f", device_bytes / 1048576.0), " MiB of device memory");
 }
 
@@ -83,6 +84,7 @@ absl::StatusOr<GraphCaptureReport> DecodeGraphs::capture_all() {
   for (const auto& [key, g] : graphs_) {
     report.buckets.push_back(key.first);
     report.nodes += static_cast<int64_t>(g.graph.nodes());
+    report.programmatic_edges += static_cast<int64_t>(g.graph.programmatic_edges());
   }
   const absl::StatusOr<DeviceMemory> after = device_memory(model_.device());
   if (before.ok() && after.ok())

@@ -59,11 +59,12 @@ int64_t graph_page_cols(int64_t pages, int64_t max_cols);
 
 // What a round of recording did (the start-up log: EngineLoop::create).
 struct GraphCaptureReport {
-  std::vector<int32_t> buckets;  // batch sizes recorded
-  int64_t page_cols = 0;         // at this page-table width
-  int64_t nodes = 0;             // kernel, copy and memset nodes over all graphs
-  double seconds = 0;            // eager warm-ups, recording and instantiation
-  int64_t device_bytes = 0;      // device memory the graphs took (free memory before - after)
+  std::vector<int32_t> buckets;    // batch sizes recorded
+  int64_t page_cols = 0;           // at this page-table width
+  int64_t nodes = 0;               // kernel, copy and memset nodes over all graphs
+  int64_t programmatic_edges = 0;  // PDL edges over all graphs (kernels/graph.h)
+  double seconds = 0;              // eager warm-ups, recording and instantiation
+  int64_t device_bytes = 0;        // device memory the graphs took (free memory before - after)
   std::string describe() const;
 };
 

@@ -27,6 +27,7 @@ absl::StatusOr<DeviceGraph> capture_graph(const Exec& ex, absl::FunctionRef<void
   LOOM_ASSIGN_OR_RETURN(cuda::CapturedGraph g, cuda::capture(cuda::stream_of(ex), enqueue));
   DeviceGraph out;
   out.nodes_ = g.nodes;
+  out.programmatic_edges_ = g.programmatic_edges;
   out.exec_ = std::shared_ptr<void>(
       g.exec, [](void* p) { cuda::destroy(static_cast<cudaGraphExec_t>(p)); });
   return out;

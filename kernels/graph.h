@@ -28,11 +28,15 @@ class DeviceGraph {
   bool empty() const { return exec_ == nullptr; }
   // Kernel, copy and memset nodes recorded.
   size_t nodes() const { return nodes_; }
+  // Edges made programmatic at capture (programmatic dependent launch, kernels/cuda/pdl.h): a
+  // GEMV's blocks start while its predecessor runs and prefetch their weights into L2.
+  size_t programmatic_edges() const { return programmatic_edges_; }
 
  private:
   friend absl::StatusOr<DeviceGraph> capture_graph(const Exec&, absl::FunctionRef<void()>);
   std::shared_ptr<void> exec_;  // the instantiated graph (cudaGraphExec_t), destroyed with it
   size_t nodes_ = 0;
+  size_t programmatic_edges_ = 0;
 };
 
 // Whether work on `device` can be recorded (a CUDA device in a build with the CUDA backend).

@@ -25,6 +25,8 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm_launch.h"
 #include "kernels/cuda/gemv_split.h"
+#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/pdl.h"
 
 namespace loom::cuda {
 namespace {
@@ -125,17 +127,30 @@ __device__ __forceinline__ float as_stored(float v, launch::Elem type) {
 // warp over the same slice, and the output is silu(g) * u with g and u first rounded to out's type:
 // the bits of two gemv calls and silu_mul_forward, in one pass (a decode step's shared expert
 // ran those as three kernels, ~5 + 5 + 2 us, ncu s19a).
+//
+// PDL-aware (kernels/cuda/pdl.h): rows below prefetch_rows are pulled into L2 (one bulk prefetch
+// of each weight's row by the row's first lane) before the wait, which precedes every read of x
+// or out and every store.
 template <typename XT, int R, bool kVec, int S, bool kDual = false>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_bf16_kernel(const uint16_t* __restrict__ w, const XT* __restrict__ x, int64_t ldx,
                      void* __restrict__ out, launch::Elem out_type, int64_t ldo, int64_t n,
-                     int64_t k, float beta, const uint16_t* __restrict__ w2 = nullptr) {
+                     int64_t k, float beta, int64_t prefetch_rows,
+                     const uint16_t* __restrict__ w2 = nullptr) {
   static_assert(kGemvWarps % S == 0);
   constexpr int NM = kDual ? 2 : 1;  // weight matrices
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int part = warp % S;  // this warp's slice of k
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kGemvWarps / S) + warp / S;
   const bool live = row < n;  // uniform across the warp
+  if constexpr (kVec) {       // rows of 16-byte multiples, 16-byte aligned
+    if (row < prefetch_rows && part == 0 && lane == 0) {
+      const auto bytes = static_cast<uint32_t>(k * 2);
+      dev::prefetch_l2(w + row * k, bytes);
+      if constexpr (kDual) dev::prefetch_l2(w2 + row * k, bytes);
+    }
+  }
+  dev::pdl_wait();
   float acc[NM][R];
 #pragma unroll
   for (int m = 0; m < NM; ++m)
@@ -233,13 +248,18 @@ void launch_gemv_split(cudaStream_t stream, bool vec, const uint16_t* w, const X
   const int64_t blocks = (n + rows_per_block - 1) / rows_per_block;
   LOOM_CHECK_GRID(blocks);
   if (vec) {
-    gemv_bf16_kernel<XT, R, true, S, kDual>
-        <<<static_cast<unsigned>(blocks), kGemvWarps * 32, 0, stream>>>(w, x, ldx, out, out_type,
-                                                                        ldo, n, k, beta, w2);
+    constexpr auto kernel = gemv_bf16_kernel<XT, R, true, S, kDual>;
+    static const bool marked = (mark_pdl_kernel(reinterpret_cast<const void*>(kernel)), true);
+    (void)marked;
+    const int64_t prefetch = pdl_prefetch_rows(n, k * 2 * (kDual ? 2 : 1));
+    kernel<<<static_cast<unsigned>(blocks), kGemvWarps * 32, 0, stream>>>(
+        w, x, ldx, out, out_type, ldo, n, k, beta, prefetch, w2);
   } else {
-    gemv_bf16_kernel<XT, R, false, S, kDual>
-        <<<static_cast<unsigned>(blocks), kGemvWarps * 32, 0, stream>>>(w, x, ldx, out, out_type,
-                                                                        ldo, n, k, beta, w2);
+    constexpr auto kernel = gemv_bf16_kernel<XT, R, false, S, kDual>;
+    static const bool marked = (mark_pdl_kernel(reinterpret_cast<const void*>(kernel)), true);
+    (void)marked;
+    kernel<<<static_cast<unsigned>(blocks), kGemvWarps * 32, 0, stream>>>(w, x, ldx, out, out_type,
+                                                                          ldo, n, k, beta, 0, w2);
   }
   LOOM_CUDA_CHECK_LAUNCH();
 }

@@ -9,6 +9,8 @@
 // order: it does not depend on the other rows.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemv_split.h"
+#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/pdl.h"
 
 namespace loom::cuda {
 namespace {
@@ -29,14 +31,20 @@ __device__ __forceinline__ float load_x1(const uint16_t* x, int64_t i) {
   return __uint_as_float(static_cast<uint32_t>(x[i]) << 16);
 }
 
+// PDL-aware (kernels/cuda/pdl.h): rows below prefetch_rows go to L2 before the wait.
 template <bool kVec, int S, typename XT>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_rows_kernel(const float* __restrict__ w, const XT* __restrict__ x, float* __restrict__ out,
-                     int64_t n, int64_t k, float alpha, float beta) {
+                     int64_t n, int64_t k, float alpha, float beta, int64_t prefetch_rows) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int part = warp % S;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kWarps / S) + warp / S;
   const bool live = row < n;  // uniform across the warp
+  if constexpr (kVec) {       // rows of 16-byte multiples, 16-byte aligned
+    if (row < prefetch_rows && part == 0 && lane == 0)
+      dev::prefetch_l2(w + row * k, static_cast<uint32_t>(k * 4));
+  }
+  dev::pdl_wait();
   float acc = 0.0f;
   if (live) {
     const float* wr = w + row * k;
@@ -71,11 +79,17 @@ void launch_split(cudaStream_t stream, bool vec, const float* w, const XT* x, fl
   const int64_t blocks = (n + kWarps / S - 1) / (kWarps / S);
   LOOM_CHECK_GRID(blocks);
   if (vec) {
-    gemv_rows_kernel<true, S, XT>
-        <<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(w, x, out, n, k, alpha, beta);
+    constexpr auto kernel = gemv_rows_kernel<true, S, XT>;
+    static const bool marked = (mark_pdl_kernel(reinterpret_cast<const void*>(kernel)), true);
+    (void)marked;
+    kernel<<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(w, x, out, n, k, alpha, beta,
+                                                                      pdl_prefetch_rows(n, k * 4));
   } else {
-    gemv_rows_kernel<false, S, XT>
-        <<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(w, x, out, n, k, alpha, beta);
+    constexpr auto kernel = gemv_rows_kernel<false, S, XT>;
+    static const bool marked = (mark_pdl_kernel(reinterpret_cast<const void*>(kernel)), true);
+    (void)marked;
+    kernel<<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(w, x, out, n, k, alpha, beta,
+                                                                      0);
   }
 }
 

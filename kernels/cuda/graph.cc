@@ -1,9 +1,58 @@
 #include "kernels/cuda/graph.h"
 
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/pdl.h"
 
 namespace loom::cuda {
+namespace {
+
+// The single plain kernel -> kernel edge into each PDL-aware kernel node becomes programmatic
+// from the predecessor's launch-completion port (pdl.h). Nodes with several predecessors (a side
+// stream's join) keep their edges: one programmatic edge would release the node before the
+// others' kernels are known to have started. Returns how many edges changed.
+size_t make_pdl_edges(cudaGraph_t graph) {
+  size_t count = 0;
+  LOOM_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
+  std::vector<cudaGraphNode_t> nodes(count);
+  LOOM_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &count));
+  size_t made = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type;
+    LOOM_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    if (type != cudaGraphNodeTypeKernel) continue;
+    cudaKernelNodeParams params{};
+    // Library kernels launched through the driver API may not report a runtime function.
+    if (cudaGraphKernelNodeGetParams(node, &params) != cudaSuccess) {
+      (void)cudaGetLastError();
+      continue;
+    }
+    if (!is_pdl_kernel(params.func)) continue;
+    size_t deps = 0;
+    LOOM_CUDA_CHECK(cudaGraphNodeGetDependencies(node, nullptr, nullptr, &deps));
+    if (deps != 1) continue;
+    cudaGraphNode_t from = nullptr;
+    cudaGraphEdgeData edge{};
+    LOOM_CUDA_CHECK(cudaGraphNodeGetDependencies(node, &from, &edge, &deps));
+    cudaGraphNodeType from_type;
+    LOOM_CUDA_CHECK(cudaGraphNodeGetType(from, &from_type));
+    if (from_type != cudaGraphNodeTypeKernel || edge.type != cudaGraphDependencyTypeDefault ||
+        edge.from_port != cudaGraphKernelNodePortDefault) {
+      continue;
+    }
+    cudaGraphEdgeData programmatic{};
+    programmatic.from_port = cudaGraphKernelNodePortLaunchCompletion;
+    programmatic.type = cudaGraphDependencyTypeProgrammatic;
+    LOOM_CUDA_CHECK(cudaGraphRemoveDependencies(graph, &from, &node, &edge, 1));
+    LOOM_CUDA_CHECK(cudaGraphAddDependencies(graph, &from, &node, &programmatic, 1));
+    ++made;
+  }
+  return made;
+}
+
+}  // namespace
 
 absl::StatusOr<CapturedGraph> capture(cudaStream_t stream, absl::FunctionRef<void()> enqueue) {
   LOOM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
@@ -17,6 +66,7 @@ absl::StatusOr<CapturedGraph> capture(cudaStream_t stream, absl::FunctionRef<voi
         absl::StrCat("CUDA graph capture failed: ", cudaGetErrorString(end)));
   }
   CapturedGraph out;
+  if (pdl_enabled()) out.programmatic_edges = make_pdl_edges(graph);
   LOOM_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &out.nodes));
   const cudaError_t inst = cudaGraphInstantiate(&out.exec, graph, 0);
   cudaGraphDestroy(graph);  // the instance keeps what it needs

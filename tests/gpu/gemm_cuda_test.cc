@@ -35,6 +35,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -47,6 +48,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/graph.h"
 #include "kernels/side_stream.h"
 #include "tests/gpu/gpu_test_support.h"
 #include "tests/gpu/twin_tolerances.h"
@@ -400,6 +402,51 @@ TEST_F(GemmCuda, SideStreamBranchJoinsBeforeUse) {
         static_cast<void>(s2);
       },
       "already forked");
+}
+
+// Programmatic dependent launch (kernels/cuda/pdl.h): in a recorded graph each GEMV's edge from
+// its kernel predecessor becomes programmatic, so its blocks start (and prefetch weights) while
+// the predecessor still runs; the wait must hold them until it is done. The first GEMV's x is the
+// last row of a 1 GiB buffer that a grid-stride add writes in each block's last iterations, after
+// its second wave of blocks has started (the launch-completion point); the second GEMV reads the
+// first's output, reset to NaN before the add. Replays must give the eager run's bits. With
+// LOOM_CUDA_PDL=0 the graph has no programmatic edges and the same must hold.
+TEST_F(GemmCuda, PdlGemvsWaitForTheirProducers) {
+  const int64_t R = 32768, K = 8192, N1 = 1000, N2 = 999;
+  const Exec& ex = gpu();
+  const Tensor big = Tensor::empty({R, K}, DType::kF32, Device::kCuda);
+  const Tensor delta = Tensor::empty({R, K}, DType::kF32, Device::kCuda);
+  zero_fill(ex, delta);
+  const Tensor last = dev(randn({1, K}));
+  copy_columns(ex, last, 0, delta.slice(0, R - 1, R));
+  const Tensor w1 = dev(randn({N1, K}, 0.02f));            // f32 weights: gemv_rows
+  const Tensor w2 = dev(to_bf16(randn({N2, N1}, 0.05f)));  // bf16 weights: gemv_bf16
+  const Tensor nan_row = dev(Tensor::full({1, N1}, std::nanf("")));
+  const Tensor y1 = Tensor::empty({1, N1}, DType::kF32, Device::kCuda);
+  const Tensor y2 = Tensor::empty({1, N2}, DType::kF32, Device::kCuda);
+  auto step = [&] {
+    zero_fill(ex, big);
+    copy_columns(ex, nan_row, 0, y1);
+    add_inplace(ex, big, delta);
+    linear_forward(ex, big.slice(0, R - 1, R), w1, y1);
+    linear_forward(ex, y1, w2, y2);
+  };
+  step();
+  const Tensor want1 = host(y1), want2 = host(y2);
+  ASSERT_TRUE(std::isfinite(want2.data<float>()[0]));
+  absl::StatusOr<DeviceGraph> graph = capture_graph(ex, step);
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  const char* env = std::getenv("LOOM_CUDA_PDL");
+  const bool pdl = env == nullptr || std::string(env) != "0";
+  EXPECT_EQ(graph->programmatic_edges(), pdl ? 2u : 0u);
+  for (int round = 0; round < 3; ++round) {
+    graph->replay(ex);
+    const Tensor got1 = host(y1), got2 = host(y2);
+    report("pdl_gemv_after_add_round" + std::to_string(round),
+           std::memcmp(got1.raw(), want1.raw(), want1.nbytes()) == 0 ? 0.0 : 1.0, 0.0);
+    report("pdl_gemv_after_gemv_round" + std::to_string(round),
+           std::memcmp(got2.raw(), want2.raw(), want2.nbytes()) == 0 ? 0.0 : 1.0, 0.0);
+  }
 }
 
 // bf16 x (bf16 activations), f32 or bf16 out: nothing is rounded on the way in, so every kernel

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -85,7 +86,16 @@ Arm make_arm(const Model& model, bool deterministic, bool graphs) {
   if (graphs) {
     absl::StatusOr<GraphCaptureReport> r = a.runner->enable_decode_graphs(largest);
     EXPECT_TRUE(r.ok()) << r.status();
-    if (r.ok()) std::printf("GPUINFO %s\n", r->describe().c_str());
+    if (r.ok()) {
+      std::printf("GPUINFO %s\n", r->describe().c_str());
+      // Outside the deterministic mode (whose GEMMs are the batch-invariant kernels) every
+      // fixture decodes through Loom's GEMVs, which take programmatic edges unless
+      // LOOM_CUDA_PDL=0 (kernels/cuda/pdl.h).
+      const char* pdl = std::getenv("LOOM_CUDA_PDL");
+      if (!deterministic && (pdl == nullptr || std::string(pdl) != "0")) {
+        EXPECT_GT(r->programmatic_edges, 0);
+      }
+    }
   }
   return a;
 }
