@@ -21,6 +21,8 @@
 
 #include "kernels/cuda/bf16_io.cuh"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/pdl.h"
 #include "kernels/cuda/varlen_launch.h"
 
 namespace loom::cuda {
@@ -56,6 +58,7 @@ __global__ void __launch_bounds__(kThreads)
                        const int32_t* __restrict__ page_table, const int64_t* __restrict__ cu,
                        const int64_t* __restrict__ past, int64_t N, int64_t B, int64_t max_pages,
                        int64_t num_pages, int64_t page_size, int64_t units, int group) {
+  dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t groups = static_cast<int64_t>(gridDim.x) * kThreads / group;
   const int lane = threadIdx.x & (group - 1);
@@ -94,6 +97,7 @@ void launch_copy(cudaStream_t stream, const void* rows, void* pool, const int32_
   int group = 1;
   while (group < 32 && group < units) group *= 2;
   const unsigned blocks = dev::grid_for(N * group, kThreads);
+  LOOM_MARK_PDL_KERNEL(cache_write_kernel<Unit>);
   cache_write_kernel<Unit><<<blocks, kThreads, 0, stream>>>(
       static_cast<const Unit*>(rows), static_cast<Unit*>(pool), page_table, cu, past, N, B,
       max_pages, num_pages, page_size, units, group);
@@ -135,6 +139,7 @@ __global__ void __launch_bounds__(kThreads)
                          const int32_t* __restrict__ page_table, const int64_t* __restrict__ cu,
                          const int64_t* __restrict__ past, int64_t N, int64_t B, int64_t max_pages,
                          int64_t num_pages, int64_t page_size, int64_t row_elems, int group) {
+  dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t groups = static_cast<int64_t>(gridDim.x) * kThreads / group;
   const int lane = threadIdx.x & (group - 1);
@@ -171,9 +176,11 @@ void launch_convert(cudaStream_t stream, const void* rows, void* pool, const int
   const auto* in = static_cast<const In*>(rows);
   auto* out = static_cast<Out*>(pool);
   if (vec4) {
+    LOOM_MARK_PDL_KERNEL((cache_convert_kernel<In, Out, 4>));
     cache_convert_kernel<In, Out, 4><<<blocks, kThreads, 0, stream>>>(
         in, out, page_table, cu, past, N, B, max_pages, num_pages, page_size, row_elems, group);
   } else {
+    LOOM_MARK_PDL_KERNEL((cache_convert_kernel<In, Out, 1>));
     cache_convert_kernel<In, Out, 1><<<blocks, kThreads, 0, stream>>>(
         in, out, page_table, cu, past, N, B, max_pages, num_pages, page_size, row_elems, group);
   }

@@ -1,5 +1,11 @@
 #include "kernels/cuda/graph.h"
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -13,12 +19,35 @@ namespace {
 // from the predecessor's launch-completion port (pdl.h). Nodes with several predecessors (a side
 // stream's join) keep their edges: one programmatic edge would release the node before the
 // others' kernels are known to have started. Returns how many edges changed.
+// LOOM_CUDA_PDL_REPORT=1: each capture prints, to stderr, the kernel nodes left with plain edges
+// by function (what the next PDL-aware kernel would gain), most frequent first.
+void report_plain_kernels(const std::vector<std::pair<std::string, bool>>& kernels) {
+  static const bool on = [] {
+    const char* v = std::getenv("LOOM_CUDA_PDL_REPORT");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  if (!on) return;
+  std::map<std::string, std::pair<int, int>> by_name;  // plain, programmatic
+  for (const auto& [name, programmatic] : kernels) {
+    auto& c = by_name[name];
+    (programmatic ? c.second : c.first) += 1;
+  }
+  std::vector<std::pair<int, std::string>> order;
+  for (const auto& [name, c] : by_name) order.emplace_back(-c.first, name);
+  std::sort(order.begin(), order.end());
+  std::fprintf(stderr, "PDL report: %zu kernel nodes\n", kernels.size());
+  for (const auto& [neg, name] : order)
+    std::fprintf(stderr, "PDL plain %d programmatic %d %s\n", -neg, by_name[name].second,
+                 name.c_str());
+}
+
 size_t make_pdl_edges(cudaGraph_t graph) {
   size_t count = 0;
   LOOM_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
   std::vector<cudaGraphNode_t> nodes(count);
   LOOM_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &count));
   size_t made = 0;
+  std::vector<std::pair<std::string, bool>> kernels;  // for report_plain_kernels
   for (cudaGraphNode_t node : nodes) {
     cudaGraphNodeType type;
     LOOM_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
@@ -27,8 +56,15 @@ size_t make_pdl_edges(cudaGraph_t graph) {
     // Library kernels launched through the driver API may not report a runtime function.
     if (cudaGraphKernelNodeGetParams(node, &params) != cudaSuccess) {
       (void)cudaGetLastError();
+      kernels.emplace_back("(library kernel)", false);
       continue;
     }
+    const char* name = nullptr;
+    if (cudaFuncGetName(&name, params.func) != cudaSuccess || name == nullptr) {
+      (void)cudaGetLastError();
+      name = "(unnamed)";
+    }
+    kernels.emplace_back(name, false);
     if (!is_pdl_kernel(params.func)) continue;
     size_t deps = 0;
     LOOM_CUDA_CHECK(cudaGraphNodeGetDependencies(node, nullptr, nullptr, &deps));
@@ -47,8 +83,10 @@ size_t make_pdl_edges(cudaGraph_t graph) {
     programmatic.type = cudaGraphDependencyTypeProgrammatic;
     LOOM_CUDA_CHECK(cudaGraphRemoveDependencies(graph, &from, &node, &edge, 1));
     LOOM_CUDA_CHECK(cudaGraphAddDependencies(graph, &from, &node, &programmatic, 1));
+    kernels.back().second = true;
     ++made;
   }
+  report_plain_kernels(kernels);
   return made;
 }
 

@@ -33,6 +33,8 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kda_chunked_launch.h"
+#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/pdl.h"
 
 namespace loom::cuda {
 namespace {
@@ -129,6 +131,7 @@ __global__ void __launch_bounds__(WARPS * 32)
                       float scale, float* __restrict__ pool, const int32_t* __restrict__ slots,
                       In* __restrict__ out, int Hk, int Hv, int dk, int dv, int64_t num_slots,
                       int tiles, bool scalar_g) {
+  dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
   constexpr int C = LPR * VW;
   constexpr int RPW = 32 / LPR;
   constexpr int RP = WARPS * RPW;
@@ -255,6 +258,7 @@ __global__ void __launch_bounds__(WARPS * 32)
                            float* __restrict__ pool, const int32_t* __restrict__ slots,
                            In* __restrict__ out, int Hk, int Hv, int dk, int dv, int64_t num_slots,
                            int tiles, bool scalar_g) {
+  dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
   constexpr int VW = 4, C = LPR * VW, RPW = 32 / LPR, RP = WARPS * RPW, NR = 2 * VW + 1;
   extern __shared__ float4 smem4[];
   float* tile_s = reinterpret_cast<float*>(smem4);
@@ -365,6 +369,7 @@ bool launch_layout(cudaStream_t stream, const Args<In>& a) {
   const int64_t blocks = a.B * a.Hv * tiles;
   LOOM_CHECK_GRID(blocks);
   const auto go = [&](auto kernel) {
+    mark_pdl_kernel(reinterpret_cast<const void*>(kernel));  // one of several instances
     kernel<<<static_cast<unsigned>(blocks), WARPS * 32, 0, stream>>>(
         a.q, a.k, a.v, a.g, a.beta, a.beta_bf16, a.scale, a.pool, a.slots, a.out, a.Hk, a.Hv, a.dk,
         a.dv, a.num_slots, static_cast<int>(tiles), a.scalar_g);
@@ -401,6 +406,7 @@ bool launch_smem_layout(cudaStream_t stream, const Args<In>& a) {
     }();
     (void)raised;
   }
+  LOOM_MARK_PDL_KERNEL((kda_decode_smem_kernel<In, LPR, WARPS>));
   kda_decode_smem_kernel<In, LPR, WARPS>
       <<<static_cast<unsigned>(blocks), WARPS * 32, smem, stream>>>(
           a.q, a.k, a.v, a.g, a.beta, a.beta_bf16, a.scale, a.pool, a.slots, a.out, a.Hk, a.Hv,

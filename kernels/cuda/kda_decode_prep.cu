@@ -25,6 +25,8 @@
 // state as NaN and writes none, as conv_varlen_kernel does for any bad slot.
 #include "kernels/cuda/kda_fused_launch.h"
 #include "kernels/cuda/norm_order.cuh"
+#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/pdl.h"
 
 namespace loom::cuda {
 namespace {
@@ -159,6 +161,7 @@ template <int KW, typename TX, typename TS>
 __global__ void __launch_bounds__(kWarps * 32)
     kda_decode_prep_kernel(const KdaDecodePrepArgs a, int64_t tasks_per_row, int v_tasks,
                            int g_tasks) {
+  dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
   const int lane = threadIdx.x & 31;
   const int64_t task = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (task >= a.B * tasks_per_row) return;  // uniform across the warp
@@ -246,6 +249,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <int KW, typename TX, typename TS>
 void launch_prep(cudaStream_t stream, unsigned blocks, const KdaDecodePrepArgs& a,
                  int64_t tasks_per_row, int v_tasks, int g_tasks) {
+  LOOM_MARK_PDL_KERNEL((kda_decode_prep_kernel<KW, TX, TS>));
   kda_decode_prep_kernel<KW, TX, TS>
       <<<blocks, kWarps * 32, 0, stream>>>(a, tasks_per_row, v_tasks, g_tasks);
 }

@@ -11,6 +11,8 @@
 // sums in turn, which is slower but exact; KDA's heads (dv <= 256) never need it.
 #include "kernels/cuda/kda_fused_launch.h"
 #include "kernels/cuda/norm_order.cuh"
+#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/pdl.h"
 
 namespace loom::cuda {
 namespace {
@@ -22,6 +24,7 @@ template <typename X, typename G, typename O, int V>
 __global__ void __launch_bounds__(kWarps * 32)
     rmsnorm_gated_kernel(const X* x, const float* __restrict__ w, const G* __restrict__ gate,
                          O* out, int64_t rows, int64_t d, float eps, float p0, int nw) {
+  dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (row >= rows) return;  // uniform across the warp
@@ -83,9 +86,11 @@ void rmsnorm_gated(cudaStream_t stream, const void* x, bool x_bf16, const float*
         auto* op = static_cast<O*>(out);
         const dim3 grid(static_cast<unsigned>(blocks));
         if (order.vec == kV) {
+          LOOM_MARK_PDL_KERNEL((rmsnorm_gated_kernel<X, G, O, kV>));
           rmsnorm_gated_kernel<X, G, O, kV>
               <<<grid, kWarps * 32, 0, stream>>>(xp, w, gp, op, rows, d, eps, weight_offset, nw);
         } else {
+          LOOM_MARK_PDL_KERNEL((rmsnorm_gated_kernel<X, G, O, 1>));
           rmsnorm_gated_kernel<X, G, O, 1>
               <<<grid, kWarps * 32, 0, stream>>>(xp, w, gp, op, rows, d, eps, weight_offset, nw);
         }

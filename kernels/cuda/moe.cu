@@ -37,6 +37,8 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe_launch.h"
+#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/pdl.h"
 
 namespace loom::cuda {
 namespace {
@@ -145,6 +147,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
     route_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int64_t T, int E,
                  int K, int n_group, int topk_group, bool grouped, bool renormalize, float scaling,
                  int32_t* __restrict__ ids, float* __restrict__ weights) {
+  dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
   extern __shared__ float route_smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kRouteWarps;
@@ -337,6 +340,7 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* smem, int* total
 __global__ void __launch_bounds__(kRankWarps * 32)
     permute_rank_kernel(const int32_t* __restrict__ ids, int64_t slots, int64_t first, int ne,
                         int32_t* __restrict__ offsets, int32_t* __restrict__ row_of_slot) {
+  dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
   extern __shared__ int rank_smem[];
   int* tab = rank_smem;
   int* base = tab + kRankWarps * ne;
@@ -501,6 +505,7 @@ template <typename Tx, typename Ts, bool kVec4>
 __global__ void __launch_bounds__(256)
     permute_copy_kernel(const Tx* __restrict__ x, const int32_t* __restrict__ row_of_slot,
                         Ts* __restrict__ x_sorted, int64_t slots, int64_t K, int64_t D, int64_t R) {
+  dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
   constexpr bool kSame = std::is_same_v<Tx, Ts>;
   const int lane = threadIdx.x & 31;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
@@ -535,6 +540,7 @@ __global__ void __launch_bounds__(kCombineThreads)
     combine_kernel(const Ty* __restrict__ y, const int32_t* __restrict__ rows,
                    const float* __restrict__ weights, To* __restrict__ out, int64_t K, int64_t D,
                    int64_t R) {
+  dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
   const int64_t t = blockIdx.x;
   const int64_t c0 = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.x;
@@ -600,10 +606,12 @@ void moe_route(cudaStream_t stream, const float* logits, const float* bias, int6
   const size_t smem = sizeof(float) * 3 * static_cast<size_t>(E) * kRouteWarps;
   const bool grouped = n_group > 1 && topk_group < n_group;
   if (sigmoid) {
+    LOOM_MARK_PDL_KERNEL(route_kernel<true>);
     route_kernel<true><<<static_cast<unsigned>(blocks), kRouteWarps * 32, smem, stream>>>(
         logits, bias, T, E, K, n_group, topk_group, grouped, renormalize, routed_scaling, ids,
         weights);
   } else {
+    LOOM_MARK_PDL_KERNEL(route_kernel<false>);
     route_kernel<false><<<static_cast<unsigned>(blocks), kRouteWarps * 32, smem, stream>>>(
         logits, bias, T, E, K, n_group, topk_group, grouped, renormalize, routed_scaling, ids,
         weights);
@@ -637,6 +645,7 @@ void moe_permute(cudaStream_t stream, const void* x, bool x_bf16, const int32_t*
         done.fetch_or(bit, std::memory_order_acq_rel);
       }
     }
+    LOOM_MARK_PDL_KERNEL(permute_rank_kernel);
     permute_rank_kernel<<<1, kRankWarps * 32, smem, stream>>>(ids, slots, first_expert, n, offsets,
                                                               row_of_slot);
     LOOM_CUDA_CHECK_LAUNCH();
@@ -662,9 +671,11 @@ void moe_permute(cudaStream_t stream, const void* x, bool x_bf16, const int32_t*
     const Tx* src = static_cast<const Tx*>(x);
     Ts* dst = static_cast<Ts*>(x_sorted);
     if (vec4) {
+      LOOM_MARK_PDL_KERNEL((permute_copy_kernel<Tx, Ts, true>));
       permute_copy_kernel<Tx, Ts, true>
           <<<blocks, 256, 0, stream>>>(src, row_of_slot, dst, slots, K, D, R);
     } else {
+      LOOM_MARK_PDL_KERNEL((permute_copy_kernel<Tx, Ts, false>));
       permute_copy_kernel<Tx, Ts, false>
           <<<blocks, 256, 0, stream>>>(src, row_of_slot, dst, slots, K, D, R);
     }
@@ -687,9 +698,11 @@ void moe_unpermute_combine(cudaStream_t stream, const void* y, bool y_bf16, cons
     const Ty* src = static_cast<const Ty*>(y);
     To* dst = static_cast<To*>(out);
     if (vec4) {
+      LOOM_MARK_PDL_KERNEL((combine_kernel<Ty, To, true>));
       combine_kernel<Ty, To, true>
           <<<grid, kCombineThreads, 0, stream>>>(src, rows, weights, dst, K, D, R);
     } else {
+      LOOM_MARK_PDL_KERNEL((combine_kernel<Ty, To, false>));
       combine_kernel<Ty, To, false>
           <<<grid, kCombineThreads, 0, stream>>>(src, rows, weights, dst, K, D, R);
     }

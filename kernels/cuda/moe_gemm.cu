@@ -88,6 +88,8 @@
 #include "kernels/cuda/moe_fp8_launch.h"
 #include "kernels/cuda/moe_gemm_common.cuh"
 #include "kernels/cuda/moe_launch.h"
+#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/pdl.h"
 
 namespace loom::cuda {
 namespace {
@@ -845,6 +847,7 @@ constexpr int kMaxExperts = 4096;  // offsets staged in shared memory (16 KiB)
 // token).
 template <bool kDual, typename AT, int kUnroll>
 __global__ void __launch_bounds__(kWarps * 32) kernel(GemmParams p, int col_blocks) {
+  dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
   __shared__ int32_t off[kMaxExperts + 1];
   for (int e = threadIdx.x; e <= p.E; e += blockDim.x) off[e] = p.off[e];
   __syncthreads();
@@ -924,6 +927,7 @@ void launch_kernel(cudaStream_t stream, const GemmParams& p, int64_t slots) {
   }();
   const int64_t grid_x =
       std::clamp<int64_t>(int64_t{sm_count()} * per_sm / std::max<int64_t>(slots, 1), 1, cols);
+  LOOM_MARK_PDL_KERNEL((kernel<kDual, AT, 4>));
   kernel<kDual, AT, 4><<<dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(slots)),
                          kWarps * 32, 0, stream>>>(p, static_cast<int>(cols));
   LOOM_CUDA_CHECK_LAUNCH();

@@ -16,6 +16,8 @@
 #include <type_traits>
 
 #include "kernels/cuda/bf16_io.cuh"
+#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/pdl.h"
 
 namespace loom::cuda {
 namespace {
@@ -98,6 +100,7 @@ template <bool kRms, typename X, typename O, int V, typename A = void>
 __global__ void __launch_bounds__(256)
     norm_kernel(const X* x, const float* __restrict__ w, O* out, int64_t d, float eps, float p0,
                 const void* add = nullptr) {
+  dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
   __shared__ float red[32];
   const int64_t row = blockIdx.x, units = d / V;
   const float ss = dev::block_sum(
@@ -115,6 +118,7 @@ template <bool kRms, typename X, typename O, int V, typename A = void>
 __global__ void __launch_bounds__(kWarpRowWarps * 32)
     norm_warp_kernel(const X* x, const float* __restrict__ w, O* out, int64_t rows, int64_t d,
                      float eps, float p0, const void* add = nullptr) {
+  dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpRowWarps + (threadIdx.x >> 5);
   if (row >= rows) return;  // uniform across the warp
@@ -156,17 +160,21 @@ void launch_norm(cudaStream_t stream, const void* x, bool x_bf16, const float* w
         LOOM_CHECK_GRID(blocks);
         const dim3 wgrid(static_cast<unsigned>(blocks));
         if (vec) {
+          LOOM_MARK_PDL_KERNEL((norm_warp_kernel<kRms, X, O, kV, A>));
           norm_warp_kernel<kRms, X, O, kV, A>
               <<<wgrid, kWarpRowWarps * 32, 0, stream>>>(xp, w, op, rows, d, eps, p0, add);
         } else {
+          LOOM_MARK_PDL_KERNEL((norm_warp_kernel<kRms, X, O, 1, A>));
           norm_warp_kernel<kRms, X, O, 1, A>
               <<<wgrid, kWarpRowWarps * 32, 0, stream>>>(xp, w, op, rows, d, eps, p0, add);
         }
       } else if (vec) {
         LOOM_CHECK_GRID(rows);
+        LOOM_MARK_PDL_KERNEL((norm_kernel<kRms, X, O, kV, A>));
         norm_kernel<kRms, X, O, kV, A><<<grid, threads, 0, stream>>>(xp, w, op, d, eps, p0, add);
       } else {
         LOOM_CHECK_GRID(rows);
+        LOOM_MARK_PDL_KERNEL((norm_kernel<kRms, X, O, 1, A>));
         norm_kernel<kRms, X, O, 1, A><<<grid, threads, 0, stream>>>(xp, w, op, d, eps, p0, add);
       }
     });

@@ -37,3 +37,12 @@ inline constexpr int64_t kDefaultPrefetchMiB = 16;
 int64_t pdl_prefetch_rows(int64_t n, int64_t row_bytes);
 
 }  // namespace loom::cuda
+
+// At a PDL-aware kernel's launch site (a .cu file): records `kernel`, a compile-time constant
+// function, once per call site (and per template instance of the enclosing function).
+#define LOOM_MARK_PDL_KERNEL(kernel)                                                  \
+  do {                                                                                \
+    static const bool loom_pdl_marked_ =                                              \
+        (::loom::cuda::mark_pdl_kernel(reinterpret_cast<const void*>(kernel)), true); \
+    (void)loom_pdl_marked_;                                                           \
+  } while (0)

@@ -3,6 +3,8 @@
 // the f32 angle inv_freq[i] * position, as the CPU kernel computes them (accurate cosf/sinf, no
 // fast math); a bf16 x is rotated in f32 and rounded once when stored.
 #include "kernels/cuda/bf16_io.cuh"
+#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/pdl.h"
 
 namespace loom::cuda {
 namespace {
@@ -11,6 +13,7 @@ template <typename T>
 __global__ void rope_kernel(T* x, const int64_t* __restrict__ positions,
                             const float* __restrict__ inv_freq, float af, int64_t H, int64_t d,
                             int rd, int64_t off, bool interleaved, bool inverse) {
+  dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
   extern __shared__ float buf[];
   const int64_t t = blockIdx.x, h = blockIdx.y;
   T* v = x + (t * H + h) * d + off;
@@ -58,6 +61,7 @@ void rope(cudaStream_t stream, void* x, bool x_bf16, const int64_t* positions,
   const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(H));
   dev::with_elem(x_bf16, [&](auto xt) {
     using X = typename decltype(xt)::type;
+    LOOM_MARK_PDL_KERNEL(rope_kernel<X>);
     rope_kernel<X><<<grid, threads, smem, stream>>>(
         static_cast<X*>(x), positions, inv_freq, attention_factor, H, d,
         static_cast<int>(rotary_dim), dim_offset, interleaved, inverse);
