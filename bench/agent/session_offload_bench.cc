@@ -4,8 +4,12 @@
 // that evicts a session, its prefix-cache entries went first). One conversation per history
 // length: a first turn of `history` prompt tokens, then --turns timed turns of --new_tokens each
 // (one generated token), every turn's end parking, offloading or evicting the cache again. Prints
-// a Markdown table for bench/results/agent-sessions-cpu.md, with the host memcpy time of the
-// cache's bytes (the restore's floor on the CPU, where both tiers are host memory).
+// a Markdown table for bench/results/agent-sessions-cpu.md (on a GPU, bench/results/gpu-h200.md),
+// with the copy time of the cache's bytes: the restore's floor (a host memcpy on the CPU, where
+// both tiers are host memory; a page-locked host to device copy on a GPU).
+//
+// --device cuda runs the engine on the GPU; --random_weights SEED fills the config at --model
+// with random weights (a production-shaped model without a checkpoint, as loom-bench offline).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,7 +23,11 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "core/allocator.h"
 #include "engine/engine.h"
+#include "engine/model/random_weights.h"
+#include "kernels/exec.h"
+#include "weights/parameter_arena.h"
 
 ABSL_FLAG(std::string, model, "../shared/fixtures/kimi_linear_s1", "model directory");
 ABSL_FLAG(std::string, histories, "8192,32768", "comma-separated history lengths (tokens)");
@@ -27,6 +35,10 @@ ABSL_FLAG(int, new_tokens, 16, "new prompt tokens per timed turn");
 ABSL_FLAG(int, turns, 5, "timed turns per history length and mode (the median is reported)");
 ABSL_FLAG(int, max_num_batched_tokens, 2048, "engine token budget per step");
 ABSL_FLAG(int64_t, cache_budget_mb, 1024, "KV pages + linear-state slots, MiB");
+ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
+ABSL_FLAG(std::string, weight_dtype, "auto", "weight matrices: auto, f32, bf16 or fp8");
+ABSL_FLAG(std::string, random_weights, "",
+          "random weights from this seed for the config.json at --model (no checkpoint)");
 
 namespace loom {
 namespace {
@@ -84,14 +96,38 @@ struct Result {
   int64_t restores = 0, evictions = 0, hit_tokens = 0;
 };
 
-Result measure(Mode mode, int history, std::mt19937& rng) {
-  auto model = Model::load(absl::GetFlag(FLAGS_model));
-  if (!model.ok()) {
-    std::fprintf(stderr, "loom-bench-session-offload: %s\n",
-                 std::string(model.status().message()).c_str());
-    std::exit(1);
+[[noreturn]] void fail(const absl::Status& st) {
+  std::fprintf(stderr, "loom-bench-session-offload: %s\n", std::string(st.message()).c_str());
+  std::exit(1);
+}
+
+// The flags' placement; the device is checked (device_available) before anything is allocated.
+Placement placement_from_flags() {
+  auto device = parse_device(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) fail(device.status());
+  if (absl::Status st = device_available(*device); !st.ok()) fail(st);
+  auto wdt = parse_weight_dtype(absl::GetFlag(FLAGS_weight_dtype));
+  if (!wdt.ok()) fail(wdt.status());
+  return Placement{.device = *device, .dtype = *wdt};
+}
+
+std::unique_ptr<Model> load_model() {
+  const Placement placement = placement_from_flags();
+  absl::StatusOr<std::unique_ptr<Model>> model;
+  if (absl::GetFlag(FLAGS_random_weights).empty()) {
+    model = Model::load(absl::GetFlag(FLAGS_model), placement);
+  } else {
+    auto seed = parse_random_weights_seed(absl::GetFlag(FLAGS_random_weights));
+    if (!seed.ok()) fail(seed.status());
+    model = Model::load_random(absl::GetFlag(FLAGS_model), *seed, placement);
   }
-  const int vocab = static_cast<int>((*model)->config().vocab_size);
+  if (!model.ok()) fail(model.status());
+  return std::move(*model);
+}
+
+Result measure(Mode mode, int history, std::mt19937& rng) {
+  std::unique_ptr<Model> model = load_model();
+  const int vocab = static_cast<int>(model->config().vocab_size);
   EngineOptions opt;
   opt.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
   opt.cache_budget_bytes = absl::GetFlag(FLAGS_cache_budget_mb) << 20;
@@ -99,12 +135,8 @@ Result measure(Mode mode, int history, std::mt19937& rng) {
   opt.max_model_len = history + 64 * (absl::GetFlag(FLAGS_turns) + 1) * 2 + 64;
   if (mode != Mode::kResident) opt.sessions_max_bytes = 1;  // no session stays on the device
   if (mode == Mode::kRecomputed) opt.session_offload_bytes = 0;
-  auto e = Engine::create(std::move(*model), nullptr, opt);
-  if (!e.ok()) {
-    std::fprintf(stderr, "loom-bench-session-offload: %s\n",
-                 std::string(e.status().message()).c_str());
-    std::exit(1);
-  }
+  auto e = Engine::create(std::move(model), nullptr, opt);
+  if (!e.ok()) fail(e.status());
   run(**e, turn(random_tokens(history, vocab, rng)));
   std::vector<double> times;
   Result out;
@@ -121,13 +153,18 @@ Result measure(Mode mode, int history, std::mt19937& rng) {
   return out;
 }
 
-// The host's copy time for `bytes` (median of 5, a warm buffer): a restore's floor on the CPU.
-double memcpy_ms(int64_t bytes) {
-  std::vector<char> a(static_cast<size_t>(bytes), 1), b(static_cast<size_t>(bytes));
+// The copy time of `bytes` into `device`'s memory (median of 5, warm buffers): a restore's floor.
+// On the CPU a memcpy; on a GPU from page-locked host memory (allocate_transfer_buffer, as the
+// host tier's blobs) to the device.
+double copy_ms(int64_t bytes, Device device) {
+  const auto n = static_cast<size_t>(bytes);
+  std::shared_ptr<void> src = allocate_transfer_buffer(n, device);
+  std::memset(src.get(), 1, n);
+  const Tensor dst = Tensor::empty({(bytes + 3) / 4}, DType::kF32, device);
   std::vector<double> t;
   for (int i = 0; i < 5; ++i) {
     const auto t0 = Clock::now();
-    std::memcpy(b.data(), a.data(), a.size());
+    copy_bytes(dst.raw(), device, src.get(), Device::kCpu, n);
     t.push_back(ms_since(t0));
   }
   return median(t);
@@ -150,7 +187,7 @@ int main_impl() {
   }
   std::printf(
       "| history | cache bytes | kept on device ms | offloaded, restored ms | evicted, recomputed "
-      "ms | restore - kept ms | memcpy of the bytes ms | recompute / restore |\n"
+      "ms | restore - kept ms | copy of the bytes ms | recompute / restore |\n"
       "|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (int h : histories) {
     std::mt19937 rng(h);
@@ -170,7 +207,8 @@ int main_impl() {
     }
     std::printf("| %d | %lld | %.2f | %.2f | %.1f | %.2f | %.3f | %.0fx |\n", h,
                 static_cast<long long>(off.offload_bytes), kept.turn_ms, off.turn_ms, lost.turn_ms,
-                off.turn_ms - kept.turn_ms, memcpy_ms(off.offload_bytes),
+                off.turn_ms - kept.turn_ms,
+                copy_ms(off.offload_bytes, placement_from_flags().device),
                 lost.turn_ms / off.turn_ms);
     std::fflush(stdout);
   }
