@@ -1,5 +1,6 @@
 #include "kernels/exec.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -135,6 +136,32 @@ void download_async(const Exec& ex, void* dst, const void* src, size_t bytes) {
 
 void copy_async(const Exec& ex, void* dst, const void* src, size_t bytes) {
   copy_on_stream(ex, dst, src, bytes, CopyKind::kDeviceToDevice, false, "copy_async");
+}
+
+void copy_batch_async(const Exec& ex, void* const* dsts, const void* const* srcs,
+                      const size_t* sizes, size_t n) {
+  if (ex.device.is_cpu()) {
+    for (size_t i = 0; i < n; ++i) std::memcpy(dsts[i], srcs[i], sizes[i]);
+    return;
+  }
+#ifdef LOOM_WITH_CUDA
+  constexpr size_t kMaxBatch = 16384;
+  cudaMemcpyAttributes attr{};
+  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;  // after the stream's earlier work
+  size_t attr_index = 0;
+  for (size_t i = 0; i < n; i += kMaxBatch) {
+    const size_t count = std::min(kMaxBatch, n - i);
+    LOOM_CUDA_CHECK(cudaMemcpyBatchAsync(
+        const_cast<void**>(dsts + i), const_cast<const void**>(srcs + i),
+        const_cast<size_t*>(sizes + i), count, &attr, &attr_index, 1, cuda::stream_of(ex)));
+  }
+#else
+  (void)dsts;
+  (void)srcs;
+  (void)sizes;
+  (void)n;
+  no_kernel_for(ex, "copy_batch_async");
+#endif
 }
 
 void synchronize(const Exec& ex) {

@@ -84,6 +84,14 @@ void download(const Exec& ex, void* dst, const void* src, size_t bytes);
 // memcpy). On a GPU `dst` must be page-locked (core/allocator.h's allocate_transfer_buffer), or
 // the copy is staged and synchronous.
 void download_async(const Exec& ex, void* dst, const void* src, size_t bytes);
+// Many copies between host memory and ex.device's, all one way, enqueued on `ex`'s stream after
+// everything enqueued before them without waiting: dsts[i] gets sizes[i] bytes from srcs[i] (a
+// memcpy each on the host). On a GPU one cudaMemcpyBatchAsync per up to 16384 copies: a
+// session's cache is thousands of pages, and a cudaMemcpyAsync each cost ~25 us of driver time
+// (bench/results/gpu-h200.md). The host side must be page-locked (allocate_transfer_buffer), else
+// the copies are staged and synchronous; its bytes are usable once synchronize(ex) returns.
+void copy_batch_async(const Exec& ex, void* const* dsts, const void* const* srcs,
+                      const size_t* sizes, size_t n);
 // Copy of `bytes` between two buffers on ex.device, enqueued on `ex`'s stream after everything
 // enqueued before it (a memcpy on the host): no allocation, no synchronisation.
 void copy_async(const Exec& ex, void* dst, const void* src, size_t bytes);

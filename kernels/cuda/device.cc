@@ -1,11 +1,13 @@
 #include "kernels/cuda/device.h"
 
 #include <array>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
 
 #include "core/allocator.h"
+#include "core/pinned_block_cache.h"
 
 namespace loom::cuda {
 namespace {
@@ -29,7 +31,7 @@ void device_free(void* p, int index) {
 }
 
 // Page-locked host memory for asynchronous copies with any device (core/allocator.h).
-void* pinned_alloc(size_t bytes) {
+void* pinned_alloc_system(size_t bytes) {
   void* p = nullptr;
   const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
   if (e != cudaSuccess) {
@@ -40,7 +42,21 @@ void* pinned_alloc(size_t bytes) {
   return p;
 }
 
-void pinned_free(void* p) { LOOM_CUDA_CHECK(cudaFreeHost(p)); }
+void pinned_free_system(void* p) { LOOM_CUDA_CHECK(cudaFreeHost(p)); }
+
+// Released page-locked blocks are kept for reuse (core/pinned_block_cache.h says why), up to
+// LOOM_PINNED_CACHE_MB (default 4096 MiB, the session offload tier's default budget) in total.
+PinnedBlockCache& pinned_cache() {
+  static PinnedBlockCache* cache = [] {
+    const char* env = std::getenv("LOOM_PINNED_CACHE_MB");
+    const long long mib = env != nullptr ? std::strtoll(env, nullptr, 10) : 4096;
+    return new PinnedBlockCache(pinned_alloc_system, pinned_free_system,
+                                static_cast<size_t>(mib > 0 ? mib : 0) << 20);
+  }();  // never destroyed: buffers may be released during static teardown
+  return *cache;
+}
+void* pinned_alloc(size_t bytes) { return pinned_cache().allocate(bytes); }
+void pinned_free(void* p) { pinned_cache().release(p); }
 
 // core/allocator.h's copier: ordered after everything already enqueued on the device's stream,
 // and finished on return (host memory on either side may be reused at once).
