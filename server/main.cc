@@ -96,6 +96,7 @@ int main(int argc, char** argv) {
   if (!act_dtype.ok()) return fail("bad flags", act_dtype.status());
   auto device = loom::parse_device(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return fail("bad flags", device.status());
+  loom::apply_device_defaults(*device, options->engine);
   const loom::ExpertParallelOptions& ep = options->expert_parallel;
   if (absl::Status st = loom::check_expert_parallel_device(*device, ep.ranks); !st.ok())
     return fail("bad flags", st);

@@ -35,12 +35,14 @@ ABSL_FLAG(int64_t, cache_budget_mb, 0,
 ABSL_FLAG(double, gpu_memory_utilization, 0.9,
           "With --cache_budget_mb 0 on a GPU: the fraction of its memory this server may hold "
           "(weights, step memory, sampler and caches), whatever others hold.");
-ABSL_FLAG(int, max_num_batched_tokens, 2048, "Tokens per engine step over all sequences.");
+ABSL_FLAG(int, max_num_batched_tokens, -1,
+          "Tokens per engine step over all sequences. -1: by device, 2048 on the CPU and 8192 on "
+          "a GPU (prefill chunks large enough for tensor-core rates).");
 ABSL_FLAG(int, max_num_seqs, 64, "Sequences per engine step (and live state slots).");
-ABSL_FLAG(int, max_model_len, 8192,
-          "Prompt + max_tokens limit; 0: the model's max_position_embeddings. The default bounds "
-          "one request's CPU prefill, whose cost grows faster than linearly with the prompt "
-          "(docs/operations.md).");
+ABSL_FLAG(int, max_model_len, -1,
+          "Prompt + max_tokens limit; 0: the model's max_position_embeddings. -1: by device, 8192 "
+          "on the CPU (bounds one request's prefill, whose cost grows faster than linearly with "
+          "the prompt; docs/operations.md) and 0 on a GPU.");
 ABSL_FLAG(int, max_n, 4,
           "Most choices (n) per request, up to 16: each choice prefills and decodes on its own.");
 ABSL_FLAG(bool, enable_prefix_cache, true, "Reuse cached prompt prefixes across requests.");
@@ -142,6 +144,12 @@ ABSL_FLAG(std::string, coordinator, "",
 
 namespace loom {
 
+void apply_device_defaults(Device device, EngineOptions& engine) {
+  const bool gpu = !device.is_cpu();
+  if (engine.max_num_batched_tokens == kByDevice) engine.max_num_batched_tokens = gpu ? 8192 : 2048;
+  if (engine.max_model_len == kByDevice) engine.max_model_len = gpu ? 0 : 8192;
+}
+
 absl::StatusOr<ServerOptions> server_options_from_flags() {
   ServerOptions o;
   o.model_dir = absl::GetFlag(FLAGS_model);
@@ -224,9 +232,11 @@ absl::StatusOr<ServerOptions> server_options_from_flags() {
       parse_kv_dtype(absl::GetFlag(FLAGS_kv_dtype));
   if (!kv_dtype.ok()) return bad("kv_dtype", "must be auto, f32, bf16 or fp8");
   o.engine.kv_dtype = *kv_dtype;
-  if (o.engine.max_num_batched_tokens < 1) return bad("max_num_batched_tokens", "must be >= 1");
+  if (o.engine.max_num_batched_tokens < 1 && o.engine.max_num_batched_tokens != kByDevice)
+    return bad("max_num_batched_tokens", "must be >= 1 (or -1: by device)");
   if (o.engine.max_num_seqs < 1) return bad("max_num_seqs", "must be >= 1");
-  if (o.engine.max_model_len < 0) return bad("max_model_len", "must be >= 0");
+  if (o.engine.max_model_len < 0 && o.engine.max_model_len != kByDevice)
+    return bad("max_model_len", "must be >= 0 (or -1: by device)");
   if (o.engine.max_n < 1 || o.engine.max_n > kMaxN) {
     return bad("max_n", absl::StrCat("must be in [1, ", kMaxN, "]"));
   }

@@ -1,0 +1,59 @@
+// The limits whose defaults depend on the device (server/server_options.h): left as kByDevice by
+// the flags, resolved to the CPU's or a GPU's values, explicit values kept, and out-of-range values
+// refused with the flag's name.
+#include "server/server_options.h"
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "gtest/gtest.h"
+
+ABSL_DECLARE_FLAG(int, max_model_len);
+ABSL_DECLARE_FLAG(int, max_num_batched_tokens);
+
+namespace loom {
+namespace {
+
+TEST(ServerOptions, LimitsDefaultByDevice) {
+  absl::StatusOr<ServerOptions> o = server_options_from_flags();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->engine.max_num_batched_tokens, kByDevice);
+  EXPECT_EQ(o->engine.max_model_len, kByDevice);
+  EngineOptions cpu = o->engine, gpu = o->engine;
+  apply_device_defaults(Device::kCpu, cpu);
+  EXPECT_EQ(cpu.max_num_batched_tokens, 2048);
+  EXPECT_EQ(cpu.max_model_len, 8192);
+  apply_device_defaults(Device::cuda(0), gpu);
+  EXPECT_EQ(gpu.max_num_batched_tokens, 8192);
+  EXPECT_EQ(gpu.max_model_len, 0);  // the model's max_position_embeddings
+}
+
+TEST(ServerOptions, ExplicitLimitsStay) {
+  absl::SetFlag(&FLAGS_max_num_batched_tokens, 512);
+  absl::SetFlag(&FLAGS_max_model_len, 0);
+  absl::StatusOr<ServerOptions> o = server_options_from_flags();
+  ASSERT_TRUE(o.ok()) << o.status();
+  for (Device d : {Device::kCpu, Device::cuda(0)}) {
+    EngineOptions e = o->engine;
+    apply_device_defaults(d, e);
+    EXPECT_EQ(e.max_num_batched_tokens, 512);
+    EXPECT_EQ(e.max_model_len, 0);
+  }
+  absl::SetFlag(&FLAGS_max_num_batched_tokens, -1);
+  absl::SetFlag(&FLAGS_max_model_len, -1);
+}
+
+TEST(ServerOptions, OutOfRangeLimitsAreRefused) {
+  absl::SetFlag(&FLAGS_max_model_len, -2);
+  absl::StatusOr<ServerOptions> o = server_options_from_flags();
+  EXPECT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("--max_model_len"), std::string::npos) << o.status();
+  absl::SetFlag(&FLAGS_max_model_len, -1);
+  absl::SetFlag(&FLAGS_max_num_batched_tokens, 0);
+  o = server_options_from_flags();
+  EXPECT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("--max_num_batched_tokens"), std::string::npos) << o.status();
+  absl::SetFlag(&FLAGS_max_num_batched_tokens, -1);
+}
+
+}  // namespace
+}  // namespace loom
