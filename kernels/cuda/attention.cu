@@ -23,6 +23,8 @@
 
 #include "kernels/cuda/attention_launch.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/pdl.h"
 
 namespace loom::cuda {
 namespace {
@@ -226,6 +228,7 @@ __global__ void __launch_bounds__(kSchedThreads)
     attn_schedule_kernel(launch::AttnPolicy p, const int64_t* __restrict__ cu,
                          const int64_t* __restrict__ past, int64_t N, int64_t B,
                          const launch::AttnSchedule s) {
+  dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
   __shared__ int32_t warp_tot[3][32];
   __shared__ int32_t carry[3];
   __shared__ int64_t cu_s[kSchedCachedCu + 1];
@@ -375,6 +378,7 @@ __device__ __forceinline__ float split_weights(const float* __restrict__ part_ml
 // and so the order follow from host-known sizes alone: the same for every replay of a graph).
 __global__ void __launch_bounds__(kCombineThreads)
     attn_combine_kernel(const launch::AttnArgs a, int cols) {
+  dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
   __shared__ float w[kCombineThreads], lw[kCombineThreads], red[kCombineThreads];
   const int32_t count = a.sched.counts[1];
   const int H = a.heads, dv = a.dv, h = blockIdx.y;
@@ -423,6 +427,7 @@ __global__ void __launch_bounds__(kAbsorbThreads)
     mla_absorb_q_kernel(const void* __restrict__ q, bool act_bf16, const float* __restrict__ kv_b,
                         float* __restrict__ q_lat, int64_t N, int H, int dn, int dr, int dv,
                         int R) {
+  dev::pdl_wait();                             // PDL-aware (kernels/cuda/pdl.h): before any access
   extern __shared__ __align__(16) float qs[];  // [dn][TM], then [kAbsorbWarps][TM][32]
   float* red = qs + dn * TM;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * TM;
@@ -491,6 +496,7 @@ __global__ void __launch_bounds__(kProjectThreads)
                            const float* __restrict__ part_ml, const launch::AttnSchedule sched,
                            const float* __restrict__ kv_b, void* __restrict__ out, bool act_bf16,
                            int64_t N, int H, int dn, int dv, int R, int v_tile) {
+  dev::pdl_wait();                             // PDL-aware (kernels/cuda/pdl.h): before any access
   extern __shared__ __align__(16) float os[];  // [TM][R]
   __shared__ float w[kCombineThreads], lw[kCombineThreads];
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * TM;
@@ -648,6 +654,7 @@ AttnSchedule attn_schedule_carve(void* buffer, const AttnBounds& bounds, int64_t
 
 void attn_schedule(cudaStream_t stream, const AttnPolicy& policy, const int64_t* cu,
                    const int64_t* past, int64_t N, int64_t B, const AttnSchedule& s) {
+  LOOM_MARK_PDL_KERNEL(attn_schedule_kernel);
   attn_schedule_kernel<<<1, kSchedThreads, 0, stream>>>(policy, cu, past, N, B, s);
   LOOM_CUDA_CHECK_LAUNCH();
 }
@@ -663,6 +670,7 @@ void attn_combine(cudaStream_t stream, const AttnArgs& a, int64_t max_split_rows
     cols /= 2;
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(a.heads),
                   static_cast<unsigned>((a.dv + cols - 1) / cols));
+  LOOM_MARK_PDL_KERNEL(attn_combine_kernel);
   attn_combine_kernel<<<grid, kCombineThreads, 0, stream>>>(a, cols);
   LOOM_CUDA_CHECK_LAUNCH();
 }
@@ -682,6 +690,7 @@ void mla_absorb_q(cudaStream_t stream, const void* q, bool act_bf16, const float
     const int64_t row_blocks = (N + TM - 1) / TM;
     LOOM_CHECK_GRID(row_blocks);
     const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(H), cols);
+    LOOM_MARK_PDL_KERNEL(mla_absorb_q_kernel<TM>);
     mla_absorb_q_kernel<TM><<<grid, kAbsorbThreads, smem, stream>>>(
         q, act_bf16, kv_b, q_lat, N, static_cast<int>(H), static_cast<int>(dn),
         static_cast<int>(dr), static_cast<int>(dv), static_cast<int>(R));
@@ -713,6 +722,7 @@ void mla_project_out(cudaStream_t stream, const float* o_lat, const float* part_
     LOOM_CHECK_GRID(row_blocks);
     const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(H),
                     static_cast<unsigned>((dv + v_tile - 1) / v_tile));
+    LOOM_MARK_PDL_KERNEL(mla_project_out_kernel<TM>);
     mla_project_out_kernel<TM><<<grid, kProjectThreads, smem, stream>>>(
         o_lat, part_acc, part_ml, sched, kv_b, out, act_bf16, N, static_cast<int>(H),
         static_cast<int>(dn), static_cast<int>(dv), static_cast<int>(R), v_tile);

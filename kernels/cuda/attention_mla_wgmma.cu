@@ -55,6 +55,8 @@
 
 #include "kernels/cuda/attention_launch.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/pdl.h"
 
 namespace loom::cuda {
 namespace {
@@ -287,6 +289,7 @@ template <int BN, int ST>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_wgmma_kernel(const launch::AttnArgs a, const __grid_constant__ CUtensorMap tm_lat,
                      const __grid_constant__ CUtensorMap tm_rope) {
+  dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
 #if defined(LOOM_MLA_WGMMA)
   using C = Cfg<BN, ST>;
   constexpr int NT = BN / 8;   // n8 score columns per thread row
@@ -691,6 +694,7 @@ void launch_wgmma(cudaStream_t stream, const launch::AttnArgs& a, int64_t max_it
   const int64_t rows = a.num_pages * a.page_size;
   const CUtensorMap lat = pool_map(a.k1, rows, 512, a.k1_row, BN);
   const CUtensorMap rope = pool_map(a.k2, rows, 64, a.k2_row, BN);
+  LOOM_MARK_PDL_KERNEL((mla_wgmma_kernel<BN, ST>));
   kernel<<<static_cast<unsigned>(blocks), kThreads, C::kBytes, stream>>>(a, lat, rope);
   LOOM_CUDA_CHECK_LAUNCH();
 }

@@ -337,10 +337,9 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* smem, int* total
 
 // Dynamic shared memory: tab [32][ne] (per segment and expert: a count, then the segment's next
 // row), base [ne] (the expert's first row), 32 ints of scan scratch.
-__global__ void __launch_bounds__(kRankWarps * 32)
-    permute_rank_kernel(const int32_t* __restrict__ ids, int64_t slots, int64_t first, int ne,
-                        int32_t* __restrict__ offsets, int32_t* __restrict__ row_of_slot) {
-  dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
+__device__ __forceinline__ void rank_slots(const int32_t* __restrict__ ids, int64_t slots,
+                                           int64_t first, int ne, int32_t* __restrict__ offsets,
+                                           int32_t* __restrict__ row_of_slot) {
   extern __shared__ int rank_smem[];
   int* tab = rank_smem;
   int* base = tab + kRankWarps * ne;
@@ -398,6 +397,13 @@ __global__ void __launch_bounds__(kRankWarps * 32)
     __syncwarp();
     if (j < end) row_of_slot[j] = row;
   }
+}
+
+__global__ void __launch_bounds__(kRankWarps * 32)
+    permute_rank_kernel(const int32_t* __restrict__ ids, int64_t slots, int64_t first, int ne,
+                        int32_t* __restrict__ offsets, int32_t* __restrict__ row_of_slot) {
+  dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
+  rank_slots(ids, slots, first, ne, offsets, row_of_slot);
 }
 
 // The same ranking for many slots, over chunks of kChunkSlots slots (warp w of a chunk's block
@@ -499,6 +505,29 @@ __global__ void __launch_bounds__(kChunkWarps * 32)
   }
 }
 
+// Lane `lane` of a warp's share of x_sorted[row] = x[j / K] (bits copied between one dtype,
+// converted between two); rows outside [0, R) (unowned slots: -1) are skipped.
+template <typename Tx, typename Ts, bool kVec4>
+__device__ __forceinline__ void copy_slot_row(const Tx* __restrict__ x, int64_t row,
+                                              Ts* __restrict__ x_sorted, int64_t j, int64_t K,
+                                              int64_t D, int64_t R, int lane) {
+  constexpr bool kSame = std::is_same_v<Tx, Ts>;
+  if (row < 0 || row >= R) return;
+  const Tx* src = x + (j / K) * D;
+  Ts* dst = x_sorted + row * D;
+  if constexpr (kVec4 && kSame) {
+    const Quad<Tx>* s4 = reinterpret_cast<const Quad<Tx>*>(src);
+    Quad<Ts>* d4 = reinterpret_cast<Quad<Ts>*>(dst);
+    for (int64_t c = lane; c < D / 4; c += 32) d4[c] = s4[c];
+  } else if constexpr (kVec4) {
+    for (int64_t c = lane; c < D / 4; c += 32) store4(dst + 4 * c, load4(src + 4 * c));
+  } else if constexpr (kSame) {
+    for (int64_t c = lane; c < D; c += 32) dst[c] = src[c];
+  } else {
+    for (int64_t c = lane; c < D; c += 32) dst[c] = from_f32<Ts>(to_f32(src[c]));
+  }
+}
+
 // One warp per slot: x_sorted[row_of_slot[j]] = x[j / K] (bits copied between one dtype,
 // converted between two).
 template <typename Tx, typename Ts, bool kVec4>
@@ -506,27 +535,29 @@ __global__ void __launch_bounds__(256)
     permute_copy_kernel(const Tx* __restrict__ x, const int32_t* __restrict__ row_of_slot,
                         Ts* __restrict__ x_sorted, int64_t slots, int64_t K, int64_t D, int64_t R) {
   dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
-  constexpr bool kSame = std::is_same_v<Tx, Ts>;
   const int lane = threadIdx.x & 31;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
        j < slots; j += warps) {
-    const int64_t row = row_of_slot[j];
-    if (row < 0 || row >= R) continue;
-    const Tx* src = x + (j / K) * D;
-    Ts* dst = x_sorted + row * D;
-    if constexpr (kVec4 && kSame) {
-      const Quad<Tx>* s4 = reinterpret_cast<const Quad<Tx>*>(src);
-      Quad<Ts>* d4 = reinterpret_cast<Quad<Ts>*>(dst);
-      for (int64_t c = lane; c < D / 4; c += 32) d4[c] = s4[c];
-    } else if constexpr (kVec4) {
-      for (int64_t c = lane; c < D / 4; c += 32) store4(dst + 4 * c, load4(src + 4 * c));
-    } else if constexpr (kSame) {
-      for (int64_t c = lane; c < D; c += 32) dst[c] = src[c];
-    } else {
-      for (int64_t c = lane; c < D; c += 32) dst[c] = from_f32<Ts>(to_f32(src[c]));
-    }
+    copy_slot_row<Tx, Ts, kVec4>(x, row_of_slot[j], x_sorted, j, K, D, R, lane);
   }
+}
+
+// A decode step's few slots (at most kFusedPermuteSlots): the ranking and the copies in one block,
+// one kernel instead of two (~3 us each at one token, 26 MoE layers a step: bench/results).
+constexpr int64_t kFusedPermuteSlots = 32;
+template <typename Tx, typename Ts, bool kVec4>
+__global__ void __launch_bounds__(kRankWarps * 32)
+    permute_rank_copy_kernel(const int32_t* __restrict__ ids, int64_t slots, int64_t first, int ne,
+                             int32_t* __restrict__ offsets, int32_t* __restrict__ row_of_slot,
+                             const Tx* __restrict__ x, Ts* __restrict__ x_sorted, int64_t K,
+                             int64_t D, int64_t R) {
+  dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
+  rank_slots(ids, slots, first, ne, offsets, row_of_slot);
+  __syncthreads();  // the block's row_of_slot stores are visible to the whole block after it
+  const int lane = threadIdx.x & 31;
+  for (int64_t j = threadIdx.x >> 5; j < slots; j += kRankWarps)
+    copy_slot_row<Tx, Ts, kVec4>(x, row_of_slot[j], x_sorted, j, K, D, R, lane);
 }
 
 // ---- moe_unpermute_combine ---------------------------------------------------------------------
@@ -630,8 +661,28 @@ void moe_permute(cudaStream_t stream, const void* x, bool x_bf16, const int32_t*
                  void* scratch) {
   const int64_t slots = T * K;
   const int n = static_cast<int>(ne);
+  const size_t rank_smem = sizeof(int) * (static_cast<size_t>(kRankWarps + 1) * ne + 32);
+  if (slots > 0 && slots <= kFusedPermuteSlots && D > 0 && ne > 0 && rank_smem <= 48 * 1024) {
+    with_types(x_bf16, xs_bf16, [&](auto tx, auto ts) {
+      using Tx = typename decltype(tx)::type;
+      using Ts = typename decltype(ts)::type;
+      const Tx* src = static_cast<const Tx*>(x);
+      Ts* dst = static_cast<Ts*>(x_sorted);
+      if (vec4) {
+        LOOM_MARK_PDL_KERNEL((permute_rank_copy_kernel<Tx, Ts, true>));
+        permute_rank_copy_kernel<Tx, Ts, true><<<1, kRankWarps * 32, rank_smem, stream>>>(
+            ids, slots, first_expert, n, offsets, row_of_slot, src, dst, K, D, R);
+      } else {
+        LOOM_MARK_PDL_KERNEL((permute_rank_copy_kernel<Tx, Ts, false>));
+        permute_rank_copy_kernel<Tx, Ts, false><<<1, kRankWarps * 32, rank_smem, stream>>>(
+            ids, slots, first_expert, n, offsets, row_of_slot, src, dst, K, D, R);
+      }
+    });
+    LOOM_CUDA_CHECK_LAUNCH();
+    return;
+  }
   if (slots <= kMoePermuteOneBlockSlots) {
-    const size_t smem = sizeof(int) * (static_cast<size_t>(kRankWarps + 1) * ne + 32);
+    const size_t smem = rank_smem;
     if (smem > 48 * 1024) {
       // The opt-in to more than 48 KiB of dynamic shared memory is per device: once each.
       static std::atomic<uint64_t> done{0};

@@ -292,6 +292,11 @@ TEST_F(MoeCuda, Permute) {
       {"T37_K3_E7_all_D67", 37, 3, 7, 0, 7, 67},
       {"T37_K3_E7_owned_2to5_D67", 37, 3, 7, 2, 3, 67},
       {"T1_K8_E64_all_D128", 1, 8, 64, 0, 64, 128},
+      // Up to 32 slots rank and copy in one kernel (a decode step's): the 48B model's shape at
+      // two tokens, a scalar-copy owned subset, and the first two-kernel count.
+      {"T2_K8_E256_all_D2304", 2, 8, 256, 0, 256, 2304},
+      {"T8_K4_E64_owned_8to40_D67", 8, 4, 64, 8, 32, 67},
+      {"T11_K3_E64_all_D64", 11, 3, 64, 0, 64, 64},
       // The one-block ranking's largest count, and the chunked ranking's smallest.
       {"T1024_K8_E64_all_D64", 1024, 8, 64, 0, 64, 64},
       {"T1025_K8_E64_owned_3to50_D64", 1025, 8, 64, 3, 47, 64, 6},
