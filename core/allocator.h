@@ -39,7 +39,10 @@ using PinnedFreeFn = void (*)(void* ptr);
 void set_pinned_host_allocator(PinnedAllocFn alloc, PinnedFreeFn free);
 // `bytes` of host memory for transfers with `peer`: page-locked when `peer` is a CUDA device
 // (its backend must be initialised, device_available), plain aligned host memory when it is the
-// host, whose copies are memcpy. Not zeroed; aborts on exhaustion.
+// host, whose copies are memcpy. Not zeroed; aborts on exhaustion. Releasing the last reference
+// does not wait for the device: the CUDA backend recycles page-locked blocks
+// (core/pinned_block_cache.h), so drop a buffer only once the copies into or out of it have
+// finished (synchronize the stream they were enqueued on).
 std::shared_ptr<void> allocate_transfer_buffer(size_t bytes, Device peer);
 
 using DeviceCopyFn = void (*)(void* dst, Device dst_device, const void* src, Device src_device,

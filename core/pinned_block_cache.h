@@ -15,6 +15,9 @@
 #include <map>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
 
 namespace loom {
 
@@ -43,15 +46,17 @@ class PinnedBlockCache {
   Stats stats() const;
 
  private:
-  void trim_locked(size_t max_free);  // frees the largest free blocks until free_ <= max_free
+  // Takes the largest free blocks out until the free bytes are at most max_free; the caller
+  // frees them (`freed`) once the lock is released.
+  void trim_locked(size_t max_free, std::vector<void*>& freed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const AllocFn alloc_;
   const FreeFn free_fn_;
   const size_t max_free_bytes_;
   mutable std::mutex mu_;
-  std::unordered_map<void*, size_t> size_of_;  // every live block (used or free)
-  std::multimap<size_t, void*> free_;          // free blocks by size
-  Stats stats_;
+  std::unordered_map<void*, size_t> size_of_ ABSL_GUARDED_BY(mu_);  // live blocks, used or free
+  std::multimap<size_t, void*> free_ ABSL_GUARDED_BY(mu_);          // free blocks by size
+  Stats stats_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace loom

@@ -151,9 +151,8 @@ void copy_batch_async(const Exec& ex, void* const* dsts, const void* const* srcs
   size_t attr_index = 0;
   for (size_t i = 0; i < n; i += kMaxBatch) {
     const size_t count = std::min(kMaxBatch, n - i);
-    LOOM_CUDA_CHECK(cudaMemcpyBatchAsync(
-        const_cast<void**>(dsts + i), const_cast<const void**>(srcs + i),
-        const_cast<size_t*>(sizes + i), count, &attr, &attr_index, 1, cuda::stream_of(ex)));
+    LOOM_CUDA_CHECK(cudaMemcpyBatchAsync(dsts + i, srcs + i, sizes + i, count, &attr, &attr_index,
+                                         1, cuda::stream_of(ex)));
   }
 #else
   (void)dsts;

@@ -88,8 +88,9 @@ void download_async(const Exec& ex, void* dst, const void* src, size_t bytes);
 // everything enqueued before them without waiting: dsts[i] gets sizes[i] bytes from srcs[i] (a
 // memcpy each on the host). On a GPU one cudaMemcpyBatchAsync per up to 16384 copies: a
 // session's cache is thousands of pages, and a cudaMemcpyAsync each cost ~25 us of driver time
-// (bench/results/gpu-h200.md). The host side must be page-locked (allocate_transfer_buffer), else
-// the copies are staged and synchronous; its bytes are usable once synchronize(ex) returns.
+// (bench/results/gpu-h200.md). The host side must be page-locked (allocate_transfer_buffer); the
+// copies read their sources in stream order, and their results are there once synchronize(ex)
+// returns.
 void copy_batch_async(const Exec& ex, void* const* dsts, const void* const* srcs,
                       const size_t* sizes, size_t n);
 // Copy of `bytes` between two buffers on ex.device, enqueued on `ex`'s stream after everything

@@ -109,8 +109,9 @@ class CacheStore {
   // that order, whole pages and slots. sequence_bytes is their size; save_sequence enqueues the
   // device-to-host copies into `host` (its bytes are there once synchronize(exec()) returns);
   // load_sequence enqueues the copies back into pages and a slot of the same shape (`host` must
-  // stay untouched until the stream has passed them). On a GPU `host` should be page-locked
-  // (allocate_transfer_buffer), else the copies are staged and synchronous.
+  // stay untouched until the stream has passed them). On a GPU `host` must be page-locked
+  // (allocate_transfer_buffer): both enqueue one batch of copies (kernels/exec.h's
+  // copy_batch_async).
   size_t sequence_bytes(int64_t num_pages, bool slot) const;
   void save_sequence(std::span<const int32_t> pages, int64_t slot, void* host) const;
   void load_sequence(const void* host, std::span<const int32_t> pages, int64_t slot);

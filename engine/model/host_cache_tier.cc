@@ -231,6 +231,11 @@ bool HostCacheTier::read_back(uint64_t key, const Entry& e, void* dst) const {
 
 void HostCacheTier::erase(absl::flat_hash_map<uint64_t, Entry>::iterator it) {
   Entry& e = it->second;
+  // Copies into a host blob (put's, enqueued in this loop pass) may still be in flight, and a
+  // freed page-locked block is handed to the next allocation at once (core/pinned_block_cache.h:
+  // freeing no longer waits for the device, as cudaFreeHost did): wait for them first. Erasing is
+  // rare (a drop, a delete, an eviction by the budget).
+  if (e.host != nullptr) synchronize(ex_);
   if (e.host != nullptr) {
     host_lru_.erase(e.tick);
     stats_.host_bytes -= static_cast<int64_t>(e.bytes);

@@ -81,8 +81,16 @@ size_t make_pdl_edges(cudaGraph_t graph) {
     cudaGraphEdgeData programmatic{};
     programmatic.from_port = cudaGraphKernelNodePortLaunchCompletion;
     programmatic.type = cudaGraphDependencyTypeProgrammatic;
-    LOOM_CUDA_CHECK(cudaGraphRemoveDependencies(graph, &from, &node, &edge, 1));
-    LOOM_CUDA_CHECK(cudaGraphAddDependencies(graph, &from, &node, &programmatic, 1));
+    // A driver that refuses the edge leaves the plain one: slower, never wrong.
+    if (cudaGraphRemoveDependencies(graph, &from, &node, &edge, 1) != cudaSuccess) {
+      (void)cudaGetLastError();
+      continue;
+    }
+    if (cudaGraphAddDependencies(graph, &from, &node, &programmatic, 1) != cudaSuccess) {
+      (void)cudaGetLastError();
+      LOOM_CUDA_CHECK(cudaGraphAddDependencies(graph, &from, &node, &edge, 1));
+      continue;
+    }
     kernels.back().second = true;
     ++made;
   }

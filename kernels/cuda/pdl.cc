@@ -1,5 +1,7 @@
 #include "kernels/cuda/pdl.h"
 
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
@@ -30,8 +32,17 @@ int64_t env_int(const char* name, int64_t fallback) {
 void mark_pdl_kernel(const void* kernel) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  if (std::find(r.kernels.begin(), r.kernels.end(), kernel) == r.kernels.end())
-    r.kernels.push_back(kernel);
+  if (std::find(r.kernels.begin(), r.kernels.end(), kernel) != r.kernels.end()) return;
+  // The wait exists only in code compiled for sm_90 or later (pdl.cuh): a kernel whose loaded
+  // code is older (a build without sm_90 code, JIT-compiled from older PTX) keeps plain edges,
+  // or it would run early without waiting.
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
+  if (attr.ptxVersion < 90 || attr.binaryVersion < 90) return;
+  r.kernels.push_back(kernel);
 }
 
 bool is_pdl_kernel(const void* kernel) {

@@ -22,7 +22,8 @@
 
 namespace loom::cuda {
 
-// Records `kernel` (a __global__ function's address) as PDL-aware. Thread-safe; idempotent.
+// Records `kernel` (a __global__ function's address) as PDL-aware, unless its loaded code is
+// older than sm_90 (no wait compiled in). Thread-safe; idempotent.
 void mark_pdl_kernel(const void* kernel);
 bool is_pdl_kernel(const void* kernel);
 

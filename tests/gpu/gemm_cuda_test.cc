@@ -49,6 +49,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/graph.h"
+#include "kernels/norm.h"
 #include "kernels/side_stream.h"
 #include "tests/gpu/gpu_test_support.h"
 #include "tests/gpu/twin_tolerances.h"
@@ -409,8 +410,10 @@ TEST_F(GemmCuda, SideStreamBranchJoinsBeforeUse) {
 // the predecessor still runs; the wait must hold them until it is done. The first GEMV's x is the
 // last row of a 1 GiB buffer that a grid-stride add writes in each block's last iterations, after
 // its second wave of blocks has started (the launch-completion point); the second GEMV reads the
-// first's output, reset to NaN before the add. Replays must give the eager run's bits. With
-// LOOM_CUDA_PDL=0 the graph has no programmatic edges and the same must hold.
+// first's output, reset to NaN before the add. A norm (a PDL-aware kernel without a prefetch)
+// sits between the add and the first GEMV, so it, too, must wait for the add. Replays must give
+// the eager run's bits. With LOOM_CUDA_PDL=0 the graph has no programmatic edges and the same
+// must hold.
 TEST_F(GemmCuda, PdlGemvsWaitForTheirProducers) {
   const int64_t R = 32768, K = 8192, N1 = 1000, N2 = 999;
   const Exec& ex = gpu();
@@ -424,11 +427,14 @@ TEST_F(GemmCuda, PdlGemvsWaitForTheirProducers) {
   const Tensor nan_row = dev(Tensor::full({1, N1}, std::nanf("")));
   const Tensor y1 = Tensor::empty({1, N1}, DType::kF32, Device::kCuda);
   const Tensor y2 = Tensor::empty({1, N2}, DType::kF32, Device::kCuda);
+  const Tensor norm_w = dev(randn({K}));
+  const Tensor normed = Tensor::empty({1, K}, DType::kF32, Device::kCuda);
   auto step = [&] {
     zero_fill(ex, big);
     copy_columns(ex, nan_row, 0, y1);
     add_inplace(ex, big, delta);
-    linear_forward(ex, big.slice(0, R - 1, R), w1, y1);
+    rmsnorm_forward(ex, big.slice(0, R - 1, R), norm_w, 1e-6f, 0.0f, normed);
+    linear_forward(ex, normed, w1, y1);
     linear_forward(ex, y1, w2, y2);
   };
   step();
@@ -438,11 +444,11 @@ TEST_F(GemmCuda, PdlGemvsWaitForTheirProducers) {
   ASSERT_TRUE(graph.ok()) << graph.status();
   const char* env = std::getenv("LOOM_CUDA_PDL");
   const bool pdl = env == nullptr || std::string(env) != "0";
-  EXPECT_EQ(graph->programmatic_edges(), pdl ? 2u : 0u);
+  EXPECT_EQ(graph->programmatic_edges(), pdl ? 3u : 0u);  // the norm and both GEMVs
   for (int round = 0; round < 3; ++round) {
     graph->replay(ex);
     const Tensor got1 = host(y1), got2 = host(y2);
-    report("pdl_gemv_after_add_round" + std::to_string(round),
+    report("pdl_norm_then_gemv_after_add_round" + std::to_string(round),
            std::memcmp(got1.raw(), want1.raw(), want1.nbytes()) == 0 ? 0.0 : 1.0, 0.0);
     report("pdl_gemv_after_gemv_round" + std::to_string(round),
            std::memcmp(got2.raw(), want2.raw(), want2.nbytes()) == 0 ? 0.0 : 1.0, 0.0);
