@@ -27,9 +27,10 @@ absl::Status Engine::init(const Model& model, std::shared_ptr<const Tokenizer> t
     return absl::InvalidArgumentError(
         "max_sessions, session_max_bytes and sessions_max_bytes must be >= 0 and session_ttl_s > "
         "0");
-  if (options.session_offload_bytes < 0 || options.session_offload_disk_bytes < 0)
+  if (options.session_offload_bytes < 0 || options.session_offload_disk_bytes < 0 ||
+      options.prefix_offload_bytes < 0)
     return absl::InvalidArgumentError(
-        "session_offload_bytes and session_offload_disk_bytes must be >= 0");
+        "session_offload_bytes, session_offload_disk_bytes and prefix_offload_bytes must be >= 0");
   if (!options.session_offload_dir.empty() && options.session_offload_bytes == 0)
     return absl::InvalidArgumentError(
         "session_offload_dir is the disk tier below the host tier: it needs "
@@ -373,6 +374,12 @@ EngineStats Engine::stats() const {
     s.session_bytes += r.session_bytes;
     s.session_evictions += r.session_evictions;
     s.sessions_expired += r.sessions_expired;
+    s.prefix_offload_bytes += r.prefix_offload_bytes;
+    s.prefix_offloads += r.prefix_offloads;
+    s.prefix_offload_hits += r.prefix_offload_hits;
+    s.prefix_restored_pages += r.prefix_restored_pages;
+    s.prefix_restored_checkpoints += r.prefix_restored_checkpoints;
+    s.prefix_offload_lost += r.prefix_offload_lost;
     s.weight_version = r.weight_version;
     s.weight_updates = r.weight_updates;
     merge(s.device_clock, r.device_clock);

@@ -82,6 +82,11 @@ struct EngineOptions {
   int64_t session_offload_bytes = int64_t{4} << 30;
   std::string session_offload_dir;
   int64_t session_offload_disk_bytes = 0;
+  // Host memory the prefix cache's evicted pages and linear-state checkpoints move to (a tier of
+  // its own, host memory only, held per blob), copied back for a later request that shares the
+  // prefix instead of recomputing it; 0: off (evicted blocks are dropped). Past it the least
+  // recently evicted are dropped (recomputed if needed again). Ignored without the prefix cache.
+  int64_t prefix_offload_bytes = int64_t{1} << 30;
 };
 
 struct EngineStats {
@@ -108,6 +113,11 @@ struct EngineStats {
   int32_t sessions_offloaded = 0, sessions_on_disk = 0;
   int64_t session_offload_bytes = 0, session_offload_disk_bytes = 0;
   int64_t session_offloads = 0, session_restores = 0, session_offload_lost = 0;
+  // The prefix cache's offload tier (EngineOptions::prefix_offload_bytes): its host bytes; since
+  // start, pages and checkpoints moved there, admissions that copied blocks back (hits), the pages
+  // and checkpoints copied back (each one not recomputed), and those dropped by its budget.
+  int64_t prefix_offload_bytes = 0, prefix_offloads = 0, prefix_offload_hits = 0;
+  int64_t prefix_restored_pages = 0, prefix_restored_checkpoints = 0, prefix_offload_lost = 0;
   // The weight version requests are sampled under now, and the updates applied since start
   // (Engine::update_weights).
   int64_t weight_version = 0, weight_updates = 0;

@@ -156,6 +156,18 @@ absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::create(
     loop->offload_ = std::make_unique<SessionOffload>(*loop->store_, std::move(tier));
     sc.offload = loop->offload_.get();
   }
+  // The prefix cache's evicted blocks get a tier of their own: they do not compete with sessions
+  // for the session budget, and the cache indexes its blobs (report_evictions). Host memory only:
+  // a block is one page or one slot, cheaper to recompute than to keep in a file per block.
+  if (options.enable_prefix_cache && options.prefix_offload_bytes > 0) {
+    HostCacheTier::Options to;
+    to.max_bytes = options.prefix_offload_bytes;
+    to.report_evictions = true;
+    LOOM_ASSIGN_OR_RETURN(std::unique_ptr<HostCacheTier> tier,
+                          HostCacheTier::create(to, loop->store_->exec()));
+    loop->prefix_offload_ = std::make_unique<SessionOffload>(*loop->store_, std::move(tier));
+    sc.prefix_offload = loop->prefix_offload_.get();
+  }
   LOOM_ASSIGN_OR_RETURN(loop->sched_, Scheduler::create(sc));
   if (cfg.eos_token_id >= 0) loop->eos_ids_.push_back(cfg.eos_token_id);
   loop->seeds_.seed(options.seed != 0 ? options.seed : std::random_device{}());
@@ -614,9 +626,11 @@ void EngineLoop::finish(LiveRequest& r, Choice& c, FinishReason reason, std::str
 }
 
 int64_t EngineLoop::offload_moves() const {
-  if (offload_ == nullptr) return 0;
-  const HostCacheTier::Stats& t = offload_->tier().stats();
-  return t.stored + t.restored;
+  int64_t moves = 0;
+  for (const SessionOffload* o : {offload_.get(), prefix_offload_.get()}) {
+    if (o != nullptr) moves += o->tier().stats().stored + o->tier().stats().restored;
+  }
+  return moves;
 }
 
 void EngineLoop::publish_stats() {
@@ -643,6 +657,15 @@ void EngineLoop::publish_stats() {
     stats_.session_restores = t.restored;
     stats_.session_offload_lost = t.evicted + t.lost;
     stats_.session_evictions += stats_.session_offload_lost;
+  }
+  if (prefix_offload_ != nullptr) {
+    const PrefixCache::OffloadStats& p = sched_->prefix_cache()->offload_stats();
+    stats_.prefix_offload_bytes = prefix_offload_->tier().stats().host_bytes;
+    stats_.prefix_offloads = p.offloaded;
+    stats_.prefix_offload_hits = p.hits;
+    stats_.prefix_restored_pages = p.restored_pages;
+    stats_.prefix_restored_checkpoints = p.restored_checkpoints;
+    stats_.prefix_offload_lost = p.lost;
   }
   inbox_.publish(stats_, closed_);
   closed_ = 0;

@@ -131,7 +131,7 @@ class EngineLoop {
   // are dropped (computed by the old weights) and the version goes up by one.
   void update_weights(EngineInbox::WeightUpdate& update);
   void publish_stats();
-  // Blobs the session offload tier has stored or handed back since start (0 without one).
+  // Blobs the offload tiers (sessions, prefix cache) have stored or handed back since start.
   int64_t offload_moves() const;
 
   // The live request a scheduler id names; null once it is gone (finished or cancelled).
@@ -149,6 +149,8 @@ class EngineLoop {
   // Owned by the loop thread (the store first, destroyed last: the runner writes into it).
   std::unique_ptr<CacheStore> store_;
   std::unique_ptr<SessionOffload> offload_;  // null when off; the scheduler points at it
+  // The prefix cache's tier (EngineOptions::prefix_offload_bytes); null when off.
+  std::unique_ptr<SessionOffload> prefix_offload_;
   std::unique_ptr<Scheduler> sched_;
   DeviceStepClock clock_;  // the runner marks each step's first device work on it
   // Whether the last pass ran a step that left work: the next step follows it at once, so the

@@ -5,6 +5,9 @@
 // scheduler allocates for the session's next turn (CacheStore::load_sequence), byte for byte:
 // the turn continues exactly as if its sequence had stayed parked.
 //
+// The prefix cache's evicted pages and checkpoints (scheduler/prefix_cache.h) go through a second
+// instance over a tier of their own, one page or one slot per blob, packed the same way.
+//
 // Thread-safety: none; the engine loop thread's (through the scheduler).
 #pragma once
 
@@ -32,6 +35,7 @@ class SessionOffload final : public SequenceOffload {
   bool restore(uint64_t key, std::span<const int32_t> pages, int32_t slot) override;
   void drop(uint64_t key) override { tier_->drop(key); }
   void clear() override { tier_->clear(); }
+  std::vector<uint64_t> take_evicted() override { return tier_->take_evicted(); }
 
   const HostCacheTier& tier() const { return *tier_; }
 

@@ -93,6 +93,10 @@ struct Scheduler::Impl {
     while (kv->free_count() < n && ((cache && cache->evict_for_page()) || parked->evict_lru())) {
     }
   }
+  IdPool::Handle alloc_page() {
+    ensure_free_pages(1);
+    return kv->allocate_one();
+  }
   IdPool::Handle alloc_slot() {
     while (slots->free_count() == 0 &&
            ((cache && cache->evict_for_slot()) || parked->evict_lru())) {
@@ -244,18 +248,34 @@ struct Scheduler::Impl {
       m = cache->match(r->tokens, r->hashes);
     }
     const int32_t known = static_cast<int32_t>(r->tokens.size());
-    std::vector<int32_t> ckpts = checkpoint_positions(known, m.length);
-    // The first chunk (the rule of chunk_len: every pending checkpoint lies past m.length).
-    int32_t n = std::min(known - m.length, budget);
-    if (!ckpts.empty()) n = std::min(n, ckpts.front() - m.length);
-    std::vector<IdPool::Handle> pages = std::move(m.pages);
-    const int32_t need = cfg.has_attention_layers ? kv->pages_for_tokens(m.length + n) -
-                                                        static_cast<int32_t>(pages.size())
-                                                  : 0;
+    std::vector<int32_t> ckpts;
+    int32_t n = 0, need = 0;
+    // The first chunk (the rule of chunk_len: every pending checkpoint lies past m.length) and the
+    // pages it needs beyond the match's (those of the match still offloaded included).
+    auto first_chunk = [&] {
+      ckpts = checkpoint_positions(known, m.length);
+      n = std::min(known - m.length, budget);
+      if (!ckpts.empty()) n = std::min(n, ckpts.front() - m.length);
+      need = cfg.has_attention_layers ? kv->pages_for_tokens(m.length + n) -
+                                            static_cast<int32_t>(m.pages.size()) + m.offloaded_pages
+                                      : 0;
+    };
     // Evict nothing for an admission that cannot succeed anyway (keeps the cache warm while the
     // queue head waits for memory).
-    if (need > kv->free_count() + evictable_pages()) return 0;
-    if (cfg.has_linear_layers && !slot_obtainable()) return 0;
+    auto fits = [&] {
+      return need <= kv->free_count() + evictable_pages() &&
+             (!cfg.has_linear_layers || slot_obtainable());
+    };
+    first_chunk();
+    if (!fits()) return 0;
+    if (m.offloaded_pages > 0 || m.offloaded_checkpoint) {
+      // Blocks that live only in the offload tier come back into fresh ids (or m is cut short).
+      cache->restore(
+          &m, {.page = [this] { return alloc_page(); }, .slot = [this] { return alloc_slot(); }});
+      first_chunk();
+      if (!fits()) return 0;
+    }
+    std::vector<IdPool::Handle> pages = std::move(m.pages);
     IdPool::Handle slot;
     if (cfg.has_linear_layers) {
       slot = alloc_slot();
@@ -401,6 +421,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::create(const SchedulerConf
     o.has_pages = c.has_attention_layers;
     o.has_checkpoints = c.has_linear_layers;
     o.hash = c.block_hash;
+    o.offload = c.prefix_offload;
     m.cache = std::make_unique<PrefixCache>(o);
   }
   m.parked = std::make_unique<ParkedSequences>(c.parking, c.offload);

@@ -43,6 +43,10 @@ struct SchedulerConfig {
   // Where parked sequences go instead of being evicted (sequence_offload.h); null: evicted. Must
   // outlive the scheduler.
   SequenceOffload* offload = nullptr;
+  // Where the prefix cache's evicted pages and checkpoints go (prefix_cache.h), to be copied back
+  // for a later hit instead of recomputed; null: dropped. A tier of its own (the cache owns its
+  // keys); must outlive the scheduler. Ignored without the prefix cache.
+  SequenceOffload* prefix_offload = nullptr;
 };
 
 struct SchedRequest {

@@ -13,10 +13,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -161,6 +164,9 @@ class FakeEngine {
     return res;
   }
   absl::flat_hash_map<uint64_t, std::vector<int32_t>>& streams() { return streams_; }
+  // The simulated memory: each page's rows, each slot's state (FakeOffload copies them).
+  std::vector<std::vector<uint64_t>>& pages() { return kv_; }
+  std::vector<uint64_t>& slots() { return slots_; }
 
  private:
   FakeModelKind kind_;
@@ -169,6 +175,100 @@ class FakeEngine {
   std::vector<std::vector<uint64_t>> kv_;
   std::vector<uint64_t> slots_;
   absl::flat_hash_map<uint64_t, std::vector<int32_t>> streams_;
+};
+
+// An offload tier (sequence_offload.h) over a FakeEngine's memory, for the prefix cache: a blob is
+// a copy of its pages' rows and its slot's state. At most `capacity` blobs: the oldest unheld are
+// dropped and reported by take_evicted(). `lose_percent` of restores report lost bytes after
+// scribbling over the ids they were given (what a caller must then never read).
+class FakeOffload final : public SequenceOffload {
+ public:
+  FakeOffload(int32_t capacity, uint64_t seed, int lose_percent = 0)
+      : capacity_(capacity), rng_(seed), lose_percent_(lose_percent) {}
+  void attach(FakeEngine* engine) { engine_ = engine; }
+
+  bool offload(uint64_t key, std::span<const int32_t> pages, int32_t slot,
+               int32_t num_computed) override {
+    drop(key);
+    while (static_cast<int32_t>(blobs_.size()) >= capacity_) {
+      auto it = std::find_if(order_.begin(), order_.end(),
+                             [&](const auto& e) { return !blobs_.at(e.second).held; });
+      if (it == order_.end()) return false;
+      evicted_.push_back(it->second);
+      ++evictions;
+      drop(it->second);
+    }
+    Blob b;
+    b.num_computed = num_computed;
+    for (int32_t p : pages) b.pages.push_back(engine_->pages()[p]);
+    b.has_slot = slot >= 0;
+    if (b.has_slot) b.slot = engine_->slots()[slot];
+    b.tick = ++tick_;
+    order_.emplace(b.tick, key);
+    blobs_.emplace(key, std::move(b));
+    ++stored;
+    return true;
+  }
+  std::optional<Held> hold(uint64_t key) override {
+    auto it = blobs_.find(key);
+    if (it == blobs_.end()) return std::nullopt;
+    it->second.held = true;
+    return Held{it->second.num_computed, static_cast<int32_t>(it->second.pages.size()),
+                it->second.has_slot};
+  }
+  void release(uint64_t key) override {
+    if (auto it = blobs_.find(key); it != blobs_.end()) it->second.held = false;
+  }
+  bool restore(uint64_t key, std::span<const int32_t> pages, int32_t slot) override {
+    auto it = blobs_.find(key);
+    if (it == blobs_.end()) return false;
+    const bool lost = static_cast<int>(rng_() % 100) < lose_percent_;
+    for (size_t i = 0; i < pages.size(); ++i) {
+      std::vector<uint64_t>& rows = engine_->pages()[pages[i]];
+      if (lost) {
+        for (uint64_t& v : rows) v = rng_();
+      } else {
+        rows = it->second.pages.at(i);
+      }
+    }
+    if (slot >= 0) engine_->slots()[slot] = lost ? rng_() : it->second.slot;
+    drop(key);
+    ++(lost ? losses : restores);
+    return !lost;
+  }
+  void drop(uint64_t key) override {
+    auto it = blobs_.find(key);
+    if (it == blobs_.end()) return;
+    order_.erase(it->second.tick);
+    blobs_.erase(it);
+  }
+  void clear() override {
+    blobs_.clear();
+    order_.clear();
+    evicted_.clear();
+  }
+  std::vector<uint64_t> take_evicted() override { return std::exchange(evicted_, {}); }
+
+  int32_t size() const { return static_cast<int32_t>(blobs_.size()); }
+  int64_t stored = 0, restores = 0, losses = 0, evictions = 0;
+
+ private:
+  struct Blob {
+    std::vector<std::vector<uint64_t>> pages;
+    uint64_t slot = 0;
+    bool has_slot = false;
+    int32_t num_computed = 0;
+    uint64_t tick = 0;
+    bool held = false;
+  };
+  const int32_t capacity_;
+  std::mt19937_64 rng_;
+  const int lose_percent_;
+  FakeEngine* engine_ = nullptr;
+  absl::flat_hash_map<uint64_t, Blob> blobs_;
+  std::map<uint64_t, uint64_t> order_;  // tick -> key, oldest first
+  std::vector<uint64_t> evicted_;
+  uint64_t tick_ = 0;
 };
 
 // Reconciles every pool reference count against its owners (live requests, prefix-cache entries)

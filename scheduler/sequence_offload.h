@@ -1,9 +1,11 @@
 // SequenceOffload: the tier below the device pools that a parked sequence (parked_sequences.h)
-// moves to instead of being evicted. The scheduler speaks to it in ids only: which pages and which
-// state slot hold the sequence; the implementation (engine/session_offload.h) copies their
-// contents out before the scheduler frees the ids, and back into ids the scheduler allocated when
-// the session's next turn is admitted. Copies are enqueued in stream order while the scheduler
-// plans, so they land before the step's forward reuses or reads those pages.
+// moves to instead of being evicted, and (an instance of its own) where the prefix cache's evicted
+// pages and checkpoints go (prefix_cache.h: one page or one slot per key). The scheduler speaks to
+// it in ids only: which pages and which state slot hold the sequence; the implementation
+// (engine/session_offload.h) copies their contents out before the scheduler frees the ids, and back
+// into ids the scheduler allocated when the session's next turn is admitted. Copies are enqueued in
+// stream order while the scheduler plans, so they land before the step's forward reuses or reads
+// those pages.
 //
 // Thread-safety: none; called by the scheduler on the engine loop thread.
 #pragma once
@@ -11,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <vector>
 
 namespace loom {
 
@@ -43,6 +46,10 @@ class SequenceOffload {
   virtual void drop(uint64_t key) = 0;
   // Forgets every offloaded sequence.
   virtual void clear() = 0;
+  // The keys the tier dropped on its own (its budgets) since the last call, for an owner that
+  // indexes what it offloaded (the prefix cache); a tier that does not report them returns none
+  // (the owner then finds out at hold()).
+  virtual std::vector<uint64_t> take_evicted() { return {}; }
 };
 
 }  // namespace loom

@@ -181,6 +181,24 @@ std::string Metrics::render(const EngineStats& s) const {
   gauge("loom_prefix_cache_hit_rate", "Prefix-cache hit tokens over query tokens, since start.",
         s.prefix_query_tokens > 0 ? static_cast<double>(s.prefix_hit_tokens) / s.prefix_query_tokens
                                   : 0.0);
+  // The prefix cache's offload tier (--prefix_offload_mb): evicted blocks kept in host memory.
+  gauge("loom_prefix_offload_bytes", "Host memory held by evicted prefix-cache blocks.",
+        static_cast<double>(s.prefix_offload_bytes));
+  counter("loom_prefix_offloads_total",
+          "Prefix-cache KV pages and state checkpoints moved to host memory when evicted.",
+          static_cast<double>(s.prefix_offloads));
+  counter("loom_prefix_offload_hits_total",
+          "Admissions whose prefix hit copied blocks back from host memory.",
+          static_cast<double>(s.prefix_offload_hits));
+  counter("loom_prefix_offload_restored_pages_total",
+          "Prefix-cache KV pages copied back from host memory (blocks not recomputed).",
+          static_cast<double>(s.prefix_restored_pages));
+  counter("loom_prefix_offload_restored_checkpoints_total",
+          "Prefix-cache state checkpoints copied back from host memory.",
+          static_cast<double>(s.prefix_restored_checkpoints));
+  counter("loom_prefix_offload_lost_total",
+          "Evicted prefix-cache blocks dropped by the host budget (recomputed if needed again).",
+          static_cast<double>(s.prefix_offload_lost));
   // Sessions (Request::session): what conversations kept between turns hold.
   gauge("loom_sessions", "Live sessions (conversations kept between turns).", s.sessions);
   gauge("loom_sessions_resident", "Sessions whose cache (KV pages, state slot) is kept.",

@@ -107,6 +107,11 @@ ABSL_FLAG(std::string, session_offload_dir, "",
           "a bad one recomputes.");
 ABSL_FLAG(int64_t, session_offload_disk_mb, 0,
           "Bytes --session_offload_dir may hold, MiB; 0: no limit but the disk.");
+ABSL_FLAG(int64_t, prefix_offload_mb, 1024,
+          "Host memory the prefix cache's evicted blocks (KV pages, linear-state checkpoints) "
+          "move to, copied back when a later request shares the prefix instead of recomputed, "
+          "MiB; 0: off (dropped). Past it the least recently evicted are dropped. Its own "
+          "budget, beside --session_offload_mb.");
 ABSL_FLAG(int64_t, max_stored_responses, 10000,
           "Responses POST /v1/responses stores (store: true), and, apart, gRPC Chat session "
           "conversations kept; the oldest are dropped first.");
@@ -186,6 +191,7 @@ absl::StatusOr<ServerOptions> server_options_from_flags() {
   o.engine.session_offload_bytes = absl::GetFlag(FLAGS_session_offload_mb) << 20;
   o.engine.session_offload_dir = absl::GetFlag(FLAGS_session_offload_dir);
   o.engine.session_offload_disk_bytes = absl::GetFlag(FLAGS_session_offload_disk_mb) << 20;
+  o.engine.prefix_offload_bytes = absl::GetFlag(FLAGS_prefix_offload_mb) << 20;
   o.http.max_stored_responses = absl::GetFlag(FLAGS_max_stored_responses);
   o.http.stored_response_ttl_s = o.engine.session_ttl_s;
 
@@ -213,6 +219,7 @@ absl::StatusOr<ServerOptions> server_options_from_flags() {
   if (absl::GetFlag(FLAGS_session_offload_mb) < 0) return bad("session_offload_mb", "must be >= 0");
   if (absl::GetFlag(FLAGS_session_offload_disk_mb) < 0)
     return bad("session_offload_disk_mb", "must be >= 0");
+  if (absl::GetFlag(FLAGS_prefix_offload_mb) < 0) return bad("prefix_offload_mb", "must be >= 0");
   if (!o.engine.session_offload_dir.empty() && o.engine.session_offload_bytes == 0)
     return bad("session_offload_dir", "needs --session_offload_mb > 0 (the tier above it)");
   if (o.http.max_stored_responses < 1) return bad("max_stored_responses", "must be >= 1");

@@ -143,6 +143,7 @@ void HostCacheTier::drop(uint64_t key) {
 
 void HostCacheTier::clear() {
   while (!entries_.empty()) erase(entries_.begin());
+  evicted_keys_.clear();
 }
 
 std::string HostCacheTier::path_of(uint64_t key) const {
@@ -167,6 +168,7 @@ bool HostCacheTier::make_host_room(size_t bytes) {
     const bool to_disk = !options_.dir.empty() && make_disk_room(e.bytes) && spill(it->first, e);
     if (!to_disk) {
       ++stats_.evicted;
+      if (options_.report_evictions) evicted_keys_.push_back(it->first);
       erase(it);
       continue;
     }
@@ -190,6 +192,7 @@ bool HostCacheTier::make_disk_room(size_t bytes) {
     auto it = oldest_unheld(disk_lru_);
     if (it == entries_.end()) return false;
     ++stats_.evicted;
+    if (options_.report_evictions) evicted_keys_.push_back(it->first);
     erase(it);
   }
   return true;

@@ -24,6 +24,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -38,6 +40,9 @@ class HostCacheTier {
     int64_t max_bytes = 0;       // host memory for blobs; > 0
     std::string dir;             // empty: no disk tier
     int64_t max_disk_bytes = 0;  // the disk tier's blobs (file headers not counted); 0: no limit
+    // Keep the keys of blobs the budgets drop, for take_evicted(): an owner that indexes its blobs
+    // (the prefix cache) forgets them. Off: nothing is kept (an owner that only looks keys up).
+    bool report_evictions = false;
   };
   // What a blob's owner needs to know to take it back (the tier only keeps it).
   struct Info {
@@ -79,6 +84,9 @@ class HostCacheTier {
   void drop(uint64_t key);
   void clear();
   bool contains(uint64_t key) const { return entries_.contains(key); }
+  // The keys of the blobs the budgets dropped (Stats::evicted) since the last call, with
+  // Options::report_evictions; empty without.
+  std::vector<uint64_t> take_evicted() { return std::exchange(evicted_keys_, {}); }
 
   const Stats& stats() const { return stats_; }
   // The file a blob on disk is kept in (tests corrupt it); empty when it is in host memory.
@@ -113,6 +121,7 @@ class HostCacheTier {
   std::map<uint64_t, uint64_t> host_lru_, disk_lru_;  // tick -> key, oldest first
   uint64_t clock_ = 0;
   Stats stats_;
+  std::vector<uint64_t> evicted_keys_;  // with Options::report_evictions, until take_evicted()
 };
 
 }  // namespace loom

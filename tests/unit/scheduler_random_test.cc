@@ -3,7 +3,9 @@
 // small page and slot budget. After every schedule() and complete() every pool reference is
 // reconciled against its owners (requests, prefix-cache entries) and the plan is checked against
 // the limits; when arrivals stop every request ends finished or cancelled, and every output equals
-// the oracle.
+// the oracle. The offload variants move the prefix cache's evicted pages and checkpoints to a
+// small tier over the fake model's memory (prefix_cache.h) that drops the oldest and loses some on
+// the way back: restored blocks must give the oracle's tokens, and lost ones recompute.
 #include <random>
 #include <vector>
 
@@ -22,6 +24,8 @@ struct Case {
   int32_t budget;
   bool expect_preemption;       // memory, not the token budget, is the binding limit
   int32_t num_state_slots = 7;  // 6 usable: live requests and checkpoints compete
+  int32_t offload_blobs = 0;    // > 0: a prefix offload tier of that many blobs
+  int lose_percent = 0;         // of its restores
 };
 
 void run_random(const Case& cs) {
@@ -36,7 +40,10 @@ void run_random(const Case& cs) {
   c.max_num_batched_tokens = cs.budget;
   c.max_num_seqs = 8;
   c.checkpoint_interval = 1 + rng() % 3;
+  scheduler_testing::FakeOffload tier(cs.offload_blobs, rng(), cs.lose_percent);
+  if (cs.offload_blobs > 0) c.prefix_offload = &tier;
   Driver d(c, rng());
+  tier.attach(&d.engine());
   std::vector<std::vector<int32_t>> systems;
   for (int i = 0; i < 4; ++i) {
     std::vector<int32_t> t(64 * (1 + rng() % 6));
@@ -93,6 +100,21 @@ void run_random(const Case& cs) {
     EXPECT_GT(preempted, 0);
   }
   EXPECT_GT(hits, 0);
+  if (cs.offload_blobs > 0) {
+    const PrefixCache::OffloadStats& os = d.sched().prefix_cache()->offload_stats();
+    EXPECT_GT(os.restored_pages + os.restored_checkpoints, 0) << "blocks must come back";
+    EXPECT_EQ(os.restored_pages + os.restored_checkpoints, tier.restores);
+    if (cs.lose_percent > 0) EXPECT_GT(tier.losses, 0);
+    std::printf(
+        "offload: %lld stored, %lld restored, %lld lost on restore, %lld dropped, %d kept\n",
+        static_cast<long long>(tier.stored), static_cast<long long>(tier.restores),
+        static_cast<long long>(tier.losses), static_cast<long long>(tier.evictions), tier.size());
+    // Nothing leaks: once the cache is dropped every id is free and the tier is empty.
+    ASSERT_TRUE(d.sched().invalidate_caches().ok());
+    EXPECT_EQ(d.sched().kv_pool().free_count(), d.sched().kv_pool().capacity());
+    EXPECT_EQ(d.sched().slot_pool().free_count(), d.sched().slot_pool().capacity());
+    EXPECT_EQ(tier.size(), 0);
+  }
   std::printf(
       "steps %d + %d drain, %d requests, %d preemptions, %d prefix hits, %d finished, "
       "%d cancelled\n",
@@ -104,6 +126,15 @@ TEST(SchedulerRandom, Hybrid10kSteps) { run_random({true, true, 10000, 256, true
 TEST(SchedulerRandom, AttentionOnly) { run_random({true, false, 3000, 512, true}); }
 TEST(SchedulerRandom, LinearOnly) { run_random({false, true, 3000, 512, false, 16}); }
 TEST(SchedulerRandom, HybridTinyBudget) { run_random({true, true, 3000, 16, false}); }
+TEST(SchedulerRandom, HybridPrefixOffload) {
+  run_random({true, true, 5000, 256, true, 7, /*offload_blobs=*/60, /*lose_percent=*/5});
+}
+TEST(SchedulerRandom, AttentionOnlyPrefixOffload) {
+  run_random({true, false, 3000, 512, true, 7, /*offload_blobs=*/40, /*lose_percent=*/5});
+}
+TEST(SchedulerRandom, LinearOnlyPrefixOffload) {
+  run_random({false, true, 3000, 512, false, 16, /*offload_blobs=*/20, /*lose_percent=*/5});
+}
 
 }  // namespace
 }  // namespace loom
