@@ -1,6 +1,7 @@
 // The limits whose defaults depend on the device (server/server_options.h): left as kByDevice by
 // the flags, resolved to the CPU's or a GPU's values, explicit values kept, and out-of-range values
-// refused with the flag's name.
+// refused with the flag's name; the prefix cache's host tier in MiB (1024 by default, 0 off,
+// negative refused).
 #include "server/server_options.h"
 
 #include "absl/flags/declare.h"
@@ -9,6 +10,7 @@
 
 ABSL_DECLARE_FLAG(int, max_model_len);
 ABSL_DECLARE_FLAG(int, max_num_batched_tokens);
+ABSL_DECLARE_FLAG(int64_t, prefix_offload_mb);
 
 namespace loom {
 namespace {
@@ -53,6 +55,21 @@ TEST(ServerOptions, OutOfRangeLimitsAreRefused) {
   EXPECT_FALSE(o.ok());
   EXPECT_NE(o.status().message().find("--max_num_batched_tokens"), std::string::npos) << o.status();
   absl::SetFlag(&FLAGS_max_num_batched_tokens, -1);
+}
+
+TEST(ServerOptions, PrefixOffloadInMib) {
+  absl::StatusOr<ServerOptions> o = server_options_from_flags();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->engine.prefix_offload_bytes, int64_t{1024} << 20);
+  absl::SetFlag(&FLAGS_prefix_offload_mb, 0);
+  o = server_options_from_flags();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->engine.prefix_offload_bytes, 0);
+  absl::SetFlag(&FLAGS_prefix_offload_mb, -1);
+  o = server_options_from_flags();
+  EXPECT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("--prefix_offload_mb"), std::string::npos) << o.status();
+  absl::SetFlag(&FLAGS_prefix_offload_mb, 1024);
 }
 
 }  // namespace

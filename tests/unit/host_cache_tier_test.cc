@@ -1,7 +1,8 @@
 // HostCacheTier: blobs come back byte for byte, once, from host memory and from disk; the host
 // budget moves the least recently stored unheld blobs to disk (or drops them), the disk budget
 // drops the least recent files; a held blob is never moved out; a corrupt, truncated or missing
-// file is reported lost, never returned; bad options are refused; files go with the tier.
+// file is reported lost, never returned; the keys the budgets drop are reported when asked; bad
+// options are refused; files go with the tier.
 #include "engine/model/host_cache_tier.h"
 
 #include <filesystem>
@@ -162,6 +163,30 @@ TEST(HostCacheTier, CorruptTruncatedOrMissingFileIsLost) {
   EXPECT_EQ(t->stats().lost, 3);
   EXPECT_EQ(t->stats().disk_entries, 0);
   EXPECT_EQ(take(*t, 4, d.size()), d);
+}
+
+// report_evictions: the keys the budgets drop come back once from take_evicted(); a take(), a
+// drop() or a clear() is not an eviction. Without the option nothing is kept.
+TEST(HostCacheTier, ReportsTheKeysItsBudgetsDrop) {
+  auto t = *HostCacheTier::create({.max_bytes = 1000, .report_evictions = true}, host_exec());
+  ASSERT_TRUE(put(*t, 1, blob(400, 1)));
+  ASSERT_TRUE(put(*t, 2, blob(400, 2)));
+  ASSERT_TRUE(take(*t, 2, 400).has_value());
+  ASSERT_TRUE(put(*t, 3, blob(400, 3)));
+  t->drop(3);
+  EXPECT_TRUE(t->take_evicted().empty());
+  ASSERT_TRUE(put(*t, 4, blob(400, 4)));
+  ASSERT_TRUE(put(*t, 5, blob(400, 5)));  // 1 goes
+  ASSERT_TRUE(put(*t, 6, blob(900, 6)));  // 4 and 5 go
+  EXPECT_EQ(t->take_evicted(), (std::vector<uint64_t>{1, 4, 5}));
+  EXPECT_TRUE(t->take_evicted().empty()) << "each key once";
+  EXPECT_EQ(t->stats().evicted, 3);
+
+  auto quiet = *HostCacheTier::create({.max_bytes = 500}, host_exec());
+  ASSERT_TRUE(put(*quiet, 1, blob(400, 1)));
+  ASSERT_TRUE(put(*quiet, 2, blob(400, 2)));
+  EXPECT_EQ(quiet->stats().evicted, 1);
+  EXPECT_TRUE(quiet->take_evicted().empty());
 }
 
 TEST(HostCacheTier, RefusesBadOptions) {
