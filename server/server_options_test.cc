@@ -4,16 +4,31 @@
 // negative refused).
 #include "server/server_options.h"
 
+#include <filesystem>
+#include <string>
+
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "gtest/gtest.h"
 
+ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(int, max_model_len);
 ABSL_DECLARE_FLAG(int, max_num_batched_tokens);
 ABSL_DECLARE_FLAG(int64_t, prefix_offload_mb);
 
 namespace loom {
 namespace {
+
+// --model must name an existing directory (the flags check it; these tests load nothing from it):
+// the default, build/default-model, exists only once `make run` has made it.
+class ModelDirEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    absl::SetFlag(&FLAGS_model, std::filesystem::temp_directory_path().string());
+  }
+};
+::testing::Environment* const kModelDir =
+    ::testing::AddGlobalTestEnvironment(new ModelDirEnvironment);
 
 TEST(ServerOptions, LimitsDefaultByDevice) {
   absl::StatusOr<ServerOptions> o = server_options_from_flags();
