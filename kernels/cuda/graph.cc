@@ -15,18 +15,17 @@
 namespace loom::cuda {
 namespace {
 
-// The single plain kernel -> kernel edge into each PDL-aware kernel node becomes programmatic
-// from the predecessor's launch-completion port (pdl.h). Nodes with several predecessors (a side
-// stream's join) keep their edges: one programmatic edge would release the node before the
-// others' kernels are known to have started. Returns how many edges changed.
 // LOOM_CUDA_PDL_REPORT=1: each capture prints, to stderr, the kernel nodes left with plain edges
 // by function (what the next PDL-aware kernel would gain), most frequent first.
-void report_plain_kernels(const std::vector<std::pair<std::string, bool>>& kernels) {
+bool pdl_report_on() {
   static const bool on = [] {
     const char* v = std::getenv("LOOM_CUDA_PDL_REPORT");
     return v != nullptr && std::string(v) == "1";
   }();
-  if (!on) return;
+  return on;
+}
+
+void report_plain_kernels(const std::vector<std::pair<std::string, bool>>& kernels) {
   std::map<std::string, std::pair<int, int>> by_name;  // plain, programmatic
   for (const auto& [name, programmatic] : kernels) {
     auto& c = by_name[name];
@@ -41,13 +40,18 @@ void report_plain_kernels(const std::vector<std::pair<std::string, bool>>& kerne
                  name.c_str());
 }
 
+// The single plain kernel -> kernel edge into each PDL-aware kernel node becomes programmatic
+// from the predecessor's launch-completion port (pdl.h). Nodes with several predecessors (a side
+// stream's join) keep their edges: one programmatic edge would release the node before the
+// others' kernels are known to have started. Returns how many edges changed.
 size_t make_pdl_edges(cudaGraph_t graph) {
   size_t count = 0;
   LOOM_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
   std::vector<cudaGraphNode_t> nodes(count);
   LOOM_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &count));
   size_t made = 0;
-  std::vector<std::pair<std::string, bool>> kernels;  // for report_plain_kernels
+  const bool report = pdl_report_on();
+  std::vector<std::pair<std::string, bool>> kernels;  // names, only for report_plain_kernels
   for (cudaGraphNode_t node : nodes) {
     cudaGraphNodeType type;
     LOOM_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
@@ -56,15 +60,17 @@ size_t make_pdl_edges(cudaGraph_t graph) {
     // Library kernels launched through the driver API may not report a runtime function.
     if (cudaGraphKernelNodeGetParams(node, &params) != cudaSuccess) {
       (void)cudaGetLastError();
-      kernels.emplace_back("(library kernel)", false);
+      if (report) kernels.emplace_back("(library kernel)", false);
       continue;
     }
-    const char* name = nullptr;
-    if (cudaFuncGetName(&name, params.func) != cudaSuccess || name == nullptr) {
-      (void)cudaGetLastError();
-      name = "(unnamed)";
+    if (report) {
+      const char* name = nullptr;
+      if (cudaFuncGetName(&name, params.func) != cudaSuccess || name == nullptr) {
+        (void)cudaGetLastError();
+        name = "(unnamed)";
+      }
+      kernels.emplace_back(name, false);
     }
-    kernels.emplace_back(name, false);
     if (!is_pdl_kernel(params.func)) continue;
     size_t deps = 0;
     LOOM_CUDA_CHECK(cudaGraphNodeGetDependencies(node, nullptr, nullptr, &deps));
@@ -91,10 +97,10 @@ size_t make_pdl_edges(cudaGraph_t graph) {
       LOOM_CUDA_CHECK(cudaGraphAddDependencies(graph, &from, &node, &edge, 1));
       continue;
     }
-    kernels.back().second = true;
+    if (report) kernels.back().second = true;
     ++made;
   }
-  report_plain_kernels(kernels);
+  if (report) report_plain_kernels(kernels);
   return made;
 }
 
