@@ -51,8 +51,8 @@ struct EngineOptions {
   // bit-identical whatever else runs, however its prompt is chunked, and across prefix-cache hits
   // and preemption. Slower; docs/operations.md has the cost.
   bool deterministic = false;
-  // Storage dtype of the attention KV pages (CacheStore::Options::kv_dtype): f32, bf16 or, on the
-  // CPU, kF8E4M3 (fp8: e4m3 with one f32 scale per cached vector; parse_kv_dtype); unset:
+  // Storage dtype of the attention KV pages (CacheStore::Options::kv_dtype): f32, bf16 or
+  // kF8E4M3 (fp8: e4m3 with one f32 scale per cached vector; parse_kv_dtype); unset:
   // the model's activation dtype (Model::act_dtype(): a bf16 activation is stored as it is).
   // Cache sizing counts its bytes; Engine::create refuses a dtype the model's device cannot read
   // with CacheStore::validate's message.

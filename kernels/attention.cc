@@ -12,18 +12,6 @@
 #endif
 
 namespace loom {
-namespace {
-
-// The CUDA kernels read f32 and bf16 pages only: an fp8 pool (kKvFp8ScaleBytes' format) stops
-// here with a message instead of being read as if its bytes were another dtype.
-void refuse_fp8_pool(const char* op, const Tensor& pool) {
-  LOOM_CHECK(pool.dtype() != DType::kF8E4M3,
-             "%s: fp8 KV pages (%s) run on the CPU only in this build (--kv_dtype fp8 needs "
-             "--device cpu)",
-             op, pool.describe().c_str());
-}
-
-}  // namespace
 
 CacheView CacheView::contiguous(const Tensor& rows) {
   // One page holding every row: page table {0}, shared by every contiguous view.
@@ -92,7 +80,6 @@ void cache_write_varlen(const Exec& ex, const Tensor& pool, const Tensor& page_t
                rows.describe().c_str());
     return cpu::cache_write_varlen(pool, page_table, cu_seqlens, past_lens, rows);
   }
-  refuse_fp8_pool("cache_write_varlen", pool);
 #ifdef LOOM_WITH_CUDA
   return cuda::cache_write_varlen(ex, pool, page_table, cu_seqlens, past_lens, rows);
 #else
@@ -112,8 +99,6 @@ void mla_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& latent_
     return cpu::mla_attention_varlen(q, latent_pool, rope_pool, page_table, cu_seqlens, past_lens,
                                      kv_b, dims, scale, ex.batch_invariant, out);
   }
-  refuse_fp8_pool("mla_attention_varlen", latent_pool);
-  refuse_fp8_pool("mla_attention_varlen", rope_pool);
 #ifdef LOOM_WITH_CUDA
   return cuda::mla_attention_varlen(ex, q, latent_pool, rope_pool, page_table, cu_seqlens,
                                     past_lens, kv_b, dims, scale, out, host);
@@ -133,8 +118,6 @@ void gqa_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& k_pool,
     return cpu::gqa_attention_varlen(q, k_pool, v_pool, page_table, cu_seqlens, past_lens, scale,
                                      out);
   }
-  refuse_fp8_pool("gqa_attention_varlen", k_pool);
-  refuse_fp8_pool("gqa_attention_varlen", v_pool);
 #ifdef LOOM_WITH_CUDA
   return cuda::gqa_attention_varlen(ex, q, k_pool, v_pool, page_table, cu_seqlens, past_lens, scale,
                                     out);

@@ -16,8 +16,9 @@ namespace loom {
 // is n + 4 bytes and a row copy carries its scales. scale = f32(amax / 448) of the vector (1 for
 // an all-zero one; NaN when it holds a non-finite value, so attention sees NaN as it would in an
 // f32 cache); code = e4m3(x / scale), the quotient exact, ties to even, saturated to +-448; value
-// = f32(code) * scale, an f32 product. The write quantizes (kernels/cpu/kv_fp8.h), the attention
-// reads dequantize a page at a time; the CUDA kernels refuse these pools.
+// = f32(code) * scale, an f32 product. The write quantizes (kernels/cpu/kv_fp8.h; the CUDA write
+// bit for bit the same, kernels/cuda/kv_fp8.cuh); the CPU's attention reads dequantize a page at
+// a time, the CUDA kernels as they load each key tile (kernels/cuda/attention.h).
 inline constexpr int64_t kKvFp8ScaleBytes = 4;
 // The pool's last dimension for vectors of n values stored in kv_dtype.
 inline int64_t kv_pool_last_dim(DType kv_dtype, int64_t n) {
@@ -103,10 +104,10 @@ void gqa_attention_forward(const Exec& ex, const Tensor& q, const CacheView& k_c
 
 // cache_write_rows for every sequence: its rows go to positions past_lens[b] onwards. pool:
 // [num_pages, page_size, row...] f32 or bf16 (an f32 value rounded to nearest even, bit for bit
-// the same on every backend), or fp8 on the host (rows of vectors of n + 4 bytes, see
-// kKvFp8ScaleBytes; a CUDA call stops with a message); rows: [N, row...] f32, or bf16 on a GPU
-// (stored as they are, or widened exactly into an f32 pool). No page may be written by two
-// sequences. The attention ops below read any of these pool dtypes (fp8 on the host only).
+// the same on every backend), or fp8 (rows of vectors of n + 4 bytes, see kKvFp8ScaleBytes;
+// quantized bit for bit the same on every backend); rows: [N, row...] f32, or bf16 on a GPU
+// (stored as they are, widened exactly into an f32 pool, or quantized). No page may be written by
+// two sequences. The attention ops below read any of these pool dtypes.
 void cache_write_varlen(const Exec& ex, const Tensor& pool, const Tensor& page_table,
                         const Tensor& cu_seqlens, const Tensor& past_lens, const Tensor& rows);
 

@@ -59,8 +59,9 @@ ABSL_FLAG(std::string, kv_dtype, "auto",
           "Storage dtype of the attention KV pages: auto (the activations' dtype: f32, or bf16 "
           "on a GPU serving bf16 matrices), f32, bf16 (half the bytes per cached token, so "
           "twice the pages for the same --cache_budget_mb; on a GPU MLA decode then runs on "
-          "tensor cores) or fp8 (CPU only: e4m3 with one f32 scale per cached vector, about a "
-          "quarter of f32's bytes). Linear-attention states stay f32.");
+          "tensor cores) or fp8 (e4m3 with one f32 scale per cached vector: about a quarter of "
+          "f32's bytes, 1.9x the tokens of bf16; dequantized inside the attention kernels). "
+          "Linear-attention states stay f32.");
 ABSL_FLAG(int64_t, max_body_bytes, 4 << 20, "Largest request body accepted (413 beyond).");
 ABSL_FLAG(int64_t, max_header_bytes, 16 << 10, "Largest request header block (431 beyond).");
 ABSL_FLAG(int, max_queue, 256,

@@ -98,18 +98,13 @@ absl::Status CacheStore::validate(const ModelConfig& cfg, const Options& o) {
       return absl::InvalidArgumentError(absl::StrCat(
           "CacheStore: ", what, " ", std::string(dtype_name(dtype)), " is not a float type"));
   }
-  // Both backends' attention kernels read f32 or bf16 pages (the CPU's widen a page at a time);
-  // fp8 pages (e4m3 with a scale per vector, kernels/attention.h) only the CPU's, which
-  // dequantize a page at a time; the convolution tails follow the activations: f32, or bf16 on
-  // a GPU.
-  if (o.kv_dtype == DType::kF8E4M3 && !o.device.is_cpu())
-    return absl::InvalidArgumentError(
-        absl::StrCat("CacheStore: kv_dtype fp8 on ", device_name(o.device),
-                     ": fp8 KV pages run on the CPU only in this build; use f32 or bf16"));
+  // Both backends' attention kernels read f32, bf16 or fp8 pages (e4m3 with a scale per vector,
+  // kernels/attention.h: the CPU's widen or dequantize a page at a time, the GPU's as each key
+  // tile loads); the convolution tails follow the activations: f32, or bf16 on a GPU.
   if (o.kv_dtype != DType::kF32 && o.kv_dtype != DType::kBF16 && o.kv_dtype != DType::kF8E4M3)
-    return absl::InvalidArgumentError(absl::StrCat("CacheStore: kv_dtype ",
-                                                   std::string(dtype_name(o.kv_dtype)), " on ",
-                                                   device_name(o.device), ": use f32 or bf16"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CacheStore: kv_dtype ", std::string(dtype_name(o.kv_dtype)), " on ",
+                     device_name(o.device), ": use f32, bf16 or fp8"));
   if (o.act_dtype != DType::kF32 && !(o.act_dtype == DType::kBF16 && o.device.is_cuda()))
     return absl::InvalidArgumentError(
         absl::StrCat("CacheStore: act_dtype ", std::string(dtype_name(o.act_dtype)), " on ",

@@ -28,7 +28,7 @@ namespace loom {
 
 // The KV page dtype a user names (--kv_dtype on loom-server and loom-bench-engine): "auto" (unset:
 // the activations' dtype), "f32", "bf16", or "fp8" (DType::kF8E4M3: e4m3 with one f32 scale per
-// cached vector, kernels/attention.h; CPU only). InvalidArgument for anything else.
+// cached vector, kernels/attention.h). InvalidArgument for anything else.
 absl::StatusOr<std::optional<DType>> parse_kv_dtype(std::string_view name);
 
 class CacheStore {
@@ -46,7 +46,7 @@ class CacheStore {
     int64_t page_size = 64;  // positions per page
     int64_t num_slots = 0;   // linear-state slots (ids 0 .. num_slots-1)
     Device device = Device::kCpu;
-    DType kv_dtype = DType::kF32;   // the page pools: f32, bf16 or (CPU) kF8E4M3 (fp8)
+    DType kv_dtype = DType::kF32;   // the page pools: f32, bf16 or kF8E4M3 (fp8)
     DType act_dtype = DType::kF32;  // the convolution tails
   };
 

@@ -40,6 +40,8 @@ constexpr int kMlaPartWaves = 16;
 size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
 bool is_act(DType t) { return t == DType::kF32 || t == DType::kBF16; }
+// The pools the kernels read: f32, bf16, or fp8 (kernels/attention.h's vectors with scales).
+bool is_pool(DType t) { return is_act(t) || t == DType::kF8E4M3; }
 
 // LOOM_MLA_SYNC_HANDOFF=1 puts every call's wgmma MLA kernel on the bar.sync handoff
 // (AttnArgs::sync_handoff): tests/gpu/run.sh sets it under compute-sanitizer's racecheck, which
@@ -145,18 +147,20 @@ void gqa(const Exec& ex, const Tensor& q, const Tensor& k_pool, const Tensor& v_
       is_act(q.dtype()) && out.dtype() == q.dtype() && q.is_contiguous() && out.is_contiguous(),
       "%s: q %s out %s, expected contiguous f32 or bf16, the same for both", fn,
       q.describe().c_str(), out.describe().c_str());
-  LOOM_CHECK(is_act(k_pool.dtype()) && v_pool.dtype() == k_pool.dtype() && k_pool.is_contiguous() &&
-                 v_pool.is_contiguous(),
-             "%s: k_pool %s v_pool %s, expected contiguous f32 or bf16 pools of one dtype", fn,
+  LOOM_CHECK(is_pool(k_pool.dtype()) && v_pool.dtype() == k_pool.dtype() &&
+                 k_pool.is_contiguous() && v_pool.is_contiguous(),
+             "%s: k_pool %s v_pool %s, expected contiguous f32, bf16 or fp8 pools of one dtype", fn,
              k_pool.describe().c_str(), v_pool.describe().c_str());
   LOOM_CHECK(q.ndim() == 3 && k_pool.ndim() == 4 && v_pool.ndim() == 4,
              "%s: q %s k_pool %s v_pool %s", fn, q.describe().c_str(), k_pool.describe().c_str(),
              v_pool.describe().c_str());
   const int64_t N = q.dim(0), hq = q.dim(1), d = q.dim(2);
+  // fp8 pools: each kv head's vector carries its 4-byte scale (kv_pool_vector_dim).
   const int64_t num_pages = k_pool.dim(0), ps = k_pool.dim(1), hkv = k_pool.dim(2),
-                dv = v_pool.dim(3);
-  LOOM_CHECK(hkv > 0 && hq % hkv == 0 && d > 0 && dv > 0 && ps > 0 && k_pool.dim(3) == d &&
-                 v_pool.dim(0) == num_pages && v_pool.dim(1) == ps && v_pool.dim(2) == hkv,
+                dv = kv_pool_vector_dim(v_pool);
+  LOOM_CHECK(hkv > 0 && hq % hkv == 0 && d > 0 && dv > 0 && ps > 0 &&
+                 kv_pool_vector_dim(k_pool) == d && v_pool.dim(0) == num_pages &&
+                 v_pool.dim(1) == ps && v_pool.dim(2) == hkv,
              "%s: q %s k_pool %s v_pool %s (need Hq %% Hkv == 0 and matching pools)", fn,
              q.describe().c_str(), k_pool.describe().c_str(), v_pool.describe().c_str());
   LOOM_CHECK_SHAPE(out, N, hq, dv);
@@ -170,11 +174,12 @@ void gqa(const Exec& ex, const Tensor& q, const Tensor& k_pool, const Tensor& v_
   a.q_head = d;
   a.q_bf16 = q.dtype() == DType::kBF16;
   a.k1 = k_pool.raw();
-  a.k1_row = hkv * d;
+  a.k1_row = hkv * k_pool.dim(3);
   a.k2 = nullptr;
   a.v = v_pool.raw();
-  a.v_row = hkv * dv;
+  a.v_row = hkv * v_pool.dim(3);
   a.kv_bf16 = k_pool.dtype() == DType::kBF16;
+  a.kv_fp8 = k_pool.dtype() == DType::kF8E4M3;
   a.d1 = static_cast<int>(d);
   a.d2 = 0;
   a.dv = static_cast<int>(dv);
@@ -233,18 +238,22 @@ MlaCall check_latent(const char* fn, const Tensor& latent_pool, const Tensor& ro
                      int64_t N, int64_t H, int64_t R, int64_t dr, float scale) {
   LOOM_CHECK_CUDA_ARG(fn, latent_pool);
   const int64_t B = check_step(fn, page_table, cu_seqlens, past_lens);
-  LOOM_CHECK(is_act(latent_pool.dtype()) && latent_pool.is_contiguous() &&
-                 latent_pool.ndim() == 3 && latent_pool.dim(2) == R && latent_pool.dim(1) > 0,
-             "%s: latent_pool %s, expected contiguous f32 or bf16 [pages, page_size, %lld]", fn,
-             latent_pool.describe().c_str(), static_cast<long long>(R));
+  // fp8 pools: rows of R (dr) codes and a 4-byte scale (kernels/attention.h).
+  const DType kv = latent_pool.dtype();
+  LOOM_CHECK(is_pool(kv) && latent_pool.is_contiguous() && latent_pool.ndim() == 3 &&
+                 latent_pool.dim(2) == kv_pool_last_dim(kv, R) && latent_pool.dim(1) > 0,
+             "%s: latent_pool %s, expected contiguous f32, bf16 or fp8 [pages, page_size, %lld]",
+             fn, latent_pool.describe().c_str(), static_cast<long long>(kv_pool_last_dim(kv, R)));
   if (dr > 0) {
     LOOM_CHECK_CUDA_ARG(fn, rope_pool);
-    LOOM_CHECK(rope_pool.dtype() == latent_pool.dtype() && rope_pool.is_contiguous() &&
-                   rope_pool.ndim() == 3 && rope_pool.dim(0) == latent_pool.dim(0) &&
-                   rope_pool.dim(1) == latent_pool.dim(1) && rope_pool.dim(2) == dr,
+    LOOM_CHECK(rope_pool.dtype() == kv && rope_pool.is_contiguous() && rope_pool.ndim() == 3 &&
+                   rope_pool.dim(0) == latent_pool.dim(0) &&
+                   rope_pool.dim(1) == latent_pool.dim(1) &&
+                   rope_pool.dim(2) == kv_pool_last_dim(kv, dr),
                "%s: rope_pool %s, expected contiguous [%lld, %lld, %lld] of latent_pool's dtype",
                fn, rope_pool.describe().c_str(), static_cast<long long>(latent_pool.dim(0)),
-               static_cast<long long>(latent_pool.dim(1)), static_cast<long long>(dr));
+               static_cast<long long>(latent_pool.dim(1)),
+               static_cast<long long>(kv_pool_last_dim(kv, dr)));
   }
   LOOM_CHECK(H > 0 && H <= 65535 && R > 0 && R <= 65535 && dr >= 0 && dr <= 65535,
              "%s: H = %lld, R = %lld, dr = %lld", fn, static_cast<long long>(H),
@@ -256,11 +265,12 @@ MlaCall check_latent(const char* fn, const Tensor& latent_pool, const Tensor& ro
   a.q_row = H * (R + dr);
   a.q_head = R + dr;
   a.k1 = latent_pool.raw();
-  a.k1_row = R;
+  a.k1_row = latent_pool.dim(2);
   a.k2 = dr > 0 ? rope_pool.raw() : nullptr;
-  a.k2_row = dr;
+  a.k2_row = dr > 0 ? rope_pool.dim(2) : 0;
   a.v = nullptr;
-  a.kv_bf16 = latent_pool.dtype() == DType::kBF16;
+  a.kv_bf16 = kv == DType::kBF16;
+  a.kv_fp8 = kv == DType::kF8E4M3;
   a.d1 = static_cast<int>(R);
   a.d2 = static_cast<int>(dr);
   a.dv = static_cast<int>(R);
@@ -290,15 +300,19 @@ struct LatentPlan {
 LatentPlan plan_latent(const char* fn, const Exec& ex, const MlaCall& c, const AttentionTuning& t) {
   LatentPlan p;
   const bool tc_ok = launch::mla_tc_supported(c.a);
+  const char* pools = c.a.kv_fp8 ? "fp8" : c.a.kv_bf16 ? "bf16" : "f32";
   LOOM_CHECK(t.mla_path != 2 || tc_ok,
-             "%s: the tensor-core path needs bf16 pools, R = 512 and dr = 64 (%s pools, R = %d, "
-             "dr = %d)",
-             fn, c.a.kv_bf16 ? "bf16" : "f32", c.a.d1, c.a.d2);
+             "%s: the tensor-core path needs bf16 or fp8 pools, R = 512 and dr = 64 (%s pools, "
+             "R = %d, dr = %d)",
+             fn, pools, c.a.d1, c.a.d2);
+  // fp8 pools never take the wgmma kernel (its TMA boxes need 16-byte row strides; an fp8 row is
+  // 516 or 68 bytes): the mma.sync kernel dequantizes them as it loads, in 64-key tiles.
   const bool wgmma_ok = tc_ok && launch::mla_wgmma_supported(c.a);
   LOOM_CHECK(t.mla_path != 3 || wgmma_ok,
              "%s: the wgmma path needs a compute capability 9.0 device, bf16 pools, R = 512 and "
              "dr = 64 (%s pools, R = %d, dr = %d)",
-             fn, c.a.kv_bf16 ? "bf16" : "f32", c.a.d1, c.a.d2);
+             fn, pools, c.a.d1, c.a.d2);
+  LOOM_CHECK(!c.a.kv_fp8 || t.tc_keys != 32, "%s: fp8 pools take 64-key tiles only", fn);
   const int bn = t.tc_keys == 32 ? 32 : 64;
   // By shape: the wgmma kernel where its tiles never cross a page (they are TMA boxes then).
   if (t.mla_path == 3 || (t.mla_path == 0 && wgmma_ok && c.a.page_size % bn == 0)) {
@@ -327,9 +341,12 @@ LatentPlan plan_latent(const char* fn, const Exec& ex, const MlaCall& c, const A
   // AttnPolicy): the floor one key tile, the rest chosen on the device from the lengths.
   if (p.policy.split_rows > 0 && p.path != LatentPath::kSimt && t.split != 1 && t.min_chunk == 0) {
     const int64_t htiles = (c.a.heads + 31) / 32;  // both kernels take 32 heads a unit
-    const int64_t resident = p.path == LatentPath::kWgmma ? launch::mla_wgmma_resident(p.bn)
-                                                          : launch::mla_tc_resident(p.bn, p.stages);
-    const int64_t key_bytes = static_cast<int64_t>(c.a.d1 + c.a.d2) * 2;  // bf16 pools
+    const int64_t resident = p.path == LatentPath::kWgmma
+                                 ? launch::mla_wgmma_resident(p.bn)
+                                 : launch::mla_tc_resident(p.bn, p.stages, c.a.kv_fp8);
+    // A key's cache bytes: bf16 pools, or fp8 ones with their two scales.
+    const int64_t key_bytes = c.a.kv_fp8 ? static_cast<int64_t>(c.a.d1 + c.a.d2) + 8
+                                         : static_cast<int64_t>(c.a.d1 + c.a.d2) * 2;
     launch::AttnPolicy& q = p.policy;
     q.min_chunk = key_block;
     q.wave_items = static_cast<int>(std::max<int64_t>(1, resident / htiles));
@@ -388,8 +405,10 @@ std::atomic<uint64_t> g_expanded_sequences{0};
 // follows the step's rows and not its context.
 constexpr int64_t kMlaExpandedMinKeyBlock = 4096;
 
+// bf16 pools are gathered as they are; fp8 ones dequantized into the bf16 rows the GEMM reads.
 bool mla_expanded_shapes(const Tensor& latent_pool, const MlaDims& dims) {
-  return latent_pool.dtype() == DType::kBF16 && dims.latent_dim % 8 == 0 &&
+  return (latent_pool.dtype() == DType::kBF16 || latent_pool.dtype() == DType::kF8E4M3) &&
+         dims.latent_dim % 8 == 0 &&
          launch::mla_expanded_supported(static_cast<int>(dims.nope_dim),
                                         static_cast<int>(dims.rope_dim),
                                         static_cast<int>(dims.v_dim));
@@ -549,9 +568,9 @@ void mla_mixed(const char* fn, const Exec& ex, const MlaCall& c, const Tensor& q
     a.out_f32 = !act_bf16;
     for (int64_t k0 = 0; k0 < S; k0 += kb) {
       const int64_t nk = std::min(kb, S - k0);
-      launch::mla_gather_keys(stream, latent_pool.raw(), rope_pool.raw(), R, dr,
-                              page_table.data<int32_t>() + b * cols, ps, latent_pool.dim(0), k0, nk,
-                              lat, rope);
+      launch::mla_gather_keys(
+          stream, latent_pool.raw(), rope_pool.raw(), R, dr, latent_pool.dtype() == DType::kF8E4M3,
+          page_table.data<int32_t>() + b * cols, ps, latent_pool.dim(0), k0, nk, lat, rope);
       gemm_strided_batched(ex, 1, nk, kvw, R, lat, GemmElem::kBF16, R, 0, kv16, GemmElem::kBF16, R,
                            0, /*trans_b=*/true, kvx, GemmElem::kBF16, kvw, 0);
       a.key0 = k0;
@@ -594,8 +613,8 @@ void mla(const Exec& ex, const Tensor& q, const Tensor& latent_pool, const Tenso
   if (N == 0 || c.B == 0) return;
   LOOM_CHECK(tuning.mla_form != 2 ||
                  (host.known() && !ex.batch_invariant && mla_expanded_shapes(latent_pool, dims)),
-             "%s: the expanded form needs the host lens, bf16 pools, dn = dv = 128, dr = 64 and "
-             "not batch-invariant numerics",
+             "%s: the expanded form needs the host lens, bf16 or fp8 pools, dn = dv = 128, "
+             "dr = 64 and not batch-invariant numerics",
              fn);
   const std::vector<char> expanded =
       mla_expanded_sequences(ex, latent_pool, dims, tuning, host, c.B);
@@ -738,7 +757,8 @@ void mla_latent_attention_varlen(const Exec& ex, const Tensor& q_lat, const Tens
                  o_lat.ndim() == 3 && latent_pool.ndim() == 3,
              "%s: q_lat %s o_lat %s latent_pool %s", fn, q_lat.describe().c_str(),
              o_lat.describe().c_str(), latent_pool.describe().c_str());
-  const int64_t N = q_lat.dim(0), H = q_lat.dim(1), R = latent_pool.dim(2), dr = q_lat.dim(2) - R;
+  const int64_t N = q_lat.dim(0), H = q_lat.dim(1), R = kv_pool_vector_dim(latent_pool),
+                dr = q_lat.dim(2) - R;
   LOOM_CHECK(dr >= 0, "%s: q_lat %s shorter than the latent %lld", fn, q_lat.describe().c_str(),
              static_cast<long long>(R));
   LOOM_CHECK_SHAPE(o_lat, N, H, R);

@@ -4,15 +4,20 @@
 // past_lens and page_table stay on the device and are not checked here (the CPU twins check
 // them on the host); a page id outside the pool is not read.
 //
-// Dtypes: q and out f32 or bf16 (the same); pools f32 or bf16 (both the same); kv_b f32;
-// arithmetic in f32. MLA's two forms compute the same function:
+// Dtypes: q and out f32 or bf16 (the same); pools f32, bf16 or fp8 (both the same; fp8 is
+// kernels/attention.h's format, each vector's codes times its scale, dequantized as the key tiles
+// load, never by a pass over the cache); kv_b f32; arithmetic in f32. MLA's two forms compute
+// the same function:
 //  - absorbed (decode, short chunks, and every sequence when the host lens are not given):
-//    q_lat = W_UK^T q_nope, attention over the latent cache, out = W_UV o_lat. With a bf16 cache,
-//    R = 512 and dr = 64 the attention runs on tensor cores (q and the softmax weights rounded to
-//    bf16 for the products, as flash attention does); otherwise on CUDA cores in f32.
+//    q_lat = W_UK^T q_nope, attention over the latent cache, out = W_UV o_lat. With a bf16 or fp8
+//    cache, R = 512 and dr = 64 the attention runs on tensor cores (q, the softmax weights and
+//    fp8 keys' dequantized values rounded to bf16 for the products, as flash attention does; fp8
+//    on the mma.sync kernel, bf16 on the wgmma one where pages hold whole key tiles); otherwise
+//    on CUDA cores in f32 (fp8 values exactly the host's).
 //  - expanded (long prefill chunks): a sequence with host lens, at least kMlaExpandedMinRows new
-//    rows and mla_attention_form's choice, bf16 pools, dn = dv = 128 and dr = 64, not
-//    batch-invariant. Its keys are gathered out of the pages in blocks, expanded by one bf16 GEMM
+//    rows and mla_attention_form's choice, bf16 or fp8 pools, dn = dv = 128 and dr = 64, not
+//    batch-invariant. Its keys are gathered out of the pages in blocks (fp8 ones dequantized into
+//    bf16 rows as they are gathered), expanded by one bf16 GEMM
 //    with kv_b (k_nope and v of every head), and attended to per head on tensor cores
 //    (attention_mla_expanded.cu): 640 FLOPs a query-key pair and head against the absorbed
 //    form's 2176, which is what makes a 1M-token prefill feasible. The other sequences of the

@@ -97,8 +97,10 @@ void attn_schedule(cudaStream_t stream, const AttnPolicy& policy, const int64_t*
 // i = page_table[seq][j / page_size] * page_size + j % page_size: part 1 at
 // k1 + i * k1_row + g * d1 (d1 values), part 2 at k2 + i * k2_row + g * d2, the value at
 // v + i * v_row + g * dv, or, with v null, the first dv values of part 1 (the MLA latent); g the
-// query head's group h / (heads / groups). Pools f32, or bf16 with kv_bf16. Scores are
-// scale * (q1 . k1 + q2 . k2), causal per row.
+// query head's group h / (heads / groups). Pools f32, or bf16 with kv_bf16, or fp8 with kv_fp8
+// (kernels/attention.h's format: a vector of d values is d e4m3 codes and a 4-byte f32 scale, so
+// row strides count bytes and vector g of a row starts at g * (d + 4); the kernels dequantize as
+// they load, f32(code) * scale). Scores are scale * (q1 . k1 + q2 . k2), causal per row.
 // A row that does not split gets its normalised output at o + r * o_row + h * o_head (f32, or
 // bf16 with o_bf16); a split row's split s leaves its unnormalised sum at part_acc
 // [row_part[r] + s][heads][dv] and its running max (log2 units) and sum at part_ml [..][heads][2].
@@ -113,6 +115,7 @@ struct AttnArgs {
   const void* v = nullptr;
   int64_t v_row = 0;
   bool kv_bf16 = false;
+  bool kv_fp8 = false;
   int d1 = 0, d2 = 0, dv = 0;
   int heads = 0, groups = 1;
   void* o = nullptr;
@@ -137,7 +140,7 @@ struct AttnArgs {
   bool sync_handoff = false;
 };
 
-// The CUDA-core kernel (attention_simt.cu): any dims (smem permitting), f32 or bf16 pools.
+// The CUDA-core kernel (attention_simt.cu): any dims (smem permitting), f32, bf16 or fp8 pools.
 // qpw: query vectors per warp (1 or 4; the block has 8 warps). Returns false (launching nothing)
 // when the shapes need more shared memory than a block has.
 struct SimtShape {
@@ -152,16 +155,20 @@ void attn_simt(cudaStream_t stream, const AttnArgs& a, int qpw, int64_t max_item
 // The tensor-core MLA kernel (attention_mla_tc.cu): bf16 pools, d1 = 512 (latent), d2 = 64 or 0
 // (rope), values the latent, groups = 1, q f32 (rounded to bf16 for the products), o f32.
 // 32 heads per work unit (more heads: several units per row); one row per item. bn: keys per
-// tile (32 or 64), stages: tile buffers (2 for 64 keys, 3 or 4 for 32).
+// tile (32 or 64), stages: tile buffers (2 for 64 keys, 3 or 4 for 32). Or fp8 pools with a rope
+// pool (dequantized to bf16 as they load; always 64 keys and 2 buffers, bn and stages ignored).
 bool mla_tc_supported(const AttnArgs& a);
 void mla_attn_tc(cudaStream_t stream, const AttnArgs& a, int64_t max_items, int bn, int stages);
-// Blocks of the kernel that mla_attn_tc launches with these tiles, resident at once.
-int64_t mla_tc_resident(int bn, int stages);
+// Blocks of the kernel that mla_attn_tc launches with these tiles (fp8: its fp8 one), resident
+// at once.
+int64_t mla_tc_resident(int bn, int stages, bool fp8 = false);
 
 // The Hopper MLA kernel (attention_mla_wgmma.cu): what mla_tc_supported needs, a rope pool, fewer
 // than 2^31 pool rows, and a compute capability 9.0 device; the same units and outputs as
-// mla_attn_tc. bn: keys per tile, 64 (two stages) or 32 (four). Any page size; tiles that cross
-// a page are copied without TMA (slower), so pages of a multiple of bn keys are its case.
+// mla_attn_tc. Not fp8 pools: its TMA boxes need 16-byte row strides, and fp8 rows (516 and 68
+// bytes) are 4-byte aligned; those run on mla_attn_tc. bn: keys per tile, 64 (two stages) or 32
+// (four). Any page size; tiles that cross a page are copied without TMA (slower), so pages of a
+// multiple of bn keys are its case.
 bool mla_wgmma_supported(const AttnArgs& a);
 void mla_attn_wgmma(cudaStream_t stream, const AttnArgs& a, int64_t max_items, int bn);
 // Blocks of the kernel that mla_attn_wgmma launches with this tile, resident at once.
@@ -189,10 +196,11 @@ void mla_project_out(cudaStream_t stream, const float* o_lat, const float* part_
 // MLA's expanded form (kernels/cuda/mla_key_gather.cu): keys [key0, key0 + nk) of one sequence,
 // whose page-table row is `pages` (device, covering those positions), copied out of bf16 pools of
 // num_pages pages into contiguous rows: lat [nk, R] and rope [nk, dr] bf16 (a page id outside
-// the pool is not read: zeros). R and dr multiples of 8 (16-byte rows; dr may be 0).
+// the pool is not read: zeros). R and dr multiples of 8 (16-byte rows; dr may be 0). With fp8,
+// the pools hold fp8 vectors (rows of R + 4 and dr + 4 bytes), dequantized into those bf16 rows.
 void mla_gather_keys(cudaStream_t stream, const void* latent_pool, const void* rope_pool, int64_t R,
-                     int64_t dr, const int32_t* pages, int64_t page_size, int64_t num_pages,
-                     int64_t key0, int64_t nk, void* lat, void* rope);
+                     int64_t dr, bool fp8, const int32_t* pages, int64_t page_size,
+                     int64_t num_pages, int64_t key0, int64_t nk, void* lat, void* rope);
 // out[i] = cu[i] - cu[0] for i < n (a sub-batch's cu_seqlens, rows counted from its first).
 void shift_offsets(cudaStream_t stream, const int64_t* cu, int64_t n, int64_t* out);
 

@@ -35,6 +35,13 @@
 // and wgmma with the keys read from shared memory by the tensor cores. That is
 // attention_mla_wgmma.cu, the default on the H200 where pages hold whole key tiles (1.3-1.45x
 // this kernel's rate); this one stays for other page sizes and as AttentionTuning::mla_path 2.
+//
+// FP8 pools (AttnArgs::kv_fp8, kernels/attention.h's format; 64-key tiles, two buffers): a row
+// is 516 + 68 bytes, only 4-byte aligned, so neither cp.async's 16-byte copies nor TMA boxes fit
+// it, and the bytes change on the way anyway. Each warp loads 8 rows of the next tile into
+// registers (a lane four latent words and a rope or scale word) while the block computes this
+// one, and after the tile's barrier widens them, f32(code) * scale rounded to bf16, into the free
+// key buffer: the same three barriers a tile, the MMAs unchanged, half the cache bytes read.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -42,6 +49,7 @@
 
 #include "kernels/cuda/attention_launch.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kv_fp8.cuh"
 #include "kernels/cuda/mma_sync.cuh"
 
 namespace loom::cuda {
@@ -75,9 +83,11 @@ struct Tc {
                 "tile shapes");
 };
 
-template <int DL, int DR, int BN, int ST>
+template <int DL, int DR, int BN, int ST, bool F8 = false>
 __global__ void __launch_bounds__(kThreads, 1) mla_tc_kernel(const launch::AttnArgs a) {
   using C = Tc<DL, DR, BN, ST>;
+  static_assert(!F8 || (DL == 512 && DR == 64 && BN == 64 && ST == 2), "fp8 tiles");
+  constexpr int kF8Rows = BN / 8;  // fp8: key rows each warp loads a tile
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* k_s = reinterpret_cast<bf16*>(smem);                            // [ST][BN][ROW]
   float* s_s = reinterpret_cast<float*>(smem + C::K_BYTES);             // [4][kHeads][SROW]
@@ -167,6 +177,64 @@ __global__ void __launch_bounds__(kThreads, 1) mla_tc_kernel(const launch::AttnA
       }
     };
 
+    // fp8: tile t's rows through registers. Warp w takes keys w + 8 rr; a lane the latent words
+    // lane + 32 k, and in x a rope word (lanes 0-15), the latent scale (16) or the rope scale
+    // (17). A key outside the range loads zeros (a finite row for its weight 0).
+    uint32_t f8_lat[F8 ? kF8Rows : 1][4];
+    uint32_t f8_x[F8 ? kF8Rows : 1];
+    auto f8_load = [&](int t) {
+      if constexpr (F8) {
+#pragma unroll
+        for (int rr = 0; rr < kF8Rows; ++rr) {
+          const int64_t pos = kb + static_cast<int64_t>(t) * BN + warp + 8 * rr;
+          int64_t prow = -1;
+          if (t < ntiles && pos < ke) {
+            const uint32_t p32 = static_cast<uint32_t>(pos),
+                           ps32 = static_cast<uint32_t>(a.page_size);
+            const uint32_t page = p32 / ps32;
+            const int64_t pid = a.page_table[seq * a.max_pages + page];
+            if (pid >= 0 && pid < a.num_pages) prow = pid * a.page_size + (p32 - page * ps32);
+          }
+          if (prow < 0) {
+            f8_lat[rr][0] = f8_lat[rr][1] = f8_lat[rr][2] = f8_lat[rr][3] = f8_x[rr] = 0u;
+            continue;
+          }
+          const uint32_t* lw = reinterpret_cast<const uint32_t*>(
+              static_cast<const unsigned char*>(a.k1) + prow * a.k1_row);
+          const uint32_t* rw = reinterpret_cast<const uint32_t*>(
+              static_cast<const unsigned char*>(a.k2) + prow * a.k2_row);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) f8_lat[rr][k] = lw[lane + 32 * k];
+          f8_x[rr] = lane < DR / 4 ? rw[lane]
+                     : lane == 16  ? lw[DL / 4]
+                     : lane == 17  ? rw[DR / 4]
+                                   : 0u;
+        }
+      }
+    };
+    auto f8_store = [&](int t) {
+      if constexpr (F8) {
+        bf16* base = k_s + (t % ST) * BN * C::ROW;
+#pragma unroll
+        for (int rr = 0; rr < kF8Rows; ++rr) {
+          const float sl = __shfl_sync(0xffffffffu, __uint_as_float(f8_x[rr]), 16);
+          const float sr = __shfl_sync(0xffffffffu, __uint_as_float(f8_x[rr]), 17);
+          bf16* dst = base + (warp + 8 * rr) * C::ROW;
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float4 f = dev::kv_fp8_word(f8_lat[rr][k], sl);
+            *reinterpret_cast<uint2*>(dst + 4 * (lane + 32 * k)) =
+                make_uint2(pack_bf16(f.x, f.y), pack_bf16(f.z, f.w));
+          }
+          if (lane < DR / 4) {
+            const float4 f = dev::kv_fp8_word(f8_x[rr], sr);
+            *reinterpret_cast<uint2*>(dst + DL + 4 * lane) =
+                make_uint2(pack_bf16(f.x, f.y), pack_bf16(f.z, f.w));
+          }
+        }
+      }
+    };
+
     float m_run = -INFINITY, l_run = 0.0f;
     float acc[2][C::VNT][4];
 #pragma unroll
@@ -177,19 +245,32 @@ __global__ void __launch_bounds__(kThreads, 1) mla_tc_kernel(const launch::AttnA
     }
 
     __syncthreads();  // the previous unit is done with every buffer
+    int64_t pre = -1;
+    if constexpr (F8) {
+      f8_load(0);
+      f8_store(0);
+      f8_load(1);
+    } else {
 #pragma unroll
-    for (int t = 0; t < ST - 1; ++t) {
-      issue(t, pool_row(t));
-      cp_commit();
+      for (int t = 0; t < ST - 1; ++t) {
+        issue(t, pool_row(t));
+        cp_commit();
+      }
+      pre = pool_row(ST - 1);
     }
-    int64_t pre = pool_row(ST - 1);
 
     for (int i = 0; i < ntiles; ++i) {
-      cp_wait<ST - 2>();
-      __syncthreads();  // tile i visible; every warp is done with tile i - 1
-      issue(i + ST - 1, pre);
-      cp_commit();
-      pre = pool_row(i + ST);
+      if constexpr (F8) {
+        __syncthreads();  // tile i visible; every warp is done with tile i - 1's buffer
+        if (i + 1 < ntiles) f8_store(i + 1);
+        if (i + 2 < ntiles) f8_load(i + 2);
+      } else {
+        cp_wait<ST - 2>();
+        __syncthreads();  // tile i visible; every warp is done with tile i - 1
+        issue(i + ST - 1, pre);
+        cp_commit();
+        pre = pool_row(i + ST);
+      }
       const bf16* ks = k_s + (i % ST) * BN * C::ROW;
       if (a.probe == 2) {  // benchmarks: the loads and barriers alone
         __syncthreads();
@@ -353,10 +434,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_tc_kernel(const launch::AttnA
   }
 }
 
-template <int BN, int ST>
+template <int BN, int ST, bool F8 = false>
 void launch_tc(cudaStream_t stream, const launch::AttnArgs& a, int64_t max_items) {
   using C = Tc<512, 64, BN, ST>;
-  auto kernel = mla_tc_kernel<512, 64, BN, ST>;
+  auto kernel = mla_tc_kernel<512, 64, BN, ST, F8>;
   const int64_t htiles = (a.heads + kHeads - 1) / kHeads;
   int64_t blocks = max_items * htiles;
   const int64_t cap =
@@ -374,6 +455,12 @@ bool aligned(const void* p, size_t n) { return reinterpret_cast<uintptr_t>(p) % 
 namespace launch {
 
 bool mla_tc_supported(const AttnArgs& a) {
+  if (a.kv_fp8) {  // whole words: rows of 516 and 68 bytes
+    return a.d1 == 512 && a.d2 == 64 && a.dv == 512 && a.v == nullptr && a.groups == 1 &&
+           a.k2 != nullptr && !a.q_bf16 && !a.o_bf16 && aligned(a.k1, 4) && aligned(a.k2, 4) &&
+           a.k1_row % 4 == 0 && a.k2_row % 4 == 0 && aligned(a.q, 8) && a.q_row % 2 == 0 &&
+           a.q_head % 2 == 0 && aligned(a.o, 8) && a.o_row % 2 == 0 && a.o_head % 2 == 0;
+  }
   return a.kv_bf16 && a.d1 == 512 && a.d2 == 64 && a.dv == 512 && a.v == nullptr && a.groups == 1 &&
          !a.q_bf16 && !a.o_bf16 && aligned(a.k1, 16) && aligned(a.k2, 16) &&
          (a.k1_row * 2) % 16 == 0 && (a.k2_row * 2) % 16 == 0 && aligned(a.q, 8) &&
@@ -382,12 +469,16 @@ bool mla_tc_supported(const AttnArgs& a) {
 }
 
 void mla_attn_tc(cudaStream_t stream, const AttnArgs& a, int64_t max_items, int bn, int stages) {
+  if (a.kv_fp8) return launch_tc<64, 2, true>(stream, a, max_items);  // its one tile shape
   if (bn == 32 && stages == 4) return launch_tc<32, 4>(stream, a, max_items);
   if (bn == 32 && stages == 3) return launch_tc<32, 3>(stream, a, max_items);
   return launch_tc<64, 2>(stream, a, max_items);
 }
 
-int64_t mla_tc_resident(int bn, int stages) {
+int64_t mla_tc_resident(int bn, int stages, bool fp8) {
+  if (fp8)
+    return resident_blocks(reinterpret_cast<const void*>(mla_tc_kernel<512, 64, 64, 2, true>),
+                           kThreads, Tc<512, 64, 64, 2>::BYTES);
   auto blocks = [](auto bn_c, auto st_c) {
     constexpr int BN = decltype(bn_c)::value, ST = decltype(st_c)::value;
     return resident_blocks(reinterpret_cast<const void*>(mla_tc_kernel<512, 64, BN, ST>), kThreads,

@@ -721,8 +721,8 @@ bool device_is_sm90() {
 namespace launch {
 
 bool mla_wgmma_supported(const AttnArgs& a) {
-  return mla_tc_supported(a) && a.k2 != nullptr && a.num_pages * a.page_size < (int64_t{1} << 31) &&
-         device_is_sm90();
+  return !a.kv_fp8 && mla_tc_supported(a) && a.k2 != nullptr &&
+         a.num_pages * a.page_size < (int64_t{1} << 31) && device_is_sm90();
 }
 
 void mla_attn_wgmma(cudaStream_t stream, const AttnArgs& a, int64_t max_items, int bn) {

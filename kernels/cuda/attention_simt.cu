@@ -20,8 +20,13 @@
 // unchanged), and every sum runs in a fixed order. Which item, tile or warp holds the row does not
 // matter.
 //
+// FP8 pools (AttnArgs::kv_fp8) load through registers instead of cp.async: each vector's codes
+// times its scale, stored into f32 tiles, so the arithmetic after the load is the f32 pools' and
+// a value is exactly the host's dequantized one.
+//
 // The kernel template is in attention_simt.cuh, instantiated per pool dtype in
-// attention_simt_f32.cu and attention_simt_bf16.cu; this file sizes and launches it.
+// attention_simt_f32.cu, attention_simt_bf16.cu and attention_simt_fp8.cu; this file sizes and
+// launches it.
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -112,12 +117,19 @@ void attn_simt(cudaStream_t stream, const AttnArgs& a, int qpw, int64_t max_item
   const int rep = a.heads / a.groups;
   P.htpg = (rep + P.nh - 1) / P.nh;
   P.units = a.groups * P.htpg;
-  P.vec = (static_cast<int64_t>(a.d1) * es) % 16 == 0 &&
-          (static_cast<int64_t>(a.d2) * es) % 16 == 0 && (a.k1_row * es) % 16 == 0 &&
-          aligned16(a.k1) && (a.d2 == 0 || ((a.k2_row * es) % 16 == 0 && aligned16(a.k2))) &&
-          (a.v == nullptr || ((static_cast<int64_t>(a.dv) * es) % 16 == 0 &&
-                              (a.v_row * es) % 16 == 0 && aligned16(a.v)));
-  if (a.kv_bf16) {
+  const auto aligned4 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 4 == 0; };
+  P.vec = a.kv_fp8 ? a.d1 % 4 == 0 && a.d2 % 4 == 0 && a.k1_row % 4 == 0 && aligned4(a.k1) &&
+                         (a.d2 == 0 || (a.k2_row % 4 == 0 && aligned4(a.k2))) &&
+                         (a.v == nullptr || (a.dv % 4 == 0 && a.v_row % 4 == 0 && aligned4(a.v)))
+                   : (static_cast<int64_t>(a.d1) * es) % 16 == 0 &&
+                         (static_cast<int64_t>(a.d2) * es) % 16 == 0 && (a.k1_row * es) % 16 == 0 &&
+                         aligned16(a.k1) &&
+                         (a.d2 == 0 || ((a.k2_row * es) % 16 == 0 && aligned16(a.k2))) &&
+                         (a.v == nullptr || ((static_cast<int64_t>(a.dv) * es) % 16 == 0 &&
+                                             (a.v_row * es) % 16 == 0 && aligned16(a.v)));
+  if (a.kv_fp8) {
+    simt::launch_fp8(stream, P, s.qpw, L.bytes, max_items);
+  } else if (a.kv_bf16) {
     simt::launch_bf16(stream, P, s.qpw, L.bytes, max_items);
   } else {
     simt::launch_f32(stream, P, s.qpw, L.bytes, max_items);

@@ -1,6 +1,6 @@
 // The CUDA-core varlen attention kernel (see attention_simt.cu for the design), shared by the
-// files that instantiate it: attention_simt_f32.cu and attention_simt_bf16.cu (one per pool
-// dtype, so that they compile in parallel).
+// files that instantiate it: attention_simt_f32.cu, attention_simt_bf16.cu and
+// attention_simt_fp8.cu (one per pool dtype, so that they compile in parallel).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -11,6 +11,7 @@
 
 #include "kernels/cuda/attention_launch.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kv_fp8.cuh"
 
 namespace loom::cuda::simt {
 
@@ -31,7 +32,8 @@ struct SimtParams {
   int nh;      // heads per item
   int htpg;    // head tiles per group
   int units;   // units per item: groups * htpg
-  bool vec;    // 16-byte copies (every row and offset 16-byte aligned)
+  bool vec;    // 16-byte copies (every row and offset 16-byte aligned); fp8 pools: 4-byte words
+               // (every vector a whole number of words, rows and pools 4-byte aligned)
 };
 
 __device__ __forceinline__ float to_f(float x) { return x; }
@@ -75,6 +77,13 @@ __device__ __forceinline__ void load16(const bf16* p, float (&x)[8]) {
   }
 }
 
+// An fp8 vector's scale, the 4 bytes at p (aligned: one load).
+__device__ __forceinline__ float fp8_scale(const uint8_t* p, bool aligned) {
+  if (aligned) return *reinterpret_cast<const float*>(p);
+  return __uint_as_float(static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
+                         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24);
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -86,9 +95,12 @@ __device__ __forceinline__ float warp_max(float v) {
 // (prefill and MLA, compute-bound) take the whole register file.
 constexpr int min_blocks(int qpw, int cpt) { return qpw > 1 ? 1 : (cpt <= 4 ? 3 : 2); }
 
-template <typename KT, int QPW, int CPT, bool VSEP>
+// KT: the element type of the tiles in shared memory (the pools' dtype; F8: fp8 pools, whose
+// vectors are dequantized into f32 tiles as they are loaded, synchronously).
+template <typename KT, int QPW, int CPT, bool VSEP, bool F8 = false>
 __global__ void __launch_bounds__(kThreads, min_blocks(QPW, CPT))
     attn_simt_kernel(const SimtParams P) {
+  static_assert(!F8 || sizeof(KT) == 4, "fp8 pools dequantize into f32 tiles");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr int QV = kWarps * QPW;
   constexpr int E = 16 / static_cast<int>(sizeof(KT));  // elements per 16-byte copy
@@ -169,6 +181,50 @@ __global__ void __launch_bounds__(kThreads, min_blocks(QPW, CPT))
       const int st = t % P.stages;
       KT* kd = k_s + (st * kKeys + kk) * P.dks;
       KT* vd = v_s + (st * kKeys + kk) * P.dvs;
+      if constexpr (F8) {
+        // Plain loads, each value f32(code) * scale as the host's dequantization; the store to
+        // shared memory waits for them (no cp.async: the bytes change on the way).
+        const uint8_t* b1 = static_cast<const uint8_t*>(a.k1) + prow * a.k1_row +
+                            static_cast<int64_t>(g) * (a.d1 + 4);
+        const uint8_t* b2 = static_cast<const uint8_t*>(a.k2) + prow * a.k2_row +
+                            static_cast<int64_t>(g) * (a.d2 + 4);
+        const uint8_t* b3 = VSEP ? static_cast<const uint8_t*>(a.v) + prow * a.v_row +
+                                       static_cast<int64_t>(g) * (a.dv + 4)
+                                 : nullptr;
+        const float sc1 = fp8_scale(b1 + a.d1, P.vec);
+        const float sc2 = a.d2 > 0 ? fp8_scale(b2 + a.d2, P.vec) : 0.0f;
+        const float sc3 = VSEP ? fp8_scale(b3 + a.dv, P.vec) : 0.0f;
+        if (P.vec) {
+          const int c1 = a.d1 / 4, c2 = a.d2 / 4, c3 = VSEP ? a.dv / 4 : 0;
+          for (int c = sub; c < c1 + c2 + c3; c += kPerKey) {
+            float4 x;
+            float* d;
+            if (c < c1) {
+              x = dev::kv_fp8_word(reinterpret_cast<const uint32_t*>(b1)[c], sc1);
+              d = kd + 4 * c;
+            } else if (c < c1 + c2) {
+              x = dev::kv_fp8_word(reinterpret_cast<const uint32_t*>(b2)[c - c1], sc2);
+              d = kd + P.off2 + 4 * (c - c1);
+            } else {
+              x = dev::kv_fp8_word(reinterpret_cast<const uint32_t*>(b3)[c - c1 - c2], sc3);
+              d = vd + 4 * (c - c1 - c2);
+            }
+            *reinterpret_cast<float4*>(d) = x;
+          }
+        } else {
+          const int n3 = VSEP ? a.dv : 0;
+          for (int c = sub; c < a.d1 + a.d2 + n3; c += kPerKey) {
+            if (c < a.d1) {
+              kd[c] = dev::kv_fp8_value(b1[c], sc1);
+            } else if (c < a.d1 + a.d2) {
+              kd[P.off2 + c - a.d1] = dev::kv_fp8_value(b2[c - a.d1], sc2);
+            } else {
+              vd[c - a.d1 - a.d2] = dev::kv_fp8_value(b3[c - a.d1 - a.d2], sc3);
+            }
+          }
+        }
+        return;
+      }
       const KT* s1 =
           static_cast<const KT*>(a.k1) + prow * a.k1_row + static_cast<int64_t>(g) * a.d1;
       const KT* s2 =
@@ -340,9 +396,9 @@ inline int cpt_for(int dv) {
   return dv <= 512 ? 16 : 0;
 }
 
-template <typename KT, int QPW, int CPT, bool VSEP>
+template <typename KT, int QPW, int CPT, bool VSEP, bool F8>
 void launch_kernel(cudaStream_t stream, const SimtParams& P, size_t smem, int64_t max_items) {
-  auto kernel = attn_simt_kernel<KT, QPW, CPT, VSEP>;
+  auto kernel = attn_simt_kernel<KT, QPW, CPT, VSEP, F8>;
   int64_t blocks = max_items * P.units;
   const int64_t cap =
       launch::resident_blocks(reinterpret_cast<const void*>(kernel), kThreads, smem);
@@ -352,31 +408,32 @@ void launch_kernel(cudaStream_t stream, const SimtParams& P, size_t smem, int64_
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
-template <typename KT, bool VSEP, int QPW>
+template <typename KT, bool VSEP, int QPW, bool F8>
 void dispatch_cpt(cudaStream_t stream, const SimtParams& P, size_t smem, int64_t max_items) {
   switch (cpt_for(P.a.dv)) {
     case 1:
-      return launch_kernel<KT, QPW, 1, VSEP>(stream, P, smem, max_items);
+      return launch_kernel<KT, QPW, 1, VSEP, F8>(stream, P, smem, max_items);
     case 4:
-      return launch_kernel<KT, QPW, 4, VSEP>(stream, P, smem, max_items);
+      return launch_kernel<KT, QPW, 4, VSEP, F8>(stream, P, smem, max_items);
     case 8:
-      return launch_kernel<KT, QPW, 8, VSEP>(stream, P, smem, max_items);
+      return launch_kernel<KT, QPW, 8, VSEP, F8>(stream, P, smem, max_items);
     default:
-      return launch_kernel<KT, QPW, 16, VSEP>(stream, P, smem, max_items);
+      return launch_kernel<KT, QPW, 16, VSEP, F8>(stream, P, smem, max_items);
   }
 }
 
-template <typename KT>
+template <typename KT, bool F8 = false>
 void dispatch(cudaStream_t stream, const SimtParams& P, int qpw, size_t smem, int64_t max_items) {
   if (P.a.v == nullptr) {  // MLA: values are the latent; always four vectors a warp
-    return dispatch_cpt<KT, false, 4>(stream, P, smem, max_items);
+    return dispatch_cpt<KT, false, 4, F8>(stream, P, smem, max_items);
   }
-  if (qpw == 1) return dispatch_cpt<KT, true, 1>(stream, P, smem, max_items);
-  return dispatch_cpt<KT, true, 4>(stream, P, smem, max_items);
+  if (qpw == 1) return dispatch_cpt<KT, true, 1, F8>(stream, P, smem, max_items);
+  return dispatch_cpt<KT, true, 4, F8>(stream, P, smem, max_items);
 }
 
-// dispatch<float> and dispatch<bf16>, each in its own file.
+// dispatch<float>, dispatch<bf16> and dispatch<float, true> (fp8 pools), each in its own file.
 void launch_f32(cudaStream_t stream, const SimtParams& P, int qpw, size_t smem, int64_t max_items);
 void launch_bf16(cudaStream_t stream, const SimtParams& P, int qpw, size_t smem, int64_t max_items);
+void launch_fp8(cudaStream_t stream, const SimtParams& P, int qpw, size_t smem, int64_t max_items);
 
 }  // namespace loom::cuda::simt

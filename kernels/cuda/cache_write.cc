@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "kernels/attention.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/varlen_launch.h"
 
@@ -20,8 +21,10 @@ void cache_write_varlen(const Exec& ex, const Tensor& pool, const Tensor& page_t
   const auto f32_or_bf16 = [](const Tensor& t) {
     return t.dtype() == DType::kF32 || t.dtype() == DType::kBF16;
   };
-  LOOM_CHECK(f32_or_bf16(pool) && f32_or_bf16(rows), "%s: pool %s rows %s, expected f32 or bf16",
-             fn, pool.describe().c_str(), rows.describe().c_str());
+  const bool fp8 = pool.dtype() == DType::kF8E4M3;
+  LOOM_CHECK((f32_or_bf16(pool) || fp8) && f32_or_bf16(rows),
+             "%s: pool %s rows %s, expected an f32, bf16 or fp8 pool and f32 or bf16 rows", fn,
+             pool.describe().c_str(), rows.describe().c_str());
   LOOM_CHECK(pool.ndim() >= 2 && pool.is_contiguous() && rows.ndim() >= 1 && rows.is_contiguous(),
              "%s: pool %s rows %s, expected a contiguous [num_pages, page_size, row...] pool and "
              "contiguous [N, row...] rows",
@@ -29,9 +32,17 @@ void cache_write_varlen(const Exec& ex, const Tensor& pool, const Tensor& page_t
   const int64_t num_pages = pool.dim(0), page_size = pool.dim(1);
   const int64_t N = rows.dim(0);
   const int64_t row_elems = num_pages * page_size > 0 ? pool.numel() / (num_pages * page_size) : 0;
-  LOOM_CHECK(N == 0 || (page_size > 0 && rows.numel() == N * row_elems),
-             "%s: rows %s into rows of %lld", fn, rows.describe().c_str(),
-             static_cast<long long>(row_elems));
+  // An fp8 pool's row is `vectors` vectors of n codes and a scale each (kernels/attention.h).
+  const int64_t n = kv_pool_vector_dim(pool);
+  const int64_t last = pool.dim(pool.ndim() - 1);
+  const int64_t vectors = fp8 && last > 0 ? row_elems / last : 0;
+  LOOM_CHECK(!fp8 || (pool.ndim() >= 3 && n > 0),
+             "%s: fp8 pool %s, expected [num_pages, page_size, ..., n + %lld] bytes", fn,
+             pool.describe().c_str(), static_cast<long long>(kKvFp8ScaleBytes));
+  const int64_t row_values = fp8 ? vectors * n : row_elems;
+  LOOM_CHECK(N == 0 || (page_size > 0 && rows.numel() == N * row_values),
+             "%s: rows %s into rows of %lld values", fn, rows.describe().c_str(),
+             static_cast<long long>(row_values));
   LOOM_CHECK(cu_seqlens.dtype() == DType::kI64 && cu_seqlens.ndim() == 1 &&
                  cu_seqlens.dim(0) >= 1 && cu_seqlens.is_contiguous(),
              "%s: cu_seqlens %s, expected contiguous i64 [B + 1]", fn,
@@ -45,6 +56,12 @@ void cache_write_varlen(const Exec& ex, const Tensor& pool, const Tensor& page_t
                  past_lens.is_contiguous(),
              "%s: past_lens %s for %lld sequences", fn, past_lens.describe().c_str(),
              static_cast<long long>(B));
+  if (fp8) {
+    return launch::cache_write_varlen_fp8(stream_of(ex), rows.raw(), rows.dtype() == DType::kBF16,
+                                          pool.raw(), page_table.data<int32_t>(),
+                                          cu_seqlens.data<int64_t>(), past_lens.data<int64_t>(), N,
+                                          B, page_table.dim(1), num_pages, page_size, vectors, n);
+  }
   launch::cache_write_varlen(stream_of(ex), rows.raw(), rows.dtype() == DType::kBF16, pool.raw(),
                              pool.dtype() == DType::kBF16, page_table.data<int32_t>(),
                              cu_seqlens.data<int64_t>(), past_lens.data<int64_t>(), N, B,

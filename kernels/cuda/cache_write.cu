@@ -15,12 +15,19 @@
 // (16, 4 or 2 bytes) the row width and both addresses allow. Across dtypes, each element converts
 // as it is stored: bf16 to f32 exactly, f32 to bf16 rounded to nearest even (the host's
 // f32_to_bf16), four elements per access where the row allows.
+//
+// An fp8 pool (kernels/attention.h's format) takes one warp per vector: the warp's max of |x| and
+// whether every value is finite, the scale f32(amax / 448) (the IEEE division, as the host's),
+// then each code from the double quotient with the host's encoder (kernels/cuda/kv_fp8.cuh), so
+// the bytes equal kv_fp8_quantize's.
 #include <cuda_bf16.h>
 
+#include <cfloat>
 #include <type_traits>
 
 #include "kernels/cuda/bf16_io.cuh"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kv_fp8.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/pdl.h"
 #include "kernels/cuda/varlen_launch.h"
@@ -187,6 +194,54 @@ void launch_convert(cudaStream_t stream, const void* rows, void* pool, const int
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
+// Rows into an fp8 pool: warp w of the grid takes vectors w, w + warps, ... (vector v is vector
+// v % vectors of row v / vectors).
+template <typename In>
+__global__ void __launch_bounds__(kThreads)
+    cache_fp8_kernel(const In* __restrict__ rows, uint8_t* __restrict__ pool,
+                     const int32_t* __restrict__ page_table, const int64_t* __restrict__ cu,
+                     const int64_t* __restrict__ past, int64_t N, int64_t B, int64_t max_pages,
+                     int64_t num_pages, int64_t page_size, int64_t vectors, int64_t n) {
+  dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kThreads / 32);
+  const int lane = threadIdx.x & 31;
+  const int64_t vec_bytes = n + 4;
+  for (int64_t v = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / 32;
+       v < N * vectors; v += warps) {
+    const int64_t r = v / vectors, e = v % vectors;
+    const int64_t lo = sequence_of(r, cu, N, B);
+    const int64_t j = past[lo] + (r - cu[lo]);
+    if (j < 0 || j / page_size >= max_pages) continue;
+    const int64_t page = page_table[lo * max_pages + j / page_size];
+    if (page < 0 || page >= num_pages) continue;
+    const In* src = rows + r * vectors * n + e * n;
+    uint8_t* dst = pool + (page * page_size + j % page_size) * vectors * vec_bytes + e * vec_bytes;
+    // The host's loop: amax ignores NaN (a > amax is false), `finite` catches it and infinities.
+    float amax = 0.0f;
+    bool finite = true;
+    for (int64_t i = lane; i < n; i += 32) {
+      const float a = fabsf(dev::ld(src + i));
+      finite = finite && a <= FLT_MAX;
+      amax = a > amax ? a : amax;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    finite = __all_sync(0xffffffffu, finite);
+    float scale;
+    if (!finite) {
+      scale = __int_as_float(0x7fc00000);  // the host's quiet NaN
+      for (int64_t i = lane; i < n; i += 32) dst[i] = 0;
+    } else {
+      scale = __fdiv_rn(amax, 448.0f);
+      if (!(scale > 0.0f)) scale = 1.0f;
+      const double s = scale;
+      for (int64_t i = lane; i < n; i += 32)
+        dst[i] = dev::kv_fp8_encode(static_cast<double>(dev::ld(src + i)) / s);
+    }
+    if (lane < 4) dst[n + lane] = static_cast<uint8_t>(__float_as_uint(scale) >> (8 * lane));
+  }
+}
+
 bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 }  // namespace
@@ -222,6 +277,27 @@ void cache_write_varlen(cudaStream_t stream, const void* rows, bool rows_bf16, v
     launch_copy<uint16_t>(stream, rows, pool, page_table, cu, past, N, B, max_pages, num_pages,
                           page_size, row_bytes);
   }
+}
+
+void cache_write_varlen_fp8(cudaStream_t stream, const void* rows, bool rows_bf16, void* pool,
+                            const int32_t* page_table, const int64_t* cu, const int64_t* past,
+                            int64_t N, int64_t B, int64_t max_pages, int64_t num_pages,
+                            int64_t page_size, int64_t vectors, int64_t n) {
+  if (N == 0 || B == 0 || vectors == 0 || n == 0) return;
+  const unsigned blocks = dev::grid_for(N * vectors * 32, kThreads);
+  auto* out = static_cast<uint8_t*>(pool);
+  if (rows_bf16) {
+    LOOM_MARK_PDL_KERNEL(cache_fp8_kernel<bf16>);
+    cache_fp8_kernel<bf16><<<blocks, kThreads, 0, stream>>>(static_cast<const bf16*>(rows), out,
+                                                            page_table, cu, past, N, B, max_pages,
+                                                            num_pages, page_size, vectors, n);
+  } else {
+    LOOM_MARK_PDL_KERNEL(cache_fp8_kernel<float>);
+    cache_fp8_kernel<float><<<blocks, kThreads, 0, stream>>>(static_cast<const float*>(rows), out,
+                                                             page_table, cu, past, N, B, max_pages,
+                                                             num_pages, page_size, vectors, n);
+  }
+  LOOM_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace launch

@@ -4,7 +4,8 @@
 // the device and are not checked here (the CPU twin checks them on the host); a row whose position
 // lies past the page table or on a page outside the pool is not written. Pool and rows may each be
 // f32 or bf16 (same dtype: a copy; bf16 rows widen exactly into an f32 pool; f32 rows round to
-// nearest even into a bf16 pool).
+// nearest even into a bf16 pool), or the pool fp8 (kKvFp8ScaleBytes' format: each vector
+// quantized bit for bit as the CPU's kv_fp8_quantize does, from f32 or bf16 rows).
 #pragma once
 
 #include "core/tensor.h"

@@ -36,4 +36,12 @@ void cache_write_varlen(cudaStream_t stream, const void* rows, bool rows_bf16, v
                         const int64_t* past, int64_t N, int64_t B, int64_t max_pages,
                         int64_t num_pages, int64_t page_size, int64_t row_elems);
 
+// cache_write_varlen into an fp8 pool (kernels/attention.h, kKvFp8ScaleBytes): rows [N, vectors *
+// n] f32 or bf16, pool [num_pages, page_size, vectors * (n + 4)] bytes; each vector quantized as
+// the host's kv_fp8_quantize does, bit for bit (kernels/cuda/kv_fp8.cuh). One warp a vector.
+void cache_write_varlen_fp8(cudaStream_t stream, const void* rows, bool rows_bf16, void* pool,
+                            const int32_t* page_table, const int64_t* cu, const int64_t* past,
+                            int64_t N, int64_t B, int64_t max_pages, int64_t num_pages,
+                            int64_t page_size, int64_t vectors, int64_t n);
+
 }  // namespace loom::cuda::launch

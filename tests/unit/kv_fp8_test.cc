@@ -298,11 +298,20 @@ TEST(KvFp8, ParseAndRefusals) {
   ASSERT_TRUE(cfg.ok());
   CacheStore::Options o{
       .num_pages = 2, .num_slots = 1, .device = Device::kCuda, .kv_dtype = DType::kF8E4M3};
-  EXPECT_EQ(CacheStore::validate(*cfg, o).message(),
-            "CacheStore: kv_dtype fp8 on cuda:0: fp8 KV pages run on the CPU only in this build; "
-            "use f32 or bf16");
+  // fp8 pages run on both backends (the CUDA kernels dequantize as they load): a CUDA store is
+  // refused only by a build without the CUDA backend.
+  const absl::Status on_cuda = CacheStore::validate(*cfg, o);
+#ifdef LOOM_WITH_CUDA
+  EXPECT_TRUE(on_cuda.ok()) << on_cuda;
+#else
+  EXPECT_EQ(on_cuda.message(), "CacheStore on cuda:0: this build has no CUDA backend");
+#endif
   o.device = Device::kCpu;
   EXPECT_TRUE(CacheStore::validate(*cfg, o).ok());
+  o.kv_dtype = DType::kF16;  // a float no kernel reads as pages
+  EXPECT_EQ(CacheStore::validate(*cfg, o).message(),
+            "CacheStore: kv_dtype f16 on cpu: use f32, bf16 or fp8");
+  o.kv_dtype = DType::kF8E4M3;
   o.act_dtype = DType::kF8E4M3;  // the convolution tails are activations: never fp8
   EXPECT_FALSE(CacheStore::validate(*cfg, o).ok());
 }
