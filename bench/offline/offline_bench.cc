@@ -17,6 +17,7 @@
 #include "bench/offline/roofline.h"
 #include "core/workspace.h"
 #include "engine/engine.h"
+#include "engine/model/cache_store.h"
 #include "engine/model/model.h"
 #include "engine/model/random_weights.h"
 #include "kernels/exec.h"
@@ -34,6 +35,8 @@ ABSL_FLAG(std::string, random_weights, "",
 ABSL_FLAG(std::string, device, "cpu", "offline: cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, weight_dtype, "auto", "offline: weight matrices: auto, f32, bf16 or fp8");
 ABSL_FLAG(std::string, act_dtype, "auto", "offline: activations: auto, f32 or bf16");
+ABSL_FLAG(std::string, kv_dtype, "auto",
+          "offline: KV pages: auto (the activations'), f32, bf16 or fp8 (the server's)");
 ABSL_FLAG(std::string, batches, "1,8,64,256", "offline: decode batch sizes");
 ABSL_FLAG(int64_t, context, 4096, "offline: prompt tokens of each decoding sequence");
 ABSL_FLAG(int64_t, decode_steps, 64, "offline: tokens timed per sequence after its first");
@@ -318,6 +321,7 @@ absl::StatusOr<OfflineOptions> offline_options_from_flags() {
   o.device = absl::GetFlag(FLAGS_device);
   o.weight_dtype = absl::GetFlag(FLAGS_weight_dtype);
   o.act_dtype = absl::GetFlag(FLAGS_act_dtype);
+  o.kv_dtype = absl::GetFlag(FLAGS_kv_dtype);
   auto batches = int_list("batches", absl::GetFlag(FLAGS_batches), 1);
   if (!batches.ok()) return batches.status();
   o.batches = *batches;
@@ -377,6 +381,8 @@ int run_offline(const OfflineOptions& o) {
   if (!wdt.ok()) return fail(wdt.status());
   auto adt = parse_activation_dtype(o.act_dtype);
   if (!adt.ok()) return fail(adt.status());
+  auto kvdt = parse_kv_dtype(o.kv_dtype);
+  if (!kvdt.ok()) return fail(kvdt.status());
   const Placement placement{.device = *device, .dtype = *wdt, .activations = *adt};
   absl::StatusOr<std::unique_ptr<Model>> model;
   if (o.random_weights.empty()) {
@@ -388,15 +394,17 @@ int run_offline(const OfflineOptions& o) {
   }
   if (!model.ok()) return fail(model.status());
   const ModelConfig cfg = (*model)->config();
-  const DType kv_dtype = (*model)->act_dtype();
+  // The pages' dtype as the engine resolves it (EngineOptions::kv_dtype unset: the activations').
+  const DType kv_dtype = kvdt->value_or((*model)->act_dtype());
   const ModelFootprint fp = model_footprint(**model, kv_dtype);
   const Ceilings ceil = measure_ceilings(*device, (*model)->placement().matrix_dtype());
   std::printf(
       "loom-bench offline: %s (%s): %.3f GB of parameters; active %.3f B parameters a "
-      "token, %.3f GB read a decode step at batch 1 (weights)\n",
+      "token, %.3f GB read a decode step at batch 1 (weights); KV pages %s, %lld bytes a token\n",
       o.model.c_str(), (*model)->placement().describe().c_str(),
       (*model)->parameters().bytes() / 1e9, fp.active_params / 1e9,
-      decode_step_bytes(fp, 1, 0) / 1e9);
+      decode_step_bytes(fp, 1, 0) / 1e9, std::string(dtype_name(kv_dtype)).c_str(),
+      static_cast<long long>(fp.kv_bytes_per_token));
   std::printf("ceilings measured now: copy %.1f GB/s, GEMM %.1f TFLOP/s\n\n",
               ceil.copy_bytes_per_s / 1e9, ceil.gemm_flops_per_s / 1e12);
 
@@ -417,18 +425,29 @@ int run_offline(const OfflineOptions& o) {
   eo.max_num_batched_tokens = static_cast<int32_t>(o.max_num_batched_tokens);
   eo.enable_prefix_cache = false;  // random prompts share nothing; keep the work honest
   eo.cuda_graphs = o.cuda_graphs;
+  eo.kv_dtype = kv_dtype;
   eo.max_model_len = static_cast<int32_t>(std::min<int64_t>(longest, INT32_MAX));
   eo.cache_budget_bytes =
       o.cache_budget_mb > 0 ? o.cache_budget_mb << 20 : (device->is_cpu() ? int64_t{1} << 30 : 0);
   auto engine = Engine::create(std::move(*model), nullptr, eo);
   if (!engine.ok()) return fail(engine.status());
   if (const auto& plan = (*engine)->memory_plan()) std::printf("%s\n\n", plan->describe().c_str());
+  // What the budget holds: the tokens of every attention page (the --kv_dtype comparison).
+  const EngineStats pages = (*engine)->stats();
+  const int64_t page_tokens = static_cast<int64_t>(pages.pages_total) * eo.page_size;
+  std::printf("KV pages (%s): %d pages of %d tokens = %lld tokens; %d state slots\n\n",
+              std::string(dtype_name(kv_dtype)).c_str(), pages.pages_total, eo.page_size,
+              static_cast<long long>(page_tokens), pages.slots_total);
   std::mt19937_64 rng(o.seed);
   nlohmann::json report = {{"model", o.model},
                            {"placement", placement.describe()},
+                           {"kv_dtype", std::string(dtype_name(kv_dtype))},
+                           {"kv_bytes_per_token", fp.kv_bytes_per_token},
                            {"copy_gb_per_s", ceil.copy_bytes_per_s / 1e9},
                            {"gemm_tflop_per_s", ceil.gemm_flops_per_s / 1e12},
-                           {"active_params", fp.active_params}};
+                           {"active_params", fp.active_params},
+                           {"kv_pages", pages.pages_total},
+                           {"kv_page_tokens", page_tokens}};
   int rc = 0;
 
   // Warm-up: the first steps of each shape allocate and load kernels.

@@ -19,6 +19,7 @@ struct OfflineOptions {
   std::string device = "cpu";
   std::string weight_dtype = "auto";
   std::string act_dtype = "auto";
+  std::string kv_dtype = "auto";  // KV pages: auto (the activations'), f32, bf16 or fp8
   std::vector<int64_t> batches = {1, 8, 64, 256};
   int64_t context = 4096;     // prompt tokens of each decode-run sequence
   int64_t decode_steps = 64;  // tokens timed per sequence after its first
