@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <utility>
 
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/moe.h"
 #ifdef LOOM_WITH_CUDA
@@ -251,14 +252,22 @@ void moe_grouped_swiglu_backward(const Exec& ex, const Tensor& x, const Tensor& 
 }
 
 void moe_unpermute_combine(const Exec& ex, const Tensor& y, const Tensor& row_of_slot,
-                           const Tensor& weights, const Tensor& out) {
+                           const Tensor& weights, const Tensor& out, const Tensor& addend) {
   LOOM_ON_EXEC_DEVICE(ex, "moe_unpermute_combine", y, row_of_slot, weights, out);
+  if (addend.defined()) {
+    LOOM_ON_EXEC_DEVICE(ex, "moe_unpermute_combine", addend);
+    LOOM_CHECK(addend.shape() == out.shape() && addend.dtype() == out.dtype(),
+               "moe_unpermute_combine: addend %s must have out's shape and dtype (%s)",
+               addend.describe().c_str(), out.describe().c_str());
+  }
   if (ex.device.is_cpu()) {
     check_f32("moe_unpermute_combine", "the CPU kernel", {{"y", &y}, {"out", &out}});
-    return cpu::moe_unpermute_combine(y, row_of_slot, weights, out);
+    cpu::moe_unpermute_combine(y, row_of_slot, weights, out);
+    if (addend.defined()) cpu::add_inplace(out, addend);
+    return;
   }
 #ifdef LOOM_WITH_CUDA
-  return cuda::moe_unpermute_combine(ex, y, row_of_slot, weights, out);
+  return cuda::moe_unpermute_combine(ex, y, row_of_slot, weights, out, addend);
 #else
   no_kernel_for(ex, "moe_unpermute_combine");
 #endif

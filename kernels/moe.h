@@ -149,8 +149,12 @@ void moe_grouped_swiglu_backward(const Exec& ex, const Tensor& x, const Tensor& 
 // each row independent of the batch around it.
 // y: [R, D]; row_of_slot: [T, K] i32; weights: [T, K] f32; out: [T, D] (overwritten); y and out
 // f32 or, on CUDA, bf16 each (the sum runs in f32 in the same order; a bf16 out is rounded once).
+// addend: undefined, or [T, D] of out's dtype, added to each finished (rounded) sum: the bits of
+// this call without it followed by add_inplace(out, addend), in one pass (an MoE layer's shared
+// expert output, one kernel fewer a layer at decode).
 void moe_unpermute_combine(const Exec& ex, const Tensor& y, const Tensor& row_of_slot,
-                           const Tensor& weights, const Tensor& out);
+                           const Tensor& weights, const Tensor& out,
+                           const Tensor& addend = Tensor());
 
 // Training: the backward of moe_unpermute_combine given d_out [T, D]:
 //   d_y[row_of_slot[t, i]] = weights[t, i] * d_out[t]   (written; rows no slot names untouched)

@@ -154,20 +154,23 @@ class MoeFfn final : public Ffn {
     const Dispatched routed = dispatcher_->dispatch(ctx.ex, x, ids, weights, ctx.ws());
     Tensor y = ctx.take(routed.rows.shape());
     moe_grouped_swiglu(ctx.ex, routed.rows, routed.offsets, w_gate_, w_up_, w_down_, y);
-    dispatcher_->combine(ctx.ex, y, routed, out);
-    if (shared_) {
-      if (overlap) {
-        join_side_stream(ctx.ex, side);
-      } else {
-        shared_->forward(ctx, x, s);
-      }
-      if (shared_gate_.defined()) {
-        Tensor g = ctx.take({n, 1}, DType::kF32);
-        linear_forward(ctx.ex, x, shared_gate_, g);
-        mul_sigmoid_rows(ctx.ex, s, g);
-      }
-      add_inplace(ctx.ex, out, s);
+    if (!shared_) {
+      dispatcher_->combine(ctx.ex, y, routed, out);
+      return;
     }
+    if (overlap) {
+      join_side_stream(ctx.ex, side);
+    } else {
+      shared_->forward(ctx, x, s);
+    }
+    if (shared_gate_.defined()) {
+      Tensor g = ctx.take({n, 1}, DType::kF32);
+      linear_forward(ctx.ex, x, shared_gate_, g);
+      mul_sigmoid_rows(ctx.ex, s, g);
+    }
+    // out = combine + s, the shared expert's output added to each finished sum (one kernel on
+    // the local dispatcher; the bits of combine then add_inplace).
+    dispatcher_->combine_add(ctx.ex, y, routed, out, s);
   }
 
   // Recomputes the router, the routing and the routed experts from x (the gate and up

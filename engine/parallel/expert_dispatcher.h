@@ -8,6 +8,7 @@
 
 #include "core/tensor.h"
 #include "core/workspace.h"
+#include "kernels/elementwise.h"
 #include "kernels/exec.h"
 #include "weights/parameter_arena.h"  // ExpertRange: the same type as the weights' Placement
 
@@ -54,6 +55,15 @@ class ExpertDispatcher {
   // invariance: a token's sum never depends on where its experts ran). y and out are f32, or on
   // CUDA bf16 each (a bf16 out rounded once, after the sum).
   virtual void combine(const Exec& ex, const Tensor& y, const Dispatched& d, const Tensor& out) = 0;
+
+  // combine, then out += addend ([T, D], out's shape and dtype: an MoE layer's shared expert
+  // output), with exactly those bits. A dispatcher may do both in one pass (the local one does:
+  // one kernel fewer a layer at decode).
+  virtual void combine_add(const Exec& ex, const Tensor& y, const Dispatched& d, const Tensor& out,
+                           const Tensor& addend) {
+    combine(ex, y, d, out);
+    add_inplace(ex, out, addend);
+  }
 
   // Training: the backwards of combine and dispatch, called with the Dispatched of the step's
   // (recomputed) forward, combine_backward first. Every rank calls both (collectives): a

@@ -39,6 +39,11 @@ void LocalExpertDispatcher::combine(const Exec& ex, const Tensor& y, const Dispa
   moe_unpermute_combine(ex, y, d.row_of_slot, d.weights, out);
 }
 
+void LocalExpertDispatcher::combine_add(const Exec& ex, const Tensor& y, const Dispatched& d,
+                                        const Tensor& out, const Tensor& addend) {
+  moe_unpermute_combine(ex, y, d.row_of_slot, d.weights, out, addend);
+}
+
 void LocalExpertDispatcher::combine_backward(const Exec& ex, const Tensor& y, const Dispatched& d,
                                              const Tensor& d_out, const Tensor& d_y,
                                              const Tensor& d_weights) {

@@ -27,6 +27,8 @@ class LocalExpertDispatcher final : public ExpertDispatcher {
   Dispatched dispatch(const Exec& ex, const Tensor& x, const Tensor& expert_ids,
                       const Tensor& weights, Workspace& ws) override;
   void combine(const Exec& ex, const Tensor& y, const Dispatched& d, const Tensor& out) override;
+  void combine_add(const Exec& ex, const Tensor& y, const Dispatched& d, const Tensor& out,
+                   const Tensor& addend) override;
   // moe_unpermute_combine_backward: over a sub-range, d_weights holds this rank's share (zeros at
   // the slots of experts it does not own), and the shares of ranks covering every expert sum to
   // the layer's gradient, as the outputs do.

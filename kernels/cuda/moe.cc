@@ -223,7 +223,7 @@ const char* moe_grouped_swiglu_on(const Exec& ex, const char* path, const Tensor
 }
 
 void moe_unpermute_combine(const Exec& ex, const Tensor& y, const Tensor& row_of_slot,
-                           const Tensor& weights, const Tensor& out) {
+                           const Tensor& weights, const Tensor& out, const Tensor& addend) {
   static constexpr const char* kOp = "moe_unpermute_combine";
   check_args(kOp, {{"y", y, std::nullopt},
                    {"row_of_slot", row_of_slot, DType::kI32},
@@ -239,9 +239,14 @@ void moe_unpermute_combine(const Exec& ex, const Tensor& y, const Tensor& row_of
   LOOM_CHECK_SHAPE(weights, t, k);
   LOOM_CHECK(y.dim(1) == d, "%s: y %s out %s", kOp, y.describe().c_str(), out.describe().c_str());
   LOOM_CHECK(out.raw() != y.raw() || t * d == 0, "%s: out aliases y", kOp);
-  const bool vec4 = d % 4 == 0 && aligned16(y.raw()) && aligned16(out.raw());
+  if (addend.defined()) {
+    LOOM_CHECK(addend.raw() != y.raw() || t * d == 0, "%s: addend aliases y", kOp);
+  }
+  const bool vec4 = d % 4 == 0 && aligned16(y.raw()) && aligned16(out.raw()) &&
+                    (!addend.defined() || aligned16(addend.raw()));
   launch::moe_unpermute_combine(stream_of(ex), y.raw(), y_bf16, row_of_slot.data<int32_t>(),
-                                weights.data<float>(), out.raw(), out_bf16, t, k, d, r, vec4);
+                                weights.data<float>(), out.raw(), out_bf16,
+                                addend.defined() ? addend.raw() : nullptr, t, k, d, r, vec4);
 }
 
 }  // namespace loom::cuda

@@ -564,13 +564,21 @@ __global__ void __launch_bounds__(kRankWarps * 32)
 
 constexpr int kCombineThreads = 128;
 
+// A finished sum as out's type holds it, plus the addend's element when there is one: the bits of
+// storing the sum and then add_inplace (f32 addition of the two, rounded once to To).
+template <typename To>
+__device__ __forceinline__ float plus_addend(float sum, const To* __restrict__ addend, int64_t i) {
+  if (addend == nullptr) return sum;
+  return to_f32(from_f32<To>(sum)) + to_f32(addend[i]);
+}
+
 // Block (t, b) takes token t's columns (quads with vector loads) b * kCombineThreads + thread,
 // then every gridDim.y * kCombineThreads-th.
 template <typename Ty, typename To, bool kVec4>
 __global__ void __launch_bounds__(kCombineThreads)
     combine_kernel(const Ty* __restrict__ y, const int32_t* __restrict__ rows,
-                   const float* __restrict__ weights, To* __restrict__ out, int64_t K, int64_t D,
-                   int64_t R) {
+                   const float* __restrict__ weights, To* __restrict__ out,
+                   const To* __restrict__ addend, int64_t K, int64_t D, int64_t R) {
   dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
   const int64_t t = blockIdx.x;
   const int64_t c0 = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
@@ -583,9 +591,10 @@ __global__ void __launch_bounds__(kCombineThreads)
     any |= row[i] >= 0;
   }
   To* o = out + t * D;
+  const To* add = addend != nullptr ? addend + t * D : nullptr;
   if (bad || !any) {
-    const To fill = from_f32<To>(bad ? __int_as_float(0x7fc00000) : 0.0f);
-    for (int64_t c = c0; c < D; c += step) o[c] = fill;
+    const float fill = bad ? __int_as_float(0x7fc00000) : 0.0f;
+    for (int64_t c = c0; c < D; c += step) o[c] = from_f32<To>(plus_addend(fill, add, c));
     return;
   }
   if constexpr (kVec4) {
@@ -607,6 +616,10 @@ __global__ void __launch_bounds__(kCombineThreads)
           acc.w = __fadd_rn(acc.w, __fmul_rn(wi, v.w));
         }
       }
+      if (add != nullptr) {
+        acc = make_float4(plus_addend(acc.x, add, 4 * c), plus_addend(acc.y, add, 4 * c + 1),
+                          plus_addend(acc.z, add, 4 * c + 2), plus_addend(acc.w, add, 4 * c + 3));
+      }
       store4(o + 4 * c, acc);
     }
   } else {
@@ -619,7 +632,7 @@ __global__ void __launch_bounds__(kCombineThreads)
         acc = first ? p : __fadd_rn(acc, p);
         first = false;
       }
-      o[c] = from_f32<To>(acc);
+      o[c] = from_f32<To>(plus_addend(acc, add, c));
     }
   }
 }
@@ -735,8 +748,8 @@ void moe_permute(cudaStream_t stream, const void* x, bool x_bf16, const int32_t*
 }
 
 void moe_unpermute_combine(cudaStream_t stream, const void* y, bool y_bf16, const int32_t* rows,
-                           const float* weights, void* out, bool out_bf16, int64_t T, int64_t K,
-                           int64_t D, int64_t R, bool vec4) {
+                           const float* weights, void* out, bool out_bf16, const void* addend,
+                           int64_t T, int64_t K, int64_t D, int64_t R, bool vec4) {
   if (T == 0 || D == 0) return;
   LOOM_CHECK_GRID(T);
   // Enough column blocks per token that a few tokens still spread over the GPU.
@@ -748,14 +761,15 @@ void moe_unpermute_combine(cudaStream_t stream, const void* y, bool y_bf16, cons
     using To = typename decltype(to)::type;
     const Ty* src = static_cast<const Ty*>(y);
     To* dst = static_cast<To*>(out);
+    const To* add = static_cast<const To*>(addend);
     if (vec4) {
       LOOM_MARK_PDL_KERNEL((combine_kernel<Ty, To, true>));
       combine_kernel<Ty, To, true>
-          <<<grid, kCombineThreads, 0, stream>>>(src, rows, weights, dst, K, D, R);
+          <<<grid, kCombineThreads, 0, stream>>>(src, rows, weights, dst, add, K, D, R);
     } else {
       LOOM_MARK_PDL_KERNEL((combine_kernel<Ty, To, false>));
       combine_kernel<Ty, To, false>
-          <<<grid, kCombineThreads, 0, stream>>>(src, rows, weights, dst, K, D, R);
+          <<<grid, kCombineThreads, 0, stream>>>(src, rows, weights, dst, add, K, D, R);
     }
   });
   LOOM_CUDA_CHECK_LAUNCH();

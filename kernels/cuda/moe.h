@@ -63,7 +63,8 @@ const char* moe_grouped_swiglu_on(const Exec& ex, const char* path, const Tensor
 
 // y and out f32 or bf16 each; the sum runs in f32 in the CPU's order, a bf16 out rounded once. A
 // row outside [-1, R) (which the CPU rejects) makes its token's output row NaN.
+// addend: undefined or of out's shape and dtype (kernels/moe.h).
 void moe_unpermute_combine(const Exec& ex, const Tensor& y, const Tensor& row_of_slot,
-                           const Tensor& weights, const Tensor& out);
+                           const Tensor& weights, const Tensor& out, const Tensor& addend);
 
 }  // namespace loom::cuda

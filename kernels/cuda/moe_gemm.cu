@@ -845,13 +845,70 @@ constexpr int kMaxExperts = 4096;  // offsets staged in shared memory (16 KiB)
 // about one wave of blocks pays the offsets' staging and find_tile once per block rather than
 // once per 8 columns (the down GEMM's 288 column blocks x 8 row tiles were ~2.2 waves at one
 // token).
+//
+// The tile search is most of a block's time before its first weight load at one token (the bytes
+// it then reads take a few microseconds): with at most a block's threads of experts, thread e
+// counts expert e's tiles and one block scan finds the slot's (find_tile_block) instead of
+// staging the offsets and scanning them 32 experts at a time in every warp (find_tile); the
+// gate/up launch hands its tiles to the down launch (GemmParams::tiles_out / tiles_in), which
+// reads one int4. Expert-GEMV micro-benchmark, 26 layers at one token, a graph with programmatic
+// edges: 40.2 us a layer (staged search in both launches), 37.8 (block search in both), 34.8 (a
+// tile list read by both); bench/results/gpu-h200.md.
+__device__ __forceinline__ Tile find_tile_block(const int32_t* __restrict__ off, int E, int R,
+                                                int slot) {
+  __shared__ int warp_total[kWarps];
+  __shared__ int4 found;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  int lo = 0, hi = 0;  // clamped as find_tile clamps them
+  if (tid < E) {
+    lo = min(max(off[tid], 0), R);
+    hi = min(max(off[tid + 1], lo), R);
+  }
+  const int n = (hi - lo + BM - 1) / BM;
+  int incl = n;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(kFull, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31) warp_total[warp] = incl;
+  if (tid == 0) found = make_int4(-1, 0, 0, 0);
+  __syncthreads();
+  int first = incl - n;
+  for (int w = 0; w < warp; ++w) first += warp_total[w];
+  if (n > 0 && slot >= first && slot < first + n)
+    found = make_int4(tid, lo + (slot - first) * BM, hi, 0);
+  __syncthreads();
+  Tile t;
+  t.e = found.x, t.row0 = found.y, t.row_end = found.z;
+  return t;
+}
+
+__device__ __forceinline__ Tile gv_tile(const GemmParams& p) {
+  const int slot = static_cast<int>(blockIdx.y);
+  Tile t;
+  if (p.tiles_in != nullptr) {
+    const int4 q = p.tiles_in[slot];
+    t.e = q.x, t.row0 = q.y, t.row_end = q.z;
+    return t;
+  }
+  if (p.E <= kWarps * 32) {
+    t = find_tile_block(p.off, p.E, p.R, slot);
+  } else {
+    __shared__ int32_t off[kMaxExperts + 1];
+    for (int e = threadIdx.x; e <= p.E; e += blockDim.x) off[e] = p.off[e];
+    __syncthreads();
+    t = find_tile(off, p.E, p.R, slot, BM);
+  }
+  if (p.tiles_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
+    p.tiles_out[slot] = make_int4(t.e, t.row0, t.row_end, 0);
+  return t;
+}
+
 template <bool kDual, typename AT, int kUnroll>
 __global__ void __launch_bounds__(kWarps * 32) kernel(GemmParams p, int col_blocks) {
   dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
-  __shared__ int32_t off[kMaxExperts + 1];
-  for (int e = threadIdx.x; e <= p.E; e += blockDim.x) off[e] = p.off[e];
-  __syncthreads();
-  const Tile t = find_tile(off, p.E, p.R, static_cast<int>(blockIdx.y), BM);
+  const Tile t = gv_tile(p);
   if (t.e < 0) return;  // uniform across the block
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rows = min(BM, t.row_end - t.row0);
@@ -910,10 +967,13 @@ int sm_count() {
   return n;
 }
 
-// The grid: every row tile (y) times at most one wave of resident blocks' worth of column blocks
-// (x, from the kernel's occupancy), each block looping over its share. At one token (8 row tiles)
-// that is 1.13x faster than a block per column block (2296 -> 2596 GB/s of expert weights;
-// unrolling 8 k steps instead of 4 gave the same; moe_cuda_bench decode, s19c).
+// The grid: every row tile (y) times the column blocks (x). Where the tile search is the staged
+// one (more experts than a block has threads), at most one wave of resident blocks' worth of
+// column blocks, each block looping over its share so that it pays the search once for several:
+// at one token that was 1.13x faster than a block per column block (2296 -> 2596 GB/s of expert
+// weights; moe_cuda_bench decode, s19c). With the block search or a handed-over tile a block per
+// column block is faster again (36.1 against 37.8 us a layer with the block search, 33.9 against
+// 34.8 with tiles; the micro-benchmark above).
 template <bool kDual, typename AT>
 void launch_kernel(cudaStream_t stream, const GemmParams& p, int64_t slots) {
   const int64_t cols = (p.N + kWarps - 1) / kWarps;
@@ -925,18 +985,31 @@ void launch_kernel(cudaStream_t stream, const GemmParams& p, int64_t slots) {
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel<kDual, AT, 4>, kWarps * 32, 0));
     return std::max(b, 1);
   }();
+  const bool cheap_search = p.tiles_in != nullptr || p.E <= kWarps * 32;
   const int64_t grid_x =
-      std::clamp<int64_t>(int64_t{sm_count()} * per_sm / std::max<int64_t>(slots, 1), 1, cols);
+      cheap_search ? cols
+                   : std::clamp<int64_t>(int64_t{sm_count()} * per_sm / std::max<int64_t>(slots, 1),
+                                         1, cols);
   LOOM_MARK_PDL_KERNEL((kernel<kDual, AT, 4>));
   kernel<kDual, AT, 4><<<dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(slots)),
                          kWarps * 32, 0, stream>>>(p, static_cast<int>(cols));
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
-void run(cudaStream_t stream, const launch::MoeSwigluArgs& a, GemmParams up, GemmParams down) {
+// The scratch after h: the tile list the gate/up launch hands the down launch.
+size_t tiles_bytes(int64_t R, int64_t E) {
+  return sizeof(int4) * static_cast<size_t>(std::min<int64_t>(R, row_slots(R, E, BM)));
+}
+
+void run(cudaStream_t stream, const launch::MoeSwigluArgs& a, GemmParams up, GemmParams down,
+         int4* tiles) {
   // Row tiles that can hold rows: at most R (each has one), at most ceil(R / BM) + E.
   const int64_t slots = std::min<int64_t>(a.R, row_slots(a.R, a.E, BM));
   LOOM_CHECK_GRID(slots);
+  if ((a.phases & 6) == 6) {  // both launches run: the second reads the first's tiles
+    up.tiles_out = tiles;
+    down.tiles_in = tiles;
+  }
   if (a.phases & 2) {
     if (a.x_bf16) {
       launch_kernel<true, bf16>(stream, up, slots);
@@ -1144,10 +1217,12 @@ MoeSwigluPlan moe_swiglu_plan(const MoeSwigluArgs& a, MoeGemmPath path) {
   plan.ok = path == MoeGemmPath::kSimt || (path == MoeGemmPath::kMma && tc) ||
             (path == MoeGemmPath::kGemv && gemv) ||
             ((path == MoeGemmPath::kWgmma || path == MoeGemmPath::kWgmma128) && wgmma);
-  // h (f32 on the SIMT and GEMV paths), then (tensor cores, f32 x) x's bf16 copy.
+  // h (f32 on the SIMT and GEMV paths; the GEMV path's tile list after it), then (tensor cores,
+  // f32 x) x's bf16 copy.
   const size_t rows = static_cast<size_t>(a.R);
-  plan.scratch_bytes = path == MoeGemmPath::kSimt || path == MoeGemmPath::kGemv
-                           ? align256(rows * a.I * sizeof(float))
+  plan.scratch_bytes = path == MoeGemmPath::kSimt ? align256(rows * a.I * sizeof(float))
+                       : path == MoeGemmPath::kGemv
+                           ? align256(rows * a.I * sizeof(float)) + gv::tiles_bytes(a.R, a.E)
                            : align256(rows * a.I * sizeof(bf16)) +
                                  (a.x_bf16 ? 0 : align256(rows * a.D * sizeof(bf16)));
   return plan;
@@ -1180,7 +1255,8 @@ void moe_grouped_swiglu(cudaStream_t stream, const MoeSwigluArgs& a, const MoeSw
     up.a = a.x;
     up.h = scratch;
     down.a = scratch;
-    gv::run(stream, a, up, down);
+    const size_t h_bytes = align256(static_cast<size_t>(a.R) * a.I * sizeof(float));
+    gv::run(stream, a, up, down, reinterpret_cast<int4*>(static_cast<char*>(scratch) + h_bytes));
     return;
   }
   if (plan.path == MoeGemmPath::kSimt) {

@@ -97,6 +97,11 @@ struct GemmParams {
   float* gate_up = nullptr;
   void* y = nullptr;
   bool y_bf16 = false;  // one flag for the whole launch: a uniform branch in the epilogue
+  // The GEMV path (moe_gemm.cu, gv): the gate/up launch writes each row-tile slot's tile here
+  // (int4 {e, row0, row_end, 0}) and the down launch of the same call reads it back instead of
+  // searching the offsets again (null: each block searches).
+  int4* tiles_out = nullptr;
+  const int4* tiles_in = nullptr;
 };
 
 // The epilogue of every path: output columns [col, col + W) of row `row`, W = 2 on the

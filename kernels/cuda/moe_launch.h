@@ -35,10 +35,11 @@ void moe_permute(cudaStream_t stream, const void* x, bool x_bf16, const int32_t*
                  int32_t* row_of_slot, void* x_sorted, bool xs_bf16, int64_t R, bool vec4,
                  void* scratch);
 
-// moe_unpermute_combine: y [R, D]; rows, weights [T, K] (weights f32); out [T, D].
+// moe_unpermute_combine: y [R, D]; rows, weights [T, K] (weights f32); out [T, D]; addend null
+// or [T, D] of out's dtype, added to each rounded sum (kernels/moe.h).
 void moe_unpermute_combine(cudaStream_t stream, const void* y, bool y_bf16, const int32_t* rows,
-                           const float* weights, void* out, bool out_bf16, int64_t T, int64_t K,
-                           int64_t D, int64_t R, bool vec4);
+                           const float* weights, void* out, bool out_bf16, const void* addend,
+                           int64_t T, int64_t K, int64_t D, int64_t R, bool vec4);
 
 // The grouped SwiGLU's GEMM paths (kernels/cuda/moe_gemm.cu says how each works; with FP8
 // weights, kernels/cuda/moe_fp8.cu: kGemv dequantizes in registers, every other path runs on the

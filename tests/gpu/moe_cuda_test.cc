@@ -64,6 +64,7 @@
 #include "kernels/attnres.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/moe.h"
+#include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/moe.h"
 #include "tests/gpu/gpu_test_support.h"
@@ -449,6 +450,12 @@ TEST_F(MoeCuda, GroupedSwiglu) {
     // A decode step of 3 tokens at top-8 over 200 experts (rows 0-3 each), gate_up kept.
     cases.push_back({"bf16_D264_I136_E200_decode", 264, 136, random_counts(200, 3, 0.9), true,
                      "auto", true, act, act});
+    // The GEMV path's tile searches: the block search at exactly a block's threads of experts,
+    // the staged one past it (both hand their tiles to the down launch).
+    cases.push_back({"bf16_D264_I136_E256_decode", 264, 136, random_counts(256, 2, 0.95), true,
+                     "gemv", false, act, act});
+    cases.push_back({"bf16_D264_I136_E300_decode", 264, 136, random_counts(300, 2, 0.95), true,
+                     "gemv", act, act, act});
   }
   // Larger, Kimi-like proportions (D = 2 I) with row counts around a few tiles.
   const std::vector<int32_t> big = random_counts(8, 600, 0.1);
@@ -613,6 +620,13 @@ void run_combine_case(const std::string& name, int64_t T, int64_t K, int64_t D, 
   } else {
     report("moe_combine_" + tag, scaled_err(host_f32(out), ref), 2 * twin::kEps);
   }
+  // With an addend (the shared expert's output): the bits of the combine followed by add_inplace.
+  const Tensor addend = dev_act(randn({T, D}), out_bf16);
+  add_inplace(gpu(), out, addend);
+  const Tensor fused = poisoned_act({T, D}, out_bf16);
+  moe_unpermute_combine(gpu(), dev_act(y, y_bf16), dev(rows_h), dev(wts), fused, addend);
+  report("moe_combine_add_bits_" + tag, static_cast<double>(differing_bits(host(fused), host(out))),
+         0);
 }
 
 TEST_F(MoeCuda, UnpermuteCombine) {

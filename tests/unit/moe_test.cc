@@ -18,6 +18,7 @@
 
 #include "core/workspace.h"
 #include "engine/parallel/local_expert_dispatcher.h"
+#include "kernels/elementwise.h"
 
 namespace loom {
 namespace {
@@ -387,6 +388,29 @@ TEST_P(PermuteTest, MatchesCountingOracleAndRoundTrips) {
     const float* want = owned[i] ? x.data<float>() + i * c.d : zeros.data();
     ASSERT_TRUE(rows_equal(back.data<float>() + i * c.d, want, c.d)) << "token " << i;
   }
+}
+
+// combine with an addend (an MoE layer's shared expert output) is the combine followed by
+// add_inplace, bit for bit, on every token, with or without owned slots.
+TEST_P(PermuteTest, CombineWithAddendIsCombineThenAdd) {
+  const PermuteCase c = GetParam();
+  std::mt19937 rng(static_cast<unsigned>(c.t * 11 + c.k));
+  const int64_t r = c.t * c.k;
+  Tensor y = random_tensor({r, c.d}, rng, -1, 1);
+  std::vector<int32_t> row_ids(static_cast<size_t>(r));
+  std::iota(row_ids.begin(), row_ids.end(), 0);
+  std::shuffle(row_ids.begin(), row_ids.end(), rng);
+  Tensor rows = Tensor::empty({c.t, c.k}, DType::kI32);
+  for (int64_t j = 0; j < r; ++j) rows.data<int32_t>()[j] = rng() % 4 == 0 ? -1 : row_ids[j];
+  const Tensor wts = random_tensor({c.t, c.k}, rng, 0.0f, 1.0f);
+  const Tensor addend = random_tensor({c.t, c.d}, rng, -1, 1);
+  Tensor want = Tensor::full({c.t, c.d}, kNaN), got = Tensor::full({c.t, c.d}, kNaN);
+  moe_unpermute_combine(host_exec(), y, rows, wts, want);
+  add_inplace(host_exec(), want, addend);
+  moe_unpermute_combine(host_exec(), y, rows, wts, got, addend);
+  for (int64_t i = 0; i < c.t; ++i)
+    ASSERT_TRUE(rows_equal(got.data<float>() + i * c.d, want.data<float>() + i * c.d, c.d))
+        << "token " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(
