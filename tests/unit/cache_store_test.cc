@@ -262,7 +262,7 @@ TEST(CacheStore, CreateChecksDeviceAndDtypes) {
     for (int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(t.data<uint16_t>()[i], 0);
   opt.kv_dtype = DType::kF16;
   EXPECT_EQ(CacheStore::create(cfg, opt).status().message(),
-            "CacheStore: kv_dtype f16 on cpu: use f32 or bf16");
+            "CacheStore: kv_dtype f16 on cpu: use f32, bf16 or fp8");
   opt.kv_dtype = DType::kF32;
   opt.act_dtype = DType::kF16;
   EXPECT_EQ(CacheStore::create(cfg, opt).status().message(),
