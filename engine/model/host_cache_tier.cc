@@ -72,10 +72,27 @@ absl::StatusOr<std::unique_ptr<HostCacheTier>> HostCacheTier::create(const Optio
 HostCacheTier::HostCacheTier(const Options& options, const Exec& ex, int64_t instance)
     : options_(options), ex_(ex), instance_(instance) {}
 
-HostCacheTier::~HostCacheTier() { clear(); }
+HostCacheTier::~HostCacheTier() {
+  clear();
+  reap_pending_frees(/*wait=*/true);
+}
+
+DeviceEvent HostCacheTier::mark() const {
+  DeviceEvent e(ex_.device);
+  e.record(ex_);
+  return e;
+}
+
+void HostCacheTier::reap_pending_frees(bool wait) {
+  std::erase_if(pending_frees_, [wait](const PendingFree& p) {
+    if (wait) p.copied.wait();
+    return wait || p.copied.reached();
+  });
+}
 
 bool HostCacheTier::put(uint64_t key, const Info& info, size_t bytes,
                         const std::function<void(void*)>& fill) {
+  reap_pending_frees(/*wait=*/false);
   drop(key);
   Entry e;
   e.info = info;
@@ -85,6 +102,7 @@ bool HostCacheTier::put(uint64_t key, const Info& info, size_t bytes,
     if (options_.dir.empty() || !make_disk_room(bytes)) return false;
     e.host = allocate_transfer_buffer(bytes, ex_.device);
     fill(e.host.get());
+    e.filled = mark();
     if (!spill(key, e)) return false;
     e.host.reset();
     e.tick = ++clock_;
@@ -96,6 +114,7 @@ bool HostCacheTier::put(uint64_t key, const Info& info, size_t bytes,
     if (!make_host_room(bytes)) return false;
     e.host = allocate_transfer_buffer(bytes, ex_.device);
     fill(e.host.get());
+    e.filled = mark();
     e.tick = ++clock_;
     host_lru_.emplace(e.tick, key);
     stats_.host_bytes += static_cast<int64_t>(bytes);
@@ -118,6 +137,7 @@ void HostCacheTier::release(uint64_t key) {
 }
 
 bool HostCacheTier::take(uint64_t key, const std::function<void(const void*)>& read) {
+  reap_pending_frees(/*wait=*/false);
   auto it = entries_.find(key);
   if (it == entries_.end()) return false;
   Entry& e = it->second;
@@ -131,9 +151,10 @@ bool HostCacheTier::take(uint64_t key, const std::function<void(const void*)>& r
     }
   }
   read(blob.get());
-  synchronize(ex_);  // the copies out of `blob` have finished before it is freed
+  // Freed once the copies out of it have finished, without waiting here for the stream.
+  pending_frees_.push_back({mark(), std::move(blob)});
   ++stats_.restored;
-  erase(it);
+  erase(it);  // the pending reference keeps a host blob's memory
   return true;
 }
 
@@ -199,7 +220,7 @@ bool HostCacheTier::make_disk_room(size_t bytes) {
 }
 
 bool HostCacheTier::spill(uint64_t key, Entry& e) {
-  synchronize(ex_);  // the blob's copies from the device have landed
+  e.filled.wait();  // the blob's copies from the device have landed
   const std::string path =
       absl::StrCat(options_.dir, "/loom-offload-", getpid(), "-", instance_, "-", key, ".bin");
   FileHeader h;
@@ -234,11 +255,10 @@ bool HostCacheTier::read_back(uint64_t key, const Entry& e, void* dst) const {
 
 void HostCacheTier::erase(absl::flat_hash_map<uint64_t, Entry>::iterator it) {
   Entry& e = it->second;
-  // Copies into a host blob (put's, enqueued in this loop pass) may still be in flight, and a
-  // freed page-locked block is handed to the next allocation at once (core/pinned_block_cache.h:
-  // freeing no longer waits for the device, as cudaFreeHost did): wait for them first. Erasing is
-  // rare (a drop, a delete, an eviction by the budget).
-  if (e.host != nullptr) synchronize(ex_);
+  // Copies into a host blob (put's) may still be in flight, and a freed page-locked block is
+  // handed to the next allocation at once (core/pinned_block_cache.h: freeing no longer waits for
+  // the device, as cudaFreeHost did): wait for this blob's own copies first (usually long done).
+  if (e.host != nullptr) e.filled.wait();
   if (e.host != nullptr) {
     host_lru_.erase(e.tick);
     stats_.host_bytes -= static_cast<int64_t>(e.bytes);

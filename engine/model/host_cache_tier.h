@@ -10,9 +10,12 @@
 // blobs are allocated per entry (allocate_transfer_buffer: page-locked for a GPU peer), so an
 // empty tier holds no memory whatever its budget.
 //
-// Copies into a blob may still be in flight on `ex`'s stream when put() returns; the tier waits
-// for the stream (synchronize) before it reads a blob itself (to write it to disk) and after
-// take()'s reader has enqueued its copies out of it, before freeing it.
+// Copies into a blob may still be in flight on `ex`'s stream when put() returns, and copies out of
+// it when take() returns. The tier never waits for the whole stream (which would hold the engine
+// loop until the step in flight ends): each blob carries a device event recorded after its fill,
+// waited for only before the tier reads the blob itself (to write it to disk) or frees it
+// (usually long reached); a taken blob is freed once the event recorded after its reader's copies
+// is reached (checked at the next call, waited for at destruction).
 //
 // Thread-safety: none; owned by the engine loop thread.
 #pragma once
@@ -30,6 +33,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "core/tensor.h"
+#include "kernels/device_event.h"
 #include "kernels/exec.h"
 
 namespace loom {
@@ -100,7 +104,17 @@ class HostCacheTier {
     std::string path;            // the file, once on disk
     uint64_t tick = 0;           // its place in its tier's LRU order
     bool held = false;
+    DeviceEvent filled;  // reached once put's copies into `host` have landed (empty on the CPU)
   };
+  // A blob whose copies out (take's reader) may be in flight: freed once `copied` is reached.
+  struct PendingFree {
+    DeviceEvent copied;
+    std::shared_ptr<void> blob;
+  };
+  // An event recorded on ex_'s stream now (empty on the CPU).
+  DeviceEvent mark() const;
+  // Frees the pending blobs whose copies have finished; with `wait`, all of them, waiting.
+  void reap_pending_frees(bool wait);
   HostCacheTier(const Options& options, const Exec& ex, int64_t instance);
   // Moves unheld host blobs out (least recent first) until `bytes` more fit. False if they do not.
   bool make_host_room(size_t bytes);
@@ -122,6 +136,7 @@ class HostCacheTier {
   uint64_t clock_ = 0;
   Stats stats_;
   std::vector<uint64_t> evicted_keys_;  // with Options::report_evictions, until take_evicted()
+  std::vector<PendingFree> pending_frees_;
 };
 
 }  // namespace loom
