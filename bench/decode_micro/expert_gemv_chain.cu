@@ -13,6 +13,8 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cuda/moe_gemm_common.cuh"
+
 #define CK(x)                                                               \
   do {                                                                      \
     cudaError_t e = (x);                                                    \
@@ -23,7 +25,7 @@
   } while (0)
 
 using bf16 = __nv_bfloat16;
-constexpr unsigned kFull = 0xffffffffu;
+using loom::cuda::moe_gemm::kFull;
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ float warp_sum(float v) {
@@ -46,74 +48,11 @@ __device__ __forceinline__ void ld_x8(const bf16* p, float (&f)[8]) {
 }
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
 
-struct Tile {
-  int e = -1, row0 = 0, row_end = 0;
-};
-__device__ __forceinline__ Tile find_tile(const int32_t* off, int E, int R, int slot, int BM) {
-  const int lane = threadIdx.x & 31;
-  int base = 0;
-  for (int e0 = 0; e0 < E; e0 += 32) {
-    const int e = e0 + lane;
-    int lo = 0, hi = 0;
-    if (e < E) {
-      lo = min(max(off[e], 0), R);
-      hi = min(max(off[e + 1], lo), R);
-    }
-    const int n = (hi - lo + BM - 1) / BM;
-    int incl = n;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int v = __shfl_up_sync(kFull, incl, o);
-      if (lane >= o) incl += v;
-    }
-    const int total = __shfl_sync(kFull, incl, 31);
-    if (slot < base + total) {
-      const int L = __ffs(__ballot_sync(kFull, base + incl > slot)) - 1;
-      const int incl_l = __shfl_sync(kFull, incl, L), n_l = __shfl_sync(kFull, n, L);
-      const int lo_l = __shfl_sync(kFull, lo, L), hi_l = __shfl_sync(kFull, hi, L);
-      Tile t;
-      t.e = e0 + L;
-      t.row0 = lo_l + (slot - (base + incl_l - n_l)) * BM;
-      t.row_end = hi_l;
-      return t;
-    }
-    base += total;
-  }
-  return Tile{};
-}
-
-// Block-wide: thread e counts expert e's row tiles (E <= blockDim.x), one block scan, the thread
-// whose tiles hold the slot publishes it.
-__device__ __forceinline__ Tile find_tile_block(const int32_t* __restrict__ off, int E, int R,
-                                                int slot, int BM) {
-  __shared__ int warp_total[32];
-  __shared__ int4 found;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  int lo = 0, hi = 0;
-  if (tid < E) {
-    lo = min(max(off[tid], 0), R);
-    hi = min(max(off[tid + 1], lo), R);
-  }
-  const int n = (hi - lo + BM - 1) / BM;
-  int incl = n;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int v = __shfl_up_sync(kFull, incl, o);
-    if (lane >= o) incl += v;
-  }
-  if (lane == 31) warp_total[warp] = incl;
-  if (tid == 0) found = make_int4(-1, 0, 0, 0);
-  __syncthreads();
-  int base = 0;
-  for (int w = 0; w < warp; ++w) base += warp_total[w];
-  const int first = base + incl - n;
-  if (n > 0 && slot >= first && slot < first + n)
-    found = make_int4(tid, lo + (slot - first) * BM, hi, 0);
-  __syncthreads();
-  Tile t;
-  t.e = found.x, t.row0 = found.y, t.row_end = found.z;
-  return t;
-}
+// Loom's own tile searches (kernels/cuda/moe_gemm_common.cuh): find_tile (staged offsets, every
+// warp) and find_tile_block (one block scan).
+using loom::cuda::moe_gemm::find_tile;
+using loom::cuda::moe_gemm::find_tile_block;
+using loom::cuda::moe_gemm::Tile;
 
 struct P {
   const void* a;
@@ -142,7 +81,7 @@ __global__ void __launch_bounds__(kWarps * 32) gv_kernel(P p, int col_blocks) {
     __syncthreads();
     t = find_tile(off, p.E, p.R, blockIdx.y, BM);
   } else if constexpr (kMode == 6) {
-    t = find_tile_block(p.off, p.E, p.R, blockIdx.y, BM);
+    t = find_tile_block<kWarps * 32>(p.off, p.E, p.R, blockIdx.y, BM);
   } else if constexpr (kMode == 4) {  // the tile read, with mode 0's static shared array declared
     __shared__ int32_t off4[4097];
     const int4 q = p.tiles[blockIdx.y];
@@ -233,7 +172,7 @@ __global__ void __launch_bounds__(kWarps * 32) gv_kernel(P p, int col_blocks) {
 
 __global__ void tile_check(const int32_t* off, int E, int R, int slots, int* bad) {
   for (int slot = 0; slot < slots; ++slot) {
-    const Tile a = find_tile(off, E, R, slot, BM), b = find_tile_block(off, E, R, slot, BM);
+    const Tile a = find_tile(off, E, R, slot, BM), b = find_tile_block<256>(off, E, R, slot, BM);
     if (threadIdx.x == 0 &&
         (a.e != b.e || (a.e >= 0 && (a.row0 != b.row0 || a.row_end != b.row_end))))
       atomicAdd(bad, 1);

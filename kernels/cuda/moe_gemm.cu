@@ -99,6 +99,7 @@ using moe_gemm::cp_async16;
 using moe_gemm::cp_async_commit;
 using moe_gemm::cp_async_wait;
 using moe_gemm::find_tile;
+using moe_gemm::find_tile_block;
 using moe_gemm::GemmParams;
 using moe_gemm::kFull;
 using moe_gemm::pack_bf16;
@@ -854,36 +855,6 @@ constexpr int kMaxExperts = 4096;  // offsets staged in shared memory (16 KiB)
 // reads one int4. Expert-GEMV micro-benchmark, 26 layers at one token, a graph with programmatic
 // edges: 40.2 us a layer (staged search in both launches), 37.8 (block search in both), 34.8 (a
 // tile list read by both); bench/results/gpu-h200.md.
-__device__ __forceinline__ Tile find_tile_block(const int32_t* __restrict__ off, int E, int R,
-                                                int slot) {
-  __shared__ int warp_total[kWarps];
-  __shared__ int4 found;
-  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  int lo = 0, hi = 0;  // clamped as find_tile clamps them
-  if (tid < E) {
-    lo = min(max(off[tid], 0), R);
-    hi = min(max(off[tid + 1], lo), R);
-  }
-  const int n = (hi - lo + BM - 1) / BM;
-  int incl = n;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int v = __shfl_up_sync(kFull, incl, o);
-    if (lane >= o) incl += v;
-  }
-  if (lane == 31) warp_total[warp] = incl;
-  if (tid == 0) found = make_int4(-1, 0, 0, 0);
-  __syncthreads();
-  int first = incl - n;
-  for (int w = 0; w < warp; ++w) first += warp_total[w];
-  if (n > 0 && slot >= first && slot < first + n)
-    found = make_int4(tid, lo + (slot - first) * BM, hi, 0);
-  __syncthreads();
-  Tile t;
-  t.e = found.x, t.row0 = found.y, t.row_end = found.z;
-  return t;
-}
-
 __device__ __forceinline__ Tile gv_tile(const GemmParams& p) {
   const int slot = static_cast<int>(blockIdx.y);
   Tile t;
@@ -893,7 +864,7 @@ __device__ __forceinline__ Tile gv_tile(const GemmParams& p) {
     return t;
   }
   if (p.E <= kWarps * 32) {
-    t = find_tile_block(p.off, p.E, p.R, slot);
+    t = find_tile_block<kWarps * 32>(p.off, p.E, p.R, slot, BM);
   } else {
     __shared__ int32_t off[kMaxExperts + 1];
     for (int e = threadIdx.x; e <= p.E; e += blockDim.x) off[e] = p.off[e];

@@ -59,6 +59,43 @@ __device__ __forceinline__ Tile find_tile(const int32_t* __restrict__ off, int E
   return Tile{};
 }
 
+// The same tile for a block of kThreads threads and at most kThreads experts: thread e counts
+// expert e's tiles (offsets clamped as find_tile clamps them), one block scan, and the thread whose
+// tiles hold the slot publishes it. One round of loads and one scan where find_tile scans the
+// offsets 32 experts at a time in every warp. Called by every thread of the block (it
+// synchronises).
+template <int kThreads>
+__device__ __forceinline__ Tile find_tile_block(const int32_t* __restrict__ off, int E, int R,
+                                                int slot, int BM) {
+  static_assert(kThreads % 32 == 0 && kThreads <= 1024);
+  __shared__ int warp_total[kThreads / 32];
+  __shared__ int4 found;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  int lo = 0, hi = 0;
+  if (tid < E) {
+    lo = min(max(off[tid], 0), R);
+    hi = min(max(off[tid + 1], lo), R);
+  }
+  const int n = (hi - lo + BM - 1) / BM;
+  int incl = n;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(kFull, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31) warp_total[warp] = incl;
+  if (tid == 0) found = make_int4(-1, 0, 0, 0);
+  __syncthreads();
+  int first = incl - n;
+  for (int w = 0; w < warp; ++w) first += warp_total[w];
+  if (n > 0 && slot >= first && slot < first + n)
+    found = make_int4(tid, lo + (slot - first) * BM, hi, 0);
+  __syncthreads();
+  Tile t;
+  t.e = found.x, t.row0 = found.y, t.row_end = found.z;
+  return t;
+}
+
 // The launch's row-tile slots: an upper bound of sum_e ceil(n_e / BM).
 inline int64_t row_slots(int64_t R, int64_t E, int BM) { return (R + BM - 1) / BM + E; }
 
