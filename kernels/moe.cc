@@ -256,9 +256,13 @@ void moe_unpermute_combine(const Exec& ex, const Tensor& y, const Tensor& row_of
   LOOM_ON_EXEC_DEVICE(ex, "moe_unpermute_combine", y, row_of_slot, weights, out);
   if (addend.defined()) {
     LOOM_ON_EXEC_DEVICE(ex, "moe_unpermute_combine", addend);
-    LOOM_CHECK(addend.shape() == out.shape() && addend.dtype() == out.dtype(),
-               "moe_unpermute_combine: addend %s must have out's shape and dtype (%s)",
-               addend.describe().c_str(), out.describe().c_str());
+    LOOM_CHECK(
+        addend.shape() == out.shape() && addend.dtype() == out.dtype() && addend.is_contiguous(),
+        "moe_unpermute_combine: addend %s must be contiguous, of out's shape and dtype (%s)",
+        addend.describe().c_str(), out.describe().c_str());
+    // out is written while addend is read (a combine then add_inplace(out, out) would double it).
+    LOOM_CHECK(addend.raw() != out.raw() || out.numel() == 0,
+               "moe_unpermute_combine: addend aliases out");
   }
   if (ex.device.is_cpu()) {
     check_f32("moe_unpermute_combine", "the CPU kernel", {{"y", &y}, {"out", &out}});

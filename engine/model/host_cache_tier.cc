@@ -84,10 +84,15 @@ DeviceEvent HostCacheTier::mark() const {
 }
 
 void HostCacheTier::reap_pending_frees(bool wait) {
-  std::erase_if(pending_frees_, [wait](const PendingFree& p) {
-    if (wait) p.copied.wait();
-    return wait || p.copied.reached();
-  });
+  while (!pending_frees_.empty()) {
+    const PendingFree& p = pending_frees_.front();
+    if (wait) {
+      p.copied.wait();
+    } else if (!p.copied.reached()) {
+      return;  // the later ones were recorded after it on the same stream
+    }
+    pending_frees_.pop_front();
+  }
 }
 
 bool HostCacheTier::put(uint64_t key, const Info& info, size_t bytes,
@@ -126,6 +131,7 @@ bool HostCacheTier::put(uint64_t key, const Info& info, size_t bytes,
 }
 
 std::optional<HostCacheTier::Info> HostCacheTier::hold(uint64_t key) {
+  reap_pending_frees(/*wait=*/false);
   auto it = entries_.find(key);
   if (it == entries_.end()) return std::nullopt;
   it->second.held = true;
@@ -154,15 +160,17 @@ bool HostCacheTier::take(uint64_t key, const std::function<void(const void*)>& r
   // Freed once the copies out of it have finished, without waiting here for the stream.
   pending_frees_.push_back({mark(), std::move(blob)});
   ++stats_.restored;
-  erase(it);  // the pending reference keeps a host blob's memory
+  erase(it, /*wait_fill=*/false);  // the pending reference keeps a host blob's memory
   return true;
 }
 
 void HostCacheTier::drop(uint64_t key) {
+  reap_pending_frees(/*wait=*/false);
   if (auto it = entries_.find(key); it != entries_.end()) erase(it);
 }
 
 void HostCacheTier::clear() {
+  reap_pending_frees(/*wait=*/false);
   while (!entries_.empty()) erase(entries_.begin());
   evicted_keys_.clear();
 }
@@ -253,12 +261,12 @@ bool HostCacheTier::read_back(uint64_t key, const Entry& e, void* dst) const {
   return ok && h.checksum == checksum(dst, e.bytes);
 }
 
-void HostCacheTier::erase(absl::flat_hash_map<uint64_t, Entry>::iterator it) {
+void HostCacheTier::erase(absl::flat_hash_map<uint64_t, Entry>::iterator it, bool wait_fill) {
   Entry& e = it->second;
   // Copies into a host blob (put's) may still be in flight, and a freed page-locked block is
   // handed to the next allocation at once (core/pinned_block_cache.h: freeing no longer waits for
   // the device, as cudaFreeHost did): wait for this blob's own copies first (usually long done).
-  if (e.host != nullptr) e.filled.wait();
+  if (e.host != nullptr && wait_fill) e.filled.wait();
   if (e.host != nullptr) {
     host_lru_.erase(e.tick);
     stats_.host_bytes -= static_cast<int64_t>(e.bytes);

@@ -13,15 +13,18 @@
 // Copies into a blob may still be in flight on `ex`'s stream when put() returns, and copies out of
 // it when take() returns. The tier never waits for the whole stream (which would hold the engine
 // loop until the step in flight ends): each blob carries a device event recorded after its fill,
-// waited for only before the tier reads the blob itself (to write it to disk) or frees it
-// (usually long reached); a taken blob is freed once the event recorded after its reader's copies
-// is reached (checked at the next call, waited for at destruction).
+// waited for only before the tier reads the blob itself (to write it to disk) or frees it from a
+// drop or an eviction (usually long reached); a taken blob is freed once the event recorded after
+// its reader's copies is reached (checked in order at every put, hold, take, drop and clear;
+// waited for at destruction). Taken blobs waiting for their copies are page-locked memory outside
+// the budget, for about a step.
 //
 // Thread-safety: none; owned by the engine loop thread.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -113,7 +116,8 @@ class HostCacheTier {
   };
   // An event recorded on ex_'s stream now (empty on the CPU).
   DeviceEvent mark() const;
-  // Frees the pending blobs whose copies have finished; with `wait`, all of them, waiting.
+  // Frees the pending blobs whose copies have finished (in the order they were taken: their events
+  // are on one stream, so they are reached in that order); with `wait`, all of them, waiting.
   void reap_pending_frees(bool wait);
   HostCacheTier(const Options& options, const Exec& ex, int64_t instance);
   // Moves unheld host blobs out (least recent first) until `bytes` more fit. False if they do not.
@@ -123,7 +127,9 @@ class HostCacheTier {
   // Writes a host blob to its file (false on a failed write: the caller drops it).
   bool spill(uint64_t key, Entry& e);
   bool read_back(uint64_t key, const Entry& e, void* dst) const;
-  void erase(absl::flat_hash_map<uint64_t, Entry>::iterator it);
+  // `wait_fill`: wait for put's copies into a host blob before it is freed (take's caller keeps
+  // the blob alive itself, on the pending list).
+  void erase(absl::flat_hash_map<uint64_t, Entry>::iterator it, bool wait_fill = true);
   // The least recently used unheld entry of one tier's order, or entries_.end().
   absl::flat_hash_map<uint64_t, Entry>::iterator oldest_unheld(
       const std::map<uint64_t, uint64_t>& lru);
@@ -136,7 +142,7 @@ class HostCacheTier {
   uint64_t clock_ = 0;
   Stats stats_;
   std::vector<uint64_t> evicted_keys_;  // with Options::report_evictions, until take_evicted()
-  std::vector<PendingFree> pending_frees_;
+  std::deque<PendingFree> pending_frees_;
 };
 
 }  // namespace loom

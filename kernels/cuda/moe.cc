@@ -239,9 +239,7 @@ void moe_unpermute_combine(const Exec& ex, const Tensor& y, const Tensor& row_of
   LOOM_CHECK_SHAPE(weights, t, k);
   LOOM_CHECK(y.dim(1) == d, "%s: y %s out %s", kOp, y.describe().c_str(), out.describe().c_str());
   LOOM_CHECK(out.raw() != y.raw() || t * d == 0, "%s: out aliases y", kOp);
-  if (addend.defined()) {
-    LOOM_CHECK(addend.raw() != y.raw() || t * d == 0, "%s: addend aliases y", kOp);
-  }
+  check_args(kOp, {{"addend", addend, out.dtype(), /*optional=*/true}});
   const bool vec4 = d % 4 == 0 && aligned16(y.raw()) && aligned16(out.raw()) &&
                     (!addend.defined() || aligned16(addend.raw()));
   launch::moe_unpermute_combine(stream_of(ex), y.raw(), y_bf16, row_of_slot.data<int32_t>(),

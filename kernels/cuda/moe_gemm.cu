@@ -977,7 +977,8 @@ void run(cudaStream_t stream, const launch::MoeSwigluArgs& a, GemmParams up, Gem
   // Row tiles that can hold rows: at most R (each has one), at most ceil(R / BM) + E.
   const int64_t slots = std::min<int64_t>(a.R, row_slots(a.R, a.E, BM));
   LOOM_CHECK_GRID(slots);
-  if ((a.phases & 6) == 6) {  // both launches run: the second reads the first's tiles
+  // Both launches run (the gate/up one has columns: I > 0): the second reads the first's tiles.
+  if ((a.phases & 6) == 6 && a.I > 0) {
     up.tiles_out = tiles;
     down.tiles_in = tiles;
   }

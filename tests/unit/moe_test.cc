@@ -702,6 +702,21 @@ TEST(ExpertsDeathTest, BadExpertIdAborts) {
   EXPECT_DEATH(moe_permute(host_exec(), x, ids, 0, 3, offsets, rows, xs), "outside");
 }
 
+// combine's addend must be contiguous, of out's shape and dtype, and not out itself.
+TEST(ExpertsDeathTest, BadCombineAddendAborts) {
+  const Tensor y = Tensor::zeros({2, 4}), wts = Tensor::zeros({2, 1});
+  Tensor rows = Tensor::empty({2, 1}, DType::kI32);
+  rows.data<int32_t>()[0] = 0;
+  rows.data<int32_t>()[1] = 1;
+  Tensor out = Tensor::zeros({2, 4});
+  EXPECT_DEATH(moe_unpermute_combine(host_exec(), y, rows, wts, out, out), "addend aliases out");
+  EXPECT_DEATH(moe_unpermute_combine(host_exec(), y, rows, wts, out, Tensor::zeros({2, 3})),
+               "addend .* must be contiguous, of out's shape and dtype");
+  const Tensor wide = Tensor::zeros({2, 8});
+  EXPECT_DEATH(moe_unpermute_combine(host_exec(), y, rows, wts, out, wide.slice(1, 0, 4)),
+               "addend .* must be contiguous");
+}
+
 TEST(ExpertsDeathTest, OffsetsPastTheRowsAbort) {
   Tensor x = Tensor::zeros({3, 4}), y = Tensor::empty({3, 4});
   Tensor wg = Tensor::zeros({2, 5, 4}), wu = Tensor::zeros({2, 5, 4}),
