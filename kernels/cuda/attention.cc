@@ -305,12 +305,13 @@ LatentPlan plan_latent(const char* fn, const Exec& ex, const MlaCall& c, const A
              "%s: the tensor-core path needs bf16 or fp8 pools, R = 512 and dr = 64 (%s pools, "
              "R = %d, dr = %d)",
              fn, pools, c.a.d1, c.a.d2);
-  // fp8 pools never take the wgmma kernel (its TMA boxes need 16-byte row strides; an fp8 row is
-  // 516 or 68 bytes): the mma.sync kernel dequantizes them as it loads, in 64-key tiles.
+  // fp8 pools take the wgmma kernel's fp8 variant (bulk copies of the raw rows, widened to bf16
+  // tiles in shared memory) where it runs, else the mma.sync kernel; both in 64-key tiles.
   const bool wgmma_ok = tc_ok && launch::mla_wgmma_supported(c.a);
   LOOM_CHECK(t.mla_path != 3 || wgmma_ok,
-             "%s: the wgmma path needs a compute capability 9.0 device, bf16 pools, R = 512 and "
-             "dr = 64 (%s pools, R = %d, dr = %d)",
+             "%s: the wgmma path needs a compute capability 9.0 device, bf16 or fp8 pools (fp8: "
+             "contiguous rows of 516 and 68 bytes, 16-byte aligned), R = 512 and dr = 64 (%s "
+             "pools, R = %d, dr = %d)",
              fn, pools, c.a.d1, c.a.d2);
   LOOM_CHECK(!c.a.kv_fp8 || t.tc_keys != 32, "%s: fp8 pools take 64-key tiles only", fn);
   const int bn = t.tc_keys == 32 ? 32 : 64;
@@ -342,7 +343,7 @@ LatentPlan plan_latent(const char* fn, const Exec& ex, const MlaCall& c, const A
   if (p.policy.split_rows > 0 && p.path != LatentPath::kSimt && t.split != 1 && t.min_chunk == 0) {
     const int64_t htiles = (c.a.heads + 31) / 32;  // both kernels take 32 heads a unit
     const int64_t resident = p.path == LatentPath::kWgmma
-                                 ? launch::mla_wgmma_resident(p.bn)
+                                 ? launch::mla_wgmma_resident(p.bn, c.a.kv_fp8)
                                  : launch::mla_tc_resident(p.bn, p.stages, c.a.kv_fp8);
     // A key's cache bytes: bf16 pools, or fp8 ones with their two scales.
     const int64_t key_bytes = c.a.kv_fp8 ? static_cast<int64_t>(c.a.d1 + c.a.d2) + 8
@@ -362,12 +363,16 @@ LatentPlan plan_latent(const char* fn, const Exec& ex, const MlaCall& c, const A
   return p;
 }
 
+// Calls the wgmma kernel has run over fp8 pools, process-wide (mla_wgmma_fp8_calls_run()).
+std::atomic<uint64_t> g_wgmma_fp8_calls{0};
+
 void run_latent(cudaStream_t stream, const launch::AttnArgs& a, const LatentPlan& p, int64_t N,
                 int64_t B) {
   launch::attn_schedule(stream, p.policy, a.cu, a.past, N, B, a.sched);
   if (a.probe == 5) return;  // benchmarks: the schedule alone
   switch (p.path) {
     case LatentPath::kWgmma:
+      if (a.kv_fp8) g_wgmma_fp8_calls.fetch_add(1, std::memory_order_relaxed);
       launch::mla_attn_wgmma(stream, a, p.bounds.items, p.bn);
       break;
     case LatentPath::kTc:
@@ -730,6 +735,8 @@ void mla_attention_varlen(const Exec& ex, const Tensor& q, const Tensor& latent_
   mla(ex, q, latent_pool, rope_pool, page_table, cu_seqlens, past_lens, kv_b, dims, scale, out,
       AttentionTuning{}, host);
 }
+
+uint64_t mla_wgmma_fp8_calls_run() { return g_wgmma_fp8_calls.load(std::memory_order_relaxed); }
 
 uint64_t mla_expanded_sequences_run() {
   return g_expanded_sequences.load(std::memory_order_relaxed);

@@ -57,6 +57,9 @@ inline constexpr int64_t kMlaExpandedMinRows = 128;
 // Sequences MLA's expanded form has run since the process started (tests check that a call took
 // it: the absorbed form computes the same function within their bounds).
 uint64_t mla_expanded_sequences_run();
+// Calls of MLA's absorbed form that the wgmma kernel ran over fp8 pages since the process
+// started (tests check that fp8 decode took it rather than the mma.sync kernel).
+uint64_t mla_wgmma_fp8_calls_run();
 
 // Knobs for tests and benchmarks; zero fields keep the defaults the two ops above use. All but
 // `probe` change only how the result is computed (and so its rounding); `probe` breaks it on

@@ -165,14 +165,16 @@ int64_t mla_tc_resident(int bn, int stages, bool fp8 = false);
 
 // The Hopper MLA kernel (attention_mla_wgmma.cu): what mla_tc_supported needs, a rope pool, fewer
 // than 2^31 pool rows, and a compute capability 9.0 device; the same units and outputs as
-// mla_attn_tc. Not fp8 pools: its TMA boxes need 16-byte row strides, and fp8 rows (516 and 68
-// bytes) are 4-byte aligned; those run on mla_attn_tc. bn: keys per tile, 64 (two stages) or 32
-// (four). Any page size; tiles that cross a page are copied without TMA (slower), so pages of a
-// multiple of bn keys are its case.
+// mla_attn_tc. fp8 pools (contiguous rows of 516 and 68 bytes, 16-byte aligned pools): its fp8
+// variant, 64-key tiles, whose raw rows arrive by bulk copies and are widened to bf16 tiles in
+// shared memory (TMA boxes need 16-byte row strides). bn: keys per tile, 64 (two stages) or 32
+// (four; not fp8). Any page size; tiles that cross a page are copied without TMA (slower), so
+// pages of a multiple of bn keys are its case.
 bool mla_wgmma_supported(const AttnArgs& a);
 void mla_attn_wgmma(cudaStream_t stream, const AttnArgs& a, int64_t max_items, int bn);
-// Blocks of the kernel that mla_attn_wgmma launches with this tile, resident at once.
-int64_t mla_wgmma_resident(int bn);
+// Blocks of the kernel that mla_attn_wgmma launches with this tile (fp8: its fp8 one), resident
+// at once.
+int64_t mla_wgmma_resident(int bn, bool fp8 = false);
 
 // Combines the partials of every split row into its output o (GQA, and MLA's latent core). With
 // `spread` and few split rows, each (row, head) spreads over several blocks of columns, and a

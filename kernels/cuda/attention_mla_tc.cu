@@ -41,7 +41,9 @@
 // it, and the bytes change on the way anyway. Each warp loads 8 rows of the next tile into
 // registers (a lane four latent words and a rope or scale word) while the block computes this
 // one, and after the tile's barrier widens them, f32(code) * scale rounded to bf16, into the free
-// key buffer: the same three barriers a tile, the MMAs unchanged, half the cache bytes read.
+// key buffer: the same three barriers a tile, the MMAs unchanged, half the cache bytes read. On
+// the H200 fp8 pools take attention_mla_wgmma.cu's fp8 variant where pages hold whole 64-key
+// tiles (1.1-1.2x this kernel); this one stays for other page sizes and devices.
 #include <cuda_bf16.h>
 
 #include <cmath>

@@ -1,8 +1,9 @@
 // MLA attention in absorbed form over a bf16 paged cache on Hopper's own path: TMA copies into an
-// mbarrier pipeline fed by a producer warp, wgmma with the keys read from shared memory. The
-// decode kernel of mla_attention_varlen for bf16 pools with R = 512 and dr = 64 (kernels/cuda/
-// attention.cc picks it, or attention_mla_tc.cu's mma.sync kernel, by AttentionTuning::mla_path);
-// the same work units, split schedule, outputs and combine as that kernel.
+// mbarrier pipeline fed by a producer warp, wgmma with the keys read from shared memory (fp8
+// pools: a variant that widens their rows into the same tiles, below). The decode kernel of
+// mla_attention_varlen for bf16 and fp8 pools with R = 512 and dr = 64 (kernels/cuda/attention.cc
+// picks it, or attention_mla_tc.cu's mma.sync kernel, by AttentionTuning::mla_path); the same
+// work units, split schedule, outputs and combine as that kernel.
 //
 // Block: three warpgroups, one block per multiprocessor, persistent over the units (a unit: 32
 // heads of one query row and one split of its keys, as in attention_mla_tc.cu). The third
@@ -42,6 +43,23 @@
 // no faster: the next unit's Q prefetched by warpgroup 1 into a second buffer (2-4% slower:
 // it delays P V); 32-key tiles in four stages (55-61% at batch 64).
 //
+// FP8 pools (mla_wgmma_kernel<64, 2, true>; kernels/attention.h's rows: 512 codes + an f32 scale
+// = 516 bytes, 64 + 4 = 68 for the rope key; TMA boxes need 16-byte row strides): the consumers
+// are unchanged and read the same bf16 tiles; warpgroup 2 makes them. Warp 8 fills a ring of four
+// raw slots of 16 rows (9,344 bytes each, after the bars) with two 1D bulk copies a slot (a tile
+// of whole rows of one page starts 16-byte aligned: rows 4 k of 516 / 68 bytes), or, for any
+// other tile (a page edge, the row's last keys, a bad page), with 4-byte cp.async copies
+// zero-filling the rows it must not read; warps 9-11 widen a slot's rows (every third),
+// f32(code) * scale rounded to bf16 exactly as attention_mla_tc.cu's fp8 path does, into the
+// stage's swizzled tile, then fence.proxy.async and arrive on the stage's barriers. So the outputs
+// over fp8 pages are, bit for bit, the bf16 kernel's over pages of the dequantized values (same
+// splits; kv_fp8_cuda_test). Measured on the H200 (2026-12-04, copy 4.18 TB/s, GB/s of fp8 bytes,
+// 584 a key): batch 64 at 128K 984 (4.98 ms; bf16 pages 2.31 ms, the mma.sync fp8 route 5.93),
+// batch 8 959, batch 1 708 (0.108 ms; bf16 0.071, mma.sync 0.132). Its probes at batch 64: the
+// loads and widening alone 1385 GB/s (3.54 ms), the arithmetic alone 1.99 ms: warpgroup 2 bounds
+// it (three widening warps, one tile of raw rows in flight), and the arithmetic alone is 86% of
+// the bf16 kernel's whole time, so fp8 pages cannot gain much here before the products shrink.
+//
 // Numerics as attention_mla_tc.cu: q and P rounded to bf16 for the products, f32 sums, softmax
 // in log2 units; a row's result depends only on its own q, keys and split (tiles start at the
 // split's first key, masked keys weigh exactly 0 against finite or zero-filled rows).
@@ -55,6 +73,7 @@
 
 #include "kernels/cuda/attention_launch.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kv_fp8.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/pdl.h"
 
@@ -71,7 +90,11 @@ constexpr int kPBytes = 64 * 128;
 // Shared memory from a 1024-byte-aligned base (the swizzle's period): Q [9][32 heads][128 B],
 // P [64 rows][128 B] (Q's last piece spills its unused rows 32..63 into it), ST stages of
 // [9][BN keys][128 B], the rescale factors, the row max and sum, the mbarriers.
-template <int BN, int ST>
+//
+// FP8 pools (F8): after the bars, a ring of kRawSlots raw slots of kRawKeys rows each, the
+// pool's bytes as they are (latent rows of 516 bytes, then rope rows of 68).
+constexpr int kF8Lat = 512 + 4, kF8Rope = 64 + 4;  // fp8 row bytes: codes and the f32 scale
+template <int BN, int ST, bool F8 = false>
 struct Cfg {
   static constexpr int kChunk = BN * 128;
   static constexpr int kStage = kChunks * kChunk;
@@ -79,8 +102,14 @@ struct Cfg {
   static constexpr int kOffAlpha = kOffK + ST * kStage;
   static constexpr int kOffMl = kOffAlpha + 64 * 4;
   static constexpr int kOffBar = kOffMl + 2 * kHeads * 4;
-  static constexpr size_t kBytes = kOffBar + ST * (kChunks + 1) * 8 + 1024;
+  static constexpr int kRawSlots = F8 ? 4 : 0, kRawKeys = BN / 4;
+  static constexpr int kRawLat = kRawKeys * kF8Lat, kRawSlot = kRawLat + kRawKeys * kF8Rope;
+  static constexpr int kOffRaw = kOffBar + (ST * (kChunks + 1) + 2 * kRawSlots) * 8;
+  static constexpr size_t kBytes =
+      (F8 ? kOffRaw + kRawSlots * kRawSlot : kOffBar + ST * (kChunks + 1) * 8) + 1024;
   static_assert(BN == 32 || BN == 64, "key tiles of 32 or 64");
+  static_assert(!F8 || (BN == 64 && ST == 2), "fp8: 64-key tiles in two stages");
+  static_assert(kOffRaw % 16 == 0 && kRawLat % 16 == 0 && kRawSlot % 16 == 0, "bulk copies");
   static_assert(kBytes <= 227 * 1024, "shared memory");
 };
 
@@ -160,6 +189,20 @@ __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap* map, int
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool ok) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(ok ? 16 : 0)
+               : "memory");
+}
+// A 1D bulk copy (16-byte aligned, a multiple of 16 bytes) completing on `bar`.
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes,
+                                          uint32_t bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+      : "memory");
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool ok) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+               "r"(ok ? 4 : 0)
                : "memory");
 }
 __device__ __forceinline__ void fence_proxy_async() {
@@ -285,13 +328,53 @@ __device__ __forceinline__ void wgmma_pv_smem(float (&d)[128], uint64_t da, uint
 }
 #endif  // LOOM_MLA_WGMMA
 
-template <int BN, int ST>
+#if defined(LOOM_MLA_WGMMA)
+// fp8: a raw row of a tile in shared memory (its codes and scales, or zeros), as lane `lane`
+// widens it: latent words lane + 32 k and, below 16, rope word lane.
+struct F8Row {
+  uint32_t w[4], x;
+  float sl, sr;
+};
+__device__ __forceinline__ F8Row f8_load_row(const unsigned char* lr, const unsigned char* rr,
+                                             int lane) {
+  F8Row v;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) v.w[k] = reinterpret_cast<const uint32_t*>(lr)[lane + 32 * k];
+  v.x = lane < 16 ? reinterpret_cast<const uint32_t*>(rr)[lane] : 0u;
+  v.sl = *reinterpret_cast<const float*>(lr + 512);
+  v.sr = *reinterpret_cast<const float*>(rr + 64);
+  return v;
+}
+// Row R of the stage's bf16 tile from it: f32(code) * scale rounded to bf16, as attention_mla_tc
+// .cu's fp8 path does, in the swizzled layout the TMA boxes have (word w holds dims 4 w .. 4 w + 3:
+// chunk w / 16, piece (w & 15) / 2, half w & 1).
+template <int kChunk>
+__device__ __forceinline__ void f8_store_row(unsigned char* stage, int R, const F8Row& v,
+                                             int lane) {
+  unsigned char* row = stage + R * 128;
+  const int sw = R & 7;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int wi = lane + 32 * k;
+    const float4 f = dev::kv_fp8_word(v.w[k], v.sl);
+    *reinterpret_cast<uint2*>(row + (wi >> 4) * kChunk + ((((wi & 15) >> 1) ^ sw) << 4) +
+                              (wi & 1) * 8) = make_uint2(pack_bf16(f.x, f.y), pack_bf16(f.z, f.w));
+  }
+  if (lane < 16) {
+    const float4 f = dev::kv_fp8_word(v.x, v.sr);
+    *reinterpret_cast<uint2*>(row + 8 * kChunk + (((lane >> 1) ^ sw) << 4) + (lane & 1) * 8) =
+        make_uint2(pack_bf16(f.x, f.y), pack_bf16(f.z, f.w));
+  }
+}
+#endif
+
+template <int BN, int ST, bool F8 = false>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_wgmma_kernel(const launch::AttnArgs a, const __grid_constant__ CUtensorMap tm_lat,
                      const __grid_constant__ CUtensorMap tm_rope) {
   dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
 #if defined(LOOM_MLA_WGMMA)
-  using C = Cfg<BN, ST>;
+  using C = Cfg<BN, ST, F8>;
   constexpr int NT = BN / 8;   // n8 score columns per thread row
   constexpr int KS = BN / 16;  // k16 steps of P V
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -303,6 +386,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t bars = base + C::kOffBar;
   const auto full = [&](int s, int c) { return bars + (s * kChunks + c) * 8; };
   const auto empty = [&](int s) { return bars + (ST * kChunks + s) * 8; };
+  // fp8: a raw slot filled (bulk copies or the issuing warp's cp.async), and widened.
+  const auto raw_full = [&](int q) { return bars + (ST * (kChunks + 1) + q) * 8; };
+  const auto raw_empty = [&](int q) { return bars + (ST * (kChunks + 1) + C::kRawSlots + q) * 8; };
 
   // Roles by warpgroup, broadcast so that the compiler sees them uniform (it serialises wgmma
   // in code it cannot prove convergent).
@@ -310,8 +396,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0), wg = warp >> 2;
   if (tid == 0) {
     for (int s = 0; s < ST; ++s) {
-      for (int c = 0; c < kChunks; ++c) mbar_init(full(s, c), 1);
+      for (int c = 0; c < kChunks; ++c) mbar_init(full(s, c), F8 ? 3 : 1);  // fp8: 3 widening warps
       mbar_init(empty(s), 8);  // the eight consumer warps
+    }
+    for (int q = 0; q < C::kRawSlots; ++q) {
+      mbar_init(raw_full(q), 1);
+      mbar_init(raw_empty(q), 3);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -323,6 +413,143 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t total =
       static_cast<int64_t>(__shfl_sync(0xffffffffu, a.sched.counts[0], 0)) * htiles;
 
+  if constexpr (F8) {
+    if (wg == 2) {
+      // ---- fp8 producers: warp 8 fills the raw ring, warps 9-11 widen it into the stages ----
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+      constexpr int RK = C::kRawKeys, RS = C::kRawSlots;
+      static_assert(RK % 3 == 1 && RS == 4, "a slot's first row of warp cw; four slots a tile");
+      const unsigned char* lat8 = static_cast<const unsigned char*>(a.k1);
+      const unsigned char* rope8 = static_cast<const unsigned char*>(a.k2);
+      const uint32_t ps = static_cast<uint32_t>(a.page_size);
+      // A tile of whole rows of one page inside the row's keys, 16-byte aligned (rows 4 k): its
+      // first pool row, four bulk copies of RK rows each; else -1 (rows one by one).
+      const auto bulk_row = [&](const Unit& w, const int32_t* table, int t) -> int64_t {
+        const int64_t pos0 = w.kb + static_cast<int64_t>(t) * BN;
+        const uint32_t p32 = static_cast<uint32_t>(pos0), page = p32 / ps, off = p32 - page * ps;
+        const int64_t pid = table[page];
+        if (pid >= 0 && pid < a.num_pages && off + BN <= ps && pos0 + BN <= w.L) {
+          const int64_t prow = pid * a.page_size + off;
+          if ((prow & 3) == 0) return prow;
+        }
+        return -1;
+      };
+      int it = 0, q = 0;
+      if (warp == 8) {
+        uint64_t policy;  // the cache is read once
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+        for (int64_t u = blockIdx.x; u < total; u += gridDim.x) {
+          const Unit w = unit_at(a, u, htiles, BN);
+          const int32_t* table = a.page_table + w.seq * a.max_pages;
+          for (int t = 0; t < (a.probe == 4 ? 0 : w.ntiles); ++t, ++it) {
+            if (a.probe == 1 && t >= ST) continue;  // benchmarks: the arithmetic on stale tiles
+            const int64_t prow = bulk_row(w, table, t);
+            if (prow >= 0) {
+#pragma unroll 1
+              for (int j = 0; j < 4; ++j, ++q) {
+                const int slot = q % RS;
+                if (q >= RS) mbar_wait(raw_empty(slot), ((q / RS) - 1) & 1);
+                if (lane == 0) {
+                  const uint32_t dst = base + C::kOffRaw + slot * C::kRawSlot;
+                  const int64_t r0 = prow + j * RK;
+                  mbar_expect_tx(raw_full(slot), C::kRawSlot);
+                  bulk_copy(dst, lat8 + r0 * kF8Lat, C::kRawLat, raw_full(slot), policy);
+                  bulk_copy(dst + C::kRawLat, rope8 + r0 * kF8Rope, RK * kF8Rope, raw_full(slot),
+                            policy);
+                }
+              }
+              continue;
+            }
+            // Rows one by one (a page edge, the row's last keys, a bad page): 4-byte copies,
+            // zeros where a row must not be read (its weight is 0; 0 times unwritten bytes could
+            // be NaN), the four slots' copies in flight together, one commit group each. Lane
+            // r < RK finds row r's pool row.
+            const int64_t pos0 = w.kb + static_cast<int64_t>(t) * BN;
+#pragma unroll 1
+            for (int j = 0; j < 4; ++j) {
+              const int slot = (q + j) % RS;
+              if (q + j >= RS) mbar_wait(raw_empty(slot), (((q + j) / RS) - 1) & 1);
+              int64_t mine = -1;
+              if (lane < RK) {
+                const int64_t pos = pos0 + j * RK + lane;
+                if (pos < w.ke) {
+                  const uint32_t q32 = static_cast<uint32_t>(pos), pg = q32 / ps;
+                  const int64_t id = table[pg];
+                  if (id >= 0 && id < a.num_pages) mine = id * a.page_size + (q32 - pg * ps);
+                }
+              }
+              const uint32_t dst = base + C::kOffRaw + slot * C::kRawSlot;
+#pragma unroll 1
+              for (int r = 0; r < RK; ++r) {
+                const int64_t prow = __shfl_sync(0xffffffffu, mine, r);
+                const bool ok = prow >= 0;
+                const unsigned char* ls = lat8 + (ok ? prow : 0) * a.k1_row;
+                const unsigned char* rs = rope8 + (ok ? prow : 0) * a.k2_row;
+                for (int wd = lane; wd < kF8Lat / 4 + kF8Rope / 4; wd += 32) {
+                  if (wd < kF8Lat / 4) {
+                    cp_async4(dst + r * kF8Lat + 4 * wd, ls + 4 * wd, ok);
+                  } else {
+                    const int x = wd - kF8Lat / 4;
+                    cp_async4(dst + C::kRawLat + r * kF8Rope + 4 * x, rs + 4 * x, ok);
+                  }
+                }
+              }
+              asm volatile("cp.async.commit_group;\n" ::: "memory");
+            }
+            // Slot j is complete when at most 3 - j groups are pending.
+#pragma unroll
+            for (int j = 0; j < 4; ++j, ++q) {
+              if (j == 0) asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+              if (j == 1) asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+              if (j == 2) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+              if (j == 3) asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+              __syncwarp();
+              if (lane == 0) mbar_arrive(raw_full(q % RS));
+            }
+          }
+        }
+        return;
+      }
+      const int cw = warp - 9;  // widening warps 0..2: tile rows R with R % 3 == cw
+      for (int64_t u = blockIdx.x; u < total; u += gridDim.x) {
+        const Unit w = unit_at(a, u, htiles, BN);
+        for (int t = 0; t < (a.probe == 4 ? 0 : w.ntiles); ++t, ++it) {
+          const int s = it % ST;
+          if (it >= ST) mbar_wait(empty(s), ((it / ST) - 1) & 1);
+          if (!(a.probe == 1 && t >= ST)) {
+            unsigned char* stage = gbase + C::kOffK + s * C::kStage;
+            fence_proxy_async();  // the stage was last read by wgmma
+#pragma unroll 1
+            for (int j = 0; j < 4; ++j, ++q) {
+              const int slot = q % RS;
+              mbar_wait(raw_full(slot), (q / RS) & 1);
+              const unsigned char* raw = gbase + C::kOffRaw + slot * C::kRawSlot;
+              // Tile row R = RK j + r; RK = 16 = 1 (mod 3). Two rows' loads before their
+              // stores (one warp of this kind a scheduler: nothing else hides the latency).
+              const auto lat_of = [&](int r) { return raw + r * kF8Lat; };
+              const auto rope_of = [&](int r) { return raw + C::kRawLat + r * kF8Rope; };
+#pragma unroll 1
+              for (int r = (cw + 12 - j) % 3; r < RK; r += 6) {
+                const bool two = r + 3 < RK;
+                const F8Row v0 = f8_load_row(lat_of(r), rope_of(r), lane);
+                F8Row v1{};
+                if (two) v1 = f8_load_row(lat_of(r + 3), rope_of(r + 3), lane);
+                f8_store_row<C::kChunk>(stage, RK * j + r, v0, lane);
+                if (two) f8_store_row<C::kChunk>(stage, RK * j + r + 3, v1, lane);
+              }
+              __syncwarp();
+              if (lane == 0) mbar_arrive(raw_empty(slot));
+            }
+            fence_proxy_async();  // our stores -> wgmma
+          }
+          __syncwarp();
+          if (lane == 0)
+            for (int c = 0; c < kChunks; ++c) mbar_arrive(full(s, c));
+        }
+      }
+      return;
+    }
+  }
   if (wg == 2) {
     // ---- producer: one warp, on few registers ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
@@ -681,10 +908,10 @@ CUtensorMap pool_map(const void* pool, int64_t rows, int width, int64_t stride, 
   return m;
 }
 
-template <int BN, int ST>
+template <int BN, int ST, bool F8 = false>
 void launch_wgmma(cudaStream_t stream, const launch::AttnArgs& a, int64_t max_items) {
-  using C = Cfg<BN, ST>;
-  auto kernel = mla_wgmma_kernel<BN, ST>;
+  using C = Cfg<BN, ST, F8>;
+  auto kernel = mla_wgmma_kernel<BN, ST, F8>;
   const int64_t htiles = (a.heads + kHeads - 1) / kHeads;
   int64_t blocks = max_items * htiles;
   const int64_t cap =
@@ -692,9 +919,12 @@ void launch_wgmma(cudaStream_t stream, const launch::AttnArgs& a, int64_t max_it
   if (blocks > cap) blocks = cap;
   if (blocks < 1) return;
   const int64_t rows = a.num_pages * a.page_size;
-  const CUtensorMap lat = pool_map(a.k1, rows, 512, a.k1_row, BN);
-  const CUtensorMap rope = pool_map(a.k2, rows, 64, a.k2_row, BN);
-  LOOM_MARK_PDL_KERNEL((mla_wgmma_kernel<BN, ST>));
+  CUtensorMap lat{}, rope{};  // fp8 pools: no tensor maps (the kernel's own copies)
+  if constexpr (!F8) {
+    lat = pool_map(a.k1, rows, 512, a.k1_row, BN);
+    rope = pool_map(a.k2, rows, 64, a.k2_row, BN);
+  }
+  LOOM_MARK_PDL_KERNEL((mla_wgmma_kernel<BN, ST, F8>));
   kernel<<<static_cast<unsigned>(blocks), kThreads, C::kBytes, stream>>>(a, lat, rope);
   LOOM_CUDA_CHECK_LAUNCH();
 }
@@ -721,16 +951,24 @@ bool device_is_sm90() {
 namespace launch {
 
 bool mla_wgmma_supported(const AttnArgs& a) {
-  return !a.kv_fp8 && mla_tc_supported(a) && a.k2 != nullptr &&
+  // fp8: contiguous rows of 516 and 68 bytes from 16-byte aligned pools (the bulk copies).
+  const bool f8_ok = !a.kv_fp8 || (a.k1_row == kF8Lat && a.k2_row == kF8Rope &&
+                                   reinterpret_cast<uintptr_t>(a.k1) % 16 == 0 &&
+                                   reinterpret_cast<uintptr_t>(a.k2) % 16 == 0);
+  return f8_ok && mla_tc_supported(a) && a.k2 != nullptr &&
          a.num_pages * a.page_size < (int64_t{1} << 31) && device_is_sm90();
 }
 
 void mla_attn_wgmma(cudaStream_t stream, const AttnArgs& a, int64_t max_items, int bn) {
+  if (a.kv_fp8) return launch_wgmma<64, 2, true>(stream, a, max_items);  // its one tile shape
   if (bn == 32) return launch_wgmma<32, 4>(stream, a, max_items);
   return launch_wgmma<64, 2>(stream, a, max_items);
 }
 
-int64_t mla_wgmma_resident(int bn) {
+int64_t mla_wgmma_resident(int bn, bool fp8) {
+  if (fp8)
+    return resident_blocks(reinterpret_cast<const void*>(mla_wgmma_kernel<64, 2, true>), kThreads,
+                           Cfg<64, 2, true>::kBytes);
   if (bn == 32)
     return resident_blocks(reinterpret_cast<const void*>(mla_wgmma_kernel<32, 4>), kThreads,
                            Cfg<32, 4>::kBytes);

@@ -17,11 +17,13 @@
 //  - GQA decode (32 query heads over 8 KV heads of 128, f32 and bf16 caches) and prefill.
 // Caches are filled from a random block (never zeros); page ids are shuffled.
 // Prints "GPUBENCH <name> <achieved> <unit> <roofline> <fraction> <median ms>" lines.
-// LOOM_BENCH_ONLY=mla runs the copy and the MLA rows alone; =mla_ncu a few batch-1 calls for ncu.
+// LOOM_BENCH_ONLY=mla runs the copy and the MLA rows alone; =mla_ncu a few batch-1 calls for ncu;
+// =mla_fp8 the copy and MLA decode over fp8 pages against bf16 ones (bench_mla_fp8).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <numeric>
 #include <random>
@@ -427,6 +429,78 @@ void bench_gqa(Workspace& ws) {
     }
   }
 }
+// A device fp8 pool [pages, ps, n + 4] (kernels/attention.h's vectors): random finite codes (no
+// NaN: 0x7F and 0xFF are skipped) and a scale of 2^-6 a vector, from a block of whole vectors.
+Tensor filled_fp8(int64_t pages, int64_t ps, int64_t n) {
+  const int64_t vec = n + kKvFp8ScaleBytes;
+  Tensor d = Tensor::empty({pages, ps, vec}, DType::kF8E4M3, Device::kCuda);
+  const size_t block =
+      std::min<size_t>(d.nbytes(), ((size_t{64} << 20) / static_cast<size_t>(vec)) * vec);
+  std::vector<uint8_t> h(block);
+  std::uniform_int_distribution<int> code(0, 253);
+  const float sc = 1.0f / 64.0f;
+  for (size_t v = 0; v < block / vec; ++v) {
+    uint8_t* p = h.data() + v * vec;
+    for (int64_t i = 0; i < n; ++i) {
+      const int c = code(rng());
+      p[i] = static_cast<uint8_t>(c >= 0x7F ? c + 1 : c);
+    }
+    std::memcpy(p + n, &sc, 4);
+  }
+  char* dst = static_cast<char*>(d.raw());
+  LOOM_CUDA_CHECK(cudaMemcpy(dst, h.data(), block, cudaMemcpyHostToDevice));
+  for (size_t off = block; off < d.nbytes(); off += block)
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(dst + off, dst, std::min(block, d.nbytes() - off),
+                                    cudaMemcpyDeviceToDevice, stream()));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  return d;
+}
+
+// LOOM_BENCH_ONLY=mla_fp8: MLA's latent attention (decode, pages of 64) over fp8 pages against
+// bf16 ones, batch 1, 8 and 64 at 32K and 128K keys. Bytes: the cache rows each reads, (512 + 64)
+// * 2 per key (bf16) and 516 + 68 (fp8, codes and scales). Rows: "_bf16" the default path over
+// bf16 pages (wgmma), "_fp8" the default over fp8 pages (wgmma's fp8 variant on the H200),
+// "_fp8_mma" the mma.sync kernel over fp8 pages (the earlier route), and at batch 1 and 64 the
+// fp8 wgmma kernel's probes (arithmetic alone on stale tiles, loads and widening alone).
+void bench_mla_fp8(Workspace& ws) {
+  const int64_t ps = 64, max_keys = int64_t{64} * 131072 + 64 * 64;
+  const int64_t num_pages = max_keys / ps;
+  const Tensor latent = filled({num_pages, ps, 512}, DType::kBF16);
+  const Tensor rope = filled({num_pages, ps, 64}, DType::kBF16);
+  const Tensor latent8 = filled_fp8(num_pages, ps, 512), rope8 = filled_fp8(num_pages, ps, 64);
+  const float scale = 1.0f / std::sqrt(192.0f);
+  Exec ex = gpu();
+  ex.workspace = &ws;
+  for (int64_t B : {1, 8, 64}) {
+    for (int64_t ctx : {32768, 131072}) {
+      const Step s = make_step(B, 1, ctx - 1, ps, num_pages);
+      const Tensor q_lat = filled({s.N, 32, 576}, DType::kF32, 0.05f);
+      const Tensor o_lat = Tensor::empty({s.N, 32, 512}, DType::kF32, Device::kCuda);
+      const int iters = B * ctx > 1000000 ? 20 : 50;
+      const std::string shape = "B" + std::to_string(B) + "_ctx" + ctx_name(ctx);
+      auto run = [&](const std::string& tag, const Tensor& lat, const Tensor& rp,
+                     const cuda::AttentionTuning& t, double key_bytes) {
+        const double ms = median_ms(
+            [&] {
+              ws.reset();
+              cuda::mla_latent_attention_varlen(ex, q_lat, lat, rp, s.table, s.cu, s.past, scale,
+                                                o_lat, t);
+            },
+            iters);
+        const double bytes = static_cast<double>(B) * ctx * key_bytes;
+        emit_gpubench(("mla_decode_core_" + shape + tag).c_str(), bytes / (ms * 1e6), "GB/s",
+                      g_copy_gbs, ms);
+      };
+      run("_bf16", latent, rope, {}, 1152.0);
+      run("_fp8", latent8, rope8, {}, 584.0);
+      run("_fp8_mma", latent8, rope8, {.mla_path = 2}, 584.0);
+      if (B != 8 && ctx == 131072) {
+        run("_fp8_probe_math", latent8, rope8, {.mla_path = 3, .probe = 1}, 584.0);
+        run("_fp8_probe_loads", latent8, rope8, {.mla_path = 3, .probe = 2}, 584.0);
+      }
+    }
+  }
+}
 
 }  // namespace
 }  // namespace loom
@@ -444,6 +518,11 @@ int main() {
     return 0;
   }
   bench_copy();
+  if (only != nullptr && std::string(only) == "mla_fp8") {
+    bench_mla_fp8(ws);
+    cuda::synchronize();
+    return 0;
+  }
   bench_mla_decode(ws);
   if (only == nullptr || std::string(only) != "mla") bench_gqa(ws);
   cuda::synchronize();

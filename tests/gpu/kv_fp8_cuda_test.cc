@@ -4,9 +4,14 @@
 //  - the cache write: a GPU-written pool equals, byte for byte, the CPU-written one from the same
 //    values (f32 and bf16 rows; vectors of 512, 64, 37, 13 values, word and byte paths; vectors
 //    of every magnitude, an all-zero one, subnormal quotients, a non-finite one);
-//  - the attention over fp8 pages (MLA absorbed on the tensor-core kernel and on CUDA cores, MLA
-//    expanded, GQA) against the CPU twin over the same pages (which dequantizes them), and
-//    against the same kernels over bf16 pages of the pre-quantization values;
+//  - the attention over fp8 pages (MLA absorbed on the wgmma kernel, the mma.sync kernel and CUDA
+//    cores, MLA expanded, GQA) against the CPU twin over the same pages (which dequantizes them),
+//    and against the same kernels over bf16 pages of the pre-quantization values; each MLA call
+//    checks which tensor-core kernel ran (mla_wgmma_fp8_calls_run: the wgmma kernel where pages
+//    hold whole 64-key tiles on a compute capability 9.0 device, or where forced);
+//  - the wgmma kernel over fp8 pages against itself over bf16 pages holding the dequantized
+//    values (the same splits): the same bf16 tiles, so the same outputs (bound 1e-6; a layout or
+//    swizzle error is of order 1);
 //  - batch-invariant numerics: each sequence alone equals its rows in the batch, bit for bit.
 //
 // Bounds (relative L2 of the whole output; "GPUCHECK <name> <error> <bound> <PASS|FAIL>"):
@@ -330,14 +335,32 @@ Tensor mla_cpu(const MlaCase& c, const MlaInputs& in, const Step& s) {
   return ref;
 }
 
+bool device_sm90() {
+  cudaDeviceProp p{};
+  return cudaGetDeviceProperties(&p, 0) == cudaSuccess && p.major == 9 && p.minor == 0;
+}
+
+// Whether an MLA call over fp8 pages runs on the wgmma kernel (attention.cc's plan_latent): forced,
+// or by shape where the tensor-core kernels take the dims and pages hold whole 64-key tiles.
+bool wants_wgmma(const MlaCase& c) {
+  if (c.tuning.mla_path == 3) return true;
+  return c.tuning.mla_path == 0 && c.dims.latent_dim == 512 && c.dims.rope_dim == 64 &&
+         c.page_size % 64 == 0 && device_sm90();
+}
+
 void run_mla(const MlaCase& c, const Step& s, const std::string& tag = "") {
   const MlaInputs in = mla_inputs(c, s);
   const Tensor ref = mla_cpu(c, in, s);
   const std::string name = "kvfp8_mla_" + c.name + tag;
+  const uint64_t before = cuda::mla_wgmma_fp8_calls_run();
   const Tensor o = mla_gpu(gpu(), c, in, s, in.latent8_d, in.rope8_d);
   report(name, rel_l2(o, ref), c.tol);
   report(name + "_invariant_mode",
          rel_l2(mla_gpu(gpu_invariant(), c, in, s, in.latent8_d, in.rope8_d), ref), c.tol);
+  const uint64_t wgmma_calls = cuda::mla_wgmma_fp8_calls_run() - before;
+  std::printf("GPUINFO %s wgmma_fp8_calls %llu\n", name.c_str(),
+              static_cast<unsigned long long>(wgmma_calls));
+  EXPECT_EQ(wgmma_calls, wants_wgmma(c) ? 2u : 0u) << name;
   // The same kernels over bf16 pages of the values before quantization.
   const Tensor o16 = host(mla_gpu(gpu(), c, in, s, in.latent16_d, in.rope16_d)).to_f32();
   report(name + "_vs_bf16_pages", rel_l2(o, o16), 0.1);
@@ -361,15 +384,84 @@ TEST(KvFp8Cuda, MlaAbsorbed) {
       {"h40_ps64_tc_headtiles", {40, 32, 64, 32, 512}, 64, DType::kF32, {}, 1e-2},
       {"deepseek_ps64_tc_perlen", kDeepSeek, 64, DType::kF32, {.split = 1}, 1e-2},
       {"deepseek_ps64_tc_nosplit", kDeepSeek, 64, DType::kF32, {.max_splits = 1}, 1e-2},
+      // The wgmma kernel forced: pages of 16 keys (every tile copied row by row), 128 and 64.
+      {"deepseek_ps16_wgmma_forced", kDeepSeek, 16, DType::kF32, {.mla_path = 3}, 1e-2},
+      {"deepseek_ps128_wgmma_forced", kDeepSeek, 128, DType::kF32, {.mla_path = 3}, 1e-2},
+      {"h40_ps64_wgmma_forced_headtiles",
+       {40, 32, 64, 32, 512},
+       64,
+       DType::kF32,
+       {.mla_path = 3},
+       1e-2},
+      {"deepseek_ps64_wgmma_forced_minchunk192",
+       kDeepSeek,
+       64,
+       DType::kF32,
+       {.mla_path = 3, .min_chunk = 192},
+       1e-2},
   };
-  for (const MlaCase& c : cases) run_mla(c, mixed_step(c.page_size));
-  // Pure decode batches over contexts that are no multiple of a tile or a page.
+  for (const MlaCase& c : cases) {
+    if (c.tuning.mla_path == 3 && !device_sm90()) continue;  // the wgmma kernel needs sm_90
+    run_mla(c, mixed_step(c.page_size));
+  }
+  // Pure decode batches over contexts that are no multiple of a tile or a page: batch 37, 8
+  // (by occupancy, by length, unsplit) and 1.
   std::vector<int64_t> past(37);
   std::uniform_int_distribution<int64_t> len(0, 2600);
   for (int64_t& p : past) p = len(rng());
   run_mla(cases[3], make_step(std::vector<int64_t>(37, 1), past, 64), "_decode37");
+  std::vector<int64_t> past8(8);
+  std::uniform_int_distribution<int64_t> len8(1, 9000);
+  for (int64_t& p : past8) p = len8(rng());
+  for (const MlaCase& c : {cases[3], cases[10], cases[11]})
+    run_mla(c, make_step(std::vector<int64_t>(8, 1), past8, 64), "_decode8");
   run_mla(cases[3], make_step({1}, {9001}, 64), "_decode1_9001");
+  run_mla(cases[3], make_step({1}, {70001}, 64), "_decode1_70001");
+  run_mla(cases[5], make_step({1}, {9001}, 64), "_decode1_9001");
   run_mla(cases[0], make_step({300}, {91}, 16), "_prefill300");
+}
+
+// The wgmma kernel over fp8 pages on small steps (bulk-copied and row-by-row tiles, splits of 64
+// keys, several units a block), for compute-sanitizer's racecheck, which does not finish the
+// full-size tests (run it with LOOM_MLA_SYNC_HANDOFF=1, as tests/gpu/run.sh does).
+TEST(KvFp8Cuda, WgmmaRacecheckSmallSteps) {
+  cuda::init();
+  if (!device_sm90()) GTEST_SKIP() << "the wgmma kernel needs a compute capability 9.0 device";
+  for (const int64_t ps : {64, 16}) {
+    const MlaCase c{"wgmma_small_ps" + std::to_string(ps), kDeepSeek, ps, DType::kF32,
+                    {.mla_path = 3, .min_chunk = 64},      1e-2};
+    run_mla(c, make_step({1, 5, 17, 0, 1}, {40, 130, 0, 9, 300}, ps));
+  }
+}
+
+// The wgmma kernel over fp8 pages against itself over bf16 pages that hold the dequantized values
+// (bf16(f32(code) * scale), what the fp8 path widens each key to), with splits by length alone
+// (so both take the same splits; by occupancy they depend on the cache bytes a key): the tiles
+// the products read are the same bits.
+TEST(KvFp8Cuda, WgmmaFp8EqualsWgmmaOverDequantizedPages) {
+  cuda::init();
+  if (!device_sm90()) GTEST_SKIP() << "the wgmma kernel needs a compute capability 9.0 device";
+  for (const int64_t ps : {64, 16}) {
+    const MlaCase c{"wgmma_ps" + std::to_string(ps), kDeepSeek, ps, DType::kF32,
+                    {.mla_path = 3, .split = 1},     1e-2};
+    const Step s = mixed_step(ps);
+    const MlaInputs in = mla_inputs(c, s);
+    auto dequantized = [](const Tensor& q8, int64_t n) {
+      Shape sh = q8.shape();
+      sh[sh.ndim() - 1] = n;
+      Tensor f = Tensor::empty(sh);
+      for (int64_t v = 0; v < f.numel() / n; ++v)
+        cpu::kv_fp8_dequantize(q8.data<uint8_t>() + v * (n + 4), n, f.data<float>() + v * n);
+      return dev(to_bf16(f));
+    };
+    const Tensor lat16 = dequantized(in.latent8, 512), rope16 = dequantized(in.rope8, 64);
+    const uint64_t before = cuda::mla_wgmma_fp8_calls_run();
+    const Tensor o8 = host(mla_gpu(gpu(), c, in, s, in.latent8_d, in.rope8_d));
+    EXPECT_EQ(cuda::mla_wgmma_fp8_calls_run() - before, 1u);
+    const Tensor o16 = host(mla_gpu(gpu(), c, in, s, lat16, rope16));
+    report("kvfp8_mla_" + c.name + "_vs_wgmma_dequantized_bf16_pages", rel_l2(o8, o16), 1e-6);
+    report("kvfp8_mla_" + c.name + "_vs_cpu", rel_l2(o8, mla_cpu(c, in, s)), c.tol);
+  }
 }
 
 // MLA's expanded form over fp8 pages (the gather dequantizes into bf16 rows): chosen by cost
@@ -465,9 +557,13 @@ TEST(KvFp8Cuda, Gqa) {
 TEST(KvFp8Cuda, BatchInvariantAloneEqualsBatched) {
   cuda::init();
   const Step s = mixed_step(64);
-  for (const MlaCase& c : {MlaCase{"deepseek_tc", kDeepSeek, 64, DType::kF32, {}, 1e-2},
-                           MlaCase{"small_simt", {3, 12, 6, 10, 20}, 64}}) {
+  for (const MlaCase& c :
+       {MlaCase{"deepseek_tc", kDeepSeek, 64, DType::kF32, {}, 1e-2},
+        MlaCase{"deepseek_wgmma", kDeepSeek, 64, DType::kF32, {.mla_path = 3}, 1e-2},
+        MlaCase{"deepseek_mma", kDeepSeek, 64, DType::kF32, {.mla_path = 2}, 1e-2},
+        MlaCase{"small_simt", {3, 12, 6, 10, 20}, 64}}) {
     const MlaInputs in = mla_inputs(c, s);
+    if (c.tuning.mla_path == 3 && !device_sm90()) continue;
     const Tensor all = host(mla_gpu(gpu_invariant(), c, in, s, in.latent8_d, in.rope8_d));
     bool same = true;
     for (int64_t b = 0; b < s.B; ++b) {
@@ -501,15 +597,16 @@ TEST(KvFp8Cuda, BatchInvariantAloneEqualsBatched) {
   }
 }
 
-// The wgmma kernel cannot read fp8 pages (TMA boxes need 16-byte row strides): forcing it stops
-// with a message instead of reading the bytes as bf16.
-TEST(KvFp8CudaDeathTest, WgmmaRefusesFp8) {
+// The wgmma kernel takes fp8 pages in 64-key tiles only: forcing 32-key tiles stops with a
+// message instead of running another shape.
+TEST(KvFp8CudaDeathTest, WgmmaRefusesFp8With32KeyTiles) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   cuda::init();
+  if (!device_sm90()) GTEST_SKIP() << "the wgmma kernel needs a compute capability 9.0 device";
   const Step s = make_step({2}, {70}, 64);
-  const MlaCase c{"wgmma", kDeepSeek, 64, DType::kF32, {.mla_path = 3}, 1e-2};
+  const MlaCase c{"wgmma", kDeepSeek, 64, DType::kF32, {.mla_path = 3, .tc_keys = 32}, 1e-2};
   const MlaInputs in = mla_inputs(c, s);
-  EXPECT_DEATH(mla_gpu(gpu(), c, in, s, in.latent8_d, in.rope8_d), "the wgmma path needs");
+  EXPECT_DEATH(mla_gpu(gpu(), c, in, s, in.latent8_d, in.rope8_d), "64-key tiles only");
 }
 
 }  // namespace
