@@ -313,7 +313,6 @@ LatentPlan plan_latent(const char* fn, const Exec& ex, const MlaCall& c, const A
              "contiguous rows of 516 and 68 bytes, 16-byte aligned), R = 512 and dr = 64 (%s "
              "pools, R = %d, dr = %d)",
              fn, pools, c.a.d1, c.a.d2);
-  LOOM_CHECK(!c.a.kv_fp8 || t.tc_keys != 32, "%s: fp8 pools take 64-key tiles only", fn);
   const int bn = t.tc_keys == 32 ? 32 : 64;
   // By shape: the wgmma kernel where its tiles never cross a page (they are TMA boxes then).
   if (t.mla_path == 3 || (t.mla_path == 0 && wgmma_ok && c.a.page_size % bn == 0)) {
@@ -321,6 +320,9 @@ LatentPlan plan_latent(const char* fn, const Exec& ex, const MlaCall& c, const A
   } else if (t.mla_path == 2 || (t.mla_path == 0 && tc_ok)) {
     p.path = LatentPath::kTc;
   }
+  // Only the tensor-core paths tile keys (the CUDA-core one takes fp8 with any tuning).
+  LOOM_CHECK(!c.a.kv_fp8 || p.path == LatentPath::kSimt || bn == 64,
+             "%s: fp8 pools take 64-key tiles only on the tensor-core paths", fn);
   int rows_per_item = 1, key_block = 32;
   if (p.path == LatentPath::kWgmma) {
     p.bn = bn;
