@@ -117,8 +117,9 @@ struct Cfg {
 #define LOOM_MLA_WGMMA 1
 
 // Named barriers (0 is __syncthreads): P written (warpgroup 0 arrives, 1 waits), P consumed
-// (the other way), and both consumer warpgroups at a unit's edges.
-constexpr int kPReady = 1, kPFree = 2, kUnit = 3;
+// (the other way), and both consumer warpgroups at a unit's edges. fp8 with sync_handoff: the raw
+// ring's producer and widening warps (warpgroup 2) meet once a slot use (kRawStep).
+constexpr int kPReady = 1, kPFree = 2, kUnit = 3, kRawStep = 4;
 
 struct Unit {
   int seq, split, h0, ntiles;
@@ -457,6 +458,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                   bulk_copy(dst + C::kRawLat, rope8 + r0 * kF8Rope, RK * kF8Rope, raw_full(slot),
                             policy);
                 }
+                if (a.sync_handoff) {  // racecheck: the copies landed, then meet the readers
+                  mbar_wait(raw_full(slot), (q / RS) & 1);
+                  bar_sync(kRawStep, 128);
+                }
               }
               continue;
             }
@@ -465,10 +470,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             // be NaN), the four slots' copies in flight together, one commit group each. Lane
             // r < RK finds row r's pool row.
             const int64_t pos0 = w.kb + static_cast<int64_t>(t) * BN;
-#pragma unroll 1
-            for (int j = 0; j < 4; ++j) {
-              const int slot = (q + j) % RS;
-              if (q + j >= RS) mbar_wait(raw_empty(slot), (((q + j) / RS) - 1) & 1);
+            // Slot use `use` gets the tile's rows RK j .. RK j + RK - 1, as one commit group.
+            const auto issue_rows = [&](int use, int j) {
+              const int slot = use % RS;
+              if (use >= RS) mbar_wait(raw_empty(slot), ((use / RS) - 1) & 1);
               int64_t mine = -1;
               if (lane < RK) {
                 const int64_t pos = pos0 + j * RK + lane;
@@ -495,8 +500,23 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
               }
               asm volatile("cp.async.commit_group;\n" ::: "memory");
+            };
+            if (a.sync_handoff) {
+              // racecheck: a slot at a time, its copies complete before the readers are met (the
+              // ring's mbarriers order the four slots in flight below, which racecheck can't see).
+#pragma unroll 1
+              for (int j = 0; j < 4; ++j, ++q) {
+                issue_rows(q, j);
+                asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+                __syncwarp();
+                if (lane == 0) mbar_arrive(raw_full(q % RS));
+                bar_sync(kRawStep, 128);
+              }
+              continue;
             }
-            // Slot j is complete when at most 3 - j groups are pending.
+#pragma unroll 1
+            for (int j = 0; j < 4; ++j) issue_rows(q + j, j);
+              // Slot j is complete when at most 3 - j groups are pending.
 #pragma unroll
             for (int j = 0; j < 4; ++j, ++q) {
               if (j == 0) asm volatile("cp.async.wait_group 3;\n" ::: "memory");
@@ -522,6 +542,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 1
             for (int j = 0; j < 4; ++j, ++q) {
               const int slot = q % RS;
+              if (a.sync_handoff) bar_sync(kRawStep, 128);
               mbar_wait(raw_full(slot), (q / RS) & 1);
               const unsigned char* raw = gbase + C::kOffRaw + slot * C::kRawSlot;
               // Tile row R = RK j + r; RK = 16 = 1 (mod 3). Two rows' loads before their
