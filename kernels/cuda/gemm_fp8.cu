@@ -2,10 +2,14 @@
 //  - gemv_fp8: decode (a few rows), one block per 4 weight rows, each e4m3 weight dequantized in
 //    registers as f32(q) * scale_inv (the reference's f32 product), x read unrounded;
 //  - quantize_fp8_groups: activations to e4m3 per token and group of 128 columns, the input of
-//    cuBLASLt's block-scaled FP8 GEMM (kernels/cuda/gemm_fp8.cc);
+//    cuBLASLt's block-scaled FP8 GEMM (kernels/cuda/gemm_fp8.cc) and of the grouped experts'
+//    block-scaled wgmma path (kernels/cuda/moe_fp8.cu);
 //  - dequantize_fp8_bf16: the weight rounded to a bf16 matrix, for the bf16 tensor-core GEMM.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cstdint>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/fp8_convert.cuh"
@@ -209,40 +213,66 @@ void gemv_fp8_rows(cudaStream_t stream, const uint8_t* w, const float* scale_inv
 }
 
 // ---------------------------------------------------------------------------------------------
-// Activation quantization: one warp per (row, group of 128 columns), 4 columns per lane.
+// Activation quantization: a warp per (row, group of 128 columns), 4 columns per lane, the warps
+// striding over the items (a grid of at most kQuantBlocksPerSm blocks per SM rather than a block
+// per 8 items, which at a MoE prefill's millions of items means millions of tiny blocks). kVec
+// (k % 4 == 0, x 16-byte aligned, q 4-byte aligned): a lane's 4 values in one 16-byte (f32) or
+// 8-byte (bf16) load and its 4 codes in one 4-byte store; the same operations on every value.
 constexpr int kQuantWarps = 8;
+constexpr int kQuantBlocksPerSm = 16;
 
-template <typename XT>
+template <typename XT, bool kVec>
 __global__ void __launch_bounds__(kQuantWarps * 32)
     quantize_fp8_groups_kernel(const XT* __restrict__ x, int64_t m, int64_t k,
                                uint8_t* __restrict__ q, float* __restrict__ scales) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t groups = (k + kBlock - 1) / kBlock;
-  const int64_t item = static_cast<int64_t>(blockIdx.x) * kQuantWarps + warp;
-  if (item >= m * groups) return;  // uniform across the warp
-  const int64_t r = item / groups, g = item % groups;
-  const int64_t c0 = g * kBlock + lane * 4;
-  const XT* xr = x + r * k;
-  float v[4];
-  float amax = 0.0f;
+  const int64_t items = m * groups;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kQuantWarps;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * kQuantWarps + warp; item < items;
+       item += stride) {  // uniform across the warp
+    const int64_t r = item / groups, g = item % groups;
+    const int64_t c0 = g * kBlock + lane * 4;
+    const XT* xr = x + r * k;
+    float v[4];
+    if constexpr (kVec) {
+      // k % 4 == 0: the lane's 4 columns are all in or all out.
+      if (c0 < k) {
+        load_x4(xr + c0, v);
+      } else {
+        v[0] = v[1] = v[2] = v[3] = 0.0f;
+      }
+    } else {
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    v[e] = c0 + e < k ? load_x(xr + c0 + e) : 0.0f;
-    amax = fmaxf(amax, fabsf(v[e]));
-  }
+      for (int e = 0; e < 4; ++e) v[e] = c0 + e < k ? load_x(xr + c0 + e) : 0.0f;
+    }
+    float amax = 0.0f;
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  float s = amax / 448.0f;  // e4m3fn's largest finite value: the group's amax maps to it
-  if (!(s > 0.0f)) s = 1.0f;
-  uint8_t* qr = q + r * k;
+    for (int e = 0; e < 4; ++e) amax = fmaxf(amax, fabsf(v[e]));
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    if (c0 + e < k) {
-      qr[c0 + e] = static_cast<uint8_t>(
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float s = amax / 448.0f;  // e4m3fn's largest finite value: the group's amax maps to it
+    if (!(s > 0.0f)) s = 1.0f;
+    uint8_t* qr = q + r * k;
+    uint8_t codes[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      codes[e] = static_cast<uint8_t>(
           __nv_cvt_float_to_fp8(__fdiv_rn(v[e], s), __NV_SATFINITE, __NV_E4M3));
     }
+    if constexpr (kVec) {
+      if (c0 < k) {
+        *reinterpret_cast<uint32_t*>(qr + c0) = codes[0] | (uint32_t{codes[1]} << 8) |
+                                                (uint32_t{codes[2]} << 16) |
+                                                (uint32_t{codes[3]} << 24);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (c0 + e < k) qr[c0 + e] = codes[e];
+    }
+    if (lane == 0) scales[g * m + r] = s;
   }
-  if (lane == 0) scales[g * m + r] = s;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -306,14 +336,27 @@ void quantize_fp8_groups(cudaStream_t stream, const void* x, Elem x_type, int64_
                          uint8_t* q, float* scales) {
   const int64_t items = m * ((k + kBlock - 1) / kBlock);
   if (items == 0) return;
-  const int64_t blocks = (items + kQuantWarps - 1) / kQuantWarps;
-  LOOM_CHECK_GRID(blocks);
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    LOOM_CUDA_CHECK(cudaGetDevice(&dev));
+    LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
+  }();
+  const int64_t blocks =
+      std::min<int64_t>((items + kQuantWarps - 1) / kQuantWarps, int64_t{sms} * kQuantBlocksPerSm);
+  const bool vec = k % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0 &&
+                   (reinterpret_cast<uintptr_t>(q) & 3u) == 0;
+  const auto launch = [&](auto kernel, const auto* xt) {
+    kernel<<<static_cast<unsigned>(blocks), kQuantWarps * 32, 0, stream>>>(xt, m, k, q, scales);
+  };
   if (x_type == Elem::kF32) {
-    quantize_fp8_groups_kernel<<<static_cast<unsigned>(blocks), kQuantWarps * 32, 0, stream>>>(
-        static_cast<const float*>(x), m, k, q, scales);
+    const auto* xt = static_cast<const float*>(x);
+    vec ? launch(quantize_fp8_groups_kernel<float, true>, xt)
+        : launch(quantize_fp8_groups_kernel<float, false>, xt);
   } else {
-    quantize_fp8_groups_kernel<<<static_cast<unsigned>(blocks), kQuantWarps * 32, 0, stream>>>(
-        static_cast<const uint16_t*>(x), m, k, q, scales);
+    const auto* xt = static_cast<const uint16_t*>(x);
+    vec ? launch(quantize_fp8_groups_kernel<uint16_t, true>, xt)
+        : launch(quantize_fp8_groups_kernel<uint16_t, false>, xt);
   }
   LOOM_CUDA_CHECK_LAUNCH();
 }

@@ -61,13 +61,15 @@ void with_scratch(const Exec& ex, const char* op, size_t bytes, const Fn& fn) {
 
 launch::MoeGemmPath parse_path(const char* name) {
   using launch::MoeGemmPath;
-  for (MoeGemmPath p : {MoeGemmPath::kAuto, MoeGemmPath::kSimt, MoeGemmPath::kMma,
-                        MoeGemmPath::kWgmma, MoeGemmPath::kWgmma128, MoeGemmPath::kGemv}) {
+  for (MoeGemmPath p :
+       {MoeGemmPath::kAuto, MoeGemmPath::kSimt, MoeGemmPath::kMma, MoeGemmPath::kWgmma,
+        MoeGemmPath::kWgmma128, MoeGemmPath::kGemv, MoeGemmPath::kWgmmaFp8}) {
     if (std::strcmp(name, launch::moe_gemm_path_name(p)) == 0) return p;
   }
   LOOM_CHECK(
       false,
-      "moe_grouped_swiglu: unknown GEMM path \"%s\" (auto, simt, mma, wgmma, wgmma128, gemv)",
+      "moe_grouped_swiglu: unknown GEMM path \"%s\" (auto, simt, mma, wgmma, wgmma128, gemv, "
+      "wgmma_fp8)",
       name);
   return MoeGemmPath::kAuto;
 }
@@ -132,7 +134,9 @@ const char* grouped_swiglu(const Exec& ex, launch::MoeGemmPath path, const Tenso
              "%s: the %s GEMM path cannot run these tensors on this device (it needs bf16 or "
              "fp8 weights, D and I multiples of 8, 16-byte aligned tensors%s): x %s w_gate %s",
              kOp, launch::moe_gemm_path_name(path),
-             path == launch::MoeGemmPath::kWgmma || path == launch::MoeGemmPath::kWgmma128
+             path == launch::MoeGemmPath::kWgmmaFp8 ? "; wgmma_fp8: fp8 weights, D and I "
+                                                      "multiples of 16 and an sm_90 GPU"
+             : path == launch::MoeGemmPath::kWgmma || path == launch::MoeGemmPath::kWgmma128
                  ? " and an sm_90 GPU"
                  : "",
              x.describe().c_str(), w_gate.describe().c_str());

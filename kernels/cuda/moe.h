@@ -41,7 +41,11 @@ void moe_permute(const Exec& ex, const Tensor& x, const Tensor& expert_ids, int6
 // stay f32 (reading half of bf16's bytes); the rest dequantize the routed experts chunk by chunk
 // into the scratch (at most launch::kMoeFp8DequantBytes of copies) and run the bf16 paths on
 // them (each weight rounded once to bf16), or the f32 SIMT path (the f32 products kept) where
-// the tensor cores cannot take the shape; kernels/cuda/moe_fp8.cu says more.
+// the tensor cores cannot take the shape; from launch::kMoeFp8BlockRowsPerExpert rows per expert
+// on average (outside batch-invariant mode, sm_90, D and I multiples of 16) x and h are quantized
+// per row and 128 columns to e4m3 and both GEMMs run block-scaled FP8 wgmma on the stored weights
+// (kWgmmaFp8, DeepSeek-V3's W8A8 recipe: ~5% relative error against the f32 twin on random data);
+// kernels/cuda/moe_fp8.cu says more.
 // Offsets must be non-decreasing within [0, R] (not checked: a bad one never makes a kernel reach
 // outside the tensors). Uses scratch (h, and the bf16 copy of an f32 x) from ex.workspace when
 // there is one, else a stream-ordered allocation (which costs time on every call: the engine always
@@ -51,9 +55,9 @@ void moe_grouped_swiglu(const Exec& ex, const Tensor& x, const Tensor& offsets,
                         const Tensor& y, const Tensor& gate_up);
 
 // The grouped SwiGLU on a chosen GEMM path (tests and benchmarks): "auto", "simt", "mma",
-// "wgmma", "wgmma128" or "gemv" (launch::MoeGemmPath); aborts when the path cannot run these
-// tensors on this device. Returns the name of the path that ran. `phases` (benchmarks) picks the
-// launches that run (launch::MoeSwigluArgs::phases); anything but 7 leaves y incomplete.
+// "wgmma", "wgmma128", "gemv" or "wgmma_fp8" (launch::MoeGemmPath); aborts when the path cannot run
+// these tensors on this device. Returns the name of the path that ran. `phases` (benchmarks) picks
+// the launches that run (launch::MoeSwigluArgs::phases); anything but 7 leaves y incomplete.
 // `fp8_chunk_bytes` (tests; 0: the default) bounds the dequantized copies of FP8 experts per chunk
 // (launch::MoeSwigluArgs::fp8_chunk_bytes).
 const char* moe_grouped_swiglu_on(const Exec& ex, const char* path, const Tensor& x,

@@ -17,11 +17,19 @@
 //     bf16, as a bf16 checkpoint's weight is) or, on kSimt, the f32 ones (the product kept: the
 //     CPU twin's numbers but for the summation order). A chunk's call gets the offsets from its
 //     first expert on: its rows are rows of the whole x and y, so h, x and y need no reindexing.
+//   kWgmmaFp8 (sm_90a, kernels/cuda/moe_fp8_wgmma.cu): DeepSeek-V3's W8A8 recipe. x is quantized
+//     per row and 128 columns (launch::quantize_fp8_groups, e4m3 + f32 scales, into the scratch),
+//     the gate/up GEMM runs block-scaled FP8 wgmma on it and the stored weights as they are and
+//     quantizes h = silu(g) * u the same way in its epilogue, the down GEMM runs on that. No
+//     weight copies; the activations' quantization (relative error <= 2^-4 per element) is the
+//     price. kAuto takes it outside batch-invariant mode from kMoeFp8BlockRowsPerExpert rows per
+//     expert on average (kernels/cuda/moe_fp8_launch.h).
 // The chunking costs a pass over the routed experts' bytes (read 1, write 2 or 4, then read
-// again by the GEMM): it pays where the GEMMs are compute-bound (hundreds of rows per expert);
-// between the GEMV's rows and there, a block-scaled FP8 wgmma kernel would do better.
+// again by the GEMM): it pays where the GEMMs are compute-bound (hundreds of rows per expert).
 // Batch invariance: each output is one dot product in a fixed order of its row and the expert's
-// weights on every path, and kAuto picks by the row count only outside batch-invariant mode.
+// weights on every path (on kWgmmaFp8, of its row's quantized values, whose scales depend on the
+// row only), and kAuto picks by the row count only outside batch-invariant mode, where it takes
+// the copies at every row count past the GEMV's.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -30,6 +38,7 @@
 #include "kernels/cuda/bf16_io.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/fp8_convert.cuh"
+#include "kernels/cuda/gemm_fp8_launch.h"
 #include "kernels/cuda/moe_fp8_launch.h"
 #include "kernels/cuda/moe_gemm_common.cuh"
 
@@ -256,6 +265,80 @@ int64_t chunk_experts(const launch::MoeSwigluArgs& a, size_t elem) {
   return std::clamp<int64_t>(std::min<int64_t>(fit, 65535), 1, std::max<int64_t>(a.E, 1));
 }
 
+// ---- kWgmmaFp8
+// -----------------------------------------------------------------------------------
+
+int64_t scale_blocks(int64_t n) { return (n + kBlock - 1) / kBlock; }
+
+// The block-scaled path's scratch: x quantized [R, D] e4m3 and its scales [ceil(D / 128), R],
+// then h quantized [R, I] and its scales [ceil(I / 128), R].
+struct BlockScratch {
+  size_t xq, xs, hq, hs, total;
+};
+BlockScratch block_scratch(const launch::MoeSwigluArgs& a) {
+  const size_t R = static_cast<size_t>(a.R);
+  BlockScratch b{};
+  b.xq = 0;
+  b.xs = b.xq + align256(R * a.D);
+  b.hq = b.xs + align256(R * scale_blocks(a.D) * sizeof(float));
+  b.hs = b.hq + align256(R * a.I);
+  b.total = b.hs + align256(R * scale_blocks(a.I) * sizeof(float));
+  return b;
+}
+
+// The two GEMMs of a call; the scratch addresses are stand-ins (256, the scratch's alignment)
+// when planning.
+struct BlockGemms {
+  launch::MoeFp8BlockGemm up, down;
+};
+BlockGemms block_gemms(const launch::MoeSwigluArgs& a, char* scratch) {
+  const BlockScratch b = block_scratch(a);
+  BlockGemms g;
+  g.up.a = reinterpret_cast<const uint8_t*>(scratch + b.xq);
+  g.up.a_scales = reinterpret_cast<const float*>(scratch + b.xs);
+  g.up.offsets = a.offsets;
+  g.up.b0 = static_cast<const uint8_t*>(a.w_gate);
+  g.up.s0 = a.s_gate;
+  g.up.b1 = static_cast<const uint8_t*>(a.w_up);
+  g.up.s1 = a.s_up;
+  g.up.R = a.R;
+  g.up.E = a.E;
+  g.up.N = a.I;
+  g.up.K = a.D;
+  g.up.h_q = reinterpret_cast<uint8_t*>(scratch + b.hq);
+  g.up.h_scales = reinterpret_cast<float*>(scratch + b.hs);
+  g.up.gate_up = a.gate_up;
+  g.down.a = g.up.h_q;
+  g.down.a_scales = g.up.h_scales;
+  g.down.offsets = a.offsets;
+  g.down.b0 = static_cast<const uint8_t*>(a.w_down);
+  g.down.s0 = a.s_down;
+  g.down.R = a.R;
+  g.down.E = a.E;
+  g.down.N = a.D;
+  g.down.K = a.I;
+  g.down.out = a.y;
+  g.down.out_bf16 = a.y_bf16;
+  return g;
+}
+
+bool block_supported(const launch::MoeSwigluArgs& a) {
+  const BlockGemms g = block_gemms(a, reinterpret_cast<char*>(uintptr_t{256}));
+  return launch::moe_fp8_block_gemm_supported(g.up) && launch::moe_fp8_block_gemm_supported(g.down);
+}
+
+void run_block(cudaStream_t stream, const launch::MoeSwigluArgs& a, void* scratch) {
+  char* base = static_cast<char*>(scratch);
+  const BlockGemms g = block_gemms(a, base);
+  if (a.phases & 1) {
+    launch::quantize_fp8_groups(stream, a.x, a.x_bf16 ? launch::Elem::kBF16 : launch::Elem::kF32,
+                                a.R, a.D, const_cast<uint8_t*>(g.up.a),
+                                const_cast<float*>(g.up.a_scales));
+  }
+  if (a.phases & 2) launch::moe_fp8_block_gemm(stream, g.up);
+  if (a.phases & 4) launch::moe_fp8_block_gemm(stream, g.down);
+}
+
 }  // namespace
 
 namespace launch {
@@ -266,6 +349,8 @@ MoeSwigluPlan moe_fp8_swiglu_plan(const MoeSwigluArgs& a, MoeGemmPath path) {
     const int64_t gemv_rows = std::max(kMoeGemvAutoRows, kMoeFp8GemvRowsPerExpert * a.E);
     if (gemv && !a.batch_invariant && a.R <= gemv_rows) {
       path = MoeGemmPath::kGemv;
+    } else if (!a.batch_invariant && a.R >= kMoeFp8BlockRowsPerExpert * a.E && block_supported(a)) {
+      path = MoeGemmPath::kWgmmaFp8;
     } else {
       // The bf16 plan on the copies picks the tensor-core path (or SIMT where they cannot run).
       path = moe_swiglu_plan(chunk_args(a, true), MoeGemmPath::kAuto).path;
@@ -276,6 +361,11 @@ MoeSwigluPlan moe_fp8_swiglu_plan(const MoeSwigluArgs& a, MoeGemmPath path) {
   if (path == MoeGemmPath::kGemv) {
     plan.ok = gemv;
     plan.scratch_bytes = align256(static_cast<size_t>(a.R) * a.I * sizeof(float));  // h
+    return plan;
+  }
+  if (path == MoeGemmPath::kWgmmaFp8) {
+    plan.ok = block_supported(a);
+    plan.scratch_bytes = block_scratch(a).total;
     return plan;
   }
   const bool f32_copy = path == MoeGemmPath::kSimt;
@@ -315,6 +405,7 @@ void moe_fp8_grouped_swiglu(cudaStream_t stream, const MoeSwigluArgs& a, const M
     gv8::run(stream, a, up, down);
     return;
   }
+  if (plan.path == MoeGemmPath::kWgmmaFp8) return run_block(stream, a, scratch);
   const bool f32_copy = plan.path == MoeGemmPath::kSimt;
   MoeSwigluArgs b = chunk_args(a, !f32_copy);
   const MoeSwigluPlan inner = moe_swiglu_plan(b, plan.path);

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "kernels/cuda/moe_launch.h"
 
@@ -21,6 +22,42 @@ inline constexpr size_t kMoeFp8DequantBytes = size_t{256} << 20;
 // once per two of its rows, the copies cost about five reads of them (read e4m3, write bf16, read
 // bf16) before the tensor cores start.
 inline constexpr int64_t kMoeFp8GemvRowsPerExpert = 4;
+
+// kAuto takes the block-scaled FP8 wgmma path (kWgmmaFp8: x and h quantized per row and 128
+// columns, W8A8) outside batch-invariant mode from this many rows per expert on average, where
+// each expert's rows fill at least one 128-row tile. Below it, past the GEMV, the experts'
+// dequantized copies run on the bf16 tensor cores (W8A16, the numbers the FP8 fixture's model
+// bounds assume).
+inline constexpr int64_t kMoeFp8BlockRowsPerExpert = 128;
+
+// One grouped GEMM of the kWgmmaFp8 path (kernels/cuda/moe_fp8_wgmma.cu; the SwiGLU runs the dual
+// one, then the single one; tests run each alone). For every expert e and row r in
+// [offsets[e], offsets[e + 1]) (clamped to [0, R]) and column n < N:
+//   acc[r, n] = sum_kb a_scales[kb * R + r] * s[e, n / 128, kb] * sum_{k in kb} f32(a[r, k])
+//   f32(b[e, n, k])
+// over the 128-column blocks kb of K (the inner sums on the FP8 tensor cores, the outer one f32).
+// Single (b1 null): out[r, n] = acc (f32, or rounded to bf16). Dual (b0 = W_gate, b1 = W_up):
+// g and u, h = silu(g) * u quantized per row and 128 columns with quantize_fp8_groups's operations
+// into h_q and h_scales (the next GEMM's a and a_scales), g and u into gate_up when not null.
+// Rows of no expert are never written.
+struct MoeFp8BlockGemm {
+  const uint8_t* a = nullptr;        // [R, K] e4m3
+  const float* a_scales = nullptr;   // [ceil(K / 128), R] (quantize_fp8_groups's layout)
+  const int32_t* offsets = nullptr;  // [E + 1], device
+  const uint8_t* b0 = nullptr;       // [E, N, K] e4m3
+  const float* s0 = nullptr;         // [E, ceil(N / 128), ceil(K / 128)]
+  const uint8_t* b1 = nullptr;       // dual: W_up [E, N, K]; null: single
+  const float* s1 = nullptr;
+  int64_t R = 0, E = 0, N = 0, K = 0;
+  void* out = nullptr;  // single: [R, N] f32 or bf16 (out_bf16)
+  bool out_bf16 = false;
+  uint8_t* h_q = nullptr;     // dual: [R, N] e4m3
+  float* h_scales = nullptr;  // dual: [ceil(N / 128), R]
+  float* gate_up = nullptr;   // dual: [2, R, N] f32 or null
+};
+// An sm_90 device, K and N multiples of 16, 16-byte aligned tensors.
+bool moe_fp8_block_gemm_supported(const MoeFp8BlockGemm& g);
+void moe_fp8_block_gemm(cudaStream_t stream, const MoeFp8BlockGemm& g);
 
 MoeSwigluPlan moe_fp8_swiglu_plan(const MoeSwigluArgs& a, MoeGemmPath path);
 void moe_fp8_grouped_swiglu(cudaStream_t stream, const MoeSwigluArgs& a, const MoeSwigluPlan& plan,

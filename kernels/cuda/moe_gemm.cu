@@ -90,6 +90,7 @@
 #include "kernels/cuda/moe_launch.h"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/pdl.h"
+#include "kernels/cuda/tma_pipeline.cuh"
 
 namespace loom::cuda {
 namespace {
@@ -396,16 +397,9 @@ using Narrow = Cfg<128, 3>;  // 97 KiB
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define LOOM_MOE_WGMMA 1
 
-// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
-__device__ __forceinline__ uint64_t desc(uint32_t addr) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
-         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
-}
-template <int N>
-__device__ __forceinline__ void fence_operands(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
+using tma::fence_operands;
+// Shared-memory matrix descriptor: K-major, 128-byte swizzle (kernels/cuda/tma_pipeline.cuh).
+__device__ __forceinline__ uint64_t desc(uint32_t addr) { return tma::sw128_desc(addr); }
 
 // d += A B^T for one warpgroup: A 64 x 16 and B 256 x 16 bf16 (K-major, 128-byte swizzle) in
 // shared memory, described by da and db; d: the m64n256 f32 accumulator fragment.
@@ -608,69 +602,14 @@ constexpr int kStageBytes = kAStage + 2 * kBHalf;               // 48 KiB
 // + 1024-byte alignment of the ring + a full and an empty barrier per stage.
 constexpr size_t kSmem = kStages * kStageBytes + 1024 + 2 * kStages * 8;
 
-#if defined(LOOM_MOE_WGMMA)
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-// Arrives on the barrier at the same offset in CTA `cta` of the cluster (this CTA included).
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta) {
-  asm volatile(
-      "{\n"
-      ".reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
-      "}\n" ::"r"(bar),
-      "r"(cta)
-      : "memory");
-}
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive;\nbarrier.cluster.wait;\n" ::: "memory");
-}
-// Box (k0.., row0..) of a 2D tensor map into shared memory at dst; completes on bar.
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int k0, int row0,
-                                         uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(k0), "r"(row0)
-      : "memory");
-}
-// The same into dst of every CTA of the cluster in `mask`, each completing on its barrier at
-// offset bar.
-__device__ __forceinline__ void tma_load_multicast(uint32_t dst, const CUtensorMap* map, int k0,
-                                                   int row0, uint32_t bar, uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%4, %5}], [%2], %3;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "h"(mask), "r"(k0), "r"(row0)
-      : "memory");
-}
-
-#endif  // LOOM_MOE_WGMMA
+using tma::cluster_rank;
+using tma::cluster_sync;
+using tma::mbar_arrive_cluster;
+using tma::mbar_expect_tx;
+using tma::mbar_init;
+using tma::mbar_wait;
+using tma::tma_load;
+using tma::tma_load_multicast;
 
 // Persistent: cluster c of C takes cluster tiles c, c + C, ... in the order (row-tile group,
 // column tile), column tile fastest, so the clusters working at one time share A rows and a few
@@ -1005,31 +944,8 @@ bool tensor_core_shape(const launch::MoeSwigluArgs& a) {
          (a.gate_up == nullptr || aligned16(a.gate_up));
 }
 
-// Compute capability 9.0 (H100/H200), where the sm_90a code of the wgmma kernels runs.
-bool device_has_wgmma() {
-  int dev = 0, major = 0, minor = 0;
-  LOOM_CUDA_CHECK(cudaGetDevice(&dev));
-  LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  return major == 9 && minor == 0;
-}
-
-int current_device() {
-  int device = 0;
-  LOOM_CUDA_CHECK(cudaGetDevice(&device));
-  return device;
-}
-
-// The opt-in to more than 48 KiB of dynamic shared memory is per device: once each (bit d of
-// `done` for device d).
-template <typename Kernel>
-void allow_smem(Kernel kernel, size_t bytes, std::atomic<uint64_t>& done) {
-  const uint64_t bit = uint64_t{1} << (current_device() & 63);
-  if ((done.load(std::memory_order_acquire) & bit) != 0) return;
-  LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(bytes)));
-  done.fetch_or(bit, std::memory_order_acq_rel);
-}
+using tma::allow_smem;
+using tma::device_has_wgmma;
 
 // One GEMM of the SIMT, mma.sync or cp.async wgmma path: a block per (row-tile slot, column tile
 // of bn columns).
@@ -1059,25 +975,8 @@ void run_tiles(cudaStream_t stream, const launch::MoeSwigluArgs& a, const GemmPa
 
 // ---- TMA launches (kWgmma) ---------------------------------------------------------------------
 
-[[noreturn]] void tma_fail(const char* what, int code) {
-  std::fprintf(stderr, "%s:%d: %s failed (%d)\n", __FILE__, __LINE__, what, code);
-  std::abort();
-}
-
-// cuTensorMapEncodeTiled from the driver the runtime loaded (no link against libcuda).
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
-                                                           cudaEnableDefault, &q);
-    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || f == nullptr) {
-      tma_fail("cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)", static_cast<int>(e));
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
+using tma::resident_clusters;
+using tma::tensor_map_encoder;
 
 // A row-major bf16 matrix [rows, k] read in boxes of 64 k x 128 rows, 128-byte swizzled (the
 // layout wg::desc describes). k % 8 == 0 (rows of whole 16-byte pieces); k == 0 is never read.
@@ -1092,20 +991,8 @@ CUtensorMap tensor_map(const void* base, int64_t rows, int64_t k) {
       &m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, unit,
       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) tma_fail("cuTensorMapEncodeTiled", static_cast<int>(r));
+  if (r != CUDA_SUCCESS) tma::fail("cuTensorMapEncodeTiled", static_cast<int>(r));
   return m;
-}
-
-// Clusters of the kernel that fit on the device at once (per device, asked once).
-template <typename Kernel>
-int64_t resident_clusters(Kernel kernel, cudaLaunchConfig_t cfg, std::atomic<int>* cache) {
-  std::atomic<int>& c = cache[current_device() & 63];
-  int n = c.load(std::memory_order_acquire);
-  if (n > 0) return n;
-  LOOM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
-  if (n <= 0) tma_fail("cudaOccupancyMaxActiveClusters", n);
-  c.store(n, std::memory_order_release);
-  return n;
 }
 
 // One GEMM of the kWgmma path: a persistent grid of as many clusters as fit, or fewer when there
@@ -1169,6 +1056,8 @@ const char* moe_gemm_path_name(MoeGemmPath path) {
       return "wgmma128";
     case MoeGemmPath::kGemv:
       return "gemv";
+    case MoeGemmPath::kWgmmaFp8:
+      return "wgmma_fp8";
   }
   return "?";
 }

@@ -42,8 +42,9 @@ void moe_unpermute_combine(cudaStream_t stream, const void* y, bool y_bf16, cons
                            int64_t T, int64_t K, int64_t D, int64_t R, bool vec4);
 
 // The grouped SwiGLU's GEMM paths (kernels/cuda/moe_gemm.cu says how each works; with FP8
-// weights, kernels/cuda/moe_fp8.cu: kGemv dequantizes in registers, every other path runs on the
-// experts dequantized chunk by chunk into the scratch).
+// weights, kernels/cuda/moe_fp8.cu: kGemv dequantizes in registers, kWgmmaFp8 multiplies the
+// e4m3 weights as they are, every other path runs on the experts dequantized chunk by chunk into
+// the scratch).
 enum class MoeGemmPath : int {
   kAuto = 0,      // the fastest supported one for the shape, dtype and device
   kSimt = 1,      // f32 FMA (f32 or bf16 weights, any sizes)
@@ -51,6 +52,7 @@ enum class MoeGemmPath : int {
   kWgmma = 3,     // bf16 wgmma (as kMma, on sm_90a devices): TMA, 128 x 256 tiles, persistent
   kWgmma128 = 4,  // bf16 wgmma with cp.async, 128 x 128 tiles, two blocks per SM
   kGemv = 5,      // warp per weight row, f32 arithmetic (as kMma, <= 4096 experts): decode shapes
+  kWgmmaFp8 = 6,  // FP8 weights only, sm_90a: block-scaled FP8 wgmma on e4m3 x and h (D, I % 16)
 };
 // Up to this many rows (slots) kAuto takes kGemv outside batch-invariant mode: a decode step of
 // up to 8 tokens at top-8. Past it the tensor-core tiles fill the GPU.

@@ -23,6 +23,7 @@
 #include "kernels/cuda/gemm_fp8.h"
 #include "kernels/cuda/gemm_fp8_launch.h"
 #include "kernels/gemm.h"
+#include "tests/gpu/cublaslt_fp8_plain.h"
 #include "tests/gpu/fp8_test_support.h"
 #include "tests/gpu/gpu_test_support.h"
 
@@ -31,15 +32,6 @@ namespace {
 
 constexpr double kHbmGBs = 4800.0;        // H200 HBM3e, datasheet
 constexpr double kFp8DenseTFlops = 1979;  // H200 SXM FP8 dense, datasheet
-
-#define BENCH_LT_CHECK(call)                                                               \
-  do {                                                                                     \
-    const cublasStatus_t st_ = (call);                                                     \
-    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                    \
-      std::fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #call, (int)st_); \
-      std::abort();                                                                        \
-    }                                                                                      \
-  } while (0)
 
 // With a workspace, as the engine runs linear_forward: the dequantize-to-bf16 path takes its copy
 // from it instead of allocating one per call.
@@ -87,50 +79,6 @@ double time_ms(const std::function<void()>& fn, int iters) {
       stream(), [&](int) { fn(); }, iters, 3, [] { pad()(); });
 }
 
-// cuBLASLt's plain FP8 GEMM, row-major out[m, n] = x[m, k] w[n, k]^T (bf16 out), tensor-wide
-// scales left at 1: what the block scaling is compared with.
-struct PlainFp8 {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  PlainFp8(int64_t m, int64_t n, int64_t k) {
-    BENCH_LT_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    BENCH_LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    BENCH_LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    BENCH_LT_CHECK(cublasLtMatrixLayoutCreate(&a, CUDA_R_8F_E4M3, k, n, k));
-    BENCH_LT_CHECK(cublasLtMatrixLayoutCreate(&b, CUDA_R_8F_E4M3, k, m, k));
-    BENCH_LT_CHECK(cublasLtMatrixLayoutCreate(&c, CUDA_R_16BF, n, m, n));
-    cublasLtMatmulPreference_t pref = nullptr;
-    BENCH_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const uint64_t ws = cuda::blas_lt_context(0).workspace_bytes;
-    BENCH_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    cublasLtMatmulHeuristicResult_t r{};
-    int found = 0;
-    BENCH_LT_CHECK(cublasLtMatmulAlgoGetHeuristic(cuda::blas_lt_context(0).handle, op, a, b, c, c,
-                                                  pref, 1, &r, &found));
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (found == 0) {
-      std::fprintf(stderr, "plain FP8 cuBLASLt: no algorithm\n");
-      std::abort();
-    }
-    algo = r.algo;
-  }
-  ~PlainFp8() {
-    cublasLtMatrixLayoutDestroy(c);
-    cublasLtMatrixLayoutDestroy(b);
-    cublasLtMatrixLayoutDestroy(a);
-    cublasLtMatmulDescDestroy(op);
-  }
-  void run(const void* w, const void* xq, void* out) const {
-    const float alpha = 1.0f, beta = 0.0f;
-    const cuda::BlasLtContext& lt = cuda::blas_lt_context(0);
-    BENCH_LT_CHECK(cublasLtMatmul(lt.handle, op, &alpha, w, a, xq, b, &beta, out, c, out, c, &algo,
-                                  lt.workspace, lt.workspace_bytes, stream()));
-  }
-};
-
 double g_copy_gbs = 0.0;     // this run's device copy
 double g_fp8_tflops = 0.0;   // this run's plain FP8 cuBLASLt 8192^3
 double g_bf16_tflops = 0.0;  // this run's bf16 linear_forward 8192^3
@@ -152,9 +100,9 @@ void bench_ceilings() {
   const Tensor w8 = random_device({s, s}, DType::kF8E4M3),
                x8 = random_device({s, s}, DType::kF8E4M3);
   Tensor out = Tensor::empty({s, s}, DType::kBF16, Device::kCuda);
-  const PlainFp8 plain(s, s, s);
+  const fp8bench::PlainFp8 plain(s, s, s);
   const double fms = median_event_ms(
-      stream(), [&](int) { plain.run(w8.raw(), x8.raw(), out.raw()); }, 10, 3);
+      stream(), [&](int) { plain.run(w8.raw(), x8.raw(), out.raw(), stream()); }, 10, 3);
   g_fp8_tflops = 2.0 * s * s * s / (fms * 1e9);
   emit_gpubench("cublaslt_fp8_plain_8192^3_ceiling", g_fp8_tflops, "TFLOP/s", kFp8DenseTFlops, fms);
 
@@ -205,8 +153,9 @@ void bench_shape(int64_t N, int64_t K) {
       // The plain FP8 GEMM on already-quantized x (no quantization pass, no block scales), and
       // the quantization pass alone.
       const Tensor xq = random_device({M, K}, DType::kF8E4M3);
-      const PlainFp8 plain(M, N, K);
-      const double pms = time_ms([&] { plain.run(w8.raw(), xq.raw(), out.raw()); }, iters);
+      const fp8bench::PlainFp8 plain(M, N, K);
+      const double pms =
+          time_ms([&] { plain.run(w8.raw(), xq.raw(), out.raw(), stream()); }, iters);
       report("cublaslt_fp8_plain" + rows, M, N, K, 1, pms);
       Tensor q = Tensor::empty({M, K}, DType::kU8, Device::kCuda);
       Tensor s = Tensor::empty({(K + 127) / 128, M}, DType::kF32, Device::kCuda);

@@ -104,36 +104,8 @@ Tensor to_bf16(const Tensor& f32) {
 }
 Tensor upload(const Tensor& f32, bool bf16) { return cuda::to_device(bf16 ? to_bf16(f32) : f32); }
 
-// The CPU twin of launch::quantize_fp8_groups (same f32 operations: amax, amax / 448, the f32
-// quotient rounded to nearest even e4m3, saturated).
-struct GroupQuant {
-  std::vector<uint8_t> q;  // [m, k]
-  std::vector<float> s;    // [g * m + r]
-  Tensor xq;               // f32 [m, k]: the dequantized values s_g * f32(q)
-};
-GroupQuant quantize_groups(const Tensor& x) {
-  const int64_t m = x.dim(0), k = x.dim(1), groups = (k + kFp8BlockSize - 1) / kFp8BlockSize;
-  GroupQuant g{std::vector<uint8_t>(m * k), std::vector<float>(groups * m), Tensor::empty({m, k})};
-  const float* lut = f8e4m3_table();
-  for (int64_t r = 0; r < m; ++r) {
-    for (int64_t b = 0; b < groups; ++b) {
-      const int64_t c0 = b * kFp8BlockSize, c1 = std::min(k, c0 + kFp8BlockSize);
-      float amax = 0.0f;
-      for (int64_t c = c0; c < c1; ++c)
-        amax = std::max(amax, std::fabs(x.data<float>()[r * k + c]));
-      float s = amax / kFp8E4M3Max;
-      if (!(s > 0.0f)) s = 1.0f;
-      g.s[b * m + r] = s;
-      for (int64_t c = c0; c < c1; ++c) {
-        const float quotient = x.data<float>()[r * k + c] / s;
-        const uint8_t q = f32_to_f8e4m3(static_cast<double>(quotient));
-        g.q[r * k + c] = q;
-        g.xq.data<float>()[r * k + c] = lut[q] * s;
-      }
-    }
-  }
-  return g;
-}
+using fp8test::GroupQuant;
+using fp8test::quantize_groups;
 
 // The rows of an m-row output checked against the double oracle: all of them up to 64, else the
 // first, the last four, the middle and 12 random ones.
