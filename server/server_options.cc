@@ -1,5 +1,6 @@
 #include "server/server_options.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "absl/flags/flag.h"
@@ -46,6 +47,12 @@ ABSL_FLAG(int, max_model_len, -1,
 ABSL_FLAG(int, max_n, 4,
           "Most choices (n) per request, up to 16: each choice prefills and decodes on its own.");
 ABSL_FLAG(bool, enable_prefix_cache, true, "Reuse cached prompt prefixes across requests.");
+ABSL_FLAG(
+    int, checkpoint_interval, -1,
+    "With the prefix cache, a model with linear-attention layers keeps their state every N "
+    "blocks of 64 tokens (a hit resumes from the last one), and a prefill chunk ends at each. "
+    "-1: by device, 8 on the CPU and --max_num_batched_tokens / 64 on a GPU, whose prefill "
+    "runs at tensor-core rates only in long chunks.");
 ABSL_FLAG(uint64_t, seed, 0, "Seed for requests that bring none (0: random).");
 ABSL_FLAG(bool, deterministic, false,
           "Batch-invariant numerics: a request's tokens and logprobs are bit-identical alone or "
@@ -154,6 +161,10 @@ void apply_device_defaults(Device device, EngineOptions& engine) {
   const bool gpu = !device.is_cpu();
   if (engine.max_num_batched_tokens == kByDevice) engine.max_num_batched_tokens = gpu ? 8192 : 2048;
   if (engine.max_model_len == kByDevice) engine.max_model_len = gpu ? 0 : 8192;
+  if (engine.checkpoint_interval == kByDevice) {
+    engine.checkpoint_interval =
+        gpu ? std::max(1, engine.max_num_batched_tokens / engine.page_size) : 8;
+  }
 }
 
 absl::StatusOr<ServerOptions> server_options_from_flags() {
@@ -185,6 +196,7 @@ absl::StatusOr<ServerOptions> server_options_from_flags() {
   o.engine.deterministic = absl::GetFlag(FLAGS_deterministic);
   o.engine.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   o.engine.enable_prefix_cache = absl::GetFlag(FLAGS_enable_prefix_cache);
+  o.engine.checkpoint_interval = absl::GetFlag(FLAGS_checkpoint_interval);
   o.engine.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   o.engine.session_ttl_s = absl::GetFlag(FLAGS_session_ttl_s);
   o.engine.session_max_bytes = absl::GetFlag(FLAGS_session_max_mb) << 20;
@@ -243,6 +255,8 @@ absl::StatusOr<ServerOptions> server_options_from_flags() {
   if (o.engine.max_num_batched_tokens < 1 && o.engine.max_num_batched_tokens != kByDevice)
     return bad("max_num_batched_tokens", "must be >= 1 (or -1: by device)");
   if (o.engine.max_num_seqs < 1) return bad("max_num_seqs", "must be >= 1");
+  if (o.engine.checkpoint_interval < 1 && o.engine.checkpoint_interval != kByDevice)
+    return bad("checkpoint_interval", "must be >= 1 (or -1: by device)");
   if (o.engine.max_model_len < 0 && o.engine.max_model_len != kByDevice)
     return bad("max_model_len", "must be >= 0 (or -1: by device)");
   if (o.engine.max_n < 1 || o.engine.max_n > kMaxN) {

@@ -67,8 +67,8 @@ struct ServerOptions {
 };
 
 // Reads the flags. InvalidArgument naming the flag when a value is out of range. The limits whose
-// default depends on the device (--max_num_batched_tokens, --max_model_len) stay kByDevice until
-// apply_device_defaults runs with the parsed --device.
+// default depends on the device (--max_num_batched_tokens, --max_model_len, --checkpoint_interval)
+// stay kByDevice until apply_device_defaults runs with the parsed --device.
 absl::StatusOr<ServerOptions> server_options_from_flags();
 
 // The value of a limit left to the device.
@@ -76,7 +76,10 @@ inline constexpr int kByDevice = -1;
 // Resolves the kByDevice limits: the CPU's bound one request's prefill, whose cost grows faster
 // than linearly with the prompt (max_num_batched_tokens 2048, max_model_len 8192); a GPU's take
 // prefill chunks of 8192 tokens (tensor-core rates for the GEMMs and MLA's expanded form) and the
-// model's own context (max_model_len 0). Limits set explicitly are left as they are.
+// model's own context (max_model_len 0). The prefix cache's linear-state checkpoint interval,
+// which ends a prefill chunk at each checkpoint: 8 blocks (512 tokens) on the CPU, a whole step's
+// tokens on a GPU (512-token chunks made a prefix-cached prefill on an H200 ~3x slower than one
+// without the cache). Limits set explicitly are left as they are.
 void apply_device_defaults(Device device, EngineOptions& engine);
 
 }  // namespace loom

@@ -14,6 +14,7 @@
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(int, max_model_len);
 ABSL_DECLARE_FLAG(int, max_num_batched_tokens);
+ABSL_DECLARE_FLAG(int, checkpoint_interval);
 ABSL_DECLARE_FLAG(int64_t, prefix_offload_mb);
 
 namespace loom {
@@ -42,10 +43,32 @@ TEST(ServerOptions, LimitsDefaultByDevice) {
   apply_device_defaults(Device::cuda(0), gpu);
   EXPECT_EQ(gpu.max_num_batched_tokens, 8192);
   EXPECT_EQ(gpu.max_model_len, 0);  // the model's max_position_embeddings
+  EXPECT_EQ(o->engine.checkpoint_interval, kByDevice);
+  EXPECT_EQ(cpu.checkpoint_interval, 8);
+  EXPECT_EQ(gpu.checkpoint_interval, 8192 / 64);  // a checkpoint a full prefill chunk
+}
+
+TEST(ServerOptions, CheckpointIntervalFollowsTheStepOnAGpu) {
+  absl::SetFlag(&FLAGS_max_num_batched_tokens, 1000);
+  absl::StatusOr<ServerOptions> o = server_options_from_flags();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EngineOptions gpu = o->engine, cpu = o->engine;
+  apply_device_defaults(Device::cuda(0), gpu);
+  EXPECT_EQ(gpu.checkpoint_interval, 15);  // whole 64-token blocks of a step
+  apply_device_defaults(Device::kCpu, cpu);
+  EXPECT_EQ(cpu.checkpoint_interval, 8);
+  absl::SetFlag(&FLAGS_max_num_batched_tokens, 40);  // less than a block: every block
+  o = server_options_from_flags();
+  ASSERT_TRUE(o.ok()) << o.status();
+  gpu = o->engine;
+  apply_device_defaults(Device::cuda(0), gpu);
+  EXPECT_EQ(gpu.checkpoint_interval, 1);
+  absl::SetFlag(&FLAGS_max_num_batched_tokens, -1);
 }
 
 TEST(ServerOptions, ExplicitLimitsStay) {
   absl::SetFlag(&FLAGS_max_num_batched_tokens, 512);
+  absl::SetFlag(&FLAGS_checkpoint_interval, 3);
   absl::SetFlag(&FLAGS_max_model_len, 0);
   absl::StatusOr<ServerOptions> o = server_options_from_flags();
   ASSERT_TRUE(o.ok()) << o.status();
@@ -54,9 +77,11 @@ TEST(ServerOptions, ExplicitLimitsStay) {
     apply_device_defaults(d, e);
     EXPECT_EQ(e.max_num_batched_tokens, 512);
     EXPECT_EQ(e.max_model_len, 0);
+    EXPECT_EQ(e.checkpoint_interval, 3);
   }
   absl::SetFlag(&FLAGS_max_num_batched_tokens, -1);
   absl::SetFlag(&FLAGS_max_model_len, -1);
+  absl::SetFlag(&FLAGS_checkpoint_interval, -1);
 }
 
 TEST(ServerOptions, OutOfRangeLimitsAreRefused) {
@@ -70,6 +95,13 @@ TEST(ServerOptions, OutOfRangeLimitsAreRefused) {
   EXPECT_FALSE(o.ok());
   EXPECT_NE(o.status().message().find("--max_num_batched_tokens"), std::string::npos) << o.status();
   absl::SetFlag(&FLAGS_max_num_batched_tokens, -1);
+  for (int bad : {0, -2}) {
+    absl::SetFlag(&FLAGS_checkpoint_interval, bad);
+    o = server_options_from_flags();
+    EXPECT_FALSE(o.ok()) << bad;
+    EXPECT_NE(o.status().message().find("--checkpoint_interval"), std::string::npos) << o.status();
+  }
+  absl::SetFlag(&FLAGS_checkpoint_interval, -1);
 }
 
 TEST(ServerOptions, PrefixOffloadInMib) {

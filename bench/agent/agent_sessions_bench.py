@@ -406,10 +406,61 @@ def plot(rows, path, title):
     os.remove(data)
 
 
+def merge_runs(a, p):
+    """--merge: the rows of earlier runs' JSON outputs as one result. The runs must have replayed
+    the same trace (same id, seed, size and turns) and no mode twice."""
+    runs = []
+    for path in a.merge:
+        try:
+            with open(path) as f:
+                runs.append(json.load(f))
+        except (OSError, ValueError) as e:
+            p.error("--merge %s: %s" % (path, e))
+    trace = runs[0]["trace"]
+    rows, modes, failed = [], [], []
+    for path, r in zip(a.merge, runs):
+        if r["trace"] != trace:
+            p.error("--merge %s: another trace (%r, not %r)" % (path, r["trace"], trace))
+        dup = [m for m in r["settings"]["modes"] if m in modes]
+        if dup:
+            p.error("--merge %s: mode %s is in an earlier run too" % (path, ",".join(dup)))
+        modes += r["settings"]["modes"]
+        rows += r["turns"]
+        if r["failed"]:
+            failed.append(r["failed"])
+    conv = agent_trace.generate(trace["seed"], trace["target_tokens"], trace["turns"],
+                                trace["chars_per_token"])
+    if conv["id"] != trace["id"]:
+        p.error("--merge: the trace's conversation could not be regenerated (a --trace file's?)")
+    summary = analyse(rows)
+    result = {"trace": trace, "merged": [dict(r["settings"], wall_s=r["wall_s"]) for r in runs],
+              "wall_s": sum(r["wall_s"] for r in runs), "failed": "; ".join(failed) or None,
+              "prompt_mismatches": [m for r in runs for m in r["prompt_mismatches"]],
+              "summary": summary, "turns": rows}
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(result, f, indent=1)
+    model = os.path.basename(runs[0]["settings"]["model"].rstrip("/"))
+    title = "%s, %d-turn agent trace of ~%d tokens" % (model, trace["turns"],
+                                                       trace["approx_tokens"])
+    text = markdown(conv, rows, summary, a, "### " + title)
+    if a.markdown:
+        with open(a.markdown, "a") as f:
+            f.write(text)
+    if a.plot and rows:
+        plot(rows, a.plot, title)
+    print(text)
+    return 1 if failed else 0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--server", required=True, help="the loom-server binary")
-    p.add_argument("--model", required=True, help="model directory it serves")
+    p.add_argument("--server", help="the loom-server binary")
+    p.add_argument("--model", help="model directory it serves")
+    p.add_argument("--merge", nargs="+", metavar="JSON",
+                   help="no replay: one table, fit and plot from the --json outputs of earlier "
+                   "runs of the same trace (e.g. one mode a run where one device holds one "
+                   "server at a time); writes --json, --markdown, --plot")
     p.add_argument("--server_args", default="", help="more loom-server flags (space-separated)")
     p.add_argument("--trace", help="agent_trace.py JSONL; default: generate one from the flags below")
     p.add_argument("--conversation", type=int, default=0, help="line of --trace to replay")
@@ -440,10 +491,14 @@ def main(argv=None):
         p.error("--modes takes a comma-separated subset of %s, got %r" % (",".join(MODES), a.modes))
     if a.output_tokens < 1:
         p.error("--output_tokens must be >= 1")
-    if not os.access(a.server, os.X_OK):
-        p.error("--server %s is not an executable" % a.server)
     if a.plot and not shutil.which("gnuplot"):
         p.error("--plot needs gnuplot (Debian gnuplot-nox)")
+    if a.merge:
+        return merge_runs(a, p)
+    if not a.server or not a.model:
+        p.error("--server and --model are required (unless --merge)")
+    if not os.access(a.server, os.X_OK):
+        p.error("--server %s is not an executable" % a.server)
     try:
         if a.trace:
             with open(a.trace) as f:

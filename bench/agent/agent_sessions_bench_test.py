@@ -80,6 +80,34 @@ def main():
         md = f.read()
     check(md.count("\n| 3 |") == 1 and "sessions TTFT ms" in md, "markdown table")
 
+    # --merge: the run split into one JSON a mode (as runs on a device that holds one server at a
+    # time write them) gives back the same rows, fits and table.
+    parts = []
+    for m in ("sessions", "prefix", "none"):
+        part = dict(res, turns=[r for r in rows if r["mode"] == m],
+                    settings=dict(res["settings"], modes=[m]))
+        parts.append(os.path.join(a.tmp, "agent-%s.json" % m))
+        with open(parts[-1], "w") as f:
+            json.dump(part, f)
+    merged_json = os.path.join(a.tmp, "merged.json")
+    merged = subprocess.run(bench + ["--merge"] + parts + ["--json", merged_json],
+                            capture_output=True, text=True, timeout=60)
+    check(merged.returncode == 0, "merge exit %d %s" % (merged.returncode, merged.stderr[-300:]))
+    with open(merged_json) as f:
+        mres = json.load(f)
+    check(sorted(map(json.dumps, mres["turns"])) == sorted(map(json.dumps, rows)), "merged rows")
+    check(mres["summary"] == res["summary"], "merged fits")
+    check(md.split("### ")[1].split("\n", 1)[1] in merged.stdout, "merged table")
+    twice = subprocess.run(bench + ["--merge", parts[0], parts[0]], capture_output=True, text=True,
+                           timeout=60)
+    check(twice.returncode == 2 and "earlier run" in twice.stderr, "a mode merged twice")
+    other = dict(json.load(open(parts[1])), trace=dict(res["trace"], seed=7))
+    with open(parts[1], "w") as f:
+        json.dump(other, f)
+    diff = subprocess.run(bench + ["--merge", parts[0], parts[1]], capture_output=True, text=True,
+                          timeout=60)
+    check(diff.returncode == 2 and "another trace" in diff.stderr, "runs of another trace")
+
     for extra, words in [(["--modes", "sessions,bogus"], "--modes"),
                          (["--turns", "30", "--target_tokens", "100"], "too small"),
                          (["--output_tokens", "0"], "--output_tokens")]:
