@@ -55,24 +55,25 @@ class GdnMixer final : public Mixer {
     copy_columns(ctx.ex, ba, 0, beta);
     copy_columns(ctx.ex, ba, hv, a);
 
-    Tensor q = ctx.take({n, hk, dk}), k = ctx.take({n, hk, dk});
-    Tensor v = ctx.take({n, hv, dv});
-    Tensor g = ctx.take({n, hv, 1}, DType::kF32);  // log decays: f32 (their cumsum is long)
+    Tensor o = ctx.take({n, hv, dv});
     if (linear_attention_is_decode(ctx, n)) {
-      // A decode step: KDA's fused preparation (one decay per head), the same bits.
-      linear_attention_decode_prepare(ctx, qkv, conv_, layer, a, a_log_, dt_bias_,
-                                      /*lower_bound=*/0.0f, beta, q, k, v, g);
+      // A decode step: KDA's fused step (one decay per head, the output gated by silu(z)), one
+      // kernel on CUDA with the bits of the separate ops.
+      linear_attention_decode_step(ctx, qkv, conv_, layer, a, a_log_, dt_bias_,
+                                   /*lower_bound=*/0.0f, beta, norm_, eps_, z, /*gate_silu=*/true,
+                                   o);
     } else {
+      Tensor q = ctx.take({n, hk, dk}), k = ctx.take({n, hk, dk});
+      Tensor v = ctx.take({n, hv, dv});
+      Tensor g = ctx.take({n, hv, 1}, DType::kF32);  // log decays: f32 (their cumsum is long)
       linear_attention_conv_qkv(ctx, qkv, conv_, layer, q, k, v);
       sigmoid_inplace(ctx.ex, beta);
       kda_gate_forward(ctx.ex, a, a_log_, dt_bias_, /*lower_bound=*/0.0f, g.reshape({n, hv}));
+      linear_attention_delta_rule(ctx, q, k, v, g, beta, layer, o);
+      Tensor o_rows = o.reshape({n * hv, dv});
+      rmsnorm_forward(ctx.ex, o_rows, norm_, eps_, 0.0f, o_rows);
+      mul_silu_inplace(ctx.ex, o_rows, z);
     }
-
-    Tensor o = ctx.take({n, hv, dv});
-    linear_attention_delta_rule(ctx, q, k, v, g, beta, layer, o);
-    Tensor o_rows = o.reshape({n * hv, dv});
-    rmsnorm_forward(ctx.ex, o_rows, norm_, eps_, 0.0f, o_rows);
-    mul_silu_inplace(ctx.ex, o_rows, z);
     linear_forward(ctx.ex, o.reshape({n, cv_}), o_proj_, out);
   }
 

@@ -82,26 +82,26 @@ class KdaMixer final : public Mixer {
     linear_forward(ctx.ex, x, qkv_proj_, qkv);
     if (overlap) join_side_stream(ctx.ex, side);
 
-    Tensor q = ctx.take({n, hk, dk}), k = ctx.take({n, hk, dk});
-    Tensor v = ctx.take({n, hv, dv});
-    Tensor g = ctx.take({n, hv, dk}, DType::kF32);  // log decays: f32 (their cumsum is long)
+    Tensor o = ctx.take({n, hv, dv});
     if (linear_attention_is_decode(ctx, n)) {
-      // A decode step: convolution, split, norms, gate and sigmoid(beta) in one kernel on CUDA
-      // (six launch-bound kernels otherwise), with their bits.
-      linear_attention_decode_prepare(ctx, qkv, conv_, layer, f, a_log_, dt_bias_,
-                                      cfg_.gate_lower_bound, beta, q, k, v, g);
+      // A decode step: convolution, split, norms, gates, recurrence and the gated output norm in
+      // one kernel on CUDA (three launch-bound kernels otherwise, nine before any fusion), with
+      // their bits. A step that mixes prefill rows takes the path below for all of its rows.
+      linear_attention_decode_step(ctx, qkv, conv_, layer, f, a_log_, dt_bias_,
+                                   cfg_.gate_lower_bound, beta, o_norm_, eps_, gate,
+                                   /*gate_silu=*/false, o);
     } else {
+      Tensor q = ctx.take({n, hk, dk}), k = ctx.take({n, hk, dk});
+      Tensor v = ctx.take({n, hv, dv});
+      Tensor g = ctx.take({n, hv, dk}, DType::kF32);  // log decays: f32 (their cumsum is long)
       linear_attention_conv_qkv(ctx, qkv, conv_, layer, q, k, v);
       kda_gate_forward(ctx.ex, f, a_log_, dt_bias_, cfg_.gate_lower_bound, g.reshape({n, hv * dk}));
       sigmoid_inplace(ctx.ex, beta);
+      linear_attention_delta_rule(ctx, q, k, v, g, beta, layer, o);
+      // RMSNorm per head times sigmoid(gate): one kernel, the bits of the norm then the multiply.
+      Tensor o_rows = o.reshape({n * hv, dv});
+      rmsnorm_gated_forward(ctx.ex, o_rows, o_norm_, eps_, gate, o_rows);
     }
-
-    Tensor o = ctx.take({n, hv, dv});
-    linear_attention_delta_rule(ctx, q, k, v, g, beta, layer, o);
-
-    // RMSNorm per head times sigmoid(gate): one kernel, the bits of the norm then the multiply.
-    Tensor o_rows = o.reshape({n * hv, dv});
-    rmsnorm_gated_forward(ctx.ex, o_rows, o_norm_, eps_, gate, o_rows);
     linear_forward(ctx.ex, o.reshape({n, cv_}), o_proj_, out);
   }
 

@@ -6,6 +6,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/kda.h"
 #include "kernels/kda_backward.h"
+#include "kernels/kda_decode_step.h"
 #include "kernels/norm.h"
 
 namespace loom {
@@ -37,14 +38,31 @@ bool linear_attention_is_decode(const ForwardContext& ctx, int64_t rows) {
   return batch.max_seqlen == 1 && batch.cu_seqlens.defined() && batch.cu_seqlens.dim(0) == rows + 1;
 }
 
-void linear_attention_decode_prepare(const ForwardContext& ctx, const Tensor& qkv,
-                                     const Tensor& conv_weight, int layer, const Tensor& f,
-                                     const Tensor& A_log, const Tensor& dt_bias, float lower_bound,
-                                     const Tensor& beta, const Tensor& q, const Tensor& k,
-                                     const Tensor& v, const Tensor& g) {
+void linear_attention_decode_step(const ForwardContext& ctx, const Tensor& qkv,
+                                  const Tensor& conv_weight, int layer, const Tensor& f,
+                                  const Tensor& A_log, const Tensor& dt_bias, float lower_bound,
+                                  const Tensor& beta, const Tensor& norm_weight, float norm_eps,
+                                  const Tensor& gate, bool gate_silu, const Tensor& o) {
   const BatchLayout& batch = ctx.batch;
-  kda_decode_prepare(ctx.ex, qkv, conv_weight, batch.store->conv_states(layer), batch.state_slots,
-                     f, A_log, dt_bias, lower_bound, kQkNormEps, beta, q, k, v, g);
+  KdaDecodeStep s;
+  s.qkv = qkv;
+  s.conv_weight = conv_weight;
+  s.conv_states = batch.store->conv_states(layer);
+  s.state_slots = batch.state_slots;
+  s.f = f;
+  s.A_log = A_log;
+  s.dt_bias = dt_bias;
+  s.lower_bound = lower_bound;
+  s.qk_eps = kQkNormEps;
+  s.beta = beta;
+  s.cu_seqlens = batch.cu_seqlens;
+  s.states = batch.store->recurrent_states(layer);
+  s.scale = 1.0f / std::sqrt(static_cast<float>(s.states.dim(2)));
+  s.norm_weight = norm_weight;
+  s.norm_eps = norm_eps;
+  s.gate = gate;
+  s.gate_silu = gate_silu;
+  kda_decode_step(ctx.ex, s, o);
 }
 
 void linear_attention_delta_rule(const ForwardContext& ctx, const Tensor& q, const Tensor& k,

@@ -21,15 +21,18 @@ void linear_attention_conv_qkv(const ForwardContext& ctx, const Tensor& qkv,
 // (ctx.batch.max_seqlen == 1 and as many sequences as rows), so row b is sequence b.
 bool linear_attention_is_decode(const ForwardContext& ctx, int64_t rows);
 
-// For a pure decode batch (linear_attention_is_decode): linear_attention_conv_qkv, then the decay
-// gate g = kda_gate_forward(f, A_log, dt_bias, lower_bound) and beta = sigmoid(beta) in place, as
-// one kda_decode_prepare (one kernel on CUDA, the bits of the separate ops).
-// f: [N, Hv*dk] (or [N, Hv]: one decay per head); g: f32 of f's numel; beta: [N, Hv].
-void linear_attention_decode_prepare(const ForwardContext& ctx, const Tensor& qkv,
-                                     const Tensor& conv_weight, int layer, const Tensor& f,
-                                     const Tensor& A_log, const Tensor& dt_bias, float lower_bound,
-                                     const Tensor& beta, const Tensor& q, const Tensor& k,
-                                     const Tensor& v, const Tensor& g);
+// A pure decode batch (linear_attention_is_decode) from the projections to the gated output norm:
+// linear_attention_conv_qkv, the decay gate g = kda_gate_forward(f, A_log, dt_bias, lower_bound),
+// beta = sigmoid(beta), linear_attention_delta_rule, then per (row, value head) RMSNorm(o) times
+// sigmoid(gate) (KDA), or silu(gate) when gate_silu (GDN), into o, as one kda_decode_step
+// (kernels/kda_decode_step.h: one kernel on CUDA, the bits of the separate ops).
+// f: [N, Hv*dk] (or [N, Hv]: one decay per head); beta: [N, Hv], left unspecified; o: [N, Hv, dv];
+// gate: o's numel; norm_weight: [dv].
+void linear_attention_decode_step(const ForwardContext& ctx, const Tensor& qkv,
+                                  const Tensor& conv_weight, int layer, const Tensor& f,
+                                  const Tensor& A_log, const Tensor& dt_bias, float lower_bound,
+                                  const Tensor& beta, const Tensor& norm_weight, float norm_eps,
+                                  const Tensor& gate, bool gate_silu, const Tensor& o);
 
 // Runs the delta rule per sequence: the chunked form for prefill chunks, the token recurrence for
 // a few tokens (decode) and in batch-invariant mode (kda_varlen_takes_recurrence).

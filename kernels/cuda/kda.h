@@ -5,6 +5,7 @@
 #include "core/tensor.h"
 #include "kernels/cuda/check.h"
 #include "kernels/exec.h"
+#include "kernels/kda_decode_step.h"
 
 namespace loom::cuda {
 
@@ -27,5 +28,10 @@ void kda_decode_prepare(const Exec& ex, const Tensor& qkv, const Tensor& conv_we
 // One kernel (kernels/cuda/kda_gated_norm.cu), a warp a row.
 void rmsnorm_gated_forward(const Exec& ex, const Tensor& x, const Tensor& w, float eps,
                            const Tensor& gate, const Tensor& out);
+
+// kernels/kda_decode_step.h's fused kernel (kernels/cuda/kda_decode_step.cu): whether it applies
+// (kda_decode_step_is_fused's conditions, on a CUDA exec), and the launch, which requires them.
+bool kda_decode_step_applies(const Exec& ex, const KdaDecodeStep& s, const Tensor& out);
+void kda_decode_step(const Exec& ex, const KdaDecodeStep& s, const Tensor& out);
 
 }  // namespace loom::cuda

@@ -79,4 +79,10 @@ void kda_decode_batched_bf16(cudaStream_t stream, const void* q, const void* k, 
                              int64_t num_slots, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv,
                              bool scalar_g, int layout = 0);
 
+// The layout kda_decode_batched's `layout = 0` picks for B rows of Hv heads of dv columns when
+// its vector condition holds (dv % 4 == 0, 16-byte aligned state, v and out): 3 (64-column tiles)
+// when they give every SM several blocks, else 1 (16-column tiles). kda_decode_step takes the
+// same one, hence the same reduction order.
+int kda_decode_auto_layout(int64_t B, int64_t Hv, int64_t dv);
+
 }  // namespace loom::cuda::launch

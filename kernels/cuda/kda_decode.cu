@@ -461,11 +461,7 @@ void decode_batched(cudaStream_t stream, const In* q, const In* k, const In* v, 
     if (!vec) {
       layout = 6;
     } else {
-      // Enough 64-column tiles to give every SM several: the widest tile that measured best at
-      // B >= 64 (256-byte row segments, 8 warps). Fewer heads (B = 1: 64 such blocks for 132
-      // SMs): 16-column tiles, 4x the blocks, so the whole state is requested at once.
-      const int64_t blocks64 = B * Hv * ((dv + 63) / 64);
-      layout = blocks64 >= 4 * sm_count() ? 3 : 1;
+      layout = launch::kda_decode_auto_layout(B, Hv, dv);
     }
   }
   if (!vec && layout != 6) {
@@ -510,6 +506,14 @@ void decode_batched(cudaStream_t stream, const In* q, const In* k, const In* v, 
 }  // namespace
 
 namespace launch {
+
+int kda_decode_auto_layout(int64_t B, int64_t Hv, int64_t dv) {
+  // Enough 64-column tiles to give every SM several: the widest tile that measured best at
+  // B >= 64 (256-byte row segments, 8 warps). Fewer heads (B = 1: 64 such blocks for 132
+  // SMs): 16-column tiles, 4x the blocks, so the whole state is requested at once.
+  const int64_t blocks64 = B * Hv * ((dv + 63) / 64);
+  return blocks64 >= 4 * sm_count() ? 3 : 1;
+}
 
 void kda_decode_batched(cudaStream_t stream, const float* q, const float* k, const float* v,
                         const float* g, const float* beta, float scale, float* state_pool,

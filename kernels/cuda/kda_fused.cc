@@ -2,9 +2,12 @@
 // (kernels/cuda/kda_fused_launch.h). Each also works out which reduction the separate norm kernel
 // would take for the same rows (launch::norm_order), which the fused kernel then replays.
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/kda.h"
+#include "kernels/cuda/kda_chunked_launch.h"
 #include "kernels/cuda/kda_fused_launch.h"
 
 namespace loom::cuda {
@@ -15,7 +18,150 @@ bool aligned16(const Tensor& t) { return (reinterpret_cast<uintptr_t>(t.raw()) &
 // The elements of norm.cu's 16-byte units for these operand types (bf16_io.cuh's kVecWidth).
 int vec_width(bool any_bf16) { return any_bf16 ? 8 : 4; }
 
+// LOOM_KDA_FUSED_DECODE=0 sends kda_decode_step to its composition (the A/B switch for benchmarks).
+bool fused_decode_from_env() {
+  static const bool on = [] {
+    const char* v = std::getenv("LOOM_KDA_FUSED_DECODE");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on;
+}
+
+// kda_decode_step's dimensions: Hv, dk, dv from the state pool, Hk from qkv's width. Hk = 0 when
+// they do not fit together.
+struct StepDims {
+  int64_t B = 0, Hk = 0, Hv = 0, dk = 0, dv = 0;
+};
+StepDims step_dims(const KdaDecodeStep& s) {
+  StepDims d;
+  if (!s.qkv.defined() || !s.states.defined() || s.qkv.ndim() != 2 || s.states.ndim() != 4)
+    return d;
+  d.B = s.qkv.dim(0);
+  d.Hv = s.states.dim(1);
+  d.dk = s.states.dim(2);
+  d.dv = s.states.dim(3);
+  const int64_t ck2 = s.qkv.dim(1) - d.Hv * d.dv;
+  if (d.dk > 0 && ck2 > 0 && ck2 % (2 * d.dk) == 0) d.Hk = ck2 / (2 * d.dk);
+  return d;
+}
+
+// The launch arguments of kda_decode_step (every pointer; the orders the separate ops would take
+// over workspace tensors, which are 16-byte aligned).
+launch::KdaDecodeStepArgs step_args(const KdaDecodeStep& s, const StepDims& d, const Tensor& out) {
+  launch::KdaDecodeStepArgs a;
+  launch::KdaDecodePrepArgs& p = a.prep;
+  p.qkv = s.qkv.raw();
+  p.conv_w = s.conv_weight.data<float>();
+  p.conv_pool = s.conv_states.raw();
+  p.slots = s.state_slots.data<int32_t>();
+  p.f = s.f.raw();
+  p.A_log = s.A_log.data<float>();
+  p.dt_bias = s.dt_bias.defined() ? s.dt_bias.data<float>() : nullptr;
+  p.beta = s.beta.raw();
+  p.lower_bound = s.lower_bound;
+  p.qk_eps = s.qk_eps;
+  p.qk_scale = 1.0f;
+  p.B = d.B;
+  p.num_slots = s.conv_states.dim(0);
+  p.gate_width = s.f.dim(1);
+  p.Hk = static_cast<int>(d.Hk);
+  p.Hv = static_cast<int>(d.Hv);
+  p.dk = static_cast<int>(d.dk);
+  p.dv = static_cast<int>(d.dv);
+  p.W = static_cast<int>(s.conv_weight.dim(1));
+  p.act_bf16 = is_bf16(s.qkv);
+  p.pool_bf16 = is_bf16(s.conv_states);
+  p.f_bf16 = is_bf16(s.f);
+  p.beta_bf16 = is_bf16(s.beta);
+  p.q_order = launch::norm_order(d.dk, true, vec_width(p.act_bf16));
+  p.k_order = p.q_order;
+  a.state_pool = s.states.data<float>();
+  a.state_slots = s.states.dim(0);
+  a.scale = s.scale;
+  a.norm_w = s.norm_weight.data<float>();
+  a.norm_eps = s.norm_eps;
+  // rmsnorm_gated_forward / rmsnorm_forward over out's rows in place.
+  a.norm_order =
+      launch::norm_order(d.dv, aligned16(out) && aligned16(s.norm_weight), vec_width(p.act_bf16));
+  a.gate = s.gate.raw();
+  a.gate_silu = s.gate_silu;
+  a.out = out.raw();
+  a.layout = launch::kda_decode_auto_layout(d.B, d.Hv, d.dv);
+  return a;
+}
+
 }  // namespace
+
+bool kda_decode_step_applies(const Exec& ex, const KdaDecodeStep& s, const Tensor& out) {
+  if (!ex.device.is_cuda() || ex.batch_invariant || !fused_decode_from_env()) return false;
+  const StepDims d = step_dims(s);
+  if (d.Hk == 0 || d.B == 0 || d.Hv % d.Hk != 0 || d.dk > launch::kKdaDecodePrepMaxDk ||
+      d.dv % 4 != 0 || d.Hv > INT32_MAX || d.dv > INT32_MAX)
+    return false;
+  const DType act = s.qkv.dtype();
+  if ((act != DType::kF32 && act != DType::kBF16) || s.conv_states.dtype() != act ||
+      s.gate.dtype() != act || out.dtype() != act || s.states.dtype() != DType::kF32)
+    return false;
+  for (const Tensor* t : {&s.qkv, &s.conv_states, &s.states, &s.gate, &out, &s.norm_weight})
+    if (!t->defined() || !t->is_contiguous()) return false;
+  if (!aligned16(s.states) || !aligned16(out) || out.shape() != Shape({d.B, d.Hv, d.dv}) ||
+      s.gate.numel() != out.numel() || !s.f.defined() || s.f.ndim() != 2 ||
+      (s.f.dim(1) != d.Hv * d.dk && s.f.dim(1) != d.Hv) || s.conv_weight.ndim() != 2)
+    return false;
+  launch::KdaDecodeStepArgs a;  // what the shared memory depends on
+  a.prep.Hk = static_cast<int>(d.Hk);
+  a.prep.Hv = static_cast<int>(d.Hv);
+  a.prep.dk = static_cast<int>(d.dk);
+  a.prep.dv = static_cast<int>(d.dv);
+  a.prep.gate_width = s.f.dim(1);
+  a.prep.act_bf16 = act == DType::kBF16;
+  a.layout = launch::kda_decode_auto_layout(d.B, d.Hv, d.dv);
+  return launch::kda_decode_step_smem(a) <= launch::kda_decode_step_smem_limit();
+}
+
+void kda_decode_step(const Exec& ex, const KdaDecodeStep& s, const Tensor& out) {
+  const char* fn = "kda_decode_step";
+  LOOM_CHECK(kda_decode_step_applies(ex, s, out),
+             "%s: qkv %s states %s gate %s out %s: not a shape or layout the fused kernel takes",
+             fn, s.qkv.describe().c_str(), s.states.describe().c_str(), s.gate.describe().c_str(),
+             out.describe().c_str());
+  for (const Tensor* t : {&s.qkv, &s.conv_weight, &s.conv_states, &s.state_slots, &s.f, &s.A_log,
+                          &s.beta, &s.states, &s.norm_weight, &s.gate, &out})
+    LOOM_CHECK_CUDA_ARG(fn, *t);
+  LOOM_CHECK_ACT(s.f);
+  LOOM_CHECK_ACT(s.beta);
+  LOOM_CHECK_F32(s.conv_weight);
+  LOOM_CHECK_F32(s.A_log);
+  LOOM_CHECK_F32(s.norm_weight);
+  const StepDims d = step_dims(s);
+  const int64_t C = s.qkv.dim(1), W = s.conv_weight.dim(1), width = s.f.dim(1);
+  LOOM_CHECK_SHAPE(s.conv_weight, C, W);
+  LOOM_CHECK(W >= 1 && W <= INT32_MAX, "%s: conv width %lld", fn, static_cast<long long>(W));
+  LOOM_CHECK_SHAPE(s.conv_states, s.conv_states.dim(0), W - 1, C);
+  LOOM_CHECK(s.state_slots.dtype() == DType::kI32 && s.state_slots.is_contiguous() &&
+                 s.state_slots.shape() == Shape({d.B}),
+             "%s: state_slots %s, expected contiguous i32 [%lld]", fn,
+             s.state_slots.describe().c_str(), static_cast<long long>(d.B));
+  LOOM_CHECK(s.f.dim(0) == d.B && s.f.is_contiguous() && s.beta.is_contiguous(), "%s: f %s beta %s",
+             fn, s.f.describe().c_str(), s.beta.describe().c_str());
+  LOOM_CHECK(s.A_log.numel() == d.Hv, "%s: A_log %s, expected %lld heads", fn,
+             s.A_log.describe().c_str(), static_cast<long long>(d.Hv));
+  LOOM_CHECK_SHAPE(s.beta, d.B, d.Hv);
+  LOOM_CHECK(s.norm_weight.numel() == d.dv, "%s: norm_weight %s, dv %lld", fn,
+             s.norm_weight.describe().c_str(), static_cast<long long>(d.dv));
+  LOOM_CHECK(s.lower_bound <= 0.0f, "%s: lower_bound %g > 0", fn, s.lower_bound);
+  if (s.dt_bias.defined()) {
+    LOOM_CHECK_CUDA_ARG(fn, s.dt_bias);
+    LOOM_CHECK_F32(s.dt_bias);
+    LOOM_CHECK(s.dt_bias.numel() == width, "%s: dt_bias %s, f %s", fn, s.dt_bias.describe().c_str(),
+               s.f.describe().c_str());
+  }
+  // Blocks read other rows' and heads' inputs while others write out and the states.
+  for (const Tensor* in : {&s.qkv, &s.conv_states, &s.f, &s.beta, &s.gate, &s.states})
+    LOOM_CHECK(!overlaps(out, *in), "%s: out %s overlaps an input %s", fn, out.describe().c_str(),
+               in->describe().c_str());
+  launch::kda_decode_step(stream_of(ex), step_args(s, d, out));
+}
 
 void kda_decode_prepare(const Exec& ex, const Tensor& qkv, const Tensor& conv_weight,
                         const Tensor& conv_states, const Tensor& state_slots, const Tensor& f,

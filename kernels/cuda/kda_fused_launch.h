@@ -56,6 +56,34 @@ struct KdaDecodePrepArgs {
 inline constexpr int kKdaDecodePrepMaxDk = 256;
 void kda_decode_prepare(cudaStream_t stream, const KdaDecodePrepArgs& a);
 
+// kda_decode_step (kernels/cuda/kda_decode_step.cu) for B rows of one token, one launch of a block
+// per (row, key head): the preparation above (prep: q, k, v and g unused, beta read, not written),
+// the recurrence of kda_decode_batched's shared-memory layout `layout` (1 or 3:
+// kda_decode_auto_layout) over each of the key head's Hv / Hk value heads, and the output norm
+// rmsnorm_gated with gate sigmoid(gate), or silu(gate) when gate_silu (Gated DeltaNet), into out.
+//   state_pool [state_slots, Hv, dk, dv] f32 (16-byte aligned), scale: q's in the recurrence;
+//   norm_w [dv] f32, norm_order: rmsnorm_gated's order for out's rows; gate, out [B, Hv, dv] of
+//   the activation type (prep.act_bf16). Conv states of the activation type (prep.pool_bf16 ==
+//   prep.act_bf16), dv % 4 == 0, dk <= 256; smem_bytes: kda_decode_step_smem's.
+struct KdaDecodeStepArgs {
+  KdaDecodePrepArgs prep;
+  float* state_pool = nullptr;
+  int64_t state_slots = 0;
+  float scale = 1.0f;
+  const float* norm_w = nullptr;
+  float norm_eps = 0.0f;
+  NormOrder norm_order;
+  const void* gate = nullptr;
+  bool gate_silu = false;
+  void* out = nullptr;
+  int layout = 1;
+};
+// The dynamic shared memory a kda_decode_step block takes (the whole state of a head staged).
+size_t kda_decode_step_smem(const KdaDecodeStepArgs& a);
+// The most dynamic shared memory a block may have on the current device.
+size_t kda_decode_step_smem_limit();
+void kda_decode_step(cudaStream_t stream, const KdaDecodeStepArgs& a);
+
 // rmsnorm_gated: out = rmsnorm(x, w, eps, weight_offset) * sigmoid(gate), the norm rounded to
 // out's type before the multiply (as rmsnorm_forward into out, then mul_sigmoid_inplace(out)).
 // x, out [rows, d] (x_bf16, out_bf16; out may alias x with the same type), w [d] f32, gate

@@ -45,6 +45,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/elementwise.h"
 #include "kernels/kda.h"
+#include "kernels/kda_decode_step.h"
 #include "kernels/norm.h"
 #include "tests/gpu/gpu_test_support.h"
 #include "tests/gpu/twin_tolerances.h"
@@ -379,6 +380,139 @@ TEST_F(KdaFusedCuda, RmsNormGated) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// kda_decode_step: the one fused kernel against the three separate CUDA ops it replaces
+// (kda_decode_prepare, kda_varlen_forward's decode kernel, rmsnorm_gated_forward or rmsnorm_forward
+// then mul_silu_inplace) on the same device inputs: the output rows (padding rows too), the conv
+// state pool and the recurrent state pool bit for bit. Batches on both sides of the recurrence's
+// layout switch (16-column tiles below 4 blocks of 64 columns an SM, 64-column tiles above),
+// KDA (a decay per channel, sigmoid output gate) and GDN (a decay per head, two value heads a
+// key head, silu output gate), f32 and bf16 activations, conv width 4 and the any-width loop.
+struct StepCase {
+  std::string name;
+  int64_t B, Hk, Hv, dk, dv, W;
+  std::vector<int64_t> padding;  // rows with slot -1
+  bool gdn = false;
+  DType act = H;
+};
+
+// The inputs of a step on the device, fresh copies of the pools and beta each call.
+struct StepInputs {
+  Tensor qkv, w, conv0, f, a_log, bias, beta, states0, norm_w, gate, slots, cu;
+};
+
+KdaDecodeStep step_of(const StepCase& c, const StepInputs& in, const Tensor& conv,
+                      const Tensor& states, const Tensor& beta) {
+  KdaDecodeStep s;
+  s.qkv = in.qkv;
+  s.conv_weight = in.w;
+  s.conv_states = conv;
+  s.state_slots = in.slots;
+  s.f = in.f;
+  s.A_log = in.a_log;
+  s.dt_bias = in.bias;
+  s.lower_bound = c.gdn ? 0.0f : -5.0f;
+  s.qk_eps = kQkEps;
+  s.beta = beta;
+  s.cu_seqlens = in.cu;
+  s.states = states;
+  s.scale = 1.0f / std::sqrt(static_cast<float>(c.dk));
+  s.norm_weight = in.norm_w;
+  s.norm_eps = 1e-5f;
+  s.gate = in.gate;
+  s.gate_silu = c.gdn;
+  return s;
+}
+
+void run_step_case(const StepCase& c) {
+  const std::string name = "decode_step_" + c.name + "_" + tag(c.act);
+  const int64_t ck = c.Hk * c.dk, cv = c.Hv * c.dv, C = 2 * ck + cv;
+  const int64_t width = c.gdn ? c.Hv : c.Hv * c.dk, num_slots = c.B + 3;
+  StepInputs in;
+  in.qkv = dev(to_dtype(randn({c.B, C}), c.act));
+  in.w = dev(randn({C, c.W}, 0.5f));
+  in.conv0 = to_dtype(randn({num_slots, c.W - 1, C}), c.act);
+  in.f = dev(to_dtype(randn({c.B, width}, 2.0f), c.act));
+  in.a_log = dev(twin::uniform(rng(), {c.Hv}, -1.0f, 1.5f));
+  in.bias = dev(randn({width}));
+  in.beta = to_dtype(randn({c.B, c.Hv}, 2.0f), c.act);
+  in.states0 = randn({num_slots, c.Hv, c.dk, c.dv}, 0.5f);
+  in.norm_w = dev(twin::randn(rng(), {c.dv}, 0.2f, 1.0f));
+  in.gate = dev(to_dtype(randn({c.B, cv}, 2.0f), c.act));
+  std::vector<int32_t> ids(static_cast<size_t>(num_slots));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng());
+  std::vector<int32_t> slots(ids.begin(), ids.begin() + c.B);
+  for (int64_t b : c.padding) slots[static_cast<size_t>(b)] = -1;
+  in.slots = dev(i32_tensor(slots));
+  in.cu = dev(i64_iota(c.B + 1));
+
+  // Fused.
+  const Tensor conv_f = dev(in.conv0), states_f = dev(in.states0), beta_f = dev(in.beta);
+  const Tensor out_f = poisoned({c.B, c.Hv, c.dv}, c.act);
+  const KdaDecodeStep sf = step_of(c, in, conv_f, states_f, beta_f);
+  const bool fused = kda_decode_step_is_fused(gpu(), sf, out_f);
+  report(name + "_takes_fused_kernel", fused ? 0.0 : 1.0, 0.0);
+  if (!fused) return;
+  kda_decode_step(gpu(), sf, out_f);
+
+  // The separate ops.
+  const Tensor conv_s = dev(in.conv0), states_s = dev(in.states0), beta_s = dev(in.beta);
+  const Tensor out_s = poisoned({c.B, c.Hv, c.dv}, c.act);
+  const KdaDecodeStep ss = step_of(c, in, conv_s, states_s, beta_s);
+  const Tensor q = poisoned({c.B, c.Hk, c.dk}, c.act), k = poisoned({c.B, c.Hk, c.dk}, c.act);
+  const Tensor v = poisoned({c.B, c.Hv, c.dv}, c.act);
+  const Tensor g = poisoned({c.B, c.Hv, width / c.Hv}, F);
+  kda_decode_prepare(gpu(), ss.qkv, ss.conv_weight, conv_s, ss.state_slots, ss.f, ss.A_log,
+                     ss.dt_bias, ss.lower_bound, ss.qk_eps, beta_s, q, k, v, g);
+  kda_varlen_forward(gpu(), q, k, v, g, beta_s, ss.scale, states_s, ss.state_slots, in.cu, out_s,
+                     1);
+  const Tensor rows = out_s.reshape({c.B * c.Hv, c.dv});
+  if (c.gdn) {
+    rmsnorm_forward(gpu(), rows, in.norm_w, ss.norm_eps, 0.0f, rows);
+    mul_silu_inplace(gpu(), rows, in.gate);
+  } else {
+    rmsnorm_gated_forward(gpu(), rows, in.norm_w, ss.norm_eps, in.gate, rows);
+  }
+
+  report(name + "_out_vs_separate", static_cast<double>(differing(out_f, out_s)), 0.0);
+  report(name + "_conv_states_vs_separate", static_cast<double>(differing(conv_f, conv_s)), 0.0);
+  report(name + "_states_vs_separate", static_cast<double>(differing(states_f, states_s)), 0.0);
+  // The states moved at all (a kernel that wrote nothing would match a separate path that did
+  // the same), and no output is NaN.
+  report(name + "_states_unchanged",
+         c.padding.size() == static_cast<size_t>(c.B)
+             ? 0.0
+             : (differing(states_f, dev(in.states0)) > 0 ? 0.0 : 1.0),
+         0.0);
+  const Tensor o = host(out_f).to_f32();
+  int64_t nan = 0;
+  for (int64_t i = 0; i < o.numel(); ++i) nan += std::isnan(o.data<float>()[i]) ? 1 : 0;
+  report(name + "_out_nan", static_cast<double>(nan), 0.0);
+}
+
+TEST_F(KdaFusedCuda, DecodeStep) {
+  const std::vector<StepCase> cases = {
+      // The 48B model's head shape at batch 1 and 8 (16-column tiles).
+      {"B1_H4_dk128_dv128", 1, 4, 4, 128, 128, 4, {}},
+      {"B8_H4_dk128_dv128_pad", 8, 4, 4, 128, 128, 4, {3}},
+      // 9 x 32 heads x 2 tiles of 64 columns = 576 blocks >= 4 x 132 SMs: 64-column tiles.
+      {"B9_H32_dk128_dv128", 9, 32, 32, 128, 128, 4, {5}},
+      // Small heads, f32 (the norms' 4-wide units), a tile group past dv.
+      {"B5_H3_dk72_dv40", 5, 3, 3, 72, 40, 4, {1}, false, F},
+      {"B5_H3_dk72_dv40", 5, 3, 3, 72, 40, 4, {1}},
+      // The any-width convolution; dk 256 (the norm's largest head), dv 64.
+      {"B3_H2_dk64_dv64_W5", 3, 2, 2, 64, 64, 5, {}},
+      {"B3_H2_dk256_dv64", 3, 2, 2, 256, 64, 4, {2}},
+      // Gated DeltaNet: two value heads a key head, a decay per head, silu gate.
+      {"gdn_B6_Hk2_Hv4_dk128_dv128", 6, 2, 4, 128, 128, 4, {2}, true},
+      {"gdn_B40_Hk4_Hv8_dk128_dv128", 40, 4, 8, 128, 128, 4, {0, 39}, true, F},
+      {"gdn_B1_Hk16_Hv32_dk128_dv128", 1, 16, 32, 128, 128, 4, {}, true},
+      {"B2_padding_only", 2, 2, 2, 128, 128, 4, {0, 1}},
+  };
+  for (const StepCase& c : cases) run_step_case(c);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Timing (CUDA events, median of 200 after warm-up): the fused decode preparation and gated norm
 // against the separate kernels, at a 48B Kimi-Linear layer's shape (32 heads of 128, W = 4, bf16)
 // for B = 1, 8 and 64. Prints "KDAFUSEDBENCH <name> <fused us> <separate us>".
@@ -426,6 +560,35 @@ TEST_F(KdaFusedCuda, Timing) {
     });
     std::printf("KDAFUSEDBENCH rmsnorm_gated_B%lld %.2f %.2f\n", static_cast<long long>(B),
                 gated * 1e3, pair * 1e3);
+    // The whole step: one fused kernel against prepare, recurrence and gated norm.
+    const Tensor states = dev(randn({B, Hv, dk, dv}, 0.5f));
+    const Tensor out = poisoned({B, Hv, dv}, H);
+    KdaDecodeStep st;
+    st.qkv = qkv;
+    st.conv_weight = w;
+    st.conv_states = pool;
+    st.state_slots = slots;
+    st.f = f;
+    st.A_log = a_log;
+    st.dt_bias = bias;
+    st.beta = beta;
+    st.cu_seqlens = cu;
+    st.states = states;
+    st.scale = 1.0f / std::sqrt(static_cast<float>(dk));
+    st.norm_weight = on;
+    st.gate = gate_v;
+    EXPECT_TRUE(kda_decode_step_is_fused(gpu(), st, out));
+    const double step = ms([&] { kda_decode_step(gpu(), st, out); });
+    const Tensor g3 = g.reshape({B, Hv, dk});
+    const double three = ms([&] {
+      kda_decode_prepare(gpu(), qkv, w, pool, slots, f, a_log, bias, 0.0f, kQkEps, beta, q, k, v,
+                         g);
+      kda_varlen_forward(gpu(), q, k, v, g3, beta, st.scale, states, slots, cu, out, 1);
+      rmsnorm_gated_forward(gpu(), out.reshape({B * Hv, dv}), on, 1e-6f, gate_v,
+                            out.reshape({B * Hv, dv}));
+    });
+    std::printf("KDAFUSEDBENCH decode_step_B%lld %.2f %.2f\n", static_cast<long long>(B),
+                step * 1e3, three * 1e3);
     std::fflush(stdout);
   }
 }
