@@ -39,7 +39,8 @@ struct KdaDecodeStep {
 void kda_decode_step(const Exec& ex, const KdaDecodeStep& s, const Tensor& out);
 
 // True when kda_decode_step(ex, s, out) runs as the one fused kernel: CUDA outside batch-invariant
-// mode (whose recurrence is another kernel), qkv, conv_states, gate and out of one dtype, dv a
+// mode (whose recurrence is another kernel), at most one wave of its blocks (B x Hk <= two an SM:
+// past that the separate kernels are faster), qkv, conv_states, gate and out of one dtype, dv a
 // multiple of 4, dk <= 256, 16-byte aligned states and out, a head's state within a block's
 // shared memory, and LOOM_KDA_FUSED_DECODE not "0" (the A/B switch). False on the host.
 bool kda_decode_step_is_fused(const Exec& ex, const KdaDecodeStep& s, const Tensor& out);

@@ -403,6 +403,16 @@ size_t kda_decode_step_smem_limit() {
   return n;
 }
 
+int64_t kda_decode_step_wave_blocks() {
+  static const int64_t n = [] {
+    int dev = 0, count = 0;
+    LOOM_CUDA_CHECK(cudaGetDevice(&dev));
+    LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev));
+    return int64_t{2} * count;  // __launch_bounds__(kThreads, 2)
+  }();
+  return n;
+}
+
 void kda_decode_step(cudaStream_t stream, const KdaDecodeStepArgs& a) {
   const KdaDecodePrepArgs& p = a.prep;
   if (p.B == 0) return;

@@ -95,8 +95,9 @@ launch::KdaDecodeStepArgs step_args(const KdaDecodeStep& s, const StepDims& d, c
 bool kda_decode_step_applies(const Exec& ex, const KdaDecodeStep& s, const Tensor& out) {
   if (!ex.device.is_cuda() || ex.batch_invariant || !fused_decode_from_env()) return false;
   const StepDims d = step_dims(s);
-  if (d.Hk == 0 || d.B == 0 || d.Hv % d.Hk != 0 || d.dk > launch::kKdaDecodePrepMaxDk ||
-      d.dv % 4 != 0 || d.Hv > INT32_MAX || d.dv > INT32_MAX)
+  if (d.Hk == 0 || d.B == 0 || d.B * d.Hk > launch::kda_decode_step_wave_blocks() ||
+      d.Hv % d.Hk != 0 || d.dk > launch::kKdaDecodePrepMaxDk || d.dv % 4 != 0 || d.Hv > INT32_MAX ||
+      d.dv > INT32_MAX)
     return false;
   const DType act = s.qkv.dtype();
   if ((act != DType::kF32 && act != DType::kBF16) || s.conv_states.dtype() != act ||
