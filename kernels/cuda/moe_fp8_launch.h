@@ -27,7 +27,11 @@ inline constexpr int64_t kMoeFp8GemvRowsPerExpert = 4;
 // columns, W8A8) outside batch-invariant mode from this many rows per expert on average, where
 // each expert's rows fill at least one 128-row tile. Below it, past the GEMV, the experts'
 // dequantized copies run on the bf16 tensor cores (W8A16, the numbers the FP8 fixture's model
-// bounds assume).
+// bounds assume: DeepSeek-V3's activation quantization moves that untrained model's logits by 0.39
+// to 0.52 relative L2, ../shared/fixtures/README.md). It is a fidelity choice, not a speed one: on
+// the H200 at the 48B shape kWgmmaFp8 is faster than the copies at every size measured (0.80
+// against 3.64 ms at 8 rows per expert, 1.18 against 4.20 at 128) and than the GEMV from 2 rows
+// per expert (0.93 against 1.98 ms at 64 tokens, its first version); bench/results/gpu-h200.md.
 inline constexpr int64_t kMoeFp8BlockRowsPerExpert = 128;
 
 // One grouped GEMM of the kWgmmaFp8 path (kernels/cuda/moe_fp8_wgmma.cu; the SwiGLU runs the dual
@@ -37,8 +41,9 @@ inline constexpr int64_t kMoeFp8BlockRowsPerExpert = 128;
 //   f32(b[e, n, k])
 // over the 128-column blocks kb of K (the inner sums on the FP8 tensor cores, the outer one f32).
 // Single (b1 null): out[r, n] = acc (f32, or rounded to bf16). Dual (b0 = W_gate, b1 = W_up):
-// g and u, h = silu(g) * u quantized per row and 128 columns with quantize_fp8_groups's operations
-// into h_q and h_scales (the next GEMM's a and a_scales), g and u into gate_up when not null.
+// g and u, h = silu(g) * u quantized per row and 128 columns as quantize_fp8_groups does (scale
+// amax / 448; the quotient as h * (448 / amax), within an f32 ulp of h / scale) into h_q and
+// h_scales (the next GEMM's a and a_scales), g and u into gate_up when not null.
 // Rows of no expert are never written.
 struct MoeFp8BlockGemm {
   const uint8_t* a = nullptr;        // [R, K] e4m3
@@ -55,7 +60,7 @@ struct MoeFp8BlockGemm {
   float* h_scales = nullptr;  // dual: [ceil(N / 128), R]
   float* gate_up = nullptr;   // dual: [2, R, N] f32 or null
 };
-// An sm_90 device, K and N multiples of 16, 16-byte aligned tensors.
+// An sm_90 device, K > 0 and N multiples of 16, 16-byte aligned tensors.
 bool moe_fp8_block_gemm_supported(const MoeFp8BlockGemm& g);
 void moe_fp8_block_gemm(cudaStream_t stream, const MoeFp8BlockGemm& g);
 
