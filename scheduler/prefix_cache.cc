@@ -299,6 +299,7 @@ PrefixCache::Match PrefixCache::match(std::span<const int32_t> tokens,
     cur = i;
     if (!m.opt.has_checkpoints || n.checkpoint.valid() || n.ckpt_out) best = b + 1;
   }
+  out.shared_length = static_cast<int32_t>(path.size()) * m.opt.block_size;
   if (best == 0) return out;
   const uint64_t t = ++m.clock;
   for (int32_t b = 0; b < best; ++b) m.set_tick(path[b], t);

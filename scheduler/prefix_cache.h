@@ -80,6 +80,11 @@ class PrefixCache {
     int32_t offloaded_pages = 0;        // empty handles in `pages`
     bool offloaded_checkpoint = false;  // the checkpoint at `length` is in the offload tier
     std::vector<int32_t> entries;       // the matched entries, for restore()
+    // Tokens of the longest chain of cached blocks the tokens begin with (their pages present or
+    // offloaded), checkpoint or not: >= length. Beyond `length` they were computed by an earlier
+    // request that went on differently (a shared system prompt) or whose checkpoint was evicted:
+    // a checkpoint there would let the next request sharing them hit (the scheduler places one).
+    int32_t shared_length = 0;
   };
   // Longest reusable prefix of `tokens`: every block's page exists and, with checkpoints, a
   // checkpoint exists at exactly the prefix end (on the device or, with offload, in the tier).

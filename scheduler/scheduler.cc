@@ -253,7 +253,7 @@ struct Scheduler::Impl {
     // The first chunk (the rule of chunk_len: every pending checkpoint lies past m.length) and the
     // pages it needs beyond the match's (those of the match still offloaded included).
     auto first_chunk = [&] {
-      ckpts = checkpoint_positions(known, m.length);
+      ckpts = checkpoint_positions(known, m.length, m.shared_length);
       n = std::min(known - m.length, budget);
       if (!ckpts.empty()) n = std::min(n, ckpts.front() - m.length);
       need = cfg.has_attention_layers ? kv->pages_for_tokens(m.length + n) -
@@ -297,13 +297,16 @@ struct Scheduler::Impl {
   }
 
   // Checkpoint positions of a prefill of `known` tokens from `start`: every checkpoint_interval-th
-  // block boundary and the last full block's end, past `start`.
-  std::vector<int32_t> checkpoint_positions(int32_t known, int32_t start) const {
+  // block boundary, the end of the prefix the cache holds without a checkpoint (`shared`, the
+  // match's shared_length: where this prompt departs from an earlier one, so that the next prompt
+  // sharing it hits however sparse the interval) and the last full block's end, past `start`.
+  std::vector<int32_t> checkpoint_positions(int32_t known, int32_t start, int32_t shared) const {
     std::vector<int32_t> ckpts;
     if (!use_ckpts()) return ckpts;
     const int32_t last_full = known / bs();
     for (int32_t b = 1; b <= last_full; ++b) {
-      if ((b % cfg.checkpoint_interval == 0 || b == last_full) && b * bs() > start) {
+      if ((b % cfg.checkpoint_interval == 0 || b == last_full || b * bs() == shared) &&
+          b * bs() > start) {
         ckpts.push_back(b * bs());
       }
     }
@@ -362,7 +365,7 @@ struct Scheduler::Impl {
   int32_t resume(Req* r, ParkedSequence& p, int32_t budget) {
     const int32_t known = static_cast<int32_t>(r->tokens.size());
     const int32_t start = p.num_computed;
-    std::vector<int32_t> ckpts = checkpoint_positions(known, start);
+    std::vector<int32_t> ckpts = checkpoint_positions(known, start, /*shared=*/0);
     int32_t n = std::min(known - start, budget);
     if (!ckpts.empty()) n = std::min(n, ckpts.front() - start);
     if (cfg.has_attention_layers) {

@@ -239,6 +239,55 @@ TEST(Scheduler, PrefillChunksEndAtCheckpointPositions) {
   EXPECT_EQ(a.plan().seqs[0].state_slot, -1);
 }
 
+// With sparse checkpoints (only at a prompt's last full block), a prompt that departs from a
+// cached one inside a shared prefix (a system prompt) gets a checkpoint where the shared blocks
+// end, so the next prompt sharing them resumes there instead of computing everything.
+TEST(Scheduler, CheckpointWhereAPromptDepartsFromACachedOne) {
+  const uint32_t seed = scheduler_testing::test_seed();
+  SCOPED_TRACE(scheduler_testing::seed_note(seed));
+  std::mt19937 rng(seed);
+  for (const Kind& k : {kKinds[0], kKinds[2]}) {
+    SCOPED_TRACE(k.name);
+    SchedulerConfig c = make_config(k, 64, 8, 4096, 4);
+    c.checkpoint_interval = 100;
+    Driver d(c, rng());
+    const auto system = random_tokens(rng, 300);  // 4 full blocks (256 tokens) and 44 more
+    auto with_tail = [&](int n) {
+      auto t = system;
+      for (int i = 0; i < n; ++i) t.push_back(static_cast<int32_t>(1000 + rng() % 997));
+      return t;
+    };
+    // The first prompt: one chunk to its last full block (448), its checkpoint there.
+    ASSERT_TRUE(d.add(1, with_tail(200), 2).ok());
+    ASSERT_EQ(d.step(), "");
+    EXPECT_EQ(d.plan().seqs[0].tokens.size(), 448u);
+    drain(d);
+    // The second shares 256 tokens of whole blocks with it but no checkpoint: it starts from 0
+    // and ends its first chunk at 256 with a checkpoint.
+    ASSERT_TRUE(d.add(2, with_tail(100), 2).ok());
+    const std::vector<std::pair<int, int>> want = {{0, 256}, {256, 384}, {384, 400}};
+    for (auto [begin, end] : want) {
+      ASSERT_EQ(d.step(), "");
+      ASSERT_EQ(d.plan().seqs.size(), 1u);
+      const SeqPlan& q = d.plan().seqs[0];
+      EXPECT_EQ(q.start_pos, begin);
+      EXPECT_EQ(q.start_pos + static_cast<int>(q.tokens.size()), end);
+      EXPECT_EQ(q.save_to_slot >= 0, end % kPage == 0) << end;
+      EXPECT_EQ(q.fresh_state, begin == 0);
+    }
+    drain(d);
+    // The third resumes from that checkpoint.
+    ASSERT_TRUE(d.add(3, with_tail(150), 2).ok());
+    ASSERT_EQ(d.step(), "");
+    const SeqPlan& q = d.plan().seqs[0];
+    EXPECT_EQ(q.start_pos, 256);
+    EXPECT_GE(q.restore_from_slot, 1);
+    EXPECT_FALSE(q.fresh_state);
+    drain(d);
+    EXPECT_EQ(d.check_outputs(), "");
+  }
+}
+
 // Tiny page pool: decodes run out of pages, the lowest-priority request is preempted and later
 // recomputed; every stream still equals the oracle with each token streamed exactly once.
 TEST(Scheduler, PreemptionRecomputeKeepsOutputs) {
