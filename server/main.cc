@@ -222,6 +222,16 @@ int main(int argc, char** argv) {
                                     ? options->engine.cache_budget_bytes >> 20
                                     : (*engine)->memory_plan()->cache_budget_bytes >> 20) *
                                (*engine)->num_ranks()));
+    // A prefill chunk ends at every linear-state checkpoint: the interval trades prefix-hit
+    // granularity for chunk length (docs/operations.md, --checkpoint_interval).
+    if (!options->engine.enable_prefix_cache) {
+      std::printf("loom-server: prefix cache off\n");
+    } else {
+      std::printf(
+          "loom-server: prefix cache on; linear-state checkpoints (models with linear-attention "
+          "layers) every %d tokens, at each prompt's last full block and where prompts diverge\n",
+          options->engine.checkpoint_interval * options->engine.page_size);
+    }
   }
 
   loom::Metrics metrics;
