@@ -44,8 +44,9 @@ bool is_act(DType t) { return t == DType::kF32 || t == DType::kBF16; }
 bool is_pool(DType t) { return is_act(t) || t == DType::kF8E4M3; }
 
 // LOOM_MLA_SYNC_HANDOFF=1 puts every call's wgmma MLA kernel on the bar.sync handoff
-// (AttnArgs::sync_handoff): tests/gpu/run.sh sets it under compute-sanitizer's racecheck, which
-// does not follow the default bar.arrive side and reports hazards there (bench/results).
+// (AttnArgs::sync_handoff): tests/gpu/sanitize.sh sets it under compute-sanitizer's racecheck,
+// which follows neither the default bar.arrive side nor the fp8 raw ring's mbarriers and reports
+// hazards there (bench/results).
 bool sync_handoff_from_env() {
   static const bool on = [] {
     const char* v = std::getenv("LOOM_MLA_SYNC_HANDOFF");

@@ -345,12 +345,19 @@ namespace launch {
 
 MoeSwigluPlan moe_fp8_swiglu_plan(const MoeSwigluArgs& a, MoeGemmPath path) {
   const bool gemv = a.E <= gv8::kMaxExperts && a.R < 65536;
+  // kAuto's kWgmmaFp8 plan also reserves what the largest call below it takes (the copies, up to
+  // the dequantization budget): the engine sizes its workspace by a step at the largest batch
+  // (core/workspace.h), so no smaller step may take more scratch than a larger one.
+  size_t reserve = 0;
   if (path == MoeGemmPath::kAuto) {
     const int64_t gemv_rows = std::max(kMoeGemvAutoRows, kMoeFp8GemvRowsPerExpert * a.E);
     if (gemv && !a.batch_invariant && a.R <= gemv_rows) {
       path = MoeGemmPath::kGemv;
     } else if (!a.batch_invariant && a.R >= kMoeFp8BlockRowsPerExpert * a.E && block_supported(a)) {
       path = MoeGemmPath::kWgmmaFp8;
+      MoeSwigluArgs below = a;
+      below.R = kMoeFp8BlockRowsPerExpert * a.E - 1;
+      if (below.R > 0) reserve = moe_fp8_swiglu_plan(below, MoeGemmPath::kAuto).scratch_bytes;
     } else {
       // The bf16 plan on the copies picks the tensor-core path (or SIMT where they cannot run).
       path = moe_swiglu_plan(chunk_args(a, true), MoeGemmPath::kAuto).path;
@@ -365,7 +372,7 @@ MoeSwigluPlan moe_fp8_swiglu_plan(const MoeSwigluArgs& a, MoeGemmPath path) {
   }
   if (path == MoeGemmPath::kWgmmaFp8) {
     plan.ok = block_supported(a);
-    plan.scratch_bytes = block_scratch(a).total;
+    plan.scratch_bytes = std::max(block_scratch(a).total, reserve);
     return plan;
   }
   const bool f32_copy = path == MoeGemmPath::kSimt;

@@ -42,8 +42,9 @@ inline constexpr int64_t kMoeFp8BlockRowsPerExpert = 128;
 // over the 128-column blocks kb of K (the inner sums on the FP8 tensor cores, the outer one f32).
 // Single (b1 null): out[r, n] = acc (f32, or rounded to bf16). Dual (b0 = W_gate, b1 = W_up):
 // g and u, h = silu(g) * u quantized per row and 128 columns as quantize_fp8_groups does (scale
-// amax / 448; the quotient as h * (448 / amax), within an f32 ulp of h / scale) into h_q and
-// h_scales (the next GEMM's a and a_scales), g and u into gate_up when not null.
+// amax / 448; the quotient as h * (448 / amax), within an f32 ulp of h / scale, or h / scale
+// where 448 / amax overflows) into h_q and h_scales (the next GEMM's a and a_scales), g and u
+// into gate_up when not null.
 // Rows of no expert are never written.
 struct MoeFp8BlockGemm {
   const uint8_t* a = nullptr;        // [R, K] e4m3

@@ -67,6 +67,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe_fp8_launch.h"
@@ -406,6 +407,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           const bool zero = !(amax > 0.0f);
           const float scale = zero ? 1.0f : amax / kE4m3Max;
           const float inv = zero ? 1.0f : kE4m3Max / amax;
+          // 448 / amax overflows below amax = 448 / FLT_MAX (~1.3e-36): there h / scale, as the
+          // quantizer computes everywhere (inf would make 0 * inf = NaN codes).
+          const bool divide = !(inv <= FLT_MAX);
           if (row >= row_end) continue;
           const int64_t i0 = static_cast<int64_t>(row) * p.N;
           uint8_t* hq = static_cast<uint8_t*>(p.h) + i0;
@@ -413,7 +417,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int j = 0; j < 16; ++j) {
             const int col = n0 + 8 * j + 2 * c;
             if (col >= p.N) continue;  // N even: the pair is in or out together
-            const float2 qv = make_float2(hv[2 * j] * inv, hv[2 * j + 1] * inv);
+            const float2 qv = divide ? make_float2(hv[2 * j] / scale, hv[2 * j + 1] / scale)
+                                     : make_float2(hv[2 * j] * inv, hv[2 * j + 1] * inv);
             *reinterpret_cast<uint16_t*>(hq + col) =
                 static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(qv, __NV_SATFINITE, __NV_E4M3));
             if (p.gate_up) {

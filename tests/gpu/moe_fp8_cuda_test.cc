@@ -646,5 +646,60 @@ TEST_F(MoeFp8Cuda, BlockScaledSwigluComposition) {
   report("moe_fp8_block_auto_taken_in_invariant_mode", ran_inv == "wgmma_fp8" ? 1 : 0, 0);
 }
 
+// The engine sizes its workspace by one step at the largest batch (core/workspace.h): kAuto's
+// plan may never ask for more scratch at fewer rows. Below kMoeFp8BlockRowsPerExpert rows per
+// expert the experts' dequantized copies run (scratch up to the dequantization budget), above it
+// kWgmmaFp8 (a few bytes a row), so its plan reserves the copies' too. Plans read no memory: the
+// pointers stand in with the alignment the workspace gives.
+TEST_F(MoeFp8Cuda, AutoPlanScratchNeverExceedsTheLargestStep) {
+  namespace launch = cuda::launch;
+  const auto stand_in = reinterpret_cast<void*>(uintptr_t{256});
+  struct Shape {
+    int64_t E, D, I, top_k;
+  };
+  for (const Shape sh :
+       {Shape{256, 2304, 1024, 8}, Shape{128, 2048, 768, 8}, Shape{8, 400, 272, 2}}) {
+    for (const int64_t tokens_max : {int64_t{2048}, int64_t{8192}, int64_t{16384}}) {
+      const auto plan = [&](int64_t tokens) {
+        launch::MoeSwigluArgs a;
+        a.x = a.w_gate = a.w_up = a.w_down = stand_in;
+        a.y = stand_in;
+        a.offsets = static_cast<const int32_t*>(stand_in);
+        a.s_gate = a.s_up = a.s_down = static_cast<const float*>(stand_in);
+        a.fp8 = true;
+        a.x_bf16 = a.y_bf16 = true;
+        a.R = tokens * sh.top_k;
+        a.D = sh.D;
+        a.I = sh.I;
+        a.E = sh.E;
+        return launch::moe_swiglu_plan(a, launch::MoeGemmPath::kAuto);
+      };
+      const launch::MoeSwigluPlan top = plan(tokens_max);
+      size_t worst = 0;
+      int64_t worst_tokens = 0;
+      for (int64_t t = 1; t <= tokens_max; t += std::max<int64_t>(1, tokens_max / 512)) {
+        const launch::MoeSwigluPlan p = plan(t);
+        if (p.scratch_bytes > worst) worst = p.scratch_bytes, worst_tokens = t;
+      }
+      // Just below and at the block path's threshold, where the paths change.
+      for (int64_t r : {launch::kMoeFp8BlockRowsPerExpert * sh.E - 1,
+                        launch::kMoeFp8BlockRowsPerExpert * sh.E}) {
+        const int64_t t = r / sh.top_k;
+        if (t < 1 || t > tokens_max) continue;
+        const launch::MoeSwigluPlan p = plan(t);
+        if (p.scratch_bytes > worst) worst = p.scratch_bytes, worst_tokens = t;
+      }
+      char tag_buf[64];
+      std::snprintf(tag_buf, sizeof tag_buf, "E%lld_max%lld", static_cast<long long>(sh.E),
+                    static_cast<long long>(tokens_max));
+      const std::string tag = tag_buf;
+      std::printf("GPUINFO moe_fp8_auto_scratch_%s top %s %zu worst %zu at %lld tokens\n",
+                  tag.c_str(), launch::moe_gemm_path_name(top.path), top.scratch_bytes, worst,
+                  static_cast<long long>(worst_tokens));
+      report("moe_fp8_auto_scratch_" + tag, worst > top.scratch_bytes ? 1 : 0, 0);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace loom
