@@ -543,11 +543,27 @@ absl::Status read_grpo(const json& g, GrpoOptions& o) {
 absl::StatusOr<RlConfig> parse_rl_config(std::string_view text) {
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError("run config: not valid JSON");
-  LOOM_RETURN_IF_ERROR(
-      only_keys(j, "rl",
-                {"model", "env", "rollout", "grpo", "groups_per_step", "group_size", "steps",
-                 "optimizer", "balance", "routing_warnings", "warm_start", "replay", "engine",
-                 "routing_replay", "out", "checkpoint_every", "seed", "device", "time_limit_s"}));
+  LOOM_RETURN_IF_ERROR(only_keys(j, "rl",
+                                 {"model",
+                                  "env",
+                                  "rollout",
+                                  "grpo",
+                                  "groups_per_step",
+                                  "group_size",
+                                  "steps",
+                                  "optimizer",
+                                  "balance",
+                                  "routing_warnings",
+                                  "warm_start",
+                                  "replay",
+                                  "engine",
+                                  "routing_replay",
+                                  "out",
+                                  "checkpoint_every",
+                                  "seed",
+                                  "device",
+                                  "time_limit_s",
+                                  "log_samples"}));
   RlConfig c;
   LOOM_RETURN_IF_ERROR(read_model(j, "rl", c.model_config, c.model_seed, c.model_checkpoint));
   if (j.contains("env")) LOOM_RETURN_IF_ERROR(read_env(j["env"], c.env));
@@ -640,6 +656,8 @@ absl::StatusOr<RlConfig> parse_rl_config(std::string_view text) {
   if (c.out.empty()) return bad("rl.out", "required (the run folder)");
   LOOM_RETURN_IF_ERROR(read(j, "checkpoint_every", "rl", c.checkpoint_every));
   if (c.checkpoint_every < 0) return bad("rl.checkpoint_every", "must be >= 0");
+  LOOM_RETURN_IF_ERROR(read(j, "log_samples", "rl", c.log_samples));
+  if (c.log_samples < 0) return bad("rl.log_samples", "must be >= 0");
   LOOM_RETURN_IF_ERROR(read(j, "seed", "rl", c.seed));
   LOOM_RETURN_IF_ERROR(read_optimizer(j, c.steps, c.optimizer));
   LOOM_RETURN_IF_ERROR(read_balance(j, c.optimizer));

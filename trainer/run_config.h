@@ -117,6 +117,9 @@ struct RlConfig {
   std::string out;               // run folder: metrics.jsonl, checkpoint-N/
   int64_t checkpoint_every = 0;  // 0: only at the end
   uint64_t seed = 0;             // tasks and sampling
+  // "log_samples": this many episodes of every step (one per group in turn) written as text to
+  // RUN/samples.jsonl, to read what the policy does; 0: none.
+  int log_samples = 0;
 };
 
 absl::StatusOr<RlConfig> parse_rl_config(std::string_view json_text);

@@ -1,12 +1,14 @@
-// RL.json's device, engine.weight_dtype and time_limit_s (trainer/run_config.h, issue 20's GPU
-// half): parsed and validated as RUN.json's device is, unsupported combinations refused with the
-// field named, and a short CPU run with a bf16 rollout engine (the trainer's f32 weights rounded at
-// every sync) that a time limit ends after its first step, checkpoint written.
+// RL.json's device, engine.weight_dtype, time_limit_s and log_samples (trainer/run_config.h,
+// issue 20's GPU half): parsed and validated as RUN.json's device is, unsupported combinations
+// refused with the field named, and a short CPU run with a bf16 rollout engine (the trainer's f32
+// weights rounded at every sync) that a time limit ends after its first step, checkpoint and
+// sample conversations written.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "engine/model/model.h"
 #include "nlohmann/json.hpp"
@@ -75,6 +77,9 @@ TEST(RlDeviceConfig, DeviceAndEngineDtypeParseAndRefuse) {
   j = base;
   j["time_limit_s"] = -1;
   refused(j, "rl.time_limit_s");
+  j = base;
+  j["log_samples"] = -1;
+  refused(j, "rl.log_samples");
   // Routing replay has no GPU kernel: refused with a GPU device, named.
   for (const char* mode : {"measure", "on"}) {
     j = base;
@@ -90,6 +95,7 @@ TEST(RlDeviceConfig, Bf16EngineRunOnTheCpuStopsAtItsTimeLimit) {
   json j = tiny_run(out.string());
   j["engine"] = {{"weight_dtype", "bf16"}};
   j["time_limit_s"] = 1e-9;  // passed before the second step: one step runs
+  j["log_samples"] = 3;
   auto config = parse_with(j);
   ASSERT_TRUE(config.ok()) << config.status();
   auto summary = run_rl(*config, nullptr);
@@ -106,6 +112,22 @@ TEST(RlDeviceConfig, Bf16EngineRunOnTheCpuStopsAtItsTimeLimit) {
     EXPECT_EQ(m["weight_version"], 1);  // the first sync's: the starting weights
   }
   EXPECT_EQ(steps, 1);
+  // log_samples: 3 conversations of the step, one per group in turn (2 groups: 0, 1, 0), each the
+  // chat-formatted text of its tokens with the environment's question and the model's turn.
+  std::ifstream samples(out / "samples.jsonl");
+  std::vector<int> sample_groups;
+  for (std::string line; std::getline(samples, line);) {
+    const json m = json::parse(line);
+    EXPECT_EQ(m["step"], 1);
+    sample_groups.push_back(m["group"].get<int>());
+    const std::string text = m["text"].get<std::string>();
+    EXPECT_NE(text.find("What is "), std::string::npos) << text;
+    EXPECT_NE(text.find("<|start|>assistant"), std::string::npos) << text;
+    for (const char* key :
+         {"task_seed", "reward", "advantage", "answered", "malformed", "truncated"})
+      EXPECT_TRUE(m.contains(key)) << key;
+  }
+  EXPECT_EQ(sample_groups, (std::vector<int>{0, 1, 0}));
   auto loaded = Model::load(summary->last_checkpoint, Placement{});
   EXPECT_TRUE(loaded.ok()) << loaded.status();
 }

@@ -122,6 +122,8 @@ absl::StatusOr<RlRunSummary> run_rl(const RlConfig& c, std::FILE* progress) {
   if (ec) return absl::InternalError(absl::StrCat("rl: cannot create ", c.out));
   std::ofstream metrics(fs::path(c.out) / "metrics.jsonl", std::ios::app);
   if (!metrics) return absl::InternalError(absl::StrCat("rl: cannot write in ", c.out));
+  std::ofstream samples;
+  if (c.log_samples > 0) samples.open(fs::path(c.out) / "samples.jsonl", std::ios::app);
   RlRunSummary summary;
 
   // Warm start: supervised steps on the oracle conversations of fresh episodes, scoring only the
@@ -273,6 +275,24 @@ absl::StatusOr<RlRunSummary> run_rl(const RlConfig& c, std::FILE* progress) {
       kept[g] = score_group(group, c.grpo);
       if (!kept[g]) ++dropped;
     }
+    // Samples to read: member k / groups of group k % groups, the whole conversation as text.
+    for (int k = 0; k < std::min(c.log_samples, episodes); ++k) {
+      const int g = k % c.groups_per_step;
+      const Trajectory& t = groups[g].members[k / c.groups_per_step];
+      LOOM_ASSIGN_OR_RETURN(std::string text, tok.tokenizer->decode(t.tokens));
+      samples << nlohmann::json{{"step", s},
+                                {"group", g},
+                                {"task_seed", groups[g].task_seed},
+                                {"reward", t.task_reward},
+                                {"advantage", t.advantage},
+                                {"answered", t.answered},
+                                {"malformed", t.malformed},
+                                {"truncated", t.truncated},
+                                {"text", text}}
+                     .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+              << "\n";
+    }
+    if (c.log_samples > 0) samples.flush();
     const int64_t version = engine->stats().weight_version;
     const std::vector<const TrajectoryGroup*> replayed =
         c.replay_groups > 0 ? replay.sample(c.replay_groups, version, rng)
