@@ -543,27 +543,13 @@ absl::Status read_grpo(const json& g, GrpoOptions& o) {
 absl::StatusOr<RlConfig> parse_rl_config(std::string_view text) {
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError("run config: not valid JSON");
-  LOOM_RETURN_IF_ERROR(only_keys(j, "rl",
-                                 {"model",
-                                  "env",
-                                  "rollout",
-                                  "grpo",
-                                  "groups_per_step",
-                                  "group_size",
-                                  "steps",
-                                  "optimizer",
-                                  "balance",
-                                  "routing_warnings",
-                                  "warm_start",
-                                  "replay",
-                                  "engine",
-                                  "routing_replay",
-                                  "out",
-                                  "checkpoint_every",
-                                  "seed",
-                                  "device",
-                                  "time_limit_s",
-                                  "log_samples"}));
+  // clang-format off
+  static constexpr const char* kRlKeys[] = {
+      "model", "env", "rollout", "grpo", "groups_per_step", "group_size", "steps", "optimizer",
+      "balance", "routing_warnings", "warm_start", "replay", "engine", "routing_replay", "out",
+      "checkpoint_every", "seed", "device", "time_limit_s", "log_samples"};
+  // clang-format on
+  LOOM_RETURN_IF_ERROR(only_keys(j, "rl", {std::begin(kRlKeys), std::end(kRlKeys)}));
   RlConfig c;
   LOOM_RETURN_IF_ERROR(read_model(j, "rl", c.model_config, c.model_seed, c.model_checkpoint));
   if (j.contains("env")) LOOM_RETURN_IF_ERROR(read_env(j["env"], c.env));
