@@ -576,7 +576,7 @@ absl::StatusOr<RlConfig> parse_rl_config(std::string_view text) {
   if (!(c.time_limit_s >= 0)) return bad("rl.time_limit_s", "must be >= 0 (0: no limit)");
   if (j.contains("warm_start")) {
     const json& w = j["warm_start"];
-    LOOM_RETURN_IF_ERROR(only_keys(w, "warm_start", {"steps", "batch_size", "lr"}));
+    LOOM_RETURN_IF_ERROR(only_keys(w, "warm_start", {"steps", "batch_size", "lr", "direct_share"}));
     LOOM_RETURN_IF_ERROR(read(w, "steps", "warm_start", c.warm_start_steps));
     LOOM_RETURN_IF_ERROR(read(w, "batch_size", "warm_start", c.warm_start_batch));
     LOOM_RETURN_IF_ERROR(read(w, "lr", "warm_start", c.warm_start_lr));
@@ -585,6 +585,8 @@ absl::StatusOr<RlConfig> parse_rl_config(std::string_view text) {
     if (c.warm_start_batch < 1 || c.warm_start_batch > 4096)
       return bad("warm_start.batch_size", "must be in [1, 4096]");
     LOOM_RETURN_IF_ERROR(in_range("warm_start.lr", c.warm_start_lr, 1e-12, 1));
+    LOOM_RETURN_IF_ERROR(read(w, "direct_share", "warm_start", c.warm_start_direct_share));
+    LOOM_RETURN_IF_ERROR(in_range("warm_start.direct_share", c.warm_start_direct_share, 0, 1));
   }
   if (j.contains("replay")) {
     const json& r = j["replay"];

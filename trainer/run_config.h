@@ -94,6 +94,10 @@ struct RlConfig {
   int64_t warm_start_steps = 0;
   int warm_start_batch = 4;
   double warm_start_lr = 1e-3;
+  // "direct_share": the share of demonstrations answered at once, without the tools
+  // (direct_answer_demonstration): a warm-started policy that sometimes skips the tool, so that RL
+  // has the choice to learn. 0: every demonstration uses the tools.
+  double warm_start_direct_share = 0;
   // "replay": {"capacity", "max_age", "groups"}: groups kept, their age limit in weight versions,
   // and how many are drawn into each step beside the fresh ones (0: no experience reuse).
   int replay_capacity = 0;

@@ -1,8 +1,8 @@
-// RL.json's device, engine.weight_dtype, time_limit_s and log_samples (trainer/run_config.h,
-// issue 20's GPU half): parsed and validated as RUN.json's device is, unsupported combinations
-// refused with the field named, and a short CPU run with a bf16 rollout engine (the trainer's f32
-// weights rounded at every sync) that a time limit ends after its first step, checkpoint and
-// sample conversations written.
+// RL.json's device, engine.weight_dtype, time_limit_s, log_samples and warm_start.direct_share
+// (trainer/run_config.h, issue 20's GPU half): parsed and validated as RUN.json's device is,
+// unsupported combinations refused with the field named, and a short CPU run with a bf16 rollout
+// engine (the trainer's f32 weights rounded at every sync) that a time limit ends after its first
+// step, checkpoint and sample conversations written.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -80,6 +80,17 @@ TEST(RlDeviceConfig, DeviceAndEngineDtypeParseAndRefuse) {
   j = base;
   j["log_samples"] = -1;
   refused(j, "rl.log_samples");
+  for (double share : {-0.1, 1.5}) {
+    j = base;
+    j["warm_start"]["direct_share"] = share;
+    refused(j, "warm_start.direct_share");
+  }
+  j = base;
+  j["warm_start"]["direct_share"] = 0.25;
+  auto direct = parse_with(j);
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  EXPECT_EQ(direct->warm_start_direct_share, 0.25);
+  EXPECT_EQ(plain->warm_start_direct_share, 0);
   // Routing replay has no GPU kernel: refused with a GPU device, named.
   for (const char* mode : {"measure", "on"}) {
     j = base;

@@ -5,6 +5,7 @@
 // episode; the calculator and search tools and the answer extraction on their own.
 #include <gtest/gtest.h>
 
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,35 @@ TEST(ArithmeticEnv, OnlyTheRightFinalAnswerEarns) {
   env.reset(5);
   env.step({.role = "assistant", .content = right});
   EXPECT_EQ(env.reward(), 1.0);
+}
+
+// The direct-answer warm-start demonstration: the opening messages and the final answer, no tool
+// traffic, and played through the parser it earns the same reward as the whole demonstration.
+TEST(ArithmeticEnv, DirectAnswerDemonstrationSkipsTheTools) {
+  ArithmeticEnvOptions o;
+  o.operands = 3;
+  o.ops = "+-*";
+  ArithmeticEnv env(o);
+  RetrievalEnv retrieval({.records = 20});
+  for (Environment* e : std::initializer_list<Environment*>{&env, &retrieval}) {
+    for (uint64_t seed = 1; seed <= 5; ++seed) {
+      const EnvReset start = e->reset(seed);
+      const std::vector<ChatMessage> demo = e->demonstration();
+      const std::vector<ChatMessage> direct = direct_answer_demonstration(demo);
+      ASSERT_EQ(direct.size(), start.messages.size() + 1) << seed;
+      for (size_t k = 0; k < start.messages.size(); ++k) {
+        EXPECT_EQ(direct[k].role, start.messages[k].role);
+        EXPECT_EQ(direct[k].content, start.messages[k].content);
+      }
+      EXPECT_EQ(direct.back().role, "assistant");
+      EXPECT_TRUE(direct.back().tool_calls.empty());
+      EXPECT_EQ(direct.back().content, demo.back().content);
+      const ChatMessage reply = reply_through_parser(direct, direct.size() - 1, start.tools);
+      EXPECT_TRUE(e->step(reply).done);
+      EXPECT_EQ(e->reward(), 1.0) << seed;
+    }
+  }
+  EXPECT_TRUE(direct_answer_demonstration({}).empty());
 }
 
 TEST(ArithmeticEnv, Calculator) {

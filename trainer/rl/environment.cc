@@ -41,6 +41,19 @@ absl::Status EnvironmentConfig::validate() const {
       absl::StrCat("env.name: '", name, "' (arithmetic or retrieval)"));
 }
 
+std::vector<ChatMessage> direct_answer_demonstration(
+    const std::vector<ChatMessage>& demonstration) {
+  std::vector<ChatMessage> direct;
+  for (const ChatMessage& m : demonstration) {
+    if (m.role == "assistant") break;
+    direct.push_back(m);
+  }
+  if (!demonstration.empty() && demonstration.back().role == "assistant" &&
+      demonstration.back().tool_calls.empty())
+    direct.push_back(demonstration.back());
+  return direct;
+}
+
 absl::StatusOr<std::unique_ptr<Environment>> make_environment(const EnvironmentConfig& config) {
   if (absl::Status st = config.validate(); !st.ok()) return st;
   if (config.name == "arithmetic") return std::make_unique<ArithmeticEnv>(config.arithmetic);

@@ -68,6 +68,10 @@ struct EnvironmentConfig {
   absl::Status validate() const;
 };
 
+// `demonstration` answered at once: its messages before the first assistant turn and its final
+// answer, without the tool calls and results between them (a demonstrator who skips the tools).
+std::vector<ChatMessage> direct_answer_demonstration(const std::vector<ChatMessage>& demonstration);
+
 // A fresh environment. InvalidArgument for an unknown name or bad options.
 absl::StatusOr<std::unique_ptr<Environment>> make_environment(const EnvironmentConfig& config);
 

@@ -140,7 +140,12 @@ absl::StatusOr<RlRunSummary> run_rl(const RlConfig& c, std::FILE* progress) {
       std::vector<Example> batch;
       for (int b = 0; b < c.warm_start_batch; ++b) {
         EnvReset start = env->reset(rng());
-        const ToolDialogue demo{env->demonstration(), std::move(start.tools)};
+        // Drawn only with a share, so runs without one keep their task sequence.
+        const bool direct = c.warm_start_direct_share > 0 &&
+                            std::bernoulli_distribution(c.warm_start_direct_share)(rng);
+        const ToolDialogue demo{
+            direct ? direct_answer_demonstration(env->demonstration()) : env->demonstration(),
+            std::move(start.tools)};
         LOOM_ASSIGN_OR_RETURN(Example ex, make_tool_dialogue_example(*tok.tokenizer, format, demo));
         batch.push_back(std::move(ex));
       }
