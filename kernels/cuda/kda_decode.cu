@@ -35,6 +35,7 @@
 #include "kernels/cuda/kda_chunked_launch.h"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/pdl.h"
+#include "kernels/cuda/smem_opt_in.cuh"
 
 namespace loom::cuda {
 namespace {
@@ -398,13 +399,8 @@ bool launch_smem_layout(cudaStream_t stream, const Args<In>& a) {
   LOOM_CHECK_GRID(blocks);
   const size_t smem = sizeof(float) * static_cast<size_t>(a.dk) * (C + 3);
   if (smem > 48 * 1024) {
-    static const bool raised = [] {
-      LOOM_CUDA_CHECK(cudaFuncSetAttribute(kda_decode_smem_kernel<In, LPR, WARPS>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           sizeof(float) * kMaxDk * (C + 3)));
-      return true;
-    }();
-    (void)raised;
+    static std::atomic<uint64_t> smem_done{0};
+    allow_smem(kda_decode_smem_kernel<In, LPR, WARPS>, sizeof(float) * kMaxDk * (C + 3), smem_done);
   }
   LOOM_MARK_PDL_KERNEL((kda_decode_smem_kernel<In, LPR, WARPS>));
   kda_decode_smem_kernel<In, LPR, WARPS>

@@ -37,6 +37,7 @@
 #include "kernels/cuda/kda_decode_prep.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/pdl.h"
+#include "kernels/cuda/smem_opt_in.cuh"
 
 namespace loom::cuda {
 namespace {
@@ -362,13 +363,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 template <int KW, typename TX, class L>
 void launch_step(cudaStream_t stream, const KdaDecodeStepArgs& a, size_t smem) {
-  static const bool raised = [] {
-    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kda_decode_step_kernel<KW, TX, L>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(launch::kda_decode_step_smem_limit())));
-    return true;
-  }();
-  (void)raised;
+  static std::atomic<uint64_t> smem_done{0};
+  allow_smem(kda_decode_step_kernel<KW, TX, L>, launch::kda_decode_step_smem_limit(), smem_done);
   LOOM_MARK_PDL_KERNEL((kda_decode_step_kernel<KW, TX, L>));
   const int64_t blocks = a.prep.B * a.prep.Hk;
   kda_decode_step_kernel<KW, TX, L>

@@ -15,6 +15,7 @@
 #include <cstdlib>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/smem_opt_in.cuh"
 
 namespace loom::cuda::tma {
 
@@ -125,22 +126,9 @@ inline bool device_has_wgmma() {
   return major == 9 && minor == 0;
 }
 
-inline int current_device() {
-  int device = 0;
-  LOOM_CUDA_CHECK(cudaGetDevice(&device));
-  return device;
-}
-
-// The opt-in to more than 48 KiB of dynamic shared memory is per device: once each (bit d of
-// `done` for device d).
-template <typename Kernel>
-void allow_smem(Kernel kernel, size_t bytes, std::atomic<uint64_t>& done) {
-  const uint64_t bit = uint64_t{1} << (current_device() & 63);
-  if ((done.load(std::memory_order_acquire) & bit) != 0) return;
-  LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(bytes)));
-  done.fetch_or(bit, std::memory_order_acq_rel);
-}
+// The per-device shared-memory opt-in (smem_opt_in.cuh), under the names this header's users know.
+using ::loom::cuda::allow_smem;
+using ::loom::cuda::current_device;
 
 // Clusters of the kernel that fit on the device at once (per device, asked once; cache[64]).
 template <typename Kernel>
