@@ -67,7 +67,11 @@ void moe_route_replay(const Exec& ex, const Tensor& logits, const Tensor& replay
   if (ex.device.is_cpu()) {
     return cpu::moe_route_replay(logits, replay_ids, params, expert_ids, weights, counts);
   }
+#ifdef LOOM_WITH_CUDA
+  return cuda::moe_route_replay(ex, logits, replay_ids, params, expert_ids, weights, counts);
+#else
   no_kernel_for(ex, kOp);
+#endif
 }
 
 void moe_route_backward(const Exec& ex, const Tensor& logits, const Tensor& expert_ids,

@@ -41,7 +41,8 @@ void moe_route(const Exec& ex, const Tensor& logits, const Tensor& bias, const R
 // (checked; abort otherwise: Model::forward validates what callers pass); expert_ids: [T, K] i32
 // and weights: [T, K] f32, read and rewritten; counts: [2] i64 (written): slots replayed, and of
 // those the ones whose expert is not among the row's own selection (what expert_ids held).
-// CPU only (the trainer's forward); a CUDA tensor stops with a message naming the op.
+// CPU and CUDA (the CUDA twin reads the replayed ids without checking them: the caller validates
+// them on the host, kernels/cuda/moe.h).
 void moe_route_replay(const Exec& ex, const Tensor& logits, const Tensor& replay_ids,
                       const RouterParams& params, const Tensor& expert_ids, const Tensor& weights,
                       const Tensor& counts);

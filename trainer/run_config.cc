@@ -635,11 +635,6 @@ absl::StatusOr<RlConfig> parse_rl_config(std::string_view text) {
   } else {
     return bad("rl.routing_replay", "must be \"off\", \"measure\" or \"on\"");
   }
-  if (c.routing_replay != RoutingReplayMode::kOff && !c.device.is_cpu())
-    return bad("rl.routing_replay",
-               absl::StrCat("\"measure\" and \"on\" run on the CPU only (the replay kernel, "
-                            "moe_route_replay, has no GPU twin); set it to \"off\" with device ",
-                            device_name(c.device)));
   LOOM_RETURN_IF_ERROR(read(j, "out", "rl", c.out));
   if (c.out.empty()) return bad("rl.out", "required (the run folder)");
   LOOM_RETURN_IF_ERROR(read(j, "checkpoint_every", "rl", c.checkpoint_every));

@@ -6,6 +6,7 @@
 #include "engine/parallel/expert_dispatcher_binding.h"
 #include "kernels/activation.h"
 #include "kernels/elementwise.h"
+#include "kernels/exec.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_backward.h"
 #include "kernels/moe.h"
@@ -271,8 +272,15 @@ class MoeFfn final : public Ffn {
     moe_route(ctx.ex, logits, bias_, params_, ids, weights);
     RoutingReplay* replay = ctx.routing_replay;
     if (replay == nullptr) return;
-    const Tensor& replayed = replay->expert_ids[static_cast<size_t>(layer_)];
-    if (!replayed.defined()) return;
+    const Tensor& host_replayed = replay->expert_ids[static_cast<size_t>(layer_)];
+    if (!host_replayed.defined()) return;
+    // The replay lives on the host (validated there, routing_replay.h); a GPU forward uploads the
+    // layer's rows in stream order.
+    Tensor replayed = host_replayed;
+    if (!ctx.ex.device.is_cpu()) {
+      replayed = ctx.take(host_replayed.shape(), DType::kI32);
+      upload_async(ctx.ex, replayed.raw(), host_replayed.raw(), host_replayed.nbytes());
+    }
     Tensor counts = ctx.take({2}, DType::kI64);
     if (replay->apply) {
       moe_route_replay(ctx.ex, logits, replayed, params_, ids, weights, counts);
@@ -280,13 +288,17 @@ class MoeFfn final : public Ffn {
       // Measure only: the replay rewrites copies; the layer keeps its own routing.
       Tensor ids_copy = ctx.take(ids.shape(), DType::kI32);
       Tensor weights_copy = ctx.take(weights.shape(), DType::kF32);
-      ids_copy.copy_from(ids);
-      weights_copy.copy_from(weights);
+      copy_async(ctx.ex, ids_copy.raw(), ids.raw(), ids.nbytes());
+      copy_async(ctx.ex, weights_copy.raw(), weights.raw(), weights.nbytes());
       moe_route_replay(ctx.ex, logits, replayed, params_, ids_copy, weights_copy, counts);
     }
     if (!count_replay) return;
-    replay->replayed_slots += counts.data<int64_t>()[0];
-    replay->differing_slots += counts.data<int64_t>()[1];
+    // On a GPU the counters come back at once: a wait per MoE layer of a replayed forward (the
+    // trainer's, never the engine's).
+    int64_t c[2];
+    download(ctx.ex, c, counts.raw(), sizeof c);
+    replay->replayed_slots += c[0];
+    replay->differing_slots += c[1];
   }
 
   std::string prefix_;  // "layers.L.moe."

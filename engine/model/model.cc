@@ -129,13 +129,8 @@ absl::StatusOr<Tensor> Model::forward_store(const ForwardBatch& batch, Activatio
   ex.matmul = matmul_;
   // Validate everything before touching any cache, so a bad batch changes nothing.
   LOOM_ASSIGN_OR_RETURN(BatchLayout layout, make_layout(batch, ex, *step));
-  if (batch.routing_replay != nullptr) {
-    if (!device.is_cpu())
-      return absl::InvalidArgumentError(
-          absl::StrCat("routing replay runs on the CPU (the trainer's forward); the model is on ",
-                       device_name(device)));
+  if (batch.routing_replay != nullptr)
     LOOM_RETURN_IF_ERROR(validate_routing_replay(cfg_, *batch.routing_replay, layout.num_rows));
-  }
   if (layout.num_rows == 0) return Tensor::empty({0, cfg_.vocab_size}, DType::kF32, device);
   Tensor logits = launch_layers(ex, layout, tape, batch.routing_replay, batch.training);
   return own_ws ? logits.clone() : logits;

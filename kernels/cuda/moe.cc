@@ -177,6 +177,24 @@ void moe_route(const Exec& ex, const Tensor& logits, const Tensor& bias, const R
                     params.routed_scaling, expert_ids.data<int32_t>(), weights.data<float>());
 }
 
+void moe_route_replay(const Exec& ex, const Tensor& logits, const Tensor& replay_ids,
+                      const RouterParams& params, const Tensor& expert_ids, const Tensor& weights,
+                      const Tensor& counts) {
+  static constexpr const char* kOp = "moe_route_replay";
+  check_args(kOp, {{"logits", logits, DType::kF32},
+                   {"replay_ids", replay_ids, DType::kI32},
+                   {"expert_ids", expert_ids, DType::kI32},
+                   {"weights", weights, DType::kF32},
+                   {"counts", counts, DType::kI64}});
+  const int64_t t = logits.dim(0), e = logits.dim(1);
+  LOOM_CHECK(e >= 1 && e <= launch::kMoeRouteMaxExperts,
+             "%s: %d experts (the CUDA router takes 1 to %d)", kOp, e, launch::kMoeRouteMaxExperts);
+  launch::moe_route_replay(stream_of(ex), logits.data<float>(), replay_ids.data<int32_t>(), t,
+                           static_cast<int>(e), params.top_k, params.score == RouterScore::kSigmoid,
+                           params.renormalize, params.routed_scaling, expert_ids.data<int32_t>(),
+                           weights.data<float>(), counts.data<int64_t>());
+}
+
 void moe_permute(const Exec& ex, const Tensor& x, const Tensor& expert_ids, int64_t first_expert,
                  int64_t num_experts, const Tensor& offsets, const Tensor& row_of_slot,
                  const Tensor& x_sorted) {

@@ -307,6 +307,84 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
   }
 }
 
+// ---- moe_route_replay --------------------------------------------------------------------------
+
+// One warp per row. A row whose replay starts with -1 keeps the router's ids and weights. Others:
+// each replayed expert not among the row's own top-k counts as differing, the ids are the
+// replay's, and the weights are the replayed experts' scores from the logits by route_kernel's
+// arithmetic (the CPU's: exp via double, the softmax sum in expert order in one lane, the
+// renormalisation in slot order), so replaying a row's own experts gives its own weights. An id
+// outside [0, E) (which validate_routing_replay rejects on the host) gives a NaN weight.
+// Dynamic shared memory: E floats per warp (a softmax row's exps).
+__global__ void __launch_bounds__(kRouteWarps * 32)
+    route_replay_kernel(const float* __restrict__ logits, const int32_t* __restrict__ replay,
+                        int64_t T, int E, int K, bool sigmoid, bool renormalize, float scaling,
+                        int32_t* __restrict__ ids, float* __restrict__ weights,
+                        unsigned long long* __restrict__ counts) {
+  dev::pdl_wait();  // PDL-aware (kernels/cuda/pdl.h): before any access
+  extern __shared__ float replay_smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
+  if (t >= T) return;
+  const int32_t* r = replay + t * K;
+  if (r[0] < 0) return;
+  int32_t* own = ids + t * K;
+  int differing = 0;
+  for (int c = lane; c < K; c += 32) {
+    bool found = false;
+    for (int j = 0; j < K; ++j) found |= own[j] == r[c];
+    differing += found ? 0 : 1;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) differing += __shfl_xor_sync(kFull, differing, o);
+  if (lane == 0) {
+    atomicAdd(&counts[0], static_cast<unsigned long long>(K));
+    atomicAdd(&counts[1], static_cast<unsigned long long>(differing));
+  }
+  const float* l = logits + t * E;
+  float mx = 0.0f, sum = 1.0f;
+  if (!sigmoid) {
+    float* ex = replay_smem + static_cast<size_t>(warp) * E;
+    mx = -INFINITY;
+    for (int j = lane; j < E; j += 32) mx = fmaxf(mx, l[j]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, o));
+    for (int j = lane; j < E; j += 32) ex[j] = exp_as_host(l[j] - mx);
+    __syncwarp();
+    if (lane == 0) {
+      float s = 0.0f;
+      for (int j = 0; j < E; ++j) s += ex[j];  // in expert order, as the CPU
+      ex[0] = s;
+    }
+    __syncwarp();
+    sum = ex[0];
+  }
+  // Lane 0 alone: K scores summed in slot order (K is small: 2 to 16 in the supported models).
+  __syncwarp();
+  if (lane != 0) return;
+  float denom = 1.0f;
+  if (renormalize) {
+    float wsum = 0.0f;
+    for (int c = 0; c < K; ++c) {
+      const int e = r[c];
+      const float score = e < 0 || e >= E ? NAN
+                          : sigmoid       ? 1.0f / (1.0f + exp_as_host(-l[e]))
+                                          : exp_as_host(l[e] - mx) / sum;
+      wsum += score;
+    }
+    denom = sigmoid ? wsum + 1e-20f : wsum;
+  }
+  for (int c = 0; c < K; ++c) {
+    const int e = r[c];
+    float w = e < 0 || e >= E ? NAN
+              : sigmoid       ? 1.0f / (1.0f + exp_as_host(-l[e]))
+                              : exp_as_host(l[e] - mx) / sum;
+    if (renormalize) w /= denom;
+    own[c] = e;
+    weights[t * K + c] = w * scaling;
+  }
+}
+
 // ---- moe_permute -------------------------------------------------------------------------------
 
 constexpr int kRankWarps = 32;
@@ -660,6 +738,21 @@ void moe_route(cudaStream_t stream, const float* logits, const float* bias, int6
         logits, bias, T, E, K, n_group, topk_group, grouped, renormalize, routed_scaling, ids,
         weights);
   }
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+void moe_route_replay(cudaStream_t stream, const float* logits, const int32_t* replay, int64_t T,
+                      int E, int K, bool sigmoid, bool renormalize, float routed_scaling,
+                      int32_t* ids, float* weights, int64_t* counts) {
+  LOOM_CUDA_CHECK(cudaMemsetAsync(counts, 0, 2 * sizeof(int64_t), stream));
+  if (T == 0) return;
+  const int64_t blocks = (T + kRouteWarps - 1) / kRouteWarps;
+  LOOM_CHECK_GRID(blocks);
+  const size_t smem = sizeof(float) * static_cast<size_t>(E) * kRouteWarps;
+  LOOM_MARK_PDL_KERNEL(route_replay_kernel);
+  route_replay_kernel<<<static_cast<unsigned>(blocks), kRouteWarps * 32, smem, stream>>>(
+      logits, replay, T, E, K, sigmoid, renormalize, routed_scaling, ids, weights,
+      reinterpret_cast<unsigned long long*>(counts));
   LOOM_CUDA_CHECK_LAUNCH();
 }
 

@@ -19,6 +19,13 @@ namespace loom::cuda {
 void moe_route(const Exec& ex, const Tensor& logits, const Tensor& bias, const RouterParams& params,
                const Tensor& expert_ids, const Tensor& weights);
 
+// The CPU twin's ids, weights and counts bit for bit (counts [2] i64 on the GPU). The replayed
+// ids are not checked here (validate_routing_replay checks them on the host before the upload):
+// one outside [0, E) gives a NaN weight. E <= 1024.
+void moe_route_replay(const Exec& ex, const Tensor& logits, const Tensor& replay_ids,
+                      const RouterParams& params, const Tensor& expert_ids, const Tensor& weights,
+                      const Tensor& counts);
+
 // The CPU twin's offsets, row_of_slot and x_sorted exactly (x_sorted of another dtype than x: x's
 // values converted, bf16 rounded to nearest even). Ids outside the owned range get row -1,
 // invalid ones (outside [0, num_experts), which the CPU rejects) included; rows kept past

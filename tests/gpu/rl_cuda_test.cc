@@ -10,7 +10,9 @@
 //    the behaviour and the trainer's logprobs, the policy loss and the update's gradient norm
 //    within the bounds stated below;
 //  - `run_rl` with "device": "cuda" (f32 and bf16 engines) against the same run on the CPU: the
-//    warm start's first losses, a metrics line per step, and a checkpoint that loads.
+//    warm start's first losses, a metrics line per step, and a checkpoint that loads;
+//  - routing replay on the GPU: a short run on the bundled MoE config records and replays every
+//    position.
 // Run from the repository root (the configs are read from weights/ and tests/long/).
 #include <cmath>
 #include <cstdio>
@@ -354,13 +356,34 @@ TEST(RlCuda, RunRlOnTheGpuMatchesTheCpuWarmStartAndCompletes) {
   }
 }
 
-TEST(RlCuda, RoutingReplayIsRefusedOnTheGpu) {
-  json c = run_config("/tmp/unused", "cuda", "f32");
-  c["routing_replay"] = "measure";
+// Routing replay on the GPU (the replay kernel's own checks are in rl_routing_replay_cuda_test):
+// a short run on the bundled MoE config records every position and replays it, the trainer's
+// router agreeing with the f32 engine's on the GPU.
+TEST(RlCuda, RoutingReplayRunsOnTheGpu) {
+  const std::string out = (fs::temp_directory_path() / "rl_cuda_routing_replay").string();
+  fs::remove_all(out);
+  json c = run_config(out, "cuda", "f32");
+  c["model"]["config"] = kBundled;
+  c["warm_start"]["steps"] = 2;
+  c["steps"] = 2;
+  c["routing_replay"] = "on";
   auto config = parse_rl_config(c.dump());
-  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(config.status().message().find("moe_route_replay"), std::string::npos)
-      << config.status();
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto summary = run_rl(*config, stderr);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  int steps = 0;
+  for (const json& m : metrics_of(out)) {
+    if (!m.contains("step")) continue;
+    ++steps;
+    EXPECT_EQ(m.value("routing_coverage", 0.0), 1.0);
+    EXPECT_GT(m.value("routing_replayed_slots", 0), 0);
+    EXPECT_LE(m.value("routing_differing", 1.0), 0.01);
+    EXPECT_TRUE(std::isfinite(m.value("loss", NAN)));
+    std::printf("[rl cuda] replay step %d: %lld slots replayed, differing %.4f\n",
+                m.value("step", 0), static_cast<long long>(m.value("routing_replayed_slots", 0)),
+                m.value("routing_differing", 0.0));
+  }
+  EXPECT_EQ(steps, 2);
 }
 
 }  // namespace

@@ -91,12 +91,14 @@ TEST(RlDeviceConfig, DeviceAndEngineDtypeParseAndRefuse) {
   ASSERT_TRUE(direct.ok()) << direct.status();
   EXPECT_EQ(direct->warm_start_direct_share, 0.25);
   EXPECT_EQ(plain->warm_start_direct_share, 0);
-  // Routing replay has no GPU kernel: refused with a GPU device, named.
+  // Routing replay runs on either device (moe_route_replay has a CUDA twin).
   for (const char* mode : {"measure", "on"}) {
     j = base;
     j["device"] = "cuda";
     j["routing_replay"] = mode;
-    EXPECT_NE(refused(j, "rl.routing_replay").find("moe_route_replay"), std::string::npos);
+    auto gpu_replay = parse_with(j);
+    ASSERT_TRUE(gpu_replay.ok()) << gpu_replay.status();
+    EXPECT_NE(gpu_replay->routing_replay, RoutingReplayMode::kOff);
   }
 }
 
