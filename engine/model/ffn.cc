@@ -274,6 +274,9 @@ class MoeFfn final : public Ffn {
     if (replay == nullptr) return;
     const Tensor& host_replayed = replay->expert_ids[static_cast<size_t>(layer_)];
     if (!host_replayed.defined()) return;
+    // Measuring in a backward's recomputation: the counters are the forward's, the routing the
+    // layer's own; nothing to do.
+    if (!replay->apply && !count_replay) return;
     // The replay lives on the host (validated there, routing_replay.h); a GPU forward uploads the
     // layer's rows in stream order.
     Tensor replayed = host_replayed;

@@ -59,9 +59,9 @@ struct ForwardBatch {
   // Width of the packed page table: at least this many columns (0: the longest sequence's
   // pages). A CUDA graph step fixes it, since the attention kernels' launch bounds follow it.
   int64_t page_cols = 0;
-  // Routing replay (trainer, CPU): the experts every MoE layer routes the batch's rows to, rows in
-  // token order; validated by Model::forward (validate_routing_replay), its counters added to.
-  // Null: each layer's own top-k (serving).
+  // Routing replay (the trainer's forwards; host tensors on any device): the experts every MoE
+  // layer routes the batch's rows to, rows in token order; validated by Model::forward
+  // (validate_routing_replay), its counters added to. Null: each layer's own top-k (serving).
   RoutingReplay* routing_replay = nullptr;
   // The forward of a training step (Model::loss_and_gradients*): every sequence starts at position
   // 0 and nothing reads the step's caches afterwards, so attention layers compute as their

@@ -9,6 +9,10 @@
 // partial_sort comparator orders the same way). The renormalisation sums the picked scores in
 // pick order, then divides and scales as the CPU does.
 //
+// moe_route_replay: one warp per row recomputes the replayed experts' weights from the logits with
+// moe_route's arithmetic (so a row's own experts replayed give its own bits) and counts the slots
+// outside the row's own top-k.
+//
 // moe_permute: a stable counting sort of the slots by owned expert. Up to 8192 slots, one block
 // of 32 warps ranks them all: warp w owns the w-th of 32 contiguous segments of the slots. Pass 1
 // counts each segment's slots per owned expert (lanes of one expert found with
@@ -309,12 +313,12 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
 
 // ---- moe_route_replay --------------------------------------------------------------------------
 
-// One warp per row. A row whose replay starts with -1 keeps the router's ids and weights. Others:
-// each replayed expert not among the row's own top-k counts as differing, the ids are the
-// replay's, and the weights are the replayed experts' scores from the logits by route_kernel's
-// arithmetic (the CPU's: exp via double, the softmax sum in expert order in one lane, the
-// renormalisation in slot order), so replaying a row's own experts gives its own weights. An id
-// outside [0, E) (which validate_routing_replay rejects on the host) gives a NaN weight.
+// One warp per row. A row whose replay starts with a negative id keeps the router's ids and
+// weights. Others: each replayed expert not among the row's own top-k counts as differing, the ids
+// are the replay's, and the weights are the replayed experts' scores from the logits by
+// route_kernel's arithmetic (the CPU's: exp via double, the softmax sum in expert order in one
+// lane, the renormalisation in slot order), so replaying a row's own experts gives its own weights.
+// An id outside [0, E) (which validate_routing_replay rejects on the host) gives a NaN weight.
 // Dynamic shared memory: E floats per warp (a softmax row's exps).
 __global__ void __launch_bounds__(kRouteWarps * 32)
     route_replay_kernel(const float* __restrict__ logits, const int32_t* __restrict__ replay,

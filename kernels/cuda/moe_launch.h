@@ -19,9 +19,9 @@ void moe_route(cudaStream_t stream, const float* logits, const float* bias, int6
                int n_group, int topk_group, bool sigmoid, bool renormalize, float routed_scaling,
                int32_t* ids, float* weights);
 
-// moe_route_replay: logits [T, E] f32, replay [T, K] i32 (rows starting with -1 untouched); ids
-// and weights [T, K] as moe_route wrote them, rewritten for the replayed rows; counts [2] i64
-// (zeroed, then the replayed and differing slots). E <= kMoeRouteMaxExperts.
+// moe_route_replay: logits [T, E] f32, replay [T, K] i32 (rows whose first id is negative
+// untouched); ids and weights [T, K] as moe_route wrote them, rewritten for the replayed rows;
+// counts [2] i64 (zeroed, then the replayed and differing slots). E <= kMoeRouteMaxExperts.
 void moe_route_replay(cudaStream_t stream, const float* logits, const int32_t* replay, int64_t T,
                       int E, int K, bool sigmoid, bool renormalize, float routed_scaling,
                       int32_t* ids, float* weights, int64_t* counts);

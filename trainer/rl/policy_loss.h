@@ -21,8 +21,8 @@ namespace loom {
 // logp[i] = log p(tokens[i + 1] | tokens[0..i]) for every i < n - 1 (logp[n - 1] = 0), from a
 // fresh state, with the model's training forward (f32, on the model's device; the logprobs come
 // back to the host). InvalidArgument for fewer than 2 tokens or an id outside the vocabulary.
-// With `routing_replay` (routing_replay.h, CPU models only) the MoE layers route as it says, and
-// its counters are added to.
+// With `routing_replay` (routing_replay.h, its tensors on the host whatever the model's device)
+// the MoE layers route as it says, and its counters are added to.
 absl::StatusOr<std::vector<float>> token_logprobs(const Model& model,
                                                   std::span<const int32_t> tokens,
                                                   RoutingReplay* routing_replay = nullptr);

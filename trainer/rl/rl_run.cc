@@ -123,7 +123,10 @@ absl::StatusOr<RlRunSummary> run_rl(const RlConfig& c, std::FILE* progress) {
   std::ofstream metrics(fs::path(c.out) / "metrics.jsonl", std::ios::app);
   if (!metrics) return absl::InternalError(absl::StrCat("rl: cannot write in ", c.out));
   std::ofstream samples;
-  if (c.log_samples > 0) samples.open(fs::path(c.out) / "samples.jsonl", std::ios::app);
+  if (c.log_samples > 0) {
+    samples.open(fs::path(c.out) / "samples.jsonl", std::ios::app);
+    if (!samples) return absl::InternalError(absl::StrCat("rl: cannot write in ", c.out));
+  }
   RlRunSummary summary;
 
   // Warm start: supervised steps on the oracle conversations of fresh episodes, scoring only the
@@ -284,7 +287,12 @@ absl::StatusOr<RlRunSummary> run_rl(const RlConfig& c, std::FILE* progress) {
     for (int k = 0; k < std::min(c.log_samples, episodes); ++k) {
       const int g = k % c.groups_per_step;
       const Trajectory& t = groups[g].members[k / c.groups_per_step];
-      LOOM_ASSIGN_OR_RETURN(std::string text, tok.tokenizer->decode(t.tokens));
+      // A model whose vocabulary is padded past the tokenizer's may sample an id it cannot
+      // decode: the sample says so rather than end the run.
+      absl::StatusOr<std::string> decoded = tok.tokenizer->decode(t.tokens);
+      const std::string text =
+          decoded.ok() ? *std::move(decoded)
+                       : absl::StrCat("(not decodable: ", decoded.status().message(), ")");
       samples << nlohmann::json{{"step", s},
                                 {"group", g},
                                 {"task_seed", groups[g].task_seed},

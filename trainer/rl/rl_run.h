@@ -19,7 +19,7 @@
 // device, and the rollout engine runs on the same one (colocated), its matrices in
 // "engine.weight_dtype" (f32, or bf16 rounded from the trainer's f32 at every sync). Everything
 // else (environments, rewards, advantages, the replay buffer, the logprobs) is on the host. Routing
-// replay runs on the CPU only (parse_rl_config refuses it with a GPU device).
+// replay runs on either device (on a GPU its records are uploaded layer by layer).
 #pragma once
 
 #include <cstdio>
