@@ -366,23 +366,20 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
   // Lane 0 alone: K scores summed in slot order (K is small: 2 to 16 in the supported models).
   __syncwarp();
   if (lane != 0) return;
+  const auto score = [&](int e) {
+    return e < 0 || e >= E ? NAN
+           : sigmoid       ? 1.0f / (1.0f + exp_as_host(-l[e]))
+                           : exp_as_host(l[e] - mx) / sum;
+  };
   float denom = 1.0f;
   if (renormalize) {
     float wsum = 0.0f;
-    for (int c = 0; c < K; ++c) {
-      const int e = r[c];
-      const float score = e < 0 || e >= E ? NAN
-                          : sigmoid       ? 1.0f / (1.0f + exp_as_host(-l[e]))
-                                          : exp_as_host(l[e] - mx) / sum;
-      wsum += score;
-    }
+    for (int c = 0; c < K; ++c) wsum += score(r[c]);
     denom = sigmoid ? wsum + 1e-20f : wsum;
   }
   for (int c = 0; c < K; ++c) {
     const int e = r[c];
-    float w = e < 0 || e >= E ? NAN
-              : sigmoid       ? 1.0f / (1.0f + exp_as_host(-l[e]))
-                              : exp_as_host(l[e] - mx) / sum;
+    float w = score(e);
     if (renormalize) w /= denom;
     own[c] = e;
     weights[t * K + c] = w * scaling;

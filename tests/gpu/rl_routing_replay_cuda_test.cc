@@ -22,6 +22,7 @@
 #include "kernels/exec.h"
 #include "kernels/moe.h"
 #include "tests/gpu/model_test_support.h"
+#include "tests/unit/routing_replay_test_support.h"
 
 namespace loom {
 namespace {
@@ -59,14 +60,6 @@ std::vector<RouterCase> router_cases() {
           {"sigmoid_grouped_256", v3, true, 256},
           {"softmax_512", qwen, false, 512},
           {"softmax_unnormalised_12", plain, false, 12}};
-}
-
-// k distinct experts of e, drawn uniformly.
-std::vector<int32_t> pick_experts(std::mt19937& rng, int64_t e, int64_t k) {
-  std::vector<int32_t> all(static_cast<size_t>(e));
-  std::iota(all.begin(), all.end(), 0);
-  std::shuffle(all.begin(), all.end(), rng);
-  return std::vector<int32_t>(all.begin(), all.begin() + k);
 }
 
 void expect_same_bits(const Tensor& gpu, const Tensor& cpu, const std::string& what) {
@@ -137,13 +130,6 @@ std::unique_ptr<Model> trainable(Device device) {
   return std::move(m).value();
 }
 
-std::vector<int> moe_layers(const ModelConfig& cfg) {
-  std::vector<int> out;
-  for (int l = 0; l < cfg.num_layers; ++l)
-    if (cfg.ffns[l] == FfnType::kMoe) out.push_back(l);
-  return out;
-}
-
 // One forward over `tokens` from a fresh cache; the tape's `names` on the host.
 struct Recorded {
   Tensor final_normed;
@@ -168,18 +154,6 @@ Recorded forward(const Model& model, const std::vector<int32_t>& tokens,
   for (int l : moe_layers(model.config()))
     r.expert_ids[static_cast<size_t>(l)] = tape.find(l, "expert_ids")->to(Device::kCpu);
   return r;
-}
-
-int64_t differing(const Tensor& own, const Tensor& replayed) {
-  const int64_t t = own.dim(0), k = own.dim(1);
-  int64_t n = 0;
-  for (int64_t i = 0; i < t; ++i) {
-    const int32_t* r = replayed.data<int32_t>() + i * k;
-    const int32_t* o = own.data<int32_t>() + i * k;
-    if (r[0] < 0) continue;
-    for (int64_t j = 0; j < k; ++j) n += std::find(o, o + k, r[j]) == o + k;
-  }
-  return n;
 }
 
 TEST(RoutingReplayCuda, ThroughTheModelOnTheGpu) {
@@ -255,8 +229,8 @@ TEST(RoutingReplayCuda, ThroughTheModelOnTheGpu) {
   const Recorded c_plain = forward(*cpu, tokens, &measure_cpu);
   int64_t want_gpu = 0, want_cpu = 0;
   for (int l : layers) {
-    want_gpu += differing(plain.expert_ids[l], picked_gpu.expert_ids[l]);
-    want_cpu += differing(c_plain.expert_ids[l], picked_cpu.expert_ids[l]);
+    want_gpu += differing_slots(plain.expert_ids[l], picked_gpu.expert_ids[l]);
+    want_cpu += differing_slots(c_plain.expert_ids[l], picked_cpu.expert_ids[l]);
   }
   EXPECT_EQ(measure_gpu.differing_slots, want_gpu);
   EXPECT_EQ(measure_cpu.differing_slots, want_cpu);

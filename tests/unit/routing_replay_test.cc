@@ -22,31 +22,11 @@
 #include "engine/model/model.h"
 #include "kernels/moe.h"
 #include "tests/unit/engine_test_support.h"
+#include "tests/unit/routing_replay_test_support.h"
 #include "weights/weight_loader.h"
 
 namespace loom {
 namespace {
-
-// k distinct experts of e, drawn uniformly.
-std::vector<int32_t> pick_experts(std::mt19937& rng, int e, int k) {
-  std::vector<int32_t> all(static_cast<size_t>(e));
-  std::iota(all.begin(), all.end(), 0);
-  std::shuffle(all.begin(), all.end(), rng);
-  return std::vector<int32_t>(all.begin(), all.begin() + k);
-}
-
-// Slots of `replayed` (rows whose first entry is >= 0) whose expert is not among `own`'s row.
-int64_t differing_slots(const Tensor& own, const Tensor& replayed) {
-  const int64_t t = own.dim(0), k = own.dim(1);
-  int64_t n = 0;
-  for (int64_t i = 0; i < t; ++i) {
-    const int32_t* r = replayed.data<int32_t>() + i * k;
-    const int32_t* o = own.data<int32_t>() + i * k;
-    if (r[0] < 0) continue;
-    for (int64_t j = 0; j < k; ++j) n += std::find(o, o + k, r[j]) == o + k;
-  }
-  return n;
-}
 
 struct RouterCase {
   const char* name;
@@ -103,7 +83,7 @@ TEST_P(MoeRouteReplay, PickedExpertsGetTheReferenceWeights) {
   const Tensor own = ids.clone(), own_w = w.clone();
   Tensor replay = Tensor::empty({t, k}, DType::kI32);
   for (int64_t i = 0; i < t; ++i) {
-    const std::vector<int32_t> picked = pick_experts(rng, static_cast<int>(e), static_cast<int>(k));
+    const std::vector<int32_t> picked = pick_experts(rng, e, k);
     std::copy(picked.begin(), picked.end(), replay.data<int32_t>() + i * k);
     if (i % 5 == 2) replay.data<int32_t>()[i * k] = -1;
   }
@@ -218,13 +198,6 @@ ActivationTape forward_tape(const Model& model, const std::vector<int32_t>& toke
   return tape;
 }
 
-std::vector<int> moe_layers(const ModelConfig& cfg) {
-  std::vector<int> out;
-  for (int l = 0; l < cfg.num_layers; ++l)
-    if (cfg.ffns[l] == FfnType::kMoe) out.push_back(l);
-  return out;
-}
-
 void expect_same_bits(const Tensor& a, const Tensor& b, const std::string& what) {
   ASSERT_EQ(a.shape(), b.shape()) << what;
   ASSERT_EQ(a.dtype(), b.dtype()) << what;
@@ -300,7 +273,7 @@ TEST(RoutingReplay, PickedExpertsChangeTheLayerAsAReferenceSays) {
   Tensor picked = Tensor::empty({n, k}, DType::kI32);
   std::mt19937 rng(17);
   for (int64_t t = 0; t < n; ++t) {
-    const std::vector<int32_t> p = pick_experts(rng, static_cast<int>(e), static_cast<int>(k));
+    const std::vector<int32_t> p = pick_experts(rng, e, k);
     std::copy(p.begin(), p.end(), picked.data<int32_t>() + t * k);
     if (t % 6 == 1) picked.data<int32_t>()[t * k] = -1;
   }
@@ -378,7 +351,7 @@ TEST(RoutingReplay, ReplayedGradientMatchesCentralDifferences) {
   for (int l : moe_layers(cfg)) {
     Tensor ids = Tensor::empty({n, k}, DType::kI32);
     for (int64_t t = 0; t < n; ++t) {
-      const std::vector<int32_t> p = pick_experts(rng, static_cast<int>(e), static_cast<int>(k));
+      const std::vector<int32_t> p = pick_experts(rng, e, k);
       std::copy(p.begin(), p.end(), ids.data<int32_t>() + t * k);
     }
     replay.expert_ids[l] = ids;
@@ -456,7 +429,7 @@ TEST(RoutingReplay, MeasureOnlyCountsWithoutRouting) {
   for (int l : moe_layers(cfg)) {
     Tensor ids = Tensor::empty({n, k}, DType::kI32);
     for (int64_t t = 0; t < n; ++t) {
-      const std::vector<int32_t> p = pick_experts(rng, static_cast<int>(e), static_cast<int>(k));
+      const std::vector<int32_t> p = pick_experts(rng, e, k);
       std::copy(p.begin(), p.end(), ids.data<int32_t>() + t * k);
     }
     want += differing_slots(*plain.find(l, "expert_ids"), ids);

@@ -94,6 +94,37 @@ double population_std(const std::vector<double>& x) {
   return x.empty() ? 0 : std::sqrt(s / static_cast<double>(x.size()));
 }
 
+// RL.json log_samples: `count` episodes of step `step`, member k / groups of group k % groups,
+// each the whole conversation as text, to `out` (RUN/samples.jsonl).
+void write_samples(const std::vector<TrajectoryGroup>& groups, int count, int64_t step,
+                   const Tokenizer& tokenizer, std::ofstream& out) {
+  const int n = static_cast<int>(groups.size());
+  if (count <= 0 || n == 0) return;
+  const int episodes = n * static_cast<int>(groups[0].members.size());
+  for (int k = 0; k < std::min(count, episodes); ++k) {
+    const TrajectoryGroup& group = groups[k % n];
+    const Trajectory& t = group.members[k / n];
+    // A model whose vocabulary is padded past the tokenizer's may sample an id it cannot decode:
+    // the sample says so rather than end the run.
+    absl::StatusOr<std::string> decoded = tokenizer.decode(t.tokens);
+    const std::string text =
+        decoded.ok() ? *std::move(decoded)
+                     : absl::StrCat("(not decodable: ", decoded.status().message(), ")");
+    out << nlohmann::json{{"step", step},
+                          {"group", k % n},
+                          {"task_seed", group.task_seed},
+                          {"reward", t.task_reward},
+                          {"advantage", t.advantage},
+                          {"answered", t.answered},
+                          {"malformed", t.malformed},
+                          {"truncated", t.truncated},
+                          {"text", text}}
+               .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+        << "\n";
+  }
+  out.flush();
+}
+
 }  // namespace
 
 absl::StatusOr<RlRunSummary> run_rl(const RlConfig& c, std::FILE* progress) {
@@ -283,29 +314,7 @@ absl::StatusOr<RlRunSummary> run_rl(const RlConfig& c, std::FILE* progress) {
       kept[g] = score_group(group, c.grpo);
       if (!kept[g]) ++dropped;
     }
-    // Samples to read: member k / groups of group k % groups, the whole conversation as text.
-    for (int k = 0; k < std::min(c.log_samples, episodes); ++k) {
-      const int g = k % c.groups_per_step;
-      const Trajectory& t = groups[g].members[k / c.groups_per_step];
-      // A model whose vocabulary is padded past the tokenizer's may sample an id it cannot
-      // decode: the sample says so rather than end the run.
-      absl::StatusOr<std::string> decoded = tok.tokenizer->decode(t.tokens);
-      const std::string text =
-          decoded.ok() ? *std::move(decoded)
-                       : absl::StrCat("(not decodable: ", decoded.status().message(), ")");
-      samples << nlohmann::json{{"step", s},
-                                {"group", g},
-                                {"task_seed", groups[g].task_seed},
-                                {"reward", t.task_reward},
-                                {"advantage", t.advantage},
-                                {"answered", t.answered},
-                                {"malformed", t.malformed},
-                                {"truncated", t.truncated},
-                                {"text", text}}
-                     .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-              << "\n";
-    }
-    if (c.log_samples > 0) samples.flush();
+    write_samples(groups, c.log_samples, s, *tok.tokenizer, samples);
     const int64_t version = engine->stats().weight_version;
     const std::vector<const TrajectoryGroup*> replayed =
         c.replay_groups > 0 ? replay.sample(c.replay_groups, version, rng)
